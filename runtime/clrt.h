@@ -1,0 +1,127 @@
+/*
+ * clrt.h — the one public interface of the clrt runtime.
+ *
+ * The binary embeds this file and Lua's FFI cdef()s it (lua/clrt/ffi.lua), so below the
+ * include guard it holds only plain C declarations: lines starting with '#' are stripped
+ * before the FFI sees them, and no macro may appear inside a declaration.
+ *
+ * Conventions: a function returns 0 (or a non-NULL pointer) on success; on failure it
+ * returns a negative status (or NULL) and sets a message that clrt_last_error() returns.
+ * Nothing aborts the process on bad input. Tensors are handles on the heap; free them
+ * with clrt_tensor_free (Lua does it through ffi.gc).
+ */
+#ifndef CLRT_H
+#define CLRT_H
+#include <stddef.h>
+#include <stdint.h>
+
+/* ==== core: errors, version, interrupts ================================================ */
+
+const char *clrt_version(void);
+const char *clrt_ffi_header(void);
+const char *clrt_last_error(void);
+void clrt_set_error(const char *fmt, ...);
+void clrt_clear_error(void);
+/* Ctrl-C sets this flag; long C operations poll it between steps and fail with "interrupted". */
+int clrt_interrupted(void);
+void clrt_set_interrupt(int on);
+int clrt_num_threads(void);
+void clrt_set_num_threads(int n);
+/* The directory holding clrt's Lua files (installed share dir, or the source tree). */
+const char *clrt_lua_dir(void);
+/* CUDA devices visible to this build; 0 when built without CUDA or with no GPU. */
+int clrt_cuda_device_count(void);
+
+
+/* ==== tensors ============================================================================ */
+
+enum { CLRT_MAX_DIMS = 8 };
+typedef enum { CLRT_F32 = 0, CLRT_BF16 = 1, CLRT_I32 = 2 } clrt_dtype;
+typedef enum { CLRT_CPU = 0, CLRT_CUDA = 1 } clrt_device;
+
+/* Reference-counted memory shared by all views of it (an arena is one storage). */
+typedef struct clrt_storage {
+  void *data;
+  size_t bytes;
+  int refcount;
+  int device;
+} clrt_storage;
+
+typedef struct clrt_tensor {
+  clrt_storage *storage;
+  int64_t offset;                    /* in elements from storage->data */
+  int ndim;
+  int dtype_id;                      /* clrt_dtype; named so Lua's t:dtype() method stays free */
+  int device_id;                     /* clrt_device */
+  int64_t dims[8];                   /* sizes; t:shape() in Lua */
+  int64_t strides[8];                /* in elements */
+} clrt_tensor;
+
+size_t clrt_dtype_size(int dtype);
+const char *clrt_dtype_name(int dtype);
+clrt_storage *clrt_storage_new(size_t bytes, int device);
+void clrt_storage_retain(clrt_storage *s);
+void clrt_storage_release(clrt_storage *s);
+
+/* New contiguous tensor, zero-filled. */
+clrt_tensor *clrt_tensor_new(int dtype, int ndim, const int64_t *shape, int device);
+/* A view over storage (retains it); strides NULL means contiguous. */
+clrt_tensor *clrt_tensor_over(clrt_storage *s, int dtype, int ndim, const int64_t *shape,
+                              const int64_t *strides, int64_t offset);
+void clrt_tensor_free(clrt_tensor *t);
+int64_t clrt_tensor_numel(const clrt_tensor *t);
+int clrt_tensor_is_contiguous(const clrt_tensor *t);
+void *clrt_tensor_data(const clrt_tensor *t);   /* address of element 0 */
+/* Views: share storage, copy nothing. */
+clrt_tensor *clrt_tensor_reshape(const clrt_tensor *t, int ndim, const int64_t *shape);
+clrt_tensor *clrt_tensor_narrow(const clrt_tensor *t, int dim, int64_t start, int64_t len);
+clrt_tensor *clrt_tensor_transpose(const clrt_tensor *t, int d0, int d1);
+/* Element access by flat logical index (row-major over the view), as double. */
+double clrt_tensor_get(const clrt_tensor *t, int64_t index);
+int clrt_tensor_set(clrt_tensor *t, int64_t index, double value);
+/* Copies with dtype conversion and any strides; shapes must have equal numel. */
+int clrt_tensor_copy_(clrt_tensor *dst, const clrt_tensor *src);
+clrt_tensor *clrt_tensor_clone(const clrt_tensor *t);
+clrt_tensor *clrt_tensor_to_dtype(const clrt_tensor *t, int dtype);
+int clrt_tensor_fill_(clrt_tensor *t, double value);
+/* Seeded RNG (xoshiro256**); the state lives with the caller. */
+typedef struct clrt_rng { uint64_t s[4]; } clrt_rng;
+void clrt_rng_seed(clrt_rng *r, uint64_t seed);
+uint64_t clrt_rng_next(clrt_rng *r);
+double clrt_rng_uniform(clrt_rng *r);          /* [0, 1) */
+double clrt_rng_normal(clrt_rng *r);
+int clrt_tensor_rand_(clrt_tensor *t, clrt_rng *r);   /* uniform [0, 1) */
+int clrt_tensor_randn_(clrt_tensor *t, clrt_rng *r);  /* standard normal */
+
+
+/* ==== tensor ops ========================================================================= */
+
+
+/* ==== model: the Llama-family transformer ================================================ */
+
+
+/* ==== optimizer ========================================================================== */
+
+
+/* ==== safetensors and Hugging Face files ================================================= */
+
+
+/* ==== tokenizer ========================================================================== */
+
+
+/* ==== generation ========================================================================= */
+
+
+/* ==== constrained decoding =============================================================== */
+
+
+/* ==== HTTP client ======================================================================== */
+
+
+/* ==== server ============================================================================= */
+
+
+/* ==== CUDA =============================================================================== */
+
+
+#endif /* CLRT_H */

