@@ -116,6 +116,41 @@ int clrt_tensor_randn_(clrt_tensor *t, clrt_rng *r);  /* standard normal */
 
 
 /* ==== HTTP client ======================================================================== */
+/* One event loop over libcurl's multi interface (runtime/http.c): submit requests, then
+   poll; many are in flight at once on one thread, with keep-alive connection reuse and TLS
+   verification always on. Retries and JSON are the Lua side's job (lua/clrt/llm.lua). */
+typedef struct clrt_http clrt_http;
+typedef struct clrt_http_result {
+  int64_t id;
+  int status;              /* HTTP status; 0 when no response arrived */
+  int error_code;          /* 0, or libcurl's CURLcode (connection refused, timeout, ...) */
+  int timed_out;           /* 1 when the request ran past its timeout */
+  double retry_after;      /* seconds asked by a Retry-After header; -1 when absent */
+  double elapsed;          /* seconds from submit to completion */
+  const char *error;       /* "" on success; otherwise what went wrong (never a header) */
+  const char *body;        /* [body_len] bytes, NUL-terminated */
+  size_t body_len;
+  const char *headers;     /* [headers_len] raw header lines of the final response */
+  size_t headers_len;
+} clrt_http_result;
+/* max_connections: cap on open connections (0 = no cap; callers limit in-flight requests). */
+clrt_http *clrt_http_new(int max_connections);
+void clrt_http_free(clrt_http *h);
+void clrt_http_set_max_body(clrt_http *h, size_t bytes);   /* default 64 MiB */
+/* headers: "Name: value" lines joined by '\n' (NULL for none). The body is copied. Returns
+   the request's id (> 0), or -1 with an error for bad arguments. */
+int64_t clrt_http_submit(clrt_http *h, const char *method, const char *url, const char *headers,
+                         const char *body, size_t body_len, double timeout_s);
+/* Drive transfers, waiting up to timeout_ms when none has finished (sleeping that long when
+   none is in flight). Returns how many finished results are waiting, or -1. */
+int clrt_http_poll(clrt_http *h, int timeout_ms);
+/* Pop one finished result into *out (1), or return 0 when none waits. The pointers in *out
+   stay valid until the next clrt_http_next, clrt_http_cancel or clrt_http_free. */
+int clrt_http_next(clrt_http *h, clrt_http_result *out);
+/* Abort a request in flight or drop its unread result; it produces no result. */
+int clrt_http_cancel(clrt_http *h, int64_t id);
+int clrt_http_in_flight(const clrt_http *h);
+double clrt_http_now(void);   /* monotonic seconds */
 
 
 /* ==== server ============================================================================= */
