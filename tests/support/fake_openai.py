@@ -40,6 +40,8 @@ class State:
         self.lock = threading.Lock()
         self.seen = {}       # content -> times seen
         self.requests = 0
+        self.active = 0      # chat requests being handled now
+        self.max_active = 0
 
 
 def make_handler(state):
@@ -64,11 +66,21 @@ def make_handler(state):
         def do_GET(self):
             if self.path == "/stats":
                 with state.lock:
-                    self.send(200, json.dumps({"requests": state.requests}))
+                    self.send(200, json.dumps({"requests": state.requests, "max_active": state.max_active}))
             else:
                 self.send(404, json.dumps({"error": {"message": "no such path " + self.path}}))
 
         def do_POST(self):
+            with state.lock:
+                state.active += 1
+                state.max_active = max(state.max_active, state.active)
+            try:
+                self.chat()
+            finally:
+                with state.lock:
+                    state.active -= 1
+
+        def chat(self):
             with state.lock:
                 state.requests += 1
                 if state.requests >= args.max_requests:
