@@ -38,14 +38,19 @@ local function is_numeric(t)
 end
 
 -- A string starting at s[i] (a quote). Returns the text and the index after it.
-local function read_string(s, i)
+-- strict: the first unescaped quote closes the string (the fallback when the lenient rule
+-- below runs off the end of the text).
+local function read_string(s, i, strict)
   local q = s:sub(i, i)
   local triple = s:sub(i, i + 2) == q:rep(3)
   local j = i + (triple and 3 or 1)
   local out = {}
   while true do
     local c = s:sub(j, j)
-    if c == "" then fail(i, "unterminated string") end
+    if c == "" then
+      if not strict and not triple then return read_string(s, i, true) end
+      fail(i, "unterminated string")
+    end
     if c == "\\" then
       local e = s:sub(j + 1, j + 1)
       if e == "u" and s:sub(j + 2, j + 5):match("^%x%x%x%x$") then
@@ -72,7 +77,7 @@ local function read_string(s, i)
       -- is taken as part of the text (models forget to escape quotes they quote).
       local k = skip_ws(s, j + 1)
       local nx = s:sub(k, k)
-      if nx == "" or nx:match("[,:}%]]") then return table.concat(out), j + 1 end
+      if strict or nx == "" or nx:match("[,:}%]]") then return table.concat(out), j + 1 end
       out[#out + 1] = c
       j = j + 1
     else
