@@ -353,6 +353,11 @@ int clrt_http_poll(clrt_http *h, int timeout_ms) {
     clrt_set_error("http: poll needs a loop");
     return -1;
   }
+  /* Ctrl-C: the REPL's hook may never fire while JIT-compiled code loops around poll. */
+  if (clrt_interrupted()) {
+    clrt_set_error("interrupted");
+    return -1;
+  }
   int running = 0, n = 0;
   CURLMcode mc = curl_multi_perform(h->multi, &running);
   collect(h);

@@ -287,6 +287,7 @@ end
 
 -- This client's calls so far, summed up: calls, ok, failed, retries, tokens, latency.
 function Client:stats() return summarize(self.records) end
+function Client:reset_stats() self.records = {} end
 
 -- Every call of every client in this process: {model, base_url, ok, attempts, retries,
 -- status, latency (s), prompt_tokens, completion_tokens, total_tokens, outcomes, error}.
