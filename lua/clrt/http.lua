@@ -96,8 +96,12 @@ function M.request(req, on_abort)
     end)
   end
   local got
-  M.submit(req, function(r) got = r end)
-  while not got do M.pump(50) end
+  local id = M.submit(req, function(r) got = r end)
+  local ok, err = pcall(function() while not got do M.pump(50) end end)
+  if not ok then
+    M.cancel(id)   -- interrupted: leave nothing in flight
+    error(err, 0)
+  end
   return got
 end
 

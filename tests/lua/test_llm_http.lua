@@ -228,6 +228,21 @@ T.case("blocking calls outside a scheduler work and leave nothing in flight", fu
   T.eq(http.pending(), 0)
 end)
 
+T.case("Ctrl-C (the interrupt flag) stops a blocking call and a run, cancelling what is in flight", function()
+  local C = require("clrt.ffi").C
+  local c = llm.client { base_url = srv.base_url, model = "m", timeout = 10 }
+  C.clrt_set_interrupt(1)
+  local ok1, e1 = pcall(c.chat, c, user("[latency:2000]"))
+  local ok2, e2 = pcall(sched.run, { function() return c:chat(user("x [latency:2000]")) end,
+                                     function() return c:chat(user("y [latency:2000]")) end })
+  C.clrt_set_interrupt(0)
+  T.eq({ ok1, ok2 }, { false, false })
+  T.ok(tostring(e1):find("interrupted", 1, true), tostring(e1))
+  T.ok(tostring(e2):find("interrupted", 1, true), tostring(e2))
+  T.eq(http.pending(), 0, "requests left in flight")
+  T.eq(c:chat(user("after")).content, "echo:after")
+end)
+
 -- T.run ends with os.exit: stop the servers on the way out.
 local exit = os.exit
 os.exit = function(code)
