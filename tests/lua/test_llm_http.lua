@@ -222,10 +222,14 @@ T.case("records and stats sum up the calls", function()
   T.ok(#drained >= 3)
 end)
 
-T.case("blocking calls outside a scheduler work and leave nothing in flight", function()
-  local c = llm.client { base_url = srv.base_url, model = "m" }
-  for i = 1, 5 do T.eq(c:chat(user("b" .. i)).content, "echo:b" .. i) end
+T.case("blocking calls outside a scheduler reuse one kept-alive connection", function()
+  local s3 = server({})
+  local c = llm.client { base_url = s3.base_url, model = "m" }
+  for i = 1, 30 do T.eq(c:chat(user("b" .. i)).content, "echo:b" .. i) end
   T.eq(http.pending(), 0)
+  local st = get_json(("http://127.0.0.1:%d/stats"):format(s3.port))
+  T.eq({ st.requests, st.connections }, { 30, 1 })
+  s3.stop()
 end)
 
 T.case("Ctrl-C (the interrupt flag) stops a blocking call and a run, cancelling what is in flight", function()

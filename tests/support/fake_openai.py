@@ -42,6 +42,7 @@ class State:
         self.requests = 0
         self.active = 0      # chat requests being handled now
         self.max_active = 0
+        self.connections = set()   # client (host, port) pairs: one per TCP connection
 
 
 def make_handler(state):
@@ -66,12 +67,14 @@ def make_handler(state):
         def do_GET(self):
             if self.path == "/stats":
                 with state.lock:
-                    self.send(200, json.dumps({"requests": state.requests, "max_active": state.max_active}))
+                    self.send(200, json.dumps({"requests": state.requests, "max_active": state.max_active,
+                                               "connections": len(state.connections)}))
             else:
                 self.send(404, json.dumps({"error": {"message": "no such path " + self.path}}))
 
         def do_POST(self):
             with state.lock:
+                state.connections.add(self.client_address)
                 state.active += 1
                 state.max_active = max(state.max_active, state.active)
             try:
