@@ -137,10 +137,11 @@ typedef struct clrt_http_result {
 clrt_http *clrt_http_new(int max_connections);
 void clrt_http_free(clrt_http *h);
 void clrt_http_set_max_body(clrt_http *h, size_t bytes);   /* default 64 MiB */
-/* headers: "Name: value" lines joined by '\n' (NULL for none). The body is copied. Returns
-   the request's id (> 0), or -1 with an error for bad arguments. */
+/* headers: "Name: value" lines joined by '\n' (NULL for none). The body is copied. ca_file:
+   a PEM bundle of CAs to trust instead of the system's (NULL: the system's); certificates are
+   verified either way. Returns the request's id (> 0), or -1 with an error for bad arguments. */
 int64_t clrt_http_submit(clrt_http *h, const char *method, const char *url, const char *headers,
-                         const char *body, size_t body_len, double timeout_s);
+                         const char *body, size_t body_len, double timeout_s, const char *ca_file);
 /* Drive transfers, waiting up to timeout_ms when none has finished (sleeping that long when
    none is in flight). Returns how many finished results are waiting, or -1. */
 int clrt_http_poll(clrt_http *h, int timeout_ms);

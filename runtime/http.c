@@ -244,7 +244,7 @@ fail:
 }
 
 int64_t clrt_http_submit(clrt_http *h, const char *method, const char *url, const char *headers,
-                         const char *body, size_t body_len, double timeout_s) {
+                         const char *body, size_t body_len, double timeout_s, const char *ca_file) {
   if (!h || !method || !url) {
     clrt_set_error("http: submit needs a loop, a method and a URL");
     return -1;
@@ -269,6 +269,7 @@ int64_t clrt_http_submit(clrt_http *h, const char *method, const char *url, cons
   curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L);
   curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L);
+  if (ca_file && *ca_file) curl_easy_setopt(e, CURLOPT_CAINFO, ca_file);
   curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
   curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
   curl_easy_setopt(e, CURLOPT_ACCEPT_ENCODING, "");

@@ -1,5 +1,5 @@
 -- clrt.http — the process's one HTTP event loop (runtime/http.c, libcurl multi) seen from Lua.
---   id = http.submit{method=, url=, headers={...}, body=, timeout=}, on_done)
+--   id = http.submit({method=, url=, headers={...}, body=, timeout=, ca_file=}, on_done)
 --   http.pump(timeout_ms)     -- drive transfers; calls on_done(result) for each finished one
 --   r = http.request{...}     -- submit and wait: yields inside a clrt.sched task, else blocks
 -- A result is {id, status, ok_transport, error, error_code, timed_out, retry_after, elapsed,
@@ -38,7 +38,7 @@ function M.submit(req, on_done)
   local l = get_loop()
   local body = req.body
   local id = C.clrt_http_submit(l, req.method or "GET", req.url, header_text(req.headers),
-                                body, body and #body or 0, req.timeout or 60)
+                                body, body and #body or 0, req.timeout or 60, req.ca_file)
   if id < 0 then core.fail(2) end
   id = tonumber(id)
   callbacks[id] = on_done or false

@@ -39,7 +39,7 @@ end
 local CONFIG_KEYS = {
   base_url = true, model = true, api_key_env = true, timeout = true, max_retries = true,
   max_concurrency = true, defaults = true, backoff = true, max_backoff = true, max_retry_after = true,
-  headers = true,
+  headers = true, ca_file = true,
 }
 local CALL_KEYS = { timeout = true, max_retries = true }
 local RETRY_STATUS = { [429] = true, [500] = true, [502] = true, [503] = true, [504] = true }
@@ -87,6 +87,7 @@ function M.client(cfg)
     backoff = cfg.backoff or 0.5,           -- first back-off, seconds; doubles each retry
     max_backoff = cfg.max_backoff or 30,
     max_retry_after = cfg.max_retry_after or 300,
+    ca_file = cfg.ca_file,                  -- trust this PEM bundle instead of the system's CAs
     records = {},
     slots = sched.semaphore(max_conc),
   }, Client)
@@ -199,7 +200,8 @@ function Client:chat(messages, opts)
   if not ok then error("clrt.llm: cannot encode the request as JSON: " .. tostring(json), 2) end
   local max_retries = opts.max_retries or self.max_retries
   local timeout = opts.timeout or self.timeout
-  local req = { method = "POST", url = self.url, headers = secret[self].headers, body = json, timeout = timeout }
+  local req = { method = "POST", url = self.url, headers = secret[self].headers, body = json, timeout = timeout,
+                ca_file = self.ca_file }
   local t0 = http.now()
   local outcomes = {}
   local rec = { model = body.model, base_url = self.base_url, attempts = 0, retries = 0, ok = false }

@@ -77,7 +77,7 @@ static void test_round_trip(void) {
   const char *body = "{\"q\": 1}";
   char url[64];
   snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/chat/completions", port);
-  int64_t id = clrt_http_submit(h, "POST", url, "X-Test: yes\r\nAuthorization: Bearer k", body, strlen(body), 5);
+  int64_t id = clrt_http_submit(h, "POST", url, "X-Test: yes\r\nAuthorization: Bearer k", body, strlen(body), 5, NULL);
   CHECK(id > 0);
   CHECK(clrt_http_in_flight(h) == 1);
   const char reply[] = "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
@@ -102,7 +102,7 @@ static void test_round_trip(void) {
   CHECK(clrt_http_next(h, &r) == 0);
 
   /* Retry-After as an HTTP date in the past means "now"; a GET has no body. */
-  id = clrt_http_submit(h, "GET", url, NULL, NULL, 0, 5);
+  id = clrt_http_submit(h, "GET", url, NULL, NULL, 0, 5, NULL);
   const char reply2[] = "HTTP/1.1 503 Busy\r\nRetry-After: Wed, 21 Oct 2015 07:28:00 GMT\r\n"
                         "Content-Length: 0\r\nConnection: close\r\n\r\n";
   serve_one(h, reply2, sizeof reply2 - 1);
@@ -113,7 +113,7 @@ static void test_round_trip(void) {
 
   /* No Retry-After: -1. A body over the limit fails the transfer with a clear message. */
   clrt_http_set_max_body(h, 8);
-  id = clrt_http_submit(h, "POST", url, NULL, "x", 1, 5);
+  id = clrt_http_submit(h, "POST", url, NULL, "x", 1, 5, NULL);
   const char reply3[] = "HTTP/1.1 200 OK\r\nContent-Length: 20\r\nConnection: close\r\n\r\n01234567890123456789";
   serve_one(h, reply3, sizeof reply3 - 1);
   CHECK(wait_result(h, &r));
@@ -123,7 +123,7 @@ static void test_round_trip(void) {
 
   /* A truncated reply is an error, not a short body. */
   clrt_http_set_max_body(h, 1 << 20);
-  id = clrt_http_submit(h, "POST", url, NULL, "x", 1, 5);
+  id = clrt_http_submit(h, "POST", url, NULL, "x", 1, 5, NULL);
   const char reply4[] = "HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n{\"partial\":";
   serve_one(h, reply4, sizeof reply4 - 1);
   CHECK(wait_result(h, &r));
@@ -137,7 +137,7 @@ static void test_timeout_and_cancel(void) {
   char url[64];
   snprintf(url, sizeof url, "http://127.0.0.1:%d/", port);
   /* The listener accepts nothing here, so the request can only time out. */
-  int64_t id = clrt_http_submit(h, "POST", url, NULL, "x", 1, 0.2);
+  int64_t id = clrt_http_submit(h, "POST", url, NULL, "x", 1, 0.2, NULL);
   clrt_http_result r;
   CHECK(wait_result(h, &r));
   CHECK(r.id == id && r.timed_out == 1 && r.status == 0);
@@ -145,8 +145,8 @@ static void test_timeout_and_cancel(void) {
   int fd;
   while ((fd = accept(listen_fd, NULL, NULL)) >= 0) close(fd);   /* drop the backlog */
 
-  int64_t a = clrt_http_submit(h, "POST", url, NULL, "x", 1, 5);
-  int64_t b = clrt_http_submit(h, "POST", url, NULL, "y", 1, 0.3);
+  int64_t a = clrt_http_submit(h, "POST", url, NULL, "x", 1, 5, NULL);
+  int64_t b = clrt_http_submit(h, "POST", url, NULL, "y", 1, 0.3, NULL);
   CHECK(clrt_http_in_flight(h) == 2);
   CHECK(clrt_http_cancel(h, a) == 0);
   CHECK(clrt_http_in_flight(h) == 1);
@@ -163,19 +163,19 @@ static void test_errors(void) {
   clrt_http *h = clrt_http_new(0);
   clrt_http_result r;
   /* Nothing listens on port 1: connection refused arrives as a result, not a crash. */
-  int64_t id = clrt_http_submit(h, "POST", "http://127.0.0.1:1/x", NULL, "{}", 2, 5);
+  int64_t id = clrt_http_submit(h, "POST", "http://127.0.0.1:1/x", NULL, "{}", 2, 5, NULL);
   CHECK(id > 0);
   CHECK(wait_result(h, &r));
   CHECK(r.status == 0 && r.error_code != 0 && r.error[0] != 0);
-  CHECK(clrt_http_submit(h, "POST", "file:///etc/passwd", NULL, NULL, 0, 5) == -1);
+  CHECK(clrt_http_submit(h, "POST", "file:///etc/passwd", NULL, NULL, 0, 5, NULL) == -1);
   CHECK_ERROR("only http:// and https:// URLs");
-  CHECK(clrt_http_submit(h, "POST", "http://127.0.0.1:1/", NULL, NULL, 0, 0) == -1);
+  CHECK(clrt_http_submit(h, "POST", "http://127.0.0.1:1/", NULL, NULL, 0, 0, NULL) == -1);
   CHECK_ERROR("timeout must be positive");
-  CHECK(clrt_http_submit(h, NULL, "http://127.0.0.1:1/", NULL, NULL, 0, 1) == -1);
+  CHECK(clrt_http_submit(h, NULL, "http://127.0.0.1:1/", NULL, NULL, 0, 1, NULL) == -1);
   CHECK_ERROR("needs a loop, a method and a URL");
   CHECK(clrt_http_poll(NULL, 0) == -1);
   /* Freeing a loop with requests in flight releases them. */
-  clrt_http_submit(h, "POST", "http://127.0.0.1:1/x", NULL, "{}", 2, 5);
+  clrt_http_submit(h, "POST", "http://127.0.0.1:1/x", NULL, "{}", 2, 5, NULL);
   clrt_http_free(h);
   /* poll with nothing in flight sleeps about timeout_ms */
   h = clrt_http_new(0);

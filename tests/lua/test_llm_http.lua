@@ -206,6 +206,24 @@ T.case("the API key is sent only as the Authorization header and never appears a
   ks.stop()
 end)
 
+T.case("TLS verification is on: a self-signed certificate is refused", function()
+  if os.execute("command -v openssl >/dev/null 2>&1") ~= 0 then T.skip("openssl is not installed") end
+  local dir = T.tmpdir()
+  local ok = os.execute(("openssl req -x509 -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -days 1 " ..
+                         "-addext subjectAltName=IP:127.0.0.1 -keyout %s/key.pem -out %s/cert.pem 2>/dev/null"):format(dir, dir))
+  T.eq(ok, 0, "openssl made a certificate")
+  local ts = server({ "--tls", dir .. "/cert.pem", dir .. "/key.pem" })
+  local c = llm.client { base_url = ts.base_url:gsub("^http:", "https:"), model = "m", max_retries = 0 }
+  local err = T.raises(function() c:chat(user("hi")) end, "certificate")
+  T.ok(err:find("SSL", 1, true), err)
+  -- the same server is accepted when its certificate is the CA we trust: TLS itself works
+  local trusting = llm.client { base_url = ts.base_url:gsub("^http:", "https:"), model = "m",
+                                ca_file = dir .. "/cert.pem", max_retries = 0 }
+  T.eq(trusting:chat(user("over tls")).content, "echo:over tls")
+  ts.stop()
+  os.execute("rm -rf " .. dir)
+end)
+
 T.case("records and stats sum up the calls", function()
   local c = llm.client { base_url = srv.base_url, model = "m", max_retries = 2, backoff = 0.01 }
   c:chat(user("a b"))

@@ -19,7 +19,7 @@ result belongs to its own request. Fault kinds:
   trunc           200 whose body stops halfway through its Content-Length, then closes
   notjson         200 with a body that is not JSON     badshape  200 JSON without choices
   close           close the connection without answering
-With --key K every request must carry "Authorization: Bearer K" (else 401).
+With --tls CERT KEY it serves https. With --key K every request must carry "Authorization: Bearer K" (else 401).
 """
 import argparse
 import json
@@ -180,11 +180,17 @@ def main():
     p.add_argument("--latency-ms", type=int, default=0)
     p.add_argument("--retry-after", default="1")
     p.add_argument("--slow-s", type=float, default=2.0)
+    p.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="serve https with this certificate")
     p.add_argument("--key", default=os.environ.get("FAKE_OPENAI_KEY", ""))
     args = p.parse_args()
     ThreadingHTTPServer.request_queue_size = 256   # a burst of 64 connects must not hit SYN retries
     server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(State(args)))
     server.daemon_threads = True
+    if args.tls:
+        import ssl
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(args.tls[0], args.tls[1])
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
     threading.Timer(args.lifetime, os._exit, [0]).start()
     sys.stdout.write("%d %d\n" % (server.server_address[1], os.getpid()))
     sys.stdout.flush()
