@@ -29,7 +29,7 @@ typedef struct xfer {
   char *hdrs;                    /* header lines of the final response */
   size_t hdrs_len, hdrs_cap;
   double retry_after;            /* seconds; -1 when the response had no Retry-After */
-  double t_start;
+  double t_start, elapsed;       /* seconds (monotonic clock) */
   int too_big;
   size_t max_body;
   char errbuf[CURL_ERROR_SIZE];
@@ -47,6 +47,7 @@ struct clrt_http {
   xfer *done_head, *done_tail;   /* finished, not yet handed out */
   xfer *handed;                  /* handed out by the last clrt_http_next */
   xfer *free;                    /* recycled transfers (their easy handles keep DNS caches) */
+  int n_free;
 };
 
 double clrt_http_now(void) {
@@ -93,11 +94,25 @@ static void xfer_destroy(xfer *x) {
   free(x);
 }
 
+enum { MAX_FREE = 256, MAX_KEPT_BUFFER = 1 << 20 };
+
+/* Keep a finished transfer for the next request, unless enough are kept already; a buffer
+   a large reply grew is dropped rather than held for small ones. */
 static void recycle(clrt_http *h, xfer *x) {
   curl_slist_free_all(x->headers);
   x->headers = NULL;
+  if (h->n_free >= MAX_FREE) {
+    xfer_destroy(x);
+    return;
+  }
+  if (x->body_cap > MAX_KEPT_BUFFER) {
+    free(x->body);
+    x->body = NULL;
+    x->body_cap = 0;
+  }
   x->next = h->free;
   h->free = x;
+  h->n_free++;
 }
 
 void clrt_http_free(clrt_http *h) {
@@ -189,6 +204,7 @@ static xfer *take_xfer(clrt_http *h) {
   xfer *x = h->free;
   if (x) {
     h->free = x->next;
+    h->n_free--;
     curl_easy_reset(x->easy);
   } else {
     x = calloc(1, sizeof *x);
@@ -330,7 +346,7 @@ static void collect(clrt_http *h) {
     x->status = (int)status;
     x->code = (int)rc;
     x->timed_out = rc == CURLE_OPERATION_TIMEDOUT;
-    double elapsed = clrt_http_now() - x->t_start;
+    double elapsed = x->elapsed = clrt_http_now() - x->t_start;
     if (rc == CURLE_OK)
       x->error[0] = 0;
     else if (x->too_big)
@@ -340,7 +356,6 @@ static void collect(clrt_http *h) {
                x->errbuf[0] ? x->errbuf : curl_easy_strerror(rc));
     else
       snprintf(x->error, sizeof x->error, "%s", x->errbuf[0] ? x->errbuf : curl_easy_strerror(rc));
-    x->t_start = elapsed;   /* from here on t_start holds the elapsed time */
     if (h->done_tail)
       h->done_tail->next = x;
     else
@@ -394,7 +409,7 @@ int clrt_http_next(clrt_http *h, clrt_http_result *out) {
   out->error_code = x->code;
   out->timed_out = x->timed_out;
   out->retry_after = x->retry_after;
-  out->elapsed = x->t_start;
+  out->elapsed = x->elapsed;
   out->error = x->error;
   out->body = x->body ? x->body : "";
   out->body_len = x->body_len;

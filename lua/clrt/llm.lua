@@ -18,6 +18,17 @@
 -- table, sent only in the Authorization header, and scrubbed from every error and record.
 -- opts other than timeout/max_retries go into the request body as they are (response_format,
 -- stop, seed, ...), over the client's defaults.
+--
+-- Options: base_url (with /v1; "/chat/completions" is appended), model, api_key_env, timeout
+-- (s per attempt, 60), max_retries (5), max_concurrency (32 in flight), defaults (body fields),
+-- backoff (first wait, 0.5 s; doubles, times a jitter in [0.5, 1]), max_backoff (30 s),
+-- max_retry_after (cap on a server's Retry-After, 300 s), headers (extra, {Name = value}),
+-- ca_file (a PEM bundle to trust instead of the system's CAs; verification is always on).
+--
+-- Records: every call appends {model, base_url, ok, attempts, retries, status, latency,
+-- prompt_tokens, completion_tokens, total_tokens, outcomes (one line per failed attempt),
+-- error} to c.records and to clrt.llm.records(); c:stats() and clrt.llm.stats() sum them up,
+-- clrt.llm.drain_records() hands them to a run's log and starts afresh.
 local http = require("clrt.http")
 local sched = require("clrt.sched")
 local cjson = require("cjson").new()
