@@ -130,8 +130,9 @@ T.case("500 requests at concurrency 32 with 30% faults: all correct, none lost o
   local retried = 0
   for i = before + 1, #c.records do if c.records[i].retries > 0 then retried = retried + 1 end end
   T.ok(retried >= faulted, ("%d calls retried, %d faults injected"):format(retried, faulted))
+  -- The server may also still be sleeping on the 15 "slow" requests the client gave up on.
   local st = get_json(("http://127.0.0.1:%d/stats"):format(srv.port))
-  T.ok(st.max_active <= 32, "server saw " .. st.max_active .. " requests at once, limit 32")
+  T.ok(st.max_active <= 32 + 15, "server saw " .. st.max_active .. " requests at once, limit 32 (+15 abandoned)")
 end)
 
 T.case("320 requests with 100 ms latency at concurrency 32 overlap", function()

@@ -5,6 +5,9 @@ local T = require("clrt.test")
 local http = require("clrt.http")
 local sched, llm = clrt.sched, clrt.llm
 local fake = dofile(T.source_dir() .. "/tests/support/fake_openai.lua")
+local function need_python()
+  if io.open("/usr/bin/python3") == nil then T.skip("/usr/bin/python3 is needed for the fake server") end
+end
 
 -- generate() returns, for prompt row p and sample s, tokens {sum(p) * 10 + s, #p, max_new}.
 local function fake_model()
@@ -154,6 +157,7 @@ T.case("max_concurrency bounds the coroutines alive at once", function()
 end)
 
 T.case("the run timeout ends unfinished functions and cancels their requests", function()
+  need_python()
   local srv = fake.start({ "--slow-s", "5", "--lifetime", "30" })
   local c = llm.client { base_url = srv.base_url, model = "m", timeout = 10 }
   local t0 = http.now()
@@ -188,6 +192,7 @@ T.case("bad input and misuse are clear errors", function()
 end)
 
 T.case("HTTP moves while the model decodes: on_step resumes coroutines whose replies came in", function()
+  need_python()
   local srv = fake.start({ "--lifetime", "30" })
   local c = llm.client { base_url = srv.base_url, model = "m", timeout = 10 }
   local m = fake_model()
