@@ -11,7 +11,8 @@
 --
 -- results[i] is the first value fns[i] returned, whatever order they finished in; an error
 -- in fns[i] is caught and reported as errors[i] (a string) for that one only, or raised
--- after all have finished when opts.raise is set. opts.timeout bounds the whole run: the
+-- after all have finished when opts.raise is set. A third result holds
+-- {generate_calls = number of batched calls, tracebacks = {[i] = traceback of errors[i]}}. opts.timeout bounds the whole run: the
 -- functions still unfinished then get errors[i] = "... timed out ..." and their HTTP
 -- requests are cancelled.
 --
@@ -127,9 +128,10 @@ function M.generate(model, prompt_tokens, opts)
   return r.outs
 end
 
+-- Errors keep their message; the traceback goes beside it (run's third result) so that
+-- errors[i] stays one readable line for a run's log.
 local function task_error_handler(e)
-  if type(e) ~= "string" then return e end
-  return debug.traceback(e, 2)
+  return { msg = type(e) == "string" and e or tostring(e), traceback = debug.traceback("", 2) }
 end
 
 local function finish(st, t, ok, value)
@@ -158,7 +160,12 @@ local function step(st, t)
   if not ok then
     finish(st, t, false, tostring(out))
   elseif coroutine.status(t.co) == "dead" then
-    if out[1] then finish(st, t, true, out[2]) else finish(st, t, false, tostring(out[2])) end
+    if out[1] then
+      finish(st, t, true, out[2])
+    else
+      st.tracebacks[t.index] = out[2].traceback
+      finish(st, t, false, out[2].msg)
+    end
   elseif out ~= SUSPEND then
     finish(st, t, false, ("clrt.sched: function %d yielded a value itself; only the clrt.sched/" ..
                           "clrt.llm calls may yield inside clrt.sched.run"):format(t.index))
@@ -263,7 +270,7 @@ function M.run(fns, opts)
   local n = #fns
   local st = {
     n = n, tasks = {}, by_co = {}, ready = {}, timers = {}, gen_queue = {},
-    results = {}, errors = {}, done = 0, next_start = 1, generate_calls = 0,
+    results = {}, errors = {}, tracebacks = {}, done = 0, next_start = 1, generate_calls = 0,
   }
   for i, f in ipairs(fns) do st.tasks[i] = { index = i, fn = f, run = st } end
   local limit = opts.max_concurrency or n
@@ -309,7 +316,7 @@ function M.run(fns, opts)
       if st.errors[i] then error(("clrt.sched.run: function %d failed: %s"):format(i, st.errors[i]), 2) end
     end
   end
-  return st.results, st.errors, { generate_calls = st.generate_calls }
+  return st.results, st.errors, { generate_calls = st.generate_calls, tracebacks = st.tracebacks }
 end
 
 return M

@@ -45,7 +45,7 @@ T.case("results come back in the order given, whatever order they finish in", fu
 end)
 
 T.case("an error is reported for its own function only", function()
-  local results, errors = sched.run({
+  local results, errors, info = sched.run({
     function() return "a" end,
     function() sched.sleep(0.01); error("boom in two") end,
     function() sched.sleep(0.02); return "c" end,
@@ -56,6 +56,8 @@ T.case("an error is reported for its own function only", function()
   T.eq({ results[2], results[4] }, { nil, nil })
   T.ok(errors[2]:find("boom in two", 1, true), errors[2])
   T.ok(errors[4]:find("attempt to index", 1, true), errors[4])
+  T.ok(not errors[2]:find("\n"), "the message is one line; the traceback is apart")
+  T.ok(info.tracebacks[2]:find("stack traceback", 1, true), tostring(info.tracebacks[2]))
   T.eq({ errors[1], errors[3] }, { nil, nil })
 end)
 
