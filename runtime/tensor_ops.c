@@ -488,8 +488,7 @@ int clrt_tensor_masked_fill_(clrt_tensor *t, const clrt_tensor *mask, double val
   const clrt_tensor *pair[2] = {t, mask};
   int nd;
   int64_t shape[CLRT_MAX_DIMS];
-  if (broadcast_shapes("masked_fill_", 2, pair, &nd, shape)) return -1;
-  if (!same_shape(nd, shape, t)) {
+  if (broadcast_shapes("masked_fill_", 2, pair, &nd, shape) || !same_shape(nd, shape, t)) {
     shape_bufs sb;
     clrt_set_error("masked_fill_: mask shape %s cannot broadcast into %s", SH(sb, 0, mask), SH(sb, 1, t));
     return -1;

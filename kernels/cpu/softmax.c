@@ -26,8 +26,10 @@ void clrt_k_softmax_f32(int use_log, int64_t n, int64_t inner, int64_t i0, int64
       }
     for (int64_t c = 0; c < w; c++) {
       if (use_log) {
-        float shift = mx[c] + (float)log(sum[c]);
-        for (int64_t j = 0; j < n; j++) out[j * inner + c0 + c] = in[j * inner + c0 + c] - shift;
+        /* (x - max) - log(sum): x - max is exact for nearby values, so large logits keep
+           their precision (folding max into the shift first would round it away). */
+        float ls = (float)log(sum[c]);
+        for (int64_t j = 0; j < n; j++) out[j * inner + c0 + c] = (in[j * inner + c0 + c] - mx[c]) - ls;
       } else {
         float inv = (float)(1.0 / sum[c]);
         for (int64_t j = 0; j < n; j++) out[j * inner + c0 + c] *= inv;
