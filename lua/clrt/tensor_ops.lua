@@ -48,8 +48,8 @@ function M.install(tensor, Tensor, mt)
     end
     local d = dim < 0 and t.ndim + 1 + dim or dim
     if d < 1 or d > t.ndim then
-      error(("%s: dimension %d out of range for shape %s (dimensions are 1..%d, or -1 for the last)")
-        :format(name, dim, shape_str(t), t.ndim), level + 1)
+      error(("%s: dimension %s out of range for shape %s (dimensions are 1..%d, or -1 for the last)")
+        :format(name, tostring(dim), shape_str(t), t.ndim), level + 1)
     end
     return d - 1
   end
