@@ -534,7 +534,7 @@ static void slab_of(const clrt_tensor *a, int dim, int64_t *outer, int64_t *n, i
 typedef struct {
   int op, cd;   /* op: a reduce op, or -1/-2 for softmax/log_softmax */
   int64_t n, inner;
-  const void *in;
+  const void *in;   /* f32 or i32 (4 bytes either way) */
   void *out;
   int32_t *idx;
 } slab_job;
@@ -542,14 +542,15 @@ typedef struct {
 /* Units: a group of whole rows when inner == 1, else (outer index, block of RED_COLS columns). */
 static void slab_unit(const slab_job *j, int64_t o, int64_t i0, int64_t i1) {
   int64_t base = o * j->n * j->inner, obase = o * j->inner;
+  /* An empty reduced dimension has no input buffer at all (NULL + 0 is undefined). */
+  const char *in = j->in ? (const char *)j->in + base * 4 : NULL;
   if (j->op < 0) {
-    clrt_k_softmax_f32(j->op == -2, j->n, j->inner, i0, i1, (const float *)j->in + base,
-                       (float *)j->out + base);
+    clrt_k_softmax_f32(j->op == -2, j->n, j->inner, i0, i1, (const float *)in, (float *)j->out + base);
   } else if (j->cd == CLRT_I32) {
-    clrt_k_reduce_i32(j->op, j->n, j->inner, i0, i1, (const int32_t *)j->in + base,
+    clrt_k_reduce_i32(j->op, j->n, j->inner, i0, i1, (const int32_t *)in,
                       j->out ? (int32_t *)j->out + obase : NULL, j->idx ? j->idx + obase : NULL);
   } else {
-    clrt_k_reduce_f32(j->op, j->n, j->inner, i0, i1, (const float *)j->in + base,
+    clrt_k_reduce_f32(j->op, j->n, j->inner, i0, i1, (const float *)in,
                       j->out ? (float *)j->out + obase : NULL, j->idx ? j->idx + obase : NULL);
   }
 }

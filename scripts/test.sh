@@ -21,5 +21,7 @@ asan="$here/build/asan"
 CC=clang cmake -S "$here" -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DCLRT_SANITIZE=ON -DCLRT_FUZZ=ON \
       -DCLRT_CUDA=OFF > "$asan.configure.log" 2>&1 || { cat "$asan.configure.log"; exit 1; }
 cmake --build "$asan" -j"$jobs"
+# --no-tests=ignore: a label with nothing under it (no fuzz targets yet) is not a failure,
+# whatever this ctest version's default is.
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir "$asan" --output-on-failure -j"$jobs" -L 'c|fuzz'
+  ctest --test-dir "$asan" --output-on-failure --no-tests=ignore -j"$jobs" -L 'c|fuzz'
