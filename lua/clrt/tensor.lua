@@ -33,8 +33,25 @@ M.device_of = device_of
 -- Wrap a fresh handle so the GC frees it. Lua holds it as a `clrt_tensor &`, not a pointer:
 -- LuaJIT does pointer arithmetic on `ptr + 1` and `ptr - ptr` before it looks at __add or
 -- __sub, while a reference gets the metamethods and still passes as a pointer to C.
+--
+-- The GC sees a handle as a few bytes, not the megabytes of storage it may hold alone, so a
+-- loop like `x = x + 1` would pile up garbage storage without limit. New storage is counted
+-- here, and once more than max(64 MB, the Lua heap) of it was made since the last cycle, a
+-- full collection runs: garbage stays bounded and the GC's cost stays proportional.
 local tensor_ref = ffi.typeof("clrt_tensor &")
-local function handle(p) return ffi.gc(ffi.cast(tensor_ref, p), C.clrt_tensor_free) end
+local fresh_bytes, GC_MIN_BYTES = 0, 64 * 2 ^ 20
+local function handle(p)
+  local t = ffi.gc(ffi.cast(tensor_ref, p), C.clrt_tensor_free)
+  local s = p.storage
+  if s ~= nil and s.refcount == 1 then
+    fresh_bytes = fresh_bytes + tonumber(s.bytes)
+    if fresh_bytes > GC_MIN_BYTES and fresh_bytes > collectgarbage("count") * 1024 then
+      fresh_bytes = 0
+      collectgarbage()
+    end
+  end
+  return t
+end
 M.handle = handle
 local function wrap(p, level)
   return handle(check(p, (level or 1) + 1))
