@@ -127,7 +127,14 @@ function M.complete(text)
       if not seen[k] and k:sub(1, #partial) == partial then seen[k] = true; names[#names + 1] = lead .. k end
     end
   end
-  if type(scope) == "cdata" or type(scope) == "string" then mt = getmetatable(scope) end
+  if type(scope) == "cdata" then
+    -- getmetatable() on cdata says only "ffi"; tensors' methods live in clrt.tensor.Tensor.
+    local ok, tensor = pcall(require, "clrt.tensor")
+    if ok and tensor.is_tensor(scope) then add_from(tensor.Tensor) end
+    mt = nil
+  elseif type(scope) == "string" then
+    mt = getmetatable(scope)
+  end
   if mt and type(mt.__index) == "table" then add_from(mt.__index) end
   table.sort(names)
   return names

@@ -507,6 +507,23 @@ T.case("errors name the op and both shapes", function()
   T.eq(a:sum(), 0)
 end)
 
+T.case("temporaries in a loop do not pile up (storage counts toward GC)", function()
+  local function rss_kb()
+    local f = io.open("/proc/self/status")
+    if not f then return nil end
+    local s = f:read("*a")
+    f:close()
+    return tonumber(s:match("VmRSS:%s*(%d+)"))
+  end
+  local x = tensor.zeros({ 1024, 1024 })   -- 4 MB
+  local before = rss_kb()
+  if not before then T.skip("no /proc/self/status") end
+  for _ = 1, 250 do x = x + 1 end            -- 1 GB of temporaries if none were freed
+  T.eq(x:get(7, 7), 250)
+  local grown = rss_kb() - before
+  T.ok(grown < 400 * 1024, ("resident memory grew by %d MB over 250 ops on a 4 MB tensor"):format(grown / 1024))
+end)
+
 T.case("long ops stop with an error when interrupted (Ctrl-C)", function()
   local big = tensor.zeros({ 257, 129, 65 })
   C.clrt_set_interrupt(1)

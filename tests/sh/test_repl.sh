@@ -84,6 +84,13 @@ T send-keys -t repl -l '.ones({3, 5}):sum() * 2'
 T send-keys -t repl Enter
 expect "tab completes clrt.ten to clrt.tensor" "30"
 
+type_line 'tt = clrt.tensor.arange(4)'
+T send-keys -t repl -l 'tt:so'
+T send-keys -t repl Tab
+T send-keys -t repl -l '(1):sum() * 777'
+T send-keys -t repl Enter
+expect "tab completes a tensor's methods (tt:so -> tt:softmax)" "777"
+
 type_line 'clrt.tensor.arange(6):reshape({2, 3})'
 expect "a tensor prints its shape and dtype" "shape=[2, 3], dtype=f32"
 
