@@ -132,7 +132,8 @@ clrt_tensor *clrt_tensor_reduce(int op, const clrt_tensor *a, int dim, int keepd
 int clrt_tensor_reduce_all(int op, const clrt_tensor *a, double *out);
 /* softmax (log_softmax when use_log is 1) over dim, computed as exp(x - max) for stability. */
 clrt_tensor *clrt_tensor_softmax(const clrt_tensor *a, int dim, int use_log);
-/* numpy matmul: 1-D operands are vectors, batch dimensions broadcast; OpenBLAS sgemm. */
+/* numpy matmul: 1-D operands are vectors, batch dimensions broadcast; OpenBLAS sgemm (bf16 and
+   i32 go through f32; i32 results round and saturate). */
 clrt_tensor *clrt_tensor_matmul(const clrt_tensor *a, const clrt_tensor *b);
 
 

@@ -285,6 +285,22 @@ static clrt_tensor *finish(clrt_tensor *dst, clrt_tensor *target, int outdt) {
     return st ? NULL : target;
   }
   if (dst->dtype_id == outdt) return dst;
+  if (outdt == CLRT_I32 && dst->dtype_id == CLRT_F32) {
+    /* i32 results computed in f32 (matmul) round to nearest and saturate: a float outside
+       int32's range has no defined conversion in C. */
+    clrt_tensor *r = clrt_tensor_new(CLRT_I32, dst->ndim, dst->dims, CLRT_CPU);
+    if (r) {
+      const float *f = clrt_tensor_data(dst);
+      int32_t *o = clrt_tensor_data(r);
+      int64_t n = clrt_tensor_numel(dst);
+      for (int64_t i = 0; i < n; i++) {
+        float v = nearbyintf(f[i]);
+        o[i] = v != v ? 0 : v >= 2147483648.0f ? INT32_MAX : v <= -2147483648.0f ? INT32_MIN : (int32_t)v;
+      }
+    }
+    clrt_tensor_free(dst);
+    return r;
+  }
   clrt_tensor *r = clrt_tensor_to_dtype(dst, outdt);
   clrt_tensor_free(dst);
   return r;

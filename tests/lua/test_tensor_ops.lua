@@ -456,6 +456,9 @@ T.case("bf16 computes in f32 and rounds; i32 stays integer where it can", functi
   local xy = x:narrow(1, 1, 1):matmul(y)   -- i32 matmul runs in f32: exact for small values
   T.eq(xy:dtype(), "i32")
   T.eq(xy:totable(), { { 14 - 3, 28 + 15 } })
+  local huge = tensor.full({ 2, 2 }, 2e9, { dtype = "i32" })
+  T.eq(huge:matmul(huge):totable()[1], { 2147483647, 2147483647 })   -- saturates
+  T.eq((-huge):matmul(huge):totable()[2], { -2147483648, -2147483648 })
 end)
 
 T.case("where and masked_fill", function()
