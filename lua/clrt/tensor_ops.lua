@@ -61,10 +61,12 @@ function M.install(tensor, Tensor, mt)
         if is_tensor(b) then return result(C.clrt_tensor_binary(op, a, b), 3) end
         if type(b) == "number" then return result(C.clrt_tensor_binary_scalar(op, a, b, 0), 3) end
         bad_operand(name, b, 3)
-      elseif type(a) == "number" and is_tensor(b) then
-        return result(C.clrt_tensor_binary_scalar(op, b, a, 1), 3)
+      elseif type(a) == "number" then
+        if is_tensor(b) then return result(C.clrt_tensor_binary_scalar(op, b, a, 1), 3) end
+        if type(b) == "number" then error(name .. ": at least one operand must be a tensor (got two numbers)", 3) end
+        bad_operand(name, b, 3)
       end
-      bad_operand(name, is_tensor(a) and b or a, 3)
+      bad_operand(name, a, 3)
     end
     Tensor[name], tensor[name] = apply, apply
     Tensor[name .. "_"] = function(a, b)
@@ -79,7 +81,7 @@ function M.install(tensor, Tensor, mt)
 
   for name, op in pairs(unary) do
     local function apply(a)
-      if not is_tensor(a) then bad_operand(name, a, 2) end
+      if not is_tensor(a) then error(("%s: expected a tensor, got %s"):format(name, type(a)), 2) end
       return result(C.clrt_tensor_unary(op, a), 2)
     end
     Tensor[name], tensor[name] = apply, apply
@@ -136,12 +138,12 @@ function M.install(tensor, Tensor, mt)
   end
 
   function Tensor.matmul(a, b)
-    if not is_tensor(b) then bad_operand("matmul", b, 2) end
+    if not is_tensor(b) then error("matmul: expected a tensor, got " .. type(b), 2) end
     return result(C.clrt_tensor_matmul(a, b), 2)
   end
   tensor.matmul = function(a, b)
-    if not is_tensor(a) then bad_operand("matmul", a, 2) end
-    if not is_tensor(b) then bad_operand("matmul", b, 2) end
+    if not is_tensor(a) then error("matmul: expected a tensor, got " .. type(a), 2) end
+    if not is_tensor(b) then error("matmul: expected a tensor, got " .. type(b), 2) end
     return result(C.clrt_tensor_matmul(a, b), 2)
   end
 
