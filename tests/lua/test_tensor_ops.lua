@@ -101,17 +101,16 @@ local binref = {
 }
 local BINOPS = { "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge" }
 
+-- +1/-1 from the sign of t, to give divisors both signs
+local function signs(t) return tensor.where(t:ge(0), 1, -1) end
+
 local function operands(name, ashape, bshape, k)
   if name == "pow" then return positive(ashape), randn(bshape) end
-  if name == "div" then return randn(ashape), positive(bshape) * ints(bshape, k):sign_like() end
+  if name == "div" then return randn(ashape), positive(bshape) * signs(ints(bshape, k)) end
   if binref[name](1, 1) == 1 or binref[name](1, 2) == 1 then return ints(ashape, k), ints(bshape, k + 3) end
   return randn(ashape), randn(bshape)
 end
 
--- a sign tensor (+1/-1) from small ints, used to give divisors both signs
-function tensor.Tensor.sign_like(t)
-  return tensor.where(t:ge(0), 1, -1)
-end
 
 local function check_binary(name, a, b, oshape, label)
   local av, bv = values(a), values(b)
