@@ -115,24 +115,30 @@ typedef enum {
 const char *clrt_binary_op_name(int op);
 const char *clrt_unary_op_name(int op);
 const char *clrt_reduce_op_name(int op);
+/* a, b: any shapes that broadcast; result: the broadcast shape, contiguous. */
 clrt_tensor *clrt_tensor_binary(int op, const clrt_tensor *a, const clrt_tensor *b);
 /* a op s, or s op a when scalar_first is 1. */
 clrt_tensor *clrt_tensor_binary_scalar(int op, const clrt_tensor *a, double s, int scalar_first);
+/* a: [...]; b: broadcasts to a's shape. */
 int clrt_tensor_binary_(int op, clrt_tensor *a, const clrt_tensor *b);
 int clrt_tensor_binary_scalar_(int op, clrt_tensor *a, double s);
 clrt_tensor *clrt_tensor_unary(int op, const clrt_tensor *a);
 int clrt_tensor_unary_(int op, clrt_tensor *a);
-/* cond nonzero picks a, else b; all three broadcast. */
+/* cond nonzero picks a, else b; all three broadcast (cond: any dtype). */
 clrt_tensor *clrt_tensor_where(const clrt_tensor *cond, const clrt_tensor *a, const clrt_tensor *b);
+/* t: [...]; mask: broadcasts to t's shape, nonzero where value goes. */
 int clrt_tensor_masked_fill_(clrt_tensor *t, const clrt_tensor *mask, double value);
-/* Reduce dimension dim (0-based). sum/max/min keep the dtype (bf16 accumulates in f32, i32
-   in int64), mean gives f32 for i32, argmax/argmin give i32 0-based positions. */
+/* a: [..., n, ...] -> [..., ...] (or [..., 1, ...] with keepdim), reducing dimension dim
+   (0-based). sum/max/min keep the dtype (sums accumulate in double, i32 sums in int64 and
+   wrap into int32), mean gives f32 for i32, argmax/argmin give i32 0-based positions. */
 clrt_tensor *clrt_tensor_reduce(int op, const clrt_tensor *a, int dim, int keepdim);
-/* Reduce everything to one number; argmax/argmin give the 0-based flat index. */
+/* Reduce everything to one number (i32 sums exact); argmax/argmin give the 0-based flat index. */
 int clrt_tensor_reduce_all(int op, const clrt_tensor *a, double *out);
-/* softmax (log_softmax when use_log is 1) over dim, computed as exp(x - max) for stability. */
+/* a: [...] -> same shape: softmax (log_softmax when use_log is 1) over dim, computed as
+   exp(x - max) for stability. */
 clrt_tensor *clrt_tensor_softmax(const clrt_tensor *a, int dim, int use_log);
-/* numpy matmul: 1-D operands are vectors, batch dimensions broadcast; OpenBLAS sgemm (bf16 and
+/* a: [..., M, K] or [K]; b: [..., K, N] or [K] -> [..., M, N] (vector dims dropped).
+   numpy matmul: 1-D operands are vectors, batch dimensions broadcast; OpenBLAS sgemm (bf16 and
    i32 go through f32; i32 results round and saturate). */
 clrt_tensor *clrt_tensor_matmul(const clrt_tensor *a, const clrt_tensor *b);
 
