@@ -95,6 +95,52 @@ int clrt_tensor_randn_(clrt_tensor *t, clrt_rng *r);  /* standard normal */
 
 
 /* ==== tensor ops ========================================================================= */
+/* Elementwise ops broadcast like numpy. Result dtypes: the wider of the two (f32 > bf16 > i32;
+   a number does not widen a tensor unless it is fractional and the tensor is i32); i32
+   division gives f32; comparisons give f32 0/1. bf16 math runs in f32. In-place ops (name_)
+   broadcast the second operand into the first and keep its dtype. Dimensions are 0-based. */
+typedef enum {
+  CLRT_OP_ADD = 0, CLRT_OP_SUB, CLRT_OP_MUL, CLRT_OP_DIV, CLRT_OP_POW, CLRT_OP_MAXIMUM,
+  CLRT_OP_MINIMUM, CLRT_OP_EQ, CLRT_OP_NE, CLRT_OP_LT, CLRT_OP_LE, CLRT_OP_GT, CLRT_OP_GE,
+  CLRT_OP_BINARY_COUNT
+} clrt_binary_op;
+typedef enum {
+  CLRT_OP_NEG = 0, CLRT_OP_ABS, CLRT_OP_EXP, CLRT_OP_LOG, CLRT_OP_SQRT, CLRT_OP_TANH,
+  CLRT_OP_SIGMOID, CLRT_OP_RELU, CLRT_OP_UNARY_COUNT
+} clrt_unary_op;
+typedef enum {
+  CLRT_RED_SUM = 0, CLRT_RED_MEAN, CLRT_RED_MAX, CLRT_RED_MIN, CLRT_RED_ARGMAX, CLRT_RED_ARGMIN,
+  CLRT_RED_COUNT
+} clrt_reduce_op;
+const char *clrt_binary_op_name(int op);
+const char *clrt_unary_op_name(int op);
+const char *clrt_reduce_op_name(int op);
+/* a, b: any shapes that broadcast; result: the broadcast shape, contiguous. */
+clrt_tensor *clrt_tensor_binary(int op, const clrt_tensor *a, const clrt_tensor *b);
+/* a op s, or s op a when scalar_first is 1. */
+clrt_tensor *clrt_tensor_binary_scalar(int op, const clrt_tensor *a, double s, int scalar_first);
+/* a: [...]; b: broadcasts to a's shape. */
+int clrt_tensor_binary_(int op, clrt_tensor *a, const clrt_tensor *b);
+int clrt_tensor_binary_scalar_(int op, clrt_tensor *a, double s);
+clrt_tensor *clrt_tensor_unary(int op, const clrt_tensor *a);
+int clrt_tensor_unary_(int op, clrt_tensor *a);
+/* cond nonzero picks a, else b; all three broadcast (cond: any dtype). */
+clrt_tensor *clrt_tensor_where(const clrt_tensor *cond, const clrt_tensor *a, const clrt_tensor *b);
+/* t: [...]; mask: broadcasts to t's shape, nonzero where value goes. */
+int clrt_tensor_masked_fill_(clrt_tensor *t, const clrt_tensor *mask, double value);
+/* a: [..., n, ...] -> [..., ...] (or [..., 1, ...] with keepdim), reducing dimension dim
+   (0-based). sum/max/min keep the dtype (sums accumulate in double, i32 sums in int64 and
+   wrap into int32), mean gives f32 for i32, argmax/argmin give i32 0-based positions. */
+clrt_tensor *clrt_tensor_reduce(int op, const clrt_tensor *a, int dim, int keepdim);
+/* Reduce everything to one number (i32 sums exact); argmax/argmin give the 0-based flat index. */
+int clrt_tensor_reduce_all(int op, const clrt_tensor *a, double *out);
+/* a: [...] -> same shape: softmax (log_softmax when use_log is 1) over dim, computed as
+   exp(x - max) for stability. */
+clrt_tensor *clrt_tensor_softmax(const clrt_tensor *a, int dim, int use_log);
+/* a: [..., M, K] or [K]; b: [..., K, N] or [K] -> [..., M, N] (vector dims dropped).
+   numpy matmul: 1-D operands are vectors, batch dimensions broadcast; OpenBLAS sgemm (bf16 and
+   i32 go through f32; i32 results round and saturate). */
+clrt_tensor *clrt_tensor_matmul(const clrt_tensor *a, const clrt_tensor *b);
 
 
 /* ==== model: the Llama-family transformer ================================================ */
