@@ -9,7 +9,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 prefix="${CLRT_PREFIX:-/usr/local}"
 
 packages=(build-essential cmake pkg-config luajit libluajit-5.1-dev lua-cjson
-          libcurl4-openssl-dev libopenblas-openmp-dev libreadline-dev libpcre2-dev
+          libcurl4-openssl-dev libopenblas-openmp-dev libreadline-dev libpcre2-dev libutf8proc-dev
           libmicrohttpd-dev ca-certificates ${CLRT_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do
