@@ -1,7 +1,8 @@
 // tok_ref.mjs — reference answers from Hugging Face tokenizers' JavaScript port
 // (@lenml/tokenizers, a fork of transformers.js) for clrt's tokenizer tests.
 //   node tok_ref.mjs encode DIR IN.json OUT.json   DIR holds tokenizer.json (+ tokenizer_config.json);
-//       IN is a JSON list of strings; OUT gets {ids: [[...]], ids_special: [[...]], decoded: [...]}
+//       IN is a JSON list of strings; OUT gets {ids, ids_special, decoded, nfc}: ids without and with
+//       special tokens, decode(ids) without clean-up, and each text in NFC
 //   node tok_ref.mjs bench DIR FILE                 encode FILE line by line; prints MB/s
 import { TokenizerLoader } from "@lenml/tokenizers";
 import { readFileSync, writeFileSync, existsSync } from "node:fs";
@@ -22,9 +23,10 @@ if (mode === "encode") {
     const x = tok.encode(t, { add_special_tokens: false });
     ids.push(x);
     ids_special.push(tok.encode(t));
-    decoded.push(tok.decode(x, { skip_special_tokens: false, clean_up_tokenization_spaces: false }));
+    decoded.push(x.length === 0 ? "" : tok.decode(x, { skip_special_tokens: false, clean_up_tokenization_spaces: false }));
   }
-  writeFileSync(b, JSON.stringify({ ids, ids_special, decoded }));
+  const nfc = texts.map((t) => t.normalize("NFC"));
+  writeFileSync(b, JSON.stringify({ ids, ids_special, decoded, nfc }));
 } else if (mode === "bench") {
   const text = readFileSync(a, "utf8");
   const lines = text.split("\n");
