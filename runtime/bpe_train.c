@@ -94,6 +94,9 @@ static void count_pairs(trainer *T, int32_t wi, int sign, int record) {
         }
         s->words[s->nw++] = wi;
       }
+    }
+    /* every change re-enters the heap: older entries for this pair are then stale */
+    if (s->count > 0) {
       hitem it = { s->count, s->a, s->b };
       hpush(T, it);
     }

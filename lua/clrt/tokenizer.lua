@@ -425,8 +425,6 @@ function M.train(texts, opts)
     added[i] = { id = next_id + i - 1, content = s, single_word = false, lstrip = false, rstrip = false,
       normalized = false, special = true }
   end
-  setmetatable(merges, cjson.array_mt)
-  setmetatable(added, cjson.array_mt)
   return {
     version = "1.0", truncation = null, padding = null, added_tokens = added,
     normalizer = { type = "NFC" },
@@ -439,6 +437,71 @@ function M.train(texts, opts)
       end_of_word_suffix = "", fuse_unk = false, byte_fallback = false, ignore_merges = false,
       vocab = vocab, merges = merges },
   }, tonumber(nm)
+end
+
+-- JSON text with keys in a fixed order (objects whose keys are listed in `order`, the vocab
+-- sorted by id) so saved files are deterministic and read like the Hub's.
+local ORDER = { "version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer",
+  "post_processor", "decoder", "model", "type", "id", "content", "single_word", "lstrip", "rstrip",
+  "normalized", "special", "pretokenizers", "pattern", "Regex", "behavior", "invert", "add_prefix_space",
+  "trim_offsets", "use_regex", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
+  "fuse_unk", "byte_fallback", "ignore_merges", "vocab", "merges" }
+local RANK = {}
+for i, k in ipairs(ORDER) do RANK[k] = i end
+
+local function to_json(v, out, key, indent)
+  local ty = type(v)
+  if v == null or v == nil then out[#out + 1] = "null"
+  elseif ty == "boolean" or ty == "number" then out[#out + 1] = tostring(v)
+  elseif ty == "string" then out[#out + 1] = cjson.encode(v)
+  elseif key == "vocab" then
+    local items = {}
+    for k, id in pairs(v) do items[#items + 1] = { k, id } end
+    table.sort(items, function(a, b) return a[2] < b[2] end)
+    out[#out + 1] = "{"
+    for i, it in ipairs(items) do
+      out[#out + 1] = (i > 1 and ",\n" or "\n") .. indent .. "  " .. cjson.encode(it[1]) .. ": " .. it[2]
+    end
+    out[#out + 1] = "\n" .. indent .. "}"
+  elseif v[1] ~= nil or key == "merges" or key == "added_tokens" or key == "pretokenizers" then
+    out[#out + 1] = "["
+    for i, x in ipairs(v) do
+      out[#out + 1] = (i > 1 and ",\n" or "\n") .. indent .. "  "
+      to_json(x, out, nil, indent .. "  ")
+    end
+    out[#out + 1] = (#v > 0 and "\n" .. indent or "") .. "]"
+  else
+    local keys = {}
+    for k in pairs(v) do keys[#keys + 1] = k end
+    table.sort(keys, function(a, b)
+      local ra, rb = RANK[a] or 1000, RANK[b] or 1000
+      if ra ~= rb then return ra < rb end
+      return a < b
+    end)
+    out[#out + 1] = "{"
+    for i, k in ipairs(keys) do
+      out[#out + 1] = (i > 1 and ",\n" or "\n") .. indent .. "  " .. cjson.encode(k) .. ": "
+      to_json(v[k], out, k, indent .. "  ")
+    end
+    out[#out + 1] = (#keys > 0 and "\n" .. indent or "") .. "}"
+  end
+end
+
+function M.to_json(tbl)
+  local out = {}
+  to_json(tbl, out, nil, "")
+  return table.concat(out) .. "\n"
+end
+
+-- Write a file through a temporary name so a crash never leaves half a file.
+function M.write_file(path, text)
+  local tmp = path .. ".tmp"
+  local f, err = io.open(tmp, "wb")
+  if not f then error(("tokenizer: cannot write %s: %s"):format(tmp, tostring(err)), 2) end
+  f:write(text)
+  f:close()
+  local ok, rerr = os.rename(tmp, path)
+  if not ok then error(("tokenizer: cannot rename %s to %s: %s"):format(tmp, path, tostring(rerr)), 2) end
 end
 
 return M
