@@ -2,6 +2,7 @@
    parts (lua/clrt/tokenizer.lua does the parsing), encode, batch encode, decode. */
 #include "tokenizer_internal.h"
 
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,6 +174,8 @@ int clrt_tokenizer_add_split(clrt_tokenizer *t, const char *regex, size_t len) {
   snprintf(what, sizeof what, "tokenizer: pre-tokenizer %d", t->n_stages);
   pcre2_code *re = tok_compile_regex(regex, len, what);
   if (!re) return -1;
+  size_t jit_size = 0;
+  t->jit[t->n_stages] = pcre2_pattern_info(re, PCRE2_INFO_JITSIZE, &jit_size) == 0 && jit_size > 0;
   t->stage[t->n_stages++] = re;
   return 0;
 }
@@ -237,48 +240,61 @@ const int32_t *clrt_tokenizer_encode(clrt_tokenizer *t, const char *text, size_t
 int32_t *clrt_tokenizer_encode_batch(const clrt_tokenizer *t, const char *const *texts, const size_t *lens,
                                      int64_t n, int add_special, int64_t *offsets) {
   if (check_finished(t)) return NULL;
-  int32_t **outs = calloc((size_t)n + 1, sizeof *outs);
-  size_t *counts = calloc((size_t)n + 1, sizeof *counts);
+  /* Each thread appends its texts' ids to its own buffer; start[i]/owner[i] say where text i
+     landed, and one pass at the end lays them out in order. */
+  int nthreads = omp_get_max_threads();
+  int32_t **bufs = calloc((size_t)nthreads, sizeof *bufs);
+  size_t *used = calloc((size_t)nthreads, sizeof *used), *caps = calloc((size_t)nthreads, sizeof *caps);
+  size_t *start = malloc(((size_t)n + 1) * sizeof *start), *count = malloc(((size_t)n + 1) * sizeof *count);
+  int *owner = malloc(((size_t)n + 1) * sizeof *owner);
   int failed = 0;
   char err[512] = {0};
-  if (!outs || !counts) { free(outs); free(counts); clrt_set_error("tokenizer: out of memory"); return NULL; }
-#pragma omp parallel
+  if (!bufs || !used || !caps || !start || !count || !owner) {
+    free(bufs); free(used); free(caps); free(start); free(count); free(owner);
+    clrt_set_error("tokenizer: out of memory");
+    return NULL;
+  }
+#pragma omp parallel num_threads(nthreads)
   {
+    int me = omp_get_thread_num();
     tok_ctx *c = tok_ctx_new(t);
     if (!c) {
 #pragma omp critical(clrt_tok_err)
       { if (!failed) snprintf(err, sizeof err, "%s", clrt_last_error()); failed = 1; }
     }
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 64)
     for (int64_t i = 0; i < n; i++) {
       if (!c || failed) continue;
-      size_t cap = 0;
-      if (tok_encode(t, c, texts[i], lens[i], add_special, &outs[i], &counts[i], &cap)) {
+      size_t before = used[me];
+      if (tok_encode(t, c, texts[i], lens[i], add_special, &bufs[me], &used[me], &caps[me])) {
 #pragma omp critical(clrt_tok_err)
         { if (!failed) snprintf(err, sizeof err, "text %lld: %s", (long long)i + 1, clrt_last_error()); failed = 1; }
+        continue;
       }
+      start[i] = before;
+      count[i] = used[me] - before;
+      owner[i] = me;
     }
     tok_ctx_free(c);
   }
   int32_t *flat = NULL;
   if (!failed) {
     size_t total = 0;
-    for (int64_t i = 0; i < n; i++) total += counts[i];
+    for (int i = 0; i < nthreads; i++) total += used[i];
     flat = malloc((total ? total : 1) * sizeof *flat);
     if (!flat) { failed = 1; snprintf(err, sizeof err, "tokenizer: out of memory for %zu ids", total); }
     else {
       size_t o = 0;
       for (int64_t i = 0; i < n; i++) {
         offsets[i] = (int64_t)o;
-        if (counts[i]) memcpy(flat + o, outs[i], counts[i] * sizeof *flat);
-        o += counts[i];
+        if (count[i]) memcpy(flat + o, bufs[owner[i]] + start[i], count[i] * sizeof *flat);
+        o += count[i];
       }
       offsets[n] = (int64_t)o;
     }
   }
-  for (int64_t i = 0; i < n; i++) free(outs[i]);
-  free(outs);
-  free(counts);
+  for (int i = 0; i < nthreads; i++) free(bufs[i]);
+  free(bufs); free(used); free(caps); free(start); free(count); free(owner);
   if (failed) clrt_set_error("%s", err);
   return flat;
 }

@@ -210,7 +210,9 @@ static int split_stage(const clrt_tokenizer *t, tok_ctx *c, int k, const char *s
   pcre2_code *re = t->stage[k];
   size_t pos = 0, from = 0;
   while (from <= n) {
-    int rc = pcre2_match(re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, c->md, c->mctx);
+    /* the input was validated once, so the JIT entry point (no checks) is safe */
+    int rc = t->jit[k] ? pcre2_jit_match(re, (PCRE2_SPTR)s, n, from, 0, c->md, c->mctx)
+                       : pcre2_match(re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, c->md, c->mctx);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR msg[160];

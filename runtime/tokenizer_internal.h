@@ -62,6 +62,7 @@ struct clrt_tokenizer {
   uint8_t added_first[256];      /* bytes that start some added token */
   pcre2_code *stage[TOK_MAX_STAGES];
   int n_stages;
+  int jit[TOK_MAX_STAGES];       /* stage k was JIT-compiled */
   int nfc, ignore_merges, add_prefix_space, finished;
   int32_t prefix[8], suffix[8];
   int n_prefix, n_suffix;

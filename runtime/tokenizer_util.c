@@ -165,12 +165,13 @@ uint32_t tok_byte_to_cp(uint8_t b) {
 }
 
 int tok_cp_to_byte(uint32_t cp) {
-  if (cp < 256) return printable_byte((int)cp) ? (int)cp : -1;
-  if (cp >= 256 + 68) return -1;
-  uint32_t next = 256;
-  for (int i = 0; i < 256; i++)
-    if (!printable_byte(i) && next++ == cp) return i;
-  return -1;
+  static int16_t table[256 + 68];
+  static int ready;
+  if (!ready) {
+    for (int b = 0; b < 256; b++) table[tok_byte_to_cp((uint8_t)b)] = (int16_t)b;
+    ready = 1;
+  }
+  return cp < 256 + 68 && (cp >= 256 || printable_byte((int)cp)) ? table[cp] : -1;
 }
 
 int tok_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
