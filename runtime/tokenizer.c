@@ -24,6 +24,7 @@ void clrt_tokenizer_free(clrt_tokenizer *t) {
   for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
   free(t->added);
   for (int i = 0; i < t->n_stages; i++) pcre2_code_free(t->stage[i]);
+  free(t->trie);
   tok_ctx_free(t->ctx);
   free(t->out); free(t->dec);
   free(t);
@@ -197,6 +198,33 @@ int clrt_tokenizer_set_template(clrt_tokenizer *t, const int32_t *prefix, int n_
   return 0;
 }
 
+/* A byte trie over the added tokens' contents (later duplicates win, like a map). */
+static int build_trie(clrt_tokenizer *t) {
+  size_t cap = 1;
+  for (int i = 0; i < t->n_added; i++) cap += t->added[i].len;
+  free(t->trie);
+  t->trie = malloc(cap * sizeof *t->trie);
+  if (!t->trie) { clrt_set_error("tokenizer: out of memory"); return -1; }
+  t->trie[0] = (tok_trie_node){ -1, -1, -1, 0 };
+  t->n_trie = 1;
+  for (int i = 0; i < t->n_added; i++) {
+    int32_t node = 0;
+    for (size_t j = 0; j < t->added[i].len; j++) {
+      uint8_t b = (uint8_t)t->added[i].content[j];
+      int32_t c = t->trie[node].child;
+      while (c >= 0 && t->trie[c].byte != b) c = t->trie[c].sibling;
+      if (c < 0) {
+        c = t->n_trie++;
+        t->trie[c] = (tok_trie_node){ -1, t->trie[node].child, -1, b };
+        t->trie[node].child = c;
+      }
+      node = c;
+    }
+    t->trie[node].token = i;
+  }
+  return 0;
+}
+
 int clrt_tokenizer_finish(clrt_tokenizer *t) {
   for (int b = 0; b < 256; b++)
     if (t->byte_id[b] < 0) {
@@ -213,6 +241,7 @@ int clrt_tokenizer_finish(clrt_tokenizer *t) {
       clrt_set_error("tokenizer: post-processor adds unknown id %d", t->suffix[i]);
       return -1;
     }
+  if (build_trie(t)) return -1;
   if (!t->ctx && !(t->ctx = tok_ctx_new(t))) return -1;
   t->finished = 1;
   return 0;

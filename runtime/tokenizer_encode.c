@@ -279,9 +279,13 @@ static int encode_section(const clrt_tokenizer *t, tok_ctx *c, const char *s, si
 /* Length in bytes of the longest added token at s (0 if none): walk the trie. */
 static size_t match_added(const clrt_tokenizer *t, const unsigned char *s, size_t n, int *which) {
   size_t best = 0;
-  for (int i = 0; i < t->n_added; i++) {      /* few tokens share a first byte; checked by caller */
-    const tok_added *a = &t->added[i];
-    if (a->len > best && a->len <= n && memcmp(a->content, s, a->len) == 0) { best = a->len; *which = i; }
+  int32_t node = 0;
+  for (size_t i = 0; i < n; i++) {
+    int32_t c = t->trie[node].child;
+    while (c >= 0 && t->trie[c].byte != s[i]) c = t->trie[c].sibling;
+    if (c < 0) break;
+    node = c;
+    if (t->trie[node].token >= 0) { best = i + 1; *which = t->trie[node].token; }
   }
   return best;
 }

@@ -48,6 +48,12 @@ typedef struct {
 
 enum { TOK_MAX_STAGES = 8 };
 
+typedef struct tok_trie_node {
+  int32_t child, sibling;        /* first child, next sibling (-1: none) */
+  int32_t token;                 /* index into added[] of the token ending here, -1 if none */
+  uint8_t byte;
+} tok_trie_node;
+
 struct clrt_tokenizer {
   tok_strmap vocab;              /* raw bytes of a model token -> id */
   char **id_bytes;               /* [n_ids]: raw bytes of each id (model or added), NULL if unused */
@@ -60,6 +66,8 @@ struct clrt_tokenizer {
   tok_added *added;
   int n_added, added_cap;
   uint8_t added_first[256];      /* bytes that start some added token */
+  struct tok_trie_node *trie;    /* added tokens by content; node 0 is the root */
+  int n_trie;
   pcre2_code *stage[TOK_MAX_STAGES];
   int n_stages;
   int jit[TOK_MAX_STAGES];       /* stage k was JIT-compiled */
