@@ -7,7 +7,7 @@
 #include <string.h>
 
 typedef struct { int32_t *sym; int32_t n; int64_t count; int32_t seen; } word;
-typedef struct { int32_t a, b; int64_t count; int32_t *words; int32_t nw, cw; } pair_stat;
+typedef struct { int32_t a, b; int64_t count; int32_t *words; int32_t nw, cw; int64_t dirty; } pair_stat;
 typedef struct { int64_t count; int32_t a, b; } hitem;
 
 typedef struct {
@@ -17,6 +17,8 @@ typedef struct {
   hitem *h; int64_t nh, ch;
   char **tok; uint32_t *tlen; int32_t ntok, ctok;
   tok_strmap tokmap;          /* token bytes -> id */
+  int64_t *dirty; int64_t ndirty, cdirty;   /* pairs whose count changed in this step */
+  int64_t stamp;
   int oom;
 } trainer;
 
@@ -95,12 +97,30 @@ static void count_pairs(trainer *T, int32_t wi, int sign, int record) {
         s->words[s->nw++] = wi;
       }
     }
-    /* every change re-enters the heap: older entries for this pair are then stale */
+    /* a changed pair re-enters the heap once per step (flush_dirty); older entries go stale */
+    if (s->dirty != T->stamp) {
+      s->dirty = T->stamp;
+      if (T->ndirty == T->cdirty) {
+        int64_t nc = T->cdirty ? T->cdirty * 2 : 4096;
+        int64_t *p = realloc(T->dirty, (size_t)nc * sizeof *p);
+        if (!p) { T->oom = 1; return; }
+        T->dirty = p; T->cdirty = nc;
+      }
+      T->dirty[T->ndirty++] = s - T->p;
+    }
+  }
+}
+
+static void flush_dirty(trainer *T) {
+  for (int64_t i = 0; i < T->ndirty; i++) {
+    pair_stat *s = &T->p[T->dirty[i]];
     if (s->count > 0) {
       hitem it = { s->count, s->a, s->b };
       hpush(T, it);
     }
   }
+  T->ndirty = 0;
+  T->stamp++;
 }
 
 static int add_token(trainer *T, const char *bytes, uint32_t len) {
@@ -128,6 +148,7 @@ static void trainer_free(trainer *T) {
   free(T->p);
   tok_pairmap_free(&T->index);
   free(T->h);
+  free(T->dirty);
   for (int32_t i = 0; i < T->ntok; i++) free(T->tok[i]);
   free(T->tok); free(T->tlen);
   tok_strmap_free(&T->tokmap);
@@ -222,7 +243,9 @@ int64_t clrt_bpe_train(const char *const *texts, const size_t *lens, int64_t n, 
     char c = (char)b;
     if (add_token(&T, &c, 1) < 0) { clrt_set_error("train tokenizer: out of memory"); rc = -1; }
   }
+  T.stamp = 1;
   for (int64_t i = 0; !rc && i < T.nw; i++) count_pairs(&T, (int32_t)i, +1, 1);
+  flush_dirty(&T);
   while (!rc && T.ntok < vocab_size && T.nh > 0) {
     if (T.oom) { clrt_set_error("train tokenizer: out of memory"); rc = -1; break; }
     if (clrt_interrupted()) { clrt_set_error("train tokenizer: interrupted"); rc = -1; break; }
@@ -273,6 +296,7 @@ int64_t clrt_bpe_train(const char *const *texts, const size_t *lens, int64_t n, 
       count_pairs(&T, ws[k], +1, 1);
     }
     free(ws);
+    flush_dirty(&T);
   }
   trainer_free(&T);
   if (rc) { free(out); return -1; }
