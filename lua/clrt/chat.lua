@@ -165,9 +165,43 @@ M.register("llama3", {
 })
 
 ---------------------------------------------------------------------------------------------
+-- Llama 3.1 / 3.2 / 3.3 Instruct (without tools): BOS, a system turn that always carries the
+-- knowledge cut-off and today's date before the (trimmed) system message, then Llama 3 turns.
+-- The date is opts.date_string, else today when the template calls strftime_now (3.2), else
+-- the template's default.
+M.register("llama3.1", {
+  detect = function(j)
+    return j:find("<|start_header_id|>", 1, true) and j:find("<|eot_id|>", 1, true)
+      and j:find("Cutting Knowledge Date", 1, true)
+  end,
+  segments = function(messages, opts, tok)
+    local j = M._current_jinja or ""
+    local cutoff = j:match("Cutting Knowledge Date: ([^\\\"']-)\\n") or "December 2023"
+    local date = opts.date_string
+    if not date and j:find("strftime_now", 1, true) then date = os.date("%d %b %Y") end
+    date = date or j:match("set date_string = [\"']([^\"']+)[\"']") or "26 Jul 2024"
+    local seg = {}
+    local function add(text, train) seg[#seg + 1] = { text, train } end
+    local first, system = 1, ""
+    if messages[1] and messages[1].role == "system" then system = trim(messages[1].content); first = 2 end
+    add((tok and tok.bos_token or "<|begin_of_text|>") .. "<|start_header_id|>system<|end_header_id|>\n\n" ..
+      "Cutting Knowledge Date: " .. cutoff .. "\nToday Date: " .. date .. "\n\n" .. system .. "<|eot_id|>", false)
+    for i = first, #messages do
+      local m = messages[i]
+      local is_asst = m.role == "assistant"
+      add("<|start_header_id|>" .. m.role .. "<|end_header_id|>\n\n", false)
+      add(trim(m.content), is_asst)
+      add("<|eot_id|>", is_asst)
+    end
+    if opts.add_generation_prompt then add("<|start_header_id|>assistant<|end_header_id|>\n\n", false) end
+    return seg
+  end,
+})
+
+---------------------------------------------------------------------------------------------
 -- Plain ChatML (<|im_start|>role\ncontent<|im_end|>\n), optionally with the default system
--- message the template inserts when the conversation has none (SmolLM2, clrt's trained
--- tokenizers).
+-- message the template inserts when the conversation has none (Qwen2/2.5, SmolLM2, clrt's
+-- trained tokenizers). Tool calls are not rendered (messages using them are an error).
 local function chatml_default_system(j)
   -- the system turn written out literally in the Jinja source ("\n" escaped inside a string)
   return j:match("<|im_start|>system\\n([^'\"{}]-)<|im_end|>")
@@ -176,7 +210,6 @@ end
 M.register("chatml", {
   detect = function(j)
     return j:find("<|im_start|>", 1, true) and j:find("<|im_end|>", 1, true) and not j:find("<think>", 1, true)
-      and not j:find("tools", 1, true)
   end,
   segments = function(messages, opts)
     local seg = {}

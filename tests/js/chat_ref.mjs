@@ -13,6 +13,7 @@ const out = spec.cases.map((c) => {
   const ctx = { messages: c.messages, add_generation_prompt: !!c.add_generation_prompt,
     bos_token: spec.bos_token ?? "", eos_token: spec.eos_token ?? "" };
   if (c.enable_thinking !== undefined) ctx.enable_thinking = c.enable_thinking;
+  if (c.date_string !== undefined) ctx.date_string = c.date_string;
   return tpl.render(ctx);
 });
 writeFileSync(outPath, JSON.stringify(out));

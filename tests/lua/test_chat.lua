@@ -96,6 +96,30 @@ T.case("ChatML (trained tokenizers' template) equals its Jinja", function()
   end)
 end)
 
+local function read(path) local f = assert(io.open(path, "rb")); local s = f:read("*a"); f:close(); return s end
+
+T.case("Qwen2.5 (transcribed template): default system message, equal to its Jinja", function()
+  local tok = clrt.tokenizer.load(model("qwen3"))
+  tok = setmetatable({ config = { chat_template = read(src .. "/tests/fixtures/chat/qwen2.5.jinja") } }, { __index = tok })
+  check_model(tok, "qwen2.5", "chatml", function(_, text)
+    local out = {}
+    for body in text:gmatch("<|im_start|>assistant\n(.-<|im_end|>)") do out[#out + 1] = body end
+    return table.concat(out)
+  end)
+end)
+
+T.case("Llama 3.1 (transcribed template): dated system turn, equal to its Jinja", function()
+  local tok = clrt.tokenizer.load(model("llama3"))
+  tok = setmetatable({ config = { chat_template = read(src .. "/tests/fixtures/chat/llama3.1.jinja") } }, { __index = tok })
+  check_model(tok, "llama3.1", "llama3.1", function(_, text)
+    local out = {}
+    for body in text:gmatch("<|start_header_id|>assistant<|end_header_id|>\n\n(.-<|eot_id|>)") do out[#out + 1] = body end
+    return table.concat(out)
+  end)
+  local ref = jinja(tok.config.chat_template, tok, { { messages = { U1 }, add_generation_prompt = true, date_string = "01 Jan 2026" } })
+  T.eq(clrt.chat.format(tok, { U1 }, { add_generation_prompt = true, date_string = "01 Jan 2026" }), ref[1])
+end)
+
 T.case("a ChatML default system message is taken from the Jinja source", function()
   local tok = clrt.tokenizer.load(model("qwen3"))
   local jinja_src = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}" ..
