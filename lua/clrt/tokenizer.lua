@@ -237,7 +237,10 @@ function M.load(path)
     dir = path:match("^(.*)/[^/]*$") or "."
   end
   local text, err = read_file(file)
-  if not text then error(("tokenizer: cannot read %s: %s"):format(file, tostring(err)), 0) end
+  if not text then
+    error(("tokenizer: cannot read %s: %s (give a tokenizer.json or a folder holding one)")
+      :format(file, tostring(err or "is a folder without tokenizer.json")), 0)
+  end
   local tj = decode_json(file, text)
   text = nil
   local config = {}

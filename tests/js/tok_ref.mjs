@@ -2,7 +2,8 @@
 // (@lenml/tokenizers, a fork of transformers.js) for clrt's tokenizer tests.
 //   node tok_ref.mjs encode DIR IN.json OUT.json   DIR holds tokenizer.json (+ tokenizer_config.json);
 //       IN is a JSON list of strings; OUT gets {ids, ids_special, decoded, nfc}: ids without and with
-//       special tokens, decode(ids) without clean-up, and each text in NFC
+//       special tokens, decode(ids) without clean-up, with the tokenizer's defaults, skipping
+//       special tokens, and each text in NFC
 //   node tok_ref.mjs bench DIR FILE                 encode FILE line by line; prints MB/s
 import { TokenizerLoader } from "@lenml/tokenizers";
 import { readFileSync, writeFileSync, existsSync } from "node:fs";
@@ -18,15 +19,17 @@ const [mode, dir, a, b] = process.argv.slice(2);
 const tok = load(dir);
 if (mode === "encode") {
   const texts = JSON.parse(readFileSync(a, "utf8"));
-  const ids = [], ids_special = [], decoded = [];
+  const ids = [], ids_special = [], decoded = [], decoded_default = [], decoded_skip = [];
   for (const t of texts) {
     const x = tok.encode(t, { add_special_tokens: false });
     ids.push(x);
     ids_special.push(tok.encode(t));
     decoded.push(x.length === 0 ? "" : tok.decode(x, { skip_special_tokens: false, clean_up_tokenization_spaces: false }));
+    decoded_default.push(x.length === 0 ? "" : tok.decode(x));
+    decoded_skip.push(x.length === 0 ? "" : tok.decode(x, { skip_special_tokens: true }));
   }
   const nfc = texts.map((t) => t.normalize("NFC"));
-  writeFileSync(b, JSON.stringify({ ids, ids_special, decoded, nfc }));
+  writeFileSync(b, JSON.stringify({ ids, ids_special, decoded, decoded_default, decoded_skip, nfc }));
 } else if (mode === "bench") {
   const text = readFileSync(a, "utf8");
   const lines = text.split("\n");

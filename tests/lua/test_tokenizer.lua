@@ -195,6 +195,7 @@ T.case("malformed files give clear errors naming the file and the part", functio
   local p = write(dir, "notjson.json", "{ this is not json")
   T.raises(function() tokenizer.load(p) end, "notjson.json is not valid JSON")
   T.raises(function() tokenizer.load(dir .. "/missing.json") end, "cannot read")
+  T.raises(function() tokenizer.load(dir) end, "folder without tokenizer.json")
 
   local tj = base_json(); tj.model = nil
   p = write(dir, "nomodel.json", cjson.encode(tj))
