@@ -1,10 +1,11 @@
-/* bpe_train.c — learn byte-level BPE merges from text: count distinct pieces (after the split
-   regex), then repeatedly merge the most frequent adjacent pair, updating only the words that
+/* bpe_train.c — learn byte-level BPE merges from text: count distinct pieces (after NFC and
+   the split regex), then repeatedly merge the most frequent adjacent pair, updating only the words that
    contain it (an index from pair to words) and a max-heap with lazy deletion. */
 #include "tokenizer_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 typedef struct { int32_t *sym; int32_t n; int64_t count; int32_t seen; } word;
 typedef struct { int32_t a, b; int64_t count; int32_t *words; int32_t nw, cw; int64_t dirty; } pair_stat;
@@ -193,6 +194,21 @@ static int collect_words(trainer *T, const char *const *texts, const size_t *len
       }
       i += (size_t)k;
     }
+    if (rc) break;
+    /* the tokenizer it makes normalizes to NFC before splitting, so train on NFC text */
+    utf8proc_uint8_t *nfc = NULL;
+    for (size_t i = 0; i < len; i++)
+      if (s[i] >= 0xCC) {
+        utf8proc_ssize_t m = utf8proc_map(s, (utf8proc_ssize_t)len, &nfc, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        if (m < 0) {
+          clrt_set_error("train tokenizer: NFC of text %lld failed: %s", (long long)t + 1, utf8proc_errmsg(m));
+          rc = -1;
+        } else {
+          s = nfc;
+          len = (size_t)m;
+        }
+        break;
+      }
     size_t from = 0, pos = 0;
     while (!rc) {
       int m = from < len ? pcre2_match(re, s, len, from, PCRE2_NO_UTF_CHECK, md, NULL) : PCRE2_ERROR_NOMATCH;
@@ -217,6 +233,7 @@ static int collect_words(trainer *T, const char *const *texts, const size_t *len
       if (m < 0) break;
       pos = from = me;
     }
+    free(nfc);
   }
   pcre2_match_data_free(md);
   tok_strmap_free(&seen);

@@ -146,7 +146,7 @@ size_t clrt_utf8_complete_prefix(const char *s, size_t n);
 /* out: [3 * n] bytes; returns the length written. */
 size_t clrt_utf8_lossy(const char *in, size_t n, char *out);
 
-/* Byte-level BPE training (runtime/bpe_train.c). texts: [n] UTF-8 strings, each cut into
+/* Byte-level BPE training (runtime/bpe_train.c). texts: [n] UTF-8 strings, each put in NFC and cut into
    pieces by split_regex; learns merges (most frequent adjacent pair first, ties to the smaller
    ids) until there are vocab_size tokens or no pair occurs min_frequency times. Byte b is id b;
    each merge makes id 256, 257, ... unless its token already exists. On success returns the

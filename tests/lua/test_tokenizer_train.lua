@@ -89,6 +89,13 @@ T.case("C trainer merges equal a naive trainer's", function()
   T.eq(got, want)
 end)
 
+T.case("training text is put in NFC first, like the tokenizer it makes", function()
+  local a = clrt.tokenizer.train({ ("e\xCC\x81x "):rep(50) }, { vocab_size = 270 })
+  local b = clrt.tokenizer.train({ ("\xC3\xA9x "):rep(50) }, { vocab_size = 270 })
+  T.ok(#a.model.merges > 3)
+  T.eq(a.model.merges, b.model.merges)
+end)
+
 T.case("trainer errors: small vocab, bad UTF-8, bad regex", function()
   T.raises(function() clrt.tokenizer.train({ "abc" }, { vocab_size = 100 }) end, "below 256")
   T.raises(function() clrt.tokenizer.train({ "ok", "a\xff" }, { vocab_size = 300 }) end, "text 2 is not valid UTF-8 at byte 1")
