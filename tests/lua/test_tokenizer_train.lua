@@ -92,7 +92,7 @@ end)
 T.case("training text is put in NFC first, like the tokenizer it makes", function()
   local a = clrt.tokenizer.train({ ("e\xCC\x81x "):rep(50) }, { vocab_size = 270 })
   local b = clrt.tokenizer.train({ ("\xC3\xA9x "):rep(50) }, { vocab_size = 270 })
-  T.ok(#a.model.merges > 3)
+  T.ok(#a.model.merges >= 3)
   T.eq(a.model.merges, b.model.merges)
 end)
 
