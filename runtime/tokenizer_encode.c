@@ -2,11 +2,12 @@
    and byte-level BPE merging over a heap of ranks, with a per-thread piece cache. */
 #include "tokenizer_internal.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
 
-enum { CACHE_SLOTS = 1 << 17, CACHE_MAX_ENTRIES = 1 << 16, CACHE_MAX_PIECE = 128 };
+enum { CACHE_SLOTS = 1 << 17, CACHE_MAX_ENTRIES = 1 << 16, CACHE_MAX_PIECE = 128, SMALL_PIECE = 48 };
 
 typedef struct { uint64_t key; int32_t left, right, merged; } heap_item;  /* key = rank << 32 | pos */
 
@@ -28,6 +29,7 @@ struct tok_ctx {
   int32_t *sym, *prev, *next;      /* [sym_cap] BPE symbols of one piece */
   heap_item *heap;                 /* [sym_cap] */
   size_t sym_cap;
+  int32_t small[SMALL_PIECE];      /* ids of a short piece */
   char *buf;                       /* prefix-space scratch */
   size_t buf_cap;
 };
@@ -161,6 +163,30 @@ static inline void consider(const clrt_tokenizer *t, tok_ctx *c, size_t *hn, int
   heap_push(c->heap, hn, it);
 }
 
+/* Short pieces (nearly all): the same rule as the heap below — lowest rank first, leftmost on
+   ties — by scanning an array of pair ranks, which beats heap upkeep at this size. */
+static int32_t bpe_small(const clrt_tokenizer *t, const unsigned char *u, size_t n, int32_t *sym) {
+  int32_t rank[SMALL_PIECE], merged[SMALL_PIECE];
+  int32_t m = (int32_t)n;
+  for (int32_t i = 0; i < m; i++) sym[i] = t->byte_id[u[i]];
+  for (int32_t i = 0; i + 1 < m; i++)
+    if (!tok_pairmap_get(&t->merges, sym[i], sym[i + 1], &rank[i], &merged[i])) rank[i] = INT32_MAX;
+  while (m > 1) {
+    int32_t best = 0;
+    for (int32_t i = 1; i + 1 < m; i++)
+      if (rank[i] < rank[best]) best = i;
+    if (rank[best] == INT32_MAX) break;
+    sym[best] = merged[best];
+    for (int32_t i = best + 1; i + 1 < m; i++) { sym[i] = sym[i + 1]; rank[i] = rank[i + 1]; merged[i] = merged[i + 1]; }
+    m--;
+    if (best + 1 < m && !tok_pairmap_get(&t->merges, sym[best], sym[best + 1], &rank[best], &merged[best]))
+      rank[best] = INT32_MAX;
+    if (best > 0 && !tok_pairmap_get(&t->merges, sym[best - 1], sym[best], &rank[best - 1], &merged[best - 1]))
+      rank[best - 1] = INT32_MAX;
+  }
+  return m;
+}
+
 /* Merge the lowest-ranked adjacent pair first, leftmost on ties: O(n log n) per piece. */
 static int bpe_piece(const clrt_tokenizer *t, tok_ctx *c, const char *s, size_t n,
                      int32_t **out, size_t *on, size_t *ocap) {
@@ -175,6 +201,11 @@ static int bpe_piece(const clrt_tokenizer *t, tok_ctx *c, const char *s, size_t 
     h = h ? h : 1;
     sl = cache_find(c, s, n, h);
     if (sl->hash) return push_ids(out, on, ocap, c->cids + sl->ids_off, sl->ids_n);
+  }
+  if (n <= SMALL_PIECE) {
+    int32_t k = bpe_small(t, u, n, c->small);
+    if (sl) cache_put(c, sl, h, s, n, c->small, (size_t)k);
+    return push_ids(out, on, ocap, c->small, (size_t)k);
   }
   if (reserve_symbols(c, n)) return -1;
   for (size_t i = 0; i < n; i++) {

@@ -29,9 +29,12 @@ uint64_t tok_hash(const char *s, size_t n);
 
 /* (left id, right id) -> (rank, merged id). */
 typedef struct {
-  uint64_t *keys;       /* [cap]: (left << 32 | right) + 1, 0 = empty */
-  int32_t *rank;        /* [cap] */
-  int32_t *merged;      /* [cap] */
+  uint64_t key;         /* (left << 32 | right) + 1, 0 = empty */
+  int32_t rank, merged;
+} tok_pair_slot;        /* one slot = one cache access on the hot path */
+
+typedef struct {
+  tok_pair_slot *slots; /* [cap] */
   uint32_t cap, n;
 } tok_pairmap;
 

@@ -111,23 +111,25 @@ static inline uint32_t pair_slot(uint64_t k, uint32_t mask) {
 int tok_pairmap_put(tok_pairmap *m, int32_t a, int32_t b, int32_t rank, int32_t merged) {
   if ((uint64_t)(m->n + 1) * 2 >= m->cap) {
     uint32_t ncap = m->cap ? m->cap * 2 : 4096;
-    uint64_t *nk = calloc(ncap, sizeof *nk);
-    int32_t *nr = malloc(ncap * sizeof *nr), *nm = malloc(ncap * sizeof *nm);
-    if (!nk || !nr || !nm) { free(nk); free(nr); free(nm); return -1; }
+    tok_pair_slot *ns = calloc(ncap, sizeof *ns);
+    if (!ns) return -1;
     for (uint32_t i = 0; i < m->cap; i++) {
-      if (!m->keys[i]) continue;
-      uint32_t j = pair_slot(m->keys[i], ncap - 1);
-      while (nk[j]) j = (j + 1) & (ncap - 1);
-      nk[j] = m->keys[i]; nr[j] = m->rank[i]; nm[j] = m->merged[i];
+      if (!m->slots[i].key) continue;
+      uint32_t j = pair_slot(m->slots[i].key, ncap - 1);
+      while (ns[j].key) j = (j + 1) & (ncap - 1);
+      ns[j] = m->slots[i];
     }
-    free(m->keys); free(m->rank); free(m->merged);
-    m->keys = nk; m->rank = nr; m->merged = nm; m->cap = ncap;
+    free(m->slots);
+    m->slots = ns;
+    m->cap = ncap;
   }
   uint64_t k = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
   uint32_t mask = m->cap - 1, i = pair_slot(k, mask);
-  while (m->keys[i] && m->keys[i] != k) i = (i + 1) & mask;
-  if (m->keys[i] == k) return 1;     /* duplicate merge: the first (best) rank stays */
-  m->keys[i] = k; m->rank[i] = rank; m->merged[i] = merged;
+  while (m->slots[i].key && m->slots[i].key != k) i = (i + 1) & mask;
+  if (m->slots[i].key == k) return 1;     /* duplicate merge: the first (best) rank stays */
+  m->slots[i].key = k;
+  m->slots[i].rank = rank;
+  m->slots[i].merged = merged;
   m->n++;
   return 0;
 }
@@ -137,15 +139,15 @@ int tok_pairmap_get(const tok_pairmap *m, int32_t a, int32_t b, int32_t *rank, i
   uint64_t k = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
   uint32_t mask = m->cap - 1, i = pair_slot(k, mask);
   for (;;) {
-    uint64_t s = m->keys[i];
-    if (s == k) { *rank = m->rank[i]; *merged = m->merged[i]; return 1; }
-    if (!s) return 0;
+    const tok_pair_slot *s = &m->slots[i];
+    if (s->key == k) { *rank = s->rank; *merged = s->merged; return 1; }
+    if (!s->key) return 0;
     i = (i + 1) & mask;
   }
 }
 
 void tok_pairmap_free(tok_pairmap *m) {
-  free(m->keys); free(m->rank); free(m->merged);
+  free(m->slots);
   memset(m, 0, sizeof *m);
 }
 
