@@ -130,9 +130,10 @@ int clrt_tokenizer_set_template(clrt_tokenizer *t, const int32_t *prefix, int n_
 int clrt_tokenizer_finish(clrt_tokenizer *t);
 /* text must be UTF-8. The ids stay valid until the next encode call on t; *n is their count. */
 const int32_t *clrt_tokenizer_encode(clrt_tokenizer *t, const char *text, size_t len, int add_special, int64_t *n);
-/* All cores; returns ids of all texts back to back (free with clrt_tokenizer_free_ids),
+/* All cores (one encoding context per thread, kept for the next call; not reentrant for the
+   same t); returns ids of all texts back to back (free with clrt_tokenizer_free_ids),
    text i owning [offsets[i], offsets[i+1]). offsets: [n + 1]. */
-int32_t *clrt_tokenizer_encode_batch(const clrt_tokenizer *t, const char *const *texts, const size_t *lens,
+int32_t *clrt_tokenizer_encode_batch(clrt_tokenizer *t, const char *const *texts, const size_t *lens,
                                      int64_t n, int add_special, int64_t *offsets);
 void clrt_tokenizer_free_ids(int32_t *ids);
 /* The raw bytes of the ids (may end inside a UTF-8 character); valid until the next decode. */

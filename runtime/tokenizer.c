@@ -26,6 +26,8 @@ void clrt_tokenizer_free(clrt_tokenizer *t) {
   for (int i = 0; i < t->n_stages; i++) pcre2_code_free(t->stage[i]);
   free(t->trie);
   tok_ctx_free(t->ctx);
+  for (int i = 0; i < t->n_pool; i++) tok_ctx_free(t->pool[i]);
+  free(t->pool);
   free(t->out); free(t->dec);
   free(t);
 }
@@ -266,9 +268,18 @@ const int32_t *clrt_tokenizer_encode(clrt_tokenizer *t, const char *text, size_t
 
 /* Texts are spread over the OpenMP threads; each thread has its own context (regex match
    data, piece cache). offsets[i]..offsets[i+1] are text i's ids in the result. */
-int32_t *clrt_tokenizer_encode_batch(const clrt_tokenizer *t, const char *const *texts, const size_t *lens,
+int32_t *clrt_tokenizer_encode_batch(clrt_tokenizer *t, const char *const *texts, const size_t *lens,
                                      int64_t n, int add_special, int64_t *offsets) {
   if (check_finished(t)) return NULL;
+  /* per-thread contexts persist across calls so their piece caches stay warm */
+  int want = omp_get_max_threads();
+  if (want > t->n_pool) {
+    tok_ctx **p = realloc(t->pool, (size_t)want * sizeof *p);
+    if (!p) { clrt_set_error("tokenizer: out of memory"); return NULL; }
+    for (int i = t->n_pool; i < want; i++) p[i] = NULL;
+    t->pool = p;
+    t->n_pool = want;
+  }
   /* Each thread appends its texts' ids to its own buffer; start[i]/owner[i] say where text i
      landed, and one pass at the end lays them out in order. */
   int nthreads = omp_get_max_threads();
@@ -286,7 +297,7 @@ int32_t *clrt_tokenizer_encode_batch(const clrt_tokenizer *t, const char *const 
 #pragma omp parallel num_threads(nthreads)
   {
     int me = omp_get_thread_num();
-    tok_ctx *c = tok_ctx_new(t);
+    tok_ctx *c = t->pool[me] ? t->pool[me] : (t->pool[me] = tok_ctx_new(t));
     if (!c) {
 #pragma omp critical(clrt_tok_err)
       { if (!failed) snprintf(err, sizeof err, "%s", clrt_last_error()); failed = 1; }
@@ -304,7 +315,6 @@ int32_t *clrt_tokenizer_encode_batch(const clrt_tokenizer *t, const char *const 
       count[i] = used[me] - before;
       owner[i] = me;
     }
-    tok_ctx_free(c);
   }
   int32_t *flat = NULL;
   if (!failed) {

@@ -78,6 +78,8 @@ struct clrt_tokenizer {
   int32_t prefix[8], suffix[8];
   int n_prefix, n_suffix;
   struct tok_ctx *ctx;           /* for the single-threaded entry points */
+  struct tok_ctx **pool;         /* [n_pool] one per OpenMP thread, for encode_batch */
+  int n_pool;
   int32_t *out;                  /* result of clrt_tokenizer_encode */
   size_t out_cap;
   char *dec;                     /* result of clrt_tokenizer_decode */
