@@ -167,7 +167,7 @@ int clrt_tokenizer_add_added(clrt_tokenizer *t, const char *content, size_t len,
   int64_t n = from_byte_level(content, len, raw);
   int rc = n > 0 ? set_id_bytes(t, id, raw, (size_t)n) : set_id_bytes(t, id, content, len);
   free(raw);
-  t->id_special[id] = special ? 1 : 0;
+  t->id_special[id] = special ? 2 : 1;
   return rc;
 }
 
@@ -350,7 +350,7 @@ const char *clrt_tokenizer_decode(clrt_tokenizer *t, const int32_t *ids, int64_t
                      (long long)i, clrt_tokenizer_vocab_size(t));
       return NULL;
     }
-    if (skip_special && t->id_special[id]) continue;
+    if (skip_special && t->id_special[id] == 2) continue;
     size_t k = t->id_len[id];
     if (o + k + 1 > t->dec_cap) {
       size_t nc = t->dec_cap ? t->dec_cap * 2 : 1024;
@@ -385,9 +385,8 @@ int32_t clrt_tokenizer_vocab_size(const clrt_tokenizer *t) {
 }
 
 int clrt_tokenizer_is_added(const clrt_tokenizer *t, int32_t id) {
-  for (int i = 0; i < t->n_added; i++)
-    if (t->added[i].id == id) return t->added[i].special ? 2 : 1;
-  return 0;
+  if (id < 0 || id >= t->n_ids) return 0;
+  return t->id_special[id];
 }
 
 /* An added token's content, or a vocab token spelled in byte-level form. -1 if neither. */

@@ -61,7 +61,7 @@ struct clrt_tokenizer {
   tok_strmap vocab;              /* raw bytes of a model token -> id */
   char **id_bytes;               /* [n_ids]: raw bytes of each id (model or added), NULL if unused */
   uint32_t *id_len;              /* [n_ids] */
-  uint8_t *id_special;           /* [n_ids]: 1 for special added tokens */
+  uint8_t *id_special;           /* [n_ids]: 0 model token, 1 added token, 2 special added token */
   int32_t n_ids;                 /* capacity of the id arrays = largest id + 1 */
   int32_t byte_id[256];          /* id of each single byte */
   tok_pairmap merges;
