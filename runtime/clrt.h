@@ -154,6 +154,54 @@ clrt_tensor *clrt_tensor_matmul(const clrt_tensor *a, const clrt_tensor *b);
 
 /* ==== tokenizer ========================================================================== */
 
+/* A byte-level BPE tokenizer (Hugging Face tokenizer.json semantics). Lua's clrt.tokenizer
+   parses the file and builds it with these calls: vocab tokens and merges are given in their
+   byte-level spelling (as in the file), added tokens as plain text. */
+typedef struct clrt_tokenizer clrt_tokenizer;
+clrt_tokenizer *clrt_tokenizer_new(void);
+void clrt_tokenizer_free(clrt_tokenizer *t);
+int clrt_tokenizer_add_vocab(clrt_tokenizer *t, const char *token, size_t len, int32_t id);
+/* Merges rank in the order they are added (first = merged first). */
+int clrt_tokenizer_add_merge(clrt_tokenizer *t, const char *left, size_t left_len, const char *right,
+                             size_t right_len);
+int clrt_tokenizer_add_added(clrt_tokenizer *t, const char *content, size_t len, int32_t id, int special,
+                             int lstrip, int rstrip, int normalized);
+/* One Split pre-tokenizer stage (behavior Isolated), applied in the order added; the pattern
+   has Hugging Face (Oniguruma) meaning. */
+int clrt_tokenizer_add_split(clrt_tokenizer *t, const char *regex, size_t len);
+int clrt_tokenizer_set_flags(clrt_tokenizer *t, int nfc, int ignore_merges, int add_prefix_space);
+/* Ids the post-processor puts around a sequence when special tokens are added (BOS/EOS). */
+int clrt_tokenizer_set_template(clrt_tokenizer *t, const int32_t *prefix, int n_prefix, const int32_t *suffix,
+                                int n_suffix);
+int clrt_tokenizer_finish(clrt_tokenizer *t);
+/* text must be UTF-8. The ids stay valid until the next encode call on t; *n is their count. */
+const int32_t *clrt_tokenizer_encode(clrt_tokenizer *t, const char *text, size_t len, int add_special, int64_t *n);
+/* All cores (one encoding context per thread, kept for the next call; not reentrant for the
+   same t); returns ids of all texts back to back (free with clrt_tokenizer_free_ids),
+   text i owning [offsets[i], offsets[i+1]). offsets: [n + 1]. */
+int32_t *clrt_tokenizer_encode_batch(clrt_tokenizer *t, const char *const *texts, const size_t *lens,
+                                     int64_t n, int add_special, int64_t *offsets);
+void clrt_tokenizer_free_ids(int32_t *ids);
+/* The raw bytes of the ids (may end inside a UTF-8 character); valid until the next decode. */
+const char *clrt_tokenizer_decode(clrt_tokenizer *t, const int32_t *ids, int64_t n, int skip_special, size_t *len);
+const char *clrt_tokenizer_token_bytes(const clrt_tokenizer *t, int32_t id, size_t *len);
+int32_t clrt_tokenizer_vocab_size(const clrt_tokenizer *t);
+/* 0: model token, 1: added token, 2: special added token. */
+int clrt_tokenizer_is_added(const clrt_tokenizer *t, int32_t id);
+int32_t clrt_tokenizer_id(const clrt_tokenizer *t, const char *token, size_t len);
+size_t clrt_utf8_complete_prefix(const char *s, size_t n);
+/* out: [3 * n] bytes; returns the length written. */
+size_t clrt_utf8_lossy(const char *in, size_t n, char *out);
+
+/* Byte-level BPE training (runtime/bpe_train.c). texts: [n] UTF-8 strings, each put in NFC and cut into
+   pieces by split_regex; learns merges (most frequent adjacent pair first, ties to the smaller
+   ids) until there are vocab_size tokens or no pair occurs min_frequency times. Byte b is id b;
+   each merge makes id 256, 257, ... unless its token already exists. On success returns the
+   number of merges and sets *merges to [3 * count] ids (left, right, result); free it with
+   clrt_tokenizer_free_ids. */
+int64_t clrt_bpe_train(const char *const *texts, const size_t *lens, int64_t n, const char *split_regex,
+                       size_t regex_len, int32_t vocab_size, int32_t min_frequency, int32_t **merges);
+
 
 /* ==== generation ========================================================================= */
 
