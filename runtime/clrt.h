@@ -197,6 +197,8 @@ clrt_tensor *clrt_safetensors_tensor(const clrt_safetensors *st, int i);
 int clrt_safetensors_write(const char *path, int n, const char *const *names,
                            const clrt_tensor *const *tensors, int nmeta,
                            const char *const *meta_keys, const char *const *meta_values);
+/* Any small file (config.json, trainer state) the same way: temporary name, fsync, rename. */
+int clrt_file_write_atomic(const char *path, const char *data, size_t len);
 
 
 /* ==== tokenizer ========================================================================== */

@@ -588,3 +588,30 @@ int clrt_safetensors_write(const char *path, int n, const char *const *names,
   free(tmp);
   return 0;
 }
+
+int clrt_file_write_atomic(const char *path, const char *data, size_t len) {
+  size_t plen = strlen(path);
+  char *tmp = malloc(plen + 32);
+  if (!tmp) {
+    clrt_set_error("%s: out of memory", path);
+    return -1;
+  }
+  snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
+  FILE *f = fopen(tmp, "wb");
+  if (!f) {
+    clrt_set_error("%s: cannot create %s: %s", path, tmp, strerror(errno));
+    free(tmp);
+    return -1;
+  }
+  int bad = (len && fwrite(data, 1, len, f) != len) || fflush(f) != 0 || fsync(fileno(f)) != 0;
+  int saved = errno;
+  if (fclose(f) != 0) bad = 1;
+  if (bad || rename(tmp, path) != 0) {
+    clrt_set_error("%s: writing failed: %s", path, strerror(bad ? saved : errno));
+    unlink(tmp);
+    free(tmp);
+    return -1;
+  }
+  free(tmp);
+  return 0;
+}
