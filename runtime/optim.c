@@ -84,11 +84,14 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
   o->step++;
   float bc1 = (float)(1.0 - pow(beta1, (double)o->step));
   float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)o->step));
+  /* One parallel region for all tensors: many are tiny (norms, biases), and a fork/join per
+     tensor costs more than their update. */
+#pragma omp parallel
   for (int i = 0; i < m->np; i++) {
     const clrt_param_info *p = &m->p[i];
     float decay = o->decay[i] ? lr * weight_decay : 0.0f;
     float *pp = P + p->offset, *gg = G + p->offset, *m1 = M1 + p->offset, *m2 = M2 + p->offset;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int64_t k = 0; k < p->numel; k++)
       clrt_adamw_update(&pp[k], &m1[k], &m2[k], gg[k] * gscale, lr, beta1, beta2, eps, decay, bc1, bc2_sqrt);
   }
