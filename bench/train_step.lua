@@ -3,7 +3,7 @@
 -- PyTorch (tests/reference/model_ref.py, float32, 2 threads) run in this invocation; also the
 -- peak resident memory of each (each side runs in its own process). Prints the ratios and
 -- clrt's per-kernel time breakdown.
---   clrt bench/train_step.lua [sizes=5M,50M] [steps=3] [B=8] [T=256]
+--   clrt bench/train_step.lua [sizes=5M,50M] [steps=3] [B=8] [T=256] [threads=2]
 local cjson = require("cjson")
 
 local args = {}
@@ -38,7 +38,7 @@ end
 
 -- The clrt side, in a child process: `clrt bench/train_step.lua worker=5M ...`.
 if args.worker then
-  clrt.set_num_threads(2)
+  clrt.set_num_threads(tonumber(args.threads or 2))
   local cfg = SIZES[args.worker]
   local B, T, steps = tonumber(args.B), tonumber(args.T), tonumber(args.steps)
   local m = clrt.model.new(cfg, { seed = 0, max_batch = B, max_seq = T })
@@ -77,6 +77,7 @@ if args.worker then
 end
 
 local B, T, steps = tonumber(args.B or 8), tonumber(args.T or 256), tonumber(args.steps or 3)
+local threads = tonumber(args.threads or 2)
 local src = os.getenv("CLRT_SOURCE_DIR") or require("clrt").lua_dir:gsub("/lua$", "")
 local bin = os.getenv("CLRT_BIN") or "clrt"
 local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
@@ -88,14 +89,14 @@ local function run(cmd)
   return out
 end
 
-print(("train step: B=%d T=%d, %d timed steps after 1 warm-up, 2 threads each"):format(B, T, steps))
+print(("train step: B=%d T=%d, %d timed steps after 1 warm-up, %d threads each"):format(B, T, steps, threads))
 for size in (args.sizes or "5M,50M"):gmatch("[^,]+") do
   local cfg = SIZES[size]
   if not cfg then error("unknown size " .. size) end
-  local c_out = run(("CLRT_PROFILE=1 %s %s/bench/train_step.lua worker=%s B=%d T=%d steps=%d"):format(
-    sh_quote(bin), sh_quote(src), size, B, T, steps))
-  local t_out = run(("/usr/bin/python3 %s/bench/train_step_torch.py %s %d %d %d"):format(
-    sh_quote(src), sh_quote(cjson.encode(cfg)), B, T, steps))
+  local c_out = run(("CLRT_PROFILE=1 OMP_NUM_THREADS=%d %s %s/bench/train_step.lua worker=%s B=%d T=%d steps=%d threads=%d"):format(
+    threads, sh_quote(bin), sh_quote(src), size, B, T, steps, threads))
+  local t_out = run(("OMP_NUM_THREADS=%d /usr/bin/python3 %s/bench/train_step_torch.py %s %d %d %d %d"):format(
+    threads, sh_quote(src), sh_quote(cjson.encode(cfg)), B, T, steps, threads))
   local ctok, crss = c_out:match("clrt tokens_per_s=([%d.]+) peak_rss_mb=([%d.]+)")
   local ttok, trss = t_out:match("torch tokens_per_s=([%d.]+) peak_rss_mb=([%d.]+)")
   if not ctok then error("clrt worker failed:\n" .. c_out) end

@@ -1,5 +1,5 @@
 """train_step_torch.py — the PyTorch peer of bench/train_step.lua: the same model
-(tests/reference/model_ref.py, float32, 2 threads), forward + backward + AdamW on B x T random
+(tests/reference/model_ref.py, float32, 2 threads unless told), forward + backward + AdamW on B x T random
 tokens. Prints one line: `torch tokens_per_s=<x> peak_rss_mb=<y>`."""
 import os
 import resource
@@ -16,7 +16,7 @@ import json  # noqa: E402
 def main():
     cfg = json.loads(sys.argv[1])
     B, T, steps = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    torch.set_num_threads(2)
+    torch.set_num_threads(int(sys.argv[5]) if len(sys.argv) > 5 else 2)
     torch.manual_seed(0)
     P = {n: t.requires_grad_(True) for n, t in R.init_params(cfg, 0, torch.float32).items()}
     opt = torch.optim.AdamW(list(P.values()), lr=1e-4, weight_decay=0.1)

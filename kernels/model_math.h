@@ -35,9 +35,33 @@ CLRT_HD void clrt_rope_rotate_back(float *dx1, float *dx2, float dy1, float dy2,
   *dx2 = dy2 * c - dy1 * s;
 }
 
+/* ---- exp ------------------------------------------------------------------------------ */
+/* exp(x) to ~2 ulp with no libm call, so loops over it vectorize (libm's expf does not
+   without -ffast-math): x = k ln2 + r, |r| <= ln2/2, exp(r) by a degree-6 polynomial
+   (Cephes' coefficients), 2^k built in the exponent bits. Inputs below -87.3 return ~1e-38
+   rather than 0; callers never feed it -inf. */
+CLRT_HD float clrt_expf(float x) {
+  x = x < -87.3f ? -87.3f : x > 88.7f ? 88.7f : x;
+  /* round to nearest by the 1.5 * 2^23 trick: no libm call, so the loop stays branch-free */
+  float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = x - k * 0.693359375f;
+  r = r + k * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  float y = p * r * r + r + 1.0f;
+  int32_t bits = ((int32_t)k + 127) << 23;
+  float scale;
+  memcpy(&scale, &bits, 4);
+  return y * scale;
+}
+
 /* ---- SwiGLU: h = silu(g) * u ---------------------------------------------------------- */
 
-CLRT_HD float clrt_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+CLRT_HD float clrt_sigmoid(float x) { return 1.0f / (1.0f + clrt_expf(-x)); }
 
 CLRT_HD float clrt_swiglu(float g, float u) { return g * clrt_sigmoid(g) * u; }
 
@@ -52,10 +76,10 @@ CLRT_HD void clrt_swiglu_back(float *dg, float *du, float g, float u, float dh) 
 /* Running (max m, sum l of exp(x - m)); fold in one value x. Start with m = -INFINITY, l = 0. */
 CLRT_HD void clrt_lse_step(float *m, float *l, float x) {
   if (x > *m) {
-    *l = *l * expf(*m - x) + 1.0f;
+    *l = *l * clrt_expf(*m - x) + 1.0f;
     *m = x;
   } else {
-    *l += expf(x - *m);
+    *l += clrt_expf(x - *m);
   }
 }
 
@@ -63,10 +87,10 @@ CLRT_HD void clrt_lse_step(float *m, float *l, float x) {
 CLRT_HD void clrt_lse_merge(float *m, float *l, float m2, float l2) {
   if (m2 == -INFINITY) return;
   if (m2 > *m) {
-    *l = *l * expf(*m - m2) + l2;
+    *l = *l * clrt_expf(*m - m2) + l2;
     *m = m2;
   } else {
-    *l += l2 * expf(m2 - *m);
+    *l += l2 * clrt_expf(m2 - *m);
   }
 }
 

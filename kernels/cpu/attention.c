@@ -4,8 +4,13 @@
    its scores fit in a [QB, Tk] scratch and the causal upper triangle is mostly skipped.
    Backward keeps no [T, T] probabilities from forward: it recomputes them from q, k and the
    saved per-row logsumexp (one extra q k^T product). */
+/* GCC may vectorize clrt_expf's clamps only without trapping math (FP exceptions, unused). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
 #include "model_kernels.h"
 #include "model_math.h"
+#include "rowops.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -48,12 +53,7 @@ void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H,
         for (int r = 0; r < bq; r++) {
           float *s = S + (int64_t)r * nk;
           int lim = p0 + i0 + r + 1;
-          float m = -INFINITY, l = 0;
-          for (int j = 0; j < lim; j++) m = s[j] > m ? s[j] : m;
-          for (int j = 0; j < lim; j++) {
-            s[j] = expf(s[j] - m);
-            l += s[j];
-          }
+          float m = clrt_row_max(s, lim), l = clrt_row_exp_(s, lim, m);
           float inv = 1.0f / l;
           for (int j = 0; j < lim; j++) s[j] *= inv;
           for (int j = lim; j < nk; j++) s[j] = 0;
@@ -95,11 +95,10 @@ void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, K
           for (int r = 0; r < bq; r++) {
             float *p = P + (int64_t)r * nk, *dp = dP + (int64_t)r * nk;
             const float *o = out + qoff + (int64_t)(i0 + r) * ldq, *dor = doblk + (int64_t)r * ldq;
-            float L = lse[((int64_t)b * H + h) * T + i0 + r], Di = 0;
-            for (int d = 0; d < D; d++) Di += dor[d] * o[d];
+            float L = lse[((int64_t)b * H + h) * T + i0 + r], Di = clrt_row_dot(dor, o, D);
             int lim = i0 + r + 1;
             for (int j = 0; j < lim; j++) {
-              p[j] = expf(p[j] - L);
+              p[j] = clrt_expf(p[j] - L);
               dp[j] = p[j] * (dp[j] - Di) * scale;
             }
             for (int j = lim; j < nk; j++) p[j] = dp[j] = 0;

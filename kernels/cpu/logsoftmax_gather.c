@@ -2,17 +2,20 @@
    target's log-probability. Logits exist only `chunk` rows at a time; forward keeps the
    per-row logsumexp, and backward recomputes the chunk's logits from it, turning them in
    place into dlogits = dlp * (onehot(target) - softmax) before the two sgemms. */
+/* GCC may vectorize clrt_expf's clamps only without trapping math (FP exceptions, unused). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
 #include "model_kernels.h"
 #include "model_math.h"
+#include "rowops.h"
 
 #include <cblas.h>
 #include <math.h>
 
 static float row_lse(const float *z, int V) {
-  float m = -INFINITY, l = 0;
-  for (int j = 0; j < V; j++) m = z[j] > m ? z[j] : m;
-  for (int j = 0; j < V; j++) l += expf(z[j] - m);
-  return clrt_lse_value(m, l);
+  float m = clrt_row_max(z, V);
+  return clrt_lse_value(m, clrt_row_sumexp(z, V, m));
 }
 
 void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NULL */,
@@ -46,7 +49,7 @@ void clrt_logsoftmax_gather_backward(float *dx /* [N, C] = */, float *dw /* [V, 
     for (int r = 0; r < rows; r++) {
       float *z = scratch + (int64_t)r * V;
       float g = dlp[n0 + r], L = lse[n0 + r];
-      for (int j = 0; j < V; j++) z[j] = -g * expf(z[j] - L);
+      for (int j = 0; j < V; j++) z[j] = -g * clrt_expf(z[j] - L);
       z[target[n0 + r]] += g;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, V, 1.0f, scratch, V, w, C,

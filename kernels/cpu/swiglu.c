@@ -1,4 +1,8 @@
 /* swiglu.c — the gated MLP activation h = silu(g) * u and its backward. */
+/* GCC may vectorize clrt_expf's clamps only without trapping math (FP exceptions, unused). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
 #include "model_kernels.h"
 #include "model_math.h"
 
