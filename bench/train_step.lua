@@ -41,7 +41,7 @@ if args.worker then
   clrt.set_num_threads(tonumber(args.threads or 2))
   local cfg = SIZES[args.worker]
   local B, T, steps = tonumber(args.B), tonumber(args.T), tonumber(args.steps)
-  local m = clrt.model.new(cfg, { seed = 0, max_batch = B, max_seq = T })
+  local m = clrt.model.new(cfg, { seed = 0, max_batch = B, max_seq = T, keep_logits_mb = tonumber(args.keep_logits_mb) })
   local opt = clrt.optim.adamw(m, { lr = 1e-4, weight_decay = 0.1, grad_clip = 1.0 })
   local gen = clrt.tensor.generator(1)
   local toks = clrt.tensor.zeros({ B, T }, { dtype = "i32" })

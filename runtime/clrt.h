@@ -114,6 +114,7 @@ typedef struct clrt_model_config {
   int o_bias;                       /* o_proj carries a bias (Llama/Qwen3 attention_bias) */
   int qk_norm;                      /* per-head RMSNorm of q and k before RoPE (Qwen3) */
   int max_batch, max_seq;           /* activation arena's first size; it grows past them */
+  double keep_logits_mb;            /* backward reuses forward's logits when they fit (0: recompute) */
 } clrt_model_config;
 enum { CLRT_ROPE_DEFAULT = 0, CLRT_ROPE_LINEAR = 1, CLRT_ROPE_LLAMA3 = 2 };
 enum { CLRT_ARENA_PARAMS = 0, CLRT_ARENA_GRADS = 1, CLRT_ARENA_ACTIVATIONS = 2, CLRT_ARENA_COUNT = 3 };

@@ -391,7 +391,7 @@ typedef struct acts {
   int32_t *tok, *target, *rowidx;     /* [N] */
   float *logits;                 /* [chunk, V] */
   float *attn;                   /* attention scratch */
-  int chunk;
+  int chunk, logits_kept;
   size_t floats;
 } acts;
 
@@ -452,10 +452,13 @@ static void layout(const clrt_model *m, acts *a, char *base, int B, int T, int k
   a->tok = (int32_t *)take(a, base, N);
   a->target = (int32_t *)take(a, base, N);
   a->rowidx = (int32_t *)take(a, base, N);
-  /* Logit rows per chunk: enough for sgemm to run well, few enough to stay ~16 MB. */
+  /* Logit rows per chunk: enough for sgemm to run well, few enough to stay ~16 MB. When a
+     kept forward's logits fit in keep_logits_mb, all of them stay for backward (one copy,
+     never the log-softmax beside it), which saves backward one of its three matmuls. */
   int chunk = (int)((4u << 20) / (unsigned)V);
   chunk = chunk < 16 ? 16 : chunk > 256 ? 256 : chunk;
-  if ((size_t)chunk > N) chunk = (int)N;
+  a->logits_kept = keep && (double)N * V * sizeof(float) <= c->keep_logits_mb * 1048576.0;
+  if ((size_t)chunk > N || a->logits_kept) chunk = (int)N;
   a->chunk = chunk;
   a->logits = take(a, base, (size_t)chunk * V);
   a->attn = take(a, base, clrt_attention_scratch_floats(T, T));
@@ -681,7 +684,8 @@ int clrt_model_backward(clrt_model *m, const float *dlogp) {
   PROF(CLRT_K_OTHER, gather_rows(a.tmp, a.res[L], a.rowidx, nv, C));
   PROF(CLRT_K_RMSNORM, clrt_rmsnorm_forward(a.xn, a.rstdf, a.tmp, PW(m, m->norm), nv, C, c->rms_norm_eps));
   PROF(CLRT_K_OUT_B, clrt_logsoftmax_gather_backward(a.dxn, GW(m, m->head), a.dlpv, a.xn, PW(m, m->head),
-                                                     a.target, a.lsef, nv, C, V, a.logits, a.chunk));
+                                                     a.target, a.lsef, nv, C, V, a.logits, a.chunk,
+                                                     a.logits_kept));
   memset(a.dxc, 0, sizeof(float) * (size_t)(nv * C));
   PROF(CLRT_K_RMSNORM, clrt_rmsnorm_backward(a.dxc, GW(m, m->norm), a.dxn, a.tmp, PW(m, m->norm), a.rstdf, nv, C));
   memset(a.dres, 0, sizeof(float) * (size_t)(N * C));

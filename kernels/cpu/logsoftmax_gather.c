@@ -1,7 +1,7 @@
 /* logsoftmax_gather.c — the output layer fused with log-softmax and the gather of the
    target's log-probability. Logits exist only `chunk` rows at a time; forward keeps the
-   per-row logsumexp, and backward recomputes the chunk's logits from it, turning them in
-   place into dlogits = dlp * (onehot(target) - softmax) before the two sgemms. */
+   per-row logsumexp, and backward recomputes the chunk's logits (unless the caller kept
+   them all, see logits_ready), turning them in place into dlogits = dlp * (onehot(target) - softmax) before the two sgemms. */
 /* GCC may vectorize clrt_expf's clamps only without trapping math (FP exceptions, unused). */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
@@ -40,11 +40,13 @@ void clrt_logsoftmax_gather_backward(float *dx /* [N, C] = */, float *dw /* [V, 
                                      const float *dlp /* [N] */, const float *x /* [N, C] */,
                                      const float *w /* [V, C] */, const int32_t *target /* [N] */,
                                      const float *lse /* [N] */, int64_t N, int C, int V,
-                                     float *scratch /* [chunk, V] */, int chunk) {
+                                     float *scratch /* [chunk, V] */, int chunk, int logits_ready) {
+  if (logits_ready && chunk < N) logits_ready = 0;
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
     int rows = N - n0 < chunk ? (int)(N - n0) : chunk;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, V, C, 1.0f, x + n0 * C, C, w, C,
-                0.0f, scratch, V);
+    if (!logits_ready)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, V, C, 1.0f, x + n0 * C, C, w, C,
+                  0.0f, scratch, V);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
       float *z = scratch + (int64_t)r * V;

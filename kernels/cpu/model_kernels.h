@@ -84,12 +84,13 @@ void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NU
                                     const float *x /* [N, C] */, const float *w /* [V, C] */,
                                     const int32_t *target /* [N] */, int64_t N, int C, int V,
                                     float *scratch /* [chunk, V] */, int chunk);
-/* dlogits = dlp * (onehot(target) - softmax); dx =, dw += */
+/* dlogits = dlp * (onehot(target) - softmax); dx =, dw +=. logits_ready: scratch still holds
+   forward's logits of all N rows (chunk >= N), so the recompute is skipped. */
 void clrt_logsoftmax_gather_backward(float *dx /* [N, C] */, float *dw /* [V, C] */,
                                      const float *dlp /* [N] */, const float *x /* [N, C] */,
                                      const float *w /* [V, C] */, const int32_t *target /* [N] */,
                                      const float *lse /* [N] */, int64_t N, int C, int V,
-                                     float *scratch /* [chunk, V] */, int chunk);
+                                     float *scratch /* [chunk, V] */, int chunk, int logits_ready);
 
 /* ---- per-kernel timing (CLRT_PROFILE=1) -------------------------------------------------- */
 enum { CLRT_K_EMBED, CLRT_K_LINEAR_F, CLRT_K_LINEAR_B, CLRT_K_RMSNORM, CLRT_K_ROPE, CLRT_K_ATTN_F,

@@ -165,6 +165,7 @@ local function to_struct(c, opts)
   s.qk_norm = c.qk_norm and 1 or 0
   s.max_batch = opts and opts.max_batch or 0
   s.max_seq = opts and opts.max_seq or 0
+  s.keep_logits_mb = opts and opts.keep_logits_mb or 256
   return s
 end
 
@@ -194,7 +195,10 @@ local function complete_config(cfg, parsed)
   return out
 end
 
--- new(cfg, {seed =, max_batch =, max_seq =}): a randomly initialised model.
+-- Options of new and load: max_batch, max_seq (first size of the activation arena; it grows),
+-- keep_logits_mb (default 256: a kept forward whose [rows, vocab] logits fit keeps them for
+-- backward instead of recomputing them; 0 always recomputes, chunk by chunk).
+-- new(cfg, {seed =, ...}): a randomly initialised model.
 function M.new(cfg, opts)
   opts = opts or {}
   local parsed = parse_config(cfg, "model config")
@@ -203,7 +207,7 @@ function M.new(cfg, opts)
   return wrap_model(ptr, complete_config(cfg, parsed), parsed)
 end
 
--- load(dir[, {max_batch =, max_seq =}]): a Hugging Face model folder.
+-- load(dir[, opts]): a Hugging Face model folder.
 function M.load(dir, opts)
   local cpath = dir .. "/config.json"
   local text = read_file(cpath)

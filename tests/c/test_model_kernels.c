@@ -242,7 +242,7 @@ static double ls_loss(void *p) {
 }
 static void test_logsoftmax_gather(void) {
   int32_t tgt[LN] = {0, 10, 5, 5, 3, 1, 9};
-  ls_ctx c = {randv(LN * LC, 1), randv(LV * LC, 1), zerov(LN), zerov(LN), randv(LN, 1), zerov(3 * LV), tgt};
+  ls_ctx c = {randv(LN * LC, 1), randv(LV * LC, 1), zerov(LN), zerov(LN), randv(LN, 1), zerov(LN * LV), tgt};
   ls_loss(&c);
   /* lp against a naive log-softmax in double */
   for (int n = 0; n < LN; n++) {
@@ -256,9 +256,17 @@ static void test_logsoftmax_gather(void) {
     CHECK_NEAR(c.lp[n], z[tgt[n]] - m - log(l), 1e-5);
   }
   float *dx = zerov(LN * LC), *dw = zerov(LV * LC);
-  clrt_logsoftmax_gather_backward(dx, dw, c.R, c.x, c.w, tgt, c.lse, LN, LC, LV, c.scratch, 3);
+  clrt_logsoftmax_gather_backward(dx, dw, c.R, c.x, c.w, tgt, c.lse, LN, LC, LV, c.scratch, 3, 0);
   fd_check("logsoftmax_gather dx", ls_loss, &c, c.x, dx, LN * LC, 1, 1e-2f, 1e-3);
   fd_check("logsoftmax_gather dw", ls_loss, &c, c.w, dw, LV * LC, 1, 1e-2f, 1e-3);
+  /* all rows in one chunk, logits kept from forward: the same gradients without a recompute */
+  float *dx2 = zerov(LN * LC), *dw2 = zerov(LV * LC);
+  clrt_logsoftmax_gather_forward(c.lp, c.lse, c.x, c.w, tgt, LN, LC, LV, c.scratch, LN);
+  clrt_logsoftmax_gather_backward(dx2, dw2, c.R, c.x, c.w, tgt, c.lse, LN, LC, LV, c.scratch, LN, 1);
+  for (int i = 0; i < LN * LC; i++) CHECK_NEAR(dx2[i], dx[i], 1e-5);
+  for (int i = 0; i < LV * LC; i++) CHECK_NEAR(dw2[i], dw[i], 1e-5);
+  free(dx2);
+  free(dw2);
   free(c.x); free(c.w); free(c.lp); free(c.lse); free(c.R); free(c.scratch); free(dx); free(dw);
 }
 

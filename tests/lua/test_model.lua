@@ -71,8 +71,9 @@ for _, name in ipairs(CONFIGS) do
     end
   end)
 
-  T.case(name .. ": every gradient matches PyTorch within 1e-3", function()
-    local m = clrt.model.load(fixtures .. "/" .. name)
+  T.case(name .. ": every gradient matches PyTorch within 1e-3 (logits kept, and recomputed)", function()
+   for _, keep_mb in ipairs({ 256, 0 }) do
+    local m = clrt.model.load(fixtures .. "/" .. name, { keep_logits_mb = keep_mb })
     local e = expected(name)
     m:zero_grad()
     m:logprobs(e.tokens, { lengths = e.lengths })
@@ -87,6 +88,7 @@ for _, name in ipairs(CONFIGS) do
     local nref = 0
     for k in pairs(e) do if k:sub(1, 5) == "grad." then nref = nref + 1 end end
     T.eq(n, nref, "one gradient per reference parameter")
+   end
   end)
 
   T.case(name .. ": 10 AdamW steps follow PyTorch's losses within 1e-4", function()
