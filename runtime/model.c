@@ -18,6 +18,7 @@
 #include "cpu/model_kernels.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -461,7 +462,7 @@ static void layout(const clrt_model *m, acts *a, char *base, int B, int T, int k
   if ((size_t)chunk > N || a->logits_kept) chunk = (int)N;
   a->chunk = chunk;
   a->logits = take(a, base, (size_t)chunk * V);
-  a->attn = take(a, base, clrt_attention_scratch_floats(T, T));
+  a->attn = take(a, base, clrt_attention_scratch_floats(T, T, m->threads));
 }
 
 static int ensure_rope(clrt_model *m, int P) {
@@ -527,7 +528,7 @@ static void layer_forward(clrt_model *m, int l, layer_acts *A, acts *a, const fl
     clrt_rope_forward(A->k, m->rope_cos, m->rope_sin, pos0, B, T, KV, D);
   });
   PROF(CLRT_K_ATTN_F, clrt_attention_forward(A->att, keep ? A->lse : NULL, A->q, A->k, A->v, B, T,
-                                             H, KV, D, pos0, (int64_t)T * KV * D, a->attn));
+                                             H, KV, D, pos0, (int64_t)T * KV * D, a->attn, m->threads));
   PROF(CLRT_K_LINEAR_F, clrt_linear_forward(a->tmp, A->att, PW(m, o->wo), PW(m, o->bo), N, H * D, C));
   PROF(CLRT_K_RESIDUAL, clrt_residual_forward(A->xmid, x, a->tmp, N * C));
   PROF(CLRT_K_RMSNORM, clrt_rmsnorm_forward(a->xn, A->rstd2, A->xmid, PW(m, o->ln2), N, C, eps));
@@ -562,7 +563,7 @@ static void layer_backward(clrt_model *m, int l, layer_acts *A, acts *a, const f
   PROF(CLRT_K_LINEAR_B, clrt_linear_backward(a->datt, GW(m, o->wo), GW(m, o->bo), a->dres, A->att,
                                              PW(m, o->wo), N, H * D, C, 0));
   PROF(CLRT_K_ATTN_B, clrt_attention_backward(a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att,
-                                              A->lse, B, T, H, KV, D, a->attn));
+                                              A->lse, B, T, H, KV, D, a->attn, m->threads));
   PROF(CLRT_K_ROPE, {
     clrt_rope_backward(a->dq, m->rope_cos, m->rope_sin, NULL, B, T, H, D);
     clrt_rope_backward(a->dk, m->rope_cos, m->rope_sin, NULL, B, T, KV, D);
@@ -619,6 +620,9 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
     }
   }
   if (ensure_rope(m, T)) return -1;
+  /* The attention scratch has one slice per thread; backward keeps this forward's count even
+     if the thread setting changes in between. */
+  m->threads = omp_get_max_threads();
   float *res[L + 1];
   layer_acts la[L];
   acts a = {.res = res, .la = la};

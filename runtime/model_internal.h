@@ -30,6 +30,7 @@ struct clrt_model {
   /* The last forward kept for backward. */
   int saved, B, T;
   int64_t nv;                  /* rows with a target */
+  int threads;                 /* OpenMP threads the activation layout was made for */
 };
 
 #endif

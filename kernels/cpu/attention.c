@@ -19,16 +19,16 @@
 
 enum { QB = 64 };
 
-size_t clrt_attention_scratch_floats(int Tq, int Tk) {
+size_t clrt_attention_scratch_floats(int Tq, int Tk, int nthreads) {
   (void)Tq;
-  return (size_t)omp_get_max_threads() * 2 * QB * (size_t)(Tk > 0 ? Tk : 1);
+  return (size_t)(nthreads > 0 ? nthreads : 1) * 2 * QB * (size_t)(Tk > 0 ? Tk : 1);
 }
 
 void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] */,
                             const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
                             const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
                             int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
-                            float *scratch) {
+                            float *scratch, int nthreads) {
   const float scale = 1.0f / sqrtf((float)D);
   const int ldq = H * D, ldk = KV * D, group = H / KV;
   int Tk = 0;   /* longest key range of any row: sizes each thread's scratch slice */
@@ -36,7 +36,7 @@ void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H,
     int tk = (pos0 ? pos0[b] : 0) + Tq;
     if (tk > Tk) Tk = tk;
   }
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(nthreads > 0 ? nthreads : 1)
   for (int b = 0; b < B; b++)
     for (int h = 0; h < H; h++) {
       float *S = scratch + (size_t)omp_get_thread_num() * 2 * QB * (size_t)Tk;
@@ -69,10 +69,10 @@ void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, K
                              float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,
                              const float *q, const float *k, const float *v,
                              const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
-                             int B, int T, int H, int KV, int D, float *scratch) {
+                             int B, int T, int H, int KV, int D, float *scratch, int nthreads) {
   const float scale = 1.0f / sqrtf((float)D);
   const int ldq = H * D, ldk = KV * D, group = H / KV;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(nthreads > 0 ? nthreads : 1)
   for (int b = 0; b < B; b++)
     for (int g = 0; g < KV; g++) {
       float *P = scratch + (size_t)omp_get_thread_num() * 2 * QB * (size_t)T;

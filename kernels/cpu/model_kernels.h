@@ -50,19 +50,20 @@ void clrt_rope_backward(float *dx /* [B, T, nh, D] */, const float *cos_t, const
    read from k/v whose rows are positions (batch stride kv_bstride elements, row stride KV*D).
    Training passes the freshly projected K/V with pos0 = NULL; a KV-cache decode passes the
    cache [B, maxT, KV, D] after writing the new positions into it. lse may be NULL (inference).
-   scratch: clrt_attention_scratch_floats(Tq, Tk) floats. */
-size_t clrt_attention_scratch_floats(int Tq, int Tk);
+   scratch: clrt_attention_scratch_floats(Tq, Tk, nthreads) floats; the kernels use at most
+   nthreads OpenMP threads (each its own slice of scratch). */
+size_t clrt_attention_scratch_floats(int Tq, int Tk, int nthreads);
 void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] */,
                             const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
                             const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
                             int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
-                            float *scratch);
+                            float *scratch, int nthreads);
 /* Training only (pos0 = 0, Tk = T). dq =, dk =, dv = */
 void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
                              float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,
                              const float *q, const float *k, const float *v,
                              const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
-                             int B, int T, int H, int KV, int D, float *scratch);
+                             int B, int T, int H, int KV, int D, float *scratch, int nthreads);
 
 /* ---- swiglu.c: h = silu(g) * u -------------------------------------------------------- */
 void clrt_swiglu_forward(float *h /* [N, I] */, const float *g /* [N, I] */, const float *u /* [N, I] */,

@@ -145,7 +145,7 @@ typedef struct { float *q, *k, *v, *out, *lse, *R, *scratch; } att_ctx;
 static double att_loss(void *p) {
   att_ctx *c = p;
   clrt_attention_forward(c->out, c->lse, c->q, c->k, c->v, AB, AT, AH, AKV, AD, NULL,
-                         (int64_t)AT * AKV * AD, c->scratch);
+                         (int64_t)AT * AKV * AD, c->scratch, 2);
   return dotv(c->out, c->R, AB * AT * AH * AD);
 }
 
@@ -172,7 +172,7 @@ static void naive_attention(double *o, const float *q, const float *k, const flo
 static void test_attention(void) {
   int nq = AB * AT * AH * AD, nk = AB * AT * AKV * AD;
   att_ctx c = {randv((size_t)nq, 1), randv((size_t)nk, 1), randv((size_t)nk, 1), zerov((size_t)nq),
-               zerov(AB * AH * AT), randv((size_t)nq, 1), zerov(clrt_attention_scratch_floats(AT, AT))};
+               zerov(AB * AH * AT), randv((size_t)nq, 1), zerov(clrt_attention_scratch_floats(AT, AT, 2))};
   att_loss(&c);
   double o[AD];
   for (int b = 0; b < AB; b++)
@@ -182,7 +182,7 @@ static void test_attention(void) {
         for (int e = 0; e < AD; e++) CHECK_NEAR(c.out[(((int64_t)b * AT + t) * AH + h) * AD + e], o[e], 2e-5);
       }
   float *dq = zerov((size_t)nq), *dk = zerov((size_t)nk), *dv = zerov((size_t)nk);
-  clrt_attention_backward(dq, dk, dv, c.R, c.q, c.k, c.v, c.out, c.lse, AB, AT, AH, AKV, AD, c.scratch);
+  clrt_attention_backward(dq, dk, dv, c.R, c.q, c.k, c.v, c.out, c.lse, AB, AT, AH, AKV, AD, c.scratch, 2);
   fd_check("attention dq", att_loss, &c, c.q, dq, (size_t)nq, 7, 1e-2f, 2e-3);
   fd_check("attention dk", att_loss, &c, c.k, dk, (size_t)nk, 5, 1e-2f, 2e-3);
   fd_check("attention dv", att_loss, &c, c.v, dv, (size_t)nk, 5, 1e-2f, 2e-3);
@@ -194,8 +194,8 @@ static void test_attention(void) {
   int64_t cbs = (int64_t)maxT * AKV * AD;
   float *kc = randv((size_t)(AB * cbs), 1), *vc = randv((size_t)(AB * cbs), 1);
   float *q2 = randv((size_t)AB * Tq * AH * AD, 1), *o2 = zerov((size_t)AB * Tq * AH * AD);
-  float *scr = zerov(clrt_attention_scratch_floats(Tq, maxT));
-  clrt_attention_forward(o2, NULL, q2, kc, vc, AB, Tq, AH, AKV, AD, pos0, cbs, scr);
+  float *scr = zerov(clrt_attention_scratch_floats(Tq, maxT, 3));
+  clrt_attention_forward(o2, NULL, q2, kc, vc, AB, Tq, AH, AKV, AD, pos0, cbs, scr, 3);
   for (int b = 0; b < AB; b++)
     for (int t = 0; t < Tq; t++)
       for (int h = 0; h < AH; h++) {
