@@ -242,20 +242,35 @@ function M.load(dir, opts)
   return wrap_model(ptr, cfg, parsed)
 end
 
+local function live(m)
+  if m.ptr == nil then error("model: used after free()", 3) end
+  return m.ptr
+end
+
 -- save(dir): config.json + model.safetensors, each written atomically.
 function Model:save(dir)
   C.mkdir(dir, tonumber("755", 8))
-  ok(C.clrt_model_save_safetensors(self.ptr, dir .. "/model.safetensors"), 2)
+  ok(C.clrt_model_save_safetensors(live(self), dir .. "/model.safetensors"), 2)
   os.remove(dir .. "/model.safetensors.index.json")   -- a stale index would shadow the new file
   local text = cjson.encode(complete_config(self.config, self._c))
   ok(C.clrt_file_write_atomic(dir .. "/config.json", text, #text), 2)
   return dir
 end
 
+-- Frees the arenas now rather than at garbage collection (the collector does not see their
+-- size). Views from params()/grads() keep their own arena alive until they are collected.
+function Model:free()
+  if self.ptr ~= nil then
+    C.clrt_model_free(ffi.gc(self.ptr, nil))
+    self.ptr = nil
+    self._params, self._grads = nil, nil
+  end
+end
+
 function Model:params()
   if not self._params then
     local t = {}
-    for i, name in ipairs(self.names) do t[name] = tensor.wrap(C.clrt_model_param(self.ptr, i - 1)) end
+    for i, name in ipairs(self.names) do t[name] = tensor.wrap(C.clrt_model_param(live(self), i - 1)) end
     self._params = t
   end
   return self._params
@@ -264,22 +279,22 @@ end
 function Model:grads()
   if not self._grads then
     local t = {}
-    for i, name in ipairs(self.names) do t[name] = tensor.wrap(C.clrt_model_grad(self.ptr, i - 1)) end
+    for i, name in ipairs(self.names) do t[name] = tensor.wrap(C.clrt_model_grad(live(self), i - 1)) end
     self._grads = t
   end
   return self._grads
 end
 
-function Model:num_params() return tonumber(C.clrt_model_num_params(self.ptr)) end
+function Model:num_params() return tonumber(C.clrt_model_num_params(live(self))) end
 
 function Model:memory()
-  local p = tonumber(C.clrt_model_memory(self.ptr, C.CLRT_ARENA_PARAMS))
-  local g = tonumber(C.clrt_model_memory(self.ptr, C.CLRT_ARENA_GRADS))
-  local a = tonumber(C.clrt_model_memory(self.ptr, C.CLRT_ARENA_ACTIVATIONS))
+  local p = tonumber(C.clrt_model_memory(live(self), C.CLRT_ARENA_PARAMS))
+  local g = tonumber(C.clrt_model_memory(live(self), C.CLRT_ARENA_GRADS))
+  local a = tonumber(C.clrt_model_memory(live(self), C.CLRT_ARENA_ACTIVATIONS))
   return { params = p, grads = g, activations = a, total = p + g + a }
 end
 
-function Model:zero_grad() ok(C.clrt_model_zero_grad(self.ptr), 2) end
+function Model:zero_grad() ok(C.clrt_model_zero_grad(live(self)), 2) end
 
 -- tokens: rows (Lua tables, ragged allowed: right-padded to the longest) or an i32 tensor
 -- [B, T]. Returns an i32 buffer [B*T], B, T, and lengths (int32_t[B]).
@@ -331,7 +346,7 @@ function Model:logprobs(tokens, opts)
   local lp = tensor.zeros({ B, T - 1 })
   local keep = opts.grad ~= false
   local p = T > 1 and ffi.cast("float *", lp:data_ptr()) or ffi.new("float[1]")
-  ok(C.clrt_model_logprobs(self.ptr, buf, B, T, lens, p, keep and 1 or 0), 2)
+  ok(C.clrt_model_logprobs(live(self), buf, B, T, lens, p, keep and 1 or 0), 2)
   local _ = anchor
   self._last = keep and { B, T - 1 } or nil
   return lp
@@ -347,7 +362,7 @@ function Model:backward(dlogp)
   end
   if dlogp:dtype() ~= "f32" or not dlogp:is_contiguous() then dlogp = dlogp:to("f32") end
   local p = dlogp:numel() > 0 and ffi.cast("float *", dlogp:data_ptr()) or ffi.new("float[1]")
-  ok(C.clrt_model_backward(self.ptr, p), 2)
+  ok(C.clrt_model_backward(live(self), p), 2)
 end
 
 -- Per-kernel seconds accumulated while CLRT_PROFILE=1 (reset = true clears them).

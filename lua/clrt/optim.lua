@@ -40,10 +40,18 @@ end
 -- step{lr =} -> gradient norm before clipping
 function AdamW:step(args)
   args = args or {}
+  if self.ptr == nil or self.model.ptr == nil then error("adamw: step after free() of the optimizer or its model", 2) end
   local norm = ffi.new("double[1]")
   ok(C.clrt_adamw_step(self.ptr, args.lr or self.lr, self.beta1, self.beta2, self.eps,
     self.weight_decay, self.grad_clip or 0, norm), 2)
   return norm[0]
+end
+
+function AdamW:free()
+  if self.ptr ~= nil then
+    C.clrt_adamw_free(ffi.gc(self.ptr, nil))
+    self.ptr = nil
+  end
 end
 
 function AdamW:memory() return tonumber(C.clrt_adamw_memory(self.ptr)) end

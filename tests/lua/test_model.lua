@@ -219,6 +219,19 @@ T.case("changing the thread count between forward and backward is safe and exact
   grad_close(m:grads()["model.layers.0.self_attn.k_proj.weight"], e["grad.model.layers.0.self_attn.k_proj.weight"], 1e-3, "k_proj")
 end)
 
+T.case("free releases the arenas; views stay valid", function()
+  local m = clrt.model.load(fixtures .. "/odd")
+  local w = m:params()["model.norm.weight"]
+  local v = w:get(3)
+  local opt = clrt.optim.adamw(m)
+  opt:free()
+  m:free()
+  T.eq(w:get(3), v)
+  m:free()   -- twice is harmless
+  T.raises(function() m:logprobs({ { 1, 2 } }) end, "used after free()")
+  T.raises(function() opt:step() end, "after free()")
+end)
+
 T.case("i32 tensor tokens and ragged Lua rows give the same log-probs", function()
   local m = clrt.model.load(fixtures .. "/odd")
   local e = expected("odd")
