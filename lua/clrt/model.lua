@@ -96,6 +96,7 @@ local function parse_config(cfg, src)
     bad("hidden_act", ("is '%s'; only silu (SwiGLU) is supported"):format(tostring(cfg.hidden_act)))
   end
   if bool("mlp_bias", false) then bad("mlp_bias", "is true; MLP biases are not supported") end
+  if bool("use_sliding_window", false) then bad("use_sliding_window", "is true; sliding-window attention is not supported") end
   local c = {}
   c.vocab_size = int("vocab_size")
   c.hidden_size = int("hidden_size")

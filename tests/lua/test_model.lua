@@ -374,6 +374,8 @@ T.case("bad config.json: missing or wrong-typed keys, unknown rope_scaling", fun
   try(function(c) c.rope_scaling = { rope_type = "llama3", factor = 4 } end, "key 'rope_scaling.low_freq_factor' is missing")
   try(function(c) c.architectures = { "GPT2LMHeadModel" } end, "GPT2LMHeadModel")
   try(function(c) c.num_key_value_heads = 2 end, "must divide num_attention_heads")
+  try(function(c) c.use_sliding_window = true end, "key 'use_sliding_window' is true")
+  try(function(c) c.head_dim = 7 end, "key 'head_dim' must be even")
 end)
 
 T.case("bad calls: tokens out of range, backward without forward, wrong dlogp shape", function()
