@@ -202,6 +202,20 @@ static void test_attention(void) {
         naive_attention(o, q2, kc, vc, b, t, h, pos0[b] + t + 1, cbs, Tq, AH, AKV, AD);
         for (int e = 0; e < AD; e++) CHECK_NEAR(o2[(((int64_t)b * Tq + t) * AH + h) * AD + e], o[e], 2e-5);
       }
+  /* Several threads (each with its own scratch slice) give the same results as one. */
+  att_loss(&c);   /* the finite differences left out/lse at a perturbed input */
+  float *out2 = zerov((size_t)nq), *lse2 = zerov(AB * AH * AT);
+  float *dq2 = zerov((size_t)nq), *dk2 = zerov((size_t)nk), *dv2 = zerov((size_t)nk);
+  float *scr2 = zerov(clrt_attention_scratch_floats(AT, AT, 3));
+  clrt_set_num_threads(3);
+  clrt_attention_forward(out2, lse2, c.q, c.k, c.v, AB, AT, AH, AKV, AD, NULL, (int64_t)AT * AKV * AD, scr2, 3);
+  clrt_attention_backward(dq2, dk2, dv2, c.R, c.q, c.k, c.v, out2, lse2, AB, AT, AH, AKV, AD, scr2, 3);
+  clrt_set_num_threads(1);
+  int same = 1;
+  for (int i = 0; i < nq; i++) same &= out2[i] == c.out[i] && dq2[i] == dq[i];
+  for (int i = 0; i < nk; i++) same &= dk2[i] == dk[i] && dv2[i] == dv[i];
+  CHECK(same);
+  free(out2); free(lse2); free(dq2); free(dk2); free(dv2); free(scr2);
   free(kc); free(vc); free(q2); free(o2); free(scr);
   free(c.q); free(c.k); free(c.v); free(c.out); free(c.lse); free(c.R); free(c.scratch);
   free(dq); free(dk); free(dv);
@@ -294,6 +308,9 @@ static void test_math(void) {
 }
 
 int main(void) {
+  /* Finite differences run each forward thousands of times: one thread keeps that fast on a
+     busy machine; test_attention checks several threads against one. */
+  clrt_set_num_threads(1);
   clrt_rng_seed(&rng, 42);
   test_linear();
   test_embedding();
