@@ -300,13 +300,13 @@ function Model:zero_grad() ok(C.clrt_model_zero_grad(live(self)), 2) end
 -- tokens: rows (Lua tables, ragged allowed: right-padded to the longest) or an i32 tensor
 -- [B, T]. Returns an i32 buffer [B*T], B, T, and lengths (int32_t[B]).
 local function token_batch(tokens, lengths)
-  local B, T, buf, keep
+  local B, T, buf, anchor
   if tensor.is_tensor(tokens) then
     if tokens:dim() ~= 2 then error("logprobs: tokens must be a 2-d tensor [B, T], got shape " .. tensor.shape_str(tokens), 3) end
     if tokens:dtype() ~= "i32" or not tokens:is_contiguous() then tokens = tokens:to("i32") end
     B, T = tokens:size(1), tokens:size(2)
     buf = ffi.cast("int32_t *", tokens:data_ptr())
-    keep = tokens
+    anchor = tokens   -- keeps the tensor (and buf) alive through the call
   else
     if type(tokens) ~= "table" or #tokens == 0 then error("logprobs: tokens must be a non-empty table of rows or an i32 tensor", 3) end
     B, T = #tokens, 0
@@ -333,11 +333,18 @@ local function token_batch(tokens, lengths)
   if lengths then
     if tensor.is_tensor(lengths) then lengths = lengths:totable() end
     if #lengths ~= B then error(("logprobs: %d lengths for %d rows"):format(#lengths, B), 3) end
-    for b = 1, B do lens[b - 1] = lengths[b] end
+    for b = 1, B do
+      local n = lengths[b]
+      if type(n) ~= "number" then error(("logprobs: length of row %d is a %s"):format(b, type(n)), 3) end
+      if not anchor and n > #tokens[b] then
+        error(("logprobs: length %d of row %d exceeds its %d tokens"):format(n, b, #tokens[b]), 3)
+      end
+      lens[b - 1] = n
+    end
   else
     for b = 1, B do lens[b - 1] = T end
   end
-  return buf, B, T, lens, keep
+  return buf, B, T, lens, anchor
 end
 
 -- logprobs(tokens, {lengths =, grad = true}) -> f32 tensor [B, T-1]
