@@ -11,9 +11,9 @@
    gate and up, the norms' rstd (and q/k before their norm for Qwen3). The normalised inputs
    and h are recomputed in backward instead of stored.
 
-   Decode with a KV cache (generation) hooks in at layer_forward: it already takes the
-   positions of the new rows (pos0) and reads keys/values through a batch stride, so a
-   cache [B, maxT, KV, D] can stand in for the fresh k/v once the new rows are copied in. */
+   Decode with a KV cache is clrt_model_forward_cached: the same layer_forward, run for the
+   new positions only (pos0 per row), writing their keys/values into the caller's cache and
+   attending over it. */
 #include "model_internal.h"
 #include "cpu/model_kernels.h"
 
@@ -402,9 +402,9 @@ static float *take(acts *a, char *base, size_t n) {
   return p;
 }
 
-/* Lays out the activations for (B, T, keep) over base; base NULL only counts. res and la
-   must have room for L+1 and L entries. */
-static void layout(const clrt_model *m, acts *a, char *base, int B, int T, int keep) {
+/* Lays out the activations for (B, T, keep) over base, with keys reaching Tk positions;
+   base NULL only counts. res and la must have room for L+1 and L entries. */
+static void layout(const clrt_model *m, acts *a, char *base, int B, int T, int Tk, int keep) {
   const clrt_model_config *c = &m->cfg;
   int L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
   int H = c->num_attention_heads, KV = c->num_key_value_heads, D = c->head_dim;
@@ -462,7 +462,7 @@ static void layout(const clrt_model *m, acts *a, char *base, int B, int T, int k
   if ((size_t)chunk > N || a->logits_kept) chunk = (int)N;
   a->chunk = chunk;
   a->logits = take(a, base, (size_t)chunk * V);
-  a->attn = take(a, base, clrt_attention_scratch_floats(T, T, m->threads));
+  a->attn = take(a, base, clrt_attention_scratch_floats(T, Tk, m->threads));
 }
 
 static int ensure_rope(clrt_model *m, int P) {
@@ -482,15 +482,15 @@ static int ensure_rope(clrt_model *m, int P) {
 }
 
 /* Binds a to the arena for (B, T, keep), growing the arena when it is too small. */
-static int bind_acts(clrt_model *m, acts *a, int B, int T, int keep) {
-  layout(m, a, NULL, B, T, keep);
+static int bind_acts(clrt_model *m, acts *a, int B, int T, int Tk, int keep) {
+  layout(m, a, NULL, B, T, Tk, keep);
   size_t need = a->floats * sizeof(float);
   if (!m->acts || m->acts->bytes < need) {
     size_t want = need;
     if (m->cfg.max_batch > 0 && m->cfg.max_seq > 0) {
       /* The configured maximum is the first size; beyond it, grow to what the call needs. */
-      layout(m, a, NULL, m->cfg.max_batch > B ? m->cfg.max_batch : B,
-             m->cfg.max_seq > T ? m->cfg.max_seq : T, 1);
+      int Tm = m->cfg.max_seq > Tk ? m->cfg.max_seq : Tk;
+      layout(m, a, NULL, m->cfg.max_batch > B ? m->cfg.max_batch : B, Tm, Tm, 1);
       if (a->floats * sizeof(float) > want) want = a->floats * sizeof(float);
     }
     clrt_storage_release(m->acts);
@@ -498,13 +498,16 @@ static int bind_acts(clrt_model *m, acts *a, int B, int T, int keep) {
     m->saved = 0;
     if (!(m->acts = clrt_storage_new(want, CLRT_CPU))) return -1;
   }
-  layout(m, a, m->acts->data, B, T, keep);
+  layout(m, a, m->acts->data, B, T, Tk, keep);
   return 0;
 }
 
-/* One transformer layer over N = B*T rows at positions pos0[b] + t. x: [N, C] in; out: [N, C]. */
+/* One transformer layer over N = B*T rows at positions pos0[b] + t. x: [N, C] in; out: [N, C].
+   With a cache (kc, vc: [B, cache_T, KV, D]), the new keys/values are written into it at their
+   positions and attention reads every cached position up to each query's own. */
 static void layer_forward(clrt_model *m, int l, layer_acts *A, acts *a, const float *x, float *out,
-                          int B, int T, const int32_t *pos0, int keep) {
+                          int B, int T, const int32_t *pos0, int keep, float *kc, float *vc,
+                          int cache_T) {
   const clrt_model_config *c = &m->cfg;
   const clrt_layer_offsets *o = &m->layer[l];
   int C = c->hidden_size, I = c->intermediate_size, H = c->num_attention_heads,
@@ -527,8 +530,22 @@ static void layer_forward(clrt_model *m, int l, layer_acts *A, acts *a, const fl
     clrt_rope_forward(A->q, m->rope_cos, m->rope_sin, pos0, B, T, H, D);
     clrt_rope_forward(A->k, m->rope_cos, m->rope_sin, pos0, B, T, KV, D);
   });
-  PROF(CLRT_K_ATTN_F, clrt_attention_forward(A->att, keep ? A->lse : NULL, A->q, A->k, A->v, B, T,
-                                             H, KV, D, pos0, (int64_t)T * KV * D, a->attn, m->threads));
+  const float *keys = A->k, *vals = A->v;
+  int64_t kv_bstride = (int64_t)T * KV * D;
+  if (kc) {
+    size_t row = sizeof(float) * (size_t)KV * D;
+    kv_bstride = (int64_t)cache_T * KV * D;
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < T; t++) {
+        int64_t dst = b * kv_bstride + (int64_t)(pos0[b] + t) * KV * D, src = ((int64_t)b * T + t) * KV * D;
+        memcpy(kc + dst, A->k + src, row);
+        memcpy(vc + dst, A->v + src, row);
+      }
+    keys = kc;
+    vals = vc;
+  }
+  PROF(CLRT_K_ATTN_F, clrt_attention_forward(A->att, keep ? A->lse : NULL, A->q, keys, vals, B, T,
+                                             H, KV, D, pos0, kv_bstride, a->attn, m->threads));
   PROF(CLRT_K_LINEAR_F, clrt_linear_forward(a->tmp, A->att, PW(m, o->wo), PW(m, o->bo), N, H * D, C));
   PROF(CLRT_K_RESIDUAL, clrt_residual_forward(A->xmid, x, a->tmp, N * C));
   PROF(CLRT_K_RMSNORM, clrt_rmsnorm_forward(a->xn, A->rstd2, A->xmid, PW(m, o->ln2), N, C, eps));
@@ -627,7 +644,7 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
   layer_acts la[L];
   acts a = {.res = res, .la = la};
   double t0 = prof_on > 0 ? now() : 0;
-  if (bind_acts(m, &a, B, T, keep)) return -1;
+  if (bind_acts(m, &a, B, T, T, keep)) return -1;
   int64_t N = (int64_t)B * T, nv = 0;
   for (int b = 0; b < B; b++) {
     int len = lengths ? lengths[b] : T;
@@ -648,7 +665,7 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
       return -1;
     }
     float *x = keep ? a.res[l] : a.res[l % 2], *out = keep ? a.res[l + 1] : a.res[(l + 1) % 2];
-    layer_forward(m, l, keep ? &a.la[l] : &a.la[0], &a, x, out, B, T, NULL, keep);
+    layer_forward(m, l, keep ? &a.la[l] : &a.la[0], &a, x, out, B, T, NULL, keep, NULL, NULL, 0);
   }
   float *xl = keep ? a.res[L] : a.res[L % 2];
   PROF(CLRT_K_OTHER, gather_rows(a.tmp, xl, a.rowidx, nv, C));
@@ -679,7 +696,7 @@ int clrt_model_backward(clrt_model *m, const float *dlogp) {
   float *res[L + 1];
   layer_acts la[L];
   acts a = {.res = res, .la = la};
-  layout(m, &a, m->acts->data, B, T, 1);
+  layout(m, &a, m->acts->data, B, T, T, 1);
   for (int64_t i = 0; i < nv; i++) {
     int64_t r = a.rowidx[i], b = r / T, t = r % T;
     a.dlpv[i] = dlogp[b * (T - 1) + t];
@@ -703,5 +720,60 @@ int clrt_model_backward(clrt_model *m, const float *dlogp) {
     layer_backward(m, l, &a.la[l], &a, a.res[l], B, T);
   }
   PROF(CLRT_K_EMBED, clrt_embedding_backward(GW(m, m->wte), a.dres, a.tok, N, C));
+  return 0;
+}
+
+int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int Tn,
+                              const int32_t *pos0, const int32_t *last, float *const *kcache,
+                              float *const *vcache, int cache_T, float *logits) {
+  const clrt_model_config *c = &m->cfg;
+  int L = c->num_hidden_layers, C = c->hidden_size, V = c->vocab_size;
+  if (B <= 0 || Tn <= 0 || !pos0 || !kcache || !vcache) {
+    clrt_set_error("forward_cached: need B, Tn > 0 [%d, %d], positions and caches", B, Tn);
+    return -1;
+  }
+  int Tk = 0;
+  for (int b = 0; b < B; b++) {
+    if (pos0[b] < 0 || pos0[b] + Tn > cache_T) {
+      clrt_set_error("forward_cached: row %d writes positions [%d, %d) outside the cache's %d",
+                     b + 1, pos0[b], pos0[b] + Tn, cache_T);
+      return -1;
+    }
+    if (last && (last[b] < 0 || last[b] >= Tn)) {
+      clrt_set_error("forward_cached: last position %d of row %d is outside [0, %d)", last[b], b + 1, Tn);
+      return -1;
+    }
+    if (pos0[b] + Tn > Tk) Tk = pos0[b] + Tn;
+    for (int t = 0; t < Tn; t++) {
+      int32_t id = tokens[(int64_t)b * Tn + t];
+      if (id < 0 || id >= V) {
+        clrt_set_error("forward_cached: token %d at row %d, position %d is outside the vocabulary [0, %d)",
+                       id, b + 1, t + 1, V);
+        return -1;
+      }
+    }
+  }
+  if (ensure_rope(m, Tk)) return -1;
+  m->threads = omp_get_max_threads();
+  float *res[L + 1];
+  layer_acts la[L];
+  acts a = {.res = res, .la = la};
+  if (bind_acts(m, &a, B, Tn, Tk, 0)) return -1;
+  m->saved = 0;
+  int64_t N = (int64_t)B * Tn;
+  memcpy(a.tok, tokens, sizeof(int32_t) * (size_t)N);
+  PROF(CLRT_K_EMBED, clrt_embedding_forward(a.res[0], a.tok, PW(m, m->wte), N, C));
+  for (int l = 0; l < L; l++) {
+    if (clrt_interrupted()) {
+      clrt_set_error("forward_cached: interrupted");
+      return -1;
+    }
+    layer_forward(m, l, &a.la[0], &a, a.res[l % 2], a.res[(l + 1) % 2], B, Tn, pos0, 0,
+                  kcache[l], vcache[l], cache_T);
+  }
+  for (int b = 0; b < B; b++) a.rowidx[b] = b * Tn + (last ? last[b] : Tn - 1);
+  PROF(CLRT_K_OTHER, gather_rows(a.tmp, a.res[L % 2], a.rowidx, B, C));
+  PROF(CLRT_K_RMSNORM, clrt_rmsnorm_forward(a.xn, a.rstdf, a.tmp, PW(m, m->norm), B, C, c->rms_norm_eps));
+  PROF(CLRT_K_OUT_F, clrt_linear_forward(logits, a.xn, PW(m, m->head), NULL, B, C, V));
   return 0;
 }
