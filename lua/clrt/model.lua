@@ -243,6 +243,14 @@ function M.load(dir, opts)
   return wrap_model(ptr, cfg, parsed)
 end
 
+Model.__tostring = function(m)
+  if m.ptr == nil then return "Model(freed)" end
+  local c = m._c
+  return ("Model(%s, %.1fM params, %d layers, hidden %d, heads %d/%d, vocab %d%s)"):format(
+    arch_names[c.arch], tonumber(C.clrt_model_num_params(m.ptr)) / 1e6, c.num_hidden_layers, c.hidden_size,
+    c.num_attention_heads, c.num_key_value_heads, c.vocab_size, c.tie_word_embeddings and ", tied" or "")
+end
+
 local function live(m)
   if m.ptr == nil then error("model: used after free()", 3) end
   return m.ptr
