@@ -145,11 +145,114 @@ clrt_tensor *clrt_tensor_matmul(const clrt_tensor *a, const clrt_tensor *b);
 
 /* ==== model: the Llama-family transformer ================================================ */
 
+/* The architecture's numbers. lua/clrt/model.lua fills it from config.json (and checks it);
+   C trusts only what clrt_model_new validates again. */
+typedef struct clrt_model_config {
+  int vocab_size, hidden_size, intermediate_size, num_hidden_layers;
+  int num_attention_heads, num_key_value_heads, head_dim, max_position_embeddings;
+  float rms_norm_eps;
+  double rope_theta;
+  int rope_scaling;                 /* CLRT_ROPE_* */
+  double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+  int rope_original_max_position;   /* llama3: original_max_position_embeddings */
+  int tie_word_embeddings;
+  int qkv_bias;                     /* q/k/v projections carry biases (Qwen2; attention_bias) */
+  int o_bias;                       /* o_proj carries a bias (Llama/Qwen3 attention_bias) */
+  int qk_norm;                      /* per-head RMSNorm of q and k before RoPE (Qwen3) */
+  int max_batch, max_seq;           /* activation arena's first size; it grows past them */
+  double keep_logits_mb;            /* backward reuses forward's logits when they fit (0: recompute) */
+} clrt_model_config;
+enum { CLRT_ROPE_DEFAULT = 0, CLRT_ROPE_LINEAR = 1, CLRT_ROPE_LLAMA3 = 2 };
+enum { CLRT_ARENA_PARAMS = 0, CLRT_ARENA_GRADS = 1, CLRT_ARENA_ACTIVATIONS = 2, CLRT_ARENA_COUNT = 3 };
+
+typedef struct clrt_model clrt_model;
+/* Parameters start at zero: follow with clrt_model_init_random or clrt_model_load_safetensors. */
+clrt_model *clrt_model_new(const clrt_model_config *cfg);
+void clrt_model_free(clrt_model *m);
+/* GPT-2 style: N(0, 0.02) matrices, N(0, 0.02/sqrt(2 layers)) for o_proj and down_proj,
+   norms 1, biases 0. */
+int clrt_model_init_random(clrt_model *m, uint64_t seed);
+/* Reads every tensor of one safetensors file (F32/BF16/F16 on disk) into the parameters,
+   checking names and shapes against the config; a tensor may be loaded only once. */
+int clrt_model_load_safetensors(clrt_model *m, const char *path);
+/* After the last file: fails naming the first parameter no file provided. */
+int clrt_model_check_loaded(const clrt_model *m, const char *where);
+int clrt_model_save_safetensors(const clrt_model *m, const char *path);
+/* Parameters by index, with Hugging Face names (lm_head.weight only when untied). */
+int clrt_model_num_tensors(const clrt_model *m);
+const char *clrt_model_tensor_name(const clrt_model *m, int i);
+int clrt_model_tensor_is_matrix(const clrt_model *m, int i);
+clrt_tensor *clrt_model_param(clrt_model *m, int i);   /* a view into the params arena */
+clrt_tensor *clrt_model_grad(clrt_model *m, int i);    /* allocates the grads arena on first use */
+int64_t clrt_model_num_params(const clrt_model *m);
+size_t clrt_model_memory(const clrt_model *m, int arena);
+/* lp[b][t] = log p(tokens[b][t+1] | tokens[b][..t]) for t + 1 < lengths[b], else 0.
+   tokens: [B, T] row-major; lengths: [B] or NULL (all T); lp: [B, T-1].
+   keep != 0 keeps what clrt_model_backward needs. */
+int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
+                        const int32_t *lengths, float *lp, int keep);
+/* dlogp: [B, T-1] of the last kept forward; accumulates into the gradients. */
+int clrt_model_backward(clrt_model *m, const float *dlogp);
+int clrt_model_zero_grad(clrt_model *m);
+/* Decode with a KV cache: runs tokens [B, Tn] at positions pos0[b] + t, writing each layer's
+   new keys/values into kcache[l] / vcache[l] ([B, cache_T, KV, D] each, the caller's) and
+   attending over positions 0 .. pos0[b] + t of the cache. logits: [B, V], the next-token
+   logits after position last[b] of each row (NULL: Tn - 1). Keeps nothing for backward. */
+int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int Tn,
+                              const int32_t *pos0, const int32_t *last, float *const *kcache,
+                              float *const *vcache, int cache_T, float *logits);
+/* Per-kernel wall time, accumulated while CLRT_PROFILE=1 is set in the environment. */
+int clrt_profile_count(void);
+const char *clrt_profile_name(int i);
+double clrt_profile_seconds(int i);
+void clrt_profile_reset(void);
+
 
 /* ==== optimizer ========================================================================== */
 
+/* AdamW over all of a model's parameters; the moments live in one arena each. */
+typedef struct clrt_adamw clrt_adamw;
+/* decay[i] != 0: tensor i gets weight decay (default in Lua: matrices, not norms/biases). */
+clrt_adamw *clrt_adamw_new(clrt_model *m, const uint8_t *decay);
+void clrt_adamw_free(clrt_adamw *o);
+/* Clips the global gradient norm to grad_clip (<= 0: no clipping), then one fused AdamW
+   update with bias correction and decoupled weight decay. *grad_norm: the norm before
+   clipping. */
+int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps,
+                    float weight_decay, float grad_clip, double *grad_norm);
+int64_t clrt_adamw_get_step(const clrt_adamw *o);
+void clrt_adamw_set_step(clrt_adamw *o, int64_t step);
+/* which: 0 first moment (exp_avg), 1 second (exp_avg_sq); views shaped like parameter i. */
+clrt_tensor *clrt_adamw_moment(clrt_adamw *o, int which, int i);
+size_t clrt_adamw_memory(const clrt_adamw *o);
+
 
 /* ==== safetensors and Hugging Face files ================================================= */
+
+/* A memory-mapped safetensors file whose header has been checked against its size. */
+typedef struct clrt_safetensors clrt_safetensors;
+clrt_safetensors *clrt_safetensors_open(const char *path);
+/* The same over a file image in memory (not copied: keep it alive until close). */
+clrt_safetensors *clrt_safetensors_open_memory(const void *data, size_t len, const char *name);
+void clrt_safetensors_close(clrt_safetensors *st);
+const char *clrt_safetensors_path(const clrt_safetensors *st);
+int clrt_safetensors_count(const clrt_safetensors *st);
+const char *clrt_safetensors_name(const clrt_safetensors *st, int i);   /* sorted by name */
+int clrt_safetensors_find(const clrt_safetensors *st, const char *name); /* index or -1 */
+const char *clrt_safetensors_dtype(const clrt_safetensors *st, int i);  /* "F32", "BF16", ... */
+int clrt_safetensors_ndim(const clrt_safetensors *st, int i);
+int64_t clrt_safetensors_dim(const clrt_safetensors *st, int i, int d);
+const char *clrt_safetensors_metadata(const clrt_safetensors *st, const char *key);
+/* F32/BF16/F16/F64 on disk -> f32; numel must match. */
+int clrt_safetensors_read_f32(const clrt_safetensors *st, int i, float *dst, int64_t numel);
+/* A new tensor: f32 for float dtypes, i32 for I32/I64. */
+clrt_tensor *clrt_safetensors_tensor(const clrt_safetensors *st, int i);
+/* Writes contiguous f32/bf16/i32 tensors (temporary name, fsync, rename). */
+int clrt_safetensors_write(const char *path, int n, const char *const *names,
+                           const clrt_tensor *const *tensors, int nmeta,
+                           const char *const *meta_keys, const char *const *meta_values);
+/* Any small file (config.json, trainer state) the same way: temporary name, fsync, rename. */
+int clrt_file_write_atomic(const char *path, const char *data, size_t len);
 
 
 /* ==== tokenizer ========================================================================== */
