@@ -6,7 +6,7 @@ local lazy = {
   tensor = "clrt.tensor", model = "clrt.model", tokenizer = "clrt.tokenizer",
   chat = "clrt.chat", optim = "clrt.optim", llm = "clrt.llm", sched = "clrt.sched",
   data = "clrt.data", config = "clrt.config", log = "clrt.log", test = "clrt.test",
-  repl = "clrt.repl", util = "clrt.util",
+  repl = "clrt.repl", util = "clrt.util", server = "clrt.server",
 }
 
 setmetatable(clrt, {
