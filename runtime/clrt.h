@@ -111,6 +111,17 @@ int clrt_tensor_randn_(clrt_tensor *t, clrt_rng *r);  /* standard normal */
 
 /* ==== generation ========================================================================= */
 
+typedef struct clrt_sample_params {
+  float temperature;                  /* 0: greedy */
+  int top_k;                          /* 0: off */
+  float top_p;                        /* 1: off */
+} clrt_sample_params;
+/* One token per row from temperature/top-k/top-p; logprobs under the sampled distribution.
+   uniforms: one U[0,1) draw per row (the caller's seeded streams); allowed: NULL or a 0/1 mask. */
+int clrt_sample(const float *logits, int B, int V, const clrt_sample_params *params,
+                const double *uniforms, const uint8_t *allowed, int32_t *tokens,
+                float *logprobs);
+
 
 /* ==== constrained decoding =============================================================== */
 
