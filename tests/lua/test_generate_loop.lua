@@ -16,7 +16,7 @@ local function fake_decoder(slots, max_len)
   function d:prefill(slot, toks, n, out)
     self.prefills = self.prefills + 1
     self.state[slot] = { last = toks[n - 1], pos = n }
-    fill(out, toks[n - 1], n)
+    fill(out + slot * V, toks[n - 1], n)
   end
   function d:copy_slot(src, dst)
     local s = self.state[src]
@@ -27,7 +27,7 @@ local function fake_decoder(slots, max_len)
     for k = 0, n - 1 do
       local s = self.state[slot_ids[k]]
       s.last, s.pos = toks[k], s.pos + 1
-      fill(out + k * V, s.last, s.pos)
+      fill(out + slot_ids[k] * V, s.last, s.pos)
     end
   end
   return d
@@ -120,7 +120,22 @@ T.case("bad input is a clear error", function()
   T.raises(function() gen.run(d, { {} }, {}) end, "prompt 1 must be a non-empty list")
   T.raises(function() gen.run(d, { { 1 } }, { n = 3, max_new_tokens = 2 }) end, "3 rows (prompts x n) but the decoder has 2 slots")
   T.raises(function() gen.run(d, { { 1 } }, { stop = { "x" }, max_new_tokens = 2 }) end, "no tokenizer")
+  T.raises(function() gen.run(d, { { 1 } }, { n = 0 }) end, "option n must be a positive integer")
   T.raises(function() gen.run(d, { { 1 } }, { top_p = 0, max_new_tokens = 2 }) end, "top_p must be in (0, 1]")
+end)
+
+T.case("rows that join mid-flight (continuous batching) decode as if alone", function()
+  local eng = gen.engine(fake_decoder(4, 64))
+  local o = gen.options({ temperature = 0, max_new_tokens = 8 }, V)
+  local a = eng:add({ 1, 2 }, o)
+  eng:step(); eng:step(); eng:step()
+  local done_b
+  local b = eng:add({ 9, 8, 7 }, o, { on_done = function(r) done_b = r.finish_reason end })
+  while eng:busy() do eng:step() end
+  T.eq(a[1].tokens, greedy_reference({ 1, 2 }, 8))
+  T.eq(b[1].tokens, greedy_reference({ 9, 8, 7 }, 8))
+  T.eq(done_b, "length")
+  T.eq(eng:free_slots(), 4)
 end)
 
 T.run()
