@@ -10,7 +10,9 @@
 #include <microhttpd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +89,15 @@ static int append(char **buf, size_t *len, size_t *cap, const char *data, size_t
   *len += n;
   (*buf)[*len] = 0;
   return 0;
+}
+
+/* A readable socket with nothing to read means the peer closed it. */
+static int peer_hung_up(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+  if (poll(&p, 1, 0) <= 0) return 0;
+  if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return 1;
+  char c;
+  return recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
 static void deadline_in(struct timespec *ts, int ms) {
@@ -184,7 +195,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     s->queue_head = r;
   s->queue_tail = r;
   pthread_cond_broadcast(&s->engine_cv);
-  while (r->state != REQ_ANSWERED && !s->stopping) pthread_cond_wait(&s->conn_cv, &s->mu);
+  /* While the engine works, notice a client that hangs up so its rows can be dropped. */
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+  int fd = ci ? ci->connect_fd : -1;
+  while (r->state != REQ_ANSWERED && !s->stopping) {
+    struct timespec ts;
+    deadline_in(&ts, 100);
+    pthread_cond_timedwait(&s->conn_cv, &s->mu, &ts);
+    if (fd >= 0 && !r->closed && peer_hung_up(fd)) r->closed = 1;
+  }
   int stopping = s->stopping && r->state != REQ_ANSWERED;
   pthread_mutex_unlock(&s->mu);
   if (stopping) return send_json_error(conn, 503, "server is shutting down");

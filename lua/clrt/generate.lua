@@ -219,6 +219,7 @@ function Engine:step()
       end
     end
     if row.cb.on_token then row.cb.on_token(row, tok, piece) end
+    if row.cancelled then done = "cancelled" end   -- a callback may cancel (client went away)
     if not done and #row.tokens >= o.max_new_tokens then done = "length" end
     if done then self:finish(row, done) else still[#still + 1] = row end
   end

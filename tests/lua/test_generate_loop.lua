@@ -2,52 +2,12 @@
 -- known function of (slot's last token, position): greedy must follow that function, samples
 -- must be reproducible by seed, and stop rules, n>1 prefill sharing and limits must hold.
 local T = require("clrt.test")
-local ffi = require("ffi")
 local gen = require("clrt.generate")
 
-local V = 11
-local function fake_logit(last, pos, v) return 3 * math.cos(v * (last + 1) * 0.37 + pos * 0.11) end
-
-local function fake_decoder(slots, max_len)
-  local d = { vocab_size = V, slots = slots, max_len = max_len, state = {}, prefills = 0, decoded_rows = 0 }
-  local function fill(out, last, pos)
-    for v = 0, V - 1 do out[v] = fake_logit(last, pos, v) end
-  end
-  function d:prefill(slot, toks, n, out)
-    self.prefills = self.prefills + 1
-    self.state[slot] = { last = toks[n - 1], pos = n }
-    fill(out + slot * V, toks[n - 1], n)
-  end
-  function d:copy_slot(src, dst)
-    local s = self.state[src]
-    self.state[dst] = { last = s.last, pos = s.pos }
-  end
-  function d:decode(n, slot_ids, toks, out)
-    self.decoded_rows = self.decoded_rows + n
-    for k = 0, n - 1 do
-      local s = self.state[slot_ids[k]]
-      s.last, s.pos = toks[k], s.pos + 1
-      fill(out + slot_ids[k] * V, s.last, s.pos)
-    end
-  end
-  return d
-end
-
-local function greedy_reference(prompt, steps)
-  local last, pos, out = prompt[#prompt], #prompt, {}
-  for _ = 1, steps do
-    local best, arg = -math.huge, 0
-    for v = 0, V - 1 do
-      local l = fake_logit(last, pos, v)
-      -- the sampler works in f32; compare in f32 too
-      l = tonumber(ffi.new("float", l))
-      if l > best then best, arg = l, v end
-    end
-    out[#out + 1] = arg
-    last, pos = arg, pos + 1
-  end
-  return out
-end
+package.path = T.source_dir() .. "/tests/lua/?.lua;" .. package.path
+local fake = require("support.fake_model")
+local V = fake.V
+local fake_decoder, greedy_reference = fake.decoder, fake.greedy_reference
 
 T.case("greedy follows the model on ragged prompts", function()
   local prompts = { { 1, 2, 3 }, { 4 }, { 5, 6, 7, 8, 9, 10 } }
