@@ -154,6 +154,12 @@ int clrt_server_stream_write(clrt_server *s, int64_t id, const char *data, size_
 int clrt_server_stream_end(clrt_server *s, int64_t id);
 int clrt_server_is_open(clrt_server *s, int64_t id);
 void clrt_server_stop(clrt_server *s);
+/* Terminal input for interactive commands: a readline line (free with clrt_free), or NULL
+   at end of input; the history file is shared across sessions. */
+char *clrt_readline(const char *prompt);
+void clrt_free(void *p);
+int clrt_history_load(const char *path);
+int clrt_history_save(const char *path);
 
 
 /* ==== CUDA =============================================================================== */
