@@ -206,6 +206,21 @@ int clrt_file_write_atomic(const char *path, const char *data, size_t len);
 
 /* ==== generation ========================================================================= */
 
+/* A KV cache of `slots` independent sequences of up to max_len tokens over a model. Logits
+   are written to row `slot` of a [slots, V] buffer. */
+typedef struct clrt_decoder clrt_decoder;
+clrt_decoder *clrt_decoder_new(clrt_model *m, int slots, int max_len);
+void clrt_decoder_free(clrt_decoder *d);
+size_t clrt_decoder_bytes(const clrt_decoder *d);
+int clrt_decoder_length(const clrt_decoder *d, int slot);
+int clrt_decoder_reset(clrt_decoder *d, int slot);
+int clrt_decoder_copy_slot(clrt_decoder *d, int src, int dst);
+/* Runs T tokens after what the slot holds; logits of the last one. */
+int clrt_decoder_append(clrt_decoder *d, int slot, const int32_t *tokens, int T, float *logits);
+/* One token for each of n distinct slots. */
+int clrt_decoder_decode(clrt_decoder *d, int n, const int32_t *slots, const int32_t *tokens,
+                        float *logits);
+
 typedef struct clrt_sample_params {
   float temperature;                  /* 0: greedy */
   int top_k;                          /* 0: off */
