@@ -308,6 +308,32 @@ int64_t clrt_bpe_train(const char *const *texts, const size_t *lens, int64_t n, 
 
 /* ==== generation ========================================================================= */
 
+/* A KV cache of `slots` independent sequences of up to max_len tokens over a model. Logits
+   are written to row `slot` of a [slots, V] buffer. */
+typedef struct clrt_decoder clrt_decoder;
+clrt_decoder *clrt_decoder_new(clrt_model *m, int slots, int max_len);
+void clrt_decoder_free(clrt_decoder *d);
+size_t clrt_decoder_bytes(const clrt_decoder *d);
+int clrt_decoder_length(const clrt_decoder *d, int slot);
+int clrt_decoder_reset(clrt_decoder *d, int slot);
+int clrt_decoder_copy_slot(clrt_decoder *d, int src, int dst);
+/* Runs T tokens after what the slot holds; logits of the last one. */
+int clrt_decoder_append(clrt_decoder *d, int slot, const int32_t *tokens, int T, float *logits);
+/* One token for each of n distinct slots. */
+int clrt_decoder_decode(clrt_decoder *d, int n, const int32_t *slots, const int32_t *tokens,
+                        float *logits);
+
+typedef struct clrt_sample_params {
+  float temperature;                  /* 0: greedy */
+  int top_k;                          /* 0: off */
+  float top_p;                        /* 1: off */
+} clrt_sample_params;
+/* One token per row from temperature/top-k/top-p; logprobs under the sampled distribution.
+   uniforms: one U[0,1) draw per row (the caller's seeded streams); allowed: NULL or a 0/1 mask. */
+int clrt_sample(const float *logits, int B, int V, const clrt_sample_params *params,
+                const double *uniforms, const uint8_t *allowed, int32_t *tokens,
+                float *logprobs);
+
 
 /* ==== constrained decoding =============================================================== */
 
@@ -352,6 +378,36 @@ double clrt_http_now(void);   /* monotonic seconds */
 
 
 /* ==== server ============================================================================= */
+
+/* An HTTP server whose requests are answered by the engine loop that calls clrt_server_next.
+   Strings in the info stay valid until the next clrt_server_next call. */
+typedef struct clrt_server clrt_server;
+typedef struct clrt_server_request_info {
+  int64_t id;
+  const char *method;
+  const char *path;
+  const char *authorization;          /* the Authorization header, or NULL */
+  const char *body;                   /* NUL-terminated */
+  size_t body_len;
+} clrt_server_request_info;
+clrt_server *clrt_server_start(const char *host, int port, size_t max_body);
+int clrt_server_port(const clrt_server *s);
+/* 1 with a new request in *out, 0 when none arrived within timeout_ms. */
+int clrt_server_next(clrt_server *s, int timeout_ms, clrt_server_request_info *out);
+int clrt_server_respond(clrt_server *s, int64_t id, int status, const char *content_type,
+                        const char *body, size_t len);
+int clrt_server_stream_begin(clrt_server *s, int64_t id, int status, const char *content_type);
+/* 0 sent, 1 the client disconnected (stop generating for it), -1 error. */
+int clrt_server_stream_write(clrt_server *s, int64_t id, const char *data, size_t len);
+int clrt_server_stream_end(clrt_server *s, int64_t id);
+int clrt_server_is_open(clrt_server *s, int64_t id);
+void clrt_server_stop(clrt_server *s);
+/* Terminal input for interactive commands: a readline line (free with clrt_free), or NULL
+   at end of input; the history file is shared across sessions. */
+char *clrt_readline(const char *prompt);
+void clrt_free(void *p);
+int clrt_history_load(const char *path);
+int clrt_history_save(const char *path);
 
 
 /* ==== CUDA =============================================================================== */

@@ -391,4 +391,6 @@ function M.profile(reset)
   return out
 end
 
+require("clrt.model_generate").install(Model)
+
 return M

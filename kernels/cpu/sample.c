@@ -1,0 +1,139 @@
+/* sample.c — temperature / top-k / top-p sampling of a batch of logit rows.
+ *
+ * Candidates come out of a max-heap in decreasing order, so a row costs O(V) to build the
+ * heap plus O(m log V) for the m tokens the filters keep — no full sort of a 150k vocabulary.
+ * The returned log-probability is that of the token under the distribution actually sampled
+ * (after temperature and the filters; 0 for greedy), which is what a caller can check. */
+#include "clrt.h"
+#include "sampling.h"
+
+#include <float.h>
+#include <stdlib.h>
+
+typedef struct {
+  float logit;
+  int32_t id;
+} cand;
+
+/* Larger logit first; ties by smaller id, so results never depend on heap layout. */
+static int better(cand a, cand b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); }
+
+static void sift_down(cand *h, int n, int i) {
+  for (;;) {
+    int l = 2 * i + 1, r = l + 1, m = i;
+    if (l < n && better(h[l], h[m])) m = l;
+    if (r < n && better(h[r], h[m])) m = r;
+    if (m == i) return;
+    cand t = h[i];
+    h[i] = h[m];
+    h[m] = t;
+    i = m;
+  }
+}
+
+static int32_t sample_row(const float *logits /* [V] */, int V, float temperature, int top_k,
+                          float top_p, double u, const uint8_t *allowed /* [V] or NULL */,
+                          cand *heap /* [V] scratch */, float *logprob /* out: scalar */) {
+  float mx = -FLT_MAX;
+  int32_t arg = -1;
+  for (int i = 0; i < V; i++)
+    if ((!allowed || allowed[i]) && (arg < 0 || logits[i] > mx)) {
+      mx = logits[i];
+      arg = i;
+    }
+  if (arg < 0) {
+    *logprob = -INFINITY;
+    return -1;
+  }
+  if (temperature <= 0) {   /* greedy: a point mass */
+    *logprob = 0;
+    return arg;
+  }
+  double z = 0;
+  for (int i = 0; i < V; i++)
+    if (!allowed || allowed[i]) z += clrt_tempered_weight(logits[i], mx, temperature);
+  int filtered = (top_k > 0 && top_k < V) || top_p < 1;
+  if (!filtered) {   /* inverse CDF over the whole row */
+    double target = u * z, cum = 0;
+    int32_t pick = arg;
+    for (int i = 0; i < V; i++) {
+      if (allowed && !allowed[i]) continue;
+      cum += clrt_tempered_weight(logits[i], mx, temperature);
+      pick = i;
+      if (cum > target) break;
+    }
+    *logprob = (float)(log(clrt_tempered_weight(logits[pick], mx, temperature)) - log(z));
+    return pick;
+  }
+  int n = 0;
+  for (int i = 0; i < V; i++)
+    if (!allowed || allowed[i]) heap[n++] = (cand){logits[i], i};
+  for (int i = n / 2 - 1; i >= 0; i--) sift_down(heap, n, i);
+  /* Pop candidates best-first into the heap's tail (position n-1-j holds the j-th best). With
+     top-k the nucleus is taken over the renormalised top-k mass, so all k are popped first;
+     without it the nucleus is over z and popping stops as soon as it is complete. */
+  int k = (top_k > 0 && top_k < n) ? top_k : n;
+  double zk = 0, mass = 0;
+  int popped = 0, size = n;
+  while (popped < k) {
+    cand top = heap[0];
+    heap[0] = heap[--size];
+    sift_down(heap, size, 0);
+    heap[n - 1 - popped++] = top;
+    double w = clrt_tempered_weight(top.logit, mx, temperature);
+    zk += w;
+    if (top_k <= 0) {
+      mass += w / z;
+      if (!clrt_nucleus_keeps(mass, top_p)) break;
+    }
+  }
+  if (top_k <= 0) zk = z;
+  int keep = 0;
+  double zkeep = 0;
+  mass = 0;
+  for (int j = 0; j < popped; j++) {
+    if (j > 0 && !clrt_nucleus_keeps(mass, top_p)) break;
+    double w = clrt_tempered_weight(heap[n - 1 - j].logit, mx, temperature);
+    mass += w / zk;
+    zkeep += w;
+    keep++;
+  }
+  double target = u * zkeep, cum = 0;
+  cand pick = heap[n - 1];
+  for (int j = 0; j < keep; j++) {
+    pick = heap[n - 1 - j];
+    cum += clrt_tempered_weight(pick.logit, mx, temperature);
+    if (cum > target) break;
+  }
+  *logprob = (float)(log(clrt_tempered_weight(pick.logit, mx, temperature)) - log(zkeep));
+  return pick.id;
+}
+
+int clrt_sample(const float *logits /* [B, V] */, int B, int V,
+                const clrt_sample_params *params /* [B] */, const double *uniforms /* [B] */,
+                const uint8_t *allowed /* [B, V] or NULL */, int32_t *tokens /* out: [B] */,
+                float *logprobs /* out: [B] */) {
+  int failed = -1;
+#pragma omp parallel if (B > 1)
+  {
+    cand *heap = malloc(sizeof(cand) * (size_t)V);
+#pragma omp for schedule(dynamic, 1)
+    for (int b = 0; b < B; b++) {
+      if (!heap) {
+        failed = b;
+        continue;
+      }
+      const clrt_sample_params *p = &params[b];
+      tokens[b] = sample_row(logits + (size_t)b * V, V, p->temperature, p->top_k, p->top_p,
+                             uniforms[b], allowed ? allowed + (size_t)b * V : NULL, heap,
+                             &logprobs[b]);
+      if (tokens[b] < 0) failed = b;
+    }
+    free(heap);
+  }
+  if (failed >= 0) {
+    clrt_set_error("sample: row %d has no allowed token (or out of memory)", failed);
+    return -1;
+  }
+  return 0;
+}

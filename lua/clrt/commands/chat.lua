@@ -1,0 +1,105 @@
+-- clrt chat MODEL_DIR [--temp X] [--max-tokens N] [--system TEXT] [--seed N]
+-- Talk to a model in the terminal with its chat template; tokens stream as they are made.
+-- Commands: /system TEXT, /reset, /temp X, /save FILE, /help, /quit. Ctrl-C stops a reply.
+local ffi = require("ffi")
+local cjson = require("cjson")
+local core = require("clrt.ffi")
+local gen = require("clrt.generate")
+
+local args = { ... }
+local usage = "usage: clrt chat MODEL_DIR [--temp X] [--max-tokens N] [--system TEXT] [--seed N]"
+local dir, temp, max_tokens, system, seed = nil, 0.7, 512, nil, os.time()
+local i = 1
+while i <= #args do
+  local a = args[i]
+  if a == "--temp" then i = i + 1; temp = tonumber(args[i]) or error("clrt chat: --temp expects a number", 0)
+  elseif a == "--max-tokens" then i = i + 1; max_tokens = tonumber(args[i]) or error("clrt chat: --max-tokens expects a number", 0)
+  elseif a == "--system" then i = i + 1; system = args[i] or error("clrt chat: --system expects text", 0)
+  elseif a == "--seed" then i = i + 1; seed = tonumber(args[i]) or error("clrt chat: --seed expects a number", 0)
+  elseif a == "--help" or a == "-h" then print(usage) return
+  elseif not dir then dir = a
+  else error("clrt chat: unexpected argument '" .. a .. "'\n" .. usage, 0) end
+  i = i + 1
+end
+if not dir then error("clrt chat: which model folder?\n" .. usage, 0) end
+
+local m = clrt.model.load(dir)
+local tok = clrt.tokenizer.load(dir)
+local max_len = math.min(m.config.max_position_embeddings or 2048, 4096)
+local dec = m:decoder(1, max_len)
+local stop_ids = clrt.chat.stop_ids(tok)
+local history_file = (os.getenv("HOME") or ".") .. "/.clrt_chat_history"
+core.C.clrt_history_load(history_file)
+
+local messages = {}
+local function reset()
+  messages = {}
+  if system then messages[1] = { role = "system", content = system } end
+end
+reset()
+
+local function readline(prompt)
+  local p = core.C.clrt_readline(prompt)
+  if p == nil then return nil end
+  local s = ffi.string(p)
+  core.C.clrt_free(p)
+  return s
+end
+
+local help = [[
+/system TEXT  set the system message (and start over)
+/reset        forget the conversation
+/temp X       sampling temperature (0 = greedy)
+/save FILE    write the conversation as JSON
+/quit         leave (Ctrl-D too)]]
+
+print(("clrt chat: %s — /help for commands, Ctrl-C stops a reply, Ctrl-D leaves"):format(dir))
+local turn = 0
+while true do
+  local line = readline("you> ")
+  if not line then print() break end
+  local cmd, rest = line:match("^/(%a+)%s*(.*)$")
+  if cmd == "quit" or cmd == "exit" then break
+  elseif cmd == "help" then print(help)
+  elseif cmd == "reset" then reset(); print("(conversation cleared)")
+  elseif cmd == "system" then system = rest ~= "" and rest or nil; reset(); print("(system message set; conversation cleared)")
+  elseif cmd == "temp" then
+    local t = tonumber(rest)
+    if t and t >= 0 then temp = t; print(("(temperature %g)"):format(t)) else print("(usage: /temp X with X >= 0)") end
+  elseif cmd == "save" then
+    if rest == "" then print("(usage: /save FILE)")
+    else
+      local f, err = io.open(rest, "w")
+      if not f then print("(cannot write: " .. tostring(err) .. ")")
+      else f:write(cjson.encode({ model = dir, messages = messages }), "\n"); f:close(); print("(saved " .. rest .. ")") end
+    end
+  elseif cmd then print("(unknown command /" .. cmd .. "; /help lists them)")
+  elseif line:match("%S") then
+    messages[#messages + 1] = { role = "user", content = line }
+    local ids = clrt.chat.render(tok, messages, { add_generation_prompt = true })
+    local room = max_len - #ids
+    if room < 1 then
+      print("(the conversation no longer fits the context; /reset)")
+      table.remove(messages)
+    else
+      turn = turn + 1
+      local eng = gen.engine(dec)
+      local o = gen.options({ temperature = temp, max_new_tokens = math.min(max_tokens, room), stop = stop_ids,
+        tokenizer = tok, seed = seed + turn }, dec.vocab_size)
+      io.write("assistant> ")
+      local rows = eng:add(ids, o, { on_token = function(_, _, piece)
+        if piece and piece ~= "" then io.write(piece); io.flush() end
+      end })
+      local ok, err = pcall(function() while eng:busy() do eng:step() end end)
+      local row = rows[1]
+      if not ok then
+        if not tostring(err):find("interrupted", 1, true) then error(err, 0) end
+        eng:cancel(row)
+        io.write(" [stopped]")
+      end
+      io.write("\n")
+      messages[#messages + 1] = { role = "assistant", content = row.text or tok:decode(row.tokens, { skip_special_tokens = true }) }
+    end
+  end
+end
+core.C.clrt_history_save(history_file)

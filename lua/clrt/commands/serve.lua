@@ -1,0 +1,60 @@
+-- clrt serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--slots 32]
+--                      [--max-len 2048] [--max-tokens 4096] [--max-body BYTES] [--name NAME]
+-- An OpenAI-compatible server for one model folder (see lua/clrt/serve.lua).
+local args = { ... }
+local usage = [[
+usage: clrt serve MODEL_DIR [options]
+  --host ADDR        address to bind (default 127.0.0.1; 0.0.0.0 exposes it to the network)
+  --port N           port (default 8000; 0 picks a free one and prints it)
+  --api-key KEY      require "Authorization: Bearer KEY" (or set CLRT_API_KEY)
+  --slots N          rows decoded together at most (default 32)
+  --max-len N        context length of each row (default: the model's, at most 4096)
+  --max-tokens N     largest max_tokens a request may ask for (default 4096)
+  --max-body BYTES   largest request body (default 4 MiB)
+  --name NAME        the model name reported by /v1/models (default: the folder's name)]]
+
+local opts, dir = {}, nil
+local i = 1
+local function value(flag)
+  i = i + 1
+  if args[i] == nil then error(("clrt serve: %s needs a value\n%s"):format(flag, usage), 0) end
+  return args[i]
+end
+local function number(flag)
+  local v = value(flag)
+  local n = tonumber(v)
+  if not n then error(("clrt serve: %s expects a number, got '%s'"):format(flag, v), 0) end
+  return n
+end
+while i <= #args do
+  local a = args[i]
+  if a == "--help" or a == "-h" then print(usage) return
+  elseif a == "--host" then opts.host = value(a)
+  elseif a == "--port" then opts.port = number(a)
+  elseif a == "--api-key" then opts.api_key = value(a)
+  elseif a == "--slots" then opts.slots = number(a)
+  elseif a == "--max-len" then opts.max_len = number(a)
+  elseif a == "--max-tokens" then opts.max_tokens = number(a)
+  elseif a == "--max-body" then opts.max_body = number(a)
+  elseif a == "--name" then opts.name = value(a)
+  elseif a:sub(1, 2) == "--" then error(("clrt serve: unknown option %s\n%s"):format(a, usage), 0)
+  elseif not dir then dir = a
+  else error(("clrt serve: unexpected argument '%s'\n%s"):format(a, usage), 0) end
+  i = i + 1
+end
+if not dir then error("clrt serve: which model folder?\n" .. usage, 0) end
+opts.api_key = opts.api_key or os.getenv("CLRT_API_KEY")
+
+local m = clrt.model.load(dir)
+local tok = clrt.tokenizer.load(dir)
+opts.model, opts.tokenizer = m, tok
+opts.name = opts.name or dir:gsub("/+$", ""):match("([^/]+)$")
+opts.max_len = opts.max_len or math.min(m.config.max_position_embeddings or 4096, 4096)
+opts.log = function(line) io.stderr:write(os.date("%H:%M:%S "), line, "\n") end
+local srv = require("clrt.serve").new(opts)
+io.stdout:write(("clrt serve: %s on http://%s:%d/v1 (%d slots x %d tokens)\n")
+  :format(opts.name, opts.host or "127.0.0.1", srv:port(), opts.slots or 32, opts.max_len))
+io.stdout:flush()
+local ok, err = pcall(srv.run, srv)
+srv:stop()
+if not ok and not tostring(err):find("interrupted", 1, true) then error(err, 0) end

@@ -1,0 +1,265 @@
+-- clrt.generate — batched sampling on top of a slot-based KV-cache decoder.
+--
+-- A decoder (made by the model: m:decoder(slots, max_len)) owns a KV cache with `slots`
+-- independent rows and writes next-token logits into a [slots, V] buffer, row = slot:
+--   dec:prefill(slot, tokens_ptr, T, logits)         -- run T tokens into an empty slot
+--   dec:copy_slot(src, dst)                           -- share a prefilled prompt
+--   dec:decode(n, slots_ptr, tokens_ptr, logits)      -- one new token for each of n slots
+--   dec.vocab_size, dec.max_len, dec.slots
+-- An Engine holds the rows being generated. Rows join at any step (a server adds requests
+-- between steps: continuous batching) and leave when they finish, so a finished row costs
+-- nothing. Every row has its own options, seeded RNG stream, stop rules and callbacks.
+local ffi = require("ffi")
+local core = require("clrt.ffi")
+local C = core.C
+
+local M = {}
+
+-- Validate options once per request; returns the normalised copy rows keep.
+function M.options(opts, vocab)
+  opts = opts or {}
+  local o = {
+    n = opts.n or 1,
+    max_new_tokens = opts.max_new_tokens or 64,
+    temperature = opts.temperature or 1.0,
+    top_p = opts.top_p or 1.0,
+    top_k = opts.top_k or 0,
+    seed = opts.seed or 0,
+  }
+  local function bad(k, why) error(("generate: option %s %s"):format(k, why), 0) end
+  if type(o.n) ~= "number" or o.n < 1 or o.n ~= math.floor(o.n) then bad("n", "must be a positive integer") end
+  if type(o.max_new_tokens) ~= "number" or o.max_new_tokens < 0 then bad("max_new_tokens", "must be >= 0") end
+  if type(o.temperature) ~= "number" or o.temperature < 0 then bad("temperature", "must be >= 0") end
+  if type(o.top_p) ~= "number" or o.top_p <= 0 or o.top_p > 1 then bad("top_p", "must be in (0, 1]") end
+  if type(o.top_k) ~= "number" or o.top_k < 0 then bad("top_k", "must be >= 0") end
+  if type(o.seed) ~= "number" then bad("seed", "must be a number") end
+  local stop = opts.stop
+  if stop ~= nil and type(stop) ~= "table" then stop = { stop } end
+  o.stop_ids, o.stop_strings = {}, {}
+  for _, s in ipairs(stop or {}) do
+    if type(s) == "number" then
+      if s < 0 or s >= vocab then bad("stop", ("has token id %d outside the vocabulary of %d"):format(s, vocab)) end
+      o.stop_ids[s] = true
+    elseif type(s) == "string" then
+      if s == "" then bad("stop", "has an empty string") end
+      o.stop_strings[#o.stop_strings + 1] = s
+    else
+      bad("stop", "entries must be token ids or strings")
+    end
+  end
+  o.tokenizer = opts.tokenizer
+  if (#o.stop_strings > 0 or opts.stream_text) and not o.tokenizer then
+    bad("stop", "has strings but no tokenizer was given (opts.tokenizer) to decode with")
+  end
+  o.mask = opts.mask   -- function(row) -> uint8_t* [V] or nil: constrained decoding
+  return o
+end
+
+local function check_prompt(p, prompt, V, o, max_len)
+  if type(prompt) ~= "table" or #prompt == 0 then
+    error(("generate: prompt %d must be a non-empty list of token ids"):format(p), 0)
+  end
+  for i, t in ipairs(prompt) do
+    if type(t) ~= "number" or t < 0 or t >= V or t ~= math.floor(t) then
+      error(("generate: prompt %d token %d (%s) is not an id in [0, %d)"):format(p, i, tostring(t), V), 0)
+    end
+  end
+  if #prompt + o.max_new_tokens > max_len then
+    error(("generate: prompt %d has %d tokens + max_new_tokens %d = %d, more than the context of %d")
+      :format(p, #prompt, o.max_new_tokens, #prompt + o.max_new_tokens, max_len), 0)
+  end
+end
+
+-- The position in `text` where the first stop string starts; nil if none. Only the tail
+-- that new text could complete is searched.
+local function find_stop(text, new_from, stops)
+  local best
+  for _, s in ipairs(stops) do
+    local i = text:find(s, math.max(1, new_from - #s + 1), true)
+    if i and (not best or i < best) then best = i end
+  end
+  return best
+end
+
+local Engine = {}
+Engine.__index = Engine
+
+function M.engine(dec)
+  local V, S = dec.vocab_size, dec.slots
+  local self = setmetatable({
+    dec = dec, V = V,
+    logits = ffi.new("float[?]", S * V),     -- [slots, V], row = slot
+    batch = ffi.new("float[?]", S * V),      -- [active, V] gathered for the sampler
+    masks = nil,
+    params = ffi.new("clrt_sample_params[?]", S),
+    uniforms = ffi.new("double[?]", S),
+    out_tok = ffi.new("int32_t[?]", S),
+    out_lp = ffi.new("float[?]", S),
+    slot_ids = ffi.new("int32_t[?]", S),
+    feed = ffi.new("int32_t[?]", S),
+    free = {}, active = {},
+  }, Engine)
+  for s = S - 1, 0, -1 do self.free[#self.free + 1] = s end
+  return self
+end
+
+function Engine:free_slots() return #self.free end
+function Engine:busy() return #self.active > 0 end
+
+-- Start n = o.n rows for one prompt (o from M.options). cb.on_token(row, id, text_piece)
+-- and cb.on_done(row) are optional. Returns the rows; each ends with row.finish_reason set.
+function Engine:add(prompt, o, cb, tag)
+  cb = cb or {}
+  check_prompt(tag or 1, prompt, self.V, o, self.dec.max_len)
+  if o.n > #self.free then
+    error(("generate: %d rows need slots but the decoder has %d free of %d"):format(o.n, #self.free, self.dec.slots), 0)
+  end
+  local rows = {}
+  for s = 1, o.n do
+    local row = { o = o, cb = cb, tokens = {}, logprobs = {}, sample = s, tag = tag }
+    row.rng = ffi.new("clrt_rng")
+    C.clrt_rng_seed(row.rng, o.seed * 1000003 + ((tag or 1) - 1) * o.n + s)
+    if o.tokenizer then row.text, row.stream = "", o.tokenizer:stream_decoder() end
+    rows[s] = row
+  end
+  if o.max_new_tokens == 0 then
+    for _, row in ipairs(rows) do self:finish(row, "length", true) end
+    return rows
+  end
+  local buf = ffi.new("int32_t[?]", #prompt)
+  for k = 1, #prompt do buf[k - 1] = prompt[k] end
+  local V = self.V
+  for s, row in ipairs(rows) do
+    row.slot = table.remove(self.free)
+    if s == 1 then
+      self.dec:prefill(row.slot, buf, #prompt, self.logits)
+    else
+      self.dec:copy_slot(rows[1].slot, row.slot)
+      ffi.copy(self.logits + row.slot * V, self.logits + rows[1].slot * V, V * 4)
+    end
+    self.active[#self.active + 1] = row
+  end
+  return rows
+end
+
+function Engine:finish(row, reason, no_slot)
+  row.finish_reason = reason
+  if row.slot and not no_slot then
+    self.free[#self.free + 1] = row.slot
+    row.slot = nil
+  end
+  if row.o.tokenizer then
+    if row.text_cut then
+      row.text = row.text:sub(1, row.text_cut)
+    else
+      row.text = row.o.tokenizer:decode(row.tokens, { skip_special_tokens = true })
+    end
+  end
+  if row.cb.on_done then row.cb.on_done(row) end
+end
+
+-- Drop a row early (its client went away).
+function Engine:cancel(row)
+  for i, r in ipairs(self.active) do
+    if r == row then
+      table.remove(self.active, i)
+      self:finish(row, "cancelled")
+      return
+    end
+  end
+end
+
+-- One token for every active row, then one batched decode for those that go on.
+function Engine:step()
+  local A, V = #self.active, self.V
+  if A == 0 then return end
+  local need_mask = false
+  for k, row in ipairs(self.active) do
+    local o = row.o
+    ffi.copy(self.batch + (k - 1) * V, self.logits + row.slot * V, V * 4)
+    self.params[k - 1].temperature = o.temperature
+    self.params[k - 1].top_k = o.top_k
+    self.params[k - 1].top_p = o.top_p
+    self.uniforms[k - 1] = C.clrt_rng_uniform(row.rng)
+    if o.mask then need_mask = true end
+  end
+  local masks = nil
+  if need_mask then
+    self.masks = self.masks or ffi.new("uint8_t[?]", self.dec.slots * V)
+    masks = self.masks
+    for k, row in ipairs(self.active) do
+      local m = row.o.mask and row.o.mask(row)
+      if m then ffi.copy(masks + (k - 1) * V, m, V) else ffi.fill(masks + (k - 1) * V, V, 1) end
+    end
+  end
+  if C.clrt_sample(self.batch, A, V, self.params, self.uniforms, masks, self.out_tok, self.out_lp) ~= 0 then
+    core.fail(2)
+  end
+  local still = {}
+  for k, row in ipairs(self.active) do
+    local o, tok = row.o, self.out_tok[k - 1]
+    row.tokens[#row.tokens + 1] = tok
+    row.logprobs[#row.logprobs + 1] = self.out_lp[k - 1]
+    local piece, done = nil, nil
+    if o.stop_ids[tok] then
+      done = "stop"
+    elseif row.stream then
+      piece = row.stream:push(tok)
+      if piece ~= "" then
+        local before = #row.text
+        row.text = row.text .. piece
+        if #o.stop_strings > 0 then
+          local at = find_stop(row.text, before + 1, o.stop_strings)
+          if at then
+            row.text_cut = at - 1
+            piece = at - 1 > before and row.text:sub(before + 1, at - 1) or ""
+            done = "stop"
+          end
+        end
+      end
+    end
+    if row.cb.on_token then row.cb.on_token(row, tok, piece) end
+    if row.cancelled then done = "cancelled" end   -- a callback may cancel (client went away)
+    if not done and #row.tokens >= o.max_new_tokens then done = "length" end
+    if done then self:finish(row, done) else still[#still + 1] = row end
+  end
+  self.active = still
+  if #still > 0 then
+    for k, row in ipairs(still) do
+      self.slot_ids[k - 1] = row.slot
+      self.feed[k - 1] = row.tokens[#row.tokens]
+    end
+    self.dec:decode(#still, self.slot_ids, self.feed, self.logits)
+  end
+end
+
+-- generate(dec, prompts, opts): every prompt x n rows decoded together. Returns one entry
+-- per (prompt, sample), prompt-major: { tokens, logprobs, finish_reason = "stop"|"length",
+-- text (only with a tokenizer; it ends before a matched stop string) }.
+function M.run(dec, prompts, opts)
+  if type(prompts) ~= "table" then error("generate: prompts must be a list of token rows", 2) end
+  local ok, o = pcall(M.options, opts, dec.vocab_size)
+  if not ok then error(o, 2) end
+  if #prompts * o.n > dec.slots then
+    error(("generate: %d rows (prompts x n) but the decoder has %d slots"):format(#prompts * o.n, dec.slots), 2)
+  end
+  local eng = M.engine(dec)
+  local all = {}
+  for p, prompt in ipairs(prompts) do
+    local ok2, rows = pcall(eng.add, eng, prompt, o, nil, p)
+    if not ok2 then error(rows, 2) end
+    for _, r in ipairs(rows) do all[#all + 1] = r end
+  end
+  if opts and opts.on_step then opts.on_step() end
+  while eng:busy() do
+    eng:step()
+    if opts and opts.on_step then opts.on_step() end
+  end
+  local out = {}
+  for i, r in ipairs(all) do
+    out[i] = { tokens = r.tokens, logprobs = r.logprobs, finish_reason = r.finish_reason, text = r.text }
+  end
+  return out
+end
+
+return M

@@ -1,0 +1,264 @@
+-- clrt.serve — an OpenAI-compatible chat server over one model: POST /v1/chat/completions
+-- (JSON or server-sent events), GET /v1/models, GET /health. Every request's rows join the
+-- same generation engine, so requests that arrive together decode in the same batched
+-- steps, and a request that arrives mid-way joins at the next step.
+local cjson = require("cjson.safe")
+local gen = require("clrt.generate")
+
+local M = {}
+
+local function json_error(status, message, param, kind)
+  return status, cjson.encode({ error = {
+    message = message, type = kind or "invalid_request_error", param = param or cjson.null, code = cjson.null } })
+end
+M.json_error = json_error
+
+local function is_int(x) return type(x) == "number" and x == math.floor(x) end
+
+-- Validate a chat-completions body. Returns the request table or (nil, status, body).
+function M.parse_chat_request(body, limits)
+  local req, err = cjson.decode(body)
+  if type(req) ~= "table" then
+    return nil, json_error(400, "request body is not valid JSON: " .. tostring(err or "not an object"))
+  end
+  local function bad(field, why) return nil, json_error(400, ("'%s' %s"):format(field, why), field) end
+  if type(req.messages) ~= "table" or #req.messages == 0 then return bad("messages", "must be a non-empty array") end
+  local msgs = {}
+  for i, m in ipairs(req.messages) do
+    local f = ("messages[%d]"):format(i - 1)
+    if type(m) ~= "table" then return bad(f, "must be an object") end
+    if m.role ~= "system" and m.role ~= "user" and m.role ~= "assistant" then
+      return bad(f .. ".role", "must be 'system', 'user' or 'assistant'")
+    end
+    local content = m.content
+    if type(content) == "table" then   -- the array-of-parts form: text parts only
+      local parts = {}
+      for j, part in ipairs(content) do
+        if type(part) ~= "table" or part.type ~= "text" or type(part.text) ~= "string" then
+          return bad(("%s.content[%d]"):format(f, j - 1), "must be a text part ({type: 'text', text: ...})")
+        end
+        parts[#parts + 1] = part.text
+      end
+      content = table.concat(parts)
+    end
+    if type(content) ~= "string" then return bad(f .. ".content", "must be a string") end
+    msgs[i] = { role = m.role, content = content }
+  end
+  local out = { messages = msgs, stream = false, n = 1 }
+  if req.stream ~= nil and req.stream ~= cjson.null then
+    if type(req.stream) ~= "boolean" then return bad("stream", "must be a boolean") end
+    out.stream = req.stream
+  end
+  local t = req.temperature
+  if t ~= nil and t ~= cjson.null then
+    if type(t) ~= "number" or t < 0 or t > 2 then return bad("temperature", "must be a number in [0, 2]") end
+    out.temperature = t
+  end
+  local p = req.top_p
+  if p ~= nil and p ~= cjson.null then
+    if type(p) ~= "number" or p <= 0 or p > 1 then return bad("top_p", "must be a number in (0, 1]") end
+    out.top_p = p
+  end
+  local mt = req.max_completion_tokens or req.max_tokens
+  local mt_name = req.max_completion_tokens and "max_completion_tokens" or "max_tokens"
+  if mt ~= nil and mt ~= cjson.null then
+    if not is_int(mt) or mt < 1 then return bad(mt_name, "must be a positive integer") end
+    if mt > limits.max_tokens then return bad(mt_name, ("must be at most %d on this server"):format(limits.max_tokens)) end
+    out.max_tokens = mt
+  end
+  local n = req.n
+  if n ~= nil and n ~= cjson.null then
+    if not is_int(n) or n < 1 or n > limits.max_n then return bad("n", ("must be an integer in [1, %d]"):format(limits.max_n)) end
+    out.n = n
+  end
+  local seed = req.seed
+  if seed ~= nil and seed ~= cjson.null then
+    if not is_int(seed) then return bad("seed", "must be an integer") end
+    out.seed = seed
+  end
+  local stop = req.stop
+  if stop ~= nil and stop ~= cjson.null then
+    if type(stop) == "string" then stop = { stop } end
+    if type(stop) ~= "table" or #stop > 4 then return bad("stop", "must be a string or an array of up to 4 strings") end
+    for i, s in ipairs(stop) do
+      if type(s) ~= "string" or s == "" then return bad(("stop[%d]"):format(i - 1), "must be a non-empty string") end
+    end
+    out.stop = stop
+  end
+  if req.response_format ~= nil and req.response_format ~= cjson.null then
+    out.response_format = req.response_format
+  end
+  return out
+end
+
+local Server = {}
+Server.__index = Server
+
+-- new{model = m, tokenizer = tok, name = "model-name", host, port, api_key, slots, max_len,
+--     max_tokens, max_body, log = function(line)}
+function M.new(opts)
+  local self = setmetatable({}, Server)
+  self.model, self.tok = opts.model, opts.tokenizer
+  self.name = opts.name or "clrt"
+  self.api_key = opts.api_key
+  self.limits = { max_tokens = opts.max_tokens or 4096, max_n = math.min(opts.slots or 32, 16) }
+  self.dec = opts.decoder or self.model:decoder(opts.slots or 32, opts.max_len or 2048)
+  self.engine = gen.engine(self.dec)
+  self.http = require("clrt.server").start({ host = opts.host or "127.0.0.1", port = opts.port or 8000, max_body = opts.max_body or 4 * 1024 * 1024 })
+  self.waiting = {}        -- requests accepted but not started: no free slots yet
+  self.log = opts.log or function() end
+  self.created = os.time()
+  self.counter = 0
+  self.end_of_turn = opts.stop_ids or require("clrt.chat").stop_ids(self.tok)
+  self.render = opts.render or function(messages)
+    return (require("clrt.chat").render(self.tok, messages, { add_generation_prompt = true }))
+  end
+  self.on_response_format = opts.on_response_format   -- issue 9 hooks constrained decoding here
+  return self
+end
+
+function Server:port() return self.http:port() end
+
+function Server:respond(id, status, body) self.http:respond(id, status, body, "application/json") end
+
+local function sse(obj) return "data: " .. cjson.encode(obj) .. "\n\n" end
+
+function Server:start_request(r, req)
+  local ids = self.render(req.messages)
+  local stop = {}
+  for _, id in ipairs(self.end_of_turn) do stop[#stop + 1] = id end
+  for _, s in ipairs(req.stop or {}) do stop[#stop + 1] = s end
+  local opts = {
+    n = req.n, max_new_tokens = req.max_tokens or math.min(self.limits.max_tokens, self.dec.max_len - #ids),
+    temperature = req.temperature or 1.0, top_p = req.top_p or 1.0, seed = req.seed or math.random(0, 2 ^ 31),
+    stop = stop, tokenizer = self.tok,
+  }
+  if req.response_format then
+    if not self.on_response_format then
+      return self:respond(r.id, json_error(400, "'response_format' is not supported by this server", "response_format"))
+    end
+    local ok, err = pcall(self.on_response_format, req.response_format, opts)
+    if not ok then return self:respond(r.id, json_error(400, tostring(err), "response_format")) end
+  end
+  if #ids + opts.max_new_tokens > self.dec.max_len then
+    return self:respond(r.id, json_error(400, ("the prompt has %d tokens and max_tokens is %d: more than the context of %d")
+      :format(#ids, opts.max_new_tokens, self.dec.max_len), "messages"))
+  end
+  local o = gen.options(opts, self.dec.vocab_size)
+  self.counter = self.counter + 1
+  local cid = ("chatcmpl-%d-%d"):format(self.created, self.counter)
+  local base = { id = cid, created = os.time(), model = self.name }
+  local remaining, rows = o.n, nil
+  local http = self.http
+  local function usage()
+    local c = 0
+    for _, row in ipairs(rows) do c = c + #row.tokens end
+    return { prompt_tokens = #ids, completion_tokens = c, total_tokens = #ids + c }
+  end
+  local cb = {}
+  if req.stream then
+    http:stream_begin(r.id, 200, "text/event-stream")
+    local open = true
+    local function send(obj)
+      if open and not http:write(r.id, sse(obj)) then
+        open = false
+        for _, row in ipairs(rows or {}) do row.cancelled = true end
+        self.log(("request %d: client went away"):format(r.id))
+      end
+    end
+    for i = 1, o.n do
+      send({ id = cid, object = "chat.completion.chunk", created = base.created, model = self.name,
+        choices = { { index = i - 1, delta = { role = "assistant", content = "" }, finish_reason = cjson.null } } })
+    end
+    cb.on_token = function(row, _, piece)
+      if piece and piece ~= "" then
+        send({ id = cid, object = "chat.completion.chunk", created = base.created, model = self.name,
+          choices = { { index = row.sample - 1, delta = { content = piece }, finish_reason = cjson.null } } })
+      end
+    end
+    cb.on_done = function(row)
+      remaining = remaining - 1
+      if row.finish_reason ~= "cancelled" then
+        send({ id = cid, object = "chat.completion.chunk", created = base.created, model = self.name,
+          choices = { { index = row.sample - 1, delta = {}, finish_reason = row.finish_reason } } })
+      end
+      if remaining == 0 then
+        if open then
+          send({ id = cid, object = "chat.completion.chunk", created = base.created, model = self.name, choices = {}, usage = usage() })
+          if open then http:write(r.id, "data: [DONE]\n\n") end
+        end
+        http:stream_end(r.id)
+      end
+    end
+  else
+    cb.on_token = function(row)
+      if not http:is_open(r.id) then row.cancelled = true end   -- the client went away
+    end
+    cb.on_done = function()
+      remaining = remaining - 1
+      if remaining > 0 then return end
+      local choices = {}
+      for i, row in ipairs(rows) do
+        choices[i] = { index = i - 1, message = { role = "assistant", content = row.text }, finish_reason = row.finish_reason }
+      end
+      if http:is_open(r.id) then
+        self:respond(r.id, 200, cjson.encode({ id = cid, object = "chat.completion", created = base.created,
+          model = self.name, choices = choices, usage = usage() }))
+      end
+    end
+  end
+  rows = self.engine:add(ids, o, cb, 1)
+end
+
+function Server:handle(r)
+  if self.api_key and r.authorization ~= "Bearer " .. self.api_key then
+    return self:respond(r.id, json_error(401, "invalid or missing API key (Authorization: Bearer ...)", nil, "authentication_error"))
+  end
+  local path = r.path:gsub("/+$", "")
+  if r.method == "GET" and path == "/health" then
+    return self:respond(r.id, 200, '{"status":"ok"}')
+  elseif r.method == "GET" and path == "/v1/models" then
+    return self:respond(r.id, 200, cjson.encode({ object = "list", data = { { id = self.name, object = "model", created = self.created, owned_by = "clrt" } } }))
+  elseif path == "/v1/chat/completions" then
+    if r.method ~= "POST" then return self:respond(r.id, json_error(405, "use POST for /v1/chat/completions")) end
+    local req, status, body = M.parse_chat_request(r.body, self.limits)
+    if not req then return self:respond(r.id, status, body) end
+    if req.n > self.engine:free_slots() then
+      self.waiting[#self.waiting + 1] = { r = r, req = req }
+      return
+    end
+    local ok, err = pcall(self.start_request, self, r, req)
+    if not ok then
+      self.log("request failed: " .. tostring(err))
+      pcall(self.respond, self, r.id, json_error(500, "internal error: " .. tostring(err), nil, "server_error"))
+    end
+  else
+    return self:respond(r.id, json_error(404, ("no route for %s %s"):format(r.method, r.path)))
+  end
+end
+
+-- One turn of the loop: take what arrived (waiting up to idle_ms when there is nothing to
+-- decode), start what fits, decode one step for everyone.
+function Server:tick(idle_ms)
+  while #self.waiting > 0 and self.waiting[1].req.n <= self.engine:free_slots() do
+    local w = table.remove(self.waiting, 1)
+    local ok, err = pcall(self.start_request, self, w.r, w.req)
+    if not ok then pcall(self.respond, self, w.r.id, json_error(500, "internal error: " .. tostring(err), nil, "server_error")) end
+  end
+  local wait = self.engine:busy() and 0 or (idle_ms or 50)
+  while true do
+    local r = self.http:next(wait)
+    if not r then break end
+    wait = 0
+    self:handle(r)
+  end
+  if self.engine:busy() then self.engine:step() end
+end
+
+function Server:run(should_stop)
+  while not (should_stop and should_stop()) do self:tick(100) end
+end
+
+function Server:stop() self.http:stop() end
+
+return M

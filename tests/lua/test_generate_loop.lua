@@ -1,0 +1,101 @@
+-- The generation loop (clrt.generate) over a fake decoder whose next-token logits are a
+-- known function of (slot's last token, position): greedy must follow that function, samples
+-- must be reproducible by seed, and stop rules, n>1 prefill sharing and limits must hold.
+local T = require("clrt.test")
+local gen = require("clrt.generate")
+
+package.path = T.source_dir() .. "/tests/lua/?.lua;" .. package.path
+local fake = require("support.fake_model")
+local V = fake.V
+local fake_decoder, greedy_reference = fake.decoder, fake.greedy_reference
+
+T.case("greedy follows the model on ragged prompts", function()
+  local prompts = { { 1, 2, 3 }, { 4 }, { 5, 6, 7, 8, 9, 10 } }
+  local res = gen.run(fake_decoder(8, 64), prompts, { temperature = 0, max_new_tokens = 9 })
+  T.eq(#res, 3)
+  for i, p in ipairs(prompts) do
+    T.eq(res[i].tokens, greedy_reference(p, 9), "prompt " .. i)
+    T.eq(res[i].finish_reason, "length")
+    T.eq(res[i].logprobs[1], 0)
+  end
+end)
+
+T.case("n samples share one prefill, are reproducible by seed, and differ from each other", function()
+  local d = fake_decoder(8, 64)
+  local a = gen.run(d, { { 1, 2 }, { 3 } }, { n = 3, temperature = 1.0, max_new_tokens = 12, seed = 5 })
+  T.eq(d.prefills, 2)
+  T.eq(#a, 6)
+  local b = gen.run(fake_decoder(8, 64), { { 1, 2 }, { 3 } }, { n = 3, temperature = 1.0, max_new_tokens = 12, seed = 5 })
+  for i = 1, 6 do T.eq(a[i].tokens, b[i].tokens) end
+  T.ok(not T.deep_eq(a[1].tokens, a[2].tokens), "two samples of one prompt should differ")
+  local c = gen.run(fake_decoder(8, 64), { { 1, 2 }, { 3 } }, { n = 3, temperature = 1.0, max_new_tokens = 12, seed = 6 })
+  T.ok(not T.deep_eq(a[1].tokens, c[1].tokens), "another seed should differ")
+  for _, r in ipairs(a) do for _, lp in ipairs(r.logprobs) do T.ok(lp <= 0 and lp > -50) end end
+end)
+
+T.case("stop ids end a row, which then stops costing compute", function()
+  local ref = greedy_reference({ 2 }, 10)
+  local stop_at = 4
+  local d = fake_decoder(4, 64)
+  local res = gen.run(d, { { 2 }, { 7 } }, { temperature = 0, max_new_tokens = 10, stop = { ref[stop_at] } })
+  T.eq(res[1].finish_reason, "stop")
+  T.eq(#res[1].tokens, (function() for i = 1, 10 do if ref[i] == ref[stop_at] then return i end end end)())
+  T.ok(d.decoded_rows < 2 * 9, "finished rows must leave the batch")
+end)
+
+T.case("max_new_tokens 0 and 1", function()
+  local r0 = gen.run(fake_decoder(2, 16), { { 1 } }, { max_new_tokens = 0 })
+  T.eq(r0[1].tokens, {})
+  T.eq(r0[1].finish_reason, "length")
+  local r1 = gen.run(fake_decoder(2, 16), { { 1 } }, { max_new_tokens = 1, temperature = 0 })
+  T.eq(r1[1].tokens, greedy_reference({ 1 }, 1))
+end)
+
+-- A tokenizer where id v is the letter ('a' + v); multi-letter stop strings straddle tokens.
+local fake_tok = {}
+function fake_tok:stream_decoder()
+  return { push = function(_, id) return string.char(97 + id) end }
+end
+function fake_tok:decode(ids)
+  local s = {}
+  for i, id in ipairs(ids) do s[i] = string.char(97 + id) end
+  return table.concat(s)
+end
+
+T.case("stop strings are found across token boundaries and cut from the text", function()
+  local ref = greedy_reference({ 3, 1 }, 12)
+  local full = fake_tok:decode(ref)
+  local stop = full:sub(5, 6)   -- two letters, made by tokens 5 and 6
+  local first = full:find(stop, 1, true)
+  local res = gen.run(fake_decoder(2, 64), { { 3, 1 } }, { temperature = 0, max_new_tokens = 12, stop = { stop }, tokenizer = fake_tok })
+  T.eq(res[1].finish_reason, "stop")
+  T.eq(res[1].text, full:sub(1, first - 1))
+  T.eq(#res[1].tokens, first + 1)
+end)
+
+T.case("bad input is a clear error", function()
+  local d = fake_decoder(2, 8)
+  T.raises(function() gen.run(d, { { 1, 2, 3 } }, { max_new_tokens = 6 }) end, "more than the context of 8")
+  T.raises(function() gen.run(d, { { 1, 99 } }, {}) end, "prompt 1 token 2 (99) is not an id")
+  T.raises(function() gen.run(d, { {} }, {}) end, "prompt 1 must be a non-empty list")
+  T.raises(function() gen.run(d, { { 1 } }, { n = 3, max_new_tokens = 2 }) end, "3 rows (prompts x n) but the decoder has 2 slots")
+  T.raises(function() gen.run(d, { { 1 } }, { stop = { "x" }, max_new_tokens = 2 }) end, "no tokenizer")
+  T.raises(function() gen.run(d, { { 1 } }, { n = 0 }) end, "option n must be a positive integer")
+  T.raises(function() gen.run(d, { { 1 } }, { top_p = 0, max_new_tokens = 2 }) end, "top_p must be in (0, 1]")
+end)
+
+T.case("rows that join mid-flight (continuous batching) decode as if alone", function()
+  local eng = gen.engine(fake_decoder(4, 64))
+  local o = gen.options({ temperature = 0, max_new_tokens = 8 }, V)
+  local a = eng:add({ 1, 2 }, o)
+  eng:step(); eng:step(); eng:step()
+  local done_b
+  local b = eng:add({ 9, 8, 7 }, o, { on_done = function(r) done_b = r.finish_reason end })
+  while eng:busy() do eng:step() end
+  T.eq(a[1].tokens, greedy_reference({ 1, 2 }, 8))
+  T.eq(b[1].tokens, greedy_reference({ 9, 8, 7 }, 8))
+  T.eq(done_b, "length")
+  T.eq(eng:free_slots(), 4)
+end)
+
+T.run()

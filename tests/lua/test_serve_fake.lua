@@ -1,0 +1,171 @@
+-- `clrt serve`'s request handling over loopback, on the fake model: concurrent requests
+-- batch together and each gets its own answer; streaming reassembles to the non-streaming
+-- answer; bad requests get 400s naming the field; a wrong key gets 401; a client that hangs
+-- up mid-stream frees its slot. Clients are curl processes; the server loop runs here.
+local T = require("clrt.test")
+package.path = T.source_dir() .. "/tests/lua/?.lua;" .. package.path
+local fake = require("support.fake_model")
+local cjson = require("cjson")
+local serve = require("clrt.serve")
+
+if os.execute("command -v curl > /dev/null 2>&1") ~= 0 then
+  io.write("skip: curl is not installed\n")
+  os.exit(77)
+end
+
+local function new_server(extra)
+  local opts = { decoder = fake.decoder(32, 256), tokenizer = fake.tokenizer, render = fake.render,
+    stop_ids = { fake.end_of_turn }, name = "fake", port = 0, max_tokens = 64 }
+  for k, v in pairs(extra or {}) do opts[k] = v end
+  return serve.new(opts)
+end
+
+local dir = T.tmpdir()
+local seq = 0
+
+-- Start curl in the background; returns a handle whose :wait(server) ticks the server until
+-- curl is done and returns status, body.
+local function request(srv, method, path, body, headers)
+  seq = seq + 1
+  local base = ("%s/r%d"):format(dir, seq)
+  local f = assert(io.open(base .. ".json", "w"))
+  f:write(body or "")
+  f:close()
+  local hdr = ""
+  for _, h in ipairs(headers or {}) do hdr = hdr .. " -H '" .. h .. "'" end
+  local data = body and ("--data-binary @" .. base .. ".json -H 'Content-Type: application/json'") or ""
+  os.execute(("(curl -s -N -m 20 -o %s.out -w '%%{http_code}' -X %s %s %s http://127.0.0.1:%d%s > %s.code; touch %s.done) &")
+    :format(base, method, data, hdr, srv:port(), path, base, base))
+  return {
+    wait = function(_, s)
+      local t0 = os.time()
+      while not T.read(base .. ".done") do
+        s:tick(5)
+        if os.time() - t0 > 30 then error("request " .. base .. " did not finish") end
+      end
+      return tonumber(T.read(base .. ".code")), T.read(base .. ".out")
+    end,
+  }
+end
+
+local function chat_body(content, extra)
+  local b = { model = "fake", messages = { { role = "user", content = content } }, temperature = 0, max_tokens = 12 }
+  for k, v in pairs(extra or {}) do b[k] = v end
+  return cjson.encode(b)
+end
+
+local function expected_text(content, max_tokens)
+  local ids = fake.render({ { role = "user", content = content } })
+  return fake.text_of(fake.greedy_reference(ids, max_tokens, fake.end_of_turn))
+end
+
+T.case("16 concurrent requests decode together and each gets its own answer", function()
+  local srv = new_server()
+  local reqs, contents = {}, {}
+  for i = 1, 16 do
+    contents[i] = ("question %d %s"):format(i, ("xyz"):rep(i % 4))
+    reqs[i] = request(srv, "POST", "/v1/chat/completions", chat_body(contents[i]))
+  end
+  for i = 1, 16 do
+    local status, body = reqs[i]:wait(srv)
+    T.eq(status, 200, "request " .. i)
+    local r = cjson.decode(body)
+    T.eq(r.object, "chat.completion")
+    T.eq(r.choices[1].message.content, expected_text(contents[i], 12), "request " .. i)
+    T.ok(r.usage.completion_tokens >= 1 and r.usage.prompt_tokens == #fake.render({ { content = contents[i] } }))
+  end
+  T.ok(srv.dec.max_batch > 1, "requests that arrive together should share decode steps")
+  srv:stop()
+end)
+
+T.case("streamed chunks reassemble to the non-streaming answer", function()
+  local srv = new_server()
+  local body = chat_body("stream me", { max_tokens = 20 })
+  local _, plain = request(srv, "POST", "/v1/chat/completions", body):wait(srv)
+  local status, stream = request(srv, "POST", "/v1/chat/completions", chat_body("stream me", { max_tokens = 20, stream = true })):wait(srv)
+  T.eq(status, 200)
+  local text, finish, done = {}, nil, false
+  for line in stream:gmatch("[^\n]+") do
+    local payload = line:match("^data: (.*)$")
+    T.ok(payload, "every SSE line is a data line: " .. line)
+    if payload == "[DONE]" then done = true
+    else
+      local c = cjson.decode(payload)
+      for _, ch in ipairs(c.choices) do
+        if ch.delta.content then text[#text + 1] = ch.delta.content end
+        if ch.finish_reason ~= cjson.null then finish = ch.finish_reason end
+      end
+    end
+  end
+  T.ok(done, "stream ends with [DONE]")
+  local full = cjson.decode(plain)
+  T.eq(table.concat(text), full.choices[1].message.content)
+  T.eq(finish, full.choices[1].finish_reason)
+  srv:stop()
+end)
+
+T.case("bad requests get 400 naming the field; routes and methods", function()
+  local srv = new_server()
+  local cases = {
+    { "{not json", "not valid JSON" },
+    { cjson.encode({ messages = {} }), "'messages' must be a non-empty array" },
+    { cjson.encode({ messages = { { role = "robot", content = "x" } } }), "'messages[0].role'" },
+    { chat_body("x", { temperature = 5 }), "'temperature' must be a number in [0, 2]" },
+    { chat_body("x", { max_tokens = 100000 }), "'max_tokens' must be at most 64" },
+    { chat_body("x", { n = 0 }), "'n' must be an integer" },
+    { chat_body("x", { stop = { 1 } }), "'stop[0]' must be a non-empty string" },
+    { chat_body("x", { stream = "yes" }), "'stream' must be a boolean" },
+    { chat_body("x", { response_format = { type = "json_object" } }), "'response_format' is not supported" },
+  }
+  for _, c in ipairs(cases) do
+    local status, body = request(srv, "POST", "/v1/chat/completions", c[1]):wait(srv)
+    T.eq(status, 400, c[2])
+    local e = cjson.decode(body)
+    T.ok(e.error.message:find(c[2], 1, true), ("expected '%s' in '%s'"):format(c[2], e.error.message))
+  end
+  local s1, b1 = request(srv, "GET", "/health"):wait(srv)
+  T.eq({ s1, cjson.decode(b1).status }, { 200, "ok" })
+  local s2, b2 = request(srv, "GET", "/v1/models"):wait(srv)
+  T.eq({ s2, cjson.decode(b2).data[1].id }, { 200, "fake" })
+  T.eq((request(srv, "GET", "/nope"):wait(srv)), 404)
+  T.eq((request(srv, "GET", "/v1/chat/completions"):wait(srv)), 405)
+  srv:stop()
+end)
+
+T.case("the API key is checked on every request", function()
+  local srv = new_server({ api_key = "sekret" })
+  T.eq((request(srv, "GET", "/health"):wait(srv)), 401)
+  T.eq((request(srv, "GET", "/health", nil, { "Authorization: Bearer wrong" }):wait(srv)), 401)
+  T.eq((request(srv, "GET", "/health", nil, { "Authorization: Bearer sekret" }):wait(srv)), 200)
+  srv:stop()
+end)
+
+T.case("a client that hangs up mid-stream frees its slot", function()
+  local said = {}
+  -- no end-of-turn id: only the hang-up can end these rows before 200 tokens (10 s here)
+  local srv = new_server({ max_tokens = 200, stop_ids = {}, log = function(l) said[#said + 1] = l end })
+  local free0 = srv.engine:free_slots()
+  -- curl gives up after 1 s while the server is slowed to one step per 50 ms.
+  seq = seq + 1
+  local base = ("%s/r%d"):format(dir, seq)
+  local f = assert(io.open(base .. ".json", "w"))
+  f:write(chat_body("hang up", { stream = true, max_tokens = 200, n = 4, temperature = 1 }))
+  f:close()
+  os.execute(("(curl -s -N -m 1 --data-binary @%s.json http://127.0.0.1:%d/v1/chat/completions > /dev/null; touch %s.done) &")
+    :format(base, srv:port(), base))
+  local started = false
+  local t0 = os.time()
+  while os.time() - t0 < 20 do
+    srv:tick(5)
+    if srv.engine:busy() then started = true end
+    os.execute("sleep 0.05")
+    if started and not srv.engine:busy() then break end
+  end
+  T.ok(started, "the request should have started")
+  T.ok(os.time() - t0 < 8, "rows should stop when the client goes, not run to max_tokens")
+  T.eq(srv.engine:free_slots(), free0)
+  T.ok(said[1] and said[1]:find("client went away", 1, true), "the server should log the hang-up")
+  srv:stop()
+end)
+
+T.run()
