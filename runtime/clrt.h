@@ -195,12 +195,14 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
 int clrt_model_backward(clrt_model *m, const float *dlogp);
 int clrt_model_zero_grad(clrt_model *m);
 /* Decode with a KV cache: runs tokens [B, Tn] at positions pos0[b] + t, writing each layer's
-   new keys/values into kcache[l] / vcache[l] ([B, cache_T, KV, D] each, the caller's) and
-   attending over positions 0 .. pos0[b] + t of the cache. logits: [B, V], the next-token
+   new keys/values into kcache[l] / vcache[l] ([S, cache_T, KV, D] each, the caller's) at
+   cache row slot[b] (slot NULL: row b; the caller keeps slots distinct and in range) and
+   attending over positions 0 .. pos0[b] + t of that row. logits: [B, V], the next-token
    logits after position last[b] of each row (NULL: Tn - 1). Keeps nothing for backward. */
 int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int Tn,
-                              const int32_t *pos0, const int32_t *last, float *const *kcache,
-                              float *const *vcache, int cache_T, float *logits);
+                              const int32_t *pos0, const int32_t *slot, const int32_t *last,
+                              float *const *kcache, float *const *vcache, int cache_T,
+                              float *logits);
 /* Per-kernel wall time, accumulated while CLRT_PROFILE=1 is set in the environment. */
 int clrt_profile_count(void);
 const char *clrt_profile_name(int i);

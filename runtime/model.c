@@ -507,7 +507,7 @@ static int bind_acts(clrt_model *m, acts *a, int B, int T, int Tk, int keep) {
    positions and attention reads every cached position up to each query's own. */
 static void layer_forward(clrt_model *m, int l, layer_acts *A, acts *a, const float *x, float *out,
                           int B, int T, const int32_t *pos0, int keep, float *kc, float *vc,
-                          int cache_T) {
+                          int cache_T, const int32_t *slot) {
   const clrt_model_config *c = &m->cfg;
   const clrt_layer_offsets *o = &m->layer[l];
   int C = c->hidden_size, I = c->intermediate_size, H = c->num_attention_heads,
@@ -537,7 +537,8 @@ static void layer_forward(clrt_model *m, int l, layer_acts *A, acts *a, const fl
     kv_bstride = (int64_t)cache_T * KV * D;
     for (int b = 0; b < B; b++)
       for (int t = 0; t < T; t++) {
-        int64_t dst = b * kv_bstride + (int64_t)(pos0[b] + t) * KV * D, src = ((int64_t)b * T + t) * KV * D;
+        int64_t dst = (slot ? slot[b] : b) * kv_bstride + (int64_t)(pos0[b] + t) * KV * D,
+                src = ((int64_t)b * T + t) * KV * D;
         memcpy(kc + dst, A->k + src, row);
         memcpy(vc + dst, A->v + src, row);
       }
@@ -545,7 +546,7 @@ static void layer_forward(clrt_model *m, int l, layer_acts *A, acts *a, const fl
     vals = vc;
   }
   PROF(CLRT_K_ATTN_F, clrt_attention_forward(A->att, keep ? A->lse : NULL, A->q, keys, vals, B, T,
-                                             H, KV, D, pos0, kv_bstride, a->attn, m->threads));
+                                             H, KV, D, pos0, kv_bstride, kc ? slot : NULL, a->attn, m->threads));
   PROF(CLRT_K_LINEAR_F, clrt_linear_forward(a->tmp, A->att, PW(m, o->wo), PW(m, o->bo), N, H * D, C));
   PROF(CLRT_K_RESIDUAL, clrt_residual_forward(A->xmid, x, a->tmp, N * C));
   PROF(CLRT_K_RMSNORM, clrt_rmsnorm_forward(a->xn, A->rstd2, A->xmid, PW(m, o->ln2), N, C, eps));
@@ -665,7 +666,7 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
       return -1;
     }
     float *x = keep ? a.res[l] : a.res[l % 2], *out = keep ? a.res[l + 1] : a.res[(l + 1) % 2];
-    layer_forward(m, l, keep ? &a.la[l] : &a.la[0], &a, x, out, B, T, NULL, keep, NULL, NULL, 0);
+    layer_forward(m, l, keep ? &a.la[l] : &a.la[0], &a, x, out, B, T, NULL, keep, NULL, NULL, 0, NULL);
   }
   float *xl = keep ? a.res[L] : a.res[L % 2];
   PROF(CLRT_K_OTHER, gather_rows(a.tmp, xl, a.rowidx, nv, C));
@@ -724,8 +725,9 @@ int clrt_model_backward(clrt_model *m, const float *dlogp) {
 }
 
 int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int Tn,
-                              const int32_t *pos0, const int32_t *last, float *const *kcache,
-                              float *const *vcache, int cache_T, float *logits) {
+                              const int32_t *pos0, const int32_t *slot, const int32_t *last,
+                              float *const *kcache, float *const *vcache, int cache_T,
+                              float *logits) {
   const clrt_model_config *c = &m->cfg;
   int L = c->num_hidden_layers, C = c->hidden_size, V = c->vocab_size;
   if (B <= 0 || Tn <= 0 || !pos0 || !kcache || !vcache) {
@@ -769,7 +771,7 @@ int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int T
       return -1;
     }
     layer_forward(m, l, &a.la[0], &a, a.res[l % 2], a.res[(l + 1) % 2], B, Tn, pos0, 0,
-                  kcache[l], vcache[l], cache_T);
+                  kcache[l], vcache[l], cache_T, slot);
   }
   for (int b = 0; b < B; b++) a.rowidx[b] = b * Tn + (last ? last[b] : Tn - 1);
   PROF(CLRT_K_OTHER, gather_rows(a.tmp, a.res[L % 2], a.rowidx, B, C));

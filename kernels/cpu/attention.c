@@ -28,6 +28,7 @@ void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H,
                             const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
                             const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
                             int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
+                            const int32_t *kv_row /* [B] or NULL */,
                             float *scratch, int nthreads) {
   const float scale = 1.0f / sqrtf((float)D);
   const int ldq = H * D, ldk = KV * D, group = H / KV;
@@ -41,8 +42,9 @@ void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H,
     for (int h = 0; h < H; h++) {
       float *S = scratch + (size_t)omp_get_thread_num() * 2 * QB * (size_t)Tk;
       int p0 = pos0 ? pos0[b] : 0;
-      const float *kb = k + b * kv_bstride + (int64_t)(h / group) * D;
-      const float *vb = v + b * kv_bstride + (int64_t)(h / group) * D;
+      int64_t kr = kv_row ? kv_row[b] : b;   /* decode rows read their own cache slot */
+      const float *kb = k + kr * kv_bstride + (int64_t)(h / group) * D;
+      const float *vb = v + kr * kv_bstride + (int64_t)(h / group) * D;
       const float *qb = q + ((int64_t)b * Tq * H + h) * D;
       float *ob = out + ((int64_t)b * Tq * H + h) * D;
       for (int i0 = 0; i0 < Tq; i0 += QB) {

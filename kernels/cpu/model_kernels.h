@@ -49,7 +49,8 @@ void clrt_rope_backward(float *dx /* [B, T, nh, D] */, const float *cos_t, const
 /* Query t of row b sits at position pos0[b] + t and sees keys at positions 0 .. pos0[b] + t,
    read from k/v whose rows are positions (batch stride kv_bstride elements, row stride KV*D).
    Training passes the freshly projected K/V with pos0 = NULL; a KV-cache decode passes the
-   cache [B, maxT, KV, D] after writing the new positions into it. lse may be NULL (inference).
+   cache [slots, maxT, KV, D] after writing the new positions into it, with kv_row[b] the
+   cache slot of row b (NULL: slot b). lse may be NULL (inference).
    scratch: clrt_attention_scratch_floats(Tq, Tk, nthreads) floats; the kernels use at most
    nthreads OpenMP threads (each its own slice of scratch). */
 size_t clrt_attention_scratch_floats(int Tq, int Tk, int nthreads);
@@ -57,7 +58,7 @@ void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H,
                             const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
                             const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
                             int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
-                            float *scratch, int nthreads);
+                            const int32_t *kv_row /* [B] or NULL */, float *scratch, int nthreads);
 /* Training only (pos0 = 0, Tk = T). dq =, dk =, dv = */
 void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
                              float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,

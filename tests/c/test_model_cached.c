@@ -52,7 +52,7 @@ static void run(const clrt_model_config *cfg, const char *what) {
   int32_t pre[B * 5], pos0[B] = {0, 0}, last[B] = {prompt[0] - 1, prompt[1] - 1};
   for (int b = 0; b < B; b++)
     for (int t = 0; t < 5; t++) pre[b * 5 + t] = t < prompt[b] ? tok[b * T + t] : 1;
-  CHECK(clrt_model_forward_cached(m, pre, B, 5, pos0, last, kc, vc, CACHE_T, logits) == 0);
+  CHECK(clrt_model_forward_cached(m, pre, B, 5, pos0, NULL, last, kc, vc, CACHE_T, logits) == 0);
   for (int b = 0; b < B; b++) {
     int p = prompt[b];
     worst = fmax(worst, fabs(log_softmax_at(logits + (size_t)b * V, V, tok[b * T + p]) - lp[b * (T - 1) + p - 1]));
@@ -67,7 +67,7 @@ static void run(const clrt_model_config *cfg, const char *what) {
       pos0[b] = cur[b];
       for (int t = 0; t < tn; t++) in[b * tn + t] = tok[b * T + (cur[b] + t < T ? cur[b] + t : 0)];
     }
-    CHECK(clrt_model_forward_cached(m, in, B, tn, pos0, NULL, kc, vc, CACHE_T, logits) == 0);
+    CHECK(clrt_model_forward_cached(m, in, B, tn, pos0, NULL, NULL, kc, vc, CACHE_T, logits) == 0);
     for (int b = 0; b < B; b++) {
       int pos = cur[b] + tn - 1;   /* the logits predict token pos + 1 */
       if (pos + 1 < len[b]) {
@@ -85,7 +85,7 @@ static void run(const clrt_model_config *cfg, const char *what) {
   }
   /* a position past the cache is an error, not a write out of bounds */
   pos0[0] = CACHE_T;
-  CHECK(clrt_model_forward_cached(m, pre, B, 1, pos0, NULL, kc, vc, CACHE_T, logits) == -1);
+  CHECK(clrt_model_forward_cached(m, pre, B, 1, pos0, NULL, NULL, kc, vc, CACHE_T, logits) == -1);
   CHECK_ERROR("outside the cache");
   for (int l = 0; l < L; l++) {
     free(kc[l]);

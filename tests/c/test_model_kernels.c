@@ -145,7 +145,7 @@ typedef struct { float *q, *k, *v, *out, *lse, *R, *scratch; } att_ctx;
 static double att_loss(void *p) {
   att_ctx *c = p;
   clrt_attention_forward(c->out, c->lse, c->q, c->k, c->v, AB, AT, AH, AKV, AD, NULL,
-                         (int64_t)AT * AKV * AD, c->scratch, 2);
+                         (int64_t)AT * AKV * AD, NULL, c->scratch, 2);
   return dotv(c->out, c->R, AB * AT * AH * AD);
 }
 
@@ -195,7 +195,7 @@ static void test_attention(void) {
   float *kc = randv((size_t)(AB * cbs), 1), *vc = randv((size_t)(AB * cbs), 1);
   float *q2 = randv((size_t)AB * Tq * AH * AD, 1), *o2 = zerov((size_t)AB * Tq * AH * AD);
   float *scr = zerov(clrt_attention_scratch_floats(Tq, maxT, 3));
-  clrt_attention_forward(o2, NULL, q2, kc, vc, AB, Tq, AH, AKV, AD, pos0, cbs, scr, 3);
+  clrt_attention_forward(o2, NULL, q2, kc, vc, AB, Tq, AH, AKV, AD, pos0, cbs, NULL, scr, 3);
   for (int b = 0; b < AB; b++)
     for (int t = 0; t < Tq; t++)
       for (int h = 0; h < AH; h++) {
@@ -208,7 +208,7 @@ static void test_attention(void) {
   float *dq2 = zerov((size_t)nq), *dk2 = zerov((size_t)nk), *dv2 = zerov((size_t)nk);
   float *scr2 = zerov(clrt_attention_scratch_floats(AT, AT, 3));
   clrt_set_num_threads(3);
-  clrt_attention_forward(out2, lse2, c.q, c.k, c.v, AB, AT, AH, AKV, AD, NULL, (int64_t)AT * AKV * AD, scr2, 3);
+  clrt_attention_forward(out2, lse2, c.q, c.k, c.v, AB, AT, AH, AKV, AD, NULL, (int64_t)AT * AKV * AD, NULL, scr2, 3);
   clrt_attention_backward(dq2, dk2, dv2, c.R, c.q, c.k, c.v, out2, lse2, AB, AT, AH, AKV, AD, scr2, 3);
   clrt_set_num_threads(1);
   int same = 1;
