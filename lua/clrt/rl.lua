@@ -328,6 +328,49 @@ function M.ppo_loss(a)
   return st
 end
 
+---------------------------------------------------------------- future conversations
+-- Roll one conversation forward after the first response (spec step 4). Plain sequential
+-- code: run it inside a clrt.sched coroutine and `policy` / `user.respond` may yield.
+--   conversation  messages ending with A1 (copied; the input is not modified)
+--   policy(conv, sample) -> reply text [, tokens generated]
+--   user          a lua/interactions plug-in: user.respond(conv, sample, ctx) -> text
+-- opts: max_user_turns (2), max_assistant_turns (= max_user_turns: future assistant
+--   turns), token_budget (policy tokens over the future turns; nil = none),
+--   keep_last_assistant (true: the authors' A1 U1 A2 U2 A3; false: verl's A1 U1 A2 U2 —
+--   the last assistant turn is then never generated at all).
+-- The simulated user's message with the termination marker stays in the conversation.
+-- Returns conv, info {ended = "marker" | "max_user_turns" | "max_assistant_turns" |
+--   "token_budget", user_turns, assistant_turns, tokens}; or nil, {dropped = reason}
+-- when the user plug-in raised or returned an empty message (never continued).
+function M.rollout(conversation, policy, user, sample, ctx, opts)
+  opts = opts or {}
+  local conv = require("clrt.conversation")
+  local max_user = opts.max_user_turns or 2
+  local max_asst = opts.max_assistant_turns or max_user
+  local keep_last = opts.keep_last_assistant ~= false
+  local c = conv.copy(conversation)
+  local info = { user_turns = 0, assistant_turns = 0, tokens = 0 }
+  while true do
+    if info.user_turns >= max_user then info.ended = "max_user_turns" break end
+    local ok, text = pcall(user.respond, c, sample, ctx)
+    if not ok then return nil, { dropped = "simulator failed", error = tostring(text) } end
+    if type(text) ~= "string" or conv.trim(text) == "" then
+      return nil, { dropped = "simulator failed", error = "empty user message" }
+    end
+    c[#c + 1] = { role = "user", content = text }
+    info.user_turns = info.user_turns + 1
+    if conv.has_marker(text) then info.ended = "marker" break end
+    if info.assistant_turns >= max_asst then info.ended = "max_assistant_turns" break end
+    if not keep_last and info.user_turns >= max_user then info.ended = "max_user_turns" break end
+    local reply, ntok = policy(c, sample)
+    c[#c + 1] = { role = "assistant", content = reply or "" }
+    info.assistant_turns = info.assistant_turns + 1
+    info.tokens = info.tokens + (ntok or 0)
+    if opts.token_budget and info.tokens >= opts.token_budget then info.ended = "token_budget" break end
+  end
+  return c, info
+end
+
 ---------------------------------------------------------------- small helpers
 -- Mean, population std, min and max of a list of numbers (nil entries skipped).
 function M.stats(xs, n)
