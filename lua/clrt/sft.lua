@@ -1,0 +1,129 @@
+-- clrt.sft — supervised fine-tuning on chat conversations: render with the model's chat
+-- template (loss on every assistant message and its end-of-turn token), right-pad rows
+-- (never crop: a conversation longer than max_len is left out and counted), and the masked
+-- token-mean loss whose gradient m:backward takes. Used by recipes/collabllm_sft.lua and by
+-- the RL recipe's warm start.
+local tensor = require("clrt.tensor")
+local chat = require("clrt.chat")
+
+local M = {}
+
+-- conversations: list of message lists (or {messages = ...}). Returns items {ids, mask}
+-- and the number left out for length.
+function M.encode(tok, conversations, max_len)
+  local items, too_long = {}, 0
+  for i, c in ipairs(conversations) do
+    local msgs = c.messages or c
+    if type(msgs) ~= "table" or #msgs == 0 then
+      error(("sft: conversation %d has no messages"):format(i), 2)
+    end
+    local ids, mask = chat.render(tok, msgs)
+    local trained = 0
+    for _, x in ipairs(mask) do trained = trained + x end
+    if #ids > max_len then
+      too_long = too_long + 1
+    elseif trained > 0 then
+      items[#items + 1] = { ids = ids, mask = mask }
+    end
+  end
+  return items, too_long
+end
+
+-- Right-pad a batch: rows (padded with pad_id), lengths.
+function M.pad(items, pad_id)
+  local T = 0
+  for _, it in ipairs(items) do if #it.ids > T then T = #it.ids end end
+  local rows, lens = {}, {}
+  for b, it in ipairs(items) do
+    local r = {}
+    for t = 1, T do r[t] = it.ids[t] or pad_id end
+    rows[b], lens[b] = r, #it.ids
+  end
+  return rows, lens, T
+end
+
+-- Forward (and backward unless opts.grad == false) of the masked token-mean NLL over a
+-- batch. lp[b][t] predicts token t+1, so its weight is mask[t+1]. Returns loss, tokens.
+-- opts.denom: divide by this many tokens (a mini-batch's total when accumulating).
+function M.step(m, items, opts)
+  opts = opts or {}
+  local rows, lens, T = M.pad(items, opts.pad_id or 0)
+  local grad = opts.grad ~= false
+  local lp = m:logprobs(rows, { lengths = lens, grad = grad })
+  local n = 0
+  for _, it in ipairs(items) do
+    for t = 2, #it.ids do n = n + it.mask[t] end
+  end
+  local denom = opts.denom or n
+  if n == 0 then return 0, 0 end
+  local B = #items
+  local d = grad and tensor.zeros({ B, T - 1 }) or nil
+  local loss = 0
+  for b, it in ipairs(items) do
+    for t = 1, #it.ids - 1 do
+      if it.mask[t + 1] == 1 then
+        loss = loss - lp:get(b, t)
+        if d then d:set(b, t, -1 / denom) end
+      end
+    end
+  end
+  if d then m:backward(d) end
+  return loss / denom, n
+end
+
+-- Mean loss over items, no gradient.
+function M.evaluate(m, items, batch_size)
+  local total, tokens = 0, 0
+  for i = 1, #items, batch_size do
+    local batch = {}
+    for j = i, math.min(#items, i + batch_size - 1) do batch[#batch + 1] = items[j] end
+    local l, n = M.step(m, batch, { grad = false })
+    total, tokens = total + l * n, tokens + n
+  end
+  return tokens > 0 and total / tokens or 0 / 0
+end
+
+-- Train for cfg.steps optimizer steps (or cfg.epochs over the data), batches drawn in a
+-- seeded shuffled order. cfg: batch_size, lr, min_lr, warmup_steps, steps | epochs,
+-- weight_decay, grad_clip, seed, val_every. logger: a clrt.log run (or nil).
+function M.train(m, train_items, val_items, cfg, logger)
+  local rl = require("clrt.rl")
+  local data = require("clrt.data")
+  local opt = require("clrt.optim").adamw(m, { lr = cfg.lr, weight_decay = cfg.weight_decay or 0,
+    grad_clip = cfg.grad_clip or 1.0, betas = cfg.betas })
+  local bs = cfg.batch_size
+  local per_epoch = math.max(1, math.floor(#train_items / bs))
+  local steps = cfg.steps or (cfg.epochs or 1) * per_epoch
+  local order, pos, epoch = nil, 1, 0
+  local function next_batch()
+    if not order or pos + bs - 1 > #order then
+      epoch = epoch + 1
+      order = data.shuffle(train_items, (cfg.seed or 0) * 7919 + epoch)
+      pos = 1
+    end
+    local b = {}
+    for i = pos, pos + bs - 1 do b[#b + 1] = order[i] end
+    pos = pos + bs
+    return b
+  end
+  local last = {}
+  for step = 0, steps - 1 do
+    local t0 = os.clock()
+    local lr = rl.lr_schedule(step, { lr = cfg.lr, min_lr = cfg.min_lr or 0, warmup_steps = cfg.warmup_steps or 0,
+      total_steps = steps, decay = cfg.decay or "cosine" })
+    local loss, ntok = M.step(m, next_batch())
+    local gnorm = opt:step({ lr = lr })
+    m:zero_grad()
+    local row = { loss = loss, lr = lr, grad_norm = gnorm, tokens = ntok, epoch = epoch }
+    if val_items and #val_items > 0 and ((cfg.val_every or 0) > 0 and (step + 1) % cfg.val_every == 0 or step == steps - 1) then
+      row.val_loss = M.evaluate(m, val_items, bs)
+    end
+    row.cpu_seconds = os.clock() - t0
+    if logger then logger:log(step + 1, row) end
+    last = row
+  end
+  opt:free()
+  return last
+end
+
+return M

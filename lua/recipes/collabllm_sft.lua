@@ -1,0 +1,107 @@
+-- collabllm_sft.lua — multi-turn SFT: the loss on every assistant message (clrt.chat.render
+-- masks), right-padded batches (never cropped), warm-up + cosine learning rate, validation
+-- loss. With no model= it builds the built-in world's model from scratch: a byte-level BPE
+-- trained on the world's text and a small Qwen2-style transformer.
+--   clrt recipes/collabllm_sft.lua [model=HF_DIR] [data=FILE.jsonl] [train.steps=600] ...
+-- data= is JSONL with OpenAI-style "messages" (what process_dataset.lua writes for SFT);
+-- without it the world's generated conversations (mixing asking and guessing) are used.
+-- Writes RUN_DIR/model (config.json, model.safetensors, tokenizer files), metrics.jsonl,
+-- plot.svg and config.json. As a module (require "recipes.collabllm_sft") it exposes
+-- defaults and main(cfg) -> the model folder, for the RL recipe's warm start.
+local config = require("clrt.config")
+local M = {}
+
+M.defaults = {
+  model = config.optional("string"),
+  data = config.optional("string"),
+  out = "runs",
+  name = "collabllm_sft",
+  run_dir = config.optional("string"),
+  seed = 1,
+  max_len = 256,
+  val_fraction = 0.05,
+  world = { conversations = 4000, p_ask_under = 0.5, p_ask_spec = 0.3, vocab_size = 512 },
+  arch = { hidden_size = 128, intermediate_size = 384, num_hidden_layers = 4, num_attention_heads = 4,
+    num_key_value_heads = 4 },
+  train = { steps = 600, batch_size = 32, lr = 3e-3, min_lr = 3e-4, warmup_steps = 30, weight_decay = 0.0,
+    grad_clip = 1.0, val_every = 100 },
+}
+
+local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+-- The built-in world's files, loaded from the installed (or source) examples folder.
+function M.world()
+  return dofile(clrt.lua_dir .. "/../examples/collab_world/world.lua")
+end
+
+-- A fresh model folder for the world: tokenizer trained on its text + random weights.
+function M.build_world_model(dir, cfg)
+  local world = M.world()
+  os.execute("mkdir -p " .. sh_quote(dir))
+  local corpus = dir .. "/corpus.txt"
+  local f = assert(io.open(corpus, "w"))
+  f:write(world.corpus())
+  f:close()
+  local bin = arg and arg[-1] or "clrt"
+  local cmd = ("%s recipes/train_tokenizer.lua input=%s vocab_size=%d out=%s min_frequency=1 > %s/tokenizer.log 2>&1")
+    :format(sh_quote(bin), sh_quote(corpus), cfg.world.vocab_size, sh_quote(dir), sh_quote(dir))
+  if os.execute(cmd) ~= 0 then
+    error("collabllm_sft: training the world's tokenizer failed; see " .. dir .. "/tokenizer.log", 0)
+  end
+  local tok = clrt.tokenizer.load(dir)
+  local arch = {
+    architectures = { "Qwen2ForCausalLM" }, vocab_size = tok:vocab_size(), max_position_embeddings = cfg.max_len,
+    rms_norm_eps = 1e-6, rope_theta = 10000.0, tie_word_embeddings = true,
+  }
+  for k, v in pairs(cfg.arch) do arch[k] = v end
+  local m = clrt.model.new(arch, { seed = cfg.seed })
+  return m, tok
+end
+
+function M.main(cfg)
+  local data = require("clrt.data")
+  local sft = require("clrt.sft")
+  local run_dir = cfg.run_dir or (cfg.out .. "/" .. cfg.name .. "-" .. os.date("%Y%m%d-%H%M%S"))
+  local lg = clrt.log.run({ dir = run_dir, config = cfg, total_steps = cfg.train.steps,
+    plot = { "loss", "val_loss", "lr", "grad_norm" } })
+  local model_dir = run_dir .. "/model"
+  local m, tok
+  if cfg.model then
+    m, tok = clrt.model.load(cfg.model), clrt.tokenizer.load(cfg.model)
+  else
+    m, tok = M.build_world_model(model_dir, cfg)
+  end
+  local convs
+  if cfg.data then
+    convs = data.read_jsonl(cfg.data)
+  else
+    convs = M.world().sft_conversations(cfg.world.conversations, cfg.seed,
+      { p_ask_under = cfg.world.p_ask_under, p_ask_spec = cfg.world.p_ask_spec })
+  end
+  local train_c, val_c = data.split(convs, 1 - cfg.val_fraction, cfg.seed)
+  local train_items, long1 = sft.encode(tok, train_c, cfg.max_len)
+  local val_items, long2 = sft.encode(tok, val_c, cfg.max_len)
+  if long1 + long2 > 0 then
+    lg:print(("collabllm_sft: %d conversations longer than max_len=%d left out"):format(long1 + long2, cfg.max_len))
+  end
+  if #train_items < cfg.train.batch_size then
+    error(("collabllm_sft: %d training conversations, fewer than one batch of %d"):format(#train_items, cfg.train.batch_size), 0)
+  end
+  local t = {}
+  for k, v in pairs(cfg.train) do t[k] = v end
+  t.seed = cfg.seed
+  local last = sft.train(m, train_items, val_items, t, lg)
+  m:save(model_dir)
+  if cfg.model then
+    for _, f in ipairs({ "tokenizer.json", "tokenizer_config.json" }) do
+      os.execute(("cp %s %s/"):format(sh_quote(cfg.model .. "/" .. f), sh_quote(model_dir)))
+    end
+  end
+  lg:close()
+  io.stderr:write(("collabllm_sft: loss %.4f, val_loss %.4f -> %s\n"):format(last.loss or 0 / 0, last.val_loss or 0 / 0, model_dir))
+  return model_dir, last
+end
+
+local argv = { ... }
+if argv[1] == "recipes.collabllm_sft" then return M end   -- required as a module
+M.main(config.parse(M.defaults, argv))
