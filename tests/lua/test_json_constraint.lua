@@ -21,8 +21,8 @@ local bias = W.bias(list, ids)
 local function rng(seed)
   local s = seed
   return function(n)
-    s = (s * 1103515245 + 12345) % 2147483648
-    return math.floor(s / 65536) % n + 1
+    s = s * 16807 % 2147483647
+    return s % n + 1
   end
 end
 
@@ -59,7 +59,7 @@ end
 
 T.case("sampled outputs of random and adversarial schemas parse and validate (1,000 samples)", function()
   local r = rng(7)
-  local samples, stopped, length = 0, 0, 0
+  local samples, stopped, length, ntok, esc, utf = 0, 0, 0, 0, 0, 0
   local configs = {
     { temperature = 1.0 }, { temperature = 1.0, top_p = 0.9 }, { temperature = 1.0, top_k = 20 },
     { temperature = 0.7, top_k = 5, top_p = 0.95 },
@@ -90,6 +90,9 @@ T.case("sampled outputs of random and adversarial schemas parse and validate (1,
       samples = samples + 1
       if row.finish_reason == "stop" then
         stopped = stopped + 1
+        ntok = ntok + #row.tokens
+        if row.text:find("\\", 1, true) then esc = esc + 1 end
+        if row.text:find("[\128-\255]") then utf = utf + 1 end
         check_text(row.text, schema, ("schema %d sample %d (%s)"):format(si, k, cjson.encode(schema)))
         local last = row.tokens[#row.tokens]
         T.ok(last == ids.eos or last == ids.im_end, "a stopped row ends with a stop id")
@@ -104,7 +107,8 @@ T.case("sampled outputs of random and adversarial schemas parse and validate (1,
   end
   T.ok(samples >= 1000, "at least 1,000 samples")
   T.ok(stopped >= 0.9 * samples, ("%d of %d samples completed"):format(stopped, samples))
-  io.write(("  %d samples, %d complete and valid, %d ran out of tokens\n"):format(samples, stopped, length))
+  io.write(("  %d samples, %d complete and valid (%.1f tokens on average, %d with escapes, %d with UTF-8), %d ran out of tokens\n")
+    :format(samples, stopped, ntok / math.max(1, stopped), esc, utf, length))
 end)
 
 T.case("every valid document stays allowed byte by byte: masks never empty a live row", function()
@@ -117,7 +121,8 @@ T.case("every valid document stays allowed byte by byte: masks never empty a liv
       local text = W.random_instance(r, schema, 2)
       if text then
         local okv, v = pcall(W.parse, text)
-        T.ok(okv and W.validate(v, schema), "the instance generator made a valid document: " .. text)
+        local good, why = okv and W.validate(v, schema)
+        T.ok(good, ("the instance generator made a valid document: %s (%s, %s)"):format(text, tostring(why), cjson.encode(schema)))
         local s = feed_bytes(c, text, ("schema %d %s"):format(i, cjson.encode(schema)))
         if s then
           T.ok(c:complete(s), "complete after " .. text)

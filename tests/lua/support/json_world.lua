@@ -91,7 +91,7 @@ end
 function M.bias(list, ids)
   local bias = {}
   for id, b in ipairs(list) do
-    if b:find('["%]}]') then bias[id - 1] = 2.5 end
+    if b:find('["%]}]') then bias[id - 1] = 1.5 end
   end
   bias[ids.eos] = 6
   bias[ids.im_end] = 6
@@ -327,7 +327,7 @@ local function pick(r, t) return t[r(#t)] end
 
 function M.random_schema(r, depth)
   depth = depth or 0
-  local choice = r(depth >= 3 and 7 or 11)
+  local choice = r(depth >= 3 and 7 or 13)
   if choice == 1 then
     local s = { type = "string" }
     if r(2) == 1 then s.minLength = r(3) - 1 end
@@ -357,7 +357,7 @@ function M.random_schema(r, depth)
     return { anyOf = { { type = "string", maxLength = 4 }, { type = "integer", minimum = 0, maximum = 9 }, { type = "null" } } }
   elseif choice == 7 then
     return { type = { "number", "null" }, maximum = 10 }
-  elseif choice <= 9 then
+  elseif choice <= 10 then
     local s = { type = "object", properties = {}, required = {}, additionalProperties = false }
     local names = { "name", "a", "ab", "abc", "thought", "response", "é", "k\"q", "中" }
     local used = {}
@@ -370,7 +370,7 @@ function M.random_schema(r, depth)
       end
     end
     return s
-  elseif choice == 10 then
+  elseif choice <= 12 then
     local s = { type = "array", items = M.random_schema(r, depth + 1) }
     if r(2) == 1 then s.minItems = r(3) - 1 end
     if r(2) == 1 then s.maxItems = (s.minItems or 0) + r(3) - 1 end
@@ -439,8 +439,9 @@ local function canon(v)
 end
 
 local function number_in(r, s, integer)
-  local lo = s.minimum or (s.exclusiveMinimum and s.exclusiveMinimum + (integer and 1 or 0.125)) or -50
-  local hi = s.maximum or lo + 60
+  local lo = s.minimum or (s.exclusiveMinimum and s.exclusiveMinimum + (integer and 1 or 0.125))
+  local hi = s.maximum or (lo or -50) + 60
+  lo = lo or hi - 60
   for _ = 1, 20 do
     local x
     if integer then
