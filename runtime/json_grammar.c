@@ -224,10 +224,16 @@ static int lit_cmp(const void *pa, const void *pb) {
 static void set_bit(uint8_t *set, int b) { set[b >> 3] |= (uint8_t)(1 << (b & 7)); }
 static int has_bit(const uint8_t *set, int b) { return set[b >> 3] >> (b & 7) & 1; }
 
-/* First bytes of each node; anyOf nests only through alternatives, which are never anyOf
-   cycles (any-value's hidden alternatives are concrete), so depth-first is enough. */
-static void first_set(clrt_json_grammar *g, int i, int guard) {
+/* First bytes of each node. mark: 0 new, 1 in progress, 2 done; an anyOf that reaches itself
+   through alternatives alone has no first byte to decide on and is refused. */
+static int first_set(clrt_json_grammar *g, int i, uint8_t *mark) {
   node *d = &g->nodes[i];
+  if (mark[i] == 2) return 0;
+  if (mark[i] == 1) {
+    clrt_set_error("json schema: anyOf node %d is its own alternative", i);
+    return -1;
+  }
+  mark[i] = 1;
   memset(d->first, 0, sizeof d->first);
   switch (d->kind) {
   case CLRT_JSON_STRING: set_bit(d->first, '"'); break;
@@ -243,40 +249,64 @@ static void first_set(clrt_json_grammar *g, int i, int guard) {
   case CLRT_JSON_MAP: set_bit(d->first, '{'); break;
   case CLRT_JSON_ARRAY: set_bit(d->first, '['); break;
   case CLRT_JSON_ANYOF:
-    if (guard > 64) return;
     for (int j = 0; j < d->nkids; j++) {
-      first_set(g, d->kids[j], guard + 1);
+      if (first_set(g, d->kids[j], mark)) return -1;
       for (int b = 0; b < 32; b++) d->first[b] |= g->nodes[d->kids[j]].first[b];
     }
     break;
   }
+  mark[i] = 2;
+  return 0;
 }
 
-/* Nesting depth a value of node i needs (frames); any-value counts 1 since it can always
-   close where it is. -1 on a cycle of user nodes. */
-static int need_depth(clrt_json_grammar *g, int i, int guard) {
+/* Nesting depth (frames) a value of node i needs; any-value counts 1 since it can always
+   close where it is. memo: -1 new, -2 in progress (a cycle: a schema that contains itself). */
+static int need_depth(clrt_json_grammar *g, int i, int *memo) {
   if (i == g->any_node) return 1;
-  if (guard > JSON_MAX_DEPTH + 2) return JSON_MAX_DEPTH + 2;
+  if (memo[i] >= 0) return memo[i];
+  if (memo[i] == -2) return JSON_MAX_DEPTH + 1;
+  memo[i] = -2;
   node *d = &g->nodes[i];
-  int best = 0;
+  int best = 0, self = 1;
   switch (d->kind) {
   case CLRT_JSON_OBJECT:
     for (int j = 0; j < d->nprops; j++) {
-      int c = need_depth(g, d->props[j].child, guard + 1);
+      int c = need_depth(g, d->props[j].child, memo);
       if (c > best) best = c;
     }
-    return best + 1;
+    break;
   case CLRT_JSON_MAP:
   case CLRT_JSON_ARRAY:
-    return need_depth(g, d->kids[0], guard + 1) + 1;
+    best = need_depth(g, d->kids[0], memo);
+    break;
   case CLRT_JSON_ANYOF:
+    self = 0;
     for (int j = 0; j < d->nkids; j++) {
-      int c = need_depth(g, d->kids[j], guard + 1);
+      int c = need_depth(g, d->kids[j], memo);
       if (c > best) best = c;
     }
-    return best;
-  default: return 1;
+    break;
+  default: break;
   }
+  best += self;
+  if (best > JSON_MAX_DEPTH + 1) best = JSON_MAX_DEPTH + 1;
+  memo[i] = best;
+  return best;
+}
+
+static int step(clrt_json_state *s, int b);
+
+/* Is s[0..len) exactly one value of node `root` (no surrounding whitespace)? */
+static int is_json_text(const clrt_json_grammar *g, int root, const char *s, int len) {
+  clrt_json_state st;
+  memset(&st, 0, offsetof(clrt_json_state, f) + sizeof(frame));
+  st.g = g;
+  st.depth = 1;
+  st.f[0].node = root;
+  if (len == 0 || s[0] == ' ' || s[0] == '\n' || s[0] == '\t' || s[0] == '\r') return 0;
+  for (int i = 0; i < len; i++)
+    if (step(&st, (uint8_t)s[i])) return 0;
+  return clrt_json_state_complete(&st);
 }
 
 static int hidden(clrt_json_grammar *g, int kind, double lo, double hi) {
@@ -367,7 +397,7 @@ int clrt_json_grammar_finish(clrt_json_grammar *g, int root) {
       }
       break;
     case CLRT_JSON_OBJECT:
-      qsort(d->lits, (size_t)d->nlits, sizeof(lit), lit_cmp);
+      if (d->nlits > 1) qsort(d->lits, (size_t)d->nlits, sizeof(lit), lit_cmp);
       d->req_after = malloc(sizeof(int) * (size_t)(d->nprops + 1));
       if (!d->req_after) {
         clrt_set_error("json grammar: out of memory");
@@ -384,7 +414,21 @@ int clrt_json_grammar_finish(clrt_json_grammar *g, int root) {
       break;
     }
   }
-  for (int i = 0; i < g->n; i++) first_set(g, i, 0);
+  uint8_t *mark = calloc((size_t)g->n, 1);
+  int *memo = malloc(sizeof(int) * (size_t)g->n);
+  if (!mark || !memo) {
+    free(mark);
+    free(memo);
+    clrt_set_error("json grammar: out of memory");
+    return -1;
+  }
+  int bad = 0;
+  for (int i = 0; i < g->n && !bad; i++) bad = first_set(g, i, mark);
+  for (int i = 0; i < g->n; i++) memo[i] = -1;
+  int depth = bad ? 0 : need_depth(g, root, memo);
+  free(mark);
+  free(memo);
+  if (bad) return -1;
   for (int i = 0; i < g->n; i++) {
     node *d = &g->nodes[i];
     if (d->kind != CLRT_JSON_ANYOF) continue;
@@ -397,7 +441,17 @@ int clrt_json_grammar_finish(clrt_json_grammar *g, int root) {
             return -1;
           }
   }
-  if (need_depth(g, root, 0) > JSON_MAX_DEPTH) {
+  /* literals and keys must be JSON texts themselves, or a row could enter one and never leave */
+  for (int i = 0; i < g->n; i++) {
+    node *d = &g->nodes[i];
+    for (int j = 0; j < d->nlits; j++)
+      if (!is_json_text(g, d->kind == CLRT_JSON_OBJECT ? g->key_node : g->any_node, d->lits[j].s, d->lits[j].len)) {
+        clrt_set_error("json schema: %s %d of node %d is not a JSON %s: %.*s", d->kind == CLRT_JSON_OBJECT ? "key" : "literal",
+                       j, i, d->kind == CLRT_JSON_OBJECT ? "string" : "value", d->lits[j].len > 40 ? 40 : d->lits[j].len, d->lits[j].s);
+        return -1;
+      }
+  }
+  if (depth > JSON_MAX_DEPTH) {
     clrt_set_error("json schema: nests deeper than %d levels (or refers to itself)", JSON_MAX_DEPTH);
     return -1;
   }

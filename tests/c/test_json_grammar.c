@@ -58,7 +58,8 @@ static int random_node(clrt_json_grammar *g, int depth) {
       int ki = (int)rnd(5);
       if (used >> ki & 1) continue;
       used |= 1 << ki;
-      clrt_json_add_property(g, n, keys[ki], strlen(keys[ki]), random_node(g, depth + 1), (int)rnd(2));
+      int child = random_node(g, depth + 1), required = (int)rnd(2);   /* in this order on every compiler */
+      clrt_json_add_property(g, n, keys[ki], strlen(keys[ki]), child, required);
     }
     return n;
   }
