@@ -52,6 +52,16 @@ struct clrt_json_grammar {
   int n, cap;
   int root, max_ws, finished;
   int any_node, key_node;             /* hidden: any value; an object key string */
+  struct numcache *cache;             /* bounded-number prefixes already judged */
+};
+
+/* num_viable costs ~100 strtod calls; the trie walk asks about the same few prefixes over and
+   over (" 2", "\n2", every step), so answers are kept in a small direct-mapped table. */
+enum { NUMCACHE = 1024 };
+struct numcache {
+  int32_t node;                       /* -1: empty */
+  uint8_t len, viable;
+  char text[NUM_CAP];
 };
 
 typedef struct {
@@ -101,6 +111,7 @@ void clrt_json_grammar_free(clrt_json_grammar *g) {
     free(d->req_after);
   }
   free(g->nodes);
+  free(g->cache);
   free(g);
 }
 
@@ -455,6 +466,12 @@ int clrt_json_grammar_finish(clrt_json_grammar *g, int root) {
     clrt_set_error("json schema: nests deeper than %d levels (or refers to itself)", JSON_MAX_DEPTH);
     return -1;
   }
+  g->cache = malloc(sizeof(struct numcache) * NUMCACHE);
+  if (!g->cache) {
+    clrt_set_error("json grammar: out of memory");
+    return -1;
+  }
+  for (int i = 0; i < NUMCACHE; i++) g->cache[i].node = -1;
   g->root = root;
   g->finished = 1;
   return 0;
@@ -614,6 +631,21 @@ static int num_viable(const node *d, const char *t, int tl) {
   return 0;
 }
 
+static int cached_viable(const clrt_json_grammar *g, int nodei, const char *t, int tl) {
+  const node *d = &g->nodes[nodei];
+  if (!(d->flags & (CLRT_JSON_HAS_MIN | CLRT_JSON_HAS_MAX))) return num_viable(d, t, tl);
+  uint32_t h = 2166136261u ^ (uint32_t)nodei;
+  for (int i = 0; i < tl; i++) h = (h ^ (uint8_t)t[i]) * 16777619u;
+  struct numcache *e = &g->cache[h % NUMCACHE];
+  if (e->node == nodei && e->len == tl && !memcmp(e->text, t, (size_t)tl)) return e->viable;
+  int r = num_viable(d, t, tl);
+  e->node = nodei;
+  e->len = (uint8_t)tl;
+  e->viable = (uint8_t)r;
+  memcpy(e->text, t, (size_t)tl);
+  return r;
+}
+
 /* ---- one byte ---- */
 
 enum { R_REJECT = -1, R_OK = 0, R_AGAIN = 1, R_WS = 2 };
@@ -748,7 +780,7 @@ static int frame_step(clrt_json_state *s, int b) {
     int nph = num_next(f->ph, b, d->kind == CLRT_JSON_INTEGER, bounded);
     if (nph >= 0 && s->numlen < NUM_CAP) {
       s->num[s->numlen] = (char)b;
-      if (num_viable(d, s->num, s->numlen + 1)) {
+      if (cached_viable(g, f->node, s->num, s->numlen + 1)) {
         s->numlen++;
         f->ph = (uint8_t)nph;
         return R_OK;
@@ -955,6 +987,8 @@ struct clrt_json_vocab {
   tnode *nodes;
   int nnodes, capnodes;
   clrt_json_state *scratch;           /* [maxlen + 1] states for the walk */
+  uint8_t *plain_mask;                /* [V] tokens of plain string text */
+  int nplain;
 };
 
 static const uint8_t *tok_bytes(const clrt_json_vocab *v, int id, int *len) {
@@ -1062,8 +1096,9 @@ clrt_json_vocab *clrt_json_vocab_new(const uint8_t *bytes, const int64_t *offset
   v->off = malloc(sizeof(int64_t) * (size_t)(V + 1));
   v->sorted = malloc(sizeof(int32_t) * (size_t)V);
   chars = malloc(sizeof(int32_t) * (size_t)V);
+  v->plain_mask = calloc((size_t)V, 1);
   v->bytes = copy;
-  if (!copy || !v->off || !v->sorted || !chars) goto oom;
+  if (!copy || !v->off || !v->sorted || !chars || !v->plain_mask) goto oom;
   if (total) memcpy(copy, bytes, total);
   memcpy(v->off, offsets, sizeof(int64_t) * (size_t)(V + 1));
   for (int i = 0; i < V; i++) {
@@ -1072,6 +1107,7 @@ clrt_json_vocab *clrt_json_vocab_new(const uint8_t *bytes, const int64_t *offset
     if (len == 0) continue;
     v->sorted[v->ntok++] = i;
     chars[i] = plain_chars(s, len);
+    if (chars[i] >= 0) v->plain_mask[i] = 1, v->nplain++;
     if (len > v->maxlen) v->maxlen = len;
   }
   sort_vocab = v;
@@ -1097,6 +1133,7 @@ void clrt_json_vocab_free(clrt_json_vocab *v) {
   free(v->sorted);
   free(v->nodes);
   free(v->scratch);
+  free(v->plain_mask);
   free(v);
 }
 
@@ -1106,13 +1143,17 @@ typedef struct {
   clrt_json_vocab *v;
   uint8_t *mask;
   int prune;                          /* start state is plain string text ... */
+  int have_plain;                     /* ... and every plain token is already in the mask */
   int64_t room;                       /* ... with room for this many more code points */
   int count;
 } walk_ctx;
 
 static void mark_range(walk_ctx *w, int a, int b) {
-  for (int i = a; i < b; i++) w->mask[w->v->sorted[i]] = 1;
-  w->count += b - a;
+  for (int i = a; i < b; i++) {
+    int id = w->v->sorted[i];
+    w->count += !w->mask[id];
+    w->mask[id] = 1;
+  }
 }
 
 /* Depth-first over the trie: scratch[level] is the state after this node's bytes. Subtrees
@@ -1122,7 +1163,7 @@ static void walk(walk_ctx *w, int ni, int level) {
   for (int c = 0; c < t->nchild; c++) {
     const tnode *ch = &w->v->nodes[t->child0 + c];
     if (w->prune && ch->plain && ch->maxchars <= w->room) {
-      mark_range(w, ch->sub0, ch->sub1);
+      if (!w->have_plain) mark_range(w, ch->sub0, ch->sub1);
       continue;
     }
     clrt_json_state *next = &w->v->scratch[level + 1];
@@ -1140,13 +1181,18 @@ int clrt_json_fill_mask(clrt_json_vocab *v, const clrt_json_state *s, const int3
     return -1;
   }
   memset(mask, 0, (size_t)v->V);
-  walk_ctx w = {v, mask, 0, 0, 0};
+  walk_ctx w = {v, mask, 0, 0, 0, 0};
   if (s->depth > 0) {
     const frame *f = &s->f[s->depth - 1];
     const node *d = &s->g->nodes[f->node];
     if (d->kind == CLRT_JSON_STRING && f->ph == S_BODY && f->a == 0) {
       w.prune = 1;
       w.room = d->hi < 0 ? (int64_t)1 << 40 : (int64_t)d->hi - f->n;
+      if (d->hi < 0) {   /* unbounded text: start from every plain token, walk only the rest */
+        memcpy(mask, v->plain_mask, (size_t)v->V);
+        w.have_plain = 1;
+        w.count = v->nplain;
+      }
     }
     clrt_json_state_copy(&v->scratch[0], s);
     walk(&w, 0, 0);

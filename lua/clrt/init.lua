@@ -8,6 +8,7 @@ local lazy = {
   data = "clrt.data", config = "clrt.config", log = "clrt.log", test = "clrt.test",
   repl = "clrt.repl", util = "clrt.util", server = "clrt.server",
 }
+lazy.json_constraint = "clrt.json_constraint"   -- constrained decoding (JSON Schema)
 
 setmetatable(clrt, {
   __index = function(t, k)
