@@ -95,21 +95,235 @@ int clrt_tensor_randn_(clrt_tensor *t, clrt_rng *r);  /* standard normal */
 
 
 /* ==== tensor ops ========================================================================= */
+/* Elementwise ops broadcast like numpy. Result dtypes: the wider of the two (f32 > bf16 > i32;
+   a number does not widen a tensor unless it is fractional and the tensor is i32); i32
+   division gives f32; comparisons give f32 0/1. bf16 math runs in f32. In-place ops (name_)
+   broadcast the second operand into the first and keep its dtype. Dimensions are 0-based. */
+typedef enum {
+  CLRT_OP_ADD = 0, CLRT_OP_SUB, CLRT_OP_MUL, CLRT_OP_DIV, CLRT_OP_POW, CLRT_OP_MAXIMUM,
+  CLRT_OP_MINIMUM, CLRT_OP_EQ, CLRT_OP_NE, CLRT_OP_LT, CLRT_OP_LE, CLRT_OP_GT, CLRT_OP_GE,
+  CLRT_OP_BINARY_COUNT
+} clrt_binary_op;
+typedef enum {
+  CLRT_OP_NEG = 0, CLRT_OP_ABS, CLRT_OP_EXP, CLRT_OP_LOG, CLRT_OP_SQRT, CLRT_OP_TANH,
+  CLRT_OP_SIGMOID, CLRT_OP_RELU, CLRT_OP_UNARY_COUNT
+} clrt_unary_op;
+typedef enum {
+  CLRT_RED_SUM = 0, CLRT_RED_MEAN, CLRT_RED_MAX, CLRT_RED_MIN, CLRT_RED_ARGMAX, CLRT_RED_ARGMIN,
+  CLRT_RED_COUNT
+} clrt_reduce_op;
+const char *clrt_binary_op_name(int op);
+const char *clrt_unary_op_name(int op);
+const char *clrt_reduce_op_name(int op);
+/* a, b: any shapes that broadcast; result: the broadcast shape, contiguous. */
+clrt_tensor *clrt_tensor_binary(int op, const clrt_tensor *a, const clrt_tensor *b);
+/* a op s, or s op a when scalar_first is 1. */
+clrt_tensor *clrt_tensor_binary_scalar(int op, const clrt_tensor *a, double s, int scalar_first);
+/* a: [...]; b: broadcasts to a's shape. */
+int clrt_tensor_binary_(int op, clrt_tensor *a, const clrt_tensor *b);
+int clrt_tensor_binary_scalar_(int op, clrt_tensor *a, double s);
+clrt_tensor *clrt_tensor_unary(int op, const clrt_tensor *a);
+int clrt_tensor_unary_(int op, clrt_tensor *a);
+/* cond nonzero picks a, else b; all three broadcast (cond: any dtype). */
+clrt_tensor *clrt_tensor_where(const clrt_tensor *cond, const clrt_tensor *a, const clrt_tensor *b);
+/* t: [...]; mask: broadcasts to t's shape, nonzero where value goes. */
+int clrt_tensor_masked_fill_(clrt_tensor *t, const clrt_tensor *mask, double value);
+/* a: [..., n, ...] -> [..., ...] (or [..., 1, ...] with keepdim), reducing dimension dim
+   (0-based). sum/max/min keep the dtype (sums accumulate in double, i32 sums in int64 and
+   wrap into int32), mean gives f32 for i32, argmax/argmin give i32 0-based positions. */
+clrt_tensor *clrt_tensor_reduce(int op, const clrt_tensor *a, int dim, int keepdim);
+/* Reduce everything to one number (i32 sums exact); argmax/argmin give the 0-based flat index. */
+int clrt_tensor_reduce_all(int op, const clrt_tensor *a, double *out);
+/* a: [...] -> same shape: softmax (log_softmax when use_log is 1) over dim, computed as
+   exp(x - max) for stability. */
+clrt_tensor *clrt_tensor_softmax(const clrt_tensor *a, int dim, int use_log);
+/* a: [..., M, K] or [K]; b: [..., K, N] or [K] -> [..., M, N] (vector dims dropped).
+   numpy matmul: 1-D operands are vectors, batch dimensions broadcast; OpenBLAS sgemm (bf16 and
+   i32 go through f32; i32 results round and saturate). */
+clrt_tensor *clrt_tensor_matmul(const clrt_tensor *a, const clrt_tensor *b);
 
 
 /* ==== model: the Llama-family transformer ================================================ */
 
+/* The architecture's numbers. lua/clrt/model.lua fills it from config.json (and checks it);
+   C trusts only what clrt_model_new validates again. */
+typedef struct clrt_model_config {
+  int vocab_size, hidden_size, intermediate_size, num_hidden_layers;
+  int num_attention_heads, num_key_value_heads, head_dim, max_position_embeddings;
+  float rms_norm_eps;
+  double rope_theta;
+  int rope_scaling;                 /* CLRT_ROPE_* */
+  double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+  int rope_original_max_position;   /* llama3: original_max_position_embeddings */
+  int tie_word_embeddings;
+  int qkv_bias;                     /* q/k/v projections carry biases (Qwen2; attention_bias) */
+  int o_bias;                       /* o_proj carries a bias (Llama/Qwen3 attention_bias) */
+  int qk_norm;                      /* per-head RMSNorm of q and k before RoPE (Qwen3) */
+  int max_batch, max_seq;           /* activation arena's first size; it grows past them */
+  double keep_logits_mb;            /* backward reuses forward's logits when they fit (0: recompute) */
+} clrt_model_config;
+enum { CLRT_ROPE_DEFAULT = 0, CLRT_ROPE_LINEAR = 1, CLRT_ROPE_LLAMA3 = 2 };
+enum { CLRT_ARENA_PARAMS = 0, CLRT_ARENA_GRADS = 1, CLRT_ARENA_ACTIVATIONS = 2, CLRT_ARENA_COUNT = 3 };
+
+typedef struct clrt_model clrt_model;
+/* Parameters start at zero: follow with clrt_model_init_random or clrt_model_load_safetensors. */
+clrt_model *clrt_model_new(const clrt_model_config *cfg);
+void clrt_model_free(clrt_model *m);
+/* GPT-2 style: N(0, 0.02) matrices, N(0, 0.02/sqrt(2 layers)) for o_proj and down_proj,
+   norms 1, biases 0. */
+int clrt_model_init_random(clrt_model *m, uint64_t seed);
+/* Reads every tensor of one safetensors file (F32/BF16/F16 on disk) into the parameters,
+   checking names and shapes against the config; a tensor may be loaded only once. */
+int clrt_model_load_safetensors(clrt_model *m, const char *path);
+/* After the last file: fails naming the first parameter no file provided. */
+int clrt_model_check_loaded(const clrt_model *m, const char *where);
+int clrt_model_save_safetensors(const clrt_model *m, const char *path);
+/* Parameters by index, with Hugging Face names (lm_head.weight only when untied). */
+int clrt_model_num_tensors(const clrt_model *m);
+const char *clrt_model_tensor_name(const clrt_model *m, int i);
+int clrt_model_tensor_is_matrix(const clrt_model *m, int i);
+clrt_tensor *clrt_model_param(clrt_model *m, int i);   /* a view into the params arena */
+clrt_tensor *clrt_model_grad(clrt_model *m, int i);    /* allocates the grads arena on first use */
+int64_t clrt_model_num_params(const clrt_model *m);
+size_t clrt_model_memory(const clrt_model *m, int arena);
+/* lp[b][t] = log p(tokens[b][t+1] | tokens[b][..t]) for t + 1 < lengths[b], else 0.
+   tokens: [B, T] row-major; lengths: [B] or NULL (all T); lp: [B, T-1].
+   keep != 0 keeps what clrt_model_backward needs. */
+int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
+                        const int32_t *lengths, float *lp, int keep);
+/* dlogp: [B, T-1] of the last kept forward; accumulates into the gradients. */
+int clrt_model_backward(clrt_model *m, const float *dlogp);
+int clrt_model_zero_grad(clrt_model *m);
+/* Decode with a KV cache: runs tokens [B, Tn] at positions pos0[b] + t, writing each layer's
+   new keys/values into kcache[l] / vcache[l] ([S, cache_T, KV, D] each, the caller's) at
+   cache row slot[b] (slot NULL: row b; the caller keeps slots distinct and in range) and
+   attending over positions 0 .. pos0[b] + t of that row. logits: [B, V], the next-token
+   logits after position last[b] of each row (NULL: Tn - 1). Keeps nothing for backward. */
+int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int Tn,
+                              const int32_t *pos0, const int32_t *slot, const int32_t *last,
+                              float *const *kcache, float *const *vcache, int cache_T,
+                              float *logits);
+/* Per-kernel wall time, accumulated while CLRT_PROFILE=1 is set in the environment. */
+int clrt_profile_count(void);
+const char *clrt_profile_name(int i);
+double clrt_profile_seconds(int i);
+void clrt_profile_reset(void);
+
 
 /* ==== optimizer ========================================================================== */
+
+/* AdamW over all of a model's parameters; the moments live in one arena each. */
+typedef struct clrt_adamw clrt_adamw;
+/* decay[i] != 0: tensor i gets weight decay (default in Lua: matrices, not norms/biases). */
+clrt_adamw *clrt_adamw_new(clrt_model *m, const uint8_t *decay);
+void clrt_adamw_free(clrt_adamw *o);
+/* Clips the global gradient norm to grad_clip (<= 0: no clipping), then one fused AdamW
+   update with bias correction and decoupled weight decay. *grad_norm: the norm before
+   clipping. */
+int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps,
+                    float weight_decay, float grad_clip, double *grad_norm);
+int64_t clrt_adamw_get_step(const clrt_adamw *o);
+void clrt_adamw_set_step(clrt_adamw *o, int64_t step);
+/* which: 0 first moment (exp_avg), 1 second (exp_avg_sq); views shaped like parameter i. */
+clrt_tensor *clrt_adamw_moment(clrt_adamw *o, int which, int i);
+size_t clrt_adamw_memory(const clrt_adamw *o);
 
 
 /* ==== safetensors and Hugging Face files ================================================= */
 
+/* A memory-mapped safetensors file whose header has been checked against its size. */
+typedef struct clrt_safetensors clrt_safetensors;
+clrt_safetensors *clrt_safetensors_open(const char *path);
+/* The same over a file image in memory (not copied: keep it alive until close). */
+clrt_safetensors *clrt_safetensors_open_memory(const void *data, size_t len, const char *name);
+void clrt_safetensors_close(clrt_safetensors *st);
+const char *clrt_safetensors_path(const clrt_safetensors *st);
+int clrt_safetensors_count(const clrt_safetensors *st);
+const char *clrt_safetensors_name(const clrt_safetensors *st, int i);   /* sorted by name */
+int clrt_safetensors_find(const clrt_safetensors *st, const char *name); /* index or -1 */
+const char *clrt_safetensors_dtype(const clrt_safetensors *st, int i);  /* "F32", "BF16", ... */
+int clrt_safetensors_ndim(const clrt_safetensors *st, int i);
+int64_t clrt_safetensors_dim(const clrt_safetensors *st, int i, int d);
+const char *clrt_safetensors_metadata(const clrt_safetensors *st, const char *key);
+/* F32/BF16/F16/F64 on disk -> f32; numel must match. */
+int clrt_safetensors_read_f32(const clrt_safetensors *st, int i, float *dst, int64_t numel);
+/* A new tensor: f32 for float dtypes, i32 for I32/I64. */
+clrt_tensor *clrt_safetensors_tensor(const clrt_safetensors *st, int i);
+/* Writes contiguous f32/bf16/i32 tensors (temporary name, fsync, rename). */
+int clrt_safetensors_write(const char *path, int n, const char *const *names,
+                           const clrt_tensor *const *tensors, int nmeta,
+                           const char *const *meta_keys, const char *const *meta_values);
+/* Any small file (config.json, trainer state) the same way: temporary name, fsync, rename. */
+int clrt_file_write_atomic(const char *path, const char *data, size_t len);
+
 
 /* ==== tokenizer ========================================================================== */
 
+/* A byte-level BPE tokenizer (Hugging Face tokenizer.json semantics). Lua's clrt.tokenizer
+   parses the file and builds it with these calls: vocab tokens and merges are given in their
+   byte-level spelling (as in the file), added tokens as plain text. */
+typedef struct clrt_tokenizer clrt_tokenizer;
+clrt_tokenizer *clrt_tokenizer_new(void);
+void clrt_tokenizer_free(clrt_tokenizer *t);
+int clrt_tokenizer_add_vocab(clrt_tokenizer *t, const char *token, size_t len, int32_t id);
+/* Merges rank in the order they are added (first = merged first). */
+int clrt_tokenizer_add_merge(clrt_tokenizer *t, const char *left, size_t left_len, const char *right,
+                             size_t right_len);
+int clrt_tokenizer_add_added(clrt_tokenizer *t, const char *content, size_t len, int32_t id, int special,
+                             int lstrip, int rstrip, int normalized);
+/* One Split pre-tokenizer stage (behavior Isolated), applied in the order added; the pattern
+   has Hugging Face (Oniguruma) meaning. */
+int clrt_tokenizer_add_split(clrt_tokenizer *t, const char *regex, size_t len);
+int clrt_tokenizer_set_flags(clrt_tokenizer *t, int nfc, int ignore_merges, int add_prefix_space);
+/* Ids the post-processor puts around a sequence when special tokens are added (BOS/EOS). */
+int clrt_tokenizer_set_template(clrt_tokenizer *t, const int32_t *prefix, int n_prefix, const int32_t *suffix,
+                                int n_suffix);
+int clrt_tokenizer_finish(clrt_tokenizer *t);
+/* text must be UTF-8. The ids stay valid until the next encode call on t; *n is their count. */
+const int32_t *clrt_tokenizer_encode(clrt_tokenizer *t, const char *text, size_t len, int add_special, int64_t *n);
+/* All cores (one encoding context per thread, kept for the next call; not reentrant for the
+   same t); returns ids of all texts back to back (free with clrt_tokenizer_free_ids),
+   text i owning [offsets[i], offsets[i+1]). offsets: [n + 1]. */
+int32_t *clrt_tokenizer_encode_batch(clrt_tokenizer *t, const char *const *texts, const size_t *lens,
+                                     int64_t n, int add_special, int64_t *offsets);
+void clrt_tokenizer_free_ids(int32_t *ids);
+/* The raw bytes of the ids (may end inside a UTF-8 character); valid until the next decode. */
+const char *clrt_tokenizer_decode(clrt_tokenizer *t, const int32_t *ids, int64_t n, int skip_special, size_t *len);
+const char *clrt_tokenizer_token_bytes(const clrt_tokenizer *t, int32_t id, size_t *len);
+int32_t clrt_tokenizer_vocab_size(const clrt_tokenizer *t);
+/* 0: model token, 1: added token, 2: special added token. */
+int clrt_tokenizer_is_added(const clrt_tokenizer *t, int32_t id);
+int32_t clrt_tokenizer_id(const clrt_tokenizer *t, const char *token, size_t len);
+size_t clrt_utf8_complete_prefix(const char *s, size_t n);
+/* out: [3 * n] bytes; returns the length written. */
+size_t clrt_utf8_lossy(const char *in, size_t n, char *out);
+
+/* Byte-level BPE training (runtime/bpe_train.c). texts: [n] UTF-8 strings, each put in NFC and cut into
+   pieces by split_regex; learns merges (most frequent adjacent pair first, ties to the smaller
+   ids) until there are vocab_size tokens or no pair occurs min_frequency times. Byte b is id b;
+   each merge makes id 256, 257, ... unless its token already exists. On success returns the
+   number of merges and sets *merges to [3 * count] ids (left, right, result); free it with
+   clrt_tokenizer_free_ids. */
+int64_t clrt_bpe_train(const char *const *texts, const size_t *lens, int64_t n, const char *split_regex,
+                       size_t regex_len, int32_t vocab_size, int32_t min_frequency, int32_t **merges);
+
 
 /* ==== generation ========================================================================= */
+
+/* A KV cache of `slots` independent sequences of up to max_len tokens over a model. Logits
+   are written to row `slot` of a [slots, V] buffer. */
+typedef struct clrt_decoder clrt_decoder;
+clrt_decoder *clrt_decoder_new(clrt_model *m, int slots, int max_len);
+void clrt_decoder_free(clrt_decoder *d);
+size_t clrt_decoder_bytes(const clrt_decoder *d);
+int clrt_decoder_length(const clrt_decoder *d, int slot);
+int clrt_decoder_reset(clrt_decoder *d, int slot);
+int clrt_decoder_copy_slot(clrt_decoder *d, int src, int dst);
+/* Runs T tokens after what the slot holds; logits of the last one. */
+int clrt_decoder_append(clrt_decoder *d, int slot, const int32_t *tokens, int T, float *logits);
+/* One token for each of n distinct slots. */
+int clrt_decoder_decode(clrt_decoder *d, int n, const int32_t *slots, const int32_t *tokens,
+                        float *logits);
 
 typedef struct clrt_sample_params {
   float temperature;                  /* 0: greedy */
@@ -176,6 +390,42 @@ int clrt_json_fill_mask(clrt_json_vocab *v, const clrt_json_state *s, const int3
 
 
 /* ==== HTTP client ======================================================================== */
+/* One event loop over libcurl's multi interface (runtime/http.c): submit requests, then
+   poll; many are in flight at once on one thread, with keep-alive connection reuse and TLS
+   verification always on. Retries and JSON are the Lua side's job (lua/clrt/llm.lua). */
+typedef struct clrt_http clrt_http;
+typedef struct clrt_http_result {
+  int64_t id;
+  int status;              /* HTTP status; 0 when no response arrived */
+  int error_code;          /* 0, or libcurl's CURLcode (connection refused, timeout, ...) */
+  int timed_out;           /* 1 when the request ran past its timeout */
+  double retry_after;      /* seconds asked by a Retry-After header; -1 when absent */
+  double elapsed;          /* seconds from submit to completion */
+  const char *error;       /* "" on success; otherwise what went wrong (never a header) */
+  const char *body;        /* [body_len] bytes, NUL-terminated */
+  size_t body_len;
+  const char *headers;     /* [headers_len] raw header lines of the final response */
+  size_t headers_len;
+} clrt_http_result;
+/* max_connections: cap on open connections (0 = no cap; callers limit in-flight requests). */
+clrt_http *clrt_http_new(int max_connections);
+void clrt_http_free(clrt_http *h);
+void clrt_http_set_max_body(clrt_http *h, size_t bytes);   /* default 64 MiB */
+/* headers: "Name: value" lines joined by '\n' (NULL for none). The body is copied. ca_file:
+   a PEM bundle of CAs to trust instead of the system's (NULL: the system's); certificates are
+   verified either way. Returns the request's id (> 0), or -1 with an error for bad arguments. */
+int64_t clrt_http_submit(clrt_http *h, const char *method, const char *url, const char *headers,
+                         const char *body, size_t body_len, double timeout_s, const char *ca_file);
+/* Drive transfers, waiting up to timeout_ms when none has finished (sleeping that long when
+   none is in flight). Returns how many finished results are waiting, or -1. */
+int clrt_http_poll(clrt_http *h, int timeout_ms);
+/* Pop one finished result into *out (1), or return 0 when none waits. The pointers in *out
+   stay valid until the next clrt_http_next, clrt_http_cancel or clrt_http_free. */
+int clrt_http_next(clrt_http *h, clrt_http_result *out);
+/* Abort a request in flight or drop its unread result; it produces no result. */
+int clrt_http_cancel(clrt_http *h, int64_t id);
+int clrt_http_in_flight(const clrt_http *h);
+double clrt_http_now(void);   /* monotonic seconds */
 
 
 /* ==== server ============================================================================= */

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static lua_State *globalL;
 static volatile sig_atomic_t evaluating;   /* a chunk is running: Ctrl-C interrupts it */
@@ -45,7 +46,8 @@ static void usage(FILE *f) {
           "  -e CODE        run CODE (clrt is preloaded as a global)\n"
           "  -v, --version  print the version\n"
           "  -h, --help     this help\n"
-          "With no script, clrt starts an interactive REPL.\n"
+          "With no script, clrt starts an interactive REPL (or runs stdin when it is not a\n"
+          "terminal; '-' as the script reads stdin too).\n"
           "A script path that does not exist here is looked up under the installed Lua dir,\n"
           "so 'clrt recipes/collabllm_rl.lua' runs the shipped recipe.\n");
 }
@@ -111,13 +113,22 @@ static int setup_state(lua_State *L, char **argv, int argc, int script_index) {
   return 0;
 }
 
+/* path "-" (or NULL) reads the script from stdin. */
 static int run_script(lua_State *L, const char *path, int nargs_start, int argc, char **argv) {
   char resolved[4096];
-  if (!file_exists(path)) {
+  if (path && !strcmp(path, "-")) path = NULL;
+  if (path && !file_exists(path)) {
     snprintf(resolved, sizeof resolved, "%s/%s", clrt_lua_dir(), path);
     if (file_exists(resolved)) path = resolved;
   }
-  if (report(L, luaL_loadfile(L, path))) return 1;
+  /* Text only: LuaJIT trusts bytecode, and malformed bytecode can crash it. */
+  int st = luaL_loadfilex(L, path, "t");
+  if (st && lua_isstring(L, -1) && strstr(lua_tostring(L, -1), "wrong mode")) {
+    lua_pop(L, 1);
+    lua_pushfstring(L, "%s: precompiled bytecode is not accepted; run the Lua source",
+                    path ? path : "stdin");
+  }
+  if (report(L, st)) return 1;
   int n = 0;
   for (int i = nargs_start; i < argc; i++, n++) lua_pushstring(L, argv[i]);
   return report(L, pcall_traceback(L, n, 0));
@@ -129,6 +140,7 @@ static char **complete(const char *text, int start, int end) {
   (void)start;
   (void)end;
   rl_attempted_completion_over = 1;   /* never fall back to file names */
+  rl_completion_append_character = '\0';   /* `clrt.ten<TAB>` then `.ones` must not get a space */
   lua_State *L = globalL;
   int top = lua_gettop(L);
   lua_getglobal(L, "require");
@@ -264,7 +276,7 @@ int main(int argc, char **argv) {
   if (setup_state(L, argv, argc, script_index ? script_index : (code ? i : 0))) {
     rc = 1;
   } else if (code) {
-    rc = report(L, luaL_loadbuffer(L, code, strlen(code), "=(command line)")) ||
+    rc = report(L, luaL_loadbufferx(L, code, strlen(code), "=(command line)", "t")) ||
          report(L, pcall_traceback(L, 0, 0));
     if (!rc && script_index) rc = run_script(L, argv[script_index], script_index + 1, argc, argv);
   } else if (script_index) {
@@ -278,6 +290,8 @@ int main(int argc, char **argv) {
       rc = run_script(L, cmd, script_index + 1, argc, argv);
     else
       rc = run_script(L, s, script_index + 1, argc, argv);
+  } else if (!isatty(STDIN_FILENO)) {   /* `echo 'print(1)' | clrt` runs it, as lua does */
+    rc = run_script(L, NULL, argc, argc, argv);
   } else {
     rc = repl(L);
   }

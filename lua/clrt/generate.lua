@@ -133,7 +133,7 @@ function Engine:add(prompt, o, cb, tag)
     local row = { o = o, cb = cb, tokens = {}, logprobs = {}, sample = s, tag = tag }
     row.rng = ffi.new("clrt_rng")
     C.clrt_rng_seed(row.rng, o.seed * 1000003 + ((tag or 1) - 1) * o.n + s)
-    if o.tokenizer then row.text, row.stream = "", o.tokenizer:stream_decoder() end
+    if o.tokenizer then row.text, row.stream = "", o.tokenizer:stream() end
     rows[s] = row
   end
   if o.max_new_tokens == 0 then

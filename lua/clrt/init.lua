@@ -1,20 +1,16 @@
 -- clrt — the Lua face of the runtime. Preloaded as the global `clrt` in every script and the
--- REPL. Submodules load on first use so a script pays only for what it touches.
+-- REPL. `clrt.X` loads the module clrt.X (lua/clrt/X.lua) on first use, so a script pays only
+-- for what it touches and a new module needs no registration here.
 local clrt = {}
-
-local lazy = {
-  tensor = "clrt.tensor", model = "clrt.model", tokenizer = "clrt.tokenizer",
-  chat = "clrt.chat", optim = "clrt.optim", llm = "clrt.llm", sched = "clrt.sched",
-  data = "clrt.data", config = "clrt.config", log = "clrt.log", test = "clrt.test",
-  repl = "clrt.repl", util = "clrt.util", server = "clrt.server",
-}
-lazy.json_constraint = "clrt.json_constraint"   -- constrained decoding (JSON Schema)
 
 setmetatable(clrt, {
   __index = function(t, k)
-    local name = lazy[k]
-    if not name then return nil end
-    local m = require(name)
+    if type(k) ~= "string" or not k:match("^[%a_][%w_]*$") then return nil end
+    local ok, m = pcall(require, "clrt." .. k)
+    if not ok then
+      if tostring(m):find("module 'clrt." .. k .. "' not found", 1, true) then return nil end
+      error(m, 2)
+    end
     rawset(t, k, m)
     return m
   end,
@@ -29,10 +25,17 @@ function clrt.num_threads() return core.C.clrt_num_threads() end
 function clrt.set_num_threads(n) core.C.clrt_set_num_threads(n) end
 function clrt.cuda_available() return core.C.clrt_cuda_device_count() > 0 end
 
--- The names a user may complete in the REPL, including those not loaded yet.
+-- The submodule names (for REPL completion), including those not loaded yet.
 function clrt._submodules()
   local out = {}
-  for k in pairs(lazy) do out[#out + 1] = k end
+  local p = io.popen("ls '" .. clrt.lua_dir .. "/clrt' 2>/dev/null")
+  if p then
+    for name in p:lines() do
+      local mod = name:match("^([%a_][%w_]*)%.lua$")
+      if mod and mod ~= "init" and mod ~= "ffi" then out[#out + 1] = mod end
+    end
+    p:close()
+  end
   table.sort(out)
   return out
 end

@@ -47,16 +47,28 @@ end
 
 local function incomplete(msg) return msg and msg:find("<eof>", 1, true) ~= nil end
 
+-- The traceback up to the user's chunk: the frames of the REPL itself are noise.
 local function traceback(e)
-  return debug.traceback(tostring(e), 2)
+  local tb = debug.traceback(type(e) == "string" and e or M.show(e), 2)
+  local cut = tb:find("\n%s*%[C%]: in function 'xpcall'")
+  return cut and tb:sub(1, cut - 1) or tb
 end
+
+local function pack(...) return select("#", ...), { ... } end
+
+-- Compile a chunk of text (never bytecode: malformed bytecode can crash LuaJIT).
+local function compile(src, name) return load(src, name, "t") end
 
 -- Evaluate a chunk; returns true when more lines are needed.
 function M.eval(src)
-  -- An expression first, so `1+1` and `t` print their value.
-  local fn, err = loadstring("return " .. src, "=stdin")
+  -- An expression first, so `1+1` and `t` print their value. The values go through pack()
+  -- rather than a plain `return expr`: a tail call would drop the chunk's frame, and with
+  -- it the line number of an error and the traceback. The newline keeps a trailing
+  -- comment from swallowing the parenthesis.
+  local fn, err = compile("local __pack = ...; return __pack(" .. src .. "\n)", "=stdin")
+  local is_expr = fn ~= nil
   if not fn then
-    fn, err = loadstring(src, "=stdin")
+    fn, err = compile(src, "=stdin")
     if not fn then
       if incomplete(err) then return true end
       io.stderr:write(err, "\n")
@@ -65,17 +77,17 @@ function M.eval(src)
   end
   -- Hooks (Ctrl-C) only fire in interpreted code, so the user's chunk runs with the JIT off.
   jit.off(fn, true)
-  local res = { xpcall(fn, traceback) }
-  if not res[1] then
-    io.stderr:write(tostring(res[2]), "\n")
+  local ok, n, vals = xpcall(fn, traceback, pack)
+  if not ok then
+    io.stderr:write(tostring(n), "\n")
     return false
   end
-  local n = table.maxn(res)
-  if n > 1 then
+  if is_expr and n > 0 then
     local out = {}
-    for i = 2, n do out[#out + 1] = M.show(res[i]) end
+    for i = 1, n do out[i] = M.show(vals[i]) end
     io.stdout:write(table.concat(out, "\t"), "\n")
   end
+  io.stdout:flush()
   return false
 end
 
@@ -115,7 +127,14 @@ function M.complete(text)
       if not seen[k] and k:sub(1, #partial) == partial then seen[k] = true; names[#names + 1] = lead .. k end
     end
   end
-  if type(scope) == "cdata" or type(scope) == "string" then mt = getmetatable(scope) end
+  if type(scope) == "cdata" then
+    -- getmetatable() on cdata says only "ffi"; tensors' methods live in clrt.tensor.Tensor.
+    local ok, tensor = pcall(require, "clrt.tensor")
+    if ok and tensor.is_tensor(scope) then add_from(tensor.Tensor) end
+    mt = nil
+  elseif type(scope) == "string" then
+    mt = getmetatable(scope)
+  end
   if mt and type(mt.__index) == "table" then add_from(mt.__index) end
   table.sort(names)
   return names

@@ -30,9 +30,31 @@ local function device_of(name, op)
 end
 M.device_of = device_of
 
--- Wrap a fresh handle so the GC frees it.
+-- Wrap a fresh handle so the GC frees it. Lua holds it as a `clrt_tensor &`, not a pointer:
+-- LuaJIT does pointer arithmetic on `ptr + 1` and `ptr - ptr` before it looks at __add or
+-- __sub, while a reference gets the metamethods and still passes as a pointer to C.
+--
+-- The GC sees a handle as a few bytes, not the megabytes of storage it may hold alone, so a
+-- loop like `x = x + 1` would pile up garbage storage without limit. New storage is counted
+-- here, and once more than max(64 MB, the Lua heap) of it was made since the last cycle, a
+-- full collection runs: garbage stays bounded and the GC's cost stays proportional.
+local tensor_ref = ffi.typeof("clrt_tensor &")
+local fresh_bytes, GC_MIN_BYTES = 0, 64 * 2 ^ 20
+local function handle(p)
+  local t = ffi.gc(ffi.cast(tensor_ref, p), C.clrt_tensor_free)
+  local s = p.storage
+  if s ~= nil and s.refcount == 1 then
+    fresh_bytes = fresh_bytes + tonumber(s.bytes)
+    if fresh_bytes > GC_MIN_BYTES and fresh_bytes > collectgarbage("count") * 1024 then
+      fresh_bytes = 0
+      collectgarbage()
+    end
+  end
+  return t
+end
+M.handle = handle
 local function wrap(p, level)
-  return ffi.gc(check(p, (level or 1) + 1), C.clrt_tensor_free)
+  return handle(check(p, (level or 1) + 1))
 end
 M.wrap = wrap
 
@@ -268,7 +290,7 @@ function Tensor.reshape(t, shape, ...)
   if p == nil then
     error(("reshape: cannot view shape %s as [%s]: %s"):format(shape_str(t), table.concat(shape, ", "), ffi.string(C.clrt_last_error())), 2)
   end
-  return ffi.gc(p, C.clrt_tensor_free)
+  return handle(p)
 end
 Tensor.view = Tensor.reshape
 
@@ -362,10 +384,11 @@ local mt = {
   __len = function(t) return t.ndim > 0 and tonumber(t.dims[0]) or 0 end,
 }
 M.metatable = mt
-ffi.metatype("clrt_tensor", mt)
 
--- Arithmetic, reductions and matmul extend Tensor from their own file.
+-- Arithmetic, reductions and matmul extend Tensor (and mt's operators) from their own file.
+-- This must run before ffi.metatype: LuaJIT forbids changing a metatype's metatable later.
 local has_ops, ops = pcall(require, "clrt.tensor_ops")
 if has_ops then ops.install(M, Tensor, mt) elseif not tostring(ops):find("module 'clrt.tensor_ops' not found", 1, true) then error(ops, 0) end
+ffi.metatype("clrt_tensor", mt)
 
 return M

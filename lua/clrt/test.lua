@@ -18,6 +18,10 @@ end
 
 function M.case(name, fn) cases[#cases + 1] = { name = name, fn = fn } end
 
+-- fn runs after the last case, before the process exits (stop servers, remove files).
+local cleanups = {}
+function M.cleanup(fn) cleanups[#cleanups + 1] = fn end
+
 function M.ok(cond, msg)
   if not cond then fail(msg or "expected a true value", 2) end
 end
@@ -97,6 +101,7 @@ function M.run(filter)
   end
   io.write(("%d passed, %d failed%s\n"):format(passed, failed, skipped > 0 and (", " .. skipped .. " skipped") or ""))
   io.stdout:flush()
+  for i = #cleanups, 1, -1 do pcall(cleanups[i]) end
   os.exit(failed == 0 and 0 or 1)
 end
 

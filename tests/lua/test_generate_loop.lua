@@ -53,7 +53,7 @@ end)
 
 -- A tokenizer where id v is the letter ('a' + v); multi-letter stop strings straddle tokens.
 local fake_tok = {}
-function fake_tok:stream_decoder()
+function fake_tok:stream()
   return { push = function(_, id) return string.char(97 + id) end }
 end
 function fake_tok:decode(ids)

@@ -53,7 +53,7 @@ end
 
 -- Token v is the letter 'a' + v.
 M.tokenizer = {}
-function M.tokenizer:stream_decoder()
+function M.tokenizer:stream()
   return { push = function(_, id) return string.char(97 + id) end }
 end
 function M.tokenizer:decode(ids, opts)

@@ -1,0 +1,79 @@
+-- bench/generate.lua — decode tokens/s of m:generate at batch 1 and 32 for a ~15M and a
+-- ~110M parameter model (random weights, greedy, no early stop), next to a KV-cache decode
+-- loop over the PyTorch reference model (float32, 2 threads) run in the same invocation.
+--   clrt bench/generate.lua [sizes=15m,110m] [batches=1,32] [new=64] [prompt=16]
+local ffi = require("ffi")
+local cjson = require("cjson")
+ffi.cdef [[ struct bench_ts { long tv_sec; long tv_nsec; }; int clock_gettime(int, struct bench_ts *); ]]
+local function now()
+  local t = ffi.new("struct bench_ts")
+  ffi.C.clock_gettime(1, t)
+  return tonumber(t.tv_sec) + tonumber(t.tv_nsec) * 1e-9
+end
+
+local args = {}
+for _, a in ipairs(arg) do
+  local k, v = a:match("^([%w_]+)=(.*)$")
+  if k then args[k] = v end
+end
+local function list(s, d)
+  local out = {}
+  for x in (s or d):gmatch("[^,]+") do out[#out + 1] = x end
+  return out
+end
+local sizes = list(args.sizes, "15m,110m")
+local batches = list(args.batches, "1,32")
+local new_tokens = tonumber(args.new or 64)
+local prompt_len = tonumber(args.prompt or 16)
+
+local models = {
+  ["15m"] = { hidden_size = 384, intermediate_size = 1024, num_hidden_layers = 6, num_attention_heads = 6,
+    num_key_value_heads = 6, vocab_size = 8192 },
+  ["110m"] = { hidden_size = 768, intermediate_size = 2048, num_hidden_layers = 12, num_attention_heads = 12,
+    num_key_value_heads = 12, vocab_size = 32000 },
+}
+local here = debug.getinfo(1, "S").source:sub(2):match("^(.*)/") or "."
+
+print(("decode benchmark: %d new tokens after a %d-token prompt, greedy, %d threads"):format(new_tokens, prompt_len, clrt.num_threads()))
+print(("%-6s %5s %12s %12s %8s"):format("model", "batch", "clrt tok/s", "torch tok/s", "ratio"))
+for _, size in ipairs(sizes) do
+  local base = models[size] or error("unknown size " .. size)
+  local cfg = {
+    architectures = { "LlamaForCausalLM" }, rms_norm_eps = 1e-5, rope_theta = 10000.0,
+    max_position_embeddings = 1024, tie_word_embeddings = true,
+  }
+  for k, v in pairs(base) do cfg[k] = v end
+  local m = clrt.model.new(cfg, { seed = 0 })
+  local single
+  for _, bs in ipairs(batches) do
+    local B = tonumber(bs)
+    local prompts = {}
+    for b = 1, B do
+      local p = {}
+      for t = 1, prompt_len do p[t] = (b * 7919 + t * 104729) % cfg.vocab_size end
+      prompts[b] = p
+    end
+    m:generate(prompts, { temperature = 0, max_new_tokens = 4 })   -- warm-up, sizes the cache
+    local dec = m:decoder(B, prompt_len + new_tokens)
+    local gen = require("clrt.generate")
+    -- Time the decode steps alone, as the peer does: prefill first, then new-1 steps.
+    local eng = gen.engine(dec)
+    local o = gen.options({ temperature = 0, max_new_tokens = new_tokens }, cfg.vocab_size)
+    for _, p in ipairs(prompts) do eng:add(p, o) end
+    local t0 = now()
+    eng:step()   -- the first token comes from the prefill logits
+    local t1 = now()
+    while eng:busy() do eng:step() end
+    local t2 = now()
+    local ours = B * (new_tokens - 1) / (t2 - t1 + (t1 - t0) * 0)
+    local py = io.popen(("OMP_NUM_THREADS=2 /usr/bin/python3 %s/generate_ref.py '%s' %d %d %d"):format(
+      here, cjson.encode(cfg), B, prompt_len, new_tokens))
+    local line = py:read("*a")
+    py:close()
+    local ok, peer = pcall(cjson.decode, line)
+    local theirs = ok and peer.tokens_per_s or 0 / 0
+    if B == 1 then single = ours end
+    print(("%-6s %5d %12.1f %12.1f %7.2fx%s"):format(size, B, ours, theirs, ours / theirs,
+      (B > 1 and single) and ("   (batch %d / batch 1: %.1fx)"):format(B, ours / single) or ""))
+  end
+end

@@ -1,0 +1,78 @@
+"""The PyTorch peer of bench/generate.lua: a KV-cache greedy decode loop over the reference
+model of tests/reference/model_ref.py (same architecture and shapes), float32, 2 threads.
+Prints one JSON line: {"prefill_s", "decode_s", "tokens_per_s"}."""
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "reference"))
+import model_ref as ref  # noqa: E402
+
+
+def decode_loop(cfg, P, B, prompt_len, new_tokens):
+    H, KV, D = ref.dims(cfg)
+    eps = cfg["rms_norm_eps"]
+    L = cfg["num_hidden_layers"]
+    total = prompt_len + new_tokens
+    cos, sin = ref.rope_cos_sin(cfg, total, torch.float32)
+    head = P.get("lm_head.weight", P["model.embed_tokens.weight"])
+    kc = [torch.zeros(B, KV, total, D) for _ in range(L)]
+    vc = [torch.zeros(B, KV, total, D) for _ in range(L)]
+
+    def step(tokens, pos):
+        T = tokens.shape[1]
+        x = P["model.embed_tokens.weight"][tokens]
+        c, s = cos[pos:pos + T], sin[pos:pos + T]
+        for l in range(L):
+            p = f"model.layers.{l}."
+            h = ref.rmsnorm(x, P[p + "input_layernorm.weight"], eps)
+            q = (h @ P[p + "self_attn.q_proj.weight"].T).view(B, T, H, D).transpose(1, 2)
+            k = (h @ P[p + "self_attn.k_proj.weight"].T).view(B, T, KV, D).transpose(1, 2)
+            v = (h @ P[p + "self_attn.v_proj.weight"].T).view(B, T, KV, D).transpose(1, 2)
+            q = q * c + ref.rotate_half(q) * s
+            k = k * c + ref.rotate_half(k) * s
+            kc[l][:, :, pos:pos + T] = k
+            vc[l][:, :, pos:pos + T] = v
+            kk = kc[l][:, :, :pos + T].repeat_interleave(H // KV, dim=1)
+            vv = vc[l][:, :, :pos + T].repeat_interleave(H // KV, dim=1)
+            sc = (q @ kk.transpose(-1, -2)) / math.sqrt(D)
+            if T > 1:
+                mask = torch.ones(T, pos + T, dtype=torch.bool).tril(pos)
+                sc = sc.masked_fill(~mask, float("-inf"))
+            a = (torch.softmax(sc, dim=-1) @ vv).transpose(1, 2).reshape(B, T, H * D)
+            x = x + a @ P[p + "self_attn.o_proj.weight"].T
+            h = ref.rmsnorm(x, P[p + "post_attention_layernorm.weight"], eps)
+            m = torch.nn.functional.silu(h @ P[p + "mlp.gate_proj.weight"].T) * (h @ P[p + "mlp.up_proj.weight"].T)
+            x = x + m @ P[p + "mlp.down_proj.weight"].T
+        x = ref.rmsnorm(x[:, -1], P["model.norm.weight"], eps)
+        return (x @ head.T).argmax(-1, keepdim=True)
+
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, cfg["vocab_size"], (B, prompt_len), generator=g)
+    t0 = time.perf_counter()
+    tok = step(prompt, 0)
+    t1 = time.perf_counter()
+    for i in range(new_tokens - 1):
+        tok = step(tok, prompt_len + i)
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    B, prompt_len, new_tokens = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+    P = ref.init_params(cfg, 0, dtype=torch.float32)
+    with torch.inference_mode():
+        decode_loop(cfg, P, B, prompt_len, 4)   # warm-up
+        pre, dec = decode_loop(cfg, P, B, prompt_len, new_tokens)
+    print(json.dumps({"prefill_s": pre, "decode_s": dec,
+                      "tokens_per_s": B * (new_tokens - 1) / dec}))
+
+
+if __name__ == "__main__":
+    main()

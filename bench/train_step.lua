@@ -1,0 +1,121 @@
+-- bench/train_step.lua — tokens per second of one training step (forward + backward + AdamW)
+-- at B=8, T=256, for a ~5M and a ~50M parameter model, clrt against the same model in
+-- PyTorch (tests/reference/model_ref.py, float32, 2 threads) run in this invocation; also the
+-- peak resident memory of each (each side runs in its own process). Prints the ratios and
+-- clrt's per-kernel time breakdown. Speeds are from the median step (and the fastest, which
+-- is what a busy machine disturbs least).
+--   clrt bench/train_step.lua [sizes=5M,50M] [steps=3] [B=8] [T=256] [threads=2]
+local cjson = require("cjson")
+
+local args = {}
+for _, a in ipairs(arg or {}) do
+  local k, v = a:match("^([%w_]+)=(.*)$")
+  if k then args[k] = v end
+end
+
+local SIZES = {
+  ["5M"] = { vocab_size = 8192, hidden_size = 256, intermediate_size = 704, num_hidden_layers = 4,
+    num_attention_heads = 4, num_key_value_heads = 4, max_position_embeddings = 2048,
+    rms_norm_eps = 1e-5, rope_theta = 10000.0, tie_word_embeddings = true },
+  ["50M"] = { vocab_size = 16384, hidden_size = 512, intermediate_size = 2048, num_hidden_layers = 8,
+    num_attention_heads = 8, num_key_value_heads = 8, max_position_embeddings = 2048,
+    rms_norm_eps = 1e-5, rope_theta = 10000.0, tie_word_embeddings = false },
+}
+
+local function peak_rss_mb()
+  local f = io.open("/proc/self/status")
+  local s = f:read("*a")
+  f:close()
+  return tonumber(s:match("VmHWM:%s+(%d+)")) / 1024
+end
+
+local function now()
+  local ffi = require("ffi")
+  pcall(ffi.cdef, "typedef struct { long tv_sec, tv_nsec; } clrt_bench_ts; int clock_gettime(int, clrt_bench_ts *);")
+  local ts = ffi.new("clrt_bench_ts")
+  ffi.C.clock_gettime(1, ts)
+  return tonumber(ts.tv_sec) + 1e-9 * tonumber(ts.tv_nsec)
+end
+
+-- The clrt side, in a child process: `clrt bench/train_step.lua worker=5M ...`.
+if args.worker then
+  clrt.set_num_threads(tonumber(args.threads or 2))
+  local cfg = SIZES[args.worker]
+  local B, T, steps = tonumber(args.B), tonumber(args.T), tonumber(args.steps)
+  local m = clrt.model.new(cfg, { seed = 0, max_batch = B, max_seq = T, keep_logits_mb = tonumber(args.keep_logits_mb) })
+  local opt = clrt.optim.adamw(m, { lr = 1e-4, weight_decay = 0.1, grad_clip = 1.0 })
+  local gen = clrt.tensor.generator(1)
+  local toks = clrt.tensor.zeros({ B, T }, { dtype = "i32" })
+  for i = 1, B do for j = 1, T do toks:set(i, j, math.floor(clrt.tensor.rand({ 1 }, { generator = gen }):get(1) * cfg.vocab_size)) end end
+  local d = clrt.tensor.full({ B, T - 1 }, -1 / (B * (T - 1)))
+  local t_opt = 0
+  local function step()
+    m:zero_grad()
+    m:logprobs(toks)
+    m:backward(d)
+    local t0 = now()
+    opt:step()
+    t_opt = t_opt + now() - t0
+  end
+  step()
+  clrt.model.profile(true)
+  t_opt = 0
+  local times = {}
+  local t0 = now()
+  for i = 1, steps do
+    local s0 = now()
+    step()
+    times[i] = now() - s0
+  end
+  local dt = now() - t0
+  table.sort(times)
+  print(("clrt tokens_per_s=%.1f peak_rss_mb=%.1f params=%d best_tokens_per_s=%.1f"):format(
+    B * T / times[math.floor(steps / 2) + 1], peak_rss_mb(), m:num_params(), B * T / times[1]))
+  local mem = m:memory()
+  print(("clrt arenas_mb params=%.1f grads=%.1f activations=%.1f adamw=%.1f"):format(mem.params / 2^20,
+    mem.grads / 2^20, mem.activations / 2^20, opt:memory() / 2^20))
+  local prof, total = clrt.model.profile(), 0
+  for _, p in ipairs(prof) do total = total + p.seconds end
+  for _, p in ipairs(prof) do
+    if p.seconds > 0 then print(("clrt kernel %-14s %7.3f s/step %5.1f%%"):format(p.name, p.seconds / steps, 100 * p.seconds / dt)) end
+  end
+  print(("clrt kernel %-14s %7.3f s/step %5.1f%%"):format("adamw", t_opt / steps, 100 * t_opt / dt))
+  print(("clrt kernel %-14s %7.3f s/step %5.1f%%"):format("(unaccounted)", (dt - total - t_opt) / steps, 100 * (dt - total - t_opt) / dt))
+  os.exit(0)
+end
+
+local B, T, steps = tonumber(args.B or 8), tonumber(args.T or 256), tonumber(args.steps or 3)
+local threads = tonumber(args.threads or 2)
+local src = os.getenv("CLRT_SOURCE_DIR") or require("clrt").lua_dir:gsub("/lua$", "")
+local bin = os.getenv("CLRT_BIN") or (arg and arg[-1]) or "clrt"
+local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+local function run(cmd)
+  local p = io.popen(cmd .. " 2>&1")
+  local out = p:read("*a")
+  p:close()
+  return out
+end
+
+print(("train step: B=%d T=%d, %d timed steps after 1 warm-up, %d threads each"):format(B, T, steps, threads))
+for size in (args.sizes or "5M,50M"):gmatch("[^,]+") do
+  local cfg = SIZES[size]
+  if not cfg then error("unknown size " .. size) end
+  local c_out = run(("CLRT_PROFILE=1 OMP_NUM_THREADS=%d %s %s/bench/train_step.lua worker=%s B=%d T=%d steps=%d threads=%d"):format(
+    threads, sh_quote(bin), sh_quote(src), size, B, T, steps, threads))
+  local t_out = run(("OMP_NUM_THREADS=%d /usr/bin/python3 %s/bench/train_step_torch.py %s %d %d %d %d"):format(
+    threads, sh_quote(src), sh_quote(cjson.encode(cfg)), B, T, steps, threads))
+  local ctok, crss = c_out:match("clrt tokens_per_s=([%d.]+) peak_rss_mb=([%d.]+)")
+  local ttok, trss = t_out:match("torch tokens_per_s=([%d.]+) peak_rss_mb=([%d.]+)")
+  if not ctok then error("clrt worker failed:\n" .. c_out) end
+  if not ttok then error("torch peer failed:\n" .. t_out) end
+  print(("\n== %s (%s params) =="):format(size, c_out:match("params=(%d+)")))
+  local cbest = tonumber(c_out:match("best_tokens_per_s=([%d.]+)"))
+  local tbest = tonumber(t_out:match("best_tokens_per_s=([%d.]+)"))
+  print(("clrt : %9.1f tokens/s (median step; best %.1f)  peak RSS %7.1f MB"):format(tonumber(ctok), cbest, tonumber(crss)))
+  print(("torch: %9.1f tokens/s (median step; best %.1f)  peak RSS %7.1f MB"):format(tonumber(ttok), tbest, tonumber(trss)))
+  print(("ratio: speed %.2fx torch (best steps: %.2fx), memory %.2fx torch"):format(ctok / ttok, cbest / tbest, crss / trss))
+  for line in c_out:gmatch("[^\n]+") do
+    if line:find("^clrt kernel") or line:find("^clrt arenas") then print("  " .. line:sub(6)) end
+  end
+end

@@ -1,0 +1,47 @@
+"""train_step_torch.py — the PyTorch peer of bench/train_step.lua: the same model
+(tests/reference/model_ref.py, float32, 2 threads unless told), forward + backward + AdamW on B x T random
+tokens. Prints one line: `torch tokens_per_s=<median step> peak_rss_mb=<y> best_tokens_per_s=<fastest step>`."""
+import os
+import resource
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "reference"))
+import model_ref as R  # noqa: E402
+import json  # noqa: E402
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    B, T, steps = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    torch.set_num_threads(int(sys.argv[5]) if len(sys.argv) > 5 else 2)
+    torch.manual_seed(0)
+    P = {n: t.requires_grad_(True) for n, t in R.init_params(cfg, 0, torch.float32).items()}
+    opt = torch.optim.AdamW(list(P.values()), lr=1e-4, weight_decay=0.1)
+    tokens = torch.randint(0, cfg["vocab_size"], (B, T))
+    lengths = [T] * B
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        lp, valid = R.logprobs(cfg, P, tokens, lengths)
+        loss = -lp.sum() / valid.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(P.values()), 1.0)
+        opt.step()
+
+    step()   # warm-up
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    print(f"torch tokens_per_s={B * T / times[len(times) // 2]:.1f} peak_rss_mb={rss:.1f} "
+          f"best_tokens_per_s={B * T / times[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

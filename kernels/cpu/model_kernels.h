@@ -1,0 +1,104 @@
+/* model_kernels.h — the CPU kernels of the transformer, one forward/backward pair per op.
+   Kernels work on raw row-major f32 buffers with shape arguments; they never allocate (the
+   caller passes scratch) and know nothing about models. Backward kernels say for each
+   output whether they overwrite (=) or accumulate (+=).
+   Letters: N rows (= B*T tokens), C model width, V vocabulary, H query heads, KV key/value
+   heads, D head dim, I MLP width. */
+#ifndef CLRT_MODEL_KERNELS_H
+#define CLRT_MODEL_KERNELS_H
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- embedding.c ------------------------------------------------------------------------ */
+void clrt_embedding_forward(float *out /* [N, C] */, const int32_t *tok /* [N] */,
+                            const float *wte /* [V, C] */, int64_t N, int C);
+/* dwte += scatter of dout by token (serial over rows: repeated tokens would race). */
+void clrt_embedding_backward(float *dwte /* [V, C] += */, const float *dout /* [N, C] */,
+                             const int32_t *tok /* [N] */, int64_t N, int C);
+
+/* ---- linear.c (OpenBLAS sgemm) -------------------------------------------------------- */
+/* y = x w^T + b */
+void clrt_linear_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
+                         const float *w /* [O, K] */, const float *b /* [O] or NULL */,
+                         int64_t N, int K, int O);
+/* dx (= or += when dx_accumulate; skipped when NULL), dw +=, db += (when not NULL). */
+void clrt_linear_backward(float *dx /* [N, K] */, float *dw /* [O, K] */, float *db /* [O] */,
+                          const float *dy /* [N, O] */, const float *x /* [N, K] */,
+                          const float *w /* [O, K] */, int64_t N, int K, int O, int dx_accumulate);
+
+/* ---- rmsnorm.c -------------------------------------------------------------------------- */
+void clrt_rmsnorm_forward(float *out /* [N, C] */, float *rstd /* [N] */, const float *x /* [N, C] */,
+                          const float *w /* [C] */, int64_t N, int C, float eps);
+/* dx +=, dw += */
+void clrt_rmsnorm_backward(float *dx /* [N, C] */, float *dw /* [C] */, const float *dout /* [N, C] */,
+                           const float *x /* [N, C] */, const float *w /* [C] */,
+                           const float *rstd /* [N] */, int64_t N, int C);
+
+/* ---- rope.c ----------------------------------------------------------------------------- */
+/* The cos/sin table for positions [0, P): inv_freq per pair from the config (see model.c). */
+void clrt_rope_table(float *cos_t /* [P, D/2] */, float *sin_t /* [P, D/2] */,
+                     const float *inv_freq /* [D/2] */, int P, int D);
+/* In place on x, rows at positions pos0[b] + t (pos0 NULL = 0). Backward applies the inverse
+   rotation to the gradient, also in place. */
+void clrt_rope_forward(float *x /* [B, T, nh, D] */, const float *cos_t, const float *sin_t,
+                       const int32_t *pos0 /* [B] or NULL */, int B, int T, int nh, int D);
+void clrt_rope_backward(float *dx /* [B, T, nh, D] */, const float *cos_t, const float *sin_t,
+                        const int32_t *pos0 /* [B] or NULL */, int B, int T, int nh, int D);
+
+/* ---- attention.c: causal grouped-query attention -------------------------------------- */
+/* Query t of row b sits at position pos0[b] + t and sees keys at positions 0 .. pos0[b] + t,
+   read from k/v whose rows are positions (batch stride kv_bstride elements, row stride KV*D).
+   Training passes the freshly projected K/V with pos0 = NULL; a KV-cache decode passes the
+   cache [slots, maxT, KV, D] after writing the new positions into it, with kv_row[b] the
+   cache slot of row b (NULL: slot b). lse may be NULL (inference).
+   scratch: clrt_attention_scratch_floats(Tq, Tk, nthreads) floats; the kernels use at most
+   nthreads OpenMP threads (each its own slice of scratch). */
+size_t clrt_attention_scratch_floats(int Tq, int Tk, int nthreads);
+void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] */,
+                            const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
+                            const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
+                            int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
+                            const int32_t *kv_row /* [B] or NULL */, float *scratch, int nthreads);
+/* Training only (pos0 = 0, Tk = T). dq =, dk =, dv = */
+void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
+                             float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,
+                             const float *q, const float *k, const float *v,
+                             const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
+                             int B, int T, int H, int KV, int D, float *scratch, int nthreads);
+
+/* ---- swiglu.c: h = silu(g) * u -------------------------------------------------------- */
+void clrt_swiglu_forward(float *h /* [N, I] */, const float *g /* [N, I] */, const float *u /* [N, I] */,
+                         int64_t n /* N * I */);
+/* dg =, du =; dg may alias dh (each element is read before it is written). */
+void clrt_swiglu_backward(float *dg /* [N, I] */, float *du /* [N, I] */, const float *dh /* [N, I] */,
+                          const float *g, const float *u, int64_t n);
+
+/* ---- residual.c: out = a + b ------------------------------------------------------------ */
+void clrt_residual_forward(float *out /* [N, C] */, const float *a, const float *b, int64_t n);
+/* da += dout, db += dout (either may be NULL) */
+void clrt_residual_backward(float *da, float *db, const float *dout, int64_t n);
+
+/* ---- logsoftmax_gather.c: the output layer, fused ------------------------------------- */
+/* lp[n] = logits[n][target[n]] - logsumexp(logits[n]) with logits = x w^T, computed `chunk`
+   rows at a time in scratch [chunk, V] so the [N, V] logits never exist; keeps lse [N] for
+   backward, which recomputes each chunk's logits. */
+void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NULL */,
+                                    const float *x /* [N, C] */, const float *w /* [V, C] */,
+                                    const int32_t *target /* [N] */, int64_t N, int C, int V,
+                                    float *scratch /* [chunk, V] */, int chunk);
+/* dlogits = dlp * (onehot(target) - softmax); dx =, dw +=. logits_ready: scratch still holds
+   forward's logits of all N rows (chunk >= N), so the recompute is skipped. */
+void clrt_logsoftmax_gather_backward(float *dx /* [N, C] */, float *dw /* [V, C] */,
+                                     const float *dlp /* [N] */, const float *x /* [N, C] */,
+                                     const float *w /* [V, C] */, const int32_t *target /* [N] */,
+                                     const float *lse /* [N] */, int64_t N, int C, int V,
+                                     float *scratch /* [chunk, V] */, int chunk, int logits_ready);
+
+/* ---- per-kernel timing (CLRT_PROFILE=1) -------------------------------------------------- */
+enum { CLRT_K_EMBED, CLRT_K_LINEAR_F, CLRT_K_LINEAR_B, CLRT_K_RMSNORM, CLRT_K_ROPE, CLRT_K_ATTN_F,
+       CLRT_K_ATTN_B, CLRT_K_SWIGLU, CLRT_K_RESIDUAL, CLRT_K_OUT_F, CLRT_K_OUT_B, CLRT_K_ADAMW,
+       CLRT_K_OTHER, CLRT_K_COUNT };
+extern double clrt_kernel_seconds[CLRT_K_COUNT];
+extern const char *const clrt_kernel_names[CLRT_K_COUNT];
+
+#endif

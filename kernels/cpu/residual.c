@@ -1,0 +1,15 @@
+/* residual.c — the residual stream's add and its (fan-out) backward. */
+#include "model_kernels.h"
+
+void clrt_residual_forward(float *out /* [N, C] */, const float *a, const float *b, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void clrt_residual_backward(float *da /* += */, float *db /* += */, const float *dout, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    if (da) da[i] += dout[i];
+    if (db) db[i] += dout[i];
+  }
+}

@@ -1,0 +1,47 @@
+/* rope.c — rotary position embedding, Hugging Face rotate-half layout: each head vector's
+   pair (x[i], x[i + D/2]) rotates by pos * inv_freq[i]. Forward and backward are in place. */
+#include "model_kernels.h"
+#include "model_math.h"
+
+#include <math.h>
+
+void clrt_rope_table(float *cos_t /* [P, D/2] */, float *sin_t /* [P, D/2] */,
+                     const float *inv_freq /* [D/2] */, int P, int D) {
+  int half = D / 2;
+  for (int p = 0; p < P; p++)
+    for (int i = 0; i < half; i++) {
+      /* The angle is a float product, as in transformers (positions @ inv_freq in f32). */
+      float a = (float)p * inv_freq[i];
+      cos_t[(int64_t)p * half + i] = (float)cos((double)a);
+      sin_t[(int64_t)p * half + i] = (float)sin((double)a);
+    }
+}
+
+static void rope_apply(float *x, const float *cos_t, const float *sin_t, const int32_t *pos0,
+                       int B, int T, int nh, int D, int backward) {
+  int half = D / 2;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++) {
+      int64_t pos = (pos0 ? pos0[b] : 0) + t;
+      const float *cs = cos_t + pos * half, *sn = sin_t + pos * half;
+      for (int h = 0; h < nh; h++) {
+        float *v = x + (((int64_t)b * T + t) * nh + h) * D;
+        for (int i = 0; i < half; i++) {
+          float a = v[i], c = v[i + half];
+          if (backward) clrt_rope_rotate_back(&v[i], &v[i + half], a, c, cs[i], sn[i]);
+          else clrt_rope_rotate(&v[i], &v[i + half], a, c, cs[i], sn[i]);
+        }
+      }
+    }
+}
+
+void clrt_rope_forward(float *x /* [B, T, nh, D] */, const float *cos_t, const float *sin_t,
+                       const int32_t *pos0 /* [B] or NULL */, int B, int T, int nh, int D) {
+  rope_apply(x, cos_t, sin_t, pos0, B, T, nh, D, 0);
+}
+
+void clrt_rope_backward(float *dx /* [B, T, nh, D] */, const float *cos_t, const float *sin_t,
+                        const int32_t *pos0 /* [B] or NULL */, int B, int T, int nh, int D) {
+  rope_apply(dx, cos_t, sin_t, pos0, B, T, nh, D, 1);
+}

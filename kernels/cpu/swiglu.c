@@ -1,0 +1,24 @@
+/* swiglu.c — the gated MLP activation h = silu(g) * u and its backward. */
+/* GCC may vectorize clrt_expf's clamps only without trapping math (FP exceptions, unused). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+#include "model_kernels.h"
+#include "model_math.h"
+
+void clrt_swiglu_forward(float *h /* [N, I] */, const float *g /* [N, I] */, const float *u /* [N, I] */,
+                         int64_t n /* N * I */) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) h[i] = clrt_swiglu(g[i], u[i]);
+}
+
+void clrt_swiglu_backward(float *dg /* [N, I] = */, float *du /* [N, I] = */,
+                          const float *dh /* [N, I] */, const float *g, const float *u, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    float a, b;
+    clrt_swiglu_back(&a, &b, g[i], u[i], dh[i]);
+    dg[i] = a;
+    du[i] = b;
+  }
+}

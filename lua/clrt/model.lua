@@ -1,0 +1,396 @@
+-- clrt.model — the Llama-family transformer (Llama 2/3, Qwen2, Qwen3) over C arenas.
+--   m = clrt.model.load("path/to/hf_dir")          -- config.json + model.safetensors (or shards)
+--   m = clrt.model.new(cfg_table, {seed = 1})      -- random init from config.json's keys
+--   lp = m:logprobs(tokens, {lengths = {...}})     -- f32 [B, T-1]: log p(tok[t+1] | tok[..t])
+--   m:backward(dlogp)                              -- accumulate gradients (dlogp shaped like lp)
+--   m:params(), m:grads()                          -- Hugging Face name -> tensor view (no copies)
+--   m:save(dir), m:memory(), m:num_params(), m:zero_grad(), m.config
+-- config.json is parsed and checked here; C gets a plain clrt_model_config.
+local ffi = require("ffi")
+local core = require("clrt.ffi")
+local tensor = require("clrt.tensor")
+local cjson_mod = require("cjson")
+local C, check, ok = core.C, core.check, core.ok
+
+local cjson = cjson_mod.new()
+cjson.encode_number_precision(14)
+cjson.encode_sparse_array(true)
+
+pcall(ffi.cdef, "int mkdir(const char *path, unsigned int mode);")
+
+local M = {}
+local Model = {}
+Model.__index = Model
+M.Model = Model
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+local function is_null(v) return v == nil or v == cjson_mod.null end
+
+-- ---- config.json --------------------------------------------------------------------------
+
+local supported = {
+  LlamaForCausalLM = "llama", Qwen2ForCausalLM = "qwen2", Qwen3ForCausalLM = "qwen3",
+}
+local by_model_type = { llama = "llama", qwen2 = "qwen2", qwen3 = "qwen3" }
+
+-- Checks a config table (as config.json decodes) and returns the C struct's fields.
+-- `src` names the file in errors.
+local function parse_config(cfg, src)
+  local function bad(key, msg) error(("%s: key '%s' %s"):format(src, key, msg), 0) end
+  local function int(key, default)
+    local v = cfg[key]
+    if is_null(v) then
+      if default ~= nil then return default end
+      bad(key, "is missing")
+    end
+    if type(v) ~= "number" or v ~= math.floor(v) then bad(key, ("must be an integer, got %s"):format(type(v) == "number" and tostring(v) or type(v))) end
+    if v <= 0 then bad(key, ("must be positive, got %d"):format(v)) end
+    return v
+  end
+  local function num(key, default)
+    local v = cfg[key]
+    if is_null(v) then
+      if default ~= nil then return default end
+      bad(key, "is missing")
+    end
+    if type(v) ~= "number" then bad(key, "must be a number, got " .. type(v)) end
+    return v
+  end
+  local function bool(key, default)
+    local v = cfg[key]
+    if is_null(v) then return default end
+    if type(v) ~= "boolean" then bad(key, "must be true or false, got " .. type(v)) end
+    return v
+  end
+  if type(cfg) ~= "table" then error(src .. ": expected a JSON object", 0) end
+  local arch
+  if not is_null(cfg.architectures) then
+    if type(cfg.architectures) ~= "table" or type(cfg.architectures[1]) ~= "string" then
+      bad("architectures", "must be a list of names")
+    end
+    arch = supported[cfg.architectures[1]]
+    if not arch then
+      bad("architectures", ("names '%s'; supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):format(cfg.architectures[1]))
+    end
+  elseif not is_null(cfg.model_type) then
+    if type(cfg.model_type) ~= "string" then bad("model_type", "must be a string") end
+    arch = by_model_type[cfg.model_type]
+    if not arch then bad("model_type", ("is '%s'; supported: llama, qwen2, qwen3"):format(cfg.model_type)) end
+  else
+    arch = "llama"
+  end
+  if not is_null(cfg.hidden_act) and cfg.hidden_act ~= "silu" then
+    bad("hidden_act", ("is '%s'; only silu (SwiGLU) is supported"):format(tostring(cfg.hidden_act)))
+  end
+  if bool("mlp_bias", false) then bad("mlp_bias", "is true; MLP biases are not supported") end
+  if bool("use_sliding_window", false) then bad("use_sliding_window", "is true; sliding-window attention is not supported") end
+  local c = {}
+  c.vocab_size = int("vocab_size")
+  c.hidden_size = int("hidden_size")
+  c.intermediate_size = int("intermediate_size")
+  c.num_hidden_layers = int("num_hidden_layers")
+  c.num_attention_heads = int("num_attention_heads")
+  c.num_key_value_heads = int("num_key_value_heads", c.num_attention_heads)
+  if c.num_attention_heads % c.num_key_value_heads ~= 0 then
+    bad("num_key_value_heads", ("(%d) must divide num_attention_heads (%d)"):format(c.num_key_value_heads, c.num_attention_heads))
+  end
+  if is_null(cfg.head_dim) and c.hidden_size % c.num_attention_heads ~= 0 then
+    bad("head_dim", "is missing and hidden_size is not a multiple of num_attention_heads")
+  end
+  c.head_dim = int("head_dim", math.floor(c.hidden_size / c.num_attention_heads))
+  if c.head_dim % 2 ~= 0 then bad("head_dim", "must be even (RoPE rotates pairs)") end
+  c.max_position_embeddings = int("max_position_embeddings")
+  c.rms_norm_eps = num("rms_norm_eps")
+  if c.rms_norm_eps <= 0 then bad("rms_norm_eps", "must be positive") end
+  c.rope_theta = num("rope_theta", 10000)
+  if c.rope_theta <= 0 then bad("rope_theta", "must be positive") end
+  c.tie_word_embeddings = bool("tie_word_embeddings", false)
+  local attention_bias = bool("attention_bias", false)
+  c.qkv_bias = arch == "qwen2" or attention_bias
+  c.o_bias = arch ~= "qwen2" and attention_bias
+  c.qk_norm = arch == "qwen3"
+  c.rope_scaling = C.CLRT_ROPE_DEFAULT
+  local rs = cfg.rope_scaling
+  if not is_null(rs) then
+    if type(rs) ~= "table" then bad("rope_scaling", "must be an object or null") end
+    local kind = rs.rope_type or rs.type
+    local function rnum(key)
+      local v = rs[key]
+      if type(v) ~= "number" then bad("rope_scaling." .. key, is_null(v) and "is missing" or "must be a number") end
+      return v
+    end
+    if kind == "default" or kind == nil then
+      c.rope_scaling = C.CLRT_ROPE_DEFAULT
+    elseif kind == "linear" then
+      c.rope_scaling = C.CLRT_ROPE_LINEAR
+      c.rope_factor = rnum("factor")
+    elseif kind == "llama3" then
+      c.rope_scaling = C.CLRT_ROPE_LLAMA3
+      c.rope_factor = rnum("factor")
+      c.rope_low_freq_factor = rnum("low_freq_factor")
+      c.rope_high_freq_factor = rnum("high_freq_factor")
+      c.rope_original_max_position = rnum("original_max_position_embeddings")
+    else
+      bad("rope_scaling", ("has type '%s', which clrt does not support (supported: default, linear, llama3)"):format(tostring(kind)))
+    end
+  end
+  c.arch = arch
+  return c
+end
+M.parse_config = parse_config
+
+local function to_struct(c, opts)
+  local s = ffi.new("clrt_model_config")
+  for _, k in ipairs({ "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+    "rms_norm_eps", "rope_theta", "rope_scaling", "rope_factor", "rope_low_freq_factor",
+    "rope_high_freq_factor", "rope_original_max_position" }) do
+    if c[k] ~= nil then s[k] = c[k] end
+  end
+  s.tie_word_embeddings = c.tie_word_embeddings and 1 or 0
+  s.qkv_bias = c.qkv_bias and 1 or 0
+  s.o_bias = c.o_bias and 1 or 0
+  s.qk_norm = c.qk_norm and 1 or 0
+  s.max_batch = opts and opts.max_batch or 0
+  s.max_seq = opts and opts.max_seq or 0
+  s.keep_logits_mb = opts and opts.keep_logits_mb or 256
+  return s
+end
+
+local arch_names = { llama = "LlamaForCausalLM", qwen2 = "Qwen2ForCausalLM", qwen3 = "Qwen3ForCausalLM" }
+
+local function wrap_model(ptr, cfg, parsed)
+  local m = setmetatable({ ptr = ffi.gc(ptr, C.clrt_model_free), config = cfg, _c = parsed }, Model)
+  m.names = {}
+  for i = 0, C.clrt_model_num_tensors(ptr) - 1 do
+    m.names[i + 1] = ffi.string(C.clrt_model_tensor_name(ptr, i))
+  end
+  return m
+end
+
+-- A copy of cfg with what transformers needs to load what we save.
+local function complete_config(cfg, parsed)
+  local out = {}
+  for k, v in pairs(cfg) do out[k] = v end
+  if is_null(out.architectures) then out.architectures = { arch_names[parsed.arch] } end
+  if is_null(out.model_type) then out.model_type = parsed.arch end
+  if is_null(out.head_dim) then out.head_dim = parsed.head_dim end
+  if is_null(out.num_key_value_heads) then out.num_key_value_heads = parsed.num_key_value_heads end
+  if is_null(out.tie_word_embeddings) then out.tie_word_embeddings = parsed.tie_word_embeddings end
+  if is_null(out.rope_theta) then out.rope_theta = parsed.rope_theta end
+  if is_null(out.hidden_act) then out.hidden_act = "silu" end
+  out.torch_dtype = "float32"
+  return out
+end
+
+-- Options of new and load: max_batch, max_seq (first size of the activation arena; it grows),
+-- keep_logits_mb (default 256: a kept forward whose [rows, vocab] logits fit keeps them for
+-- backward instead of recomputing them; 0 always recomputes, chunk by chunk).
+-- new(cfg, {seed =, ...}): a randomly initialised model.
+function M.new(cfg, opts)
+  opts = opts or {}
+  local parsed = parse_config(cfg, "model config")
+  local ptr = check(C.clrt_model_new(to_struct(parsed, opts)), 2)
+  ok(C.clrt_model_init_random(ptr, opts.seed or 0), 2)
+  return wrap_model(ptr, complete_config(cfg, parsed), parsed)
+end
+
+-- load(dir[, opts]): a Hugging Face model folder.
+function M.load(dir, opts)
+  local cpath = dir .. "/config.json"
+  local text = read_file(cpath)
+  if not text then error(("model.load: no config.json in %s"):format(dir), 2) end
+  local okj, cfg = pcall(cjson.decode, text)
+  if not okj then error(("%s: not valid JSON: %s"):format(cpath, tostring(cfg)), 2) end
+  local parsed = parse_config(cfg, cpath)
+  local ptr = ffi.gc(check(C.clrt_model_new(to_struct(parsed, opts)), 2), C.clrt_model_free)
+  local index = dir .. "/model.safetensors.index.json"
+  local itext = read_file(index)
+  if itext then
+    local oki, idx = pcall(cjson.decode, itext)
+    if not oki or type(idx) ~= "table" or type(idx.weight_map) ~= "table" then
+      error(("%s: expected a JSON object with a weight_map"):format(index), 2)
+    end
+    local files, seen = {}, {}
+    for name, file in pairs(idx.weight_map) do
+      if type(file) ~= "string" or file:find("/", 1, true) or file:find("..", 1, true) then
+        error(("%s: weight_map entry '%s' must name a file in the same folder"):format(index, tostring(name)), 2)
+      end
+      if not seen[file] then seen[file] = true; files[#files + 1] = file end
+    end
+    table.sort(files)
+    for _, f in ipairs(files) do ok(C.clrt_model_load_safetensors(ptr, dir .. "/" .. f), 2) end
+  elseif exists(dir .. "/model.safetensors") then
+    ok(C.clrt_model_load_safetensors(ptr, dir .. "/model.safetensors"), 2)
+  else
+    error(("model.load: %s has neither model.safetensors nor model.safetensors.index.json"):format(dir), 2)
+  end
+  ok(C.clrt_model_check_loaded(ptr, dir), 2)
+  ffi.gc(ptr, nil)
+  return wrap_model(ptr, cfg, parsed)
+end
+
+Model.__tostring = function(m)
+  if m.ptr == nil then return "Model(freed)" end
+  local c = m._c
+  return ("Model(%s, %.1fM params, %d layers, hidden %d, heads %d/%d, vocab %d%s)"):format(
+    arch_names[c.arch], tonumber(C.clrt_model_num_params(m.ptr)) / 1e6, c.num_hidden_layers, c.hidden_size,
+    c.num_attention_heads, c.num_key_value_heads, c.vocab_size, c.tie_word_embeddings and ", tied" or "")
+end
+
+local function live(m)
+  if m.ptr == nil then error("model: used after free()", 3) end
+  return m.ptr
+end
+
+-- save(dir): config.json + model.safetensors, each written atomically.
+function Model:save(dir)
+  C.mkdir(dir, tonumber("755", 8))
+  ok(C.clrt_model_save_safetensors(live(self), dir .. "/model.safetensors"), 2)
+  os.remove(dir .. "/model.safetensors.index.json")   -- a stale index would shadow the new file
+  local text = cjson.encode(complete_config(self.config, self._c))
+  ok(C.clrt_file_write_atomic(dir .. "/config.json", text, #text), 2)
+  return dir
+end
+
+-- Frees the arenas now rather than at garbage collection (the collector does not see their
+-- size). Views from params()/grads() keep their own arena alive until they are collected.
+function Model:free()
+  if self.ptr ~= nil then
+    C.clrt_model_free(ffi.gc(self.ptr, nil))
+    self.ptr = nil
+    self._params, self._grads = nil, nil
+  end
+end
+
+function Model:params()
+  if not self._params then
+    local t = {}
+    for i, name in ipairs(self.names) do t[name] = tensor.wrap(C.clrt_model_param(live(self), i - 1)) end
+    self._params = t
+  end
+  return self._params
+end
+
+function Model:grads()
+  if not self._grads then
+    local t = {}
+    for i, name in ipairs(self.names) do t[name] = tensor.wrap(C.clrt_model_grad(live(self), i - 1)) end
+    self._grads = t
+  end
+  return self._grads
+end
+
+function Model:num_params() return tonumber(C.clrt_model_num_params(live(self))) end
+
+function Model:memory()
+  local p = tonumber(C.clrt_model_memory(live(self), C.CLRT_ARENA_PARAMS))
+  local g = tonumber(C.clrt_model_memory(live(self), C.CLRT_ARENA_GRADS))
+  local a = tonumber(C.clrt_model_memory(live(self), C.CLRT_ARENA_ACTIVATIONS))
+  return { params = p, grads = g, activations = a, total = p + g + a }
+end
+
+function Model:zero_grad() ok(C.clrt_model_zero_grad(live(self)), 2) end
+
+-- tokens: rows (Lua tables, ragged allowed: right-padded to the longest) or an i32 tensor
+-- [B, T]. Returns an i32 buffer [B*T], B, T, and lengths (int32_t[B]).
+local function token_batch(tokens, lengths)
+  local B, T, buf, anchor
+  if tensor.is_tensor(tokens) then
+    if tokens:dim() ~= 2 then error("logprobs: tokens must be a 2-d tensor [B, T], got shape " .. tensor.shape_str(tokens), 3) end
+    if tokens:dtype() ~= "i32" or not tokens:is_contiguous() then tokens = tokens:to("i32") end
+    B, T = tokens:size(1), tokens:size(2)
+    buf = ffi.cast("int32_t *", tokens:data_ptr())
+    anchor = tokens   -- keeps the tensor (and buf) alive through the call
+  else
+    if type(tokens) ~= "table" or #tokens == 0 then error("logprobs: tokens must be a non-empty table of rows or an i32 tensor", 3) end
+    B, T = #tokens, 0
+    for b = 1, B do
+      if type(tokens[b]) ~= "table" then error(("logprobs: row %d is a %s, not a table of token ids"):format(b, type(tokens[b])), 3) end
+      if #tokens[b] > T then T = #tokens[b] end
+    end
+    if T == 0 then error("logprobs: every row is empty", 3) end
+    buf = ffi.new("int32_t[?]", B * T)
+    for b = 1, B do
+      local row = tokens[b]
+      for t = 1, #row do
+        local id = row[t]
+        if type(id) ~= "number" then error(("logprobs: token at row %d, position %d is a %s"):format(b, t, type(id)), 3) end
+        buf[(b - 1) * T + t - 1] = id
+      end
+    end
+    if not lengths then
+      lengths = {}
+      for b = 1, B do lengths[b] = #tokens[b] end
+    end
+  end
+  local lens = ffi.new("int32_t[?]", B)
+  if lengths then
+    if tensor.is_tensor(lengths) then lengths = lengths:totable() end
+    if #lengths ~= B then error(("logprobs: %d lengths for %d rows"):format(#lengths, B), 3) end
+    for b = 1, B do
+      local n = lengths[b]
+      if type(n) ~= "number" then error(("logprobs: length of row %d is a %s"):format(b, type(n)), 3) end
+      if not anchor and n > #tokens[b] then
+        error(("logprobs: length %d of row %d exceeds its %d tokens"):format(n, b, #tokens[b]), 3)
+      end
+      lens[b - 1] = n
+    end
+  else
+    for b = 1, B do lens[b - 1] = T end
+  end
+  return buf, B, T, lens, anchor
+end
+
+-- logprobs(tokens, {lengths =, grad = true}) -> f32 tensor [B, T-1]
+function Model:logprobs(tokens, opts)
+  opts = opts or {}
+  local buf, B, T, lens, anchor = token_batch(tokens, opts.lengths)
+  local lp = tensor.zeros({ B, T - 1 })
+  local keep = opts.grad ~= false
+  local p = T > 1 and ffi.cast("float *", lp:data_ptr()) or ffi.new("float[1]")
+  ok(C.clrt_model_logprobs(live(self), buf, B, T, lens, p, keep and 1 or 0), 2)
+  local _ = anchor
+  self._last = keep and { B, T - 1 } or nil
+  return lp
+end
+
+-- backward(dlogp): dlogp shaped like the last lp (tensor or nested table).
+function Model:backward(dlogp)
+  if not self._last then error("backward: no forward was kept for it (call logprobs without grad = false first)", 2) end
+  if not tensor.is_tensor(dlogp) then dlogp = tensor.from(dlogp) end
+  local s = dlogp:shape()
+  if #s ~= 2 or s[1] ~= self._last[1] or s[2] ~= self._last[2] then
+    error(("backward: dlogp has shape %s, but the last logprobs were [%d, %d]"):format(tensor.shape_str(dlogp), self._last[1], self._last[2]), 2)
+  end
+  if dlogp:dtype() ~= "f32" or not dlogp:is_contiguous() then dlogp = dlogp:to("f32") end
+  local p = dlogp:numel() > 0 and ffi.cast("float *", dlogp:data_ptr()) or ffi.new("float[1]")
+  ok(C.clrt_model_backward(live(self), p), 2)
+end
+
+-- Per-kernel seconds accumulated while CLRT_PROFILE=1 (reset = true clears them).
+function M.profile(reset)
+  local out = {}
+  for i = 0, C.clrt_profile_count() - 1 do
+    out[#out + 1] = { name = ffi.string(C.clrt_profile_name(i)), seconds = C.clrt_profile_seconds(i) }
+  end
+  if reset then C.clrt_profile_reset() end
+  return out
+end
+
+require("clrt.model_generate").install(Model)
+
+return M

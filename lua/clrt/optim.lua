@@ -1,0 +1,132 @@
+-- clrt.optim — optimizers over a model's parameter arena.
+--   opt = clrt.optim.adamw(m, {lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8,
+--                              weight_decay = 0.01, grad_clip = 1.0,
+--                              decay = function(name, shape) return #shape == 2 end})
+--   local norm = opt:step{lr = 3e-4}   -- clips, updates, returns the gradient norm before clipping
+--   opt:save("out/optimizer.safetensors"); opt:load("out/optimizer.safetensors")
+--   sd = opt:state_dict(); opt:load_state_dict(sd)
+-- Weight decay is decoupled (AdamW) and by default applies to matrices only, not to norms
+-- and biases.
+local ffi = require("ffi")
+local core = require("clrt.ffi")
+local tensor = require("clrt.tensor")
+local C, check, ok = core.C, core.check, core.ok
+
+local M = {}
+local AdamW = {}
+AdamW.__index = AdamW
+
+function M.adamw(model, opts)
+  opts = opts or {}
+  local betas = opts.betas or { 0.9, 0.999 }
+  local n = #model.names
+  local decay = ffi.new("uint8_t[?]", math.max(n, 1))
+  local params = model:params()
+  for i, name in ipairs(model.names) do
+    local d
+    if opts.decay then d = opts.decay(name, params[name]:shape())
+    else d = C.clrt_model_tensor_is_matrix(model.ptr, i - 1) == 1 end
+    decay[i - 1] = d and 1 or 0
+  end
+  local o = setmetatable({
+    model = model,
+    ptr = ffi.gc(check(C.clrt_adamw_new(model.ptr, decay), 2), C.clrt_adamw_free),
+    lr = opts.lr or 1e-3, beta1 = betas[1], beta2 = betas[2], eps = opts.eps or 1e-8,
+    weight_decay = opts.weight_decay or 0.01, grad_clip = opts.grad_clip or 0,
+  }, AdamW)
+  return o
+end
+
+-- step{lr =} -> gradient norm before clipping
+function AdamW:step(args)
+  args = args or {}
+  if self.ptr == nil or self.model.ptr == nil then error("adamw: step after free() of the optimizer or its model", 2) end
+  local norm = ffi.new("double[1]")
+  ok(C.clrt_adamw_step(self.ptr, args.lr or self.lr, self.beta1, self.beta2, self.eps,
+    self.weight_decay, self.grad_clip or 0, norm), 2)
+  return norm[0]
+end
+
+function AdamW:free()
+  if self.ptr ~= nil then
+    C.clrt_adamw_free(ffi.gc(self.ptr, nil))
+    self.ptr = nil
+  end
+end
+
+function AdamW:memory() return tonumber(C.clrt_adamw_memory(self.ptr)) end
+function AdamW:get_step() return tonumber(C.clrt_adamw_get_step(self.ptr)) end
+
+-- {step = n, exp_avg = {name = view}, exp_avg_sq = {name = view}}: views, not copies.
+function AdamW:state_dict()
+  local m1, m2 = {}, {}
+  for i, name in ipairs(self.model.names) do
+    m1[name] = tensor.wrap(C.clrt_adamw_moment(self.ptr, 0, i - 1))
+    m2[name] = tensor.wrap(C.clrt_adamw_moment(self.ptr, 1, i - 1))
+  end
+  return { step = self:get_step(), exp_avg = m1, exp_avg_sq = m2 }
+end
+
+function AdamW:load_state_dict(sd)
+  if type(sd) ~= "table" or type(sd.exp_avg) ~= "table" or type(sd.exp_avg_sq) ~= "table" then
+    error("load_state_dict: expected {step =, exp_avg =, exp_avg_sq =}", 2)
+  end
+  local mine = self:state_dict()
+  for _, key in ipairs({ "exp_avg", "exp_avg_sq" }) do
+    for _, name in ipairs(self.model.names) do
+      local src = sd[key][name]
+      if not src then error(("load_state_dict: %s of '%s' is missing"):format(key, name), 2) end
+      local dst = mine[key][name]
+      if tensor.shape_str(src) ~= tensor.shape_str(dst) then
+        error(("load_state_dict: %s of '%s' has shape %s, expected %s"):format(key, name,
+          tensor.shape_str(src), tensor.shape_str(dst)), 2)
+      end
+      dst:copy_(src)
+    end
+  end
+  C.clrt_adamw_set_step(self.ptr, sd.step or 0)
+end
+
+-- optimizer.safetensors: "exp_avg.<name>" and "exp_avg_sq.<name>" plus the step in metadata.
+function AdamW:save(path)
+  local sd = self:state_dict()
+  local names, ts, keep = {}, {}, {}
+  for _, key in ipairs({ "exp_avg", "exp_avg_sq" }) do
+    for _, name in ipairs(self.model.names) do
+      names[#names + 1] = key .. "." .. name
+      ts[#ts + 1] = sd[key][name]
+    end
+  end
+  local n = #names
+  local cn = ffi.new("const char *[?]", n)
+  local ct = ffi.new("const clrt_tensor *[?]", n)
+  for i = 1, n do
+    cn[i - 1] = names[i]
+    keep[i] = names[i]
+    ct[i - 1] = ts[i]
+  end
+  local mk = ffi.new("const char *[2]", { "format", "step" })
+  local stepstr = tostring(sd.step)
+  local mv = ffi.new("const char *[2]", { "pt", stepstr })
+  ok(C.clrt_safetensors_write(path, n, cn, ct, 2, mk, mv), 2)
+  local _ = keep
+  return path
+end
+
+function AdamW:load(path)
+  local st = ffi.gc(check(C.clrt_safetensors_open(path), 2), C.clrt_safetensors_close)
+  local sd = { exp_avg = {}, exp_avg_sq = {} }
+  for _, key in ipairs({ "exp_avg", "exp_avg_sq" }) do
+    for _, name in ipairs(self.model.names) do
+      local i = C.clrt_safetensors_find(st, key .. "." .. name)
+      if i < 0 then error(("%s: tensor '%s.%s' is missing"):format(path, key, name), 2) end
+      sd[key][name] = tensor.wrap(C.clrt_safetensors_tensor(st, i))
+    end
+  end
+  local step = C.clrt_safetensors_metadata(st, "step")
+  if step == nil then error(path .. ": metadata 'step' is missing", 2) end
+  sd.step = tonumber(ffi.string(step))
+  self:load_state_dict(sd)
+end
+
+return M

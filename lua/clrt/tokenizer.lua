@@ -1,0 +1,510 @@
+-- clrt.tokenizer — Hugging Face tokenizer.json (byte-level BPE) in C: load a model folder,
+-- encode/decode with the same ids as the Hugging Face tokenizers, stream-decode.
+--   local tok = clrt.tokenizer.load("models/Qwen3-0.6B")      -- folder or tokenizer.json
+--   local ids = tok:encode("Hello", {add_special_tokens = false})
+--   print(tok:decode(ids), tok:vocab_size(), tok.eos, tok.eot)
+-- The file is parsed here (cjson) and handed to runtime/tokenizer*.c piece by piece; every
+-- component the C side does not implement is an error naming it, never a silent difference.
+local ffi = require("ffi")
+local core = require("clrt.ffi")
+local cjson = require("cjson")
+local C = core.C
+
+local M = {}
+local Tokenizer = {}
+Tokenizer.__index = Tokenizer
+M.Tokenizer = Tokenizer
+
+-- GPT-4's split (cl100k), used by train(); the same one Llama 3 ships.
+M.GPT4_SPLIT = [[(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+]]
+-- GPT-2's split, what a ByteLevel pre-tokenizer with use_regex = true applies.
+M.GPT2_SPLIT = [['s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+]]
+
+local null = cjson.null
+local function isnull(v) return v == nil or v == null end
+
+local function read_file(path)
+  local f, err = io.open(path, "rb")
+  if not f then return nil, err end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function decode_json(path, text)
+  local ok, obj = pcall(cjson.decode, text)
+  if not ok then error(("tokenizer: %s is not valid JSON: %s"):format(path, tostring(obj)), 0) end
+  if type(obj) ~= "table" then error(("tokenizer: %s is JSON but not an object"):format(path), 0) end
+  return obj
+end
+
+-- Escape a literal for a regex (Split with a String pattern).
+local function regex_escape(s) return (s:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?%{%}|\\/]", "\\%0")) end
+
+-- Walk the pre_tokenizer tree into a flat list of split regexes plus the ByteLevel flags.
+local function flatten_pretok(pt, where, out)
+  if isnull(pt) then return end
+  local ty = pt.type
+  if ty == "Sequence" then
+    if type(pt.pretokenizers) ~= "table" then
+      error(("tokenizer: %s: pre_tokenizer Sequence has no pretokenizers list"):format(where), 0)
+    end
+    for _, p in ipairs(pt.pretokenizers) do flatten_pretok(p, where, out) end
+  elseif ty == "Split" then
+    local pat = pt.pattern
+    if type(pat) ~= "table" then error(("tokenizer: %s: Split pre_tokenizer has no pattern"):format(where), 0) end
+    local rx
+    if type(pat.Regex) == "string" then rx = pat.Regex
+    elseif type(pat.String) == "string" then rx = regex_escape(pat.String)
+    else error(("tokenizer: %s: Split pattern must be Regex or String"):format(where), 0) end
+    if pt.behavior ~= "Isolated" then
+      error(("tokenizer: %s: unsupported Split behavior %q (only Isolated)"):format(where, tostring(pt.behavior)), 0)
+    end
+    if pt.invert == true then error(("tokenizer: %s: unsupported Split with invert = true"):format(where), 0) end
+    out.splits[#out.splits + 1] = rx
+  elseif ty == "ByteLevel" then
+    if out.byte_level then error(("tokenizer: %s: more than one ByteLevel pre_tokenizer"):format(where), 0) end
+    out.byte_level = true
+    if pt.add_prefix_space == true then
+      if #out.splits > 0 then
+        error(("tokenizer: %s: unsupported ByteLevel add_prefix_space after a Split"):format(where), 0)
+      end
+      out.add_prefix_space = true
+    end
+    if pt.use_regex ~= false then out.splits[#out.splits + 1] = M.GPT2_SPLIT end
+  elseif ty == "Digits" then
+    out.splits[#out.splits + 1] = pt.individual_digits and [[\p{N}]] or [[\p{N}+]]
+  else
+    error(("tokenizer: %s: unsupported pre_tokenizer type %q"):format(where, tostring(ty)), 0)
+  end
+end
+
+local function parse_normalizer(n, where)
+  if isnull(n) then return false end
+  if n.type == "NFC" then return true end
+  if n.type == "Sequence" then
+    local nfc = false
+    for _, x in ipairs(n.normalizers or {}) do nfc = parse_normalizer(x, where) or nfc end
+    return nfc
+  end
+  error(("tokenizer: %s: unsupported normalizer type %q (supported: NFC)"):format(where, tostring(n.type)), 0)
+end
+
+local function check_decoder(d, where)
+  if isnull(d) then return end
+  if d.type == "ByteLevel" then return end
+  if d.type == "Sequence" then
+    for _, x in ipairs(d.decoders or {}) do check_decoder(x, where) end
+    return
+  end
+  error(("tokenizer: %s: unsupported decoder type %q (supported: ByteLevel)"):format(where, tostring(d.type)), 0)
+end
+
+-- TemplateProcessing's "single" template -> ids before and after the sequence.
+local function parse_post(p, where, out)
+  if isnull(p) then return end
+  if p.type == "ByteLevel" then return end
+  if p.type == "Sequence" then
+    for _, x in ipairs(p.processors or {}) do parse_post(x, where, out) end
+    return
+  end
+  if p.type ~= "TemplateProcessing" then
+    error(("tokenizer: %s: unsupported post_processor type %q (supported: TemplateProcessing, ByteLevel)")
+      :format(where, tostring(p.type)), 0)
+  end
+  local prefix, suffix, seen_seq = {}, {}, false
+  for _, piece in ipairs(p.single or {}) do
+    if piece.Sequence then
+      seen_seq = true
+    elseif piece.SpecialToken then
+      local name = piece.SpecialToken.id
+      local st = p.special_tokens and p.special_tokens[name]
+      if not st or type(st.ids) ~= "table" then
+        error(("tokenizer: %s: post_processor template names special token %q with no ids"):format(where, tostring(name)), 0)
+      end
+      for _, id in ipairs(st.ids) do
+        local list = seen_seq and suffix or prefix
+        list[#list + 1] = id
+      end
+    else
+      error(("tokenizer: %s: post_processor template has an unknown piece"):format(where), 0)
+    end
+  end
+  out.prefix, out.suffix = prefix, suffix
+end
+
+local function token_content(v)
+  if type(v) == "string" then return v end
+  if type(v) == "table" and type(v.content) == "string" then return v.content end
+  return nil
+end
+
+-- Build a tokenizer from parsed tokenizer.json (+ optional tokenizer_config.json) tables.
+function M.from_json(tj, config, where)
+  where = where or "tokenizer.json"
+  config = config or {}
+  local model = tj.model
+  if type(model) ~= "table" then error(("tokenizer: %s: missing \"model\""):format(where), 0) end
+  if model.type ~= nil and model.type ~= "BPE" then
+    error(("tokenizer: %s: unsupported model type %q (supported: BPE)"):format(where, tostring(model.type)), 0)
+  end
+  if type(model.vocab) ~= "table" then error(("tokenizer: %s: model has no \"vocab\" object"):format(where), 0) end
+  if type(model.merges) ~= "table" then error(("tokenizer: %s: model has no \"merges\" list"):format(where), 0) end
+  if not isnull(model.dropout) and model.dropout ~= 0 then
+    error(("tokenizer: %s: unsupported BPE dropout %s"):format(where, tostring(model.dropout)), 0)
+  end
+  if model.byte_fallback == true then error(("tokenizer: %s: unsupported BPE byte_fallback"):format(where), 0) end
+  for _, k in ipairs({ "continuing_subword_prefix", "end_of_word_suffix" }) do
+    if not isnull(model[k]) and model[k] ~= "" then
+      error(("tokenizer: %s: unsupported BPE %s %q"):format(where, k, tostring(model[k])), 0)
+    end
+  end
+  local pre = { splits = {} }
+  flatten_pretok(tj.pre_tokenizer, where, pre)
+  if not pre.byte_level then
+    error(("tokenizer: %s: pre_tokenizer has no ByteLevel step; only byte-level BPE is supported"):format(where), 0)
+  end
+  local nfc = parse_normalizer(tj.normalizer, where)
+  check_decoder(tj.decoder, where)
+  local post = { prefix = {}, suffix = {} }
+  parse_post(tj.post_processor, where, post)
+
+  local h = core.check(C.clrt_tokenizer_new())
+  h = ffi.gc(h, C.clrt_tokenizer_free)
+  local function ok(status, what)
+    if status ~= 0 then error(("%s: %s%s"):format(where, ffi.string(C.clrt_last_error()), what or ""), 0) end
+  end
+  for tokstr, id in pairs(model.vocab) do
+    if type(id) ~= "number" then error(("tokenizer: %s: vocab entry %q has a non-number id"):format(where, tokstr), 0) end
+    ok(C.clrt_tokenizer_add_vocab(h, tokstr, #tokstr, id))
+  end
+  for i, m in ipairs(model.merges) do
+    local a, b
+    if type(m) == "string" then a, b = m:match("^([^ ]+) ([^ ]+)$")
+    elseif type(m) == "table" then a, b = m[1], m[2] end
+    if type(a) ~= "string" or type(b) ~= "string" then
+      error(("tokenizer: %s: model.merges[%d] is not a pair of tokens"):format(where, i), 0)
+    end
+    ok(C.clrt_tokenizer_add_merge(h, a, #a, b, #b), (" (model.merges[%d])"):format(i))
+  end
+  local added, by_content = {}, {}
+  for i, a in ipairs(tj.added_tokens or {}) do
+    if type(a.content) ~= "string" or type(a.id) ~= "number" then
+      error(("tokenizer: %s: added_tokens[%d] needs content and id"):format(where, i), 0)
+    end
+    if a.single_word == true then
+      error(("tokenizer: %s: unsupported added token option single_word (added_tokens[%d] %q)"):format(where, i, a.content), 0)
+    end
+    ok(C.clrt_tokenizer_add_added(h, a.content, #a.content, a.id, a.special and 1 or 0, a.lstrip and 1 or 0,
+      a.rstrip and 1 or 0, a.normalized and 1 or 0))
+    added[a.id] = a.content
+    by_content[a.content] = a.id
+  end
+  for _, rx in ipairs(pre.splits) do ok(C.clrt_tokenizer_add_split(h, rx, #rx)) end
+  ok(C.clrt_tokenizer_set_flags(h, nfc and 1 or 0, model.ignore_merges == true and 1 or 0,
+    pre.add_prefix_space and 1 or 0))
+  local pa = ffi.new("int32_t[?]", math.max(#post.prefix, 1), post.prefix)
+  local sa = ffi.new("int32_t[?]", math.max(#post.suffix, 1), post.suffix)
+  ok(C.clrt_tokenizer_set_template(h, pa, #post.prefix, sa, #post.suffix))
+  ok(C.clrt_tokenizer_finish(h))
+
+  local self = setmetatable({ h = h, config = config, added = added, where = where,
+    splits = pre.splits, nfc = nfc }, Tokenizer)
+  self.n_vocab = C.clrt_tokenizer_vocab_size(h)
+  local function special(name)
+    local c = token_content(config[name])
+    return c and self:id(c) or nil
+  end
+  self.bos, self.eos, self.pad, self.unk = special("bos_token"), special("eos_token"), special("pad_token"), special("unk_token")
+  self.bos_token, self.eos_token = token_content(config.bos_token), token_content(config.eos_token)
+  -- End of a chat turn: the template's own marker when the vocabulary has one.
+  for _, name in ipairs({ "<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>" }) do
+    if by_content[name] then self.eot = by_content[name]; break end
+  end
+  self.eot = self.eot or self.eos
+  self.clean_up = config.clean_up_tokenization_spaces == true
+  return self
+end
+
+-- path: a model folder or a tokenizer.json file; tokenizer_config.json beside it is read too.
+function M.load(path)
+  local file, dir = path, nil
+  local probe = io.open(path .. "/tokenizer.json", "rb")
+  if probe then
+    probe:close()
+    file, dir = path .. "/tokenizer.json", path
+  else
+    dir = path:match("^(.*)/[^/]*$") or "."
+  end
+  local text, err = read_file(file)
+  if not text then
+    error(("tokenizer: cannot read %s: %s (give a tokenizer.json or a folder holding one)")
+      :format(file, tostring(err or "is a folder without tokenizer.json")), 0)
+  end
+  local tj = decode_json(file, text)
+  text = nil
+  local config = {}
+  local cfile = dir .. "/tokenizer_config.json"
+  local ctext = read_file(cfile)
+  if ctext then config = decode_json(cfile, ctext) end
+  local tok = M.from_json(tj, config, file)
+  tok.path, tok.dir = file, dir
+  return tok
+end
+
+local function want_special(opts)
+  if opts and opts.add_special_tokens == false then return 0 end
+  return 1
+end
+
+-- ids as a Lua array (1-based positions, 0-based token ids as in Hugging Face).
+function Tokenizer:encode(text, opts)
+  assert(type(text) == "string", "tokenizer:encode expects a string")
+  local n = ffi.new("int64_t[1]")
+  local p = C.clrt_tokenizer_encode(self.h, text, #text, want_special(opts), n)
+  if p == nil then core.fail(2) end
+  local out = {}
+  for i = 0, tonumber(n[0]) - 1 do out[i + 1] = p[i] end
+  return out
+end
+
+-- Encode many texts on all cores. opts.raw = true returns the flat C result instead:
+-- { ids = int32_t*, offsets = int64_t[n+1], n = count } (freed when collected).
+function Tokenizer:encode_batch(texts, opts)
+  local n = #texts
+  local ptrs = ffi.new("const char *[?]", math.max(n, 1))
+  local lens = ffi.new("size_t[?]", math.max(n, 1))
+  for i = 1, n do
+    assert(type(texts[i]) == "string", "tokenizer:encode_batch expects a list of strings")
+    ptrs[i - 1] = texts[i]
+    lens[i - 1] = #texts[i]
+  end
+  local offsets = ffi.new("int64_t[?]", n + 1)
+  local ids = C.clrt_tokenizer_encode_batch(self.h, ptrs, lens, n, want_special(opts), offsets)
+  if ids == nil then core.fail(2) end
+  ids = ffi.gc(ids, C.clrt_tokenizer_free_ids)
+  if opts and opts.raw then return { ids = ids, offsets = offsets, n = n, texts = texts } end
+  local out = {}
+  for i = 0, n - 1 do
+    local t = {}
+    for j = tonumber(offsets[i]), tonumber(offsets[i + 1]) - 1 do t[#t + 1] = ids[j] end
+    out[i + 1] = t
+  end
+  return out
+end
+
+local function lossy(s)
+  local buf = ffi.new("char[?]", #s * 3 + 1)
+  return ffi.string(buf, C.clrt_utf8_lossy(s, #s, buf))
+end
+M.utf8_lossy = lossy
+
+-- Hugging Face's clean_up_tokenization (applied when tokenizer_config.json asks for it).
+local function clean_up(s)
+  local pairs_ = { { " .", "." }, { " ?", "?" }, { " !", "!" }, { " ,", "," }, { " ' ", "'" },
+    { " n't", "n't" }, { " 'm", "'m" }, { " 's", "'s" }, { " 've", "'ve" }, { " 're", "'re" } }
+  for _, p in ipairs(pairs_) do
+    local from = p[1]:gsub("%p", "%%%0")
+    s = s:gsub(from, (p[2]:gsub("%%", "%%%%")))
+  end
+  return s
+end
+
+local function to_cids(ids)
+  if type(ids) == "table" then
+    local n = #ids
+    local a = ffi.new("int32_t[?]", math.max(n, 1))
+    for i = 1, n do a[i - 1] = ids[i] end
+    return a, n
+  end
+  error("tokenizer:decode expects a table of ids", 3)
+end
+
+-- ids -> text. opts.skip_special_tokens (default false); opts.clean_up_tokenization_spaces
+-- (default: tokenizer_config.json's value, else false). Invalid UTF-8 becomes U+FFFD.
+function Tokenizer:decode(ids, opts)
+  opts = opts or {}
+  local a, n = to_cids(ids)
+  local len = ffi.new("size_t[1]")
+  local p = C.clrt_tokenizer_decode(self.h, a, n, opts.skip_special_tokens and 1 or 0, len)
+  if p == nil then core.fail(2) end
+  local s = lossy(ffi.string(p, len[0]))
+  local cu = opts.clean_up_tokenization_spaces
+  if cu == nil then cu = self.clean_up end
+  if cu then s = clean_up(s) end
+  return s
+end
+
+-- The raw bytes of one token (an added token's text, a vocab token's bytes).
+function Tokenizer:token_bytes(id)
+  local len = ffi.new("size_t[1]")
+  local p = C.clrt_tokenizer_token_bytes(self.h, id, len)
+  if p == nil then core.fail(2) end
+  return ffi.string(p, len[0])
+end
+
+local byte_level = {}
+do
+  local n = 256
+  for b = 0, 255 do
+    local printable = (b >= 33 and b <= 126) or (b >= 161 and b <= 172) or b >= 174
+    local cp = printable and b or n
+    if not printable then n = n + 1 end
+    if cp < 0x80 then byte_level[b] = string.char(cp)
+    else byte_level[b] = string.char(0xC0 + math.floor(cp / 64), 0x80 + cp % 64) end
+  end
+end
+
+-- The token as tokenizer.json spells it (byte-level form for vocab tokens).
+function Tokenizer:token(id)
+  if self.added[id] then return self.added[id] end
+  return (self:token_bytes(id):gsub(".", function(c) return byte_level[c:byte()] end))
+end
+
+-- Id of a token spelled as in tokenizer.json (or an added token's text); nil if none.
+function Tokenizer:id(token)
+  local id = C.clrt_tokenizer_id(self.h, token, #token)
+  if id < 0 then return nil end
+  return id
+end
+
+function Tokenizer:vocab_size() return self.n_vocab end
+function Tokenizer:is_special(id) return C.clrt_tokenizer_is_added(self.h, id) == 2 end
+
+-- Streaming decode: push ids as they are generated; each push returns the text that is
+-- complete so far (never half a UTF-8 character); finish() flushes the rest.
+local Stream = {}
+Stream.__index = Stream
+function Tokenizer:stream(opts)
+  return setmetatable({ tok = self, pending = "", skip = opts and opts.skip_special_tokens }, Stream)
+end
+Tokenizer.decoder = Tokenizer.stream
+
+function Stream:push(id)
+  local tok = self.tok
+  if self.skip and tok:is_special(id) then return "" end
+  local s = self.pending .. tok:token_bytes(id)
+  local k = tonumber(C.clrt_utf8_complete_prefix(s, #s))
+  self.pending = s:sub(k + 1)
+  return lossy(s:sub(1, k))
+end
+
+function Stream:finish()
+  local s = self.pending
+  self.pending = ""
+  return lossy(s)
+end
+
+-- Train a byte-level BPE (GPT-4 split) on a list of texts. Returns a tokenizer.json table
+-- ready for cjson.encode (and for M.from_json). opts: vocab_size, special_tokens (list of
+-- strings, ids after the learnt vocabulary), split (regex), min_frequency.
+function M.train(texts, opts)
+  opts = opts or {}
+  local vocab_size = assert(opts.vocab_size, "train: vocab_size is required")
+  local specials = opts.special_tokens or {}
+  local split = opts.split or M.GPT4_SPLIT
+  local n = #texts
+  local ptrs = ffi.new("const char *[?]", math.max(n, 1))
+  local lens = ffi.new("size_t[?]", math.max(n, 1))
+  for i = 1, n do ptrs[i - 1] = texts[i]; lens[i - 1] = #texts[i] end
+  local out = ffi.new("int32_t *[1]")
+  local nm = C.clrt_bpe_train(ptrs, lens, n, split, #split, vocab_size - #specials, opts.min_frequency or 2, out)
+  if nm < 0 then core.fail(2) end
+  local m = ffi.gc(out[0], C.clrt_tokenizer_free_ids)
+  local bytes = {}
+  for b = 0, 255 do bytes[b] = string.char(b) end
+  local function spell(s) return (s:gsub(".", function(c) return byte_level[c:byte()] end)) end
+  local vocab, merges = {}, {}
+  for b = 0, 255 do vocab[spell(bytes[b])] = b end
+  local next_id = 256
+  for i = 0, tonumber(nm) - 1 do
+    local a, b, r = m[3 * i], m[3 * i + 1], m[3 * i + 2]
+    if not bytes[r] then bytes[r] = bytes[a] .. bytes[b] end
+    if r >= next_id then vocab[spell(bytes[r])] = r; next_id = r + 1 end
+    merges[#merges + 1] = { spell(bytes[a]), spell(bytes[b]) }
+  end
+  local added = {}
+  for i, s in ipairs(specials) do
+    added[i] = { id = next_id + i - 1, content = s, single_word = false, lstrip = false, rstrip = false,
+      normalized = false, special = true }
+  end
+  return {
+    version = "1.0", truncation = null, padding = null, added_tokens = added,
+    normalizer = { type = "NFC" },
+    pre_tokenizer = { type = "Sequence", pretokenizers = {
+      { type = "Split", pattern = { Regex = split }, behavior = "Isolated", invert = false },
+      { type = "ByteLevel", add_prefix_space = false, trim_offsets = false, use_regex = false } } },
+    post_processor = { type = "ByteLevel", add_prefix_space = false, trim_offsets = false, use_regex = false },
+    decoder = { type = "ByteLevel", add_prefix_space = false, trim_offsets = false, use_regex = false },
+    model = { type = "BPE", dropout = null, unk_token = null, continuing_subword_prefix = "",
+      end_of_word_suffix = "", fuse_unk = false, byte_fallback = false, ignore_merges = false,
+      vocab = vocab, merges = merges },
+  }, tonumber(nm)
+end
+
+-- JSON text with keys in a fixed order (objects whose keys are listed in `order`, the vocab
+-- sorted by id) so saved files are deterministic and read like the Hub's.
+local ORDER = { "version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer",
+  "post_processor", "decoder", "model", "type", "id", "content", "single_word", "lstrip", "rstrip",
+  "normalized", "special", "pretokenizers", "pattern", "Regex", "behavior", "invert", "add_prefix_space",
+  "trim_offsets", "use_regex", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
+  "fuse_unk", "byte_fallback", "ignore_merges", "vocab", "merges" }
+local RANK = {}
+for i, k in ipairs(ORDER) do RANK[k] = i end
+
+local function to_json(v, out, key, indent)
+  local ty = type(v)
+  if v == null or v == nil then out[#out + 1] = "null"
+  elseif ty == "boolean" or ty == "number" then out[#out + 1] = tostring(v)
+  elseif ty == "string" then out[#out + 1] = cjson.encode(v)
+  elseif key == "vocab" then
+    local items = {}
+    for k, id in pairs(v) do items[#items + 1] = { k, id } end
+    table.sort(items, function(a, b) return a[2] < b[2] end)
+    out[#out + 1] = "{"
+    for i, it in ipairs(items) do
+      out[#out + 1] = (i > 1 and ",\n" or "\n") .. indent .. "  " .. cjson.encode(it[1]) .. ": " .. it[2]
+    end
+    out[#out + 1] = "\n" .. indent .. "}"
+  elseif v[1] ~= nil or key == "merges" or key == "added_tokens" or key == "pretokenizers" then
+    out[#out + 1] = "["
+    for i, x in ipairs(v) do
+      out[#out + 1] = (i > 1 and ",\n" or "\n") .. indent .. "  "
+      to_json(x, out, nil, indent .. "  ")
+    end
+    out[#out + 1] = (#v > 0 and "\n" .. indent or "") .. "]"
+  else
+    local keys = {}
+    for k in pairs(v) do keys[#keys + 1] = k end
+    table.sort(keys, function(a, b)
+      local ra, rb = RANK[a] or 1000, RANK[b] or 1000
+      if ra ~= rb then return ra < rb end
+      return a < b
+    end)
+    out[#out + 1] = "{"
+    for i, k in ipairs(keys) do
+      out[#out + 1] = (i > 1 and ",\n" or "\n") .. indent .. "  " .. cjson.encode(k) .. ": "
+      to_json(v[k], out, k, indent .. "  ")
+    end
+    out[#out + 1] = (#keys > 0 and "\n" .. indent or "") .. "}"
+  end
+end
+
+function M.to_json(tbl)
+  local out = {}
+  to_json(tbl, out, nil, "")
+  return table.concat(out) .. "\n"
+end
+
+-- Write a file through a temporary name so a crash never leaves half a file.
+function M.write_file(path, text)
+  local tmp = path .. ".tmp"
+  local f, err = io.open(tmp, "wb")
+  if not f then error(("tokenizer: cannot write %s: %s"):format(tmp, tostring(err)), 2) end
+  f:write(text)
+  f:close()
+  local ok, rerr = os.rename(tmp, path)
+  if not ok then error(("tokenizer: cannot rename %s to %s: %s"):format(tmp, path, tostring(rerr)), 2) end
+end
+
+return M

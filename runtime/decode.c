@@ -1,0 +1,169 @@
+/* decode.c — the KV cache behind generation: `slots` independent sequences of up to max_len
+ * tokens, each remembering its length, over clrt_model_forward_cached (the training forward's
+ * own layer code, so greedy decoding equals argmax over a full recompute).
+ *
+ * The cache holds, per layer, K and V as [slots, max_len, KV, D]. A decode step takes rows
+ * from any slots — rows join and leave the batch as generation goes — and forward_cached
+ * reads each row's own slot. Prompts are prefilled in chunks so activations stay bounded. */
+#include "clrt.h"
+#include "model_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { PREFILL_CHUNK = 256 };
+
+struct clrt_decoder {
+  clrt_model *m;
+  int slots, max_len;
+  clrt_storage *cache;          /* K and V of every layer */
+  float **k, **v;               /* [L] views into cache */
+  int32_t *len;                 /* [slots] tokens in each slot */
+  int32_t *pos;                 /* [slots] scratch: positions of a step's rows */
+  float *logits;                /* [slots, V] scratch for a step's rows */
+};
+
+clrt_decoder *clrt_decoder_new(clrt_model *m, int slots, int max_len) {
+  const clrt_model_config *c = &m->cfg;
+  if (slots < 1 || max_len < 1) {
+    clrt_set_error("decoder: slots (%d) and max_len (%d) must be positive", slots, max_len);
+    return NULL;
+  }
+  clrt_decoder *d = calloc(1, sizeof *d);
+  if (!d) goto oom;
+  d->m = m;
+  d->slots = slots;
+  d->max_len = max_len;
+  int L = c->num_hidden_layers;
+  size_t per = (size_t)slots * max_len * c->num_key_value_heads * c->head_dim;
+  size_t bytes = 2 * (size_t)L * per * sizeof(float);
+  if (!(d->cache = clrt_storage_new(bytes, CLRT_CPU))) {
+    clrt_set_error("decoder: cannot allocate the KV cache: %zu MiB for %d slots x %d tokens",
+                   bytes >> 20, slots, max_len);
+    free(d);
+    return NULL;
+  }
+  d->k = malloc(sizeof(float *) * (size_t)L);
+  d->v = malloc(sizeof(float *) * (size_t)L);
+  d->len = calloc((size_t)slots, sizeof *d->len);
+  d->pos = calloc((size_t)slots, sizeof *d->pos);
+  d->logits = malloc(sizeof(float) * (size_t)slots * c->vocab_size);
+  if (!d->k || !d->v || !d->len || !d->pos || !d->logits) {
+    clrt_decoder_free(d);
+    goto oom;
+  }
+  for (int l = 0; l < L; l++) {
+    d->k[l] = (float *)d->cache->data + (size_t)(2 * l) * per;
+    d->v[l] = (float *)d->cache->data + (size_t)(2 * l + 1) * per;
+  }
+  return d;
+oom:
+  clrt_set_error("decoder: out of memory");
+  return NULL;
+}
+
+void clrt_decoder_free(clrt_decoder *d) {
+  if (!d) return;
+  clrt_storage_release(d->cache);
+  free(d->k);
+  free(d->v);
+  free(d->len);
+  free(d->pos);
+  free(d->logits);
+  free(d);
+}
+
+size_t clrt_decoder_bytes(const clrt_decoder *d) {
+  return d->cache->bytes + sizeof(float) * (size_t)d->slots * d->m->cfg.vocab_size;
+}
+
+int clrt_decoder_length(const clrt_decoder *d, int slot) {
+  return slot >= 0 && slot < d->slots ? d->len[slot] : -1;
+}
+
+static int check_slot(const clrt_decoder *d, int slot, const char *op) {
+  if (slot < 0 || slot >= d->slots) {
+    clrt_set_error("decoder: %s: slot %d out of range (the decoder has %d)", op, slot, d->slots);
+    return -1;
+  }
+  return 0;
+}
+
+int clrt_decoder_reset(clrt_decoder *d, int slot) {
+  if (check_slot(d, slot, "reset")) return -1;
+  d->len[slot] = 0;
+  return 0;
+}
+
+int clrt_decoder_copy_slot(clrt_decoder *d, int src, int dst) {
+  if (check_slot(d, src, "copy_slot") || check_slot(d, dst, "copy_slot")) return -1;
+  if (src == dst) return 0;
+  const clrt_model_config *c = &d->m->cfg;
+  size_t row = (size_t)c->num_key_value_heads * c->head_dim, stride = (size_t)d->max_len * row;
+  size_t n = (size_t)d->len[src] * row * sizeof(float);
+  for (int l = 0; l < c->num_hidden_layers; l++) {
+    memcpy(d->k[l] + dst * stride, d->k[l] + src * stride, n);
+    memcpy(d->v[l] + dst * stride, d->v[l] + src * stride, n);
+  }
+  d->len[dst] = d->len[src];
+  return 0;
+}
+
+int clrt_decoder_append(clrt_decoder *d, int slot, const int32_t *tokens, int T,
+                        float *logits /* [slots, V] */) {
+  if (check_slot(d, slot, "prefill")) return -1;
+  if (T < 1) {
+    clrt_set_error("decoder: prefill needs at least one token");
+    return -1;
+  }
+  if (d->len[slot] + T > d->max_len) {
+    clrt_set_error("decoder: slot %d holds %d tokens; %d more exceed its context of %d", slot,
+                   d->len[slot], T, d->max_len);
+    return -1;
+  }
+  int V = d->m->cfg.vocab_size;
+  for (int t0 = 0; t0 < T; t0 += PREFILL_CHUNK) {
+    int n = T - t0 < PREFILL_CHUNK ? T - t0 : PREFILL_CHUNK;
+    int32_t pos0 = d->len[slot], s = slot;
+    if (clrt_model_forward_cached(d->m, tokens + t0, 1, n, &pos0, &s, NULL, d->k, d->v,
+                                  d->max_len, logits + (size_t)slot * V))
+      return -1;
+    d->len[slot] += n;
+  }
+  return 0;
+}
+
+int clrt_decoder_decode(clrt_decoder *d, int n, const int32_t *slots /* [n] */,
+                        const int32_t *tokens /* [n] */, float *logits /* [slots, V] */) {
+  if (n < 1 || n > d->slots) {
+    clrt_set_error("decoder: decode of %d rows (1..%d)", n, d->slots);
+    return -1;
+  }
+  for (int i = 0; i < n; i++) {
+    int s = slots[i];
+    if (check_slot(d, s, "decode")) return -1;
+    if (d->len[s] == 0) {
+      clrt_set_error("decoder: decode: slot %d is empty (prefill it first)", s);
+      return -1;
+    }
+    if (d->len[s] >= d->max_len) {
+      clrt_set_error("decoder: decode: slot %d is full (%d tokens)", s, d->max_len);
+      return -1;
+    }
+    for (int j = 0; j < i; j++)
+      if (slots[j] == s) {
+        clrt_set_error("decoder: decode: slot %d appears twice in one step", s);
+        return -1;
+      }
+    d->pos[i] = d->len[s];
+  }
+  int V = d->m->cfg.vocab_size;
+  if (clrt_model_forward_cached(d->m, tokens, n, 1, d->pos, slots, NULL, d->k, d->v, d->max_len,
+                                d->logits))
+    return -1;
+  for (int i = 0; i < n; i++) {
+    d->len[slots[i]]++;
+    memcpy(logits + (size_t)slots[i] * V, d->logits + (size_t)i * V, sizeof(float) * (size_t)V);
+  }
+  return 0;
+}

@@ -1,0 +1,36 @@
+/* model_internal.h — the model's layout, shared by model.c and optim.c (not for Lua). */
+#ifndef CLRT_MODEL_INTERNAL_H
+#define CLRT_MODEL_INTERNAL_H
+#include "clrt.h"
+
+typedef struct clrt_param_info {
+  char name[96];               /* Hugging Face name */
+  int ndim;
+  int64_t shape[2];
+  int64_t offset, numel;       /* in floats, into the params (and grads, moments) arena */
+  int loaded;                  /* set by clrt_model_load_safetensors */
+} clrt_param_info;
+
+/* Offsets (floats) of one layer's parameters; -1 when the architecture has none. */
+typedef struct clrt_layer_offsets {
+  int64_t ln1, wq, bq, wk, bk, wv, bv, wo, bo, qn, kn, ln2, wg, wu, wd;
+} clrt_layer_offsets;
+
+struct clrt_model {
+  clrt_model_config cfg;
+  int np;
+  clrt_param_info *p;
+  int64_t total;               /* floats in the params arena */
+  clrt_layer_offsets *layer;
+  int64_t wte, norm, head;     /* head == wte when tied */
+  clrt_storage *params, *grads, *acts;
+  float *inv_freq;             /* [D/2] */
+  float *rope_cos, *rope_sin;  /* [rope_len, D/2] */
+  int rope_len;
+  /* The last forward kept for backward. */
+  int saved, B, T;
+  int64_t nv;                  /* rows with a target */
+  int threads;                 /* OpenMP threads the activation layout was made for */
+};
+
+#endif

@@ -1,0 +1,99 @@
+/* optim.c — fused AdamW over a model's parameter arena: global-norm clipping, then one pass
+   per tensor updating parameters and both moments (math in kernels/model_math.h). */
+#include "model_internal.h"
+#include "cpu/model_kernels.h"
+#include "model_math.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct clrt_adamw {
+  clrt_model *m;
+  clrt_storage *m1, *m2;   /* exp_avg, exp_avg_sq: laid out like the params arena */
+  uint8_t *decay;          /* [np] */
+  int64_t step;
+};
+
+clrt_adamw *clrt_adamw_new(clrt_model *m, const uint8_t *decay) {
+  clrt_adamw *o = calloc(1, sizeof *o);
+  if (!o) goto oom;
+  o->m = m;
+  o->decay = calloc((size_t)m->np, 1);
+  if (!o->decay) goto oom;
+  for (int i = 0; i < m->np; i++) o->decay[i] = decay ? decay[i] != 0 : m->p[i].ndim == 2;
+  size_t bytes = sizeof(float) * (size_t)m->total;
+  if (!(o->m1 = clrt_storage_new(bytes, CLRT_CPU)) || !(o->m2 = clrt_storage_new(bytes, CLRT_CPU))) {
+    clrt_adamw_free(o);
+    return NULL;
+  }
+  return o;
+oom:
+  clrt_adamw_free(o);
+  clrt_set_error("adamw: out of memory");
+  return NULL;
+}
+
+void clrt_adamw_free(clrt_adamw *o) {
+  if (!o) return;
+  clrt_storage_release(o->m1);
+  clrt_storage_release(o->m2);
+  free(o->decay);
+  free(o);
+}
+
+int64_t clrt_adamw_get_step(const clrt_adamw *o) { return o->step; }
+void clrt_adamw_set_step(clrt_adamw *o, int64_t step) { o->step = step; }
+
+size_t clrt_adamw_memory(const clrt_adamw *o) { return o->m1->bytes + o->m2->bytes; }
+
+clrt_tensor *clrt_adamw_moment(clrt_adamw *o, int which, int i) {
+  if (i < 0 || i >= o->m->np || which < 0 || which > 1) {
+    clrt_set_error("adamw: moment %d of tensor %d out of range", which, i);
+    return NULL;
+  }
+  const clrt_param_info *p = &o->m->p[i];
+  return clrt_tensor_over(which ? o->m2 : o->m1, CLRT_F32, p->ndim, p->shape, NULL, p->offset);
+}
+
+int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps,
+                    float weight_decay, float grad_clip, double *grad_norm) {
+  clrt_model *m = o->m;
+  if (!m->grads) {
+    clrt_set_error("adamw: the model has no gradients yet (run backward first)");
+    return -1;
+  }
+  if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1 && eps >= 0 && lr >= 0)) {
+    clrt_set_error("adamw: need 0 <= betas < 1, eps >= 0 and lr >= 0 (lr %g, betas %g %g, eps %g)",
+                   lr, beta1, beta2, eps);
+    return -1;
+  }
+  float *P = m->params->data, *G = m->grads->data, *M1 = o->m1->data, *M2 = o->m2->data;
+  /* The padding between tensors stays zero in grads, so the whole arena sums correctly. */
+  double ss = 0;
+#pragma omp parallel for reduction(+ : ss) schedule(static)
+  for (int64_t k = 0; k < m->total; k++) ss += (double)G[k] * G[k];
+  double norm = sqrt(ss);
+  if (grad_norm) *grad_norm = norm;
+  if (!isfinite(norm)) {
+    clrt_set_error("adamw: gradient norm is %g; the step was skipped", norm);
+    return -1;
+  }
+  float gscale = 1.0f;
+  if (grad_clip > 0 && norm > grad_clip) gscale = (float)(grad_clip / (norm + 1e-6));
+  o->step++;
+  float bc1 = (float)(1.0 - pow(beta1, (double)o->step));
+  float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)o->step));
+  /* One parallel region for all tensors: many are tiny (norms, biases), and a fork/join per
+     tensor costs more than their update. */
+#pragma omp parallel
+  for (int i = 0; i < m->np; i++) {
+    const clrt_param_info *p = &m->p[i];
+    float decay = o->decay[i] ? lr * weight_decay : 0.0f;
+    float *pp = P + p->offset, *gg = G + p->offset, *m1 = M1 + p->offset, *m2 = M2 + p->offset;
+#pragma omp for schedule(static) nowait
+    for (int64_t k = 0; k < p->numel; k++)
+      clrt_adamw_update(&pp[k], &m1[k], &m2[k], gg[k] * gscale, lr, beta1, beta2, eps, decay, bc1, bc2_sqrt);
+  }
+  return 0;
+}

@@ -1,0 +1,324 @@
+/* test_model_kernels.c — every CPU kernel's backward against central finite differences of
+   its forward (loss = sum(out * R) for a random R), plus the attention forward against a
+   naive loop, including the KV-cache form (position offsets, keys from a separate buffer). */
+#include "clrt.h"
+#include "check.h"
+#include "cpu/model_kernels.h"
+#include "model_math.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static clrt_rng rng;
+
+static float *randv(size_t n, float scale) {
+  float *p = malloc(sizeof(float) * (n ? n : 1));
+  for (size_t i = 0; i < n; i++) p[i] = (float)(scale * clrt_rng_normal(&rng));
+  return p;
+}
+
+static float *zerov(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
+
+static double dotv(const float *a, const float *b, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+  return s;
+}
+
+/* The loss as a function of the buffers; the checker perturbs one input element at a time. */
+typedef double (*loss_fn)(void *ctx);
+
+/* Compares analytic gradient g of buffer x (n elements, every `stride`-th checked) with
+   (L(x+h) - L(x-h)) / 2h; tolerance relative to the gradient's largest magnitude. */
+static void fd_check(const char *what, loss_fn L, void *ctx, float *x, const float *g, size_t n,
+                     size_t stride, float h, double rtol) {
+  double scale = 0, worst = 0;
+  for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(g[i]));
+  for (size_t i = 0; i < n; i += stride) {
+    float x0 = x[i];
+    x[i] = x0 + h;
+    double lp = L(ctx);
+    x[i] = x0 - h;
+    double lm = L(ctx);
+    x[i] = x0;
+    double num = (lp - lm) / (2.0 * h);
+    worst = fmax(worst, fabs(num - g[i]));
+  }
+  if (worst <= rtol * scale + 1e-5 && scale > 0) check_passed++;
+  else {
+    check_failed++;
+    fprintf(stderr, "%s: finite differences differ by %.3g (gradient scale %.3g)\n", what, worst, scale);
+  }
+}
+
+/* ---- linear ------------------------------------------------------------------------------ */
+typedef struct { int N, K, O; float *x, *w, *b, *y, *R; } lin_ctx;
+static double lin_loss(void *p) {
+  lin_ctx *c = p;
+  clrt_linear_forward(c->y, c->x, c->w, c->b, c->N, c->K, c->O);
+  return dotv(c->y, c->R, (size_t)c->N * c->O);
+}
+static void test_linear(void) {
+  lin_ctx c = {.N = 5, .K = 7, .O = 6};
+  c.x = randv(35, 1); c.w = randv(42, 1); c.b = randv(6, 1); c.y = zerov(30); c.R = randv(30, 1);
+  float *dx = randv(35, 1), *dx0 = malloc(35 * 4), *dw = zerov(42), *db = zerov(6);
+  memcpy(dx0, dx, 35 * 4);
+  clrt_linear_backward(dx, dw, db, c.R, c.x, c.w, 5, 7, 6, 1);   /* accumulate onto dx0 */
+  for (int i = 0; i < 35; i++) dx[i] -= dx0[i];
+  fd_check("linear dx", lin_loss, &c, c.x, dx, 35, 1, 1e-2f, 1e-3);
+  fd_check("linear dw", lin_loss, &c, c.w, dw, 42, 1, 1e-2f, 1e-3);
+  fd_check("linear db", lin_loss, &c, c.b, db, 6, 1, 1e-2f, 1e-3);
+  free(c.x); free(c.w); free(c.b); free(c.y); free(c.R); free(dx); free(dx0); free(dw); free(db);
+}
+
+/* ---- embedding --------------------------------------------------------------------------- */
+typedef struct { int N, C; int32_t *tok; float *w, *out, *R; } emb_ctx;
+static double emb_loss(void *p) {
+  emb_ctx *c = p;
+  clrt_embedding_forward(c->out, c->tok, c->w, c->N, c->C);
+  return dotv(c->out, c->R, (size_t)c->N * c->C);
+}
+static void test_embedding(void) {
+  int32_t tok[6] = {3, 1, 3, 0, 4, 3};   /* repeats accumulate */
+  emb_ctx c = {.N = 6, .C = 5, .tok = tok};
+  c.w = randv(25, 1); c.out = zerov(30); c.R = randv(30, 1);
+  float *dw = zerov(25);
+  clrt_embedding_backward(dw, c.R, tok, 6, 5);
+  fd_check("embedding dw", emb_loss, &c, c.w, dw, 25, 1, 1e-2f, 1e-3);
+  free(c.w); free(c.out); free(c.R); free(dw);
+}
+
+/* ---- rmsnorm ----------------------------------------------------------------------------- */
+typedef struct { int N, C; float *x, *w, *out, *rstd, *R; } rms_ctx;
+static double rms_loss(void *p) {
+  rms_ctx *c = p;
+  clrt_rmsnorm_forward(c->out, c->rstd, c->x, c->w, c->N, c->C, 1e-5f);
+  return dotv(c->out, c->R, (size_t)c->N * c->C);
+}
+static void test_rmsnorm(void) {
+  rms_ctx c = {.N = 4, .C = 70};   /* C > 64: the dw column blocks split */
+  c.x = randv(280, 1); c.w = randv(70, 1); c.out = zerov(280); c.rstd = zerov(4); c.R = randv(280, 1);
+  rms_loss(&c);
+  float *dx = zerov(280), *dw = zerov(70);
+  clrt_rmsnorm_backward(dx, dw, c.R, c.x, c.w, c.rstd, 4, 70);
+  fd_check("rmsnorm dx", rms_loss, &c, c.x, dx, 280, 1, 1e-2f, 2e-3);
+  fd_check("rmsnorm dw", rms_loss, &c, c.w, dw, 70, 1, 1e-2f, 2e-3);
+  /* forward against the formula */
+  double ss = 0;
+  for (int i = 0; i < 70; i++) ss += (double)c.x[i] * c.x[i];
+  CHECK_NEAR(c.out[3], c.w[3] * c.x[3] / sqrt(ss / 70 + 1e-5), 1e-5);
+  free(c.x); free(c.w); free(c.out); free(c.rstd); free(c.R); free(dx); free(dw);
+}
+
+/* ---- rope ---------------------------------------------------------------------------------- */
+enum { RB = 2, RT = 5, RH = 3, RD = 8 };
+typedef struct { float *x, *y, *cs, *sn, *R; int32_t *pos0; } rope_ctx;
+static double rope_loss(void *p) {
+  rope_ctx *c = p;
+  memcpy(c->y, c->x, sizeof(float) * RB * RT * RH * RD);
+  clrt_rope_forward(c->y, c->cs, c->sn, c->pos0, RB, RT, RH, RD);
+  return dotv(c->y, c->R, RB * RT * RH * RD);
+}
+static void test_rope(void) {
+  int n = RB * RT * RH * RD, P = 16;
+  float inv[RD / 2] = {1.0f, 0.3f, 0.05f, 0.001f};
+  int32_t pos0[RB] = {0, 7};
+  rope_ctx c = {randv((size_t)n, 1), zerov((size_t)n), zerov((size_t)P * RD / 2), zerov((size_t)P * RD / 2), randv((size_t)n, 1), pos0};
+  clrt_rope_table(c.cs, c.sn, inv, P, RD);
+  float *dx = malloc(sizeof(float) * (size_t)n);
+  memcpy(dx, c.R, sizeof(float) * (size_t)n);
+  clrt_rope_backward(dx, c.cs, c.sn, pos0, RB, RT, RH, RD);
+  fd_check("rope dx", rope_loss, &c, c.x, dx, (size_t)n, 1, 1e-2f, 1e-3);
+  /* rotate-half: element i pairs with i + D/2 at angle pos * inv[i] */
+  rope_loss(&c);
+  int b = 1, t = 2, h = 1, i = 1;
+  const float *xv = c.x + ((b * RT + t) * RH + h) * RD;
+  double a = (7 + t) * (double)inv[i];
+  CHECK_NEAR(c.y[((b * RT + t) * RH + h) * RD + i], xv[i] * cos(a) - xv[i + RD / 2] * sin(a), 1e-5);
+  free(c.x); free(c.y); free(c.cs); free(c.sn); free(c.R); free(dx);
+}
+
+/* ---- attention ------------------------------------------------------------------------------ */
+enum { AB = 2, AT = 70, AH = 4, AKV = 2, AD = 4 };   /* T > the 64-query block */
+typedef struct { float *q, *k, *v, *out, *lse, *R, *scratch; } att_ctx;
+static double att_loss(void *p) {
+  att_ctx *c = p;
+  clrt_attention_forward(c->out, c->lse, c->q, c->k, c->v, AB, AT, AH, AKV, AD, NULL,
+                         (int64_t)AT * AKV * AD, NULL, c->scratch, 2);
+  return dotv(c->out, c->R, AB * AT * AH * AD);
+}
+
+/* out[b, t, h] by the definition, in double. */
+static void naive_attention(double *o, const float *q, const float *k, const float *v, int b, int t,
+                            int h, int Tk_visible, int64_t kv_bstride, int Tq, int H, int KV, int D) {
+  double s[512], m = -1e300, l = 0;
+  int g = h / (H / KV);
+  for (int j = 0; j < Tk_visible; j++) {
+    double d = 0;
+    for (int e = 0; e < D; e++)
+      d += (double)q[(((int64_t)b * Tq + t) * H + h) * D + e] * k[b * kv_bstride + ((int64_t)j * KV + g) * D + e];
+    s[j] = d / sqrt((double)D);
+    m = fmax(m, s[j]);
+  }
+  for (int j = 0; j < Tk_visible; j++) l += exp(s[j] - m);
+  for (int e = 0; e < D; e++) {
+    double acc = 0;
+    for (int j = 0; j < Tk_visible; j++) acc += exp(s[j] - m) / l * v[b * kv_bstride + ((int64_t)j * KV + g) * D + e];
+    o[e] = acc;
+  }
+}
+
+static void test_attention(void) {
+  int nq = AB * AT * AH * AD, nk = AB * AT * AKV * AD;
+  att_ctx c = {randv((size_t)nq, 1), randv((size_t)nk, 1), randv((size_t)nk, 1), zerov((size_t)nq),
+               zerov(AB * AH * AT), randv((size_t)nq, 1), zerov(clrt_attention_scratch_floats(AT, AT, 2))};
+  att_loss(&c);
+  double o[AD];
+  for (int b = 0; b < AB; b++)
+    for (int t = 0; t < AT; t += 13)
+      for (int h = 0; h < AH; h++) {
+        naive_attention(o, c.q, c.k, c.v, b, t, h, t + 1, (int64_t)AT * AKV * AD, AT, AH, AKV, AD);
+        for (int e = 0; e < AD; e++) CHECK_NEAR(c.out[(((int64_t)b * AT + t) * AH + h) * AD + e], o[e], 2e-5);
+      }
+  float *dq = zerov((size_t)nq), *dk = zerov((size_t)nk), *dv = zerov((size_t)nk);
+  clrt_attention_backward(dq, dk, dv, c.R, c.q, c.k, c.v, c.out, c.lse, AB, AT, AH, AKV, AD, c.scratch, 2);
+  fd_check("attention dq", att_loss, &c, c.q, dq, (size_t)nq, 7, 1e-2f, 2e-3);
+  fd_check("attention dk", att_loss, &c, c.k, dk, (size_t)nk, 5, 1e-2f, 2e-3);
+  fd_check("attention dv", att_loss, &c, c.v, dv, (size_t)nk, 5, 1e-2f, 2e-3);
+
+  /* The decode form: 2 new queries per row at positions pos0[b], pos0[b]+1, keys from a cache
+     [B, maxT, KV, D] holding earlier positions; it must equal the full causal computation. */
+  int maxT = 80, Tq = 2;
+  int32_t pos0[AB] = {10, 67};
+  int64_t cbs = (int64_t)maxT * AKV * AD;
+  float *kc = randv((size_t)(AB * cbs), 1), *vc = randv((size_t)(AB * cbs), 1);
+  float *q2 = randv((size_t)AB * Tq * AH * AD, 1), *o2 = zerov((size_t)AB * Tq * AH * AD);
+  float *scr = zerov(clrt_attention_scratch_floats(Tq, maxT, 3));
+  clrt_attention_forward(o2, NULL, q2, kc, vc, AB, Tq, AH, AKV, AD, pos0, cbs, NULL, scr, 3);
+  for (int b = 0; b < AB; b++)
+    for (int t = 0; t < Tq; t++)
+      for (int h = 0; h < AH; h++) {
+        naive_attention(o, q2, kc, vc, b, t, h, pos0[b] + t + 1, cbs, Tq, AH, AKV, AD);
+        for (int e = 0; e < AD; e++) CHECK_NEAR(o2[(((int64_t)b * Tq + t) * AH + h) * AD + e], o[e], 2e-5);
+      }
+  /* Several threads (each with its own scratch slice) give the same results as one. */
+  att_loss(&c);   /* the finite differences left out/lse at a perturbed input */
+  float *out2 = zerov((size_t)nq), *lse2 = zerov(AB * AH * AT);
+  float *dq2 = zerov((size_t)nq), *dk2 = zerov((size_t)nk), *dv2 = zerov((size_t)nk);
+  float *scr2 = zerov(clrt_attention_scratch_floats(AT, AT, 3));
+  clrt_set_num_threads(3);
+  clrt_attention_forward(out2, lse2, c.q, c.k, c.v, AB, AT, AH, AKV, AD, NULL, (int64_t)AT * AKV * AD, NULL, scr2, 3);
+  clrt_attention_backward(dq2, dk2, dv2, c.R, c.q, c.k, c.v, out2, lse2, AB, AT, AH, AKV, AD, scr2, 3);
+  clrt_set_num_threads(1);
+  int same = 1;
+  for (int i = 0; i < nq; i++) same &= out2[i] == c.out[i] && dq2[i] == dq[i];
+  for (int i = 0; i < nk; i++) same &= dk2[i] == dk[i] && dv2[i] == dv[i];
+  CHECK(same);
+  free(out2); free(lse2); free(dq2); free(dk2); free(dv2); free(scr2);
+  free(kc); free(vc); free(q2); free(o2); free(scr);
+  free(c.q); free(c.k); free(c.v); free(c.out); free(c.lse); free(c.R); free(c.scratch);
+  free(dq); free(dk); free(dv);
+}
+
+/* ---- swiglu and residual --------------------------------------------------------------------- */
+typedef struct { int n; float *g, *u, *h, *R; } sw_ctx;
+static double sw_loss(void *p) {
+  sw_ctx *c = p;
+  clrt_swiglu_forward(c->h, c->g, c->u, c->n);
+  return dotv(c->h, c->R, (size_t)c->n);
+}
+static void test_swiglu_residual(void) {
+  sw_ctx c = {40, randv(40, 2), randv(40, 1), zerov(40), randv(40, 1)};
+  float *dg = malloc(160), *du = zerov(40);
+  memcpy(dg, c.R, 160);
+  clrt_swiglu_backward(dg, du, dg, c.g, c.u, 40);   /* dg aliases dh */
+  fd_check("swiglu dg", sw_loss, &c, c.g, dg, 40, 1, 1e-2f, 1e-3);
+  fd_check("swiglu du", sw_loss, &c, c.u, du, 40, 1, 1e-2f, 1e-3);
+  CHECK_NEAR(clrt_swiglu(1.5f, 2.0f), 1.5 / (1 + exp(-1.5)) * 2.0, 1e-6);
+  free(c.g); free(c.u); free(c.h); free(c.R); free(dg); free(du);
+
+  float a[3] = {1, 2, 3}, b[3] = {10, 20, 30}, o[3], da[3] = {1, 1, 1}, db[3] = {0}, d[3] = {0.5f, -1, 2};
+  clrt_residual_forward(o, a, b, 3);
+  CHECK_NEAR(o[2], 33, 0);
+  clrt_residual_backward(da, db, d, 3);
+  CHECK_NEAR(da[1], 0, 0);
+  CHECK_NEAR(db[2], 2, 0);
+}
+
+/* ---- fused output layer ----------------------------------------------------------------------- */
+enum { LN = 7, LC = 6, LV = 11 };
+typedef struct { float *x, *w, *lp, *lse, *R, *scratch; int32_t *tgt; } ls_ctx;
+static double ls_loss(void *p) {
+  ls_ctx *c = p;
+  clrt_logsoftmax_gather_forward(c->lp, c->lse, c->x, c->w, c->tgt, LN, LC, LV, c->scratch, 3);
+  return dotv(c->lp, c->R, LN);
+}
+static void test_logsoftmax_gather(void) {
+  int32_t tgt[LN] = {0, 10, 5, 5, 3, 1, 9};
+  ls_ctx c = {randv(LN * LC, 1), randv(LV * LC, 1), zerov(LN), zerov(LN), randv(LN, 1), zerov(LN * LV), tgt};
+  ls_loss(&c);
+  /* lp against a naive log-softmax in double */
+  for (int n = 0; n < LN; n++) {
+    double z[LV], m = -1e300, l = 0;
+    for (int v = 0; v < LV; v++) {
+      z[v] = 0;
+      for (int k = 0; k < LC; k++) z[v] += (double)c.x[n * LC + k] * c.w[v * LC + k];
+      m = fmax(m, z[v]);
+    }
+    for (int v = 0; v < LV; v++) l += exp(z[v] - m);
+    CHECK_NEAR(c.lp[n], z[tgt[n]] - m - log(l), 1e-5);
+  }
+  float *dx = zerov(LN * LC), *dw = zerov(LV * LC);
+  clrt_logsoftmax_gather_backward(dx, dw, c.R, c.x, c.w, tgt, c.lse, LN, LC, LV, c.scratch, 3, 0);
+  fd_check("logsoftmax_gather dx", ls_loss, &c, c.x, dx, LN * LC, 1, 1e-2f, 1e-3);
+  fd_check("logsoftmax_gather dw", ls_loss, &c, c.w, dw, LV * LC, 1, 1e-2f, 1e-3);
+  /* all rows in one chunk, logits kept from forward: the same gradients without a recompute */
+  float *dx2 = zerov(LN * LC), *dw2 = zerov(LV * LC);
+  clrt_logsoftmax_gather_forward(c.lp, c.lse, c.x, c.w, tgt, LN, LC, LV, c.scratch, LN);
+  clrt_logsoftmax_gather_backward(dx2, dw2, c.R, c.x, c.w, tgt, c.lse, LN, LC, LV, c.scratch, LN, 1);
+  for (int i = 0; i < LN * LC; i++) CHECK_NEAR(dx2[i], dx[i], 1e-5);
+  for (int i = 0; i < LV * LC; i++) CHECK_NEAR(dw2[i], dw[i], 1e-5);
+  free(dx2);
+  free(dw2);
+  free(c.x); free(c.w); free(c.lp); free(c.lse); free(c.R); free(c.scratch); free(dx); free(dw);
+}
+
+/* ---- shared math ------------------------------------------------------------------------------ */
+static void test_math(void) {
+  /* online logsumexp equals the direct one, merged in any split */
+  float xs[5] = {0.5f, -3, 7, 2, 7.5f};
+  float m = -INFINITY, l = 0, m2 = -INFINITY, l2 = 0;
+  double direct = 0;
+  for (int i = 0; i < 5; i++) direct += exp(xs[i]);
+  for (int i = 0; i < 2; i++) clrt_lse_step(&m, &l, xs[i]);
+  for (int i = 2; i < 5; i++) clrt_lse_step(&m2, &l2, xs[i]);
+  clrt_lse_merge(&m, &l, m2, l2);
+  CHECK_NEAR(clrt_lse_value(m, l), log(direct), 1e-5);
+  /* one AdamW element against the textbook formula at step 3 */
+  float p = 0.7f, mm = 0.1f, v = 0.02f, g = -0.3f;
+  double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+  double pe = 0.7 * (1 - lr * wd), me = 0.9 * 0.1 + 0.1 * g, ve = 0.95 * 0.02 + 0.05 * g * g;
+  pe -= lr / (1 - pow(b1, 3)) * me / (sqrt(ve) / sqrt(1 - pow(b2, 3)) + eps);
+  clrt_adamw_update(&p, &mm, &v, g, (float)lr, (float)b1, (float)b2, (float)eps, (float)(lr * wd),
+                    (float)(1 - pow(b1, 3)), (float)sqrt(1 - pow(b2, 3)));
+  CHECK_NEAR(p, pe, 1e-6);
+  CHECK_NEAR(mm, me, 1e-7);
+  CHECK_NEAR(v, ve, 1e-7);
+}
+
+int main(void) {
+  /* Finite differences run each forward thousands of times: one thread keeps that fast on a
+     busy machine; test_attention checks several threads against one. */
+  clrt_set_num_threads(1);
+  clrt_rng_seed(&rng, 42);
+  test_linear();
+  test_embedding();
+  test_rmsnorm();
+  test_rope();
+  test_attention();
+  test_swiglu_residual();
+  test_logsoftmax_gather();
+  test_math();
+  return check_summary();
+}

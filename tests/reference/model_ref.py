@@ -1,0 +1,226 @@
+"""model_ref.py — an independent PyTorch implementation of the Llama family (Llama 2/3,
+Qwen2, Qwen3) following the Hugging Face `transformers` conventions, used to make the
+fixtures clrt's model is tested against. `transformers` itself is not available here, so this
+restates its modelling code from the published architecture:
+
+  * RMSNorm: w * x / sqrt(mean(x^2) + eps)
+  * RoPE: rotate-half layout, inv_freq = theta^(-2i/D) (computed in f32 as transformers does),
+    optional `linear` or `llama3` rope_scaling
+  * grouped-query attention with repeat_kv, causal mask, scale 1/sqrt(head_dim)
+  * Qwen2: biases on q/k/v; Llama/Qwen3 `attention_bias`: biases on q/k/v/o
+  * Qwen3: per-head RMSNorm of q and k (q_norm, k_norm) before RoPE
+  * SwiGLU MLP: down(silu(gate(x)) * up(x)); tied or untied lm_head
+
+Also a tiny safetensors reader/writer (the `safetensors` package is not installed).
+"""
+import json
+import math
+import struct
+
+import numpy as np
+import torch
+
+
+# ---- configuration -------------------------------------------------------------------------
+
+def arch_of(cfg):
+    a = (cfg.get("architectures") or [None])[0]
+    return {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+            "Qwen3ForCausalLM": "qwen3"}.get(a, cfg.get("model_type", "llama"))
+
+
+def dims(cfg):
+    H = cfg["num_attention_heads"]
+    KV = cfg.get("num_key_value_heads") or H
+    D = cfg.get("head_dim") or cfg["hidden_size"] // H
+    return H, KV, D
+
+
+def param_shapes(cfg):
+    """Hugging Face parameter names and shapes, in a fixed order."""
+    arch = arch_of(cfg)
+    C, I, V, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    H, KV, D = dims(cfg)
+    bias = cfg.get("attention_bias", False)
+    qkv_bias = arch == "qwen2" or bias
+    o_bias = arch != "qwen2" and bias
+    out = [("model.embed_tokens.weight", (V, C))]
+    for l in range(L):
+        p = f"model.layers.{l}."
+        out += [(p + "input_layernorm.weight", (C,)),
+                (p + "self_attn.q_proj.weight", (H * D, C)),
+                (p + "self_attn.k_proj.weight", (KV * D, C)),
+                (p + "self_attn.v_proj.weight", (KV * D, C))]
+        if qkv_bias:
+            out += [(p + "self_attn.q_proj.bias", (H * D,)), (p + "self_attn.k_proj.bias", (KV * D,)),
+                    (p + "self_attn.v_proj.bias", (KV * D,))]
+        out += [(p + "self_attn.o_proj.weight", (C, H * D))]
+        if o_bias:
+            out += [(p + "self_attn.o_proj.bias", (C,))]
+        if arch == "qwen3":
+            out += [(p + "self_attn.q_norm.weight", (D,)), (p + "self_attn.k_norm.weight", (D,))]
+        out += [(p + "post_attention_layernorm.weight", (C,)),
+                (p + "mlp.gate_proj.weight", (I, C)),
+                (p + "mlp.up_proj.weight", (I, C)),
+                (p + "mlp.down_proj.weight", (C, I))]
+    out += [("model.norm.weight", (C,))]
+    if not cfg.get("tie_word_embeddings", False):
+        out += [("lm_head.weight", (V, C))]
+    return out
+
+
+def init_params(cfg, seed, dtype=torch.float64):
+    """Random weights with non-trivial norms and biases (so their gradients are tested)."""
+    g = torch.Generator().manual_seed(seed)
+    params = {}
+    for name, shape in param_shapes(cfg):
+        if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+            t = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        elif name.endswith(".bias"):
+            t = 0.1 * torch.randn(shape, generator=g)
+        else:
+            t = 0.15 * torch.randn(shape, generator=g)
+        params[name] = t.to(torch.float32).to(dtype)
+    return params
+
+
+# ---- RoPE ------------------------------------------------------------------------------------
+
+def inv_freq(cfg):
+    _, _, D = dims(cfg)
+    theta = cfg.get("rope_theta", 10000.0)
+    f = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
+    rs = cfg.get("rope_scaling")
+    if rs:
+        kind = rs.get("rope_type", rs.get("type"))
+        if kind == "linear":
+            f = f / rs["factor"]
+        elif kind == "llama3":
+            factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+            old = rs["original_max_position_embeddings"]
+            lo_wl, hi_wl = old / lo, old / hi
+            wavelen = 2 * math.pi / f
+            scaled = torch.where(wavelen > lo_wl, f / factor, f)
+            smooth = (old / wavelen - lo) / (hi - lo)
+            smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+            medium = ~(wavelen < hi_wl) & ~(wavelen > lo_wl)
+            f = torch.where(medium, smoothed, scaled)
+        elif kind not in (None, "default"):
+            raise ValueError(f"unsupported rope_scaling {kind}")
+    return f
+
+
+def rope_cos_sin(cfg, T, dtype):
+    f = inv_freq(cfg)
+    ang = torch.arange(T, dtype=torch.float32)[:, None] * f[None, :]   # f32 product, as HF
+    emb = torch.cat([ang, ang], dim=-1).to(dtype)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+# ---- the model ---------------------------------------------------------------------------
+
+def rmsnorm(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def logprobs(cfg, P, tokens, lengths):
+    """tokens: long [B, T]; lengths: list. Returns lp [B, T-1] with padded positions 0."""
+    arch = arch_of(cfg)
+    B, T = tokens.shape
+    H, KV, D = dims(cfg)
+    eps = cfg["rms_norm_eps"]
+    dtype = P["model.embed_tokens.weight"].dtype
+    cos, sin = rope_cos_sin(cfg, T, dtype)
+    x = P["model.embed_tokens.weight"][tokens]
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        h = rmsnorm(x, P[p + "input_layernorm.weight"], eps)
+
+        def proj(name, inp):
+            y = inp @ P[p + name + ".weight"].T
+            b = P.get(p + name + ".bias")
+            return y + b if b is not None else y
+
+        q = proj("self_attn.q_proj", h).view(B, T, H, D)
+        k = proj("self_attn.k_proj", h).view(B, T, KV, D)
+        v = proj("self_attn.v_proj", h).view(B, T, KV, D)
+        if arch == "qwen3":
+            q = rmsnorm(q, P[p + "self_attn.q_norm.weight"], eps)
+            k = rmsnorm(k, P[p + "self_attn.k_norm.weight"], eps)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k = k.repeat_interleave(H // KV, dim=1)   # repeat_kv
+        v = v.repeat_interleave(H // KV, dim=1)
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+        s = s.masked_fill(~mask, float("-inf"))
+        a = torch.softmax(s, dim=-1) @ v
+        a = a.transpose(1, 2).reshape(B, T, H * D)
+        x = x + proj("self_attn.o_proj", a)
+        h = rmsnorm(x, P[p + "post_attention_layernorm.weight"], eps)
+        m = torch.nn.functional.silu(proj("mlp.gate_proj", h)) * proj("mlp.up_proj", h)
+        x = x + proj("mlp.down_proj", m)
+    x = rmsnorm(x, P["model.norm.weight"], eps)
+    head = P.get("lm_head.weight", P["model.embed_tokens.weight"])
+    logp = torch.log_softmax(x @ head.T, dim=-1)
+    lp = logp[:, :-1].gather(-1, tokens[:, 1:, None])[..., 0]
+    valid = torch.zeros(B, T - 1, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        valid[b, : n - 1] = True
+    return torch.where(valid, lp, torch.zeros_like(lp)), valid
+
+
+# ---- safetensors -------------------------------------------------------------------------
+
+_DT = {"F32": (np.float32, 4), "F16": (np.float16, 2), "I32": (np.int32, 4), "F64": (np.float64, 8)}
+
+
+def _bytes_of(t, dtype):
+    if dtype == "BF16":
+        return t.detach().to(torch.float32).to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+    return t.detach().cpu().numpy().astype(_DT[dtype][0]).tobytes()
+
+
+def save_safetensors(path, tensors, dtype="F32", metadata=None):
+    """tensors: dict name -> torch tensor (ints are written as I32)."""
+    header, blobs, off = {}, [], 0
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, t in tensors.items():
+        dt = "I32" if not t.is_floating_point() else dtype
+        b = _bytes_of(t, dt)
+        header[name] = {"dtype": dt, "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def load_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = e["data_offsets"]
+        if e["dtype"] == "BF16":
+            raw = np.frombuffer(data[a:b], dtype=np.int16).copy()
+            t = torch.from_numpy(raw).view(torch.bfloat16).to(torch.float32)
+        else:
+            t = torch.from_numpy(np.frombuffer(data[a:b], dtype=_DT[e["dtype"]][0]).copy())
+        out[name] = t.reshape(e["shape"])
+    return out

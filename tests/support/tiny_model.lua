@@ -1,0 +1,28 @@
+-- Builds a small Hugging Face model folder for tests that need a real model and tokenizer:
+-- a byte-level BPE trained here on a short corpus (ChatML specials and template) and a
+-- randomly initialised Qwen2-style model over its vocabulary.
+--   local dir = require("support.tiny_model")(T.tmpdir(), {seed = 1})
+return function(dir, opts)
+  opts = opts or {}
+  local T = require("clrt.test")
+  local bin = os.getenv("CLRT_BIN") or arg[-1] or "clrt"
+  local corpus = dir .. "/corpus.txt"
+  local f = assert(io.open(corpus, "w"))
+  local words = { "hello", "there", "how", "are", "you", "today", "fine", "thanks", "what", "is",
+    "your", "name", "city", "trip", "plan", "write", "a", "card", "for", "my", "friend", "{", "}", ":", "\"" }
+  for i = 1, 400 do
+    f:write(words[i % #words + 1], " ", words[(i * 7) % #words + 1], " ", words[(i * 13) % #words + 1], ". ", i, "\n")
+  end
+  f:close()
+  local rc = os.execute(("%s %s/lua/recipes/train_tokenizer.lua input=%s vocab_size=%d out=%s > /dev/null")
+    :format(bin, T.source_dir(), corpus, opts.vocab_size or 320, dir))
+  assert(rc == 0, "tiny_model: training the tokenizer failed")
+  local tok = clrt.tokenizer.load(dir)
+  local m = clrt.model.new({
+    architectures = { "Qwen2ForCausalLM" }, vocab_size = tok:vocab_size(), hidden_size = opts.hidden_size or 32,
+    intermediate_size = 64, num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2,
+    max_position_embeddings = 512, rms_norm_eps = 1e-6, rope_theta = 10000, tie_word_embeddings = true,
+  }, { seed = opts.seed or 1 })
+  m:save(dir)
+  return dir
+end
