@@ -122,8 +122,8 @@ local function brute(c, s)
   for id = 0, V - 1 do
     local b = list[id + 1]
     if b ~= "" then
-      C.clrt_json_state_copy(tmp, s)
-      if C.clrt_json_state_advance(tmp, b, #b) == 0 then n = n + 1 end
+      C.clrt_jschema_state_copy(tmp, s)
+      if C.clrt_jschema_state_advance(tmp, b, #b) == 0 then n = n + 1 end
     end
   end
   return now() - t, n
@@ -153,7 +153,7 @@ local worst = 0
 for _, k in ipairs(cases) do
   local c = JC.new({ vocab = voc, schema = k[2], stop_ids = stops })
   local s = c:state()
-  C.clrt_json_state_advance(s, k[3], #k[3])
+  C.clrt_jschema_state_advance(s, k[3], #k[3])
   local tm, n = time_mask(c, s, 20)
   local tb, nb = brute(c, s)
   assert(n - (c:complete(s) and #stops or 0) == nb, "trie and one-by-one disagree")

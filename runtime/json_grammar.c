@@ -47,7 +47,7 @@ typedef struct {
   uint8_t first[32];                  /* bytes a value of this node can start with */
 } node;
 
-struct clrt_json_grammar {
+struct clrt_jschema {
   node *nodes;
   int n, cap;
   int root, max_ws, finished;
@@ -70,8 +70,8 @@ typedef struct {
   uint8_t ph, a, b, c;
 } frame;
 
-struct clrt_json_state {
-  const clrt_json_grammar *g;
+struct clrt_jschema_state {
+  const clrt_jschema *g;
   int32_t depth, ws, numlen;
   char num[NUM_CAP + 1];
   frame f[JSON_MAX_DEPTH];
@@ -85,12 +85,12 @@ enum { C_OPEN = 1, C_KEY, C_COLON, C_AFTER, C_COMMA };
 
 /* ---- builder ------------------------------------------------------------------------------ */
 
-clrt_json_grammar *clrt_json_grammar_new(int max_ws) {
+clrt_jschema *clrt_jschema_new(int max_ws) {
   if (max_ws < 0 || max_ws > 64) {
     clrt_set_error("json grammar: max_ws %d is outside [0, 64]", max_ws);
     return NULL;
   }
-  clrt_json_grammar *g = calloc(1, sizeof *g);
+  clrt_jschema *g = calloc(1, sizeof *g);
   if (!g) {
     clrt_set_error("json grammar: out of memory");
     return NULL;
@@ -100,7 +100,7 @@ clrt_json_grammar *clrt_json_grammar_new(int max_ws) {
   return g;
 }
 
-void clrt_json_grammar_free(clrt_json_grammar *g) {
+void clrt_jschema_free(clrt_jschema *g) {
   if (!g) return;
   for (int i = 0; i < g->n; i++) {
     node *d = &g->nodes[i];
@@ -129,7 +129,7 @@ static int grow(void **p, int *cap, int need, size_t size) {
   return 0;
 }
 
-static node *get(clrt_json_grammar *g, int i, const char *what) {
+static node *get(clrt_jschema *g, int i, const char *what) {
   if (!g || g->finished) {
     clrt_set_error("json grammar: %s on a %s grammar", what, g ? "finished" : "NULL");
     return NULL;
@@ -141,12 +141,12 @@ static node *get(clrt_json_grammar *g, int i, const char *what) {
   return &g->nodes[i];
 }
 
-int clrt_json_node(clrt_json_grammar *g, int kind, double lo, double hi, int flags) {
+int clrt_jschema_node(clrt_jschema *g, int kind, double lo, double hi, int flags) {
   if (!g || g->finished) {
     clrt_set_error("json grammar: node added to a %s grammar", g ? "finished" : "NULL");
     return -1;
   }
-  if (kind < CLRT_JSON_ANY || kind > CLRT_JSON_ANYOF) {
+  if (kind < CLRT_JSCHEMA_ANY || kind > CLRT_JSCHEMA_ANYOF) {
     clrt_set_error("json grammar: unknown node kind %d", kind);
     return -1;
   }
@@ -160,14 +160,14 @@ int clrt_json_node(clrt_json_grammar *g, int kind, double lo, double hi, int fla
   return g->n++;
 }
 
-int clrt_json_add_child(clrt_json_grammar *g, int at, int child) {
+int clrt_jschema_add_child(clrt_jschema *g, int at, int child) {
   node *d = get(g, at, "add_child");
   if (!d || !get(g, child, "add_child")) return -1;
-  if (d->kind != CLRT_JSON_ARRAY && d->kind != CLRT_JSON_MAP && d->kind != CLRT_JSON_ANYOF) {
+  if (d->kind != CLRT_JSCHEMA_ARRAY && d->kind != CLRT_JSCHEMA_MAP && d->kind != CLRT_JSCHEMA_ANYOF) {
     clrt_set_error("json grammar: node %d (kind %d) takes no children", at, d->kind);
     return -1;
   }
-  if (d->kind != CLRT_JSON_ANYOF && d->nkids == 1) {
+  if (d->kind != CLRT_JSCHEMA_ANYOF && d->nkids == 1) {
     clrt_set_error("json grammar: node %d already has its child", at);
     return -1;
   }
@@ -192,21 +192,21 @@ static int add_lit(node *d, const char *s, size_t len, int propi) {
   return 0;
 }
 
-int clrt_json_add_literal(clrt_json_grammar *g, int at, const char *json, size_t len) {
+int clrt_jschema_add_literal(clrt_jschema *g, int at, const char *json, size_t len) {
   node *d = get(g, at, "add_literal");
   if (!d) return -1;
-  if (d->kind != CLRT_JSON_ENUM) {
+  if (d->kind != CLRT_JSCHEMA_ENUM) {
     clrt_set_error("json grammar: node %d is not an enum", at);
     return -1;
   }
   return add_lit(d, json, len, -1);
 }
 
-int clrt_json_add_property(clrt_json_grammar *g, int at, const char *key_json, size_t len,
+int clrt_jschema_add_property(clrt_jschema *g, int at, const char *key_json, size_t len,
                            int child, int required) {
   node *d = get(g, at, "add_property");
   if (!d || !get(g, child, "add_property")) return -1;
-  if (d->kind != CLRT_JSON_OBJECT) {
+  if (d->kind != CLRT_JSCHEMA_OBJECT) {
     clrt_set_error("json grammar: node %d is not an object", at);
     return -1;
   }
@@ -237,7 +237,7 @@ static int has_bit(const uint8_t *set, int b) { return set[b >> 3] >> (b & 7) & 
 
 /* First bytes of each node. mark: 0 new, 1 in progress, 2 done; an anyOf that reaches itself
    through alternatives alone has no first byte to decide on and is refused. */
-static int first_set(clrt_json_grammar *g, int i, uint8_t *mark) {
+static int first_set(clrt_jschema *g, int i, uint8_t *mark) {
   node *d = &g->nodes[i];
   if (mark[i] == 2) return 0;
   if (mark[i] == 1) {
@@ -247,19 +247,19 @@ static int first_set(clrt_json_grammar *g, int i, uint8_t *mark) {
   mark[i] = 1;
   memset(d->first, 0, sizeof d->first);
   switch (d->kind) {
-  case CLRT_JSON_STRING: set_bit(d->first, '"'); break;
-  case CLRT_JSON_NUMBER:
-  case CLRT_JSON_INTEGER:
+  case CLRT_JSCHEMA_STRING: set_bit(d->first, '"'); break;
+  case CLRT_JSCHEMA_NUMBER:
+  case CLRT_JSCHEMA_INTEGER:
     set_bit(d->first, '-');
     for (int c = '0'; c <= '9'; c++) set_bit(d->first, c);
     break;
-  case CLRT_JSON_ENUM:
+  case CLRT_JSCHEMA_ENUM:
     for (int j = 0; j < d->nlits; j++) set_bit(d->first, (uint8_t)d->lits[j].s[0]);
     break;
-  case CLRT_JSON_OBJECT:
-  case CLRT_JSON_MAP: set_bit(d->first, '{'); break;
-  case CLRT_JSON_ARRAY: set_bit(d->first, '['); break;
-  case CLRT_JSON_ANYOF:
+  case CLRT_JSCHEMA_OBJECT:
+  case CLRT_JSCHEMA_MAP: set_bit(d->first, '{'); break;
+  case CLRT_JSCHEMA_ARRAY: set_bit(d->first, '['); break;
+  case CLRT_JSCHEMA_ANYOF:
     for (int j = 0; j < d->nkids; j++) {
       if (first_set(g, d->kids[j], mark)) return -1;
       for (int b = 0; b < 32; b++) d->first[b] |= g->nodes[d->kids[j]].first[b];
@@ -272,7 +272,7 @@ static int first_set(clrt_json_grammar *g, int i, uint8_t *mark) {
 
 /* Nesting depth (frames) a value of node i needs; any-value counts 1 since it can always
    close where it is. memo: -1 new, -2 in progress (a cycle: a schema that contains itself). */
-static int need_depth(clrt_json_grammar *g, int i, int *memo) {
+static int need_depth(clrt_jschema *g, int i, int *memo) {
   if (i == g->any_node) return 1;
   if (memo[i] >= 0) return memo[i];
   if (memo[i] == -2) return JSON_MAX_DEPTH + 1;
@@ -280,17 +280,17 @@ static int need_depth(clrt_json_grammar *g, int i, int *memo) {
   node *d = &g->nodes[i];
   int best = 0, self = 1;
   switch (d->kind) {
-  case CLRT_JSON_OBJECT:
+  case CLRT_JSCHEMA_OBJECT:
     for (int j = 0; j < d->nprops; j++) {
       int c = need_depth(g, d->props[j].child, memo);
       if (c > best) best = c;
     }
     break;
-  case CLRT_JSON_MAP:
-  case CLRT_JSON_ARRAY:
+  case CLRT_JSCHEMA_MAP:
+  case CLRT_JSCHEMA_ARRAY:
     best = need_depth(g, d->kids[0], memo);
     break;
-  case CLRT_JSON_ANYOF:
+  case CLRT_JSCHEMA_ANYOF:
     self = 0;
     for (int j = 0; j < d->nkids; j++) {
       int c = need_depth(g, d->kids[j], memo);
@@ -305,94 +305,94 @@ static int need_depth(clrt_json_grammar *g, int i, int *memo) {
   return best;
 }
 
-static int step(clrt_json_state *s, int b);
+static int step(clrt_jschema_state *s, int b);
 
 /* Is s[0..len) exactly one value of node `root` (no surrounding whitespace)? */
-static int is_json_text(const clrt_json_grammar *g, int root, const char *s, int len) {
-  clrt_json_state st;
-  memset(&st, 0, offsetof(clrt_json_state, f) + sizeof(frame));
+static int is_json_text(const clrt_jschema *g, int root, const char *s, int len) {
+  clrt_jschema_state st;
+  memset(&st, 0, offsetof(clrt_jschema_state, f) + sizeof(frame));
   st.g = g;
   st.depth = 1;
   st.f[0].node = root;
   if (len == 0 || s[0] == ' ' || s[0] == '\n' || s[0] == '\t' || s[0] == '\r') return 0;
   for (int i = 0; i < len; i++)
     if (step(&st, (uint8_t)s[i])) return 0;
-  return clrt_json_state_complete(&st);
+  return clrt_jschema_state_complete(&st);
 }
 
-static int hidden(clrt_json_grammar *g, int kind, double lo, double hi) {
-  int i = clrt_json_node(g, kind, lo, hi, 0);
+static int hidden(clrt_jschema *g, int kind, double lo, double hi) {
+  int i = clrt_jschema_node(g, kind, lo, hi, 0);
   return i;
 }
 
-int clrt_json_grammar_finish(clrt_json_grammar *g, int root) {
+int clrt_jschema_finish(clrt_jschema *g, int root) {
   if (!get(g, root, "finish")) return -1;
   int user = g->n;
   /* any value = anyOf(object of anything, array of anything, string, number, bool, null) */
-  int any = hidden(g, CLRT_JSON_ANYOF, 0, 0);
-  int mp = hidden(g, CLRT_JSON_MAP, 0, 0);
-  int arr = hidden(g, CLRT_JSON_ARRAY, 0, -1);
-  int str = hidden(g, CLRT_JSON_STRING, 0, -1);
-  int num = hidden(g, CLRT_JSON_NUMBER, 0, 0);
-  int bl = hidden(g, CLRT_JSON_ENUM, 0, 0);
-  int nl = hidden(g, CLRT_JSON_ENUM, 0, 0);
+  int any = hidden(g, CLRT_JSCHEMA_ANYOF, 0, 0);
+  int mp = hidden(g, CLRT_JSCHEMA_MAP, 0, 0);
+  int arr = hidden(g, CLRT_JSCHEMA_ARRAY, 0, -1);
+  int str = hidden(g, CLRT_JSCHEMA_STRING, 0, -1);
+  int num = hidden(g, CLRT_JSCHEMA_NUMBER, 0, 0);
+  int bl = hidden(g, CLRT_JSCHEMA_ENUM, 0, 0);
+  int nl = hidden(g, CLRT_JSCHEMA_ENUM, 0, 0);
   if (nl < 0) return -1;
   g->any_node = any;
   g->key_node = str;
-  if (clrt_json_add_child(g, mp, any) || clrt_json_add_child(g, arr, any) ||
+  if (clrt_jschema_add_child(g, mp, any) || clrt_jschema_add_child(g, arr, any) ||
       add_lit(&g->nodes[bl], "false", 5, -1) || add_lit(&g->nodes[bl], "true", 4, -1) ||
       add_lit(&g->nodes[nl], "null", 4, -1))
     return -1;
   int alts[6] = {mp, arr, str, num, bl, nl};
   for (int j = 0; j < 6; j++)
-    if (clrt_json_add_child(g, any, alts[j])) return -1;
+    if (clrt_jschema_add_child(g, any, alts[j])) return -1;
   for (int i = 0; i < user; i++) {
     node *d = &g->nodes[i];
-    if (d->kind == CLRT_JSON_ANY) {   /* becomes an alias of the hidden any-value node */
-      d->kind = CLRT_JSON_ANYOF;
+    if (d->kind == CLRT_JSCHEMA_ANY) {   /* becomes an alias of the hidden any-value node */
+      d->kind = CLRT_JSCHEMA_ANYOF;
       for (int j = 0; j < 6; j++)
-        if (clrt_json_add_child(g, i, alts[j])) return -1;
+        if (clrt_jschema_add_child(g, i, alts[j])) return -1;
     }
-    if ((d->kind == CLRT_JSON_MAP || d->kind == CLRT_JSON_ARRAY) && d->nkids == 0)
-      if (clrt_json_add_child(g, i, any)) return -1;
+    if ((d->kind == CLRT_JSCHEMA_MAP || d->kind == CLRT_JSCHEMA_ARRAY) && d->nkids == 0)
+      if (clrt_jschema_add_child(g, i, any)) return -1;
   }
   for (int i = 0; i < g->n; i++) {
     node *d = &g->nodes[i];
     switch (d->kind) {
-    case CLRT_JSON_STRING:
-    case CLRT_JSON_ARRAY: {
-      const char *what = d->kind == CLRT_JSON_STRING ? "minLength/maxLength" : "minItems/maxItems";
+    case CLRT_JSCHEMA_STRING:
+    case CLRT_JSCHEMA_ARRAY: {
+      const char *what = d->kind == CLRT_JSCHEMA_STRING ? "minLength/maxLength" : "minItems/maxItems";
       if (d->lo < 0 || d->lo > 1e9 || d->hi > 1e9 || (d->hi >= 0 && d->hi < d->lo)) {
         clrt_set_error("json schema: %s %g/%g cannot be met (node %d)", what, d->lo, d->hi, i);
         return -1;
       }
       break;
     }
-    case CLRT_JSON_NUMBER:
-    case CLRT_JSON_INTEGER:
-      if ((d->flags & CLRT_JSON_HAS_MIN) && (d->flags & CLRT_JSON_HAS_MAX) &&
-          (d->hi < d->lo || (d->hi == d->lo && (d->flags & (CLRT_JSON_EXCL_MIN | CLRT_JSON_EXCL_MAX))))) {
+    case CLRT_JSCHEMA_NUMBER:
+    case CLRT_JSCHEMA_INTEGER:
+      if ((d->flags & CLRT_JSCHEMA_HAS_MIN) && (d->flags & CLRT_JSCHEMA_HAS_MAX) &&
+          (d->hi < d->lo || (d->hi == d->lo && (d->flags & (CLRT_JSCHEMA_EXCL_MIN | CLRT_JSCHEMA_EXCL_MAX))))) {
         clrt_set_error("json schema: minimum %g above maximum %g (node %d)", d->lo, d->hi, i);
         return -1;
       }
-      if ((d->flags & (CLRT_JSON_HAS_MIN | CLRT_JSON_HAS_MAX)) &&
-          ((d->flags & CLRT_JSON_HAS_MIN && (d->lo > 1e15 || d->lo < -1e15)) ||
-           (d->flags & CLRT_JSON_HAS_MAX && (d->hi > 1e15 || d->hi < -1e15)))) {
+      if ((d->flags & (CLRT_JSCHEMA_HAS_MIN | CLRT_JSCHEMA_HAS_MAX)) &&
+          ((d->flags & CLRT_JSCHEMA_HAS_MIN && (d->lo > 1e15 || d->lo < -1e15)) ||
+           (d->flags & CLRT_JSCHEMA_HAS_MAX && (d->hi > 1e15 || d->hi < -1e15)))) {
         clrt_set_error("json schema: number bounds beyond +-1e15 are not supported (node %d)", i);
         return -1;
       }
-      if (d->kind == CLRT_JSON_INTEGER && (d->flags & CLRT_JSON_HAS_MIN) && (d->flags & CLRT_JSON_HAS_MAX)) {
+      if (d->kind == CLRT_JSCHEMA_INTEGER && (d->flags & CLRT_JSCHEMA_HAS_MIN) && (d->flags & CLRT_JSCHEMA_HAS_MAX)) {
         double a = d->lo, b = d->hi;
         long long lo = (long long)a, hi = (long long)b;
-        if ((double)lo < a || ((d->flags & CLRT_JSON_EXCL_MIN) && (double)lo == a)) lo++;
-        if ((double)hi > b || ((d->flags & CLRT_JSON_EXCL_MAX) && (double)hi == b)) hi--;
+        if ((double)lo < a || ((d->flags & CLRT_JSCHEMA_EXCL_MIN) && (double)lo == a)) lo++;
+        if ((double)hi > b || ((d->flags & CLRT_JSCHEMA_EXCL_MAX) && (double)hi == b)) hi--;
         if (hi < lo) {
           clrt_set_error("json schema: no integer lies between minimum %g and maximum %g (node %d)", a, b, i);
           return -1;
         }
       }
       break;
-    case CLRT_JSON_ENUM:
+    case CLRT_JSCHEMA_ENUM:
       if (d->nlits == 0) {
         clrt_set_error("json schema: enum with no values (node %d)", i);
         return -1;
@@ -407,7 +407,7 @@ int clrt_json_grammar_finish(clrt_json_grammar *g, int root) {
         d->nlits = w;
       }
       break;
-    case CLRT_JSON_OBJECT:
+    case CLRT_JSCHEMA_OBJECT:
       if (d->nlits > 1) qsort(d->lits, (size_t)d->nlits, sizeof(lit), lit_cmp);
       d->req_after = malloc(sizeof(int) * (size_t)(d->nprops + 1));
       if (!d->req_after) {
@@ -417,7 +417,7 @@ int clrt_json_grammar_finish(clrt_json_grammar *g, int root) {
       d->req_after[d->nprops] = d->nprops;
       for (int j = d->nprops - 1; j >= 0; j--) d->req_after[j] = d->props[j].required ? j : d->req_after[j + 1];
       break;
-    case CLRT_JSON_ANYOF:
+    case CLRT_JSCHEMA_ANYOF:
       if (d->nkids == 0) {
         clrt_set_error("json schema: anyOf with no alternatives (node %d)", i);
         return -1;
@@ -442,7 +442,7 @@ int clrt_json_grammar_finish(clrt_json_grammar *g, int root) {
   if (bad) return -1;
   for (int i = 0; i < g->n; i++) {
     node *d = &g->nodes[i];
-    if (d->kind != CLRT_JSON_ANYOF) continue;
+    if (d->kind != CLRT_JSCHEMA_ANYOF) continue;
     for (int x = 0; x < d->nkids; x++)
       for (int y = x + 1; y < d->nkids; y++)
         for (int b = 0; b < 256; b++)
@@ -456,9 +456,9 @@ int clrt_json_grammar_finish(clrt_json_grammar *g, int root) {
   for (int i = 0; i < g->n; i++) {
     node *d = &g->nodes[i];
     for (int j = 0; j < d->nlits; j++)
-      if (!is_json_text(g, d->kind == CLRT_JSON_OBJECT ? g->key_node : g->any_node, d->lits[j].s, d->lits[j].len)) {
-        clrt_set_error("json schema: %s %d of node %d is not a JSON %s: %.*s", d->kind == CLRT_JSON_OBJECT ? "key" : "literal",
-                       j, i, d->kind == CLRT_JSON_OBJECT ? "string" : "value", d->lits[j].len > 40 ? 40 : d->lits[j].len, d->lits[j].s);
+      if (!is_json_text(g, d->kind == CLRT_JSCHEMA_OBJECT ? g->key_node : g->any_node, d->lits[j].s, d->lits[j].len)) {
+        clrt_set_error("json schema: %s %d of node %d is not a JSON %s: %.*s", d->kind == CLRT_JSCHEMA_OBJECT ? "key" : "literal",
+                       j, i, d->kind == CLRT_JSCHEMA_OBJECT ? "string" : "value", d->lits[j].len > 40 ? 40 : d->lits[j].len, d->lits[j].s);
         return -1;
       }
   }
@@ -479,12 +479,12 @@ int clrt_json_grammar_finish(clrt_json_grammar *g, int root) {
 
 /* ---- automaton ---------------------------------------------------------------------------- */
 
-clrt_json_state *clrt_json_state_new(const clrt_json_grammar *g) {
+clrt_jschema_state *clrt_jschema_state_new(const clrt_jschema *g) {
   if (!g || !g->finished) {
     clrt_set_error("json state: the grammar is %s", g ? "not finished" : "NULL");
     return NULL;
   }
-  clrt_json_state *s = calloc(1, sizeof *s);
+  clrt_jschema_state *s = calloc(1, sizeof *s);
   if (!s) {
     clrt_set_error("json state: out of memory");
     return NULL;
@@ -495,11 +495,11 @@ clrt_json_state *clrt_json_state_new(const clrt_json_grammar *g) {
   return s;
 }
 
-void clrt_json_state_free(clrt_json_state *s) { free(s); }
+void clrt_jschema_state_free(clrt_jschema_state *s) { free(s); }
 
 /* Only the live frames are copied: the trie walk clones a state per visited node. */
-void clrt_json_state_copy(clrt_json_state *dst, const clrt_json_state *src) {
-  memcpy(dst, src, offsetof(clrt_json_state, f) + sizeof(frame) * (size_t)src->depth);
+void clrt_jschema_state_copy(clrt_jschema_state *dst, const clrt_jschema_state *src) {
+  memcpy(dst, src, offsetof(clrt_jschema_state, f) + sizeof(frame) * (size_t)src->depth);
 }
 
 static int is_ws(int b) { return b == ' ' || b == '\n' || b == '\t' || b == '\r'; }
@@ -538,11 +538,11 @@ static int num_next(int ph, int b, int integer, int bounded) {
 static int num_can_end(int ph) { return ph == N_ZERO || ph == N_INT || ph == N_FRAC || ph == N_EXPD; }
 
 static int in_bounds(const node *d, double v) {
-  if (d->flags & CLRT_JSON_HAS_MIN) {
-    if (v < d->lo || ((d->flags & CLRT_JSON_EXCL_MIN) && v == d->lo)) return 0;
+  if (d->flags & CLRT_JSCHEMA_HAS_MIN) {
+    if (v < d->lo || ((d->flags & CLRT_JSCHEMA_EXCL_MIN) && v == d->lo)) return 0;
   }
-  if (d->flags & CLRT_JSON_HAS_MAX) {
-    if (v > d->hi || ((d->flags & CLRT_JSON_EXCL_MAX) && v == d->hi)) return 0;
+  if (d->flags & CLRT_JSCHEMA_HAS_MAX) {
+    if (v > d->hi || ((d->flags & CLRT_JSCHEMA_EXCL_MAX) && v == d->hi)) return 0;
   }
   return 1;
 }
@@ -550,7 +550,7 @@ static int in_bounds(const node *d, double v) {
 /* A complete number text (grammatical, within the length cap) whose value is in bounds. */
 static int num_ok(const node *d, const char *s, int len) {
   if (len > NUM_CAP) return 0;
-  int ph = P_START, integer = d->kind == CLRT_JSON_INTEGER;
+  int ph = P_START, integer = d->kind == CLRT_JSCHEMA_INTEGER;
   for (int i = 0; i < len; i++)
     if ((ph = num_next(ph, (uint8_t)s[i], integer, 1)) < 0) return 0;
   if (!num_can_end(ph)) return 0;
@@ -585,16 +585,16 @@ static int try_repr(const node *d, const char *t, int tl, double v) {
    and a bound lies in it iff a spelling of the bound extends t. So the candidates below are
    the ends of every run and the spellings of the bounds, each checked exactly by strtod. */
 static int num_viable(const node *d, const char *t, int tl) {
-  if (!(d->flags & (CLRT_JSON_HAS_MIN | CLRT_JSON_HAS_MAX))) {
+  if (!(d->flags & (CLRT_JSCHEMA_HAS_MIN | CLRT_JSCHEMA_HAS_MAX))) {
     /* one more digit completes any prefix, if it fits */
     int ph = P_START;
-    for (int i = 0; i < tl; i++) ph = num_next(ph, (uint8_t)t[i], d->kind == CLRT_JSON_INTEGER, 0);
+    for (int i = 0; i < tl; i++) ph = num_next(ph, (uint8_t)t[i], d->kind == CLRT_JSCHEMA_INTEGER, 0);
     return num_can_end(ph) || tl < NUM_CAP;
   }
   char suf[NUM_CAP + 2];
   int room = NUM_CAP - tl;
   if (num_ok(d, t, tl)) return 1;
-  int integer = d->kind == CLRT_JSON_INTEGER;
+  int integer = d->kind == CLRT_JSCHEMA_INTEGER;
   for (int j = 1; j <= room; j++) {
     const char fills[2] = {'0', '9'};
     for (int f = 0; f < 2; f++) {
@@ -619,21 +619,21 @@ static int num_viable(const node *d, const char *t, int tl) {
     }
   }
   if (integer) {   /* the integers nearest the bounds */
-    if ((d->flags & CLRT_JSON_HAS_MIN) && (try_repr(d, t, tl, ceil(d->lo)) || try_repr(d, t, tl, ceil(d->lo) + 1)))
+    if ((d->flags & CLRT_JSCHEMA_HAS_MIN) && (try_repr(d, t, tl, ceil(d->lo)) || try_repr(d, t, tl, ceil(d->lo) + 1)))
       return 1;
-    if ((d->flags & CLRT_JSON_HAS_MAX) && (try_repr(d, t, tl, floor(d->hi)) || try_repr(d, t, tl, floor(d->hi) - 1)))
+    if ((d->flags & CLRT_JSCHEMA_HAS_MAX) && (try_repr(d, t, tl, floor(d->hi)) || try_repr(d, t, tl, floor(d->hi) - 1)))
       return 1;
   }
-  if ((d->flags & CLRT_JSON_HAS_MIN) && try_repr(d, t, tl, d->lo)) return 1;
-  if ((d->flags & CLRT_JSON_HAS_MAX) && try_repr(d, t, tl, d->hi)) return 1;
-  if ((d->flags & CLRT_JSON_HAS_MIN) && (d->flags & CLRT_JSON_HAS_MAX) && try_repr(d, t, tl, 0.5 * (d->lo + d->hi)))
+  if ((d->flags & CLRT_JSCHEMA_HAS_MIN) && try_repr(d, t, tl, d->lo)) return 1;
+  if ((d->flags & CLRT_JSCHEMA_HAS_MAX) && try_repr(d, t, tl, d->hi)) return 1;
+  if ((d->flags & CLRT_JSCHEMA_HAS_MIN) && (d->flags & CLRT_JSCHEMA_HAS_MAX) && try_repr(d, t, tl, 0.5 * (d->lo + d->hi)))
     return 1;
   return 0;
 }
 
-static int cached_viable(const clrt_json_grammar *g, int nodei, const char *t, int tl) {
+static int cached_viable(const clrt_jschema *g, int nodei, const char *t, int tl) {
   const node *d = &g->nodes[nodei];
-  if (!(d->flags & (CLRT_JSON_HAS_MIN | CLRT_JSON_HAS_MAX))) return num_viable(d, t, tl);
+  if (!(d->flags & (CLRT_JSCHEMA_HAS_MIN | CLRT_JSCHEMA_HAS_MAX))) return num_viable(d, t, tl);
   uint32_t h = 2166136261u ^ (uint32_t)nodei;
   for (int i = 0; i < tl; i++) h = (h ^ (uint8_t)t[i]) * 16777619u;
   struct numcache *e = &g->cache[h % NUMCACHE];
@@ -650,12 +650,12 @@ static int cached_viable(const clrt_json_grammar *g, int nodei, const char *t, i
 
 enum { R_REJECT = -1, R_OK = 0, R_AGAIN = 1, R_WS = 2 };
 
-static int gap_ws(clrt_json_state *s, int b) {
+static int gap_ws(clrt_jschema_state *s, int b) {
   if (!is_ws(b)) return 0;
   return s->ws < s->g->max_ws ? R_WS : R_REJECT;
 }
 
-static int push(clrt_json_state *s, int nodei, int ph) {
+static int push(clrt_jschema_state *s, int nodei, int ph) {
   if (s->depth >= JSON_MAX_DEPTH) return -1;
   frame *f = &s->f[s->depth++];
   memset(f, 0, sizeof *f);
@@ -741,7 +741,7 @@ static int step_string(const node *d, frame *f, int b) {
   return R_REJECT;
 }
 
-static int frame_ends_number(const clrt_json_state *s, const node *d, const frame *f) {
+static int frame_ends_number(const clrt_jschema_state *s, const node *d, const frame *f) {
   if (!num_can_end(f->ph)) return 0;
   char buf[NUM_CAP + 1];
   memcpy(buf, s->num, (size_t)s->numlen);
@@ -753,13 +753,13 @@ static int enum_can_end(const node *d, const frame *f) {
   return f->k > 0 && d->lits[f->n].len == f->k;
 }
 
-static int frame_step(clrt_json_state *s, int b) {
-  const clrt_json_grammar *g = s->g;
+static int frame_step(clrt_jschema_state *s, int b) {
+  const clrt_jschema *g = s->g;
   frame *f = &s->f[s->depth - 1];
   const node *d = &g->nodes[f->node];
   int r;
   switch (d->kind) {
-  case CLRT_JSON_STRING:
+  case CLRT_JSCHEMA_STRING:
     if (f->ph == P_START) {
       if ((r = gap_ws(s, b))) return r;
       if (b != '"') return R_REJECT;
@@ -770,14 +770,14 @@ static int frame_step(clrt_json_state *s, int b) {
     r = step_string(d, f, b);
     if (r == 3) { s->depth--; return R_OK; }
     return r;
-  case CLRT_JSON_NUMBER:
-  case CLRT_JSON_INTEGER: {
+  case CLRT_JSCHEMA_NUMBER:
+  case CLRT_JSCHEMA_INTEGER: {
     if (f->ph == P_START) {
       if ((r = gap_ws(s, b))) return r;
       s->numlen = 0;
     }
-    int bounded = (d->flags & (CLRT_JSON_HAS_MIN | CLRT_JSON_HAS_MAX)) != 0;
-    int nph = num_next(f->ph, b, d->kind == CLRT_JSON_INTEGER, bounded);
+    int bounded = (d->flags & (CLRT_JSCHEMA_HAS_MIN | CLRT_JSCHEMA_HAS_MAX)) != 0;
+    int nph = num_next(f->ph, b, d->kind == CLRT_JSCHEMA_INTEGER, bounded);
     if (nph >= 0 && s->numlen < NUM_CAP) {
       s->num[s->numlen] = (char)b;
       if (cached_viable(g, f->node, s->num, s->numlen + 1)) {
@@ -789,7 +789,7 @@ static int frame_step(clrt_json_state *s, int b) {
     if (f->ph != P_START && frame_ends_number(s, d, f)) { s->depth--; return R_AGAIN; }
     return R_REJECT;
   }
-  case CLRT_JSON_ENUM:
+  case CLRT_JSCHEMA_ENUM:
     if (f->ph == P_START) {
       if ((r = gap_ws(s, b))) return r;
       f->ph = 1;
@@ -803,7 +803,7 @@ static int frame_step(clrt_json_state *s, int b) {
     }
     if (enum_can_end(d, f)) { s->depth--; return R_AGAIN; }
     return R_REJECT;
-  case CLRT_JSON_ANYOF:
+  case CLRT_JSCHEMA_ANYOF:
     if ((r = gap_ws(s, b))) return r;
     for (int j = 0; j < d->nkids; j++)
       if (has_bit(g->nodes[d->kids[j]].first, b)) {
@@ -812,7 +812,7 @@ static int frame_step(clrt_json_state *s, int b) {
         return R_AGAIN;
       }
     return R_REJECT;
-  case CLRT_JSON_ARRAY: {
+  case CLRT_JSCHEMA_ARRAY: {
     int room = s->depth < JSON_MAX_DEPTH;
     switch (f->ph) {
     case P_START:
@@ -842,7 +842,7 @@ static int frame_step(clrt_json_state *s, int b) {
     }
     return R_REJECT;
   }
-  case CLRT_JSON_MAP: {
+  case CLRT_JSCHEMA_MAP: {
     int room = s->depth < JSON_MAX_DEPTH;
     switch (f->ph) {
     case P_START:
@@ -872,7 +872,7 @@ static int frame_step(clrt_json_state *s, int b) {
     }
     return R_REJECT;
   }
-  case CLRT_JSON_OBJECT: {
+  case CLRT_JSCHEMA_OBJECT: {
     /* f->p: the next property index that may appear; keys later than the first required
        one at or after it cannot come yet. */
     int next = f->p, req = d->req_after[next];
@@ -933,7 +933,7 @@ static int frame_step(clrt_json_state *s, int b) {
   return R_REJECT;
 }
 
-static int step(clrt_json_state *s, int b) {
+static int step(clrt_jschema_state *s, int b) {
   for (int guard = 0; guard < 4 * JSON_MAX_DEPTH; guard++) {
     if (s->depth == 0) return -1;
     int r = frame_step(s, b);
@@ -944,26 +944,26 @@ static int step(clrt_json_state *s, int b) {
   return -1;
 }
 
-int clrt_json_state_advance(clrt_json_state *s, const uint8_t *bytes, size_t len) {
-  clrt_json_state t;
-  clrt_json_state_copy(&t, s);
+int clrt_jschema_state_advance(clrt_jschema_state *s, const uint8_t *bytes, size_t len) {
+  clrt_jschema_state t;
+  clrt_jschema_state_copy(&t, s);
   for (size_t i = 0; i < len; i++)
     if (step(&t, bytes[i])) {
       clrt_set_error("json state: byte %zu (0x%02x) of %zu leaves the grammar", i, bytes[i], len);
       return -1;
     }
-  clrt_json_state_copy(s, &t);
+  clrt_jschema_state_copy(s, &t);
   return 0;
 }
 
-int clrt_json_state_complete(const clrt_json_state *s) {
+int clrt_jschema_state_complete(const clrt_jschema_state *s) {
   if (s->depth == 0) return 1;
   if (s->depth > 1) return 0;
   const frame *f = &s->f[0];
   const node *d = &s->g->nodes[f->node];
-  if (d->kind == CLRT_JSON_NUMBER || d->kind == CLRT_JSON_INTEGER)
+  if (d->kind == CLRT_JSCHEMA_NUMBER || d->kind == CLRT_JSCHEMA_INTEGER)
     return f->ph != P_START && frame_ends_number(s, d, f);
-  if (d->kind == CLRT_JSON_ENUM) return f->ph != P_START && enum_can_end(d, f);
+  if (d->kind == CLRT_JSCHEMA_ENUM) return f->ph != P_START && enum_can_end(d, f);
   return 0;
 }
 
@@ -979,24 +979,24 @@ typedef struct {
   uint8_t plain;                      /* every token below is plain string text */
 } tnode;
 
-struct clrt_json_vocab {
+struct clrt_jschema_vocab {
   int V, ntok, maxlen;
   const uint8_t *bytes;               /* a private copy */
   int64_t *off;                       /* [V + 1] */
   int32_t *sorted;                    /* token ids with bytes, sorted by bytes */
   tnode *nodes;
   int nnodes, capnodes;
-  clrt_json_state *scratch;           /* [maxlen + 1] states for the walk */
+  clrt_jschema_state *scratch;           /* [maxlen + 1] states for the walk */
   uint8_t *plain_mask;                /* [V] tokens of plain string text */
   int nplain;
 };
 
-static const uint8_t *tok_bytes(const clrt_json_vocab *v, int id, int *len) {
+static const uint8_t *tok_bytes(const clrt_jschema_vocab *v, int id, int *len) {
   *len = (int)(v->off[id + 1] - v->off[id]);
   return v->bytes + v->off[id];
 }
 
-static const clrt_json_vocab *sort_vocab;
+static const clrt_jschema_vocab *sort_vocab;
 static int tok_cmp(const void *pa, const void *pb) {
   int la, lb;
   const uint8_t *a = tok_bytes(sort_vocab, *(const int32_t *)pa, &la);
@@ -1031,7 +1031,7 @@ static int plain_chars(const uint8_t *s, int len) {
   return f.a ? -1 : n;
 }
 
-static int new_nodes(clrt_json_vocab *v, int k) {
+static int new_nodes(clrt_jschema_vocab *v, int k) {
   if (grow((void **)&v->nodes, &v->capnodes, v->nnodes + k, sizeof(tnode))) return -1;
   memset(v->nodes + v->nnodes, 0, sizeof(tnode) * (size_t)k);
   v->nnodes += k;
@@ -1039,7 +1039,7 @@ static int new_nodes(clrt_json_vocab *v, int k) {
 }
 
 /* Node ni covers sorted[lo, hi), which share their first `depth` bytes. */
-static int build(clrt_json_vocab *v, int ni, int lo, int hi, int depth, const int32_t *chars) {
+static int build(clrt_jschema_vocab *v, int ni, int lo, int hi, int depth, const int32_t *chars) {
   int i = lo, len;
   while (i < hi && (tok_bytes(v, v->sorted[i], &len), len == depth)) i++;
   int plain = 1, maxc = 0;
@@ -1077,7 +1077,7 @@ static int build(clrt_json_vocab *v, int ni, int lo, int hi, int depth, const in
   return 0;
 }
 
-clrt_json_vocab *clrt_json_vocab_new(const uint8_t *bytes, const int64_t *offsets, int V) {
+clrt_jschema_vocab *clrt_jschema_vocab_new(const uint8_t *bytes, const int64_t *offsets, int V) {
   if (V <= 0 || !offsets || offsets[0] != 0) {
     clrt_set_error("json vocab: bad arguments (V %d, offsets %s)", V, offsets ? "not starting at 0" : "NULL");
     return NULL;
@@ -1087,7 +1087,7 @@ clrt_json_vocab *clrt_json_vocab_new(const uint8_t *bytes, const int64_t *offset
       clrt_set_error("json vocab: token %d has offsets %lld..%lld", i, (long long)offsets[i], (long long)offsets[i + 1]);
       return NULL;
     }
-  clrt_json_vocab *v = calloc(1, sizeof *v);
+  clrt_jschema_vocab *v = calloc(1, sizeof *v);
   int32_t *chars = NULL;
   if (!v) goto oom;
   v->V = V;
@@ -1114,7 +1114,7 @@ clrt_json_vocab *clrt_json_vocab_new(const uint8_t *bytes, const int64_t *offset
   qsort(v->sorted, (size_t)v->ntok, sizeof(int32_t), tok_cmp);
   sort_vocab = NULL;
   if (new_nodes(v, 1) < 0 || build(v, 0, 0, v->ntok, 0, chars)) goto fail;
-  v->scratch = malloc(sizeof(clrt_json_state) * (size_t)(v->maxlen + 1));
+  v->scratch = malloc(sizeof(clrt_jschema_state) * (size_t)(v->maxlen + 1));
   if (!v->scratch) goto oom;
   free(chars);
   return v;
@@ -1122,11 +1122,11 @@ oom:
   clrt_set_error("json vocab: out of memory for %d tokens", V);
 fail:
   free(chars);
-  clrt_json_vocab_free(v);
+  clrt_jschema_vocab_free(v);
   return NULL;
 }
 
-void clrt_json_vocab_free(clrt_json_vocab *v) {
+void clrt_jschema_vocab_free(clrt_jschema_vocab *v) {
   if (!v) return;
   free((void *)v->bytes);
   free(v->off);
@@ -1137,10 +1137,10 @@ void clrt_json_vocab_free(clrt_json_vocab *v) {
   free(v);
 }
 
-int clrt_json_vocab_size(const clrt_json_vocab *v) { return v ? v->V : 0; }
+int clrt_jschema_vocab_size(const clrt_jschema_vocab *v) { return v ? v->V : 0; }
 
 typedef struct {
-  clrt_json_vocab *v;
+  clrt_jschema_vocab *v;
   uint8_t *mask;
   int prune;                          /* start state is plain string text ... */
   int have_plain;                     /* ... and every plain token is already in the mask */
@@ -1166,15 +1166,15 @@ static void walk(walk_ctx *w, int ni, int level) {
       if (!w->have_plain) mark_range(w, ch->sub0, ch->sub1);
       continue;
     }
-    clrt_json_state *next = &w->v->scratch[level + 1];
-    clrt_json_state_copy(next, &w->v->scratch[level]);
+    clrt_jschema_state *next = &w->v->scratch[level + 1];
+    clrt_jschema_state_copy(next, &w->v->scratch[level]);
     if (step(next, ch->byte)) continue;
     mark_range(w, ch->sub0, ch->sub0 + ch->nend);
     walk(w, t->child0 + c, level + 1);
   }
 }
 
-int clrt_json_fill_mask(clrt_json_vocab *v, const clrt_json_state *s, const int32_t *stop_ids,
+int clrt_jschema_fill_mask(clrt_jschema_vocab *v, const clrt_jschema_state *s, const int32_t *stop_ids,
                         int n_stop, uint8_t *mask) {
   if (!v || !s || !mask) {
     clrt_set_error("json mask: NULL argument");
@@ -1185,7 +1185,7 @@ int clrt_json_fill_mask(clrt_json_vocab *v, const clrt_json_state *s, const int3
   if (s->depth > 0) {
     const frame *f = &s->f[s->depth - 1];
     const node *d = &s->g->nodes[f->node];
-    if (d->kind == CLRT_JSON_STRING && f->ph == S_BODY && f->a == 0) {
+    if (d->kind == CLRT_JSCHEMA_STRING && f->ph == S_BODY && f->a == 0) {
       w.prune = 1;
       w.room = d->hi < 0 ? (int64_t)1 << 40 : (int64_t)d->hi - f->n;
       if (d->hi < 0) {   /* unbounded text: start from every plain token, walk only the rest */
@@ -1194,10 +1194,10 @@ int clrt_json_fill_mask(clrt_json_vocab *v, const clrt_json_state *s, const int3
         w.count = v->nplain;
       }
     }
-    clrt_json_state_copy(&v->scratch[0], s);
+    clrt_jschema_state_copy(&v->scratch[0], s);
     walk(&w, 0, 0);
   }
-  if (clrt_json_state_complete(s))
+  if (clrt_jschema_state_complete(s))
     for (int i = 0; i < n_stop; i++) {
       if (stop_ids[i] < 0 || stop_ids[i] >= v->V) {
         clrt_set_error("json mask: stop id %d outside the vocabulary of %d", stop_ids[i], v->V);

@@ -110,7 +110,7 @@ local Builder = {}
 Builder.__index = Builder
 
 function Builder:node(kind, lo, hi, flags)
-  local i = C.clrt_json_node(self.g, kind, lo or 0, hi or -1, flags or 0)
+  local i = C.clrt_jschema_node(self.g, kind, lo or 0, hi or -1, flags or 0)
   if i < 0 then core.fail(3) end
   return i
 end
@@ -120,10 +120,10 @@ function Builder:check(st)
 end
 
 function Builder:enum(values, path)
-  local n = self:node(C.CLRT_JSON_ENUM)
+  local n = self:node(C.CLRT_JSCHEMA_ENUM)
   for _, v in ipairs(values) do
     local s = encode(v, path)
-    self:check(C.clrt_json_add_literal(self.g, n, s, #s))
+    self:check(C.clrt_jschema_add_literal(self.g, n, s, #s))
   end
   return n
 end
@@ -131,7 +131,7 @@ end
 function Builder:typed(s, ty, path, depth)
   if ty == "string" then
     local lo, hi = nonneg_int(s, "minLength", path) or 0, nonneg_int(s, "maxLength", path) or -1
-    return self:node(C.CLRT_JSON_STRING, lo, hi)
+    return self:node(C.CLRT_JSCHEMA_STRING, lo, hi)
   elseif ty == "number" or ty == "integer" then
     local flags, lo, hi = 0, 0, 0
     local function bound(key, ex_key, has, excl, is_min)
@@ -150,9 +150,9 @@ function Builder:typed(s, ty, path, depth)
         if is_min then lo = v else hi = v end
       end
     end
-    bound("minimum", "exclusiveMinimum", C.CLRT_JSON_HAS_MIN, C.CLRT_JSON_EXCL_MIN, true)
-    bound("maximum", "exclusiveMaximum", C.CLRT_JSON_HAS_MAX, C.CLRT_JSON_EXCL_MAX, false)
-    return self:node(ty == "integer" and C.CLRT_JSON_INTEGER or C.CLRT_JSON_NUMBER, lo, hi, flags)
+    bound("minimum", "exclusiveMinimum", C.CLRT_JSCHEMA_HAS_MIN, C.CLRT_JSCHEMA_EXCL_MIN, true)
+    bound("maximum", "exclusiveMaximum", C.CLRT_JSCHEMA_HAS_MAX, C.CLRT_JSCHEMA_EXCL_MAX, false)
+    return self:node(ty == "integer" and C.CLRT_JSCHEMA_INTEGER or C.CLRT_JSCHEMA_NUMBER, lo, hi, flags)
   elseif ty == "boolean" then
     return self:enum({ false, true }, path)
   elseif ty == "null" then
@@ -160,9 +160,9 @@ function Builder:typed(s, ty, path, depth)
   elseif ty == "array" then
     if type(s.items) == "table" and #s.items > 0 then fail(path, "'items' as a list (tuple) is not supported") end
     local lo, hi = nonneg_int(s, "minItems", path) or 0, nonneg_int(s, "maxItems", path) or -1
-    local n = self:node(C.CLRT_JSON_ARRAY, lo, hi)
+    local n = self:node(C.CLRT_JSCHEMA_ARRAY, lo, hi)
     if s.items ~= nil and s.items ~= true then
-      self:check(C.clrt_json_add_child(self.g, n, self:compile(s.items, path .. "/items", depth + 1)))
+      self:check(C.clrt_jschema_add_child(self.g, n, self:compile(s.items, path .. "/items", depth + 1)))
     end
     return n
   elseif ty == "object" then
@@ -173,9 +173,9 @@ function Builder:typed(s, ty, path, depth)
     if type(req) ~= "table" then fail(path, "required must be a list of names") end
     if (props == nil or next(props) == nil) and ap ~= false then
       if #req > 0 then fail(path, "required without properties is not supported") end
-      local n = self:node(C.CLRT_JSON_MAP)
+      local n = self:node(C.CLRT_JSCHEMA_MAP)
       if type(ap) == "table" then
-        self:check(C.clrt_json_add_child(self.g, n, self:compile(ap, path .. "/additionalProperties", depth + 1)))
+        self:check(C.clrt_jschema_add_child(self.g, n, self:compile(ap, path .. "/additionalProperties", depth + 1)))
       end
       return n
     end
@@ -198,11 +198,11 @@ function Builder:typed(s, ty, path, depth)
     end
     table.sort(rest)
     for _, k in ipairs(rest) do add(k) end
-    local n = self:node(C.CLRT_JSON_OBJECT)
+    local n = self:node(C.CLRT_JSCHEMA_OBJECT)
     for _, k in ipairs(order) do
       local child = self:compile(props[k], path .. "/properties/" .. k, depth + 1)
       local key = encode(k, path)
-      self:check(C.clrt_json_add_property(self.g, n, key, #key, child, is_req[k] and 1 or 0))
+      self:check(C.clrt_jschema_add_property(self.g, n, key, #key, child, is_req[k] and 1 or 0))
     end
     return n
   end
@@ -211,7 +211,7 @@ end
 
 function Builder:compile(s, path, depth)
   if depth > 40 then fail(path, "nests deeper than 40 levels") end
-  if s == true then return self:node(C.CLRT_JSON_ANY) end
+  if s == true then return self:node(C.CLRT_JSCHEMA_ANY) end
   if type(s) ~= "table" then fail(path, "a schema must be an object or true") end
   for k in pairs(s) do
     if not KNOWN[k] and not ANNOTATIONS[k] then
@@ -243,9 +243,9 @@ function Builder:compile(s, path, depth)
     for k in pairs(s) do
       if KNOWN[k] and k ~= "anyOf" and k ~= "oneOf" then fail(path, ("'%s' beside anyOf is not supported"):format(k)) end
     end
-    local n = self:node(C.CLRT_JSON_ANYOF)
+    local n = self:node(C.CLRT_JSCHEMA_ANYOF)
     for i, a in ipairs(alts) do
-      self:check(C.clrt_json_add_child(self.g, n, self:compile(a, ("%s/anyOf/%d"):format(path, i - 1), depth + 1)))
+      self:check(C.clrt_jschema_add_child(self.g, n, self:compile(a, ("%s/anyOf/%d"):format(path, i - 1), depth + 1)))
     end
     return n
   end
@@ -255,17 +255,17 @@ function Builder:compile(s, path, depth)
     elseif s.items ~= nil or s.minItems ~= nil or s.maxItems ~= nil then ty = "array"
     elseif s.minLength ~= nil or s.maxLength ~= nil then ty = "string"
     elseif s.minimum ~= nil or s.maximum ~= nil or s.exclusiveMinimum ~= nil or s.exclusiveMaximum ~= nil then ty = "number"
-    else return self:node(C.CLRT_JSON_ANY) end
+    else return self:node(C.CLRT_JSCHEMA_ANY) end
   end
   if type(ty) == "table" then
     if #ty == 0 then fail(path, "type must not be an empty list") end
     if #ty == 1 then return self:typed(s, ty[1], path, depth) end
-    local n = self:node(C.CLRT_JSON_ANYOF)
+    local n = self:node(C.CLRT_JSCHEMA_ANYOF)
     local has = {}
     for _, t in ipairs(ty) do has[t] = true end
     for _, t in ipairs(ty) do
       if not (t == "integer" and has.number) then   -- number already admits the integers
-        self:check(C.clrt_json_add_child(self.g, n, self:typed(s, t, path, depth)))
+        self:check(C.clrt_jschema_add_child(self.g, n, self:typed(s, t, path, depth)))
       end
     end
     return n
@@ -277,17 +277,17 @@ end
 -- opts.max_ws: whitespace bytes allowed between JSON tokens (default 2).
 function M.compile(schema, opts)
   opts = opts or {}
-  local g = C.clrt_json_grammar_new(opts.max_ws or 2)
+  local g = C.clrt_jschema_new(opts.max_ws or 2)
   if g == nil then core.fail(2) end
-  g = ffi.gc(g, C.clrt_json_grammar_free)
+  g = ffi.gc(g, C.clrt_jschema_free)
   local b = setmetatable({ g = g }, Builder)
   local root
   if schema == "object" then
-    root = b:node(C.CLRT_JSON_MAP)
+    root = b:node(C.CLRT_JSCHEMA_MAP)
   else
     root = b:compile(schema, "#", 0)
   end
-  b:check(C.clrt_json_grammar_finish(g, root))
+  b:check(C.clrt_jschema_finish(g, root))
   return { grammar = g, schema = schema }
 end
 
@@ -312,9 +312,9 @@ function M.vocab_from_bytes(list)
   local off = ffi.new("int64_t[?]", V + 1)
   for i = 1, V do off[i] = off[i - 1] + #list[i] end
   local all = table.concat(list)
-  local v = C.clrt_json_vocab_new(all, off, V)
+  local v = C.clrt_jschema_vocab_new(all, off, V)
   if v == nil then core.fail(2) end
-  return ffi.gc(v, C.clrt_json_vocab_free)
+  return ffi.gc(v, C.clrt_jschema_vocab_free)
 end
 
 local vocab_cache = setmetatable({}, { __mode = "k" })
@@ -337,8 +337,8 @@ function M.new(opts)
   local voc = opts.vocab or M.vocab(opts.tokenizer, V)
   V = V or #voc.bytes
   local g = opts.grammar or M.compile(opts.schema == nil and true or opts.schema, { max_ws = opts.max_ws })
-  if C.clrt_json_vocab_size(voc.trie) ~= V then
-    error(("json constraint: the vocabulary has %d ids but the model %d"):format(C.clrt_json_vocab_size(voc.trie), V), 2)
+  if C.clrt_jschema_vocab_size(voc.trie) ~= V then
+    error(("json constraint: the vocabulary has %d ids but the model %d"):format(C.clrt_jschema_vocab_size(voc.trie), V), 2)
   end
   local stops = opts.stop_ids or {}
   local self = setmetatable({
@@ -352,26 +352,26 @@ function M.new(opts)
 end
 
 function Constraint:state()
-  local s = C.clrt_json_state_new(self.g.grammar)
+  local s = C.clrt_jschema_state_new(self.g.grammar)
   if s == nil then core.fail(2) end
-  return ffi.gc(s, C.clrt_json_state_free)
+  return ffi.gc(s, C.clrt_jschema_state_free)
 end
 
 -- Feed a token to a state; raises if its bytes leave the grammar.
 function Constraint:advance(s, id)
   local b = self.vocab.bytes[id + 1]
-  if C.clrt_json_state_advance(s, b, #b) ~= 0 then
+  if C.clrt_jschema_state_advance(s, b, #b) ~= 0 then
     error(("json constraint: token %d (%q) does not fit the grammar: %s"):format(id, b, ffi.string(C.clrt_last_error())), 2)
   end
 end
 
-function Constraint:complete(s) return C.clrt_json_state_complete(s) == 1 end
+function Constraint:complete(s) return C.clrt_jschema_state_complete(s) == 1 end
 
 -- The allowed-token mask [V] for a state; nil, count when nothing is (the value is complete
 -- and there is no stop id to end it with).
 function Constraint:fill(s, out)
   out = out or self.buf
-  local n = C.clrt_json_fill_mask(self.vocab.trie, s, self.stops, self.nstop, out)
+  local n = C.clrt_jschema_fill_mask(self.vocab.trie, s, self.stops, self.nstop, out)
   if n < 0 then core.fail(2) end
   return n > 0 and out or nil, n
 end

@@ -18,40 +18,40 @@ static uint32_t rnd(uint32_t n) {
 }
 
 /* A random schema node; depth-limited. */
-static int random_node(clrt_json_grammar *g, int depth) {
+static int random_node(clrt_jschema *g, int depth) {
   int k = (int)rnd(depth > 3 ? 6 : 10);
   switch (k) {
   case 0: {
     int lo = (int)rnd(3), hi = rnd(2) ? lo + (int)rnd(5) : -1;
-    return clrt_json_node(g, CLRT_JSON_STRING, lo, hi, 0);
+    return clrt_jschema_node(g, CLRT_JSCHEMA_STRING, lo, hi, 0);
   }
   case 1:
   case 2: {
     int flags = (int)rnd(16);
     double lo = (double)((int)rnd(60) - 30) + (rnd(3) == 0 ? 0.25 : 0);
     double hi = lo + (double)rnd(100) + (k == 1 ? 1 : 0.5);
-    return clrt_json_node(g, k == 1 ? CLRT_JSON_INTEGER : CLRT_JSON_NUMBER, lo, hi, flags);
+    return clrt_jschema_node(g, k == 1 ? CLRT_JSCHEMA_INTEGER : CLRT_JSCHEMA_NUMBER, lo, hi, flags);
   }
   case 3: {
-    int n = clrt_json_node(g, CLRT_JSON_ENUM, 0, 0, 0);
+    int n = clrt_jschema_node(g, CLRT_JSCHEMA_ENUM, 0, 0, 0);
     static const char *lits[] = {"\"a\"", "\"ab\"", "\"abc\"", "1", "12", "123", "true", "null", "\"\\u00e9\"", "-0.5"};
     int m = 1 + (int)rnd(4);
     for (int i = 0; i < m; i++) {
       const char *l = lits[rnd(10)];
-      clrt_json_add_literal(g, n, l, strlen(l));
+      clrt_jschema_add_literal(g, n, l, strlen(l));
     }
     return n;
   }
-  case 4: return clrt_json_node(g, CLRT_JSON_ANY, 0, 0, 0);
+  case 4: return clrt_jschema_node(g, CLRT_JSCHEMA_ANY, 0, 0, 0);
   case 5: {
-    int n = clrt_json_node(g, CLRT_JSON_ANYOF, 0, 0, 0);
-    clrt_json_add_child(g, n, clrt_json_node(g, CLRT_JSON_STRING, 0, 3, 0));
-    clrt_json_add_child(g, n, clrt_json_node(g, CLRT_JSON_INTEGER, 0, 9, CLRT_JSON_HAS_MIN | CLRT_JSON_HAS_MAX));
+    int n = clrt_jschema_node(g, CLRT_JSCHEMA_ANYOF, 0, 0, 0);
+    clrt_jschema_add_child(g, n, clrt_jschema_node(g, CLRT_JSCHEMA_STRING, 0, 3, 0));
+    clrt_jschema_add_child(g, n, clrt_jschema_node(g, CLRT_JSCHEMA_INTEGER, 0, 9, CLRT_JSCHEMA_HAS_MIN | CLRT_JSCHEMA_HAS_MAX));
     return n;
   }
   case 6:
   case 7: {
-    int n = clrt_json_node(g, CLRT_JSON_OBJECT, 0, 0, 0);
+    int n = clrt_jschema_node(g, CLRT_JSCHEMA_OBJECT, 0, 0, 0);
     static const char *keys[] = {"\"a\"", "\"ab\"", "\"b\"", "\"k\\\"q\"", "\"\xe4\xb8\xad\""};
     int used = 0;
     for (int i = 0, m = (int)rnd(4); i < m; i++) {
@@ -59,19 +59,19 @@ static int random_node(clrt_json_grammar *g, int depth) {
       if (used >> ki & 1) continue;
       used |= 1 << ki;
       int child = random_node(g, depth + 1), required = (int)rnd(2);   /* in this order on every compiler */
-      clrt_json_add_property(g, n, keys[ki], strlen(keys[ki]), child, required);
+      clrt_jschema_add_property(g, n, keys[ki], strlen(keys[ki]), child, required);
     }
     return n;
   }
   case 8: {
     int lo = (int)rnd(3), hi = rnd(2) ? lo + (int)rnd(3) : -1;
-    int n = clrt_json_node(g, CLRT_JSON_ARRAY, lo, hi, 0);
-    clrt_json_add_child(g, n, random_node(g, depth + 1));
+    int n = clrt_jschema_node(g, CLRT_JSCHEMA_ARRAY, lo, hi, 0);
+    clrt_jschema_add_child(g, n, random_node(g, depth + 1));
     return n;
   }
   default: {
-    int n = clrt_json_node(g, CLRT_JSON_MAP, 0, 0, 0);
-    if (rnd(2)) clrt_json_add_child(g, n, random_node(g, depth + 1));
+    int n = clrt_jschema_node(g, CLRT_JSCHEMA_MAP, 0, 0, 0);
+    if (rnd(2)) clrt_jschema_add_child(g, n, random_node(g, depth + 1));
     return n;
   }
   }
@@ -178,32 +178,32 @@ int main(void) {
   off[V - 1] = at;
   off[V] = at;
   int32_t stop = V - 1;
-  clrt_json_vocab *voc = clrt_json_vocab_new((const uint8_t *)bytes, off, V);
+  clrt_jschema_vocab *voc = clrt_jschema_vocab_new((const uint8_t *)bytes, off, V);
   CHECK(voc != NULL);
   uint8_t *mask = malloc((size_t)V);
   int dead = 0, disagree = 0, completed = 0, invalid = 0, states = 0;
   char *out = malloc(1 << 16);
   for (int trial = 0; trial < 300; trial++) {
-    clrt_json_grammar *g = clrt_json_grammar_new(2);
+    clrt_jschema *g = clrt_jschema_new(2);
     int root = random_node(g, 0);
-    if (clrt_json_grammar_finish(g, root)) { /* e.g. anyOf clashes from random enums */
-      clrt_json_grammar_free(g);
+    if (clrt_jschema_finish(g, root)) { /* e.g. anyOf clashes from random enums */
+      clrt_jschema_free(g);
       continue;
     }
     for (int walk = 0; walk < 5; walk++) {
-      clrt_json_state *s = clrt_json_state_new(g), *t = clrt_json_state_new(g);
+      clrt_jschema_state *s = clrt_jschema_state_new(g), *t = clrt_jschema_state_new(g);
       size_t len = 0;
       for (int step = 0; step < 300; step++) {
-        int n = clrt_json_fill_mask(voc, s, &stop, 1, mask);
+        int n = clrt_jschema_fill_mask(voc, s, &stop, 1, mask);
         states++;
         if (n <= 0) { dead++; break; }
         int count = 0;
         for (int id = 0; id < V; id++) {   /* one by one, without the trie */
           int ok;
-          if (id == stop) ok = clrt_json_state_complete(s);
+          if (id == stop) ok = clrt_jschema_state_complete(s);
           else {
-            clrt_json_state_copy(t, s);
-            ok = clrt_json_state_advance(t, (const uint8_t *)bytes + off[id], (size_t)(off[id + 1] - off[id])) == 0;
+            clrt_jschema_state_copy(t, s);
+            ok = clrt_jschema_state_advance(t, (const uint8_t *)bytes + off[id], (size_t)(off[id + 1] - off[id])) == 0;
           }
           if (ok != mask[id]) disagree++;
           count += ok;
@@ -226,13 +226,13 @@ int main(void) {
           break;
         }
         size_t bl = (size_t)(off[pick + 1] - off[pick]);
-        CHECK(clrt_json_state_advance(s, (const uint8_t *)bytes + off[pick], bl) == 0);
+        CHECK(clrt_jschema_state_advance(s, (const uint8_t *)bytes + off[pick], bl) == 0);
         if (len + bl < (1 << 16)) memcpy(out + len, bytes + off[pick], bl), len += bl;
       }
-      clrt_json_state_free(s);
-      clrt_json_state_free(t);
+      clrt_jschema_state_free(s);
+      clrt_jschema_state_free(t);
     }
-    clrt_json_grammar_free(g);
+    clrt_jschema_free(g);
   }
   printf("%d states, %d walks completed\n", states, completed);
   CHECK(dead == 0);
@@ -242,21 +242,21 @@ int main(void) {
   CHECK(states > 5000);
 
   /* errors name what is wrong */
-  clrt_json_grammar *g = clrt_json_grammar_new(2);
-  int a = clrt_json_node(g, CLRT_JSON_ANYOF, 0, 0, 0);
-  clrt_json_add_child(g, a, clrt_json_node(g, CLRT_JSON_STRING, 0, -1, 0));
-  clrt_json_add_child(g, a, clrt_json_node(g, CLRT_JSON_STRING, 0, 3, 0));
-  CHECK(clrt_json_grammar_finish(g, a) == -1 && strstr(clrt_last_error(), "both start with '\"'"));
-  clrt_json_grammar_free(g);
-  CHECK(clrt_json_grammar_new(-1) == NULL && strstr(clrt_last_error(), "max_ws"));
-  g = clrt_json_grammar_new(2);
-  CHECK(clrt_json_add_child(g, 7, 0) == -1 && strstr(clrt_last_error(), "node 7 does not exist"));
-  CHECK(clrt_json_state_new(g) == NULL && strstr(clrt_last_error(), "not finished"));
-  clrt_json_grammar_free(g);
+  clrt_jschema *g = clrt_jschema_new(2);
+  int a = clrt_jschema_node(g, CLRT_JSCHEMA_ANYOF, 0, 0, 0);
+  clrt_jschema_add_child(g, a, clrt_jschema_node(g, CLRT_JSCHEMA_STRING, 0, -1, 0));
+  clrt_jschema_add_child(g, a, clrt_jschema_node(g, CLRT_JSCHEMA_STRING, 0, 3, 0));
+  CHECK(clrt_jschema_finish(g, a) == -1 && strstr(clrt_last_error(), "both start with '\"'"));
+  clrt_jschema_free(g);
+  CHECK(clrt_jschema_new(-1) == NULL && strstr(clrt_last_error(), "max_ws"));
+  g = clrt_jschema_new(2);
+  CHECK(clrt_jschema_add_child(g, 7, 0) == -1 && strstr(clrt_last_error(), "node 7 does not exist"));
+  CHECK(clrt_jschema_state_new(g) == NULL && strstr(clrt_last_error(), "not finished"));
+  clrt_jschema_free(g);
   int64_t bad[3] = {0, 5, 2};
-  CHECK(clrt_json_vocab_new((const uint8_t *)"abcde", bad, 2) == NULL && strstr(clrt_last_error(), "token 1"));
+  CHECK(clrt_jschema_vocab_new((const uint8_t *)"abcde", bad, 2) == NULL && strstr(clrt_last_error(), "token 1"));
 
-  clrt_json_vocab_free(voc);
+  clrt_jschema_vocab_free(voc);
   free(mask);
   free(out);
   free(bytes);

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static clrt_json_vocab *voc;
+static clrt_jschema_vocab *voc;
 static int32_t stop_id = 256;
 
 static void setup(void) {
@@ -19,7 +19,7 @@ static void setup(void) {
   for (int i = 0; i < 256; i++) bytes[i] = (uint8_t)i, off[i] = i;
   off[256] = 256;
   off[257] = 256;   /* the stop token: no bytes */
-  voc = clrt_json_vocab_new(bytes, off, 257);
+  voc = clrt_jschema_vocab_new(bytes, off, 257);
   if (!voc) abort();
 }
 
@@ -28,20 +28,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 2) return 0;
   size_t pos = 0;
   int nops = data[pos++] % 24;
-  clrt_json_grammar *g = clrt_json_grammar_new(data[pos++] % 4);
+  clrt_jschema *g = clrt_jschema_new(data[pos++] % 4);
   if (!g) abort();
   int nodes = 0;
   for (int op = 0; op < nops && pos + 3 <= size; op++) {
     uint8_t a = data[pos++], b = data[pos++], c = data[pos++];
     switch (a % 4) {
     case 0:
-      if (clrt_json_node(g, b % 10, (double)(int8_t)c / 4, (double)(int8_t)(c * 7) / 2, b >> 4) >= 0) nodes++;
+      if (clrt_jschema_node(g, b % 10, (double)(int8_t)c / 4, (double)(int8_t)(c * 7) / 2, b >> 4) >= 0) nodes++;
       break;
-    case 1: clrt_json_add_child(g, b % (nodes + 1), c % (nodes + 1)); break;
+    case 1: clrt_jschema_add_child(g, b % (nodes + 1), c % (nodes + 1)); break;
     case 2: {
       size_t len = c % 8;
       if (pos + len > size) len = size - pos;
-      clrt_json_add_literal(g, b % (nodes + 1), (const char *)data + pos, len);
+      clrt_jschema_add_literal(g, b % (nodes + 1), (const char *)data + pos, len);
       pos += len;
       break;
     }
@@ -52,19 +52,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       key[0] = '"';
       memcpy(key + 1, data + pos, len);
       key[len + 1] = '"';
-      clrt_json_add_property(g, b % (nodes + 1), key, len + 2, (b >> 3) % (nodes + 1), c & 1);
+      clrt_jschema_add_property(g, b % (nodes + 1), key, len + 2, (b >> 3) % (nodes + 1), c & 1);
       pos += len;
     }
     }
   }
-  if (nodes == 0 || clrt_json_grammar_finish(g, 0) != 0) {
-    clrt_json_grammar_free(g);
+  if (nodes == 0 || clrt_jschema_finish(g, 0) != 0) {
+    clrt_jschema_free(g);
     return 0;
   }
-  clrt_json_state *s = clrt_json_state_new(g);
+  clrt_jschema_state *s = clrt_jschema_state_new(g);
   uint8_t mask[257];
   for (; pos < size; pos++) {
-    int n = clrt_json_fill_mask(voc, s, &stop_id, 1, mask);
+    int n = clrt_jschema_fill_mask(voc, s, &stop_id, 1, mask);
     if (n <= 0) abort();   /* a dead end */
     int pick = data[pos];
     if (!mask[pick]) {
@@ -73,15 +73,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (mask[pick] && want-- == 0) break;
     }
     if (pick == stop_id) {
-      if (!clrt_json_state_complete(s)) abort();
+      if (!clrt_jschema_state_complete(s)) abort();
       uint8_t x = '1';
-      (void)clrt_json_state_advance(s, &x, 1);
+      (void)clrt_jschema_state_advance(s, &x, 1);
       break;
     }
     uint8_t byte = (uint8_t)pick;
-    if (clrt_json_state_advance(s, &byte, 1) != 0) abort();   /* the mask allowed it */
+    if (clrt_jschema_state_advance(s, &byte, 1) != 0) abort();   /* the mask allowed it */
   }
-  clrt_json_state_free(s);
-  clrt_json_grammar_free(g);
+  clrt_jschema_state_free(s);
+  clrt_jschema_free(g);
   return 0;
 }

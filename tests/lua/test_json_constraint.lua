@@ -157,8 +157,8 @@ T.case("the trie's mask equals testing every token one by one, over random reach
           ok = c:complete(s)
         elseif b ~= "" and id ~= ids.think then
           local t = c:state()
-          C.clrt_json_state_copy(t, s)
-          ok = C.clrt_json_state_advance(t, b, #b) == 0
+          C.clrt_jschema_state_copy(t, s)
+          ok = C.clrt_jschema_state_advance(t, b, #b) == 0
         end
         probe[id] = ok and 1 or 0
         if ok then count = count + 1; allowed[#allowed + 1] = id end
@@ -183,7 +183,7 @@ T.case("bytes that must never pass: escapes, surrogates, control bytes, bad UTF-
   local function accepts(schema, text, max_ws)
     local c = JC.new({ vocab = voc, grammar = JC.compile(schema, { max_ws = max_ws }) })
     local s = c:state()
-    return C.clrt_json_state_advance(s, text, #text) == 0, c, s
+    return C.clrt_jschema_state_advance(s, text, #text) == 0, c, s
   end
   local function complete(schema, text)
     local ok, c, s = accepts(schema, text)

@@ -56,7 +56,7 @@ function M.tokenizer(list, ids)
     end
     return table.concat(s)
   end
-  function tok:stream_decoder() return { push = function(_, id) return special[id] and "" or list[id + 1] end } end
+  function tok:stream() return { push = function(_, id) return special[id] and "" or list[id + 1] end, finish = function() return "" end } end
   return tok
 end
 
