@@ -56,4 +56,36 @@ T.case("m:generate with json_schema: samples at temperature 1 parse and validate
   T.ok(done >= total / 2, ("%d of %d samples completed"):format(done, total))
 end)
 
+T.case("clrt serve on this model: response_format json_schema over HTTP gives valid JSON", function()
+  if os.execute("command -v curl > /dev/null 2>&1") ~= 0 then return T.skip("curl is not installed") end
+  local cjson = require("cjson")
+  local srv = require("clrt.serve").new({ model = m, tokenizer = tok, name = "tiny", port = 0, slots = 8, max_len = 256, max_tokens = 120 })
+  local schema = { type = "object", properties = { thought = { type = "string", maxLength = 10 }, accuracy = { type = "number", minimum = 0, maximum = 1 } },
+    required = { "thought", "accuracy" }, additionalProperties = false }
+  local base = T.tmpdir() .. "/req"
+  local f = assert(io.open(base .. ".json", "w"))
+  f:write(cjson.encode({ model = "tiny", messages = { { role = "user", content = "judge this" } }, n = 4, temperature = 1, max_tokens = 120,
+    response_format = { type = "json_schema", json_schema = { name = "judge", strict = true, schema = schema } } }))
+  f:close()
+  os.execute(("(curl -s -m 60 -o %s.out -w '%%{http_code}' -H 'Content-Type: application/json' --data-binary @%s.json http://127.0.0.1:%d/v1/chat/completions > %s.code; touch %s.done) &")
+    :format(base, base, srv:port(), base, base))
+  local t0 = os.time()
+  while not T.read(base .. ".done") do
+    srv:tick(5)
+    if os.time() - t0 > 90 then error("the request did not finish") end
+  end
+  srv:stop()
+  T.eq(tonumber(T.read(base .. ".code")), 200)
+  local done = 0
+  for _, ch in ipairs(cjson.decode(T.read(base .. ".out")).choices) do
+    if ch.finish_reason == "stop" then
+      done = done + 1
+      local ok, v = pcall(W.parse, ch.message.content)
+      T.ok(ok and W.validate(v, schema), "valid reply: " .. ch.message.content)
+      if os.getenv("SHOW") then print(ch.message.content) end
+    end
+  end
+  T.ok(done >= 2, done .. " of 4 replies complete")
+end)
+
 T.run()
