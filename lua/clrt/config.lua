@@ -1,0 +1,195 @@
+-- clrt.config — recipe configuration: a Lua table of defaults, overridden from the command
+-- line the way verl/Hydra users expect.
+--   local cfg = clrt.config.parse(defaults, arg)     -- arg[1..n] = "key.path=value" ...
+--   print(clrt.config.dump(cfg))                     -- stable pretty JSON (sorted keys)
+-- Rules:
+--   key.path=value   overrides an existing key; an unknown key is an error naming the
+--                    closest known key (edit distance over the full dotted paths).
+--   +key.path=value  adds a key that the defaults do not have (an existing one is an error).
+--   value            true/false -> boolean, nil/null -> nil, a decimal number -> number,
+--                    {...} or [...] -> JSON, '...' or "..." -> that string, else the text.
+--   The new value must have the default's type: a string default takes the raw text
+--   (so name=123 stays "123"), a number default needs a number, a boolean true/false,
+--   a table default JSON of a table. nil is accepted for any key (turns it off).
+--   config.optional("string") as a default declares a key with no value (nil after
+--   parsing) that accepts values of that type.
+local json = require("clrt.json")
+local M = {}
+
+local optional_mt = {}
+function M.optional(kind)
+  assert(kind == "string" or kind == "number" or kind == "boolean" or kind == "table",
+         "config.optional: kind must be string, number, boolean or table")
+  return setmetatable({ kind = kind }, optional_mt)
+end
+local function is_optional(v) return type(v) == "table" and getmetatable(v) == optional_mt end
+
+local function deepcopy(v)
+  if type(v) ~= "table" or is_optional(v) then return v end
+  local out = {}
+  for k, x in pairs(v) do out[k] = deepcopy(x) end
+  return setmetatable(out, getmetatable(v))
+end
+M.deepcopy = deepcopy
+
+-- Levenshtein distance, two rows.
+function M.edit_distance(a, b)
+  local prev, cur = {}, {}
+  for j = 0, #b do prev[j] = j end
+  for i = 1, #a do
+    cur[0] = i
+    local ca = a:byte(i)
+    for j = 1, #b do
+      local cost = (ca == b:byte(j)) and 0 or 1
+      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+    end
+    prev, cur = cur, prev
+  end
+  return prev[#b]
+end
+
+-- Every dotted path in a table of defaults (inner tables and their leaves).
+local function paths(t, prefix, out)
+  out = out or {}
+  for k, v in pairs(t) do
+    local p = prefix and (prefix .. "." .. tostring(k)) or tostring(k)
+    out[#out + 1] = p
+    if type(v) == "table" and not is_optional(v) then paths(v, p, out) end
+  end
+  return out
+end
+
+local function closest(known, key)
+  local best, bestd
+  table.sort(known)
+  for _, p in ipairs(known) do
+    local d = M.edit_distance(key, p)
+    if not bestd or d < bestd then best, bestd = p, d end
+  end
+  return best
+end
+
+function M.parse_value(text)
+  if text == "true" then return true end
+  if text == "false" then return false end
+  if text == "nil" or text == "null" then return nil end
+  if text:match("^[-+]?%d+%.?%d*[eE][-+]?%d+$") or text:match("^[-+]?%d+%.?%d*$")
+     or text:match("^[-+]?%.%d+[eE]?[-+]?%d*$") then
+    local n = tonumber(text)
+    if n then return n end
+  end
+  local first = text:sub(1, 1)
+  if first == "{" or first == "[" then return json.decode(text, "value") end
+  if #text >= 2 and (first == "'" or first == '"') and text:sub(-1) == first then
+    return text:sub(2, -2)
+  end
+  return text
+end
+
+local function typename(v)
+  if is_optional(v) then return v.kind end
+  return type(v)
+end
+
+-- Convert the parsed value to the default's type or raise.
+local function coerce(key, default, raw, parsed)
+  if parsed == nil then return nil end
+  local want = typename(default)
+  if want == "nil" then return parsed end
+  if want == "string" then
+    if type(parsed) == "table" then
+      error(("config: %s expects a string, got %s"):format(key, raw), 0)
+    end
+    if raw:match("^'.*'$") or raw:match('^".*"$') then return parsed end
+    return raw
+  end
+  if type(parsed) ~= want then
+    error(("config: %s expects a %s (default %s), got '%s'"):format(
+      key, want, is_optional(default) and "none" or json.encode(default), raw), 0)
+  end
+  return parsed
+end
+
+-- Apply one "key.path=value" (or "+key.path=value") to cfg; `known` lists default paths.
+local function apply(cfg, known, item)
+  if type(item) ~= "string" then error("config: argument is not a string", 0) end
+  local add = item:sub(1, 1) == "+"
+  local body = add and item:sub(2) or item
+  local eq = body:find("=", 1, true)
+  if not eq then
+    error(("config: '%s' is not key.path=value"):format(item), 0)
+  end
+  local key, raw = body:sub(1, eq - 1), body:sub(eq + 1)
+  if key == "" or key:find("..", 1, true) or key:match("^%.") or key:match("%.$") then
+    error(("config: bad key '%s' in '%s'"):format(key, item), 0)
+  end
+  local parts = {}
+  for p in key:gmatch("[^.]+") do parts[#parts + 1] = p end
+  local t = cfg
+  for i = 1, #parts - 1 do
+    local k = parts[i]
+    if type(t) == "table" and #t > 0 and tonumber(k) then k = tonumber(k) end
+    local nxt = t[k]
+    if nxt == nil and add then
+      nxt = {}
+      t[k] = nxt
+    elseif type(nxt) ~= "table" or is_optional(nxt) then
+      if nxt == nil then
+        local c = closest(known, key)
+        error(("config: unknown key '%s'%s"):format(key, c and ("; did you mean '" .. c .. "'?") or ""), 0)
+      end
+      error(("config: '%s' is a %s, not a table, so '%s' cannot be set"):format(
+        table.concat(parts, ".", 1, i), typename(nxt), key), 0)
+    end
+    t = nxt
+  end
+  local last = parts[#parts]
+  if #t > 0 and tonumber(last) then last = tonumber(last) end
+  local parsed = M.parse_value(raw)
+  local exists = t[last] ~= nil
+  if add then
+    if exists then
+      error(("config: '+%s' adds a key, but '%s' already exists (drop the '+')"):format(key, key), 0)
+    end
+    t[last] = parsed
+    return
+  end
+  if not exists then
+    local c = closest(known, key)
+    error(("config: unknown key '%s'%s (use +%s=... to add a new key)"):format(
+      key, c and ("; did you mean '" .. c .. "'?") or "", key), 0)
+  end
+  t[last] = coerce(key, t[last], raw, parsed)
+end
+
+-- Resolve optional placeholders that were never set to nil.
+local function strip(t)
+  for k, v in pairs(t) do
+    if is_optional(v) then t[k] = nil
+    elseif type(v) == "table" then strip(v) end
+  end
+  return t
+end
+
+function M.parse(defaults, argv)
+  assert(type(defaults) == "table", "config.parse: defaults must be a table")
+  local cfg = deepcopy(defaults)
+  local known = paths(defaults)
+  for i = 1, #(argv or {}) do apply(cfg, known, argv[i]) end
+  return strip(cfg)
+end
+
+function M.dump(cfg)
+  return json.encode(cfg, { pretty = true }) .. "\n"
+end
+
+-- Read a config saved by dump (a run folder's config.json).
+function M.load(path)
+  local f, err = io.open(path, "rb")
+  if not f then error("config: cannot open " .. tostring(err), 0) end
+  local s = f:read("*a")
+  f:close()
+  return json.decode(s, path)
+end
+
+return M

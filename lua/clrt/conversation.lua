@@ -1,0 +1,93 @@
+-- clrt.conversation — small helpers over chat message lists ({role=, content=} tables)
+-- shared by metrics, simulated users and recipes, so every plug-in agrees on where the
+-- prompt ends and what "the final answer" is.
+--
+-- Convention: a metric or user gets the whole conversation (system + prompt + the first
+-- response A1 + the future turns) and the sample, whose `prompt` is the prompt's message
+-- list as the policy saw it (with its system message when there is one). The messages
+-- after the prompt are conversation[#sample.prompt + 1 ...]. Without sample.prompt the
+-- prompt is taken to end at the first assistant message.
+local M = {}
+
+M.TERMINATE = "[[TERMINATE CHAT]]"
+
+function M.prompt_length(conversation, sample)
+  if sample and type(sample.prompt) == "table" then return #sample.prompt end
+  for i, m in ipairs(conversation) do
+    if m.role == "assistant" then return i - 1 end
+  end
+  return #conversation
+end
+
+function M.after_prompt(conversation, sample)
+  local out = {}
+  for i = M.prompt_length(conversation, sample) + 1, #conversation do out[#out + 1] = conversation[i] end
+  return out
+end
+
+-- The first assistant message after the prompt (A1), or nil.
+function M.first_reply(conversation, sample)
+  for i = M.prompt_length(conversation, sample) + 1, #conversation do
+    if conversation[i].role == "assistant" then return conversation[i].content end
+  end
+  return nil
+end
+
+-- The last assistant message after the prompt, or nil.
+function M.last_reply(conversation, sample)
+  local start = M.prompt_length(conversation, sample) + 1
+  for i = #conversation, start, -1 do
+    if conversation[i].role == "assistant" then return conversation[i].content end
+  end
+  return nil
+end
+
+function M.without_system(conversation)
+  local out = {}
+  for _, m in ipairs(conversation) do
+    if m.role ~= "system" then out[#out + 1] = m end
+  end
+  return out
+end
+
+-- A plain-text transcript for judge and simulator prompts.
+function M.transcript(messages, names)
+  names = names or { user = "User", assistant = "Assistant", system = "System" }
+  local out = {}
+  for _, m in ipairs(messages) do
+    out[#out + 1] = ("%s: %s"):format(names[m.role] or m.role, tostring(m.content or ""))
+  end
+  return table.concat(out, "\n\n")
+end
+
+function M.has_marker(text) return type(text) == "string" and text:find(M.TERMINATE, 1, true) ~= nil end
+
+-- Whitespace-split words (verl's token_amount unit).
+function M.word_count(text)
+  local n = 0
+  for _ in tostring(text or ""):gmatch("%S+") do n = n + 1 end
+  return n
+end
+
+-- Heuristic: does an assistant message ask the user something? A question mark outside a
+-- fenced code block. Used for the "first replies that ask" rate of the evaluation; the
+-- built-in world's replies are short, so this is exact there.
+function M.asks_question(text)
+  if type(text) ~= "string" then return false end
+  local prose = text:gsub("```.-```", " ")
+  return prose:find("?", 1, true) ~= nil
+end
+
+function M.trim(s) return (tostring(s or ""):gsub("^%s+", ""):gsub("%s+$", "")) end
+
+function M.copy(conversation)
+  local out = {}
+  for i, m in ipairs(conversation) do
+    local c = {}
+    for k, v in pairs(m) do c[k] = v end
+    out[i] = c
+  end
+  return out
+end
+
+return M

@@ -1,0 +1,87 @@
+-- collabllm_user — an LLM plays the human, as in CollabLLM (spec: "The simulated user").
+-- respond(conversation, sample, ctx) -> the user's next message (never empty).
+--   sample.task_desc           e.g. "question answering", "document editing", "code generation"
+--   sample.single_turn_prompt  the complete request the user has in mind
+-- Both come from the sample of THIS conversation (no shared state between conversations);
+-- the simulator never sees the ground truth.
+--   ctx.user           client with :chat(messages, opts) -> {content = text}
+--                      (ctx.client is accepted too)
+--   ctx.extract_json   lenient JSON parser (clrt.llm.extract_json)
+--   ctx.user_options   {temperature = 1.0, max_tokens = 512, retries = 3, backoff_s = 1}
+--   ctx.sleep(s)       optional: how to wait between attempts (clrt.sched's sleep)
+-- The model answers JSON {"current_answer", "thought", "response"}; only "response" is
+-- sent. A reply that is not JSON, lacks "response" or has an empty one is retried with
+-- exponential back-off; after the last attempt this raises, and the recipe drops the
+-- sample and counts it — the conversation never continues with an empty user turn.
+local conv = require("clrt.conversation")
+
+local M = { name = "collabllm_user" }
+M.TERMINATE = conv.TERMINATE
+
+M.PROMPT = [[
+You are role-playing a person who is working with an AI assistant to get something done. Everything you write goes straight to the assistant, as the person's next chat message.
+
+What kind of task this is: %s
+
+The complete request you have in mind (the assistant has NOT seen this; it only sees the chat):
+<request>
+%s
+</request>
+
+The chat so far:
+<chat>
+%s
+</chat>
+
+How to play the person:
+- Stay in character as the person. Never mention that you are simulated, role-playing, or following instructions, and never act as the assistant.
+- Put in little effort. Do not hand over the whole request at once: start vague and let the assistant find out what it needs by asking. Answer the questions it actually asks, briefly.
+- Show the level of knowledge a real person asking this would have; you may be unsure, imprecise, or make an occasional small mistake.
+- Say what you like and dislike about the assistant's answers, and keep steering it towards the request you have in mind; do not drift to other topics.
+- Keep messages short and casual, as people type in a chat.
+- When the assistant's answer gives you what you wanted, or it is clear the assistant cannot help, end the chat: make your message contain exactly %s (you may add a short goodbye before it).
+
+Reply with JSON only, no other text:
+{"current_answer": "<one sentence: the assistant's solution so far, or 'none yet'>", "thought": "<your reasoning as the person about what to say next>", "response": "<your next message to the assistant>"}]]
+
+function M.messages(conversation, sample)
+  local text = M.PROMPT:format(tostring(sample.task_desc or "general assistance"),
+    tostring(sample.single_turn_prompt or ""),
+    conv.transcript(conv.without_system(conversation), { user = "You", assistant = "Assistant" }),
+    M.TERMINATE)
+  return { { role = "user", content = text } }
+end
+
+function M.respond(conversation, sample, ctx)
+  local client = ctx and (ctx.user or ctx.client)
+  if not client then error("collabllm_user: no client in ctx.user", 0) end
+  if not ctx.extract_json then error("collabllm_user: no JSON parser in ctx.extract_json", 0) end
+  if sample.single_turn_prompt == nil then error("collabllm_user: sample has no single_turn_prompt", 0) end
+  local o = ctx.user_options or {}
+  local attempts = o.retries or 3
+  local backoff = o.backoff_s or 1
+  local msgs = M.messages(conversation, sample)
+  local last = "no attempt"
+  for attempt = 1, attempts do
+    if attempt > 1 and ctx.sleep then ctx.sleep(backoff * 2 ^ (attempt - 2)) end
+    local ok, reply = pcall(client.chat, client, msgs,
+      { temperature = o.temperature or 1.0, max_tokens = o.max_tokens or 512 })
+    if not ok then
+      last = "call failed: " .. tostring(reply)
+    elseif type(reply) ~= "table" or type(reply.content) ~= "string" then
+      last = "reply has no content"
+    else
+      local pok, obj = pcall(ctx.extract_json, reply.content)
+      if not pok or type(obj) ~= "table" then
+        last = "reply is not JSON: " .. reply.content:sub(1, 120)
+      elseif type(obj.response) ~= "string" or conv.trim(obj.response) == "" then
+        last = "reply has no non-empty \"response\": " .. reply.content:sub(1, 120)
+      else
+        return conv.trim(obj.response), obj
+      end
+    end
+  end
+  error(("collabllm_user: no usable reply after %d attempts (%s)"):format(attempts, last), 0)
+end
+
+return M

@@ -1,0 +1,43 @@
+-- scripted_user — the simulated user of the built-in world (examples/collab_world), in
+-- plain Lua: no API, deterministic. It knows the sample's hidden fact (`sample.value`)
+-- and reacts to the assistant's last message:
+--   a question about the missing fact   -> the fact, e.g. "Alice."  (truthful, also when
+--                                          the request had already given it)
+--   any other question                  -> "That is not relevant."
+--   anything else (an answer)           -> "[[TERMINATE CHAT]]": the user is done, whether
+--                                          the answer is right or not (the metrics judge it)
+-- A question is about the fact when it contains the sample's clarifying question
+-- (`sample.ask`) or one of `sample.slot_keywords` as a whole word.
+-- Plug-in shape (same as metrics): respond(conversation, sample, ctx) -> text.
+local M = { name = "scripted_user" }
+
+M.TERMINATE = "[[TERMINATE CHAT]]"
+M.IRRELEVANT = "That is not relevant."
+
+function M.is_question(text) return type(text) == "string" and text:find("?", 1, true) ~= nil end
+
+function M.relevant(sample, question)
+  local q = tostring(question):lower()
+  if sample.ask and q:find(sample.ask:lower(), 1, true) then return true end
+  for _, k in ipairs(sample.slot_keywords or {}) do
+    if q:find("%f[%a]" .. k:lower() .. "%f[%A]") then return true end
+  end
+  return false
+end
+
+function M.reply_to_question(sample, question)
+  if M.relevant(sample, question) then return sample.value .. "." end
+  return M.IRRELEVANT
+end
+
+function M.respond(conversation, sample, ctx)
+  local last = conversation[#conversation]
+  if not last or last.role ~= "assistant" then
+    error("scripted_user: the conversation must end with an assistant message", 2)
+  end
+  if sample.value == nil then error("scripted_user: sample has no hidden value (sample.value)", 2) end
+  if M.is_question(last.content) then return M.reply_to_question(sample, last.content) end
+  return M.TERMINATE
+end
+
+return M

@@ -1,0 +1,167 @@
+-- clrt.rl: rewards (both modes, clamping, failures, drops), GRPO advantages, PPO-clip + KL.
+local T = require("clrt.test")
+local rl = require("clrt.rl")
+local rng = require("clrt.rng")
+
+local convs = {
+  { accuracy = 1, interactivity = 0.7, token_amount = 120 },
+  { accuracy = 0, interactivity = 0.3, token_amount = 80 },
+  { accuracy = 1, interactivity = 1.0, token_amount = 100 },
+}
+
+T.case("verl reward: clamp per metric of the mean over futures", function()
+  -- means: accuracy 2/3, interactivity 2/3, token_amount 100
+  local r, info = rl.reward(convs, { accuracy = 1, interactivity = 1, token_amount = -0.005 }, "verl")
+  T.near(r, 2 / 3 + 2 / 3 - 0.5, 1e-12)
+  T.near(info.metrics.token_amount, 100, 1e-12)
+  -- -0.02 * 100 = -2 clamps to -1; 3 * 2/3 = 2 clamps to 1
+  T.near(rl.reward(convs, { accuracy = 1, interactivity = 1, token_amount = -0.02 }, "verl"), 2 / 3 + 2 / 3 - 1, 1e-12)
+  T.near(rl.reward(convs, { accuracy = 3, token_amount = 0 }, "verl"), 1, 1e-12)
+  -- the default mode is verl
+  T.near(rl.reward(convs, { accuracy = 3 }), 1, 1e-12)
+end)
+
+T.case("mean reward: mean of weighted sums, no clamp", function()
+  -- conv1 1+0.7-2.4 = -0.7; conv2 0+0.3-1.6 = -1.3; conv3 1+1-2 = 0
+  T.near(rl.reward(convs, { accuracy = 1, interactivity = 1, token_amount = -0.02 }, "mean"), -2 / 3, 1e-12)
+  T.near(rl.reward(convs, { accuracy = 3 }, "mean"), 2, 1e-12)
+  T.raises(function() rl.reward(convs, { accuracy = 1 }, "median") end, "mode must be")
+end)
+
+T.case("failed metrics are counted and excluded, never 0", function()
+  local c = { convs[1], { accuracy = rl.failed("judge said nothing"), interactivity = 0.3, token_amount = 80 }, convs[3] }
+  local w = { accuracy = 1, interactivity = 1, token_amount = -0.005 }
+  local r, info = rl.reward(c, w, "verl")
+  -- accuracy over conv1, conv3 = 1; interactivity 2/3; tokens -0.5
+  T.near(r, 1 + 2 / 3 - 0.5, 1e-12); T.eq(info.failed.accuracy, 1)
+  -- mean mode drops conv2: (1+0.7-0.6 + 1+1-0.5)/2 = 1.3
+  T.near(rl.reward(c, w, "mean"), 1.3, 1e-12)
+  local allfail = { { accuracy = rl.failed("x") }, { accuracy = rl.failed("y") } }
+  T.eq(rl.reward(allfail, { accuracy = 1 }, "verl"), nil)
+  T.eq(rl.reward(allfail, { accuracy = 1 }, "mean"), nil)
+  -- a failed metric with weight 0 does not matter to the reward but is still counted
+  local r0, i0 = rl.reward({ { accuracy = 1, bleu_score = rl.failed("z") } }, { accuracy = 1, bleu_score = 0 })
+  T.eq(r0, 1); T.eq(i0.failed.bleu_score, 1)
+end)
+
+T.case("score_conversation retries, then records failure", function()
+  local calls = 0
+  local metrics = {
+    { name = "flaky", compute = function() calls = calls + 1; if calls < 3 then error("bad json") end; return 0.5 end },
+    { name = "broken", compute = function() error("judge down") end },
+    { name = "nan", compute = function() return 0 / 0 end },
+    { name = "ctx", compute = function(conv, sample, ctx) return #conv + sample.k + ctx.k end },
+  }
+  local s = rl.score_conversation({ 1, 2 }, { k = 10 }, metrics, { k = 100 }, { retries = 2 })
+  T.eq(s.flaky, 0.5); T.eq(calls, 3)
+  T.ok(rl.is_failed(s.broken)); T.ok(tostring(s.broken.error):find("judge down", 1, true))
+  T.ok(rl.is_failed(s.nan)); T.eq(s.ctx, 112)
+  local s2 = rl.score_conversation({}, {}, { metrics[2] }, {}, { retries = 0 })
+  T.ok(rl.is_failed(s2.broken))
+end)
+
+T.case("batch_rewards: truncated = 0, dropped = nil, counts", function()
+  local w = { accuracy = 1 }
+  local R = rl.batch_rewards({
+    { group = 1, scores = { { accuracy = 1 }, { accuracy = 0 } } },
+    { group = 1, truncated = true },
+    { group = 1, dropped = "simulator failed" },
+    { group = 2, scores = { { accuracy = rl.failed("x") } } },
+    { group = 2, scores = { { accuracy = 1 } } },
+  }, w, "verl")
+  T.eq(R.rewards[1], 0.5); T.eq(R.rewards[2], 0); T.eq(R.rewards[3], nil); T.eq(R.rewards[4], nil)
+  T.eq(R.rewards[5], 1)
+  T.eq(R.dropped, 2); T.eq(R.truncated, 1); T.eq(R.failed.accuracy, 1)
+  T.eq(R.drop_reasons["simulator failed"], 1); T.eq(R.drop_reasons["metric failed"], 1)
+  T.near(R.metrics.accuracy, 0.75, 1e-12)
+end)
+
+T.case("group advantages: unbiased std, equal groups, singletons, drops", function()
+  local rewards = { 1, 0, 0, 1, nil, 2, 2, 2, 0.5 }
+  local groups = { "a", "a", "a", "a", "a", "b", "b", "b", "c" }
+  local A, st = rl.group_advantages(rewards, groups, nil, 9)
+  local sd = math.sqrt(1 / 3) -- sample std of {1,0,0,1}: sqrt(4 * 0.25 / 3)
+  T.near(A[1], 0.5 / (sd + 1e-6), 1e-12); T.near(A[2], -0.5 / (sd + 1e-6), 1e-12)
+  T.near(A[1], 0.8660239, 1e-6)
+  T.eq(A[5], 0)
+  T.eq(A[6], 0); T.eq(A[7], 0); T.eq(A[8], 0)
+  T.near(A[9], 0.5 / (1 + 1e-6), 1e-12)
+  T.eq(st.groups_all_equal, 1)
+  local A2 = rl.group_advantages({ 3, 1 }, { 1, 1 }, { scale_by_std = false })
+  T.eq(A2, { 1, -1 })
+  T.raises(function() rl.group_advantages({ 1 }, {}, nil, 1) end, "no group")
+end)
+
+T.case("ppo loss: hand-computed values", function()
+  local e = math.exp
+  -- t1 unclipped (ratio e^0.1), t2 clipped at 1.2 (ratio e^0.5), A = 1, kl_coef 0.1
+  local L = rl.ppo_loss{ logp = { { -1.0, -0.5 } }, old_logp = { { -1.1, -1.0 } }, ref_logp = { { -1.2, -0.5 } },
+                         adv = { 1 }, kl_coef = 0.1 }
+  local kl1 = e(-0.2) + 0.2 - 1
+  T.near(L.loss, ((-e(0.1) + 0.1 * kl1) + (-1.2 + 0)) / 2, 1e-12)
+  T.near(L.dlogp[1][1], (-e(0.1) + 0.1 * (1 - e(-0.2))) / 2, 1e-12)
+  T.near(L.dlogp[1][2], 0, 1e-15)
+  T.near(L.clipfrac, 0.5, 1e-12)
+  T.near(L.kl, kl1 / 2, 1e-12)
+  T.near(L.approx_kl, (-0.1 - 0.5) / 2, 1e-12)
+  T.near(L.pg_loss, (-e(0.1) - 1.2) / 2, 1e-12)
+  -- A < 0: ratio e^2 hits the dual clip (3); ratio e^-0.5 clipped at 0.8; masked token ignored
+  local L2 = rl.ppo_loss{ logp = { { 0, -2, -1 } }, old_logp = { { -2, -1.5, 0 } }, ref_logp = { { 0, -2, 5 } },
+                          adv = { -1 }, mask = { { 1, 1, 0 } }, kl_coef = 0.001 }
+  T.near(L2.loss, (3 + 0.8) / 2, 1e-12)
+  T.eq(L2.dlogp[1][1], 0); T.eq(L2.dlogp[1][2], 0); T.eq(L2.dlogp[1][3], 0)
+  T.eq(L2.tokens, 2)
+  -- without dual clip the e^2 token is unclipped: pg = e^2, gradient = e^2 / 2
+  local L3 = rl.ppo_loss{ logp = { { 0 } }, old_logp = { { -2 } }, adv = { -1 }, kl_coef = 0, clip_c = false }
+  T.near(L3.loss, e(2), 1e-12); T.near(L3.dlogp[1][1], e(2), 1e-12)
+  -- on-policy (old = logp): ratio 1, loss = -mean A, dlogp = -A/N
+  local L4 = rl.ppo_loss{ logp = { { -1, -2 }, { -3 } }, adv = { 2, -1 }, kl_coef = 0 }
+  T.near(L4.loss, (-2 - 2 + 1) / 3, 1e-12)
+  T.near(L4.dlogp, { { -2 / 3, -2 / 3 }, { 1 / 3 } }, 1e-12)
+  T.raises(function() rl.ppo_loss{ logp = { { 0 } }, adv = { 1 } } end, "ref_logp is required")
+  T.raises(function() rl.ppo_loss{ logp = { { 0, 1 } }, old_logp = { { 0 } }, adv = { 1 }, kl_coef = 0 } end, "lengths differ")
+end)
+
+T.case("ppo loss gradient matches finite differences", function()
+  local r = rng.new(3)
+  for _, kl_type in ipairs({ "low_var_kl", "kl", "mse" }) do
+    local B, logp, old, ref, mask, adv = 4, {}, {}, {}, {}, {}
+    for b = 1, B do
+      logp[b], old[b], ref[b], mask[b], adv[b] = {}, {}, {}, {}, {}
+      for t = 1, 5 + b do
+        logp[b][t] = -3 * r:random() - 0.05
+        old[b][t] = logp[b][t] + 0.6 * (r:random() - 0.5)
+        ref[b][t] = logp[b][t] + 1.0 * (r:random() - 0.5)
+        mask[b][t] = (r:random() < 0.8) and 1 or 0
+        adv[b][t] = 2 * r:random() - 1
+      end
+    end
+    local opts = { logp = logp, old_logp = old, ref_logp = ref, adv = adv, mask = mask,
+                   kl_coef = 0.3, kl_type = kl_type, denom = 17, scale = 0.5 }
+    local L = rl.ppo_loss(opts)
+    local h, checked, nonzero = 1e-6, 0, 0
+    for b = 1, B do
+      for t = 1, #logp[b] do
+        local x = logp[b][t]
+        logp[b][t] = x + h; local lp = rl.ppo_loss(opts).loss
+        logp[b][t] = x - h; local lm = rl.ppo_loss(opts).loss
+        logp[b][t] = x
+        T.near(L.dlogp[b][t], (lp - lm) / (2 * h), { atol = 1e-7, rtol = 1e-5 }, kl_type .. " b" .. b .. " t" .. t)
+        checked = checked + 1
+        if L.dlogp[b][t] ~= 0 then nonzero = nonzero + 1 end
+      end
+    end
+    T.ok(nonzero > checked / 3, "most gradients are non-zero")
+  end
+end)
+
+T.case("lr schedule and stats", function()
+  local o = { lr = 1, warmup_steps = 2, total_steps = 12, min_lr = 0.1 }
+  T.near(rl.lr_schedule(0, o), 0.5, 1e-12); T.near(rl.lr_schedule(1, o), 1, 1e-12)
+  T.near(rl.lr_schedule(2, o), 1, 1e-12); T.near(rl.lr_schedule(7, o), 0.55, 1e-12)
+  T.near(rl.lr_schedule(12, o), 0.1, 1e-12)
+  local s = rl.stats({ 1, 2, nil, 3 }, 4)
+  T.eq(s.n, 3); T.near(s.mean, 2, 1e-12); T.near(s.std, math.sqrt(2 / 3), 1e-12)
+end)
+
+T.run()
