@@ -339,6 +339,55 @@ int clrt_sample(const float *logits, int B, int V, const clrt_sample_params *par
 
 /* ==== constrained decoding =============================================================== */
 
+/* A JSON grammar is a table of schema nodes built by the clrt_jschema_* builder calls (Lua's
+   clrt.json_constraint parses the schema), then finished; a byte-level pushdown automaton runs
+   over it. A vocab is a trie over the token byte strings, built once per tokenizer; fill_mask
+   walks it from a row's state and allows exactly the tokens whose bytes keep the output a
+   prefix of a valid value (and the stop ids once the value is complete). */
+enum {
+  CLRT_JSCHEMA_ANY = 0,        /* any JSON value */
+  CLRT_JSCHEMA_STRING = 1,     /* lo/hi: minLength/maxLength in code points (hi < 0: none) */
+  CLRT_JSCHEMA_NUMBER = 2,     /* lo/hi: minimum/maximum, per flags */
+  CLRT_JSCHEMA_INTEGER = 3,
+  CLRT_JSCHEMA_ENUM = 4,       /* literals: the values' JSON bytes (strings, numbers, true...) */
+  CLRT_JSCHEMA_OBJECT = 5,     /* properties in the order they must appear */
+  CLRT_JSCHEMA_MAP = 6,        /* any keys; values: child 0, or any value without a child */
+  CLRT_JSCHEMA_ARRAY = 7,      /* items: child 0 (any value without); lo/hi: minItems/maxItems */
+  CLRT_JSCHEMA_ANYOF = 8,      /* children: alternatives whose first bytes differ */
+  CLRT_JSCHEMA_HAS_MIN = 1, CLRT_JSCHEMA_HAS_MAX = 2, CLRT_JSCHEMA_EXCL_MIN = 4, CLRT_JSCHEMA_EXCL_MAX = 8
+};
+typedef struct clrt_jschema clrt_jschema;
+typedef struct clrt_jschema_state clrt_jschema_state;
+typedef struct clrt_jschema_vocab clrt_jschema_vocab;
+/* max_ws: most whitespace bytes allowed in one gap between JSON tokens. */
+clrt_jschema *clrt_jschema_new(int max_ws);
+void clrt_jschema_free(clrt_jschema *g);
+/* Returns the new node's index, or -1. */
+int clrt_jschema_node(clrt_jschema *g, int kind, double lo, double hi, int flags);
+int clrt_jschema_add_child(clrt_jschema *g, int node, int child);
+int clrt_jschema_add_literal(clrt_jschema *g, int node, const char *json, size_t len);
+/* key_json: the key as a JSON string, quotes included. */
+int clrt_jschema_add_property(clrt_jschema *g, int node, const char *key_json, size_t len,
+                           int child, int required);
+/* Checks the grammar (depth, distinct anyOf alternatives, bounds) and fixes its root. */
+int clrt_jschema_finish(clrt_jschema *g, int root);
+clrt_jschema_state *clrt_jschema_state_new(const clrt_jschema *g);
+void clrt_jschema_state_free(clrt_jschema_state *s);
+void clrt_jschema_state_copy(clrt_jschema_state *dst, const clrt_jschema_state *src);
+/* Feed bytes; 0 if every byte was accepted (the state advanced), -1 otherwise (unchanged). */
+int clrt_jschema_state_advance(clrt_jschema_state *s, const uint8_t *bytes, size_t len);
+/* 1 when the bytes so far are a complete value (it may still go on, like a number). */
+int clrt_jschema_state_complete(const clrt_jschema_state *s);
+/* bytes: all token strings end to end; offsets: [V + 1]; a token with no bytes is never allowed
+   (special tokens, ids the tokenizer lacks). */
+clrt_jschema_vocab *clrt_jschema_vocab_new(const uint8_t *bytes, const int64_t *offsets, int V);
+void clrt_jschema_vocab_free(clrt_jschema_vocab *v);
+int clrt_jschema_vocab_size(const clrt_jschema_vocab *v);
+/* mask: [V] out, 1 = allowed; stop ids are allowed when the value is complete. Returns the
+   number of allowed tokens, or -1. */
+int clrt_jschema_fill_mask(clrt_jschema_vocab *v, const clrt_jschema_state *s, const int32_t *stop_ids,
+                        int n_stop, uint8_t *mask);
+
 
 /* ==== HTTP client ======================================================================== */
 /* One event loop over libcurl's multi interface (runtime/http.c): submit requests, then

@@ -51,7 +51,21 @@ function M.options(opts, vocab)
   if (#o.stop_strings > 0 or opts.stream_text) and not o.tokenizer then
     bad("stop", "has strings but no tokenizer was given (opts.tokenizer) to decode with")
   end
-  o.mask = opts.mask   -- function(row) -> uint8_t* [V] or nil: constrained decoding
+  o.mask = opts.mask   -- function(row) -> uint8_t* [V], nil (no mask) or false (end the row)
+  local js = opts.json_schema
+  if js == nil and opts.json then js = opts.json end   -- true: any value; "object": any object
+  if js ~= nil and js ~= false then
+    if o.mask then bad("json", "cannot be combined with a mask") end
+    if not o.tokenizer then bad("json", "needs the tokenizer (opts.tokenizer) for the bytes of every token") end
+    local JC = require("clrt.json_constraint")
+    local stop_ids = {}
+    for id in pairs(o.stop_ids) do stop_ids[#stop_ids + 1] = id end
+    table.sort(stop_ids)
+    local grammar = type(js) == "table" and js.grammar and js or JC.compile(js, { max_ws = opts.json_whitespace })
+    local c = JC.new({ tokenizer = o.tokenizer, V = vocab, grammar = grammar, stop_ids = stop_ids })
+    o.constraint = c
+    o.mask = function(row) return c:mask(row) end
+  end
   return o
 end
 
@@ -171,9 +185,31 @@ end
 
 -- One token for every active row, then one batched decode for those that go on.
 function Engine:step()
-  local A, V = #self.active, self.V
+  local V = self.V
+  local masks = nil
+  for _, row in ipairs(self.active) do
+    if row.o.mask then masks = true end
+  end
+  if masks then
+    -- a constrained row whose value is complete, with no stop token to sample, ends here
+    self.masks = self.masks or ffi.new("uint8_t[?]", self.dec.slots * V)
+    masks = self.masks
+    local keep = {}
+    for _, row in ipairs(self.active) do
+      local m = nil
+      if row.o.mask then m = row.o.mask(row) end
+      if m == false then
+        self:finish(row, "stop")
+      else
+        keep[#keep + 1] = row
+        local at = masks + (#keep - 1) * V
+        if m then ffi.copy(at, m, V) else ffi.fill(at, V, 1) end
+      end
+    end
+    self.active = keep
+  end
+  local A = #self.active
   if A == 0 then return end
-  local need_mask = false
   for k, row in ipairs(self.active) do
     local o = row.o
     ffi.copy(self.batch + (k - 1) * V, self.logits + row.slot * V, V * 4)
@@ -181,16 +217,6 @@ function Engine:step()
     self.params[k - 1].top_k = o.top_k
     self.params[k - 1].top_p = o.top_p
     self.uniforms[k - 1] = C.clrt_rng_uniform(row.rng)
-    if o.mask then need_mask = true end
-  end
-  local masks = nil
-  if need_mask then
-    self.masks = self.masks or ffi.new("uint8_t[?]", self.dec.slots * V)
-    masks = self.masks
-    for k, row in ipairs(self.active) do
-      local m = row.o.mask and row.o.mask(row)
-      if m then ffi.copy(masks + (k - 1) * V, m, V) else ffi.fill(masks + (k - 1) * V, V, 1) end
-    end
   end
   if C.clrt_sample(self.batch, A, V, self.params, self.uniforms, masks, self.out_tok, self.out_lp) ~= 0 then
     core.fail(2)

@@ -91,6 +91,25 @@ function M.parse_chat_request(body, limits)
   return out
 end
 
+-- The default response_format hook (OpenAI's forms): constrained decoding with a grammar
+-- compiled here, so an unsupported schema feature is a 400 that names it.
+function M.json_response_format(rf, gen_opts)
+  if type(rf) ~= "table" then error("response_format must be an object", 0) end
+  local JC = require("clrt.json_constraint")
+  if rf.type == "text" then return end
+  if rf.type == "json_object" then
+    gen_opts.json_schema = JC.compile("object")
+  elseif rf.type == "json_schema" then
+    local js = rf.json_schema
+    if type(js) ~= "table" or (js.schema ~= nil and type(js.schema) ~= "table") then
+      error("response_format.json_schema must be an object with a 'schema' object", 0)
+    end
+    gen_opts.json_schema = JC.compile(js.schema or true)
+  else
+    error(("response_format.type '%s' is not supported (text, json_object, json_schema)"):format(tostring(rf.type)), 0)
+  end
+end
+
 local Server = {}
 Server.__index = Server
 
@@ -113,7 +132,7 @@ function M.new(opts)
   self.render = opts.render or function(messages)
     return (require("clrt.chat").render(self.tok, messages, { add_generation_prompt = true }))
   end
-  self.on_response_format = opts.on_response_format   -- issue 9 hooks constrained decoding here
+  self.on_response_format = opts.on_response_format or (self.tok and M.json_response_format)
   return self
 end
 

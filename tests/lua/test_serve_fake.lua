@@ -115,7 +115,9 @@ T.case("bad requests get 400 naming the field; routes and methods", function()
     { chat_body("x", { n = 0 }), "'n' must be an integer" },
     { chat_body("x", { stop = { 1 } }), "'stop[0]' must be a non-empty string" },
     { chat_body("x", { stream = "yes" }), "'stream' must be a boolean" },
-    { chat_body("x", { response_format = { type = "json_object" } }), "'response_format' is not supported" },
+    { chat_body("x", { response_format = { type = "yaml" } }), "response_format.type 'yaml' is not supported" },
+    { chat_body("x", { response_format = { type = "json_schema", json_schema = { name = "x", schema = { type = "string", pattern = "a+" } } } }),
+      "'pattern' is not supported" },
   }
   for _, c in ipairs(cases) do
     local status, body = request(srv, "POST", "/v1/chat/completions", c[1]):wait(srv)
@@ -129,6 +131,54 @@ T.case("bad requests get 400 naming the field; routes and methods", function()
   T.eq({ s2, cjson.decode(b2).data[1].id }, { 200, "fake" })
   T.eq((request(srv, "GET", "/nope"):wait(srv)), 404)
   T.eq((request(srv, "GET", "/v1/chat/completions"):wait(srv)), 405)
+  srv:stop()
+end)
+
+T.case("response_format json_schema / json_object: replies parse and validate (JSON vocabulary)", function()
+  local W = require("support.json_world")
+  local list, ids = W.vocab()
+  local tok = W.tokenizer(list, ids)
+  local srv = new_server({ decoder = W.decoder(#list, 32, 512, W.bias(list, ids), 5), tokenizer = tok,
+    stop_ids = { ids.im_end }, max_tokens = 200, render = function(m) return { #m[1].content % 200 + 1, 7 } end })
+  local schema = { type = "object", properties = { thought = { type = "string", maxLength = 40 },
+    accuracy = { type = "number", minimum = 0, maximum = 1 } }, required = { "thought", "accuracy" }, additionalProperties = false }
+  local pending = {}
+  for i = 1, 6 do
+    local rf = i % 2 == 1 and { type = "json_schema", json_schema = { name = "judge", strict = true, schema = schema } }
+      or { type = "json_object" }
+    local body = cjson.encode({ model = "fake", messages = { { role = "user", content = ("q%d"):format(i) } },
+      temperature = 1, max_tokens = 200, n = 2, stream = i == 3, response_format = rf })
+    pending[i] = { request(srv, "POST", "/v1/chat/completions", body), i % 2 == 1 and schema or { type = "object" }, i == 3 }
+  end
+  local complete = 0
+  for i, p in ipairs(pending) do
+    local status, body = p[1]:wait(srv)
+    T.eq(status, 200, "request " .. i)
+    local texts, finish = { "", "" }, {}
+    if p[3] then
+      for line in body:gmatch("data: ([^\n]+)") do
+        if line ~= "[DONE]" then
+          for _, ch in ipairs(cjson.decode(line).choices) do
+            if ch.delta.content then texts[ch.index + 1] = texts[ch.index + 1] .. ch.delta.content end
+            if ch.finish_reason ~= cjson.null then finish[ch.index + 1] = ch.finish_reason end
+          end
+        end
+      end
+    else
+      for _, ch in ipairs(cjson.decode(body).choices) do
+        texts[ch.index + 1], finish[ch.index + 1] = ch.message.content, ch.finish_reason
+      end
+    end
+    for k = 1, 2 do
+      if finish[k] == "stop" then
+        complete = complete + 1
+        local ok, v = pcall(W.parse, texts[k])
+        T.ok(ok, ("request %d choice %d: %s"):format(i, k, tostring(v)))
+        if ok then T.ok(W.validate(v, p[2]), ("request %d: %s validates"):format(i, texts[k])) end
+      end
+    end
+  end
+  T.ok(complete >= 10, complete .. " of 12 replies complete")
   srv:stop()
 end)
 
