@@ -54,12 +54,12 @@ run "$bin" "$tmp/missing.lua"
 
 # recipes/x.lua resolves to the Lua dir when there is no such file here
 mkdir -p "$tmp/elsewhere"
-out="$(cd "$tmp/elsewhere" && "$bin" recipes/collabllm_rl.lua 2>&1)"; rc=$?
-if has "collabllm" && ! has "cannot open"; then ok "recipes/x.lua resolves from another directory (rc=$rc)"; else bad "recipe resolution" "$out"; fi
+out="$(cd "$tmp/elsewhere" && "$bin" recipes/train_tokenizer.lua 2>&1)"; rc=$?
+if has "train_tokenizer: input= is required" && ! has "cannot open"; then ok "recipes/x.lua resolves from another directory (rc=$rc)"; else bad "recipe resolution" "$out"; fi
 # ... but a file in the current directory wins
 mkdir -p "$tmp/elsewhere/recipes"
-echo 'print("local recipe")' > "$tmp/elsewhere/recipes/collabllm_rl.lua"
-out="$(cd "$tmp/elsewhere" && "$bin" recipes/collabllm_rl.lua 2>&1)"
+echo 'print("local recipe")' > "$tmp/elsewhere/recipes/train_tokenizer.lua"
+out="$(cd "$tmp/elsewhere" && "$bin" recipes/train_tokenizer.lua 2>&1)"
 [ "$out" = "local recipe" ] && ok "a script in the current directory wins" || bad "local recipe" "$out"
 
 out="$(echo 'print(20 + 22, ...)' | "$bin" - x 2>&1)"
