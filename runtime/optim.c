@@ -79,8 +79,7 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
     clrt_set_error("adamw: gradient norm is %g; the step was skipped", norm);
     return -1;
   }
-  float gscale = 1.0f;
-  if (grad_clip > 0 && norm > grad_clip) gscale = (float)(grad_clip / (norm + 1e-6));
+  float gscale = clrt_clip_scale(norm, grad_clip);
   o->step++;
   float bc1 = (float)(1.0 - pow(beta1, (double)o->step));
   float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)o->step));
