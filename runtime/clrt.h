@@ -413,6 +413,16 @@ int clrt_history_save(const char *path);
 
 
 /* ==== CUDA =============================================================================== */
+/* Device memory for clrt_storage_new(bytes, CLRT_CUDA) (zeroed; out of memory names the size
+   requested and the free memory) and its release; errors when built without CUDA. */
+clrt_storage *clrt_cuda_storage_new(size_t bytes);
+void clrt_cuda_storage_free(void *data);
+/* A contiguous copy of t on `device` (CLRT_CPU or CLRT_CUDA), same dtype. */
+clrt_tensor *clrt_tensor_to_device(const clrt_tensor *t, int device);
+/* copy_ when either side is on cuda: same dtype, same numel, both contiguous. */
+int clrt_cuda_tensor_copy(clrt_tensor *dst, const clrt_tensor *src);
+/* The GPU's name, or "" with an error when none. */
+const char *clrt_cuda_device_name_str(void);
 
 
 #endif /* CLRT_H */
