@@ -423,6 +423,18 @@ clrt_tensor *clrt_tensor_to_device(const clrt_tensor *t, int device);
 int clrt_cuda_tensor_copy(clrt_tensor *dst, const clrt_tensor *src);
 /* The GPU's name, or "" with an error when none. */
 const char *clrt_cuda_device_name_str(void);
+/* A model's arenas move as a whole: params and grads are copied, activations rebuilt on
+   use. Views taken before the move keep the old memory. Optimizers are created after the
+   move (clrt_adamw_step refuses moments on another device). */
+int clrt_model_to_device(clrt_model *m, int device);
+int clrt_model_device(const clrt_model *m);
+/* FLOPs of one training step (forward + backward) over B rows of T tokens: 6 per parameter
+   per token for the matmuls plus causal attention's 6 * L * T^2 * H * D per row (the
+   estimate PaLM's MFU uses, with the causal half). */
+double clrt_model_train_flops(const clrt_model *m, int B, int T);
+/* Dense bf16 peak of the GPU in TFLOP/s from its name (H100 / H200 989, A100 312, ...),
+   CLRT_PEAK_TFLOPS overriding it; 0 when unknown or no GPU. */
+double clrt_cuda_peak_tflops(void);
 
 
 #endif /* CLRT_H */

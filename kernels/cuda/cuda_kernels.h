@@ -46,6 +46,17 @@ void clrt_cuda_residual_backward(float *da /* += or NULL */, float *db /* += or 
 /* bf16 copies of f32 buffers (matmul inputs; round to nearest even as clrt_f32_to_bf16). */
 void clrt_cuda_f32_to_bf16(uint16_t *out /* [n] */, const float *in /* [n] */, int64_t n);
 
+/* Model plumbing: dst[i] = src[rowidx[i]] (gather), dst[rowidx[i]] = src[i] (scatter), and the
+   KV-cache write of new rows: cache[slot[b]][pos0[b] + t] = k[b][t] (row = KV*D floats,
+   bstride = cache_T * row). */
+void clrt_cuda_gather_rows(float *dst /* [nv, C] */, const float *src /* [N, C] */,
+                           const int32_t *rowidx /* [nv] */, int64_t nv, int C);
+void clrt_cuda_scatter_rows(float *dst /* [N, C] */, const float *src /* [nv, C] */,
+                            const int32_t *rowidx /* [nv] */, int64_t nv, int C);
+void clrt_cuda_kv_write(float *kc, float *vc /* [slots, cache_T, row] */, const float *k,
+                        const float *v /* [B, T, row] */, const int32_t *pos0 /* [B] */,
+                        const int32_t *slot /* [B] or NULL */, int B, int T, int row, int64_t bstride);
+
 /* ---- linear.cu (cuBLAS) ---------------------------------------------------------------- */
 void clrt_cuda_linear_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
                               const float *w /* [O, K] */, const float *b /* [O] or NULL */,

@@ -87,3 +87,43 @@ extern "C" void clrt_cuda_residual_backward(float *da, float *db, const float *d
 extern "C" void clrt_cuda_f32_to_bf16(uint16_t *out, const float *in, int64_t n) {
   LAUNCH("f32_to_bf16", to_bf16, n, out, in, n);
 }
+
+// ---- row movement for the model: target-row compaction and the KV-cache write ------------
+
+static __global__ void gather_rows_k(float *dst, const float *src, const int32_t *rowidx, int64_t nv, int C) {
+  GRID_STRIDE(e, nv * C) {
+    int64_t i = e / C;
+    dst[e] = src[(int64_t)rowidx[i] * C + (e - i * C)];
+  }
+}
+
+static __global__ void scatter_rows_k(float *dst, const float *src, const int32_t *rowidx, int64_t nv, int C) {
+  GRID_STRIDE(e, nv * C) {
+    int64_t i = e / C;
+    dst[(int64_t)rowidx[i] * C + (e - i * C)] = src[e];
+  }
+}
+
+static __global__ void kv_write_k(float *kc, float *vc, const float *k, const float *v, const int32_t *pos0,
+                                  const int32_t *slot, int B, int T, int row, int64_t bstride) {
+  GRID_STRIDE(e, (int64_t)B * T * row) {
+    int64_t bt = e / row;
+    int b = (int)(bt / T), t = (int)(bt % T);
+    int64_t dst = (slot ? slot[b] : b) * bstride + (int64_t)(pos0[b] + t) * row + (e - bt * row);
+    kc[dst] = k[e];
+    vc[dst] = v[e];
+  }
+}
+
+extern "C" void clrt_cuda_gather_rows(float *dst, const float *src, const int32_t *rowidx, int64_t nv, int C) {
+  LAUNCH("gather_rows", gather_rows_k, nv * C, dst, src, rowidx, nv, C);
+}
+
+extern "C" void clrt_cuda_scatter_rows(float *dst, const float *src, const int32_t *rowidx, int64_t nv, int C) {
+  LAUNCH("scatter_rows", scatter_rows_k, nv * C, dst, src, rowidx, nv, C);
+}
+
+extern "C" void clrt_cuda_kv_write(float *kc, float *vc, const float *k, const float *v, const int32_t *pos0,
+                                   const int32_t *slot, int B, int T, int row, int64_t bstride) {
+  LAUNCH("kv_write", kv_write_k, (int64_t)B * T * row, kc, vc, k, v, pos0, slot, B, T, row, bstride);
+}
