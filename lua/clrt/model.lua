@@ -205,7 +205,9 @@ function M.new(cfg, opts)
   local parsed = parse_config(cfg, "model config")
   local ptr = check(C.clrt_model_new(to_struct(parsed, opts)), 2)
   ok(C.clrt_model_init_random(ptr, opts.seed or 0), 2)
-  return wrap_model(ptr, complete_config(cfg, parsed), parsed)
+  local m = wrap_model(ptr, complete_config(cfg, parsed), parsed)
+  if opts.device and opts.device ~= "cpu" then m:to(opts.device) end
+  return m
 end
 
 -- load(dir[, opts]): a Hugging Face model folder.
@@ -240,7 +242,10 @@ function M.load(dir, opts)
   end
   ok(C.clrt_model_check_loaded(ptr, dir), 2)
   ffi.gc(ptr, nil)
-  return wrap_model(ptr, cfg, parsed)
+  local m = wrap_model(ptr, cfg, parsed)
+  -- weights are read on the host, then the arenas move as a whole
+  if opts and opts.device and opts.device ~= "cpu" then m:to(opts.device) end
+  return m
 end
 
 Model.__tostring = function(m)
@@ -255,6 +260,20 @@ local function live(m)
   if m.ptr == nil then error("model: used after free()", 3) end
   return m.ptr
 end
+
+-- to("cuda") / to("cpu"): moves parameters and gradients (activations follow on first use).
+-- Views from params()/grads() taken before keep the old memory; create optimizers and
+-- decoders after the move.
+function Model:to(device)
+  local d = require("clrt.tensor").device_of(device, "model:to")
+  ok(C.clrt_model_to_device(live(self), d), 2)
+  return self
+end
+
+function Model:device() return C.clrt_model_device(live(self)) == C.CLRT_CUDA and "cuda" or "cpu" end
+
+-- FLOPs of one training step over B rows of T tokens (for TFLOP/s and MFU).
+function Model:train_flops(B, T) return C.clrt_model_train_flops(live(self), B, T) end
 
 -- save(dir): config.json + model.safetensors, each written atomically.
 function Model:save(dir)
