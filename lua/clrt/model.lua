@@ -267,6 +267,7 @@ end
 function Model:to(device)
   local d = require("clrt.tensor").device_of(device, "model:to")
   ok(C.clrt_model_to_device(live(self), d), 2)
+  self._params, self._grads = nil, nil   -- cached views belong to the old memory
   return self
 end
 
