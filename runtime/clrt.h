@@ -428,6 +428,11 @@ const char *clrt_cuda_device_name_str(void);
    move (clrt_adamw_step refuses moments on another device). */
 int clrt_model_to_device(clrt_model *m, int device);
 int clrt_model_device(const clrt_model *m);
+/* bf16 matmuls on cuda: the blocks' linear layers run bf16 x bf16 -> fp32 (cuBLAS GemmEx)
+   from bf16 copies of fp32 master weights; the output layer and everything else stay fp32.
+   After writing parameters through views, call clrt_model_params_changed. */
+int clrt_model_set_matmul_bf16(clrt_model *m, int on);
+void clrt_model_params_changed(clrt_model *m);
 /* FLOPs of one training step (forward + backward) over B rows of T tokens: 6 per parameter
    per token for the matmuls plus causal attention's 6 * L * T^2 * H * D per row (the
    estimate PaLM's MFU uses, with the causal half). */

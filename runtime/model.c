@@ -245,6 +245,7 @@ void clrt_model_free(clrt_model *m) {
   free(m->rope_cos);
   free(m->rope_sin);
   clrt_storage_release(m->rope_dev);
+  clrt_storage_release(m->wbf);
   free(m->hidx);
   free(m);
 }
@@ -282,6 +283,7 @@ int clrt_model_init_random(clrt_model *m, uint64_t seed) {
     for (int64_t k = 0; k < p->numel; k++) d[k] = (float)(s * clrt_rng_normal(&r));
   }
   if (!ON_GPU(m)) return 0;
+  m->wbf_dirty = 1;
   int rc = to_model(m, m->params->data, w, sizeof(float) * (size_t)m->total);
   free(w);
   return rc;
@@ -448,6 +450,7 @@ typedef struct layer_acts {
 } layer_acts;
 
 typedef struct acts {
+  uint16_t *x16, *dy16;          /* bf16 copies of a linear layer's input / output gradient */
   float **res;                   /* [L+1] residual stream entering each layer (2 when not kept) */
   layer_acts *la;                /* [L] (1 when not kept) */
   float *xn, *tmp, *h;           /* forward scratch: [N, C], [N, C], [N, I] */
@@ -518,6 +521,12 @@ static void layout(const clrt_model *m, acts *a, char *base, int B, int T, int T
   a->tok = (int32_t *)take(a, base, N);
   a->target = (int32_t *)take(a, base, N);
   a->rowidx = (int32_t *)take(a, base, N);
+  if (ON_GPU(m) && m->bf16) {
+    size_t widest = (size_t)C > HD ? (size_t)C : HD;
+    if ((size_t)I > widest) widest = (size_t)I;
+    a->x16 = (uint16_t *)take(a, base, (N * widest + 1) / 2);
+    a->dy16 = (uint16_t *)take(a, base, (N * widest + 1) / 2);
+  }
   a->pos0 = (int32_t *)take(a, base, (size_t)B);
   a->slot = (int32_t *)take(a, base, (size_t)B);
   /* Logit rows per chunk: enough for sgemm to run well, few enough to stay ~16 MB. When a
@@ -594,6 +603,49 @@ static int bind_acts(clrt_model *m, acts *a, int B, int T, int Tk, int keep) {
   return 0;
 }
 
+/* A linear layer of the blocks: fp32 on the CPU or CUDA, or bf16 inputs with fp32
+   accumulation (cublasGemmEx) when the model's matmuls are bf16. w is the weight's offset. */
+static void lin_f(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
+                  int64_t N, int Kd, int O) {
+#ifdef CLRT_HAVE_CUDA
+  if (m->bf16) {
+    clrt_cuda_f32_to_bf16(a->x16, x, N * Kd);
+    clrt_cuda_linear_forward_bf16(y, a->x16, (const uint16_t *)m->wbf->data + w, b, N, Kd, O);
+    return;
+  }
+#endif
+  (void)a;
+  K(m, linear_forward, y, x, PW(m, w), b, N, Kd, O);
+}
+
+static void lin_b(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
+                  const float *x, int64_t N, int Kd, int O, int acc) {
+#ifdef CLRT_HAVE_CUDA
+  if (m->bf16) {
+    clrt_cuda_f32_to_bf16(a->x16, x, N * Kd);
+    clrt_cuda_f32_to_bf16(a->dy16, dy, N * O);
+    clrt_cuda_linear_backward_bf16(dx, GW(m, w), db, dy, a->dy16, a->x16,
+                                   (const uint16_t *)m->wbf->data + w, N, Kd, O, acc);
+    return;
+  }
+#endif
+  (void)a;
+  K(m, linear_backward, dx, GW(m, w), db, dy, x, PW(m, w), N, Kd, O, acc);
+}
+
+/* The bf16 weight copies follow the fp32 master weights (after an optimizer step, a move,
+   an initialisation). */
+static void refresh_bf16(clrt_model *m) {
+#ifdef CLRT_HAVE_CUDA
+  if (m->bf16 && m->wbf_dirty) {
+    clrt_cuda_f32_to_bf16(m->wbf->data, m->params->data, m->total);
+    m->wbf_dirty = 0;
+  }
+#else
+  (void)m;
+#endif
+}
+
 /* One transformer layer over N = B*T rows at positions pos0[b] + t. x: [N, C] in; out: [N, C].
    With a cache (kc, vc: [B, cache_T, KV, D]), the new keys/values are written into it at their
    positions and attention reads every cached position up to each query's own. */
@@ -609,9 +661,9 @@ static void layer_forward(clrt_model *m, int l, layer_acts *A, acts *a, const fl
   PROF(CLRT_K_RMSNORM, K(m, rmsnorm_forward, a->xn, A->rstd1, x, PW(m, o->ln1), N, C, eps));
   float *qd = c->qk_norm ? A->qpre : A->q, *kd = c->qk_norm ? A->kpre : A->k;
   PROF(CLRT_K_LINEAR_F, {
-    K(m, linear_forward, qd, a->xn, PW(m, o->wq), PW(m, o->bq), N, C, H * D);
-    K(m, linear_forward, kd, a->xn, PW(m, o->wk), PW(m, o->bk), N, C, KV * D);
-    K(m, linear_forward, A->v, a->xn, PW(m, o->wv), PW(m, o->bv), N, C, KV * D);
+    lin_f(m, a, qd, a->xn, o->wq, PW(m, o->bq), N, C, H * D);
+    lin_f(m, a, kd, a->xn, o->wk, PW(m, o->bk), N, C, KV * D);
+    lin_f(m, a, A->v, a->xn, o->wv, PW(m, o->bv), N, C, KV * D);
   });
   if (c->qk_norm)
     PROF(CLRT_K_RMSNORM, {
@@ -652,15 +704,15 @@ static void layer_forward(clrt_model *m, int l, layer_acts *A, acts *a, const fl
 #endif
   PROF(CLRT_K_ATTN_F, clrt_attention_forward(A->att, keep ? A->lse : NULL, A->q, keys, vals, B, T,
                                              H, KV, D, pos0, kv_bstride, kc ? slot : NULL, a->attn, m->threads));
-  PROF(CLRT_K_LINEAR_F, K(m, linear_forward, a->tmp, A->att, PW(m, o->wo), PW(m, o->bo), N, H * D, C));
+  PROF(CLRT_K_LINEAR_F, lin_f(m, a, a->tmp, A->att, o->wo, PW(m, o->bo), N, H * D, C));
   PROF(CLRT_K_RESIDUAL, K(m, residual_forward, A->xmid, x, a->tmp, N * C));
   PROF(CLRT_K_RMSNORM, K(m, rmsnorm_forward, a->xn, A->rstd2, A->xmid, PW(m, o->ln2), N, C, eps));
   PROF(CLRT_K_LINEAR_F, {
-    K(m, linear_forward, A->g, a->xn, PW(m, o->wg), NULL, N, C, I);
-    K(m, linear_forward, A->u, a->xn, PW(m, o->wu), NULL, N, C, I);
+    lin_f(m, a, A->g, a->xn, o->wg, NULL, N, C, I);
+    lin_f(m, a, A->u, a->xn, o->wu, NULL, N, C, I);
   });
   PROF(CLRT_K_SWIGLU, K(m, swiglu_forward, a->h, A->g, A->u, N * I));
-  PROF(CLRT_K_LINEAR_F, K(m, linear_forward, a->tmp, a->h, PW(m, o->wd), NULL, N, I, C));
+  PROF(CLRT_K_LINEAR_F, lin_f(m, a, a->tmp, a->h, o->wd, NULL, N, I, C));
   PROF(CLRT_K_RESIDUAL, K(m, residual_forward, out, A->xmid, a->tmp, N * C));
 }
 
@@ -674,17 +726,16 @@ static void layer_backward(clrt_model *m, int l, layer_acts *A, acts *a, const f
   /* MLP: x' = xmid + (silu(g) * u) Wd^T; a->dres holds dL/dx' and becomes dL/dxmid. */
   PROF(CLRT_K_RMSNORM, K(m, rmsnorm_forward, a->xn, A->rstd2, A->xmid, PW(m, o->ln2), N, C, eps));
   PROF(CLRT_K_SWIGLU, K(m, swiglu_forward, a->h, A->g, A->u, N * I));
-  PROF(CLRT_K_LINEAR_B, K(m, linear_backward, a->dA, GW(m, o->wd), NULL, a->dres, a->h, PW(m, o->wd), N, I, C, 0));
+  PROF(CLRT_K_LINEAR_B, lin_b(m, a, a->dA, o->wd, NULL, a->dres, a->h, N, I, C, 0));
   float *du = a->h;   /* h is spent: its buffer takes du */
   PROF(CLRT_K_SWIGLU, K(m, swiglu_backward, a->dA, du, a->dA, A->g, A->u, N * I));
   PROF(CLRT_K_LINEAR_B, {
-    K(m, linear_backward, a->dxn, GW(m, o->wg), NULL, a->dA, a->xn, PW(m, o->wg), N, C, I, 0);
-    K(m, linear_backward, a->dxn, GW(m, o->wu), NULL, du, a->xn, PW(m, o->wu), N, C, I, 1);
+    lin_b(m, a, a->dxn, o->wg, NULL, a->dA, a->xn, N, C, I, 0);
+    lin_b(m, a, a->dxn, o->wu, NULL, du, a->xn, N, C, I, 1);
   });
   PROF(CLRT_K_RMSNORM, K(m, rmsnorm_backward, a->dres, GW(m, o->ln2), a->dxn, A->xmid, PW(m, o->ln2), A->rstd2, N, C));
   /* Attention: xmid = x + att Wo^T; the residual passes dres to x unchanged. */
-  PROF(CLRT_K_LINEAR_B, K(m, linear_backward, a->datt, GW(m, o->wo), GW(m, o->bo), a->dres, A->att,
-                                             PW(m, o->wo), N, H * D, C, 0));
+  PROF(CLRT_K_LINEAR_B, lin_b(m, a, a->datt, o->wo, GW(m, o->bo), a->dres, A->att, N, H * D, C, 0));
 #ifdef CLRT_HAVE_CUDA
   if (ON_GPU(m))
     clrt_cuda_attention_backward(a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, B, T,
@@ -711,9 +762,9 @@ static void layer_backward(clrt_model *m, int l, layer_acts *A, acts *a, const f
   }
   PROF(CLRT_K_RMSNORM, K(m, rmsnorm_forward, a->xn, A->rstd1, x, PW(m, o->ln1), N, C, eps));
   PROF(CLRT_K_LINEAR_B, {
-    K(m, linear_backward, a->dxn, GW(m, o->wq), GW(m, o->bq), dq, a->xn, PW(m, o->wq), N, C, H * D, 0);
-    K(m, linear_backward, a->dxn, GW(m, o->wk), GW(m, o->bk), dk, a->xn, PW(m, o->wk), N, C, KV * D, 1);
-    K(m, linear_backward, a->dxn, GW(m, o->wv), GW(m, o->bv), a->dv, a->xn, PW(m, o->wv), N, C, KV * D, 1);
+    lin_b(m, a, a->dxn, o->wq, GW(m, o->bq), dq, a->xn, N, C, H * D, 0);
+    lin_b(m, a, a->dxn, o->wk, GW(m, o->bk), dk, a->xn, N, C, KV * D, 1);
+    lin_b(m, a, a->dxn, o->wv, GW(m, o->bv), a->dv, a->xn, N, C, KV * D, 1);
   });
   PROF(CLRT_K_RMSNORM, K(m, rmsnorm_backward, a->dres, GW(m, o->ln1), a->dxn, x, PW(m, o->ln1), A->rstd1, N, C));
 }
@@ -771,6 +822,7 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
     }
   }
   if (ensure_rope(m, T)) return -1;
+  refresh_bf16(m);
   /* The attention scratch has one slice per thread; backward keeps this forward's count even
      if the thread setting changes in between. */
   m->threads = omp_get_max_threads();
@@ -931,6 +983,7 @@ int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int T
     }
   }
   if (ensure_rope(m, Tk)) return -1;
+  refresh_bf16(m);
   m->threads = omp_get_max_threads();
   float *res[L + 1];
   layer_acts la[L];
@@ -1004,5 +1057,34 @@ int clrt_model_to_device(clrt_model *m, int device) {
   m->acts = NULL;
   m->saved = 0;
   m->device = device;
+  if (device == CLRT_CPU) {   /* bf16 matmuls are a CUDA path */
+    clrt_storage_release(m->wbf);
+    m->wbf = NULL;
+    m->bf16 = 0;
+  }
+  m->wbf_dirty = 1;
   return sync_rope(m);
 }
+
+int clrt_model_set_matmul_bf16(clrt_model *m, int on) {
+  if (!on) {
+    clrt_storage_release(m->wbf);
+    m->wbf = NULL;
+    m->bf16 = 0;
+    return 0;
+  }
+  if (!ON_GPU(m)) {
+    clrt_set_error("model: bf16 matmuls need the model on cuda (move it with to(\"cuda\") first)");
+    return -1;
+  }
+  if (!m->wbf && !(m->wbf = clrt_storage_new(sizeof(uint16_t) * (size_t)m->total, CLRT_CUDA))) return -1;
+  /* The activation layout gains the bf16 scratch: rebuild it on the next call. */
+  clrt_storage_release(m->acts);
+  m->acts = NULL;
+  m->saved = 0;
+  m->bf16 = 1;
+  m->wbf_dirty = 1;
+  return 0;
+}
+
+void clrt_model_params_changed(clrt_model *m) { m->wbf_dirty = 1; }

@@ -37,6 +37,11 @@ struct clrt_model {
   clrt_storage *rope_dev;
   int32_t *hidx;               /* [hidx_cap]: rowidx of the last forward, then scratch */
   size_t hidx_cap;
+  /* bf16 matmuls (CUDA only): the linear layers take bf16 copies of their inputs and of the
+     weights (wbf, refreshed from the fp32 master params when wbf_dirty) and accumulate in
+     fp32; the output layer stays fp32. */
+  int bf16, wbf_dirty;
+  clrt_storage *wbf;           /* [total] uint16 on the device */
 };
 
 #endif

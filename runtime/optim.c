@@ -120,6 +120,7 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
       return -1;
     }
     o->step++;
+    m->wbf_dirty = 1;   /* the bf16 weight copies follow the updated master weights */
     return 0;
   }
 #endif

@@ -207,6 +207,7 @@ function M.new(cfg, opts)
   ok(C.clrt_model_init_random(ptr, opts.seed or 0), 2)
   local m = wrap_model(ptr, complete_config(cfg, parsed), parsed)
   if opts.device and opts.device ~= "cpu" then m:to(opts.device) end
+  if opts.matmul then m:set_matmul(opts.matmul) end
   return m
 end
 
@@ -245,6 +246,7 @@ function M.load(dir, opts)
   local m = wrap_model(ptr, cfg, parsed)
   -- weights are read on the host, then the arenas move as a whole
   if opts and opts.device and opts.device ~= "cpu" then m:to(opts.device) end
+  if opts and opts.matmul then m:set_matmul(opts.matmul) end
   return m
 end
 
@@ -270,6 +272,17 @@ function Model:to(device)
   self._params, self._grads = nil, nil   -- cached views belong to the old memory
   return self
 end
+
+-- set_matmul("bf16" | "f32"): on cuda, the blocks' matmuls take bf16 inputs (copies of the
+-- fp32 master weights) and accumulate in fp32; the output layer stays fp32.
+function Model:set_matmul(kind)
+  if kind ~= "bf16" and kind ~= "f32" then error(("model:set_matmul: '%s' (bf16, f32)"):format(tostring(kind)), 2) end
+  ok(C.clrt_model_set_matmul_bf16(live(self), kind == "bf16" and 1 or 0), 2)
+  return self
+end
+
+-- After writing parameters through params() views on the GPU (the bf16 copies follow).
+function Model:params_changed() C.clrt_model_params_changed(live(self)) end
 
 function Model:device() return C.clrt_model_device(live(self)) == C.CLRT_CUDA and "cuda" or "cpu" end
 

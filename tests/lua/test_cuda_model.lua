@@ -113,6 +113,39 @@ T.case("greedy generation on cuda gives the cpu's tokens (batched, KV cache)", f
   end
 end)
 
+T.case("bf16 matmuls on cuda: close to the fp32 cpu model, and training still lowers the loss", function()
+  local name = "llama_gqa"
+  local e = expected(name)
+  local cpu = clrt.model.load(fixtures .. "/" .. name)
+  local gpu = clrt.model.load(fixtures .. "/" .. name, { device = "cuda", matmul = "bf16" })
+  local lc = cpu:logprobs(e.tokens, { lengths = e.lengths, grad = false })
+  local lg = gpu:logprobs(e.tokens, { lengths = e.lengths, grad = false })
+  -- bf16 keeps 8 bits of mantissa: log-probs agree to a few 1e-2, not to fp32 rounding
+  local fc, fg, worst = flat(lc), flat(lg), 0
+  for i = 1, #fc do worst = math.max(worst, math.abs(fc[i] - fg[i])) end
+  T.ok(worst < 5e-2, ("bf16 log-probs within 5e-2 of fp32 (worst %.3g)"):format(worst))
+  T.ok(worst > 0, "bf16 matmuls are in use (results differ from fp32)")
+  local lens = e.lengths:totable()
+  local B, Tn = e.tokens:size(1), e.tokens:size(2)
+  local count = 0
+  for b = 1, B do count = count + lens[b] - 1 end
+  local d = tensor.zeros({ B, Tn - 1 })
+  for b = 1, B do for t = 1, lens[b] - 1 do d:set(b, t, -1 / count) end end
+  local o = clrt.optim.adamw(gpu, { lr = 1e-2 })
+  local first, last
+  for step = 1, 8 do
+    gpu:zero_grad()
+    local lp = gpu:logprobs(e.tokens, { lengths = e.lengths })
+    local s = 0
+    for b = 1, B do for t = 1, lens[b] - 1 do s = s + lp:get(b, t) end end
+    if step == 1 then first = -s / count end
+    last = -s / count
+    gpu:backward(d)
+    o:step()
+  end
+  T.ok(last < first - 0.1, ("loss falls with bf16 matmuls: %.4f -> %.4f"):format(first, last))
+end)
+
 T.case("AdamW refuses moments left on the cpu when the model moved", function()
   local cfg = { architectures = { "LlamaForCausalLM" }, vocab_size = 50, hidden_size = 32,
     intermediate_size = 48, num_hidden_layers = 1, num_attention_heads = 2, num_key_value_heads = 2,
