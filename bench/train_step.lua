@@ -94,7 +94,7 @@ local device = args.device or "cpu"
 local peak = 0
 if device == "cuda" then
   if not clrt.cuda_available() then
-    print("train step, device=cuda: no CUDA GPU is present on this machine (clrt.cuda_available() is false); nothing measured")
+    print("train step, device=cuda: no GPU here (" .. clrt.cuda_status() .. "); nothing measured")
     os.exit(0)
   end
   peak = clrt.cuda_peak_tflops()

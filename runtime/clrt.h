@@ -421,6 +421,9 @@ void clrt_cuda_storage_free(void *data);
 clrt_tensor *clrt_tensor_to_device(const clrt_tensor *t, int device);
 /* copy_ when either side is on cuda: same dtype, same numel, both contiguous. */
 int clrt_cuda_tensor_copy(clrt_tensor *dst, const clrt_tensor *src);
+/* Why clrt_cuda_device_count() is 0 ("no CUDA device", "...: CUDA driver version is
+   insufficient ...", "built without CUDA"), or the device count. */
+const char *clrt_cuda_status(void);
 /* The GPU's name, or "" with an error when none. */
 const char *clrt_cuda_device_name_str(void);
 /* A model's arenas move as a whole: params and grads are copied, activations rebuilt on

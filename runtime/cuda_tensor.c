@@ -70,6 +70,8 @@ const char *clrt_cuda_device_name_str(void) {
   return "";
 }
 
+const char *clrt_cuda_status(void) { return "clrt was built without CUDA"; }
+
 #endif
 
 clrt_tensor *clrt_tensor_to_device(const clrt_tensor *t, int device) {

@@ -16,14 +16,26 @@ void clrt_cuda_note(const char *what, const char *err) {
   if (!g_err[0]) snprintf(g_err, sizeof g_err, "cuda: %s: %s", what, err);
 }
 
+static char g_status[160] = "no CUDA device";
+
 extern "C" int clrt_cuda_device_count(void) {
   int n = 0;
-  // No driver or no GPU is a normal case on CPU machines: report zero devices.
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+  // No driver or no GPU is a normal case on CPU machines: report zero devices, and keep the
+  // reason (an old driver reads differently from no GPU) for clrt_cuda_status().
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
     cudaGetLastError();
+    snprintf(g_status, sizeof g_status, "no usable CUDA device: %s", cudaGetErrorString(e));
     return 0;
   }
+  if (n == 0) snprintf(g_status, sizeof g_status, "no CUDA device");
+  else snprintf(g_status, sizeof g_status, "%d CUDA device(s)", n);
   return n;
+}
+
+extern "C" const char *clrt_cuda_status(void) {
+  clrt_cuda_device_count();
+  return g_status;
 }
 
 extern "C" int clrt_cuda_init(void) {

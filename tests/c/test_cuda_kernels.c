@@ -324,7 +324,7 @@ static void test_sample(void) {
 
 int main(void) {
   if (clrt_cuda_device_count() == 0) {
-    printf("skipped: no CUDA device (clrt_cuda_device_count() == 0)\n");
+    printf("skipped: %s (clrt_cuda_device_count() == 0)\n", clrt_cuda_status());
     return 77;
   }
   clrt_rng_seed(&rng, 1234);

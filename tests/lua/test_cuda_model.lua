@@ -2,7 +2,7 @@
 -- fixtures of tests/reference/make_model_fixtures.py): tensors to/from cuda, log-probs, every
 -- gradient, AdamW steps, save from the GPU, greedy generation. Skips (77) without a GPU.
 if not clrt.cuda_available() then
-  print("skipped: no CUDA device (clrt.cuda_available() is false)")
+  print("skipped: " .. clrt.cuda_status())
   os.exit(77)
 end
 
