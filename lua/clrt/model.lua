@@ -289,6 +289,15 @@ function Model:device() return C.clrt_model_device(live(self)) == C.CLRT_CUDA an
 -- FLOPs of one training step over B rows of T tokens (for TFLOP/s and MFU).
 function Model:train_flops(B, T) return C.clrt_model_train_flops(live(self), B, T) end
 
+-- For training logs: a step over B x T tokens that took `seconds` achieved this many TFLOP/s,
+-- and this fraction of the GPU's dense bf16 peak (nil on the cpu or when the peak is unknown;
+-- CLRT_PEAK_TFLOPS sets it).
+function Model:throughput(B, T, seconds)
+  local tflops = self:train_flops(B, T) / seconds / 1e12
+  local peak = self:device() == "cuda" and C.clrt_cuda_peak_tflops() or 0
+  return tflops, peak > 0 and tflops / peak or nil
+end
+
 -- save(dir): config.json + model.safetensors, each written atomically.
 function Model:save(dir)
   C.mkdir(dir, tonumber("755", 8))
