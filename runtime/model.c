@@ -1024,23 +1024,22 @@ int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int T
 
 /* ---- devices ------------------------------------------------------------------------------ */
 
-/* Replaces *s by a copy on `device` (the old one is released; views of it stay valid on it). */
-static int move_storage(clrt_storage **s, int device) {
-  clrt_storage *n = clrt_storage_new((*s)->bytes, device);
-  if (!n) return -1;
+/* A copy of s on `device`, or NULL with the allocator's message. */
+static clrt_storage *copy_storage(const clrt_storage *s, int device) {
+  clrt_storage *n = clrt_storage_new(s->bytes, device);
+  if (!n) return NULL;
 #ifdef CLRT_HAVE_CUDA
-  int kind = (*s)->device == CLRT_CPU ? (device == CLRT_CPU ? -1 : 0) : device == CLRT_CPU ? 1 : 2;
-  if (kind >= 0 && clrt_cuda_memcpy(n->data, (*s)->data, (*s)->bytes, kind)) {
-    clrt_storage_release(n);
-    return -1;
+  int kind = s->device == CLRT_CPU ? (device == CLRT_CPU ? -1 : 0) : device == CLRT_CPU ? 1 : 2;
+  if (kind >= 0) {
+    if (clrt_cuda_memcpy(n->data, s->data, s->bytes, kind)) {
+      clrt_storage_release(n);
+      return NULL;
+    }
+    return n;
   }
-  if (kind < 0) memcpy(n->data, (*s)->data, (*s)->bytes);
-#else
-  memcpy(n->data, (*s)->data, (*s)->bytes);
 #endif
-  clrt_storage_release(*s);
-  *s = n;
-  return 0;
+  memcpy(n->data, s->data, s->bytes);
+  return n;
 }
 
 int clrt_model_device(const clrt_model *m) { return m->device; }
@@ -1051,7 +1050,17 @@ int clrt_model_to_device(clrt_model *m, int device) {
     return -1;
   }
   if (device == m->device) return 0;
-  if (move_storage(&m->params, device) || (m->grads && move_storage(&m->grads, device))) return -1;
+  /* Both copies first, so running out of memory leaves the model whole where it was. */
+  clrt_storage *np = copy_storage(m->params, device), *ng = NULL;
+  if (!np) return -1;
+  if (m->grads && !(ng = copy_storage(m->grads, device))) {
+    clrt_storage_release(np);
+    return -1;
+  }
+  clrt_storage_release(m->params);
+  clrt_storage_release(m->grads);
+  m->params = np;
+  m->grads = ng;
   /* Activations are rebuilt on the new device by the next call. */
   clrt_storage_release(m->acts);
   m->acts = NULL;
