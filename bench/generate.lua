@@ -1,7 +1,9 @@
 -- bench/generate.lua — decode tokens/s of m:generate at batch 1 and 32 for a ~15M and a
 -- ~110M parameter model (random weights, greedy, no early stop), next to a KV-cache decode
 -- loop over the PyTorch reference model (float32, 2 threads) run in the same invocation.
---   clrt bench/generate.lua [sizes=15m,110m] [batches=1,32] [new=64] [prompt=16]
+-- device=cuda runs both on the GPU (the PyTorch peer too when it has CUDA) and adds the
+-- decode's achieved TFLOP/s (2 FLOPs per parameter per token) and its MFU.
+--   clrt bench/generate.lua [sizes=15m,110m] [batches=1,32] [new=64] [prompt=16] [device=cpu|cuda]
 local ffi = require("ffi")
 local cjson = require("cjson")
 ffi.cdef [[ struct bench_ts { long tv_sec; long tv_nsec; }; int clock_gettime(int, struct bench_ts *); ]]
@@ -33,6 +35,16 @@ local models = {
     num_key_value_heads = 12, vocab_size = 32000 },
 }
 local here = debug.getinfo(1, "S").source:sub(2):match("^(.*)/") or "."
+local device = args.device or "cpu"
+local peak = 0
+if device == "cuda" then
+  if not clrt.cuda_available() then
+    print("decode benchmark, device=cuda: no GPU here (" .. clrt.cuda_status() .. "); nothing measured")
+    os.exit(0)
+  end
+  peak = clrt.cuda_peak_tflops()
+  print(("GPU: %s, dense bf16 peak %s TFLOP/s"):format(clrt.cuda_device_name(), peak > 0 and tostring(peak) or "unknown"))
+end
 
 print(("decode benchmark: %d new tokens after a %d-token prompt, greedy, %d threads"):format(new_tokens, prompt_len, clrt.num_threads()))
 print(("%-6s %5s %12s %12s %8s"):format("model", "batch", "clrt tok/s", "torch tok/s", "ratio"))
@@ -43,7 +55,7 @@ for _, size in ipairs(sizes) do
     max_position_embeddings = 1024, tie_word_embeddings = true,
   }
   for k, v in pairs(base) do cfg[k] = v end
-  local m = clrt.model.new(cfg, { seed = 0 })
+  local m = clrt.model.new(cfg, { seed = 0, device = device })
   local single
   for _, bs in ipairs(batches) do
     local B = tonumber(bs)
@@ -66,8 +78,8 @@ for _, size in ipairs(sizes) do
     while eng:busy() do eng:step() end
     local t2 = now()
     local ours = B * (new_tokens - 1) / (t2 - t1 + (t1 - t0) * 0)
-    local py = io.popen(("OMP_NUM_THREADS=2 /usr/bin/python3 %s/generate_ref.py '%s' %d %d %d"):format(
-      here, cjson.encode(cfg), B, prompt_len, new_tokens))
+    local py = io.popen(("OMP_NUM_THREADS=2 /usr/bin/python3 %s/generate_ref.py '%s' %d %d %d %s"):format(
+      here, cjson.encode(cfg), B, prompt_len, new_tokens, device))
     local line = py:read("*a")
     py:close()
     local ok, peer = pcall(cjson.decode, line)
@@ -75,5 +87,11 @@ for _, size in ipairs(sizes) do
     if B == 1 then single = ours end
     print(("%-6s %5d %12.1f %12.1f %7.2fx%s"):format(size, B, ours, theirs, ours / theirs,
       (B > 1 and single) and ("   (batch %d / batch 1: %.1fx)"):format(B, ours / single) or ""))
+    if device == "cuda" then
+      local per_tok = 2 * m:num_params()
+      local ctf, ttf = ours * per_tok / 1e12, theirs * per_tok / 1e12
+      local function mfu(tf) return peak > 0 and ("%.3f%%"):format(100 * tf / peak) or "n/a" end
+      print(("       TFLOP/s: clrt %.3f (MFU %s), torch %.3f (MFU %s)"):format(ctf, mfu(ctf), ttf, mfu(ttf)))
+    end
   end
 end

@@ -13,15 +13,21 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "refer
 import model_ref as ref  # noqa: E402
 
 
-def decode_loop(cfg, P, B, prompt_len, new_tokens):
+def sync(dev):
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
+def decode_loop(cfg, P, B, prompt_len, new_tokens, dev="cpu"):
     H, KV, D = ref.dims(cfg)
     eps = cfg["rms_norm_eps"]
     L = cfg["num_hidden_layers"]
     total = prompt_len + new_tokens
     cos, sin = ref.rope_cos_sin(cfg, total, torch.float32)
+    cos, sin = cos.to(dev), sin.to(dev)
     head = P.get("lm_head.weight", P["model.embed_tokens.weight"])
-    kc = [torch.zeros(B, KV, total, D) for _ in range(L)]
-    vc = [torch.zeros(B, KV, total, D) for _ in range(L)]
+    kc = [torch.zeros(B, KV, total, D, device=dev) for _ in range(L)]
+    vc = [torch.zeros(B, KV, total, D, device=dev) for _ in range(L)]
 
     def step(tokens, pos):
         T = tokens.shape[1]
@@ -41,7 +47,7 @@ def decode_loop(cfg, P, B, prompt_len, new_tokens):
             vv = vc[l][:, :, :pos + T].repeat_interleave(H // KV, dim=1)
             sc = (q @ kk.transpose(-1, -2)) / math.sqrt(D)
             if T > 1:
-                mask = torch.ones(T, pos + T, dtype=torch.bool).tril(pos)
+                mask = torch.ones(T, pos + T, dtype=torch.bool, device=dev).tril(pos)
                 sc = sc.masked_fill(~mask, float("-inf"))
             a = (torch.softmax(sc, dim=-1) @ vv).transpose(1, 2).reshape(B, T, H * D)
             x = x + a @ P[p + "self_attn.o_proj.weight"].T
@@ -52,12 +58,15 @@ def decode_loop(cfg, P, B, prompt_len, new_tokens):
         return (x @ head.T).argmax(-1, keepdim=True)
 
     g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, cfg["vocab_size"], (B, prompt_len), generator=g)
+    prompt = torch.randint(0, cfg["vocab_size"], (B, prompt_len), generator=g).to(dev)
+    sync(dev)
     t0 = time.perf_counter()
     tok = step(prompt, 0)
+    sync(dev)
     t1 = time.perf_counter()
     for i in range(new_tokens - 1):
         tok = step(tok, prompt_len + i)
+    sync(dev)
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1
 
@@ -66,10 +75,16 @@ def main():
     cfg = json.loads(sys.argv[1])
     B, prompt_len, new_tokens = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
-    P = ref.init_params(cfg, 0, dtype=torch.float32)
+    dev = sys.argv[5] if len(sys.argv) > 5 else "cpu"   # "cuda": on the GPU, TF32 off
+    if dev == "cuda" and not torch.cuda.is_available():
+        print(json.dumps({"error": "no CUDA in this PyTorch build or no GPU"}))
+        return
+    if dev == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+    P = {n: t.to(dev) for n, t in ref.init_params(cfg, 0, dtype=torch.float32).items()}
     with torch.inference_mode():
-        decode_loop(cfg, P, B, prompt_len, 4)   # warm-up
-        pre, dec = decode_loop(cfg, P, B, prompt_len, new_tokens)
+        decode_loop(cfg, P, B, prompt_len, 4, dev)   # warm-up
+        pre, dec = decode_loop(cfg, P, B, prompt_len, new_tokens, dev)
     print(json.dumps({"prefill_s": pre, "decode_s": dec,
                       "tokens_per_s": B * (new_tokens - 1) / dec}))
 

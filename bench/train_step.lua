@@ -4,7 +4,9 @@
 -- peak resident memory of each (each side runs in its own process). Prints the ratios and
 -- clrt's per-kernel time breakdown. Speeds are from the median step (and the fastest, which
 -- is what a busy machine disturbs least).
---   clrt bench/train_step.lua [sizes=5M,50M] [steps=3] [B=8] [T=256] [threads=2]
+-- device=cuda runs both on the GPU (fp32, TF32 off on both sides) and adds achieved TFLOP/s
+-- and MFU against the GPU's dense bf16 peak (clrt.cuda_peak_tflops(), CLRT_PEAK_TFLOPS).
+--   clrt bench/train_step.lua [sizes=5M,50M] [steps=3] [B=8] [T=256] [threads=2] [device=cpu|cuda]
 local cjson = require("cjson")
 
 local args = {}
@@ -42,7 +44,8 @@ if args.worker then
   clrt.set_num_threads(tonumber(args.threads or 2))
   local cfg = SIZES[args.worker]
   local B, T, steps = tonumber(args.B), tonumber(args.T), tonumber(args.steps)
-  local m = clrt.model.new(cfg, { seed = 0, max_batch = B, max_seq = T, keep_logits_mb = tonumber(args.keep_logits_mb) })
+  local m = clrt.model.new(cfg, { seed = 0, max_batch = B, max_seq = T, keep_logits_mb = tonumber(args.keep_logits_mb),
+    device = args.device })
   local opt = clrt.optim.adamw(m, { lr = 1e-4, weight_decay = 0.1, grad_clip = 1.0 })
   local gen = clrt.tensor.generator(1)
   local toks = clrt.tensor.zeros({ B, T }, { dtype = "i32" })
@@ -71,6 +74,7 @@ if args.worker then
   table.sort(times)
   print(("clrt tokens_per_s=%.1f peak_rss_mb=%.1f params=%d best_tokens_per_s=%.1f"):format(
     B * T / times[math.floor(steps / 2) + 1], peak_rss_mb(), m:num_params(), B * T / times[1]))
+  print(("clrt flops_per_step=%.6g"):format(m:train_flops(B, T)))
   local mem = m:memory()
   print(("clrt arenas_mb params=%.1f grads=%.1f activations=%.1f adamw=%.1f"):format(mem.params / 2^20,
     mem.grads / 2^20, mem.activations / 2^20, opt:memory() / 2^20))
@@ -86,6 +90,17 @@ end
 
 local B, T, steps = tonumber(args.B or 8), tonumber(args.T or 256), tonumber(args.steps or 3)
 local threads = tonumber(args.threads or 2)
+local device = args.device or "cpu"
+local peak = 0
+if device == "cuda" then
+  if not clrt.cuda_available() then
+    print("train step, device=cuda: no GPU here (" .. clrt.cuda_status() .. "); nothing measured")
+    os.exit(0)
+  end
+  peak = clrt.cuda_peak_tflops()
+  print(("GPU: %s, dense bf16 peak %s TFLOP/s"):format(clrt.cuda_device_name(),
+    peak > 0 and tostring(peak) or "unknown (set CLRT_PEAK_TFLOPS)"))
+end
 local src = os.getenv("CLRT_SOURCE_DIR") or require("clrt").lua_dir:gsub("/lua$", "")
 local bin = os.getenv("CLRT_BIN") or (arg and arg[-1]) or "clrt"
 local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
@@ -101,20 +116,30 @@ print(("train step: B=%d T=%d, %d timed steps after 1 warm-up, %d threads each")
 for size in (args.sizes or "5M,50M"):gmatch("[^,]+") do
   local cfg = SIZES[size]
   if not cfg then error("unknown size " .. size) end
-  local c_out = run(("CLRT_PROFILE=1 OMP_NUM_THREADS=%d %s %s/bench/train_step.lua worker=%s B=%d T=%d steps=%d threads=%d"):format(
-    threads, sh_quote(bin), sh_quote(src), size, B, T, steps, threads))
-  local t_out = run(("OMP_NUM_THREADS=%d /usr/bin/python3 %s/bench/train_step_torch.py %s %d %d %d %d"):format(
-    threads, sh_quote(src), sh_quote(cjson.encode(cfg)), B, T, steps, threads))
+  local c_out = run(("CLRT_PROFILE=1 OMP_NUM_THREADS=%d %s %s/bench/train_step.lua worker=%s B=%d T=%d steps=%d threads=%d device=%s"):format(
+    threads, sh_quote(bin), sh_quote(src), size, B, T, steps, threads, device))
+  local t_out = run(("OMP_NUM_THREADS=%d /usr/bin/python3 %s/bench/train_step_torch.py %s %d %d %d %d %s"):format(
+    threads, sh_quote(src), sh_quote(cjson.encode(cfg)), B, T, steps, threads, device))
   local ctok, crss = c_out:match("clrt tokens_per_s=([%d.]+) peak_rss_mb=([%d.]+)")
   local ttok, trss = t_out:match("torch tokens_per_s=([%d.]+) peak_rss_mb=([%d.]+)")
   if not ctok then error("clrt worker failed:\n" .. c_out) end
+  if not ttok and device == "cuda" then   -- no CUDA torch: report clrt alone
+    print("torch peer unavailable on cuda: " .. t_out:gsub("%s+$", ""))
+    ttok, trss = 0 / 0, 0 / 0
+  end
   if not ttok then error("torch peer failed:\n" .. t_out) end
   print(("\n== %s (%s params) =="):format(size, c_out:match("params=(%d+)")))
   local cbest = tonumber(c_out:match("best_tokens_per_s=([%d.]+)"))
-  local tbest = tonumber(t_out:match("best_tokens_per_s=([%d.]+)"))
+  local tbest = tonumber(t_out:match("best_tokens_per_s=([%d.]+)")) or 0 / 0
   print(("clrt : %9.1f tokens/s (median step; best %.1f)  peak RSS %7.1f MB"):format(tonumber(ctok), cbest, tonumber(crss)))
   print(("torch: %9.1f tokens/s (median step; best %.1f)  peak RSS %7.1f MB"):format(tonumber(ttok), tbest, tonumber(trss)))
   print(("ratio: speed %.2fx torch (best steps: %.2fx), memory %.2fx torch"):format(ctok / ttok, cbest / tbest, crss / trss))
+  if device == "cuda" then   -- the same FLOPs count for both sides
+    local flops = tonumber(c_out:match("flops_per_step=([%d.e+-]+)"))
+    local ctf, ttf = flops * ctok / (B * T) / 1e12, flops * ttok / (B * T) / 1e12
+    local function mfu(tf) return peak > 0 and ("%.2f%%"):format(100 * tf / peak) or "n/a" end
+    print(("TFLOP/s: clrt %.2f (MFU %s), torch %.2f (MFU %s); %.3g FLOPs/step"):format(ctf, mfu(ctf), ttf, mfu(ttf), flops))
+  end
   for line in c_out:gmatch("[^\n]+") do
     if line:find("^clrt kernel") or line:find("^clrt arenas") then print("  " .. line:sub(6)) end
   end

@@ -1,6 +1,7 @@
 """train_step_torch.py — the PyTorch peer of bench/train_step.lua: the same model
 (tests/reference/model_ref.py, float32, 2 threads unless told), forward + backward + AdamW on B x T random
-tokens. Prints one line: `torch tokens_per_s=<median step> peak_rss_mb=<y> best_tokens_per_s=<fastest step>`."""
+tokens. Prints one line: `torch tokens_per_s=<median step> peak_rss_mb=<y> best_tokens_per_s=<fastest step>`.
+An optional 6th argument `cuda` runs it on the GPU (float32, TF32 off, as clrt's CUDA path)."""
 import os
 import resource
 import sys
@@ -13,14 +14,37 @@ import model_ref as R  # noqa: E402
 import json  # noqa: E402
 
 
+class OnDevice:
+    """model_ref builds helper tensors (RoPE angles, masks) with torch factories; this stand-in
+    for its `torch` puts them on the benchmark's device."""
+
+    FACTORIES = ("arange", "ones", "zeros", "full", "empty", "tensor", "randn", "rand")
+
+    def __init__(self, dev):
+        self.dev = dev
+
+    def __getattr__(self, name):
+        f = getattr(torch, name)
+        if name in self.FACTORIES:
+            return lambda *a, **k: f(*a, **{"device": self.dev, **k})
+        return f
+
+
 def main():
     cfg = json.loads(sys.argv[1])
     B, T, steps = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     torch.set_num_threads(int(sys.argv[5]) if len(sys.argv) > 5 else 2)
+    dev = sys.argv[6] if len(sys.argv) > 6 else "cpu"
+    if dev == "cuda" and not torch.cuda.is_available():
+        print("torch error=no CUDA in this PyTorch build or no GPU")
+        return
+    if dev == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        R.torch = OnDevice(dev)
     torch.manual_seed(0)
-    P = {n: t.requires_grad_(True) for n, t in R.init_params(cfg, 0, torch.float32).items()}
+    P = {n: t.to(dev).requires_grad_(True) for n, t in R.init_params(cfg, 0, torch.float32).items()}
     opt = torch.optim.AdamW(list(P.values()), lr=1e-4, weight_decay=0.1)
-    tokens = torch.randint(0, cfg["vocab_size"], (B, T))
+    tokens = torch.randint(0, cfg["vocab_size"], (B, T)).to(dev)
     lengths = [T] * B
 
     def step():
@@ -30,6 +54,8 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(P.values()), 1.0)
         opt.step()
+        if dev == "cuda":
+            torch.cuda.synchronize()
 
     step()   # warm-up
     times = []

@@ -59,6 +59,9 @@ CLRT_HD float clrt_expf(float x) {
   return y * scale;
 }
 
+/* ---- RoPE angle: a float product, as in transformers (positions @ inv_freq in f32) ---- */
+CLRT_HD float clrt_rope_angle(int pos, float inv_freq) { return (float)pos * inv_freq; }
+
 /* ---- SwiGLU: h = silu(g) * u ---------------------------------------------------------- */
 
 CLRT_HD float clrt_sigmoid(float x) { return 1.0f / (1.0f + clrt_expf(-x)); }
@@ -95,6 +98,38 @@ CLRT_HD void clrt_lse_merge(float *m, float *l, float m2, float l2) {
 }
 
 CLRT_HD float clrt_lse_value(float m, float l) { return m + logf(l); }
+
+/* Online softmax-weighted sum (attention): fold score x into (m, l); *corr rescales what was
+   accumulated so far and *p weighs the new value: acc = acc * corr + p * v. */
+CLRT_HD void clrt_online_softmax_step(float *m, float *l, float x, float *corr, float *p) {
+  if (x > *m) {
+    *corr = clrt_expf(*m - x);
+    *p = 1.0f;
+    *l = *l * *corr + 1.0f;
+    *m = x;
+  } else {
+    *corr = 1.0f;
+    *p = clrt_expf(x - *m);
+    *l += *p;
+  }
+}
+
+/* ---- softmax backward ----------------------------------------------------------------- */
+
+/* Attention: p = exp(s - lse) recomputed from the scaled score s; the score's gradient is
+   p (dp - D_i) * scale, D_i = dot(dout_i, out_i), dp = dout_i . v_j. */
+CLRT_HD float clrt_attn_prob(float s, float lse) { return clrt_expf(s - lse); }
+CLRT_HD float clrt_attn_dscore(float p, float dp, float Di, float scale) { return p * (dp - Di) * scale; }
+
+/* Log-softmax + gather: d lp / d z_j = onehot_j - softmax_j; this is the softmax term times the
+   upstream gradient g (the caller adds g at the target). */
+CLRT_HD float clrt_lsm_dlogit(float z, float lse, float g) { return -g * clrt_expf(z - lse); }
+
+/* ---- gradient clipping ----------------------------------------------------------------- */
+/* Scale applied to every gradient when the global norm exceeds clip (clip <= 0: off). */
+CLRT_HD float clrt_clip_scale(double norm, float clip) {
+  return (clip > 0 && norm > clip) ? (float)(clip / (norm + 1e-6)) : 1.0f;
+}
 
 /* ---- AdamW, one element (decoupled weight decay, bias-corrected moments) --------------- */
 /* bc1 = 1 - beta1^step, bc2_sqrt = sqrt(1 - beta2^step); decay = lr * weight_decay or 0. */

@@ -462,6 +462,36 @@ int clrt_history_save(const char *path);
 
 
 /* ==== CUDA =============================================================================== */
+/* Device memory for clrt_storage_new(bytes, CLRT_CUDA) (zeroed; out of memory names the size
+   requested and the free memory) and its release; errors when built without CUDA. */
+clrt_storage *clrt_cuda_storage_new(size_t bytes);
+void clrt_cuda_storage_free(void *data);
+/* A contiguous copy of t on `device` (CLRT_CPU or CLRT_CUDA), same dtype. */
+clrt_tensor *clrt_tensor_to_device(const clrt_tensor *t, int device);
+/* copy_ when either side is on cuda: same dtype, same numel, both contiguous. */
+int clrt_cuda_tensor_copy(clrt_tensor *dst, const clrt_tensor *src);
+/* Why clrt_cuda_device_count() is 0 ("no CUDA device", "...: CUDA driver version is
+   insufficient ...", "built without CUDA"), or the device count. */
+const char *clrt_cuda_status(void);
+/* The GPU's name, or "" with an error when none. */
+const char *clrt_cuda_device_name_str(void);
+/* A model's arenas move as a whole: params and grads are copied, activations rebuilt on
+   use. Views taken before the move keep the old memory. Optimizers are created after the
+   move (clrt_adamw_step refuses moments on another device). */
+int clrt_model_to_device(clrt_model *m, int device);
+int clrt_model_device(const clrt_model *m);
+/* bf16 matmuls on cuda: the blocks' linear layers run bf16 x bf16 -> fp32 (cuBLAS GemmEx)
+   from bf16 copies of fp32 master weights; the output layer and everything else stay fp32.
+   After writing parameters through views, call clrt_model_params_changed. */
+int clrt_model_set_matmul_bf16(clrt_model *m, int on);
+void clrt_model_params_changed(clrt_model *m);
+/* FLOPs of one training step (forward + backward) over B rows of T tokens: 6 per parameter
+   per token for the matmuls plus causal attention's 6 * L * T^2 * H * D per row (the
+   estimate PaLM's MFU uses, with the causal half). */
+double clrt_model_train_flops(const clrt_model *m, int B, int T);
+/* Dense bf16 peak of the GPU in TFLOP/s from its name (H100 / H200 989, A100 312, ...),
+   CLRT_PEAK_TFLOPS overriding it; 0 when unknown or no GPU. */
+double clrt_cuda_peak_tflops(void);
 
 
 #endif /* CLRT_H */

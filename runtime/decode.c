@@ -8,6 +8,9 @@
 #include "clrt.h"
 #include "model_internal.h"
 
+#ifdef CLRT_HAVE_CUDA
+#include "cuda/cuda_kernels.h"
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,9 +40,11 @@ clrt_decoder *clrt_decoder_new(clrt_model *m, int slots, int max_len) {
   int L = c->num_hidden_layers;
   size_t per = (size_t)slots * max_len * c->num_key_value_heads * c->head_dim;
   size_t bytes = 2 * (size_t)L * per * sizeof(float);
-  if (!(d->cache = clrt_storage_new(bytes, CLRT_CPU))) {
-    clrt_set_error("decoder: cannot allocate the KV cache: %zu MiB for %d slots x %d tokens",
-                   bytes >> 20, slots, max_len);
+  /* The cache lives with the model (on the GPU its out-of-memory message names the sizes). */
+  if (!(d->cache = clrt_storage_new(bytes, clrt_model_device(m)))) {
+    if (clrt_model_device(m) == CLRT_CPU)
+      clrt_set_error("decoder: cannot allocate the KV cache: %zu MiB for %d slots x %d tokens",
+                     bytes >> 20, slots, max_len);
     free(d);
     return NULL;
   }
@@ -82,6 +87,11 @@ int clrt_decoder_length(const clrt_decoder *d, int slot) {
 }
 
 static int check_slot(const clrt_decoder *d, int slot, const char *op) {
+  if (d->cache->device != clrt_model_device(d->m)) {
+    clrt_set_error("decoder: %s: the KV cache is on %s but the model moved to %s (make a new decoder)",
+                   op, d->cache->device ? "cuda" : "cpu", clrt_model_device(d->m) ? "cuda" : "cpu");
+    return -1;
+  }
   if (slot < 0 || slot >= d->slots) {
     clrt_set_error("decoder: %s: slot %d out of range (the decoder has %d)", op, slot, d->slots);
     return -1;
@@ -102,6 +112,14 @@ int clrt_decoder_copy_slot(clrt_decoder *d, int src, int dst) {
   size_t row = (size_t)c->num_key_value_heads * c->head_dim, stride = (size_t)d->max_len * row;
   size_t n = (size_t)d->len[src] * row * sizeof(float);
   for (int l = 0; l < c->num_hidden_layers; l++) {
+#ifdef CLRT_HAVE_CUDA
+    if (d->cache->device == CLRT_CUDA) {
+      if (clrt_cuda_memcpy(d->k[l] + dst * stride, d->k[l] + src * stride, n, 2) ||
+          clrt_cuda_memcpy(d->v[l] + dst * stride, d->v[l] + src * stride, n, 2))
+        return -1;
+      continue;
+    }
+#endif
     memcpy(d->k[l] + dst * stride, d->k[l] + src * stride, n);
     memcpy(d->v[l] + dst * stride, d->v[l] + src * stride, n);
   }
@@ -135,6 +153,7 @@ int clrt_decoder_append(clrt_decoder *d, int slot, const int32_t *tokens, int T,
 
 int clrt_decoder_decode(clrt_decoder *d, int n, const int32_t *slots /* [n] */,
                         const int32_t *tokens /* [n] */, float *logits /* [slots, V] */) {
+  if (check_slot(d, 0, "decode")) return -1;
   if (n < 1 || n > d->slots) {
     clrt_set_error("decoder: decode of %d rows (1..%d)", n, d->slots);
     return -1;

@@ -16,6 +16,9 @@
    attending over it. */
 #include "model_internal.h"
 #include "cpu/model_kernels.h"
+#ifdef CLRT_HAVE_CUDA
+#include "cuda/cuda_kernels.h"
+#endif
 
 #include <math.h>
 #include <omp.h>
@@ -44,6 +47,45 @@ static double now(void) {
     stmt;                                                  \
     if (prof_on > 0) clrt_kernel_seconds[k] += now() - t0_; \
   } while (0)
+
+/* Kernel dispatch: the CUDA twin (same signature, device pointers) when the model lives on the
+   GPU, else the CPU kernel; on a CPU-only build this is the plain CPU call. */
+#ifdef CLRT_HAVE_CUDA
+#define ON_GPU(m) ((m)->device == CLRT_CUDA)
+#define K(m, name, ...) (ON_GPU(m) ? clrt_cuda_##name(__VA_ARGS__) : clrt_##name(__VA_ARGS__))
+#else
+#define ON_GPU(m) 0
+#define K(m, name, ...) clrt_##name(__VA_ARGS__)
+#endif
+
+/* Memory helpers that follow the model's device. */
+static void zero_floats(const clrt_model *m, float *p, size_t n) {
+#ifdef CLRT_HAVE_CUDA
+  if (ON_GPU(m)) {
+    clrt_cuda_memset0(p, sizeof(float) * n);
+    return;
+  }
+#endif
+  memset(p, 0, sizeof(float) * n);
+}
+
+/* Host -> the model's memory (a plain copy on the CPU). */
+static int to_model(const clrt_model *m, void *dst, const void *src, size_t bytes) {
+#ifdef CLRT_HAVE_CUDA
+  if (ON_GPU(m)) return clrt_cuda_memcpy(dst, src, bytes, 0);
+#endif
+  memcpy(dst, src, bytes);
+  return 0;
+}
+
+/* The model's memory -> host; waits for the device and reports a failed kernel first. */
+static int from_model(const clrt_model *m, void *dst, const void *src, size_t bytes) {
+#ifdef CLRT_HAVE_CUDA
+  if (ON_GPU(m)) return clrt_cuda_sync() || clrt_cuda_memcpy(dst, src, bytes, 1) ? -1 : 0;
+#endif
+  memcpy(dst, src, bytes);
+  return 0;
+}
 
 int clrt_profile_count(void) { return CLRT_K_COUNT; }
 const char *clrt_profile_name(int i) { return i >= 0 && i < CLRT_K_COUNT ? clrt_kernel_names[i] : NULL; }
@@ -202,6 +244,9 @@ void clrt_model_free(clrt_model *m) {
   free(m->inv_freq);
   free(m->rope_cos);
   free(m->rope_sin);
+  clrt_storage_release(m->rope_dev);
+  clrt_storage_release(m->wbf);
+  free(m->hidx);
   free(m);
 }
 
@@ -210,14 +255,19 @@ static float *GW(const clrt_model *m, int64_t off) { return off < 0 ? NULL : (fl
 
 static int ensure_grads(clrt_model *m) {
   if (m->grads) return 0;
-  m->grads = clrt_storage_new(sizeof(float) * (size_t)m->total, CLRT_CPU);
+  m->grads = clrt_storage_new(sizeof(float) * (size_t)m->total, m->device);
   return m->grads ? 0 : -1;
 }
 
 int clrt_model_init_random(clrt_model *m, uint64_t seed) {
   clrt_rng r;
   clrt_rng_seed(&r, seed);
-  float *w = m->params->data;
+  /* On the GPU the values are drawn on the host (the same stream as on the CPU) and copied. */
+  float *w = ON_GPU(m) ? calloc((size_t)m->total, sizeof(float)) : m->params->data;
+  if (!w) {
+    clrt_set_error("model: out of host memory initialising %lld parameters", (long long)m->total);
+    return -1;
+  }
   double std = 0.02, proj_std = 0.02 / sqrt(2.0 * m->cfg.num_hidden_layers);
   for (int i = 0; i < m->np; i++) {
     clrt_param_info *p = &m->p[i];
@@ -232,7 +282,11 @@ int clrt_model_init_random(clrt_model *m, uint64_t seed) {
     double s = (strstr(n, "o_proj") || strstr(n, "down_proj")) ? proj_std : std;
     for (int64_t k = 0; k < p->numel; k++) d[k] = (float)(s * clrt_rng_normal(&r));
   }
-  return 0;
+  if (!ON_GPU(m)) return 0;
+  m->wbf_dirty = 1;
+  int rc = to_model(m, m->params->data, w, sizeof(float) * (size_t)m->total);
+  free(w);
+  return rc;
 }
 
 /* ---- introspection ----------------------------------------------------------------------- */
@@ -284,7 +338,7 @@ size_t clrt_model_memory(const clrt_model *m, int arena) {
 
 int clrt_model_zero_grad(clrt_model *m) {
   if (ensure_grads(m)) return -1;
-  memset(m->grads->data, 0, m->grads->bytes);
+  zero_floats(m, m->grads->data, m->grads->bytes / sizeof(float));
   return 0;
 }
 
@@ -304,6 +358,10 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
 }
 
 int clrt_model_load_safetensors(clrt_model *m, const char *path) {
+  if (ON_GPU(m)) {
+    clrt_set_error("safetensors %s: load the model on the cpu, then move it with to(\"cuda\")", path);
+    return -1;
+  }
   clrt_safetensors *st = clrt_safetensors_open(path);
   if (!st) return -1;
   int n = clrt_safetensors_count(st), rc = -1;
@@ -360,18 +418,26 @@ int clrt_model_save_safetensors(const clrt_model *m, const char *path) {
   const char **names = calloc((size_t)m->np, sizeof *names);
   const clrt_tensor **ts = calloc((size_t)m->np, sizeof *ts);
   int rc = -1, made = 0;
+  clrt_storage *src = m->params, *host = NULL;
   if (!names || !ts) {
     clrt_set_error("model: out of memory saving %s", path);
     goto done;
   }
+  if (ON_GPU(m)) {   /* one copy of the arena to the host, written from there */
+    if (!(host = clrt_storage_new(m->params->bytes, CLRT_CPU)) ||
+        from_model(m, host->data, m->params->data, m->params->bytes))
+      goto done;
+    src = host;
+  }
   for (; made < m->np; made++) {
     names[made] = m->p[made].name;
-    if (!(ts[made] = view(m->params, &m->p[made]))) goto done;
+    if (!(ts[made] = view(src, &m->p[made]))) goto done;
   }
   const char *mk[1] = {"format"}, *mv[1] = {"pt"};
   rc = clrt_safetensors_write(path, m->np, names, ts, 1, mk, mv);
 done:
   for (int i = 0; i < made; i++) clrt_tensor_free((clrt_tensor *)ts[i]);
+  clrt_storage_release(host);
   free(names);
   free(ts);
   return rc;
@@ -384,12 +450,14 @@ typedef struct layer_acts {
 } layer_acts;
 
 typedef struct acts {
+  uint16_t *x16, *dy16;          /* bf16 copies of a linear layer's input / output gradient */
   float **res;                   /* [L+1] residual stream entering each layer (2 when not kept) */
   layer_acts *la;                /* [L] (1 when not kept) */
   float *xn, *tmp, *h;           /* forward scratch: [N, C], [N, C], [N, I] */
   float *dres, *dxn, *dxc, *dA, *datt, *dq, *dk, *dv, *dk2;   /* backward scratch */
   float *rstdf, *lsef, *lpv, *dlpv;   /* [N] */
   int32_t *tok, *target, *rowidx;     /* [N] */
+  int32_t *pos0, *slot;               /* [B] kernel-side copies (used on the GPU) */
   float *logits;                 /* [chunk, V] */
   float *attn;                   /* attention scratch */
   int chunk, logits_kept;
@@ -453,6 +521,14 @@ static void layout(const clrt_model *m, acts *a, char *base, int B, int T, int T
   a->tok = (int32_t *)take(a, base, N);
   a->target = (int32_t *)take(a, base, N);
   a->rowidx = (int32_t *)take(a, base, N);
+  if (ON_GPU(m) && m->bf16) {
+    size_t widest = (size_t)C > HD ? (size_t)C : HD;
+    if ((size_t)I > widest) widest = (size_t)I;
+    a->x16 = (uint16_t *)take(a, base, (N * widest + 1) / 2);
+    a->dy16 = (uint16_t *)take(a, base, (N * widest + 1) / 2);
+  }
+  a->pos0 = (int32_t *)take(a, base, (size_t)B);
+  a->slot = (int32_t *)take(a, base, (size_t)B);
   /* Logit rows per chunk: enough for sgemm to run well, few enough to stay ~16 MB. When a
      kept forward's logits fit in keep_logits_mb, all of them stay for backward (one copy,
      never the log-softmax beside it), which saves backward one of its three matmuls. */
@@ -461,8 +537,33 @@ static void layout(const clrt_model *m, acts *a, char *base, int B, int T, int T
   a->logits_kept = keep && (double)N * V * sizeof(float) <= c->keep_logits_mb * 1048576.0;
   if ((size_t)chunk > N || a->logits_kept) chunk = (int)N;
   a->chunk = chunk;
-  a->logits = take(a, base, (size_t)chunk * V);
+  /* On the GPU a decode step's B rows of logits land here before the copy to the host. */
+  a->logits = take(a, base, (size_t)(ON_GPU(m) && chunk < B ? B : chunk) * V);
+#ifdef CLRT_HAVE_CUDA
+  if (ON_GPU(m)) {
+    a->attn = take(a, base, clrt_cuda_attention_scratch_floats(B, T, H));
+    return;
+  }
+#endif
   a->attn = take(a, base, clrt_attention_scratch_floats(T, Tk, m->threads));
+}
+
+/* The GPU's copy of the RoPE tables (cos then sin), refreshed when they grow or move. */
+static int sync_rope(clrt_model *m) {
+  clrt_storage_release(m->rope_dev);
+  m->rope_dev = NULL;
+  if (!ON_GPU(m) || m->rope_len == 0) return 0;
+  size_t n = (size_t)m->rope_len * (size_t)(m->cfg.head_dim / 2);
+  if (!(m->rope_dev = clrt_storage_new(2 * n * sizeof(float), CLRT_CUDA))) return -1;
+  float *d = m->rope_dev->data;
+  return to_model(m, d, m->rope_cos, n * sizeof(float)) || to_model(m, d + n, m->rope_sin, n * sizeof(float)) ? -1 : 0;
+}
+
+/* The tables as the kernels see them. */
+static const float *rope_c(const clrt_model *m) { return ON_GPU(m) ? (const float *)m->rope_dev->data : m->rope_cos; }
+static const float *rope_s(const clrt_model *m) {
+  return ON_GPU(m) ? (const float *)m->rope_dev->data + (size_t)m->rope_len * (size_t)(m->cfg.head_dim / 2)
+                   : m->rope_sin;
 }
 
 static int ensure_rope(clrt_model *m, int P) {
@@ -478,7 +579,7 @@ static int ensure_rope(clrt_model *m, int P) {
   }
   clrt_rope_table(m->rope_cos, m->rope_sin, m->inv_freq, P, m->cfg.head_dim);
   m->rope_len = P;
-  return 0;
+  return sync_rope(m);
 }
 
 /* Binds a to the arena for (B, T, keep), growing the arena when it is too small. */
@@ -496,10 +597,53 @@ static int bind_acts(clrt_model *m, acts *a, int B, int T, int Tk, int keep) {
     clrt_storage_release(m->acts);
     m->acts = NULL;
     m->saved = 0;
-    if (!(m->acts = clrt_storage_new(want, CLRT_CPU))) return -1;
+    if (!(m->acts = clrt_storage_new(want, m->device))) return -1;
   }
   layout(m, a, m->acts->data, B, T, Tk, keep);
   return 0;
+}
+
+/* A linear layer of the blocks: fp32 on the CPU or CUDA, or bf16 inputs with fp32
+   accumulation (cublasGemmEx) when the model's matmuls are bf16. w is the weight's offset. */
+static void lin_f(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
+                  int64_t N, int Kd, int O) {
+#ifdef CLRT_HAVE_CUDA
+  if (m->bf16) {
+    clrt_cuda_f32_to_bf16(a->x16, x, N * Kd);
+    clrt_cuda_linear_forward_bf16(y, a->x16, (const uint16_t *)m->wbf->data + w, b, N, Kd, O);
+    return;
+  }
+#endif
+  (void)a;
+  K(m, linear_forward, y, x, PW(m, w), b, N, Kd, O);
+}
+
+static void lin_b(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
+                  const float *x, int64_t N, int Kd, int O, int acc) {
+#ifdef CLRT_HAVE_CUDA
+  if (m->bf16) {
+    clrt_cuda_f32_to_bf16(a->x16, x, N * Kd);
+    clrt_cuda_f32_to_bf16(a->dy16, dy, N * O);
+    clrt_cuda_linear_backward_bf16(dx, GW(m, w), db, dy, a->dy16, a->x16,
+                                   (const uint16_t *)m->wbf->data + w, N, Kd, O, acc);
+    return;
+  }
+#endif
+  (void)a;
+  K(m, linear_backward, dx, GW(m, w), db, dy, x, PW(m, w), N, Kd, O, acc);
+}
+
+/* The bf16 weight copies follow the fp32 master weights (after an optimizer step, a move,
+   an initialisation). */
+static void refresh_bf16(clrt_model *m) {
+#ifdef CLRT_HAVE_CUDA
+  if (m->bf16 && m->wbf_dirty) {
+    clrt_cuda_f32_to_bf16(m->wbf->data, m->params->data, m->total);
+    m->wbf_dirty = 0;
+  }
+#else
+  (void)m;
+#endif
 }
 
 /* One transformer layer over N = B*T rows at positions pos0[b] + t. x: [N, C] in; out: [N, C].
@@ -514,25 +658,32 @@ static void layer_forward(clrt_model *m, int l, layer_acts *A, acts *a, const fl
       KV = c->num_key_value_heads, D = c->head_dim;
   int64_t N = (int64_t)B * T;
   float eps = c->rms_norm_eps;
-  PROF(CLRT_K_RMSNORM, clrt_rmsnorm_forward(a->xn, A->rstd1, x, PW(m, o->ln1), N, C, eps));
+  PROF(CLRT_K_RMSNORM, K(m, rmsnorm_forward, a->xn, A->rstd1, x, PW(m, o->ln1), N, C, eps));
   float *qd = c->qk_norm ? A->qpre : A->q, *kd = c->qk_norm ? A->kpre : A->k;
   PROF(CLRT_K_LINEAR_F, {
-    clrt_linear_forward(qd, a->xn, PW(m, o->wq), PW(m, o->bq), N, C, H * D);
-    clrt_linear_forward(kd, a->xn, PW(m, o->wk), PW(m, o->bk), N, C, KV * D);
-    clrt_linear_forward(A->v, a->xn, PW(m, o->wv), PW(m, o->bv), N, C, KV * D);
+    lin_f(m, a, qd, a->xn, o->wq, PW(m, o->bq), N, C, H * D);
+    lin_f(m, a, kd, a->xn, o->wk, PW(m, o->bk), N, C, KV * D);
+    lin_f(m, a, A->v, a->xn, o->wv, PW(m, o->bv), N, C, KV * D);
   });
   if (c->qk_norm)
     PROF(CLRT_K_RMSNORM, {
-      clrt_rmsnorm_forward(A->q, A->qrstd, A->qpre, PW(m, o->qn), N * H, D, eps);
-      clrt_rmsnorm_forward(A->k, A->krstd, A->kpre, PW(m, o->kn), N * KV, D, eps);
+      K(m, rmsnorm_forward, A->q, A->qrstd, A->qpre, PW(m, o->qn), N * H, D, eps);
+      K(m, rmsnorm_forward, A->k, A->krstd, A->kpre, PW(m, o->kn), N * KV, D, eps);
     });
   PROF(CLRT_K_ROPE, {
-    clrt_rope_forward(A->q, m->rope_cos, m->rope_sin, pos0, B, T, H, D);
-    clrt_rope_forward(A->k, m->rope_cos, m->rope_sin, pos0, B, T, KV, D);
+    K(m, rope_forward, A->q, rope_c(m), rope_s(m), pos0, B, T, H, D);
+    K(m, rope_forward, A->k, rope_c(m), rope_s(m), pos0, B, T, KV, D);
   });
   const float *keys = A->k, *vals = A->v;
   int64_t kv_bstride = (int64_t)T * KV * D;
-  if (kc) {
+  if (kc && ON_GPU(m)) {
+    kv_bstride = (int64_t)cache_T * KV * D;
+#ifdef CLRT_HAVE_CUDA
+    clrt_cuda_kv_write(kc, vc, A->k, A->v, pos0, slot, B, T, KV * D, kv_bstride);
+#endif
+    keys = kc;
+    vals = vc;
+  } else if (kc) {
     size_t row = sizeof(float) * (size_t)KV * D;
     kv_bstride = (int64_t)cache_T * KV * D;
     for (int b = 0; b < B; b++)
@@ -545,18 +696,24 @@ static void layer_forward(clrt_model *m, int l, layer_acts *A, acts *a, const fl
     keys = kc;
     vals = vc;
   }
+#ifdef CLRT_HAVE_CUDA
+  if (ON_GPU(m))
+    clrt_cuda_attention_forward(A->att, keep ? A->lse : NULL, A->q, keys, vals, B, T, H, KV, D, pos0,
+                                kv_bstride, kc ? slot : NULL);
+  else
+#endif
   PROF(CLRT_K_ATTN_F, clrt_attention_forward(A->att, keep ? A->lse : NULL, A->q, keys, vals, B, T,
                                              H, KV, D, pos0, kv_bstride, kc ? slot : NULL, a->attn, m->threads));
-  PROF(CLRT_K_LINEAR_F, clrt_linear_forward(a->tmp, A->att, PW(m, o->wo), PW(m, o->bo), N, H * D, C));
-  PROF(CLRT_K_RESIDUAL, clrt_residual_forward(A->xmid, x, a->tmp, N * C));
-  PROF(CLRT_K_RMSNORM, clrt_rmsnorm_forward(a->xn, A->rstd2, A->xmid, PW(m, o->ln2), N, C, eps));
+  PROF(CLRT_K_LINEAR_F, lin_f(m, a, a->tmp, A->att, o->wo, PW(m, o->bo), N, H * D, C));
+  PROF(CLRT_K_RESIDUAL, K(m, residual_forward, A->xmid, x, a->tmp, N * C));
+  PROF(CLRT_K_RMSNORM, K(m, rmsnorm_forward, a->xn, A->rstd2, A->xmid, PW(m, o->ln2), N, C, eps));
   PROF(CLRT_K_LINEAR_F, {
-    clrt_linear_forward(A->g, a->xn, PW(m, o->wg), NULL, N, C, I);
-    clrt_linear_forward(A->u, a->xn, PW(m, o->wu), NULL, N, C, I);
+    lin_f(m, a, A->g, a->xn, o->wg, NULL, N, C, I);
+    lin_f(m, a, A->u, a->xn, o->wu, NULL, N, C, I);
   });
-  PROF(CLRT_K_SWIGLU, clrt_swiglu_forward(a->h, A->g, A->u, N * I));
-  PROF(CLRT_K_LINEAR_F, clrt_linear_forward(a->tmp, a->h, PW(m, o->wd), NULL, N, I, C));
-  PROF(CLRT_K_RESIDUAL, clrt_residual_forward(out, A->xmid, a->tmp, N * C));
+  PROF(CLRT_K_SWIGLU, K(m, swiglu_forward, a->h, A->g, A->u, N * I));
+  PROF(CLRT_K_LINEAR_F, lin_f(m, a, a->tmp, a->h, o->wd, NULL, N, I, C));
+  PROF(CLRT_K_RESIDUAL, K(m, residual_forward, out, A->xmid, a->tmp, N * C));
 }
 
 static void layer_backward(clrt_model *m, int l, layer_acts *A, acts *a, const float *x, int B, int T) {
@@ -567,51 +724,78 @@ static void layer_backward(clrt_model *m, int l, layer_acts *A, acts *a, const f
   int64_t N = (int64_t)B * T;
   float eps = c->rms_norm_eps;
   /* MLP: x' = xmid + (silu(g) * u) Wd^T; a->dres holds dL/dx' and becomes dL/dxmid. */
-  PROF(CLRT_K_RMSNORM, clrt_rmsnorm_forward(a->xn, A->rstd2, A->xmid, PW(m, o->ln2), N, C, eps));
-  PROF(CLRT_K_SWIGLU, clrt_swiglu_forward(a->h, A->g, A->u, N * I));
-  PROF(CLRT_K_LINEAR_B, clrt_linear_backward(a->dA, GW(m, o->wd), NULL, a->dres, a->h, PW(m, o->wd), N, I, C, 0));
+  PROF(CLRT_K_RMSNORM, K(m, rmsnorm_forward, a->xn, A->rstd2, A->xmid, PW(m, o->ln2), N, C, eps));
+  PROF(CLRT_K_SWIGLU, K(m, swiglu_forward, a->h, A->g, A->u, N * I));
+  PROF(CLRT_K_LINEAR_B, lin_b(m, a, a->dA, o->wd, NULL, a->dres, a->h, N, I, C, 0));
   float *du = a->h;   /* h is spent: its buffer takes du */
-  PROF(CLRT_K_SWIGLU, clrt_swiglu_backward(a->dA, du, a->dA, A->g, A->u, N * I));
+  PROF(CLRT_K_SWIGLU, K(m, swiglu_backward, a->dA, du, a->dA, A->g, A->u, N * I));
   PROF(CLRT_K_LINEAR_B, {
-    clrt_linear_backward(a->dxn, GW(m, o->wg), NULL, a->dA, a->xn, PW(m, o->wg), N, C, I, 0);
-    clrt_linear_backward(a->dxn, GW(m, o->wu), NULL, du, a->xn, PW(m, o->wu), N, C, I, 1);
+    lin_b(m, a, a->dxn, o->wg, NULL, a->dA, a->xn, N, C, I, 0);
+    lin_b(m, a, a->dxn, o->wu, NULL, du, a->xn, N, C, I, 1);
   });
-  PROF(CLRT_K_RMSNORM, clrt_rmsnorm_backward(a->dres, GW(m, o->ln2), a->dxn, A->xmid, PW(m, o->ln2), A->rstd2, N, C));
+  PROF(CLRT_K_RMSNORM, K(m, rmsnorm_backward, a->dres, GW(m, o->ln2), a->dxn, A->xmid, PW(m, o->ln2), A->rstd2, N, C));
   /* Attention: xmid = x + att Wo^T; the residual passes dres to x unchanged. */
-  PROF(CLRT_K_LINEAR_B, clrt_linear_backward(a->datt, GW(m, o->wo), GW(m, o->bo), a->dres, A->att,
-                                             PW(m, o->wo), N, H * D, C, 0));
+  PROF(CLRT_K_LINEAR_B, lin_b(m, a, a->datt, o->wo, GW(m, o->bo), a->dres, A->att, N, H * D, C, 0));
+#ifdef CLRT_HAVE_CUDA
+  if (ON_GPU(m))
+    clrt_cuda_attention_backward(a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, B, T,
+                                 H, KV, D, a->attn);
+  else
+#endif
   PROF(CLRT_K_ATTN_B, clrt_attention_backward(a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att,
                                               A->lse, B, T, H, KV, D, a->attn, m->threads));
   PROF(CLRT_K_ROPE, {
-    clrt_rope_backward(a->dq, m->rope_cos, m->rope_sin, NULL, B, T, H, D);
-    clrt_rope_backward(a->dk, m->rope_cos, m->rope_sin, NULL, B, T, KV, D);
+    K(m, rope_backward, a->dq, rope_c(m), rope_s(m), NULL, B, T, H, D);
+    K(m, rope_backward, a->dk, rope_c(m), rope_s(m), NULL, B, T, KV, D);
   });
   float *dq = a->dq, *dk = a->dk;
   if (c->qk_norm) {
     /* datt is spent: it takes dL/dq before the norm; dk2 takes dL/dk before it. */
-    memset(a->datt, 0, sizeof(float) * (size_t)(N * H * D));
-    memset(a->dk2, 0, sizeof(float) * (size_t)(N * KV * D));
+    zero_floats(m, a->datt, (size_t)(N * H * D));
+    zero_floats(m, a->dk2, (size_t)(N * KV * D));
     PROF(CLRT_K_RMSNORM, {
-      clrt_rmsnorm_backward(a->datt, GW(m, o->qn), a->dq, A->qpre, PW(m, o->qn), A->qrstd, N * H, D);
-      clrt_rmsnorm_backward(a->dk2, GW(m, o->kn), a->dk, A->kpre, PW(m, o->kn), A->krstd, N * KV, D);
+      K(m, rmsnorm_backward, a->datt, GW(m, o->qn), a->dq, A->qpre, PW(m, o->qn), A->qrstd, N * H, D);
+      K(m, rmsnorm_backward, a->dk2, GW(m, o->kn), a->dk, A->kpre, PW(m, o->kn), A->krstd, N * KV, D);
     });
     dq = a->datt;
     dk = a->dk2;
   }
-  PROF(CLRT_K_RMSNORM, clrt_rmsnorm_forward(a->xn, A->rstd1, x, PW(m, o->ln1), N, C, eps));
+  PROF(CLRT_K_RMSNORM, K(m, rmsnorm_forward, a->xn, A->rstd1, x, PW(m, o->ln1), N, C, eps));
   PROF(CLRT_K_LINEAR_B, {
-    clrt_linear_backward(a->dxn, GW(m, o->wq), GW(m, o->bq), dq, a->xn, PW(m, o->wq), N, C, H * D, 0);
-    clrt_linear_backward(a->dxn, GW(m, o->wk), GW(m, o->bk), dk, a->xn, PW(m, o->wk), N, C, KV * D, 1);
-    clrt_linear_backward(a->dxn, GW(m, o->wv), GW(m, o->bv), a->dv, a->xn, PW(m, o->wv), N, C, KV * D, 1);
+    lin_b(m, a, a->dxn, o->wq, GW(m, o->bq), dq, a->xn, N, C, H * D, 0);
+    lin_b(m, a, a->dxn, o->wk, GW(m, o->bk), dk, a->xn, N, C, KV * D, 1);
+    lin_b(m, a, a->dxn, o->wv, GW(m, o->bv), a->dv, a->xn, N, C, KV * D, 1);
   });
-  PROF(CLRT_K_RMSNORM, clrt_rmsnorm_backward(a->dres, GW(m, o->ln1), a->dxn, x, PW(m, o->ln1), A->rstd1, N, C));
+  PROF(CLRT_K_RMSNORM, K(m, rmsnorm_backward, a->dres, GW(m, o->ln1), a->dxn, x, PW(m, o->ln1), A->rstd1, N, C));
 }
 
 /* Gathers the rows with a target (rowidx) of src [N, C] into dst [nv, C]. */
-static void gather_rows(float *dst, const float *src, const int32_t *rowidx, int64_t nv, int C) {
+static void gather_rows(const clrt_model *m, float *dst, const float *src, const int32_t *rowidx,
+                        int64_t nv, int C) {
+#ifdef CLRT_HAVE_CUDA
+  if (ON_GPU(m)) {
+    clrt_cuda_gather_rows(dst, src, rowidx, nv, C);
+    return;
+  }
+#endif
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < nv; i++)
     memcpy(dst + i * C, src + (int64_t)rowidx[i] * C, sizeof(float) * (size_t)C);
+}
+
+/* Host staging for the integer inputs of a GPU step (grown on demand; on the CPU the arena
+   itself is host memory and this is unused). */
+static int32_t *host_ints(clrt_model *m, size_t n) {
+  if (n > m->hidx_cap) {
+    int32_t *p = realloc(m->hidx, sizeof(int32_t) * n);
+    if (!p) {
+      clrt_set_error("model: out of host memory staging %zu indices", n);
+      return NULL;
+    }
+    m->hidx = p;
+    m->hidx_cap = n;
+  }
+  return m->hidx;
 }
 
 int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
@@ -638,6 +822,7 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
     }
   }
   if (ensure_rope(m, T)) return -1;
+  refresh_bf16(m);
   /* The attention scratch has one slice per thread; backward keeps this forward's count even
      if the thread setting changes in between. */
   m->threads = omp_get_max_threads();
@@ -647,19 +832,29 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
   double t0 = prof_on > 0 ? now() : 0;
   if (bind_acts(m, &a, B, T, T, keep)) return -1;
   int64_t N = (int64_t)B * T, nv = 0;
+  int32_t *tok = a.tok, *rowidx = a.rowidx, *target = a.target;
+  if (ON_GPU(m)) {   /* built on the host, then one copy each; rowidx stays for backward */
+    if (!(rowidx = host_ints(m, 3 * (size_t)N))) return -1;
+    tok = rowidx + N;
+    target = rowidx + 2 * N;
+  }
   for (int b = 0; b < B; b++) {
     int len = lengths ? lengths[b] : T;
     for (int t = 0; t < T; t++) {
-      a.tok[(int64_t)b * T + t] = t < len ? tokens[(int64_t)b * T + t] : 0;   /* padding: any id */
+      tok[(int64_t)b * T + t] = t < len ? tokens[(int64_t)b * T + t] : 0;   /* padding: any id */
       if (t + 1 < len) {
-        a.rowidx[nv] = (int32_t)((int64_t)b * T + t);
-        a.target[nv] = tokens[(int64_t)b * T + t + 1];
+        rowidx[nv] = (int32_t)((int64_t)b * T + t);
+        target[nv] = tokens[(int64_t)b * T + t + 1];
         nv++;
       }
     }
   }
+  if (ON_GPU(m) && (to_model(m, a.tok, tok, sizeof(int32_t) * (size_t)N) ||
+                    to_model(m, a.rowidx, rowidx, sizeof(int32_t) * (size_t)nv) ||
+                    to_model(m, a.target, target, sizeof(int32_t) * (size_t)nv)))
+    return -1;
   if (prof_on > 0) clrt_kernel_seconds[CLRT_K_OTHER] += now() - t0;
-  PROF(CLRT_K_EMBED, clrt_embedding_forward(a.res[0], a.tok, PW(m, m->wte), N, C));
+  PROF(CLRT_K_EMBED, K(m, embedding_forward, a.res[0], a.tok, PW(m, m->wte), N, C));
   for (int l = 0; l < L; l++) {
     if (clrt_interrupted()) {
       clrt_set_error("logprobs: interrupted");
@@ -669,15 +864,29 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
     layer_forward(m, l, keep ? &a.la[l] : &a.la[0], &a, x, out, B, T, NULL, keep, NULL, NULL, 0, NULL);
   }
   float *xl = keep ? a.res[L] : a.res[L % 2];
-  PROF(CLRT_K_OTHER, gather_rows(a.tmp, xl, a.rowidx, nv, C));
-  PROF(CLRT_K_RMSNORM, clrt_rmsnorm_forward(a.xn, a.rstdf, a.tmp, PW(m, m->norm), nv, C, c->rms_norm_eps));
-  PROF(CLRT_K_OUT_F, clrt_logsoftmax_gather_forward(a.lpv, a.lsef, a.xn, PW(m, m->head), a.target,
+  PROF(CLRT_K_OTHER, gather_rows(m, a.tmp, xl, a.rowidx, nv, C));
+  PROF(CLRT_K_RMSNORM, K(m, rmsnorm_forward, a.xn, a.rstdf, a.tmp, PW(m, m->norm), nv, C, c->rms_norm_eps));
+  PROF(CLRT_K_OUT_F, K(m, logsoftmax_gather_forward, a.lpv, a.lsef, a.xn, PW(m, m->head), a.target,
                                                     nv, C, V, a.logits, a.chunk));
   memset(lp, 0, sizeof(float) * (size_t)B * (size_t)(T - 1));
-  for (int64_t i = 0; i < nv; i++) {
-    int64_t r = a.rowidx[i], b = r / T, t = r % T;
-    lp[b * (T - 1) + t] = a.lpv[i];
+  const float *lpv = a.lpv;
+  float *hlp = NULL;
+  if (ON_GPU(m)) {   /* the step's one copy back: nv log-probabilities */
+    if (!(hlp = malloc(sizeof(float) * (size_t)(nv ? nv : 1)))) {
+      clrt_set_error("logprobs: out of host memory");
+      return -1;
+    }
+    if (from_model(m, hlp, a.lpv, sizeof(float) * (size_t)nv)) {
+      free(hlp);
+      return -1;
+    }
+    lpv = hlp;
   }
+  for (int64_t i = 0; i < nv; i++) {
+    int64_t r = rowidx[i], b = r / T, t = r % T;
+    lp[b * (T - 1) + t] = lpv[i];
+  }
+  free(hlp);
   m->saved = keep;
   m->B = B;
   m->T = T;
@@ -698,19 +907,34 @@ int clrt_model_backward(clrt_model *m, const float *dlogp) {
   layer_acts la[L];
   acts a = {.res = res, .la = la};
   layout(m, &a, m->acts->data, B, T, T, 1);
+  const int32_t *rowidx = ON_GPU(m) ? m->hidx : a.rowidx;   /* forward's, on the host */
+  float *dlpv = a.dlpv;
+  if (ON_GPU(m) && !(dlpv = malloc(sizeof(float) * (size_t)(nv ? nv : 1)))) {
+    clrt_set_error("backward: out of host memory");
+    return -1;
+  }
   for (int64_t i = 0; i < nv; i++) {
-    int64_t r = a.rowidx[i], b = r / T, t = r % T;
-    a.dlpv[i] = dlogp[b * (T - 1) + t];
+    int64_t r = rowidx[i], b = r / T, t = r % T;
+    dlpv[i] = dlogp[b * (T - 1) + t];
+  }
+  if (ON_GPU(m)) {
+    int rc = to_model(m, a.dlpv, dlpv, sizeof(float) * (size_t)nv);
+    free(dlpv);
+    if (rc) return -1;
   }
   /* Output layer and final norm over the rows with a target (compacted, as in forward). */
-  PROF(CLRT_K_OTHER, gather_rows(a.tmp, a.res[L], a.rowidx, nv, C));
-  PROF(CLRT_K_RMSNORM, clrt_rmsnorm_forward(a.xn, a.rstdf, a.tmp, PW(m, m->norm), nv, C, c->rms_norm_eps));
-  PROF(CLRT_K_OUT_B, clrt_logsoftmax_gather_backward(a.dxn, GW(m, m->head), a.dlpv, a.xn, PW(m, m->head),
+  PROF(CLRT_K_OTHER, gather_rows(m, a.tmp, a.res[L], a.rowidx, nv, C));
+  PROF(CLRT_K_RMSNORM, K(m, rmsnorm_forward, a.xn, a.rstdf, a.tmp, PW(m, m->norm), nv, C, c->rms_norm_eps));
+  PROF(CLRT_K_OUT_B, K(m, logsoftmax_gather_backward, a.dxn, GW(m, m->head), a.dlpv, a.xn, PW(m, m->head),
                                                      a.target, a.lsef, nv, C, V, a.logits, a.chunk,
                                                      a.logits_kept));
-  memset(a.dxc, 0, sizeof(float) * (size_t)(nv * C));
-  PROF(CLRT_K_RMSNORM, clrt_rmsnorm_backward(a.dxc, GW(m, m->norm), a.dxn, a.tmp, PW(m, m->norm), a.rstdf, nv, C));
-  memset(a.dres, 0, sizeof(float) * (size_t)(N * C));
+  zero_floats(m, a.dxc, (size_t)(nv * C));
+  PROF(CLRT_K_RMSNORM, K(m, rmsnorm_backward, a.dxc, GW(m, m->norm), a.dxn, a.tmp, PW(m, m->norm), a.rstdf, nv, C));
+  zero_floats(m, a.dres, (size_t)(N * C));
+#ifdef CLRT_HAVE_CUDA
+  if (ON_GPU(m)) clrt_cuda_scatter_rows(a.dres, a.dxc, a.rowidx, nv, C);
+  else
+#endif
   for (int64_t i = 0; i < nv; i++)
     memcpy(a.dres + (int64_t)a.rowidx[i] * C, a.dxc + i * C, sizeof(float) * (size_t)C);
   for (int l = L - 1; l >= 0; l--) {
@@ -720,7 +944,10 @@ int clrt_model_backward(clrt_model *m, const float *dlogp) {
     }
     layer_backward(m, l, &a.la[l], &a, a.res[l], B, T);
   }
-  PROF(CLRT_K_EMBED, clrt_embedding_backward(GW(m, m->wte), a.dres, a.tok, N, C));
+  PROF(CLRT_K_EMBED, K(m, embedding_backward, GW(m, m->wte), a.dres, a.tok, N, C));
+#ifdef CLRT_HAVE_CUDA
+  if (ON_GPU(m)) return clrt_cuda_sync();   /* the end of the step: report any kernel failure */
+#endif
   return 0;
 }
 
@@ -756,6 +983,7 @@ int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int T
     }
   }
   if (ensure_rope(m, Tk)) return -1;
+  refresh_bf16(m);
   m->threads = omp_get_max_threads();
   float *res[L + 1];
   layer_acts la[L];
@@ -763,19 +991,109 @@ int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int T
   if (bind_acts(m, &a, B, Tn, Tk, 0)) return -1;
   m->saved = 0;
   int64_t N = (int64_t)B * Tn;
-  memcpy(a.tok, tokens, sizeof(int32_t) * (size_t)N);
-  PROF(CLRT_K_EMBED, clrt_embedding_forward(a.res[0], a.tok, PW(m, m->wte), N, C));
+  if (to_model(m, a.tok, tokens, sizeof(int32_t) * (size_t)N)) return -1;
+  /* Kernels read positions and slots from the model's memory. */
+  const int32_t *kpos = pos0, *kslot = slot;
+  if (ON_GPU(m)) {
+    if (to_model(m, a.pos0, pos0, sizeof(int32_t) * (size_t)B) ||
+        (slot && to_model(m, a.slot, slot, sizeof(int32_t) * (size_t)B)))
+      return -1;
+    kpos = a.pos0;
+    kslot = slot ? a.slot : NULL;
+  }
+  PROF(CLRT_K_EMBED, K(m, embedding_forward, a.res[0], a.tok, PW(m, m->wte), N, C));
   for (int l = 0; l < L; l++) {
     if (clrt_interrupted()) {
       clrt_set_error("forward_cached: interrupted");
       return -1;
     }
-    layer_forward(m, l, &a.la[0], &a, a.res[l % 2], a.res[(l + 1) % 2], B, Tn, pos0, 0,
-                  kcache[l], vcache[l], cache_T, slot);
+    layer_forward(m, l, &a.la[0], &a, a.res[l % 2], a.res[(l + 1) % 2], B, Tn, kpos, 0,
+                  kcache[l], vcache[l], cache_T, kslot);
   }
-  for (int b = 0; b < B; b++) a.rowidx[b] = b * Tn + (last ? last[b] : Tn - 1);
-  PROF(CLRT_K_OTHER, gather_rows(a.tmp, a.res[L % 2], a.rowidx, B, C));
-  PROF(CLRT_K_RMSNORM, clrt_rmsnorm_forward(a.xn, a.rstdf, a.tmp, PW(m, m->norm), B, C, c->rms_norm_eps));
-  PROF(CLRT_K_OUT_F, clrt_linear_forward(logits, a.xn, PW(m, m->head), NULL, B, C, V));
+  int32_t *rowidx = ON_GPU(m) ? host_ints(m, (size_t)B) : a.rowidx;
+  if (!rowidx) return -1;
+  for (int b = 0; b < B; b++) rowidx[b] = b * Tn + (last ? last[b] : Tn - 1);
+  if (ON_GPU(m) && to_model(m, a.rowidx, rowidx, sizeof(int32_t) * (size_t)B)) return -1;
+  PROF(CLRT_K_OTHER, gather_rows(m, a.tmp, a.res[L % 2], a.rowidx, B, C));
+  PROF(CLRT_K_RMSNORM, K(m, rmsnorm_forward, a.xn, a.rstdf, a.tmp, PW(m, m->norm), B, C, c->rms_norm_eps));
+  float *out = ON_GPU(m) ? a.logits : logits;
+  PROF(CLRT_K_OUT_F, K(m, linear_forward, out, a.xn, PW(m, m->head), NULL, B, C, V));
+  if (ON_GPU(m)) return from_model(m, logits, out, sizeof(float) * (size_t)B * V);   /* for the sampler */
   return 0;
 }
+
+/* ---- devices ------------------------------------------------------------------------------ */
+
+/* A copy of s on `device`, or NULL with the allocator's message. */
+static clrt_storage *copy_storage(const clrt_storage *s, int device) {
+  clrt_storage *n = clrt_storage_new(s->bytes, device);
+  if (!n) return NULL;
+#ifdef CLRT_HAVE_CUDA
+  int kind = s->device == CLRT_CPU ? (device == CLRT_CPU ? -1 : 0) : device == CLRT_CPU ? 1 : 2;
+  if (kind >= 0) {
+    if (clrt_cuda_memcpy(n->data, s->data, s->bytes, kind)) {
+      clrt_storage_release(n);
+      return NULL;
+    }
+    return n;
+  }
+#endif
+  memcpy(n->data, s->data, s->bytes);
+  return n;
+}
+
+int clrt_model_device(const clrt_model *m) { return m->device; }
+
+int clrt_model_to_device(clrt_model *m, int device) {
+  if (device != CLRT_CPU && device != CLRT_CUDA) {
+    clrt_set_error("model: unknown device %d (cpu, cuda)", device);
+    return -1;
+  }
+  if (device == m->device) return 0;
+  /* Both copies first, so running out of memory leaves the model whole where it was. */
+  clrt_storage *np = copy_storage(m->params, device), *ng = NULL;
+  if (!np) return -1;
+  if (m->grads && !(ng = copy_storage(m->grads, device))) {
+    clrt_storage_release(np);
+    return -1;
+  }
+  clrt_storage_release(m->params);
+  clrt_storage_release(m->grads);
+  m->params = np;
+  m->grads = ng;
+  /* Activations are rebuilt on the new device by the next call. */
+  clrt_storage_release(m->acts);
+  m->acts = NULL;
+  m->saved = 0;
+  m->device = device;
+  if (device == CLRT_CPU) {   /* bf16 matmuls are a CUDA path */
+    clrt_storage_release(m->wbf);
+    m->wbf = NULL;
+    m->bf16 = 0;
+  }
+  m->wbf_dirty = 1;
+  return sync_rope(m);
+}
+
+int clrt_model_set_matmul_bf16(clrt_model *m, int on) {
+  if (!on) {
+    clrt_storage_release(m->wbf);
+    m->wbf = NULL;
+    m->bf16 = 0;
+    return 0;
+  }
+  if (!ON_GPU(m)) {
+    clrt_set_error("model: bf16 matmuls need the model on cuda (move it with to(\"cuda\") first)");
+    return -1;
+  }
+  if (!m->wbf && !(m->wbf = clrt_storage_new(sizeof(uint16_t) * (size_t)m->total, CLRT_CUDA))) return -1;
+  /* The activation layout gains the bf16 scratch: rebuild it on the next call. */
+  clrt_storage_release(m->acts);
+  m->acts = NULL;
+  m->saved = 0;
+  m->bf16 = 1;
+  m->wbf_dirty = 1;
+  return 0;
+}
+
+void clrt_model_params_changed(clrt_model *m) { m->wbf_dirty = 1; }

@@ -31,6 +31,17 @@ struct clrt_model {
   int saved, B, T;
   int64_t nv;                  /* rows with a target */
   int threads;                 /* OpenMP threads the activation layout was made for */
+  /* Where the arenas live (clrt_device). On CUDA the RoPE tables are mirrored on the device
+     (rope_dev: cos then sin) and the host stages the step's integer inputs in hidx. */
+  int device;
+  clrt_storage *rope_dev;
+  int32_t *hidx;               /* [hidx_cap]: rowidx of the last forward, then scratch */
+  size_t hidx_cap;
+  /* bf16 matmuls (CUDA only): the linear layers take bf16 copies of their inputs and of the
+     weights (wbf, refreshed from the fp32 master params when wbf_dirty) and accumulate in
+     fp32; the output layer stays fp32. */
+  int bf16, wbf_dirty;
+  clrt_storage *wbf;           /* [total] uint16 on the device */
 };
 
 #endif

@@ -4,6 +4,10 @@
 #include "cpu/model_kernels.h"
 #include "model_math.h"
 
+#ifdef CLRT_HAVE_CUDA
+#include "cuda/cuda_kernels.h"
+#endif
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +17,8 @@ struct clrt_adamw {
   clrt_storage *m1, *m2;   /* exp_avg, exp_avg_sq: laid out like the params arena */
   uint8_t *decay;          /* [np] */
   int64_t step;
+  int device;              /* where the moments live: the model's device at creation */
+  clrt_storage *gpu;       /* on CUDA: segments [np], norm partials, the norm (device) */
 };
 
 clrt_adamw *clrt_adamw_new(clrt_model *m, const uint8_t *decay) {
@@ -23,10 +29,30 @@ clrt_adamw *clrt_adamw_new(clrt_model *m, const uint8_t *decay) {
   if (!o->decay) goto oom;
   for (int i = 0; i < m->np; i++) o->decay[i] = decay ? decay[i] != 0 : m->p[i].ndim == 2;
   size_t bytes = sizeof(float) * (size_t)m->total;
-  if (!(o->m1 = clrt_storage_new(bytes, CLRT_CPU)) || !(o->m2 = clrt_storage_new(bytes, CLRT_CPU))) {
+  o->device = clrt_model_device(m);
+  if (!(o->m1 = clrt_storage_new(bytes, o->device)) || !(o->m2 = clrt_storage_new(bytes, o->device))) {
     clrt_adamw_free(o);
     return NULL;
   }
+#ifdef CLRT_HAVE_CUDA
+  if (o->device == CLRT_CUDA) {
+    /* The tensor table the update kernel walks, uploaded once. */
+    size_t segb = sizeof(clrt_cuda_adamw_seg) * (size_t)m->np;
+    size_t extra = sizeof(double) * ((size_t)clrt_cuda_adamw_partials() + 1);
+    clrt_cuda_adamw_seg *segs = malloc(segb);
+    if (!segs) goto oom;
+    for (int i = 0; i < m->np; i++)
+      segs[i] = (clrt_cuda_adamw_seg){m->p[i].offset, m->p[i].numel, o->decay[i]};
+    segb = (segb + 15) & ~(size_t)15;   /* the doubles after it stay aligned */
+    int rc = !(o->gpu = clrt_storage_new(segb + extra, CLRT_CUDA)) ||
+             clrt_cuda_memcpy(o->gpu->data, segs, sizeof(clrt_cuda_adamw_seg) * (size_t)m->np, 0);
+    free(segs);
+    if (rc) {
+      clrt_adamw_free(o);
+      return NULL;
+    }
+  }
+#endif
   return o;
 oom:
   clrt_adamw_free(o);
@@ -38,6 +64,7 @@ void clrt_adamw_free(clrt_adamw *o) {
   if (!o) return;
   clrt_storage_release(o->m1);
   clrt_storage_release(o->m2);
+  clrt_storage_release(o->gpu);
   free(o->decay);
   free(o);
 }
@@ -68,7 +95,35 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
                    lr, beta1, beta2, eps);
     return -1;
   }
+  if (clrt_model_device(m) != o->device) {
+    clrt_set_error("adamw: the optimizer's moments are on %s but the model is on %s (create the "
+                   "optimizer after moving the model)", o->device ? "cuda" : "cpu",
+                   clrt_model_device(m) ? "cuda" : "cpu");
+    return -1;
+  }
   float *P = m->params->data, *G = m->grads->data, *M1 = o->m1->data, *M2 = o->m2->data;
+#ifdef CLRT_HAVE_CUDA
+  if (o->device == CLRT_CUDA) {
+    /* Norm, clip and update all on the device; the norm comes back once, after the update
+       (which the kernel itself skips when the norm is not finite). */
+    float bc1 = (float)(1.0 - pow(beta1, (double)(o->step + 1)));
+    float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)(o->step + 1)));
+    size_t segb = (sizeof(clrt_cuda_adamw_seg) * (size_t)m->np + 15) & ~(size_t)15;
+    double *partial = (double *)((char *)o->gpu->data + segb), *norm_dev = partial + clrt_cuda_adamw_partials();
+    clrt_cuda_adamw_step(P, M1, M2, G, m->total, o->gpu->data, m->np, partial, norm_dev, lr, beta1,
+                         beta2, eps, weight_decay, grad_clip, bc1, bc2_sqrt);
+    double norm = 0;
+    if (clrt_cuda_sync() || clrt_cuda_memcpy(&norm, norm_dev, sizeof norm, 1)) return -1;
+    if (grad_norm) *grad_norm = norm;
+    if (!isfinite(norm)) {
+      clrt_set_error("adamw: gradient norm is %g; the step was skipped", norm);
+      return -1;
+    }
+    o->step++;
+    m->wbf_dirty = 1;   /* the bf16 weight copies follow the updated master weights */
+    return 0;
+  }
+#endif
   /* The padding between tensors stays zero in grads, so the whole arena sums correctly. */
   double ss = 0;
 #pragma omp parallel for reduction(+ : ss) schedule(static)
@@ -79,8 +134,7 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
     clrt_set_error("adamw: gradient norm is %g; the step was skipped", norm);
     return -1;
   }
-  float gscale = 1.0f;
-  if (grad_clip > 0 && norm > grad_clip) gscale = (float)(grad_clip / (norm + 1e-6));
+  float gscale = clrt_clip_scale(norm, grad_clip);
   o->step++;
   float bc1 = (float)(1.0 - pow(beta1, (double)o->step));
   float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)o->step));

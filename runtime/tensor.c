@@ -26,8 +26,9 @@ const char *clrt_dtype_name(int dtype) {
 }
 
 clrt_storage *clrt_storage_new(size_t bytes, int device) {
+  if (device == CLRT_CUDA) return clrt_cuda_storage_new(bytes);   /* cuda_tensor.c */
   if (device != CLRT_CPU) {
-    clrt_set_error("storage: device %d is not available for plain storage", device);
+    clrt_set_error("storage: unknown device %d", device);
     return NULL;
   }
   clrt_storage *s = calloc(1, sizeof *s);
@@ -56,7 +57,8 @@ void clrt_storage_retain(clrt_storage *s) {
 void clrt_storage_release(clrt_storage *s) {
   if (!s) return;
   if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
-    free(s->data);
+    if (s->device == CLRT_CUDA) clrt_cuda_storage_free(s->data);
+    else free(s->data);
     free(s);
   }
 }
@@ -258,6 +260,7 @@ int clrt_tensor_set(clrt_tensor *t, int64_t index, double value) {
 }
 
 int clrt_tensor_copy_(clrt_tensor *dst, const clrt_tensor *src) {
+  if (dst->device_id == CLRT_CUDA || src->device_id == CLRT_CUDA) return clrt_cuda_tensor_copy(dst, src);
   if (check_cpu("copy_", dst) || check_cpu("copy_", src)) return -1;
   int64_t n = clrt_tensor_numel(dst);
   if (n != clrt_tensor_numel(src)) {

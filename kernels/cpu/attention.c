@@ -100,8 +100,8 @@ void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, K
             float L = lse[((int64_t)b * H + h) * T + i0 + r], Di = clrt_row_dot(dor, o, D);
             int lim = i0 + r + 1;
             for (int j = 0; j < lim; j++) {
-              p[j] = clrt_expf(p[j] - L);
-              dp[j] = p[j] * (dp[j] - Di) * scale;
+              p[j] = clrt_attn_prob(p[j], L);
+              dp[j] = clrt_attn_dscore(p[j], dp[j], Di, scale);
             }
             for (int j = lim; j < nk; j++) p[j] = dp[j] = 0;
           }

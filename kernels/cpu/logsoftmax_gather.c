@@ -51,7 +51,7 @@ void clrt_logsoftmax_gather_backward(float *dx /* [N, C] = */, float *dw /* [V, 
     for (int r = 0; r < rows; r++) {
       float *z = scratch + (int64_t)r * V;
       float g = dlp[n0 + r], L = lse[n0 + r];
-      for (int j = 0; j < V; j++) z[j] = -g * clrt_expf(z[j] - L);
+      for (int j = 0; j < V; j++) z[j] = clrt_lsm_dlogit(z[j], L, g);
       z[target[n0 + r]] += g;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, V, 1.0f, scratch, V, w, C,

@@ -10,8 +10,7 @@ void clrt_rope_table(float *cos_t /* [P, D/2] */, float *sin_t /* [P, D/2] */,
   int half = D / 2;
   for (int p = 0; p < P; p++)
     for (int i = 0; i < half; i++) {
-      /* The angle is a float product, as in transformers (positions @ inv_freq in f32). */
-      float a = (float)p * inv_freq[i];
+      float a = clrt_rope_angle(p, inv_freq[i]);
       cos_t[(int64_t)p * half + i] = (float)cos((double)a);
       sin_t[(int64_t)p * half + i] = (float)sin((double)a);
     }

@@ -24,6 +24,10 @@ clrt.lua_dir = ffi.string(core.C.clrt_lua_dir())
 function clrt.num_threads() return core.C.clrt_num_threads() end
 function clrt.set_num_threads(n) core.C.clrt_set_num_threads(n) end
 function clrt.cuda_available() return core.C.clrt_cuda_device_count() > 0 end
+-- The GPU's name and dense bf16 peak TFLOP/s (CLRT_PEAK_TFLOPS overrides; 0 unknown).
+function clrt.cuda_device_name() return ffi.string(core.C.clrt_cuda_device_name_str()) end
+function clrt.cuda_peak_tflops() return core.C.clrt_cuda_peak_tflops() end
+function clrt.cuda_status() return ffi.string(core.C.clrt_cuda_status()) end
 
 -- The submodule names (for REPL completion), including those not loaded yet.
 function clrt._submodules()

@@ -205,7 +205,10 @@ function M.new(cfg, opts)
   local parsed = parse_config(cfg, "model config")
   local ptr = check(C.clrt_model_new(to_struct(parsed, opts)), 2)
   ok(C.clrt_model_init_random(ptr, opts.seed or 0), 2)
-  return wrap_model(ptr, complete_config(cfg, parsed), parsed)
+  local m = wrap_model(ptr, complete_config(cfg, parsed), parsed)
+  if opts.device and opts.device ~= "cpu" then m:to(opts.device) end
+  if opts.matmul then m:set_matmul(opts.matmul) end
+  return m
 end
 
 -- load(dir[, opts]): a Hugging Face model folder.
@@ -240,7 +243,11 @@ function M.load(dir, opts)
   end
   ok(C.clrt_model_check_loaded(ptr, dir), 2)
   ffi.gc(ptr, nil)
-  return wrap_model(ptr, cfg, parsed)
+  local m = wrap_model(ptr, cfg, parsed)
+  -- weights are read on the host, then the arenas move as a whole
+  if opts and opts.device and opts.device ~= "cpu" then m:to(opts.device) end
+  if opts and opts.matmul then m:set_matmul(opts.matmul) end
+  return m
 end
 
 Model.__tostring = function(m)
@@ -254,6 +261,41 @@ end
 local function live(m)
   if m.ptr == nil then error("model: used after free()", 3) end
   return m.ptr
+end
+
+-- to("cuda") / to("cpu"): moves parameters and gradients (activations follow on first use).
+-- Views from params()/grads() taken before keep the old memory; create optimizers and
+-- decoders after the move.
+function Model:to(device)
+  local d = require("clrt.tensor").device_of(device, "model:to")
+  ok(C.clrt_model_to_device(live(self), d), 2)
+  self._params, self._grads = nil, nil   -- cached views belong to the old memory
+  return self
+end
+
+-- set_matmul("bf16" | "f32"): on cuda, the blocks' matmuls take bf16 inputs (copies of the
+-- fp32 master weights) and accumulate in fp32; the output layer stays fp32.
+function Model:set_matmul(kind)
+  if kind ~= "bf16" and kind ~= "f32" then error(("model:set_matmul: '%s' (bf16, f32)"):format(tostring(kind)), 2) end
+  ok(C.clrt_model_set_matmul_bf16(live(self), kind == "bf16" and 1 or 0), 2)
+  return self
+end
+
+-- After writing parameters through params() views on the GPU (the bf16 copies follow).
+function Model:params_changed() C.clrt_model_params_changed(live(self)) end
+
+function Model:device() return C.clrt_model_device(live(self)) == C.CLRT_CUDA and "cuda" or "cpu" end
+
+-- FLOPs of one training step over B rows of T tokens (for TFLOP/s and MFU).
+function Model:train_flops(B, T) return C.clrt_model_train_flops(live(self), B, T) end
+
+-- For training logs: a step over B x T tokens that took `seconds` achieved this many TFLOP/s,
+-- and this fraction of the GPU's dense bf16 peak (nil on the cpu or when the peak is unknown;
+-- CLRT_PEAK_TFLOPS sets it).
+function Model:throughput(B, T, seconds)
+  local tflops = self:train_flops(B, T) / seconds / 1e12
+  local peak = self:device() == "cuda" and C.clrt_cuda_peak_tflops() or 0
+  return tflops, peak > 0 and tflops / peak or nil
 end
 
 -- save(dir): config.json + model.safetensors, each written atomically.

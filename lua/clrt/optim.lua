@@ -94,7 +94,9 @@ function AdamW:save(path)
   for _, key in ipairs({ "exp_avg", "exp_avg_sq" }) do
     for _, name in ipairs(self.model.names) do
       names[#names + 1] = key .. "." .. name
-      ts[#ts + 1] = sd[key][name]
+      local t = sd[key][name]
+      if t:device() == "cuda" then t = t:to("cpu") end   -- written from a host copy
+      ts[#ts + 1] = t
     end
   end
   local n = #names

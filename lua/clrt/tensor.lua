@@ -314,9 +314,15 @@ function Tensor.t(t) return t:transpose(1, 2) end
 function Tensor.clone(t) return wrap(C.clrt_tensor_clone(t), 2) end
 function Tensor.contiguous(t) return t:is_contiguous() and t or t:clone() end
 
-function Tensor.to(t, dtype)
-  return wrap(C.clrt_tensor_to_dtype(t, dtype_of(dtype, "to")), 2)
+-- t:to("bf16") converts the dtype; t:to("cuda") / t:to("cpu") copies to a device.
+function Tensor.to(t, what)
+  if what == "cpu" or what == "cuda" then
+    return wrap(C.clrt_tensor_to_device(t, device_of(what, "to")), 2)
+  end
+  return wrap(C.clrt_tensor_to_dtype(t, dtype_of(what, "to")), 2)
 end
+function Tensor.cuda(t) return t:to("cuda") end
+function Tensor.cpu(t) return t:to("cpu") end
 function Tensor.float(t) return t:to("f32") end
 
 function Tensor.copy_(t, src)

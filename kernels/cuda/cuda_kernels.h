@@ -1,0 +1,148 @@
+/* cuda_kernels.h — the CUDA kernels of the transformer, callable from C. Each has the
+   signature of its CPU twin in kernels/cpu/model_kernels.h with the prefix clrt_cuda_ and
+   device pointers; all run in order on the one clrt stream (clrt_cuda_stream()), so a step
+   is a sequence of launches with no host synchronisation. Launch and cuBLAS failures are
+   remembered (first one wins) and reported by clrt_cuda_sync(), which the runtime calls at
+   the end of a step. Only built with CLRT_CUDA; include only under CLRT_HAVE_CUDA. */
+#ifndef CLRT_CUDA_KERNELS_H
+#define CLRT_CUDA_KERNELS_H
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- context.cu: device, stream, cuBLAS, memory ----------------------------------------- */
+int clrt_cuda_device_count(void);
+/* Creates the stream and cuBLAS handle on first use; -1 with a message if no GPU. */
+int clrt_cuda_init(void);
+void *clrt_cuda_stream(void);                       /* cudaStream_t */
+/* Waits for the stream; -1 with the first recorded error ("<kernel>: <cuda error>"). */
+int clrt_cuda_sync(void);
+/* Device memory: NULL and a message naming the size requested and the free memory. */
+void *clrt_cuda_malloc(size_t bytes, const char *what);
+void clrt_cuda_free(void *p);
+/* Copies on the stream; kind: 0 host->device, 1 device->host, 2 device->device. The
+   device->host copy synchronises (the host reads the result next). */
+int clrt_cuda_memcpy(void *dst, const void *src, size_t bytes, int kind);
+int clrt_cuda_memset0(void *p, size_t bytes);
+/* The device's name and bf16 dense peak in TFLOP/s (0 if unknown; see runtime/flops.c). */
+int clrt_cuda_device_name(char *buf, size_t n);
+
+/* ---- elementwise.cu -------------------------------------------------------------------- */
+void clrt_cuda_embedding_forward(float *out /* [N, C] */, const int32_t *tok /* [N] */,
+                                 const float *wte /* [V, C] */, int64_t N, int C);
+/* dwte += scatter; each thread owns a column and walks rows in order (deterministic, and the
+   same summation order as the CPU). */
+void clrt_cuda_embedding_backward(float *dwte /* [V, C] += */, const float *dout /* [N, C] */,
+                                  const int32_t *tok /* [N] */, int64_t N, int C);
+void clrt_cuda_swiglu_forward(float *h /* [n] */, const float *g, const float *u, int64_t n);
+void clrt_cuda_swiglu_backward(float *dg /* [n] = */, float *du /* [n] = */, const float *dh,
+                               const float *g, const float *u, int64_t n);
+void clrt_cuda_residual_forward(float *out /* [n] */, const float *a, const float *b, int64_t n);
+void clrt_cuda_residual_backward(float *da /* += or NULL */, float *db /* += or NULL */,
+                                 const float *dout, int64_t n);
+/* bf16 copies of f32 buffers (matmul inputs; round to nearest even as clrt_f32_to_bf16). */
+void clrt_cuda_f32_to_bf16(uint16_t *out /* [n] */, const float *in /* [n] */, int64_t n);
+
+/* Model plumbing: dst[i] = src[rowidx[i]] (gather), dst[rowidx[i]] = src[i] (scatter), and the
+   KV-cache write of new rows: cache[slot[b]][pos0[b] + t] = k[b][t] (row = KV*D floats,
+   bstride = cache_T * row). */
+void clrt_cuda_gather_rows(float *dst /* [nv, C] */, const float *src /* [N, C] */,
+                           const int32_t *rowidx /* [nv] */, int64_t nv, int C);
+void clrt_cuda_scatter_rows(float *dst /* [N, C] */, const float *src /* [nv, C] */,
+                            const int32_t *rowidx /* [nv] */, int64_t nv, int C);
+void clrt_cuda_kv_write(float *kc, float *vc /* [slots, cache_T, row] */, const float *k,
+                        const float *v /* [B, T, row] */, const int32_t *pos0 /* [B] */,
+                        const int32_t *slot /* [B] or NULL */, int B, int T, int row, int64_t bstride);
+
+/* ---- linear.cu (cuBLAS) ---------------------------------------------------------------- */
+void clrt_cuda_linear_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
+                              const float *w /* [O, K] */, const float *b /* [O] or NULL */,
+                              int64_t N, int K, int O);
+void clrt_cuda_linear_backward(float *dx /* [N, K] or NULL */, float *dw /* [O, K] += */,
+                               float *db /* [O] += or NULL */, const float *dy /* [N, O] */,
+                               const float *x /* [N, K] */, const float *w /* [O, K] */,
+                               int64_t N, int K, int O, int dx_accumulate);
+/* bf16 inputs, fp32 accumulation and output (cublasGemmEx, CUBLAS_COMPUTE_32F): the same
+   products with x, w (and dy for backward) given as bf16 copies; dw stays an fp32 master
+   gradient (+=). */
+void clrt_cuda_linear_forward_bf16(float *y /* [N, O] */, const uint16_t *x /* [N, K] */,
+                                   const uint16_t *w /* [O, K] */, const float *b /* [O] or NULL */,
+                                   int64_t N, int K, int O);
+void clrt_cuda_linear_backward_bf16(float *dx /* [N, K] or NULL */, float *dw /* [O, K] += */,
+                                    float *db /* [O] += or NULL */, const float *dy /* [N, O] f32 */,
+                                    const uint16_t *dy16 /* [N, O] */, const uint16_t *x /* [N, K] */,
+                                    const uint16_t *w /* [O, K] */, int64_t N, int K, int O,
+                                    int dx_accumulate);
+
+/* ---- rmsnorm.cu ------------------------------------------------------------------------- */
+void clrt_cuda_rmsnorm_forward(float *out /* [N, C] */, float *rstd /* [N] */,
+                               const float *x /* [N, C] */, const float *w /* [C] */, int64_t N,
+                               int C, float eps);
+void clrt_cuda_rmsnorm_backward(float *dx /* [N, C] += */, float *dw /* [C] += */,
+                                const float *dout /* [N, C] */, const float *x /* [N, C] */,
+                                const float *w /* [C] */, const float *rstd /* [N] */, int64_t N,
+                                int C);
+
+/* ---- rope.cu (cos/sin tables on the device, built on the host by clrt_rope_table) ------ */
+void clrt_cuda_rope_forward(float *x /* [B, T, nh, D] */, const float *cos_t, const float *sin_t,
+                            const int32_t *pos0 /* [B] device or NULL */, int B, int T, int nh, int D);
+void clrt_cuda_rope_backward(float *dx /* [B, T, nh, D] */, const float *cos_t, const float *sin_t,
+                             const int32_t *pos0 /* [B] device or NULL */, int B, int T, int nh, int D);
+
+/* ---- attention.cu: causal GQA, online softmax, no [T, T] matrix -------------------------- */
+/* As clrt_attention_forward (pos0, kv_bstride, kv_row: device arrays or NULL). D <= 256. */
+void clrt_cuda_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] or NULL */,
+                                 const float *q /* [B, Tq, H, D] */, const float *k, const float *v,
+                                 int B, int Tq, int H, int KV, int D,
+                                 const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
+                                 const int32_t *kv_row /* [B] or NULL */);
+size_t clrt_cuda_attention_scratch_floats(int B, int T, int H);
+/* Training only. dq =, dk =, dv =; scratch: clrt_cuda_attention_scratch_floats floats. */
+void clrt_cuda_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
+                                  float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,
+                                  const float *q, const float *k, const float *v,
+                                  const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
+                                  int B, int T, int H, int KV, int D, float *scratch);
+
+/* ---- logsoftmax_gather.cu --------------------------------------------------------------- */
+void clrt_cuda_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NULL */,
+                                         const float *x /* [N, C] */, const float *w /* [V, C] */,
+                                         const int32_t *target /* [N] */, int64_t N, int C, int V,
+                                         float *scratch /* [chunk, V] */, int chunk);
+void clrt_cuda_logsoftmax_gather_backward(float *dx /* [N, C] = */, float *dw /* [V, C] += */,
+                                          const float *dlp /* [N] */, const float *x /* [N, C] */,
+                                          const float *w /* [V, C] */, const int32_t *target /* [N] */,
+                                          const float *lse /* [N] */, int64_t N, int C, int V,
+                                          float *scratch /* [chunk, V] */, int chunk, int logits_ready);
+
+/* ---- adamw.cu ----------------------------------------------------------------------------- */
+/* One tensor of the arena: offset/numel in floats, decay 0/1. */
+typedef struct clrt_cuda_adamw_seg {
+  int64_t offset, numel;
+  int decay;
+} clrt_cuda_adamw_seg;
+/* Global gradient norm into *norm_dev (device double), then the update of every segment
+   with the clip scale computed on the device; skipped on the device when the norm is not
+   finite (the caller reads the norm afterwards and reports it). segs: device array [nseg];
+   partial: device scratch of clrt_cuda_adamw_partials() doubles. */
+int clrt_cuda_adamw_partials(void);
+void clrt_cuda_adamw_step(float *P, float *M1, float *M2, const float *G, int64_t total,
+                          const clrt_cuda_adamw_seg *segs, int nseg, double *partial,
+                          double *norm_dev, float lr, float beta1, float beta2, float eps,
+                          float weight_decay, float grad_clip, float bc1, float bc2_sqrt);
+
+/* ---- sample.c semantics on the device ----------------------------------------------------- */
+/* One block per row; the parameters as clrt_sample_params (temperature, top_k, top_p) in three
+   device arrays; uniforms: device [B]; allowed: device [B, V] 0/1 or NULL. Token -1 (and
+   logprob -inf) marks a row with no allowed token. */
+void clrt_cuda_sample(const float *logits /* [B, V] */, int B, int V, const float *temperature,
+                      const int32_t *top_k, const float *top_p, const double *uniforms,
+                      const uint8_t *allowed, int32_t *tokens /* [B] */, float *logprobs /* [B] */);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
