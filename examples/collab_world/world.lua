@@ -173,7 +173,7 @@ end
 
 -- Every string the world can produce (for training its tokenizer), one per line.
 function M.corpus()
-  local lines = { M.system_prompt, M.TERMINATE, M.user.IRRELEVANT }
+  local lines = { M.system_prompt, M.TERMINATE, M.user.IRRELEVANT, M.user.ALREADY_SAID }
   for _, t in ipairs(M.tasks) do
     lines[#lines + 1] = t.ask
     for _, u in ipairs(t.under) do lines[#lines + 1] = u end

@@ -1,8 +1,8 @@
 -- scripted_user — the simulated user of the built-in world (examples/collab_world), in
 -- plain Lua: no API, deterministic. It knows the sample's hidden fact (`sample.value`)
 -- and reacts to the assistant's last message:
---   a question about the missing fact   -> the fact, e.g. "Alice."  (truthful, also when
---                                          the request had already given it)
+--   a question about the missing fact   -> the fact, e.g. "Alice."
+--   a question about a fact already given -> "I already told you." (no new information)
 --   any other question                  -> "That is not relevant."
 --   anything else (an answer)           -> "[[TERMINATE CHAT]]": the user is done, whether
 --                                          the answer is right or not (the metrics judge it)
@@ -13,6 +13,7 @@ local M = { name = "scripted_user" }
 
 M.TERMINATE = "[[TERMINATE CHAT]]"
 M.IRRELEVANT = "That is not relevant."
+M.ALREADY_SAID = "I already told you."
 
 function M.is_question(text) return type(text) == "string" and text:find("?", 1, true) ~= nil end
 
@@ -25,9 +26,12 @@ function M.relevant(sample, question)
   return false
 end
 
+-- A question about a fact the request already gave gets no new information: like a real
+-- user, this one only points back at what it said, so the question was pure cost.
 function M.reply_to_question(sample, question)
-  if M.relevant(sample, question) then return sample.value .. "." end
-  return M.IRRELEVANT
+  if not M.relevant(sample, question) then return M.IRRELEVANT end
+  if sample.underspecified == false then return M.ALREADY_SAID end
+  return sample.value .. "."
 end
 
 function M.respond(conversation, sample, ctx)

@@ -86,7 +86,7 @@ local function step_prompts(cfg, world, dataset, step)
 end
 
 -- process_dataset.lua's RL rows -> samples the metrics and users understand.
-local function dataset_samples(path)
+function M.dataset_samples(path)
   local rows = require("clrt.data").read_jsonl(path)
   local out = {}
   for i, r in ipairs(rows) do
@@ -102,11 +102,11 @@ end
 -- ---- one step's rollouts ----------------------------------------------------------------
 
 -- The policy as rl.rollout wants it: a conversation -> the next assistant message.
-local function make_policy(m, tok, cfg, seed)
+function M.make_policy(m, tok, cfg, seed)
   local stop = clrt.chat.stop_ids(tok)
   return function(conv)
     local ids = clrt.chat.render(tok, conv, { add_generation_prompt = true })
-    local room = cfg.rollout.max_len - #ids
+    local room = math.min(cfg.rollout.max_len, m.config.max_position_embeddings or math.huge) - #ids
     if room < 1 then return nil, 0 end
     local out = clrt.sched.generate(m, ids, { n = 1, temperature = cfg.rollout.temperature, top_p = cfg.rollout.top_p,
       max_new_tokens = math.min(cfg.rollout.max_new_tokens, room), stop = stop, tokenizer = tok, seed = seed })[1]
@@ -114,7 +114,7 @@ local function make_policy(m, tok, cfg, seed)
   end
 end
 
-local function copy_conv(prompt, reply)
+function M.copy_conv(prompt, reply)
   local c = {}
   for i, msg in ipairs(prompt) do c[i] = { role = msg.role, content = msg.content } end
   c[#c + 1] = { role = "assistant", content = reply }
@@ -153,14 +153,14 @@ local function rollouts(m, tok, cfg, samples, ctx, user, metrics, step)
     end
   end
   -- Phase 2: futures (or the single turn) and their scores, every conversation its own task.
-  local policy = make_policy(m, tok, cfg, seed + 1)
+  local policy = M.make_policy(m, tok, cfg, seed + 1)
   local jobs, owner = {}, {}
   for ei, e in ipairs(entries) do
     if not e.truncated then
       local K = cfg.single_turn and 1 or R.num_repeat_rollouts
       for _ = 1, K do
         jobs[#jobs + 1] = function()
-          local conv = copy_conv(e.sample.prompt, e.text)
+          local conv = M.copy_conv(e.sample.prompt, e.text)
           if not cfg.single_turn then
             local c, info = rl.rollout(conv, policy, user, e.sample, ctx, {
               max_user_turns = R.max_user_turns, max_assistant_turns = R.max_assistant_turns,
@@ -267,12 +267,12 @@ function M.evaluate(m, tok, cfg, world, user, ctx)
   local ecfg = { rollout = {}, seed = cfg.seed }
   for k, v in pairs(cfg.rollout) do ecfg.rollout[k] = v end
   ecfg.rollout.temperature = cfg.eval.temperature
-  local policy = make_policy(m, tok, ecfg, cfg.eval.seed)
+  local policy = M.make_policy(m, tok, ecfg, cfg.eval.seed)
   local fns = {}
   for i, s in ipairs(samples) do
     fns[i] = function()
       local first = policy(s.prompt)
-      local conv = copy_conv(s.prompt, first or "")
+      local conv = M.copy_conv(s.prompt, first or "")
       local c = rl.rollout(conv, policy, user, s, ctx, { max_user_turns = cfg.rollout.max_user_turns,
         max_assistant_turns = cfg.rollout.max_assistant_turns, keep_last_assistant = true })
       return { sample = s, conversation = c or conv }
@@ -298,6 +298,32 @@ local function save_checkpoint(dir, m, tok_dir, opt, state)
   -- the previous checkpoint goes only once the new one is complete
   os.execute(("rm -rf %s.old; [ -d %s ] && mv %s %s.old; mv %s %s && rm -rf %s.old"):format(
     sh_quote(dir), sh_quote(dir), sh_quote(dir), sh_quote(dir), sh_quote(tmp), sh_quote(dir), sh_quote(dir)))
+end
+
+-- ---- the simulated user and the judges -------------------------------------------------
+
+-- The user plug-in and the ctx metrics and users receive (clients, JSON parser, sleep).
+function M.simulator(cfg, tok)
+  local user
+  local ctx = { tokenizer = tok, extract_json = clrt.llm.extract_json, sleep = clrt.sched.sleep }
+  if cfg.sim == "scripted" then
+    user = require("interactions.scripted_user")
+  elseif cfg.sim == "llm" then
+    user = require("interactions.collabllm_user")
+    local s = cfg.sim_cfg
+    ctx.user = clrt.llm.client({ base_url = s.base_url, model = s.model, api_key_env = s.api_key_env,
+      timeout = s.timeout, max_retries = s.max_retries, max_concurrency = s.max_concurrency })
+    ctx.user_options = { temperature = s.temperature, max_tokens = s.max_tokens, response_format = s.response_format }
+  else
+    error(("collabllm_rl: sim must be 'scripted' or 'llm', got '%s'"):format(tostring(cfg.sim)), 0)
+  end
+  if cfg.judge.base_url then
+    local j = cfg.judge
+    ctx.judge = clrt.llm.client({ base_url = j.base_url, model = j.model, api_key_env = j.api_key_env,
+      timeout = j.timeout, max_retries = j.max_retries, max_concurrency = j.max_concurrency })
+    ctx.judge_response_format = j.response_format
+  end
+  return user, ctx
 end
 
 -- ---- main -----------------------------------------------------------------------------------
@@ -332,28 +358,9 @@ function M.main(cfg)
   local opt = clrt.optim.adamw(m, { lr = cfg.train.lr, weight_decay = cfg.train.weight_decay, grad_clip = cfg.train.grad_clip })
   if resume_state then opt:load(run_dir .. "/checkpoint/optimizer.safetensors") end
 
-  -- the simulated user, the judges, and what metrics and users get in ctx
-  local user
-  local ctx = { tokenizer = tok, extract_json = clrt.llm.extract_json, sleep = clrt.sched.sleep }
-  if cfg.sim == "scripted" then
-    user = require("interactions.scripted_user")
-  elseif cfg.sim == "llm" then
-    user = require("interactions.collabllm_user")
-    local s = cfg.sim_cfg
-    ctx.user = clrt.llm.client({ base_url = s.base_url, model = s.model, api_key_env = s.api_key_env,
-      timeout = s.timeout, max_retries = s.max_retries, max_concurrency = s.max_concurrency })
-    ctx.user_options = { temperature = s.temperature, max_tokens = s.max_tokens, response_format = s.response_format }
-  else
-    error(("collabllm_rl: sim must be 'scripted' or 'llm', got '%s'"):format(tostring(cfg.sim)), 0)
-  end
-  if cfg.judge.base_url then
-    local j = cfg.judge
-    ctx.judge = clrt.llm.client({ base_url = j.base_url, model = j.model, api_key_env = j.api_key_env,
-      timeout = j.timeout, max_retries = j.max_retries, max_concurrency = j.max_concurrency })
-    ctx.judge_response_format = j.response_format
-  end
+  local user, ctx = M.simulator(cfg, tok)
   local metrics = rl.load_metrics(weights)
-  local dataset = cfg.data and dataset_samples(cfg.data) or nil
+  local dataset = cfg.data and M.dataset_samples(cfg.data) or nil
 
   local summary = { config = { seed = cfg.seed, single_turn = cfg.single_turn, steps = cfg.steps } }
   local can_eval = not dataset and cfg.sim == "scripted"
@@ -409,7 +416,7 @@ function M.main(cfg)
       local items = {}
       for i = 1, math.min(#entries, 4) do
         local e = entries[(i - 1) * cfg.rollout.n + 1] or entries[i]
-        items[#items + 1] = { id = e.sample.id, conversation = e.convs[1] or copy_conv(e.sample.prompt, e.text),
+        items[#items + 1] = { id = e.sample.id, conversation = e.convs[1] or M.copy_conv(e.sample.prompt, e.text),
           scores = e.scores[1], reward = e.reward, advantage = e.advantage }
       end
       lg:samples(step, items)

@@ -91,6 +91,11 @@ T.case("scripted user: relevant, irrelevant, answers, errors", function()
   T.eq(user.respond(c, s, {}), "That is not relevant.")
   c[#c].content = "Trip plan: fly to Nowhere."
   T.eq(user.respond(c, s, {}), "[[TERMINATE CHAT]]")
+  -- asked for a fact the request already gave: no new information
+  local full = world.sample(rng.new(1), { underspecified = false, task = "trip" })
+  local c2 = conv.copy(full.prompt)
+  c2[#c2 + 1] = { role = "assistant", content = "Which city do you want to visit?" }
+  T.eq(user.respond(c2, full, {}), "I already told you.")
   c[#c] = nil
   T.raises(function() user.respond(c, s, {}) end, "must end with an assistant message")
 end)
@@ -102,6 +107,8 @@ local function policy_for(kind, r)
     local t = world.task_by_id[s.task]
     local last = c[#c].content
     if c[#c - 1] and c[#c - 1].role == "assistant" and world.classify(c[#c - 1].content) == "ask" then
+      -- the user gave the fact now, or points back at the request that had it
+      if last == user.ALREADY_SAID then return s.ground_truth end
       return (t.answer:gsub("{v}", (last:gsub("%.$", ""))))
     end
     if kind == "ask" then return t.ask end
