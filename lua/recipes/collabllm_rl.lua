@@ -24,6 +24,7 @@ M.defaults = {
   resume = config.optional("string"),       -- a run folder: continue from its checkpoint
   seed = 1,
   steps = 30,
+  stop_after = config.optional("number"),   -- end this run after that step (resume later)
   prompts_per_step = 16,
   save_every = 10,
   sample_every = 5,
@@ -340,7 +341,7 @@ function M.main(cfg)
     resume_state = cjson.decode(f:read("*a"))
     f:close()
     local saved = resume_state.config
-    saved.resume, saved.steps = cfg.resume, cfg.steps
+    saved.resume, saved.stop_after = cfg.resume, cfg.stop_after
     cfg = saved
     cfg.run_dir = cfg.resume
   end
@@ -370,7 +371,8 @@ function M.main(cfg)
   end
 
   local first_step = resume_state and resume_state.step + 1 or 1
-  for step = first_step, cfg.steps do
+  local last_step = math.min(cfg.steps, cfg.stop_after or cfg.steps)
+  for step = first_step, last_step do
     local t0 = now()
     local samples = step_prompts(cfg, world, dataset, step)
     local entries, timing = rollouts(m, tok, cfg, samples, ctx, user, metrics, step)
@@ -421,12 +423,12 @@ function M.main(cfg)
       end
       lg:samples(step, items)
     end
-    if cfg.save_every > 0 and (step % cfg.save_every == 0 or step == cfg.steps) then
+    if cfg.save_every > 0 and (step % cfg.save_every == 0 or step == last_step) then
       save_checkpoint(run_dir .. "/checkpoint", m, start_dir, opt, { step = step, config = cfg })
     end
   end
 
-  if can_eval and cfg.eval.after then
+  if can_eval and cfg.eval.after and last_step == cfg.steps then
     summary.after = M.evaluate(m, tok, cfg, world, user, ctx)
     lg:print("after RL:  " .. cjson.encode(summary.after))
   end
