@@ -52,6 +52,32 @@ function M.messages(conversation, sample)
   return { { role = "user", content = text } }
 end
 
+-- The user's reply shape, asked of the endpoint when o.response_format is set (constrained
+-- decoding on clrt serve / vLLM / OpenAI): the three fields, in the order they are reasoned.
+M.SCHEMA = {
+  type = "object", additionalProperties = false,
+  properties = { current_answer = { type = "string" }, thought = { type = "string" },
+    response = { type = "string", minLength = 1 } },
+  required = { "current_answer", "thought", "response" },
+  propertyOrdering = { "current_answer", "thought", "response" },
+}
+
+function M.request_options(o)
+  local opts = { temperature = o.temperature or 1.0, max_tokens = o.max_tokens or 512 }
+  if o.response_format then
+    local schema = M.SCHEMA
+    if o.max_chars then   -- bound every field so a reply always fits max_tokens
+      schema = { type = "object", additionalProperties = false, required = M.SCHEMA.required,
+        propertyOrdering = M.SCHEMA.propertyOrdering, properties = {} }
+      for k, v in pairs(M.SCHEMA.properties) do
+        schema.properties[k] = { type = "string", minLength = v.minLength, maxLength = o.max_chars }
+      end
+    end
+    opts.response_format = { type = "json_schema", json_schema = { name = "simulated_user", schema = schema } }
+  end
+  return opts
+end
+
 function M.respond(conversation, sample, ctx)
   local client = ctx and (ctx.user or ctx.client)
   if not client then error("collabllm_user: no client in ctx.user", 0) end
@@ -64,8 +90,7 @@ function M.respond(conversation, sample, ctx)
   local last = "no attempt"
   for attempt = 1, attempts do
     if attempt > 1 and ctx.sleep then ctx.sleep(backoff * 2 ^ (attempt - 2)) end
-    local ok, reply = pcall(client.chat, client, msgs,
-      { temperature = o.temperature or 1.0, max_tokens = o.max_tokens or 512 })
+    local ok, reply = pcall(client.chat, client, msgs, M.request_options(o))
     if not ok then
       last = "call failed: " .. tostring(reply)
     elseif type(reply) ~= "table" or type(reply.content) ~= "string" then

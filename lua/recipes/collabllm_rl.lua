@@ -32,9 +32,9 @@ M.defaults = {
   sim = "scripted",                         -- "scripted" (the world's user) or "llm"
   sim_cfg = { base_url = "http://127.0.0.1:8000/v1", model = "user", api_key_env = config.optional("string"),
     temperature = 1.0, max_tokens = 512, timeout = 120, max_retries = 4, max_concurrency = 64,
-    response_format = true },
+    response_format = true, max_chars = 1500 },
   judge = { base_url = config.optional("string"), model = "judge", api_key_env = config.optional("string"),
-    timeout = 120, max_retries = 4, max_concurrency = 64, response_format = true },
+    timeout = 120, max_retries = 4, max_concurrency = 64, response_format = true, max_chars = 1500 },
   reward = { metric_weights = { exact_match = 1, token_amount = -0.02 }, mode = "verl", metric_retries = 2 },
   rollout = { n = 8, num_repeat_rollouts = 3, max_user_turns = 2, max_assistant_turns = 2,
     keep_last_assistant = true, token_budget = 256, temperature = 1.0, top_p = 1.0, max_new_tokens = 32,
@@ -314,7 +314,8 @@ function M.simulator(cfg, tok)
     local s = cfg.sim_cfg
     ctx.user = clrt.llm.client({ base_url = s.base_url, model = s.model, api_key_env = s.api_key_env,
       timeout = s.timeout, max_retries = s.max_retries, max_concurrency = s.max_concurrency })
-    ctx.user_options = { temperature = s.temperature, max_tokens = s.max_tokens, response_format = s.response_format }
+    ctx.user_options = { temperature = s.temperature, max_tokens = s.max_tokens, response_format = s.response_format,
+      max_chars = s.max_chars }
   else
     error(("collabllm_rl: sim must be 'scripted' or 'llm', got '%s'"):format(tostring(cfg.sim)), 0)
   end
@@ -323,6 +324,7 @@ function M.simulator(cfg, tok)
     ctx.judge = clrt.llm.client({ base_url = j.base_url, model = j.model, api_key_env = j.api_key_env,
       timeout = j.timeout, max_retries = j.max_retries, max_concurrency = j.max_concurrency })
     ctx.judge_response_format = j.response_format
+    ctx.judge_max_chars = j.max_chars
   end
   return user, ctx
 end

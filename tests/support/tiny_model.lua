@@ -6,6 +6,7 @@ return function(dir, opts)
   opts = opts or {}
   local T = require("clrt.test")
   local bin = os.getenv("CLRT_BIN") or arg[-1] or "clrt"
+  os.execute("mkdir -p '" .. dir .. "'")
   local corpus = dir .. "/corpus.txt"
   local f = assert(io.open(corpus, "w"))
   local words = { "hello", "there", "how", "are", "you", "today", "fine", "thanks", "what", "is",
@@ -21,7 +22,7 @@ return function(dir, opts)
   local m = clrt.model.new({
     architectures = { "Qwen2ForCausalLM" }, vocab_size = tok:vocab_size(), hidden_size = opts.hidden_size or 32,
     intermediate_size = 64, num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2,
-    max_position_embeddings = 512, rms_norm_eps = 1e-6, rope_theta = 10000, tie_word_embeddings = true,
+    max_position_embeddings = opts.max_position or 512, rms_norm_eps = 1e-6, rope_theta = 10000, tie_word_embeddings = true,
   }, { seed = opts.seed or 1 })
   m:save(dir)
   return dir

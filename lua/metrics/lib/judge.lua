@@ -17,13 +17,37 @@ end
 -- Call the judge until its reply parses to a table holding every key in `keys` and
 -- `check(obj)` returns a value (the metric's number). Raises after the last attempt with
 -- what was wrong, so the recipe records a failed metric (never a silent 0).
+-- The JSON schema of a verdict: a "thought" first, then the keys (numbers in [0, 1], or the
+-- extracted text for final_completion). Sent as response_format when ctx.judge_response_format
+-- is set, so endpoints with constrained decoding (clrt serve, vLLM, OpenAI) always answer
+-- in the shape the parser expects.
+-- max_chars (ctx.judge_max_chars) bounds the strings, so a reply always fits max_tokens.
+M.KEY_TYPES = {
+  accuracy = { type = "integer", minimum = 0, maximum = 1 },
+  final_completion = { type = "string" },
+}
+function M.schema(keys, max_chars)
+  local function text() return { type = "string", maxLength = max_chars } end
+  local props, order, req = { thought = text() }, { "thought" }, { "thought" }
+  for _, k in ipairs(keys) do
+    props[k] = M.KEY_TYPES[k] or { type = "number", minimum = 0, maximum = 1 }
+    if props[k].type == "string" then props[k] = text() end
+    order[#order + 1], req[#req + 1] = k, k
+  end
+  return { type = "object", properties = props, required = req, additionalProperties = false, propertyOrdering = order }
+end
+
 function M.ask(ctx, name, messages, keys, check)
   if not ctx or not ctx.judge then error(name .. ": no judge client in ctx.judge", 0) end
   if not ctx.extract_json then error(name .. ": no JSON parser in ctx.extract_json", 0) end
   local attempts = M.options(ctx, name).retries or ctx.judge_retries or 3
   local last = "no attempt"
   for attempt = 1, attempts do
-    local ok, reply = pcall(ctx.judge.chat, ctx.judge, messages, { temperature = 0 })
+    local opts = { temperature = 0 }
+    if ctx.judge_response_format then
+      opts.response_format = { type = "json_schema", json_schema = { name = name, schema = M.schema(keys, ctx.judge_max_chars) } }
+    end
+    local ok, reply = pcall(ctx.judge.chat, ctx.judge, messages, opts)
     if not ok then
       last = "judge call failed: " .. tostring(reply)
     elseif type(reply) ~= "table" or type(reply.content) ~= "string" then

@@ -1,0 +1,73 @@
+-- The CollabLLM recipe's real path over loopback, every component real: a policy model
+-- folder, `clrt serve` of a second small model acting as the simulated user (LLM user with
+-- its JSON reply schema) and as the judge of the accuracy and interactivity metrics, the
+-- HTTP client and scheduler, constrained decoding on the server. Two full steps must run
+-- with every reply parsed: no dropped samples and no failed metric.
+local T = require("clrt.test")
+package.path = T.source_dir() .. "/tests/?.lua;" .. package.path
+local data = require("clrt.data")
+local config = require("clrt.config")
+local rl = require("recipes.collabllm_rl")
+
+if os.execute("command -v curl > /dev/null 2>&1") ~= 0 then
+  io.write("skip: curl is not installed\n")
+  os.exit(77)
+end
+
+local root = T.tmpdir()
+local tiny = require("support.tiny_model")
+local policy_dir = tiny(root .. "/policy", { seed = 5 })
+os.execute("mkdir -p " .. root .. "/helper")
+local helper_dir = tiny(root .. "/helper", { seed = 6, max_position = 4096 })
+
+-- A random policy almost never ends its turn, and a first response that runs out of tokens
+-- gets no futures (spec step 3). A few SFT steps on short replies teach it to stop.
+do
+  local sft = require("clrt.sft")
+  local m, tok = clrt.model.load(policy_dir), clrt.tokenizer.load(policy_dir)
+  local convs = {}
+  for i = 1, 16 do
+    convs[i] = { { role = "user", content = "Write a card for my friend " .. i .. "." }, { role = "assistant", content = "ok" } }
+  end
+  local items = sft.encode(tok, convs, 256)
+  sft.train(m, items, nil, { steps = 40, batch_size = 16, lr = 1e-2, seed = 1 })
+  m:save(policy_dir)
+end
+
+local bin = os.getenv("CLRT_BIN") or arg[-1]
+local log = root .. "/serve.log"
+os.execute(("%s serve %s --port 0 --slots 48 --max-len 4096 > %s 2>&1 & echo $! > %s/serve.pid"):format(bin, helper_dir, log, root))
+local port
+for _ = 1, 400 do
+  port = (T.read(log) or ""):match("http://127%.0%.0%.1:(%d+)/v1")
+  if port then break end
+  os.execute("sleep 0.05")
+end
+local pid = (T.read(root .. "/serve.pid") or ""):match("%d+")
+T.cleanup(function() if pid then os.execute("kill " .. pid .. " 2>/dev/null") end end)
+if not port then error("clrt serve did not start: " .. (T.read(log) or "")) end
+local url = ("http://127.0.0.1:%s/v1"):format(port)
+
+T.case("two RL steps with an LLM user and LLM judges served by clrt serve", function()
+  local dir = root .. "/run"
+  rl.main(config.parse(rl.defaults, {
+    "model=" .. policy_dir, "run_dir=" .. dir, "steps=2", "prompts_per_step=2", "rollout.n=2",
+    "rollout.num_repeat_rollouts=1", "rollout.max_user_turns=1", "rollout.max_new_tokens=8",
+    "sim=llm", "sim_cfg.base_url=" .. url, "sim_cfg.max_tokens=160", "sim_cfg.max_chars=16",
+    "judge.base_url=" .. url, "judge.max_chars=16",
+    'reward.metric_weights={"accuracy":1,"interactivity":1,"token_amount":-0.0001}',
+    "eval.before=false", "eval.after=false", "save_every=0",
+  }))
+  local rows = data.read_jsonl(dir .. "/metrics.jsonl")
+  T.eq(#rows, 2)
+  for _, r in ipairs(rows) do
+    T.eq(r.dropped, 0, "no sample dropped for an unparseable user reply")
+    for k, v in pairs(r) do
+      if k:find("^failed/") then T.eq(v, 0, k) end
+    end
+    T.ok(r["metric/accuracy"] ~= nil and r["metric/interactivity"] ~= nil, "the judges scored every conversation")
+    T.ok(r.http_calls and r.http_calls > 0, "the simulator and judges were called over HTTP")
+  end
+end)
+
+T.run()
