@@ -26,10 +26,18 @@ M.system_prompt = "You are a helpful assistant. If a detail is missing, ask for 
 -- after the prompt costs 0.02 (an unneeded question adds about 6 words: -0.12).
 M.default_weights = { exact_match = 1, token_amount = -0.02 }
 
-local names = { "Alice", "Bob", "Carol", "Dave", "Emma", "Frank", "Grace", "Henry", "Ivy", "Jack" }
-local cities = { "Paris", "Rome", "Tokyo", "Cairo", "Lima", "Oslo", "Delhi", "Sydney", "Berlin", "Madrid" }
+-- Many values per slot, so that a model cannot memorise (request, answer) pairs and has to
+-- learn to copy the value from the conversation -- the held-out prompts need exactly that.
+local names = { "Alice", "Bob", "Carol", "Dave", "Emma", "Frank", "Grace", "Henry", "Ivy", "Jack",
+  "Kate", "Leo", "Mia", "Nina", "Oscar", "Paul", "Quinn", "Rosa", "Sam", "Tina", "Uma", "Victor",
+  "Wendy", "Xavier", "Yara", "Zoe", "Adam", "Bella", "Chris", "Diana" }
+local cities = { "Paris", "Rome", "Tokyo", "Cairo", "Lima", "Oslo", "Delhi", "Sydney", "Berlin", "Madrid",
+  "Vienna", "Prague", "Dublin", "Lisbon", "Athens", "Seoul", "Bangkok", "Nairobi", "Toronto", "Chicago",
+  "Boston", "Denver", "Havana", "Quito", "Santiago", "Warsaw", "Munich", "Milan", "Zurich", "Geneva" }
 local days = { "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday" }
-local foods = { "pizza", "sushi", "tacos", "pasta", "curry", "salad", "soup", "noodles" }
+local foods = { "pizza", "sushi", "tacos", "pasta", "curry", "salad", "soup", "noodles", "burgers",
+  "dumplings", "ramen", "pho", "paella", "risotto", "falafel", "kebab", "lasagna", "burritos", "waffles",
+  "pancakes", "steak", "chili", "gumbo", "tofu" }
 
 -- Each task: phrasings with the slot ({v}) and without, the clarifying question, the
 -- answer template, and the words that make a question about this slot relevant.
