@@ -1,0 +1,292 @@
+-- clrt.log — the run logger every recipe uses.
+--   local lg = clrt.log.run{root = "runs", name = "collabllm_rl", config = cfg, total_steps = 100,
+--                           plot = {"reward", "kl"}, sample_every = 10}
+--   lg:log(step, {reward = 0.4, kl = 0.001, ...})  -- metrics.jsonl + progress line (+ ETA)
+--   if lg:sample_due(step) then lg:samples(step, items) end  -- samples.jsonl + samples.txt
+--   lg:plot()                                      -- plot.svg (also every plot_every steps)
+--   lg:close()                                     -- final plot, ends the progress line
+-- A run folder holds config.json (the resolved config), metrics.jsonl (one JSON object per
+-- step with every metric), samples.jsonl / samples.txt (conversations with their scores),
+-- plot.svg (self-contained; opens in any browser). `resume_step = s` reopens an existing
+-- folder and drops metric rows after step s, so a resumed run rewrites them identically.
+local json = require("clrt.json")
+local data = require("clrt.data")
+local svg = require("clrt.plot")
+
+local M = {}
+local L = {}
+L.__index = L
+
+---------------------------------------------------------------- wall clock
+local now
+do
+  local ok, ffi = pcall(require, "ffi")
+  local ok2 = ok and pcall(ffi.cdef, [[
+    typedef struct { long tv_sec; long tv_nsec; } clrt_log_timespec;
+    int clock_gettime(int clk, clrt_log_timespec *tp);
+  ]])
+  if ok2 then
+    local ts = ffi.new("clrt_log_timespec")
+    now = function()
+      ffi.C.clock_gettime(1, ts) -- CLOCK_MONOTONIC
+      return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+    end
+  else
+    now = os.time
+  end
+end
+M.now = now
+
+local isatty = function() return false end
+do
+  local ok, ffi = pcall(require, "ffi")
+  if ok and pcall(ffi.cdef, "int isatty(int fd);") then
+    isatty = function(fd) return ffi.C.isatty(fd) == 1 end
+  end
+end
+
+---------------------------------------------------------------- helpers
+local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function exists(path)
+  local r = os.execute("test -e " .. sh_quote(path))
+  return r == 0 or r == true
+end
+
+local function mkdir_p(path)
+  local ok = os.execute("mkdir -p " .. sh_quote(path))
+  if not (ok == 0 or ok == true) then error("log: cannot create run folder " .. path, 3) end
+end
+
+function M.format_duration(s)
+  if s == nil or s ~= s or s == math.huge then return "?" end
+  s = math.floor(s + 0.5)
+  if s < 60 then return ("%ds"):format(s) end
+  if s < 3600 then return ("%dm%02ds"):format(math.floor(s / 60), s % 60) end
+  return ("%dh%02dm"):format(math.floor(s / 3600), math.floor(s / 60) % 60)
+end
+
+local function fmt(v)
+  if type(v) ~= "number" then return tostring(v) end
+  if v == math.floor(v) and math.abs(v) < 1e6 then return ("%d"):format(v) end
+  local a = math.abs(v)
+  if a ~= 0 and (a < 1e-3 or a >= 1e5) then return ("%.2e"):format(v) end
+  return ("%.4g"):format(v)
+end
+M.fmt = fmt
+
+---------------------------------------------------------------- the logger
+-- opts: dir (exact folder) or root + name (folder root/name-YYYYmmdd-HHMMSS, made unique);
+--   config (saved as config.json); total_steps (for the ETA); plot (keys to draw; default
+--   every numeric key seen, up to 12); plot_every (steps between plot rewrites, 10);
+--   sample_every (k: samples every k steps, 0 = never); progress_keys (keys on the
+--   progress line; default the first 4 plot keys); quiet; out (stream, default io.stderr);
+--   resume_step (reopen `dir`, keep metric rows with step <= resume_step).
+function M.run(opts)
+  opts = opts or {}
+  local self = setmetatable({}, L)
+  local dir = opts.dir
+  if not dir then
+    local base = ("%s/%s-%s"):format(opts.root or "runs", opts.name or "run", os.date("%Y%m%d-%H%M%S"))
+    dir = base
+    local i = 2
+    while exists(dir) do dir = base .. "-" .. i; i = i + 1 end
+  end
+  mkdir_p(dir)
+  self.dir = dir
+  self.total = opts.total_steps
+  self.plot_keys = opts.plot
+  self.plot_every = opts.plot_every or 10
+  self.sample_every = opts.sample_every or 0
+  self.progress_keys = opts.progress_keys
+  self.quiet = opts.quiet
+  self.out = opts.out or io.stderr
+  self.tty = opts.tty
+  if self.tty == nil then self.tty = (self.out == io.stderr) and isatty(2) or false end
+  self.rows = {}
+  self.t0 = now()
+  self.steps_timed = 0
+  self.metrics_path = dir .. "/metrics.jsonl"
+  if opts.resume_step ~= nil then
+    local kept = {}
+    local f = io.open(self.metrics_path, "rb")
+    if f then
+      f:close()
+      for _, row in data.lines(self.metrics_path) do
+        if type(row.step) == "number" and row.step <= opts.resume_step then kept[#kept + 1] = row end
+      end
+    end
+    data.write_jsonl(self.metrics_path, kept)
+    self.rows = kept
+    -- time already spent, so the logged `time` keeps increasing
+    self.time_offset = (#kept > 0 and kept[#kept].time) or 0
+  else
+    data.write_atomic(self.metrics_path, "")
+    self.time_offset = 0
+  end
+  if opts.config then self:save_config(opts.config) end
+  return self
+end
+
+function L:path(name) return self.dir .. "/" .. name end
+
+function L:save_config(cfg)
+  data.write_atomic(self:path("config.json"), require("clrt.config").dump(cfg))
+end
+
+function L:elapsed() return now() - self.t0 end
+
+-- Append one step's metrics. Non-finite numbers are written as null and reported, so a
+-- NaN loss shows up in the log instead of breaking the JSON.
+function L:log(step, metrics)
+  local row = { step = step, time = self.time_offset + self:elapsed() }
+  for k, v in pairs(metrics) do
+    if type(v) == "number" and (v ~= v or v == math.huge or v == -math.huge) then
+      row[k] = json.null
+      row.nonfinite = (row.nonfinite and (row.nonfinite .. ",") or "") .. k
+    else
+      row[k] = v
+    end
+  end
+  local f = assert(io.open(self.metrics_path, "ab"))
+  f:write(json.encode(row), "\n")
+  f:close()
+  self.rows[#self.rows + 1] = row
+  self.first_step = self.first_step or step
+  self.last_step = step
+  self.steps_timed = self.steps_timed + 1
+  if not self.quiet then self:progress(step, row) end
+  if self.plot_every > 0 and self.steps_timed % self.plot_every == 0 then self:plot() end
+  return row
+end
+
+-- The progress line: step, percent, chosen metrics, time per step and ETA.
+function L:progress_line(step, row)
+  local parts = {}
+  if self.total then
+    parts[#parts + 1] = ("step %d/%d %3d%%"):format(step, self.total, math.floor(100 * step / self.total + 0.5))
+  else
+    parts[#parts + 1] = ("step %d"):format(step)
+  end
+  local keys = self.progress_keys
+  if not keys then
+    keys = {}
+    for i, k in ipairs(self.plot_keys or {}) do if i <= 4 then keys[#keys + 1] = k end end
+  end
+  for _, k in ipairs(keys) do
+    if row[k] ~= nil then parts[#parts + 1] = ("%s %s"):format(k, fmt(row[k])) end
+  end
+  local el = self:elapsed()
+  local per = el / math.max(1, self.steps_timed)
+  parts[#parts + 1] = ("%.2fs/step"):format(per)
+  if self.total then
+    parts[#parts + 1] = "ETA " .. M.format_duration(per * math.max(0, self.total - step))
+  end
+  parts[#parts + 1] = "elapsed " .. M.format_duration(el)
+  return table.concat(parts, " | ")
+end
+
+function L:progress(step, row)
+  local line = self:progress_line(step, row or self.rows[#self.rows] or {})
+  if self.tty then
+    self.out:write("\r\27[K", line)
+    self.open_line = true
+  else
+    self.out:write(line, "\n")
+  end
+  self.out:flush()
+end
+
+-- Print a message without tearing the progress line.
+function L:print(...)
+  if self.open_line then self.out:write("\r\27[K") end
+  local parts = {}
+  for i = 1, select("#", ...) do parts[i] = tostring((select(i, ...))) end
+  io.stdout:write(table.concat(parts, "\t"), "\n")
+  io.stdout:flush()
+  if self.open_line and self.rows[#self.rows] then self:progress(self.last_step, self.rows[#self.rows]) end
+end
+
+function L:sample_due(step) return self.sample_every > 0 and step % self.sample_every == 0 end
+
+-- items: list of {id =, conversation = {messages}, scores = {metric = value}, reward =,
+-- advantage =, ...}. Written to samples.jsonl (every field) and samples.txt (readable).
+function L:samples(step, items)
+  local rows = {}
+  local txt = {}
+  for i, it in ipairs(items) do
+    local row = { step = step }
+    for k, v in pairs(it) do
+      if type(v) == "table" and getmetatable(v) and getmetatable(v).__tostring and not json.is_array(v) then
+        row[k] = tostring(v)
+      else
+        row[k] = v
+      end
+    end
+    -- failed metric values (rl.failed) become strings
+    if type(it.scores) == "table" then
+      local sc = {}
+      for k, v in pairs(it.scores) do sc[k] = type(v) == "number" and v or tostring(v) end
+      row.scores = sc
+    end
+    rows[i] = row
+    local head = { ("=== step %d · %s"):format(step, tostring(it.id or i)) }
+    if it.reward ~= nil then head[#head + 1] = "reward " .. fmt(it.reward) end
+    if it.advantage ~= nil then head[#head + 1] = "advantage " .. fmt(it.advantage) end
+    if type(row.scores) == "table" then
+      local ks = {}
+      for k in pairs(row.scores) do ks[#ks + 1] = k end
+      table.sort(ks)
+      for _, k in ipairs(ks) do head[#head + 1] = k .. "=" .. fmt(row.scores[k]) end
+    end
+    txt[#txt + 1] = table.concat(head, " · ")
+    for _, m in ipairs(it.conversation or {}) do
+      txt[#txt + 1] = ("[%s] %s"):format(m.role, tostring(m.content))
+    end
+    txt[#txt + 1] = ""
+  end
+  data.append_jsonl(self:path("samples.jsonl"), rows)
+  local f = assert(io.open(self:path("samples.txt"), "ab"))
+  f:write(table.concat(txt, "\n"), "\n")
+  f:close()
+end
+
+-- Write plot.svg from the rows logged so far.
+function L:plot(keys, path)
+  keys = keys or self.plot_keys
+  if not keys then
+    local seen, list = {}, {}
+    for _, r in ipairs(self.rows) do
+      for k, v in pairs(r) do
+        if type(v) == "number" and k ~= "step" and k ~= "time" and not seen[k] then
+          seen[k] = true
+          list[#list + 1] = k
+        end
+      end
+    end
+    table.sort(list)
+    keys = {}
+    for i = 1, math.min(12, #list) do keys[i] = list[i] end
+  end
+  local series = {}
+  for _, k in ipairs(keys) do
+    local xs, ys = {}, {}
+    for _, r in ipairs(self.rows) do
+      if type(r[k]) == "number" and type(r.step) == "number" then xs[#xs + 1] = r.step; ys[#ys + 1] = r[k] end
+    end
+    series[#series + 1] = { name = k, x = xs, y = ys }
+  end
+  local text = svg.panels(series, { title = self.title or self.dir:match("[^/]+$") })
+  data.write_atomic(path or self:path("plot.svg"), text)
+  return path or self:path("plot.svg")
+end
+
+function L:close()
+  if #self.rows > 0 then self:plot() end
+  if self.open_line then self.out:write("\n"); self.out:flush(); self.open_line = false end
+end
+
+-- Read a run's metrics back (for reports and tests).
+function M.read_metrics(dir) return data.read_jsonl(dir .. "/metrics.jsonl") end
+
+return M

@@ -1,0 +1,147 @@
+-- clrt.plot — self-contained SVG line charts (no scripts, no external fonts or files), so
+-- a run's curves open in any browser.
+--   plot.panels({{name = "reward", x = {...}, y = {...}}, ...}, {title =, columns = 2})
+--   plot.nice_ticks(lo, hi, n)  -> tick values covering [lo, hi] at 1/2/5 x 10^k steps
+-- One panel per series (small multiples: metrics have different scales); a noisy series
+-- (more than 20 points) is drawn faint with an exponential moving average on top.
+local M = {}
+
+local palette = { "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2" }
+
+local function esc(s)
+  return (tostring(s):gsub("&", "&amp;"):gsub("<", "&lt;"):gsub(">", "&gt;"):gsub('"', "&quot;"))
+end
+
+function M.nice_ticks(lo, hi, n)
+  n = n or 5
+  if hi < lo then lo, hi = hi, lo end
+  if hi == lo then
+    local d = (lo == 0) and 1 or math.abs(lo) * 0.1
+    lo, hi = lo - d, hi + d
+  end
+  local raw = (hi - lo) / math.max(1, n - 1)
+  local mag = 10 ^ math.floor(math.log10(raw))
+  local step
+  for _, m in ipairs({ 1, 2, 2.5, 5, 10 }) do
+    step = m * mag
+    if step >= raw then break end
+  end
+  local first = math.floor(lo / step + 1e-9) * step
+  local last = math.ceil(hi / step - 1e-9) * step
+  local ticks = {}
+  local v = first
+  while v <= last + step * 1e-6 do
+    ticks[#ticks + 1] = (math.abs(v) < step * 1e-9) and 0 or v
+    v = v + step
+  end
+  return ticks, step
+end
+
+local function label(v, step)
+  if v == 0 then return "0" end
+  local a = math.abs(v)
+  if a >= 1e5 or a < 1e-3 then return ("%.1e"):format(v) end
+  -- enough decimals to write the tick step exactly (0.25 needs 2, 0.5 needs 1)
+  local decimals = 0
+  while decimals < 10 do
+    local scaled = step * 10 ^ decimals
+    if math.abs(scaled - math.floor(scaled + 0.5)) < 1e-6 * math.max(1, scaled) then break end
+    decimals = decimals + 1
+  end
+  return (("%." .. decimals .. "f"):format(v))
+end
+
+local function sig(v)
+  local a = math.abs(v)
+  if v == math.floor(v) and a < 1e6 then return ("%d"):format(v) end
+  if a ~= 0 and (a < 1e-3 or a >= 1e5) then return ("%.3e"):format(v) end
+  return ("%.4g"):format(v)
+end
+
+local function finite(v) return type(v) == "number" and v == v and v ~= math.huge and v ~= -math.huge end
+
+local function panel(out, s, px, py, w, h, color)
+  local ml, mr, mt, mb = 58, 14, 28, 34
+  local pw, ph = w - ml - mr, h - mt - mb
+  out[#out + 1] = ('<g transform="translate(%d,%d)">'):format(px, py)
+  out[#out + 1] = ('<rect x="0.5" y="0.5" width="%d" height="%d" fill="#ffffff" stroke="#dddddd"/>'):format(w - 1, h - 1)
+  local xs, ys = {}, {}
+  for i = 1, #s.y do
+    if finite(s.x[i]) and finite(s.y[i]) then xs[#xs + 1] = s.x[i]; ys[#ys + 1] = s.y[i] end
+  end
+  local lastv = ys[#ys]
+  out[#out + 1] = ('<text x="%d" y="18" font-size="13" font-weight="bold" fill="#222">%s%s</text>'):format(
+    ml, esc(s.name), lastv and (' <tspan font-weight="normal" fill="#666">last ' .. esc(sig(lastv)) .. "</tspan>") or "")
+  if #ys == 0 then
+    out[#out + 1] = ('<text x="%d" y="%d" font-size="12" fill="#999">no data</text>'):format(ml + pw / 2 - 25, mt + ph / 2)
+    out[#out + 1] = "</g>"
+    return
+  end
+  local xlo, xhi, ylo, yhi = math.huge, -math.huge, math.huge, -math.huge
+  for i = 1, #xs do
+    xlo, xhi = math.min(xlo, xs[i]), math.max(xhi, xs[i])
+    ylo, yhi = math.min(ylo, ys[i]), math.max(yhi, ys[i])
+  end
+  local yt, ystep = M.nice_ticks(ylo, yhi, 5)
+  local xt, xstep = M.nice_ticks(xlo, xhi, 6)
+  ylo, yhi = yt[1], yt[#yt]
+  xlo, xhi = xt[1], xt[#xt]
+  local function X(v) return ml + (v - xlo) / (xhi - xlo) * pw end
+  local function Y(v) return mt + ph - (v - ylo) / (yhi - ylo) * ph end
+  for _, t in ipairs(yt) do
+    out[#out + 1] = ('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#eeeeee"/>'):format(ml, ml + pw, Y(t), Y(t))
+    out[#out + 1] = ('<text x="%d" y="%.1f" font-size="10" fill="#555" text-anchor="end">%s</text>'):format(ml - 5, Y(t) + 3.5, esc(label(t, ystep)))
+  end
+  for _, t in ipairs(xt) do
+    out[#out + 1] = ('<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#f3f3f3"/>'):format(X(t), X(t), mt, mt + ph)
+    out[#out + 1] = ('<text x="%.1f" y="%d" font-size="10" fill="#555" text-anchor="middle">%s</text>'):format(X(t), mt + ph + 14, esc(label(t, xstep)))
+  end
+  out[#out + 1] = ('<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#999"/>'):format(ml, mt, pw, ph)
+  out[#out + 1] = ('<text x="%d" y="%d" font-size="10" fill="#777" text-anchor="middle">step</text>'):format(ml + pw / 2, h - 6)
+  local function polyline(vals, stroke, width, opacity)
+    local pts = {}
+    for i = 1, #xs do pts[i] = ("%.1f,%.1f"):format(X(xs[i]), Y(vals[i])) end
+    out[#out + 1] = ('<polyline fill="none" stroke="%s" stroke-width="%s" stroke-opacity="%s" stroke-linejoin="round" points="%s"/>'):format(
+      stroke, width, opacity, table.concat(pts, " "))
+  end
+  if #xs == 1 then
+    out[#out + 1] = ('<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>'):format(X(xs[1]), Y(ys[1]), color)
+  elseif #xs > 20 then
+    polyline(ys, color, 1, 0.3)
+    local ema, e = {}, ys[1]
+    local alpha = 2 / (math.min(50, math.floor(#xs / 10) + 2) + 1)
+    for i = 1, #ys do e = alpha * ys[i] + (1 - alpha) * e; ema[i] = e end
+    polyline(ema, color, 2, 1)
+  else
+    polyline(ys, color, 2, 1)
+    for i = 1, #xs do
+      out[#out + 1] = ('<circle cx="%.1f" cy="%.1f" r="2.5" fill="%s"/>'):format(X(xs[i]), Y(ys[i]), color)
+    end
+  end
+  out[#out + 1] = "</g>"
+end
+
+function M.panels(series, opts)
+  opts = opts or {}
+  local cols = opts.columns or (#series > 1 and 2 or 1)
+  local w, h = opts.panel_width or 440, opts.panel_height or 240
+  local top = opts.title and 34 or 0
+  local rows = math.max(1, math.ceil(#series / cols))
+  local W, H = cols * w + 10, rows * h + top + 10
+  local out = {
+    ('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="Helvetica, Arial, sans-serif">'):format(W, H, W, H),
+    ('<rect width="%d" height="%d" fill="#fafafa"/>'):format(W, H),
+  }
+  if opts.title then
+    out[#out + 1] = ('<text x="10" y="24" font-size="16" font-weight="bold" fill="#111">%s</text>'):format(esc(opts.title))
+  end
+  for i, s in ipairs(series) do
+    local c = (i - 1) % cols
+    local r = math.floor((i - 1) / cols)
+    panel(out, s, 5 + c * w, top + 5 + r * h, w - 5, h - 5, palette[(i - 1) % #palette + 1])
+  end
+  out[#out + 1] = "</svg>"
+  return table.concat(out, "\n") .. "\n"
+end
+
+return M
