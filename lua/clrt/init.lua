@@ -7,6 +7,7 @@ local lazy = {
   chat = "clrt.chat", optim = "clrt.optim", llm = "clrt.llm", sched = "clrt.sched",
   data = "clrt.data", config = "clrt.config", log = "clrt.log", test = "clrt.test",
   repl = "clrt.repl", util = "clrt.util",
+  json = "clrt.json", rng = "clrt.rng", rl = "clrt.rl", plot = "clrt.plot", conversation = "clrt.conversation",
 }
 
 setmetatable(clrt, {

@@ -70,6 +70,11 @@ T.case("resume drops rows after the checkpoint step", function()
   T.eq(#rows, 4); T.eq(rows[4].reward, 40); T.ok(rows[4].time >= rows[3].time)
 end)
 
+T.case("format_table pads columns", function()
+  local t = log.format_table({ "metric", "before", "after" }, { { "ask_rate", 0.5, 0.95 }, { "tokens", 12.25, 9 } })
+  T.eq(t, "metric    before  after\n--------  ------  -----\nask_rate     0.5   0.95\ntokens     12.25      9\n")
+end)
+
 T.case("nice ticks and a well-formed SVG", function()
   local t, step = plot.nice_ticks(0.13, 0.87, 5)
   T.near(step, 0.2, 1e-12); T.near(t, { 0, 0.2, 0.4, 0.6, 0.8, 1 }, 1e-12)
