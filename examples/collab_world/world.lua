@@ -179,8 +179,11 @@ function M.sft_conversations(n, seed, opts)
   return out
 end
 
--- Every string the world can produce (for training its tokenizer), one per line.
-function M.corpus()
+-- Text for training the world's tokenizer: every string the world can produce, one per
+-- line, then the messages of `opts.conversations` (default 500) SFT conversations (seed
+-- `opts.seed`, 0) so that pair frequencies follow how often strings are actually used.
+function M.corpus(opts)
+  opts = opts or {}
   local lines = { M.system_prompt, M.TERMINATE, M.user.IRRELEVANT, M.user.ALREADY_SAID }
   for _, t in ipairs(M.tasks) do
     lines[#lines + 1] = t.ask
@@ -191,14 +194,19 @@ function M.corpus()
       for _, f in ipairs(t.full) do lines[#lines + 1] = fill(f, v) end
     end
   end
+  for _, c in ipairs(M.sft_conversations(opts.conversations or 500, opts.seed or 0)) do
+    for _, m in ipairs(c.messages) do lines[#lines + 1] = m.content end
+  end
   return table.concat(lines, "\n") .. "\n"
 end
 
 -- The numbers the issue asks for, from finished evaluation conversations.
 -- results: list of {sample = ..., conversation = full message list}. The final answer is
 -- the last assistant message (exact match after trimming); a first reply that asks is an
--- "ask"; tokens are whitespace-split words after the prompt (token_amount's rule).
-function M.summarize(results)
+-- "ask"; tokens are whitespace-split words after the prompt (token_amount's rule), or
+-- opts.count(text) per message when given (e.g. the tokenizer's token count).
+function M.summarize(results, opts)
+  local count = opts and opts.count
   local conv = require("clrt.conversation")
   local acc = { under = { 0, 0 }, spec = { 0, 0 } }
   local ask = { under = { 0, 0 }, spec = { 0, 0 } }
@@ -211,7 +219,9 @@ function M.summarize(results)
     acc[k][1] = acc[k][1] + (correct and 1 or 0); acc[k][2] = acc[k][2] + 1
     local first = conv.first_reply(c, s)
     ask[k][1] = ask[k][1] + ((first and M.classify(first) == "ask") and 1 or 0); ask[k][2] = ask[k][2] + 1
-    for _, m in ipairs(conv.after_prompt(c, s)) do words = words + conv.word_count(m.content) end
+    for _, m in ipairs(conv.after_prompt(c, s)) do
+      words = words + (count and count(m.content) or conv.word_count(m.content))
+    end
     nconv = nconv + 1
   end
   local function rate(p) return p[2] > 0 and p[1] / p[2] or 0 end

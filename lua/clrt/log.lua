@@ -286,6 +286,38 @@ function L:close()
   if self.open_line then self.out:write("\n"); self.out:flush(); self.open_line = false end
 end
 
+-- A plain-text table (for before/after summaries): header = {"metric", "before", "after"},
+-- rows = {{"accuracy", 0.5, 0.9}, ...}; numbers go through fmt, columns are padded.
+function M.format_table(header, rows)
+  local all = { header }
+  for _, r in ipairs(rows) do all[#all + 1] = r end
+  local width = {}
+  local cells = {}
+  for i, r in ipairs(all) do
+    cells[i] = {}
+    for j = 1, #header do
+      local v = r[j]
+      local c = type(v) == "number" and fmt(v) or tostring(v == nil and "" or v)
+      cells[i][j] = c
+      width[j] = math.max(width[j] or 0, #c)
+    end
+  end
+  local lines = {}
+  for i, r in ipairs(cells) do
+    local parts = {}
+    for j, c in ipairs(r) do
+      parts[j] = (j == 1) and (c .. (" "):rep(width[j] - #c)) or ((" "):rep(width[j] - #c) .. c)
+    end
+    lines[#lines + 1] = table.concat(parts, "  ")
+    if i == 1 then
+      local rule = {}
+      for j = 1, #header do rule[j] = ("-"):rep(width[j]) end
+      lines[#lines + 1] = table.concat(rule, "  ")
+    end
+  end
+  return table.concat(lines, "\n") .. "\n"
+end
+
 -- Read a run's metrics back (for reports and tests).
 function M.read_metrics(dir) return data.read_jsonl(dir .. "/metrics.jsonl") end
 

@@ -41,8 +41,13 @@ local function label(v, step)
   if v == 0 then return "0" end
   local a = math.abs(v)
   if a >= 1e5 or a < 1e-3 then return ("%.1e"):format(v) end
-  local decimals = -math.floor(math.log10(step) + 1e-9)
-  if not (decimals > 0) then decimals = 0 end   -- also turns -0 into 0 for the format
+  -- enough decimals to write the tick step exactly (0.25 needs 2, 0.5 needs 1)
+  local decimals = 0
+  while decimals < 10 do
+    local scaled = step * 10 ^ decimals
+    if math.abs(scaled - math.floor(scaled + 0.5)) < 1e-6 * math.max(1, scaled) then break end
+    decimals = decimals + 1
+  end
   return (("%." .. decimals .. "f"):format(v))
 end
 

@@ -97,6 +97,8 @@ T.case("bleu metric extracts the document through the judge", function()
 end)
 
 T.case("pass_rate runs the tests in a limited sandbox", function()
+  local r = os.execute("python3 -c 'pass' >/dev/null 2>&1")
+  if not (r == 0 or r == true) then T.skip("no python3 on PATH") end
   local m = require("metrics.pass_rate")
   local code = "Here you go:\n```python\ndef add(a, b):\n    return a + b\n```\nEnjoy."
   local s = { prompt = prompt, tests = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n" }
