@@ -37,7 +37,8 @@ void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H,
     int tk = (pos0 ? pos0[b] : 0) + Tq;
     if (tk > Tk) Tk = tk;
   }
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(nthreads > 0 ? nthreads : 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(nthreads > 0 ? nthreads : 1) \
+    if ((int64_t)B * H * Tq * Tk * D > CLRT_OMP_MIN_WORK)
   for (int b = 0; b < B; b++)
     for (int h = 0; h < H; h++) {
       float *S = scratch + (size_t)omp_get_thread_num() * 2 * QB * (size_t)Tk;

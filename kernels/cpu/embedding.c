@@ -6,7 +6,7 @@
 
 void clrt_embedding_forward(float *out /* [N, C] */, const int32_t *tok /* [N] */,
                             const float *wte /* [V, C] */, int64_t N, int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C > CLRT_OMP_MIN_WORK)
   for (int64_t n = 0; n < N; n++)
     memcpy(out + n * C, wte + (int64_t)tok[n] * C, sizeof(float) * (size_t)C);
 }

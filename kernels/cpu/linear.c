@@ -8,7 +8,7 @@ void clrt_linear_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
                          int64_t N, int K, int O) {
   if (N == 0) return;
   if (b) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * O > CLRT_OMP_MIN_WORK)
     for (int64_t n = 0; n < N; n++)
       for (int o = 0; o < O; o++) y[n * O + o] = b[o];
   }

@@ -9,6 +9,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Below this many elements of work a kernel runs on one thread: a parallel region costs more
+   than it saves there, and on a busy machine a descheduled worker would stall every region
+   for a whole time slice (decoding a small model is hundreds of tiny regions per token). */
+enum { CLRT_OMP_MIN_WORK = 32768 };
+
 /* ---- embedding.c ------------------------------------------------------------------------ */
 void clrt_embedding_forward(float *out /* [N, C] */, const int32_t *tok /* [N] */,
                             const float *wte /* [V, C] */, int64_t N, int C);

@@ -2,7 +2,7 @@
 #include "model_kernels.h"
 
 void clrt_residual_forward(float *out /* [N, C] */, const float *a, const float *b, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > CLRT_OMP_MIN_WORK)
   for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 

@@ -5,7 +5,7 @@
 
 void clrt_rmsnorm_forward(float *out /* [N, C] */, float *rstd /* [N] */, const float *x /* [N, C] */,
                           const float *w /* [C] */, int64_t N, int C, float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C > CLRT_OMP_MIN_WORK)
   for (int64_t n = 0; n < N; n++) {
     const float *xr = x + n * C;
     float *o = out + n * C;
