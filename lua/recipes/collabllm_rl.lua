@@ -23,7 +23,7 @@ M.defaults = {
   run_dir = config.optional("string"),
   resume = config.optional("string"),       -- a run folder: continue from its checkpoint
   seed = 1,
-  steps = 30,
+  steps = 80,
   stop_after = config.optional("number"),   -- end this run after that step (resume later)
   prompts_per_step = 16,
   save_every = 10,
@@ -43,7 +43,7 @@ M.defaults = {
     grad_clip = 1.0, weight_decay = 0.0 },
   eval = { prompts = 200, seed = 12345, temperature = 0.0, before = true, after = true },
   sft_cache = "runs/collab_world_sft",      -- where the built-in world's warm start is kept
-  sft = { steps = 600 },                    -- overrides for collabllm_sft.lua's train table
+  sft = { steps = 1600 },                   -- overrides for collabllm_sft.lua's train table
 }
 
 local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end

@@ -20,7 +20,7 @@ M.defaults = {
   seed = 1,
   max_len = 256,
   val_fraction = 0.05,
-  world = { conversations = 4000, p_ask_under = 0.5, p_ask_spec = 0.3, vocab_size = 512 },
+  world = { conversations = 4000, p_ask_under = 0.35, p_ask_spec = 0.3, vocab_size = 512 },
   arch = { hidden_size = 128, intermediate_size = 384, num_hidden_layers = 4, num_attention_heads = 4,
     num_key_value_heads = 4 },
   train = { steps = 600, batch_size = 32, lr = 3e-3, min_lr = 3e-4, warmup_steps = 30, weight_decay = 0.0,
