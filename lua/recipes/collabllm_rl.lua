@@ -350,7 +350,7 @@ function M.main(cfg)
   local start_dir = cfg.model or world_start(cfg)
   local run_dir = cfg.run_dir or (cfg.out .. "/" .. cfg.name .. "-" .. os.date("%Y%m%d-%H%M%S"))
   local weights = cfg.reward.metric_weights
-  local plot = { "reward", "advantage_std", "kl", "grad_norm" }
+  local plot = { "reward", "first_reply_ask_rate", "kl", "grad_norm" }
   for name in pairs(weights) do plot[#plot + 1] = "metric/" .. name end
   local lg = clrt.log.run({ dir = run_dir, config = cfg, total_steps = cfg.steps, plot = plot,
     sample_every = cfg.sample_every, resume_step = resume_state and resume_state.step or nil,
