@@ -3,32 +3,10 @@
 # generation; /system, /temp, /reset, /save (the JSON written is the conversation); Ctrl-D
 # leaves. The model is a tiny random one built by tests/support/tiny_model.lua.
 set -u
-command -v tmux >/dev/null || { echo "skip: tmux is not installed"; exit 77; }
+SESSION=chat
 bin="${CLRT_BIN:-clrt}"
 src="${CLRT_SOURCE_DIR:-.}"
-tmp="$(mktemp -d /tmp/clrt-chat.XXXXXX)"
-sock="clrt-chat-$$"
-export TMUX_TMPDIR="$tmp"
-T() { tmux -L "$sock" "$@"; }
-cleanup() { T kill-server 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
-fails=0
-passes=0
-pane() { T capture-pane -p -J -S -1000 -t chat 2>/dev/null; }
-wait_for() {
-  local want="$1" limit="${2:-15}" i
-  for ((i = 0; i < limit * 20; i++)); do
-    pane | grep -qF -- "$want" && return 0
-    sleep 0.05
-  done
-  return 1
-}
-expect() {
-  if wait_for "$2" "${3:-15}"; then echo "ok    $1"; passes=$((passes + 1)); else
-    echo "FAIL  $1: '$2' never appeared; the pane shows:"; pane | sed 's/^/      | /'; fails=$((fails + 1)); fi
-}
-check() { if eval "$2"; then echo "ok    $1"; passes=$((passes + 1)); else echo "FAIL  $1"; fails=$((fails + 1)); fi; }
-type_line() { T send-keys -t chat -l -- "$1"; T send-keys -t chat Enter; }
+. "$(dirname "$0")/tmux_lib.sh"
 
 model="$tmp/model"
 mkdir -p "$model"
@@ -56,8 +34,7 @@ expect "/reset" "(conversation cleared)"
 type_line "/bogus"
 expect "unknown commands are named" "(unknown command /bogus"
 T send-keys -t chat C-d
-expect "Ctrl-D leaves" "chat exited with 0"
+expect "Ctrl-D leaves" "chat exited with 0" 15
 check "history file written" "[ -s '$tmp/.clrt_chat_history' ]"
 
-echo "$passes passed, $fails failed"
-exit $((fails > 0))
+summary

@@ -3,26 +3,10 @@
 # a multi-line function then a call, an error prints message + traceback and the session
 # goes on, Ctrl-C out of `while true do end`, tab completion, Ctrl-D, the history file.
 set -u
-command -v tmux >/dev/null || { echo "skip: tmux is not installed"; exit 77; }
+SESSION=repl
 bin="${CLRT_BIN:-clrt}"
-tmp="$(mktemp -d /tmp/clrt-repl.XXXXXX)"
-sock="clrt-test-$$"
-export TMUX_TMPDIR="$tmp"
-T() { tmux -L "$sock" "$@"; }
-cleanup() { T kill-server 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
+. "$(dirname "$0")/tmux_lib.sh"
 
-fails=0
-pane() { T capture-pane -p -J -S -1000 -t repl 2>/dev/null; }
-# wait_for TEXT [SECONDS]: the pane shows TEXT (fixed string) within the time limit.
-wait_for() {
-  local want="$1" limit="${2:-10}" i
-  for ((i = 0; i < limit * 20; i++)); do
-    pane | grep -qF -- "$want" && return 0
-    sleep 0.05
-  done
-  return 1
-}
 # interrupt N: press Ctrl-C until more than N pane lines say "interrupted" (a press that
 # lands before the chunk starts running only clears the prompt line), at most 10 times.
 interrupt() {
@@ -38,12 +22,6 @@ interrupt() {
 }
 # count TEXT: how many pane lines contain TEXT
 count() { pane | grep -cF -- "$1"; }
-expect() {
-  local what="$1" want="$2"
-  if wait_for "$want" "${3:-10}"; then echo "ok    $what"; else
-    echo "FAIL  $what: '$want' never appeared; the pane shows:"; pane | sed 's/^/      | /'; fails=$((fails + 1)); fi
-}
-type_line() { T send-keys -t repl -l -- "$1"; T send-keys -t repl Enter; }
 
 T new-session -d -s repl -x 160 -y 50 \
   "env CLRT_HISTORY='$tmp/history' HOME='$tmp' '$bin'; echo 'clrt exited with' \$?; sleep 30"
@@ -58,7 +36,7 @@ type_line '  return y'
 type_line 'end'
 type_line 'sq(12) + 0.5'
 expect "multi-line function, then a call" "144.5"
-pane | grep -qF '>> ' && echo "ok    continuation prompt" || { echo "FAIL  no '>> ' continuation prompt"; fails=$((fails + 1)); }
+pane | grep -qF '>> ' && pass "continuation prompt" || fail "no '>> ' continuation prompt"
 
 type_line 'error("boom-" .. 7)'
 expect "an error prints its message" "stdin:1: boom-7"
@@ -68,8 +46,8 @@ expect "the session continues after an error" "stillalive"
 
 type_line 'local n = 0; while true do n = n + 1 end'
 sleep 0.3
-if interrupt 0; then echo "ok    Ctrl-C interrupts a running loop"; else
-  echo "FAIL  Ctrl-C did not interrupt 'while true do end'"; pane | sed 's/^/      | /'; fails=$((fails + 1)); fi
+if interrupt 0; then pass "Ctrl-C interrupts a running loop"; else
+  fail "Ctrl-C did not interrupt 'while true do end'"; pane | sed 's/^/      | /'; fi
 type_line '6 * 7 + 100'
 expect "the session works after Ctrl-C" "142"
 
@@ -77,8 +55,8 @@ before=$(count "interrupted")
 type_line 'big = clrt.tensor.ones({2000, 2000})'
 type_line 'for i = 1, 1e9 do big = big + 1 end'
 sleep 0.3
-if interrupt "$before"; then echo "ok    Ctrl-C interrupts a loop of tensor ops"; else
-  echo "FAIL  Ctrl-C did not interrupt a loop of tensor ops"; pane | sed 's/^/      | /'; fails=$((fails + 1)); fi
+if interrupt "$before"; then pass "Ctrl-C interrupts a loop of tensor ops"; else
+  fail "Ctrl-C did not interrupt a loop of tensor ops"; pane | sed 's/^/      | /'; fi
 type_line 'big:get(1, 1) > 1'
 expect "and the tensor is still usable" "true"
 
@@ -100,8 +78,7 @@ expect "a tensor prints its shape and dtype" "shape=[2, 3], dtype=f32"
 
 T send-keys -t repl C-d
 expect "Ctrl-D exits" "clrt exited with 0"
-if grep -qF 'sq(12) + 0.5' "$tmp/history" 2>/dev/null; then echo "ok    history file written"; else
-  echo "FAIL  history file $tmp/history lacks 'sq(12) + 0.5'"; fails=$((fails + 1)); fi
+if grep -qF 'sq(12) + 0.5' "$tmp/history" 2>/dev/null; then pass "history file written"; else
+  fail "history file $tmp/history lacks 'sq(12) + 0.5'"; fi
 
-echo "$fails failed"
-[ "$fails" -eq 0 ]
+summary
