@@ -52,10 +52,8 @@ local function exists(p)
   if f then f:close() return true end
   return false
 end
-local function now()
-  -- wall time for the log's throughput figures; never used for decisions
-  return os.time() + (os.clock() % 1)
-end
+-- wall time (monotonic) for the log's throughput figures; never used for decisions
+local function now() return clrt.log.now() end
 
 -- ---- the starting policy ---------------------------------------------------------------
 
