@@ -6,7 +6,7 @@
 void clrt_linear_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
                          const float *w /* [O, K] */, const float *b /* [O] or NULL */,
                          int64_t N, int K, int O) {
-  if (N == 0) return;
+  if (N == 0 || clrt_linear_skinny_forward(y, x, w, b, N, K, O)) return;
   if (b) {
 #pragma omp parallel for schedule(static) if (N * O > CLRT_OMP_MIN_WORK)
     for (int64_t n = 0; n < N; n++)

@@ -31,6 +31,14 @@ void clrt_linear_backward(float *dx /* [N, K] */, float *dw /* [O, K] */, float 
                           const float *dy /* [N, O] */, const float *x /* [N, K] */,
                           const float *w /* [O, K] */, int64_t N, int K, int O, int dx_accumulate);
 
+/* ---- linear_skinny.c ------------------------------------------------------------------ */
+/* The forward of few rows (N <= CLRT_SKINNY_MAX_ROWS), reading w without packing it. Returns 1
+   when it computed y, 0 when this CPU has no kernel for it (then use clrt_linear_forward). */
+enum { CLRT_SKINNY_MAX_ROWS = 32 };
+int clrt_linear_skinny_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
+                               const float *w /* [O, K] */, const float *b /* [O] or NULL */,
+                               int64_t N, int K, int O);
+
 /* ---- rmsnorm.c -------------------------------------------------------------------------- */
 void clrt_rmsnorm_forward(float *out /* [N, C] */, float *rstd /* [N] */, const float *x /* [N, C] */,
                           const float *w /* [C] */, int64_t N, int C, float eps);

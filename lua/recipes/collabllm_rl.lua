@@ -38,9 +38,9 @@ M.defaults = {
   reward = { metric_weights = { exact_match = 1, token_amount = -0.02 }, mode = "verl", metric_retries = 2 },
   rollout = { n = 8, num_repeat_rollouts = 3, max_user_turns = 2, max_assistant_turns = 2,
     keep_last_assistant = true, token_budget = 256, temperature = 1.0, top_p = 1.0, max_new_tokens = 32,
-    max_len = 256 },
+    max_len = 256, future_temperature = config.optional("number") },   -- the policy's later turns (nil: temperature)
   train = { lr = 5e-4, min_lr = 5e-5, warmup_steps = 3, mini_batches = 2, clip = 0.2, kl_coef = 0.001,
-    grad_clip = 1.0, weight_decay = 0.0 },
+    grad_clip = 1.0, weight_decay = 0.0, norm_adv_by_std = true },
   eval = { prompts = 200, seed = 12345, temperature = 0.0, before = true, after = true },
   sft_cache = "runs/collab_world_sft",      -- where the built-in world's warm start is kept
   sft = { steps = 1600 },                   -- overrides for collabllm_sft.lua's train table
@@ -103,11 +103,12 @@ end
 -- The policy as rl.rollout wants it: a conversation -> the next assistant message.
 function M.make_policy(m, tok, cfg, seed)
   local stop = clrt.chat.stop_ids(tok)
+  local temperature = cfg.rollout.future_temperature or cfg.rollout.temperature
   return function(conv)
     local ids = clrt.chat.render(tok, conv, { add_generation_prompt = true })
     local room = math.min(cfg.rollout.max_len, m.config.max_position_embeddings or math.huge) - #ids
     if room < 1 then return nil, 0 end
-    local out = clrt.sched.generate(m, ids, { n = 1, temperature = cfg.rollout.temperature, top_p = cfg.rollout.top_p,
+    local out = clrt.sched.generate(m, ids, { n = 1, temperature = temperature, top_p = cfg.rollout.top_p,
       max_new_tokens = math.min(cfg.rollout.max_new_tokens, room), stop = stop, tokenizer = tok, seed = seed })[1]
     return out.text, #out.tokens
   end
@@ -266,6 +267,7 @@ function M.evaluate(m, tok, cfg, world, user, ctx)
   local ecfg = { rollout = {}, seed = cfg.seed }
   for k, v in pairs(cfg.rollout) do ecfg.rollout[k] = v end
   ecfg.rollout.temperature = cfg.eval.temperature
+  ecfg.rollout.future_temperature = cfg.eval.temperature
   local policy = M.make_policy(m, tok, ecfg, cfg.eval.seed)
   local fns = {}
   for i, s in ipairs(samples) do
@@ -379,7 +381,7 @@ function M.main(cfg)
     local R = rl.batch_rewards(entries, weights, cfg.reward.mode)
     local groups = {}
     for i, e in ipairs(entries) do groups[i] = e.group end
-    local A, astats = rl.group_advantages(R.rewards, groups, nil, #entries)
+    local A, astats = rl.group_advantages(R.rewards, groups, { scale_by_std = cfg.train.norm_adv_by_std }, #entries)
     for i, e in ipairs(entries) do
       e.reward = R.rewards[i]
       if e.reward ~= nil then e.advantage = A[i] end
