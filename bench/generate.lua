@@ -3,7 +3,10 @@
 -- loop over the PyTorch reference model (float32, 2 threads) run in the same invocation.
 -- device=cuda runs both on the GPU (the PyTorch peer too when it has CUDA) and adds the
 -- decode's achieved TFLOP/s (2 FLOPs per parameter per token) and its MFU.
+-- weights=bf16 adds rows where clrt decodes with bf16 weight copies (m:set_matmul("bf16"))
+-- against the PyTorch model in bfloat16 (same bytes per weight on both sides).
 --   clrt bench/generate.lua [sizes=15m,110m] [batches=1,32] [new=64] [prompt=16] [device=cpu|cuda]
+--                           [weights=f32|bf16|f32,bf16]
 local ffi = require("ffi")
 local cjson = require("cjson")
 ffi.cdef [[ struct bench_ts { long tv_sec; long tv_nsec; }; int clock_gettime(int, struct bench_ts *); ]]
@@ -27,6 +30,7 @@ local sizes = list(args.sizes, "15m,110m")
 local batches = list(args.batches, "1,32")
 local new_tokens = tonumber(args.new or 64)
 local prompt_len = tonumber(args.prompt or 16)
+local weight_kinds = list(args.weights, "f32")
 
 local models = {
   ["15m"] = { hidden_size = 384, intermediate_size = 1024, num_hidden_layers = 6, num_attention_heads = 6,
@@ -47,7 +51,7 @@ if device == "cuda" then
 end
 
 print(("decode benchmark: %d new tokens after a %d-token prompt, greedy, %d threads"):format(new_tokens, prompt_len, clrt.num_threads()))
-print(("%-6s %5s %12s %12s %8s"):format("model", "batch", "clrt tok/s", "torch tok/s", "ratio"))
+print(("%-6s %-7s %5s %12s %12s %8s"):format("model", "weights", "batch", "clrt tok/s", "torch tok/s", "ratio"))
 for _, size in ipairs(sizes) do
   local base = models[size] or error("unknown size " .. size)
   local cfg = {
@@ -56,42 +60,45 @@ for _, size in ipairs(sizes) do
   }
   for k, v in pairs(base) do cfg[k] = v end
   local m = clrt.model.new(cfg, { seed = 0, device = device })
-  local single
-  for _, bs in ipairs(batches) do
-    local B = tonumber(bs)
-    local prompts = {}
-    for b = 1, B do
-      local p = {}
-      for t = 1, prompt_len do p[t] = (b * 7919 + t * 104729) % cfg.vocab_size end
-      prompts[b] = p
-    end
-    m:generate(prompts, { temperature = 0, max_new_tokens = 4 })   -- warm-up, sizes the cache
-    local dec = m:decoder(B, prompt_len + new_tokens)
-    local gen = require("clrt.generate")
-    -- Time the decode steps alone, as the peer does: prefill first, then new-1 steps.
-    local eng = gen.engine(dec)
-    local o = gen.options({ temperature = 0, max_new_tokens = new_tokens }, cfg.vocab_size)
-    for _, p in ipairs(prompts) do eng:add(p, o) end
-    local t0 = now()
-    eng:step()   -- the first token comes from the prefill logits
-    local t1 = now()
-    while eng:busy() do eng:step() end
-    local t2 = now()
-    local ours = B * (new_tokens - 1) / (t2 - t1 + (t1 - t0) * 0)
-    local py = io.popen(("OMP_NUM_THREADS=2 /usr/bin/python3 %s/generate_ref.py '%s' %d %d %d %s"):format(
-      here, cjson.encode(cfg), B, prompt_len, new_tokens, device))
-    local line = py:read("*a")
-    py:close()
-    local ok, peer = pcall(cjson.decode, line)
-    local theirs = ok and peer.tokens_per_s or 0 / 0
-    if B == 1 then single = ours end
-    print(("%-6s %5d %12.1f %12.1f %7.2fx%s"):format(size, B, ours, theirs, ours / theirs,
-      (B > 1 and single) and ("   (batch %d / batch 1: %.1fx)"):format(B, ours / single) or ""))
-    if device == "cuda" then
-      local per_tok = 2 * m:num_params()
-      local ctf, ttf = ours * per_tok / 1e12, theirs * per_tok / 1e12
-      local function mfu(tf) return peak > 0 and ("%.3f%%"):format(100 * tf / peak) or "n/a" end
-      print(("       TFLOP/s: clrt %.3f (MFU %s), torch %.3f (MFU %s)"):format(ctf, mfu(ctf), ttf, mfu(ttf)))
+  for _, wk in ipairs(weight_kinds) do
+    m:set_matmul(wk)
+    local single
+    for _, bs in ipairs(batches) do
+      local B = tonumber(bs)
+      local prompts = {}
+      for b = 1, B do
+        local p = {}
+        for t = 1, prompt_len do p[t] = (b * 7919 + t * 104729) % cfg.vocab_size end
+        prompts[b] = p
+      end
+      m:generate(prompts, { temperature = 0, max_new_tokens = 4 })   -- warm-up, sizes the cache
+      local dec = m:decoder(B, prompt_len + new_tokens)
+      local gen = require("clrt.generate")
+      -- Time the decode steps alone, as the peer does: prefill first, then new-1 steps.
+      local eng = gen.engine(dec)
+      local o = gen.options({ temperature = 0, max_new_tokens = new_tokens }, cfg.vocab_size)
+      for _, p in ipairs(prompts) do eng:add(p, o) end
+      local t0 = now()
+      eng:step()   -- the first token comes from the prefill logits
+      local t1 = now()
+      while eng:busy() do eng:step() end
+      local t2 = now()
+      local ours = B * (new_tokens - 1) / (t2 - t1 + (t1 - t0) * 0)
+      local py = io.popen(("OMP_NUM_THREADS=2 /usr/bin/python3 %s/generate_ref.py '%s' %d %d %d %s %s"):format(
+        here, cjson.encode(cfg), B, prompt_len, new_tokens, device, wk))
+      local line = py:read("*a")
+      py:close()
+      local ok, peer = pcall(cjson.decode, line)
+      local theirs = ok and peer.tokens_per_s or 0 / 0
+      if B == 1 then single = ours end
+      print(("%-6s %-7s %5d %12.1f %12.1f %7.2fx%s"):format(size, wk, B, ours, theirs, ours / theirs,
+        (B > 1 and single) and ("   (batch %d / batch 1: %.1fx)"):format(B, ours / single) or ""))
+      if device == "cuda" then
+        local per_tok = 2 * m:num_params()
+        local ctf, ttf = ours * per_tok / 1e12, theirs * per_tok / 1e12
+        local function mfu(tf) return peak > 0 and ("%.3f%%"):format(100 * tf / peak) or "n/a" end
+        print(("       TFLOP/s: clrt %.3f (MFU %s), torch %.3f (MFU %s)"):format(ctf, mfu(ctf), ttf, mfu(ttf)))
+      end
     end
   end
 end

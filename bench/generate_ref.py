@@ -1,5 +1,6 @@
 """The PyTorch peer of bench/generate.lua: a KV-cache greedy decode loop over the reference
-model of tests/reference/model_ref.py (same architecture and shapes), float32, 2 threads.
+model of tests/reference/model_ref.py (same architecture and shapes), float32 (or the whole
+model in bfloat16 with a 6th argument "bf16"), 2 threads.
 Prints one JSON line: {"prefill_s", "decode_s", "tokens_per_s"}."""
 import json
 import math
@@ -18,16 +19,16 @@ def sync(dev):
         torch.cuda.synchronize()
 
 
-def decode_loop(cfg, P, B, prompt_len, new_tokens, dev="cpu"):
+def decode_loop(cfg, P, B, prompt_len, new_tokens, dev="cpu", dtype=torch.float32):
     H, KV, D = ref.dims(cfg)
     eps = cfg["rms_norm_eps"]
     L = cfg["num_hidden_layers"]
     total = prompt_len + new_tokens
     cos, sin = ref.rope_cos_sin(cfg, total, torch.float32)
-    cos, sin = cos.to(dev), sin.to(dev)
+    cos, sin = cos.to(dev, dtype), sin.to(dev, dtype)
     head = P.get("lm_head.weight", P["model.embed_tokens.weight"])
-    kc = [torch.zeros(B, KV, total, D, device=dev) for _ in range(L)]
-    vc = [torch.zeros(B, KV, total, D, device=dev) for _ in range(L)]
+    kc = [torch.zeros(B, KV, total, D, device=dev, dtype=dtype) for _ in range(L)]
+    vc = [torch.zeros(B, KV, total, D, device=dev, dtype=dtype) for _ in range(L)]
 
     def step(tokens, pos):
         T = tokens.shape[1]
@@ -81,10 +82,11 @@ def main():
         return
     if dev == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
-    P = {n: t.to(dev) for n, t in ref.init_params(cfg, 0, dtype=torch.float32).items()}
+    dtype = torch.bfloat16 if len(sys.argv) > 6 and sys.argv[6] == "bf16" else torch.float32
+    P = {n: t.to(dev, dtype) for n, t in ref.init_params(cfg, 0, dtype=torch.float32).items()}
     with torch.inference_mode():
-        decode_loop(cfg, P, B, prompt_len, 4, dev)   # warm-up
-        pre, dec = decode_loop(cfg, P, B, prompt_len, new_tokens, dev)
+        decode_loop(cfg, P, B, prompt_len, 4, dev, dtype)   # warm-up
+        pre, dec = decode_loop(cfg, P, B, prompt_len, new_tokens, dev, dtype)
     print(json.dumps({"prefill_s": pre, "decode_s": dec,
                       "tokens_per_s": B * (new_tokens - 1) / dec}))
 

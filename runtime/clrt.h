@@ -480,9 +480,13 @@ const char *clrt_cuda_device_name_str(void);
    move (clrt_adamw_step refuses moments on another device). */
 int clrt_model_to_device(clrt_model *m, int device);
 int clrt_model_device(const clrt_model *m);
-/* bf16 matmuls on cuda: the blocks' linear layers run bf16 x bf16 -> fp32 (cuBLAS GemmEx)
+/* bf16 matmuls. On cuda: the blocks' linear layers run bf16 x bf16 -> fp32 (cuBLAS GemmEx)
    from bf16 copies of fp32 master weights; the output layer and everything else stay fp32.
-   After writing parameters through views, call clrt_model_params_changed. */
+   On the CPU (AVX-512): products of at most 32 rows (decode steps, short prefills) read bf16
+   copies of every linear weight, the output layer's included, with f32 inputs and
+   accumulation, halving the bytes a memory-bound decode step moves; larger products, the
+   backward and the embedding lookup stay fp32. Moving the model drops the copies. After
+   writing parameters through views, call clrt_model_params_changed. */
 int clrt_model_set_matmul_bf16(clrt_model *m, int on);
 void clrt_model_params_changed(clrt_model *m);
 /* FLOPs of one training step (forward + backward) over B rows of T tokens: 6 per parameter

@@ -15,6 +15,7 @@
    new positions only (pos0 per row), writing their keys/values into the caller's cache and
    attending over it. */
 #include "model_internal.h"
+#include "bf16.h"
 #include "cpu/model_kernels.h"
 #ifdef CLRT_HAVE_CUDA
 #include "cuda/cuda_kernels.h"
@@ -604,11 +605,16 @@ static int bind_acts(clrt_model *m, acts *a, int B, int T, int Tk, int keep) {
 }
 
 /* A linear layer of the blocks: fp32 on the CPU or CUDA, or bf16 inputs with fp32
-   accumulation (cublasGemmEx) when the model's matmuls are bf16. w is the weight's offset. */
+   accumulation (cublasGemmEx) when the model's matmuls are bf16. On the CPU, bf16 means the
+   few-row products of decode steps read bf16 weight copies (f32 inputs and accumulation);
+   larger products stay sgemm on the fp32 weights. w is the weight's offset. */
 static void lin_f(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
                   int64_t N, int Kd, int O) {
+  if (m->bf16 && !ON_GPU(m) &&
+      clrt_linear_skinny_forward_bf16(y, x, (const uint16_t *)m->wbf->data + w, b, N, Kd, O))
+    return;
 #ifdef CLRT_HAVE_CUDA
-  if (m->bf16) {
+  if (ON_GPU(m) && m->bf16) {
     clrt_cuda_f32_to_bf16(a->x16, x, N * Kd);
     clrt_cuda_linear_forward_bf16(y, a->x16, (const uint16_t *)m->wbf->data + w, b, N, Kd, O);
     return;
@@ -621,7 +627,7 @@ static void lin_f(clrt_model *m, acts *a, float *y, const float *x, int64_t w, c
 static void lin_b(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
                   const float *x, int64_t N, int Kd, int O, int acc) {
 #ifdef CLRT_HAVE_CUDA
-  if (m->bf16) {
+  if (ON_GPU(m) && m->bf16) {
     clrt_cuda_f32_to_bf16(a->x16, x, N * Kd);
     clrt_cuda_f32_to_bf16(a->dy16, dy, N * O);
     clrt_cuda_linear_backward_bf16(dx, GW(m, w), db, dy, a->dy16, a->x16,
@@ -636,14 +642,19 @@ static void lin_b(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const
 /* The bf16 weight copies follow the fp32 master weights (after an optimizer step, a move,
    an initialisation). */
 static void refresh_bf16(clrt_model *m) {
+  if (!m->bf16 || !m->wbf_dirty) return;
 #ifdef CLRT_HAVE_CUDA
-  if (m->bf16 && m->wbf_dirty) {
+  if (ON_GPU(m)) {
     clrt_cuda_f32_to_bf16(m->wbf->data, m->params->data, m->total);
     m->wbf_dirty = 0;
+    return;
   }
-#else
-  (void)m;
 #endif
+  const float *src = m->params->data;
+  uint16_t *dst = m->wbf->data;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < m->total; i++) dst[i] = clrt_f32_to_bf16(src[i]);
+  m->wbf_dirty = 0;
 }
 
 /* One transformer layer over N = B*T rows at positions pos0[b] + t. x: [N, C] in; out: [N, C].
@@ -1017,7 +1028,10 @@ int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int T
   PROF(CLRT_K_OTHER, gather_rows(m, a.tmp, a.res[L % 2], a.rowidx, B, C));
   PROF(CLRT_K_RMSNORM, K(m, rmsnorm_forward, a.xn, a.rstdf, a.tmp, PW(m, m->norm), B, C, c->rms_norm_eps));
   float *out = ON_GPU(m) ? a.logits : logits;
-  PROF(CLRT_K_OUT_F, K(m, linear_forward, out, a.xn, PW(m, m->head), NULL, B, C, V));
+  /* On the CPU a bf16 model's decode reads the output layer's bf16 copy too (on CUDA it stays fp32). */
+  if (!(m->bf16 && !ON_GPU(m) &&
+        clrt_linear_skinny_forward_bf16(out, a.xn, (const uint16_t *)m->wbf->data + m->head, NULL, B, C, V)))
+    PROF(CLRT_K_OUT_F, K(m, linear_forward, out, a.xn, PW(m, m->head), NULL, B, C, V));
   if (ON_GPU(m)) return from_model(m, logits, out, sizeof(float) * (size_t)B * V);   /* for the sampler */
   return 0;
 }
@@ -1066,11 +1080,10 @@ int clrt_model_to_device(clrt_model *m, int device) {
   m->acts = NULL;
   m->saved = 0;
   m->device = device;
-  if (device == CLRT_CPU) {   /* bf16 matmuls are a CUDA path */
-    clrt_storage_release(m->wbf);
-    m->wbf = NULL;
-    m->bf16 = 0;
-  }
+  /* The bf16 copies live beside the weights: a move drops them (set_matmul again). */
+  clrt_storage_release(m->wbf);
+  m->wbf = NULL;
+  m->bf16 = 0;
   m->wbf_dirty = 1;
   return sync_rope(m);
 }
@@ -1082,11 +1095,7 @@ int clrt_model_set_matmul_bf16(clrt_model *m, int on) {
     m->bf16 = 0;
     return 0;
   }
-  if (!ON_GPU(m)) {
-    clrt_set_error("model: bf16 matmuls need the model on cuda (move it with to(\"cuda\") first)");
-    return -1;
-  }
-  if (!m->wbf && !(m->wbf = clrt_storage_new(sizeof(uint16_t) * (size_t)m->total, CLRT_CUDA))) return -1;
+  if (!m->wbf && !(m->wbf = clrt_storage_new(sizeof(uint16_t) * (size_t)m->total, m->device))) return -1;
   /* The activation layout gains the bf16 scratch: rebuild it on the next call. */
   clrt_storage_release(m->acts);
   m->acts = NULL;

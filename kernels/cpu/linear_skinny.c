@@ -5,6 +5,8 @@
    with every x row while it is in L1. Each output is one dot product over K, accumulated in
    16 lanes and reduced at the end (a different summation order from sgemm's, so results
    agree to rounding, not bit for bit).
+   The bf16 variant reads bf16 copies of the weights (half the bytes of a memory-bound step)
+   and widens them to f32 in registers: x, the accumulation and y stay f32.
    AVX-512 only, chosen at run time (the build targets x86-64-v2); elsewhere the caller
    falls back to sgemm. */
 #include "model_kernels.h"
@@ -12,7 +14,7 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define SKINNY_AVX512 1
-#define TARGET __attribute__((target("avx512f,avx512dq")))
+#define TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
 #else
 #define SKINNY_AVX512 0
 #endif
@@ -30,75 +32,86 @@ TARGET static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
-/* y[n, o0..o0+3] for rows n0..n0+nr-1 (nr <= 4) of x against weight rows o0..o0+3. */
-TARGET static void block4(float *y, const float *x, const float *w, const float *b, int n0, int nr,
-                          int K, int O, int o0) {
-  __m512 acc[4][4];
-  for (int i = 0; i < 4; i++)
-    for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
-  const float *w0 = w + (int64_t)o0 * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
-  const float *xr[4];
-  for (int i = 0; i < 4; i++) xr[i] = x + (int64_t)(n0 + (i < nr ? i : 0)) * K;
-  int k = 0;
-  for (; k + 16 <= K; k += 16) {
-    __m512 v0 = _mm512_loadu_ps(w0 + k), v1 = _mm512_loadu_ps(w1 + k), v2 = _mm512_loadu_ps(w2 + k),
-           v3 = _mm512_loadu_ps(w3 + k);
-    for (int i = 0; i < 4; i++) {
-      if (i >= nr) break;
-      __m512 xv = _mm512_loadu_ps(xr[i] + k);
-      acc[i][0] = _mm512_fmadd_ps(xv, v0, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(xv, v1, acc[i][1]);
-      acc[i][2] = _mm512_fmadd_ps(xv, v2, acc[i][2]);
-      acc[i][3] = _mm512_fmadd_ps(xv, v3, acc[i][3]);
-    }
-  }
-  if (k < K) {
-    __mmask16 mk = (__mmask16)((1u << (K - k)) - 1);
-    __m512 v0 = _mm512_maskz_loadu_ps(mk, w0 + k), v1 = _mm512_maskz_loadu_ps(mk, w1 + k),
-           v2 = _mm512_maskz_loadu_ps(mk, w2 + k), v3 = _mm512_maskz_loadu_ps(mk, w3 + k);
-    for (int i = 0; i < nr; i++) {
-      __m512 xv = _mm512_maskz_loadu_ps(mk, xr[i] + k);
-      acc[i][0] = _mm512_fmadd_ps(xv, v0, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(xv, v1, acc[i][1]);
-      acc[i][2] = _mm512_fmadd_ps(xv, v2, acc[i][2]);
-      acc[i][3] = _mm512_fmadd_ps(xv, v3, acc[i][3]);
-    }
-  }
-  __m128 bias = b ? _mm_loadu_ps(b + o0) : _mm_setzero_ps();
-  for (int i = 0; i < nr; i++)
-    _mm_storeu_ps(y + (int64_t)(n0 + i) * O + o0,
-                  _mm_add_ps(bias, reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3])));
-}
+/* The weight loads of the two kernels: 16 f32, or 16 bf16 widened to f32 (a shift). */
+#define LOAD_F32(p, k) _mm512_loadu_ps((p) + (k))
+#define LOADM_F32(m, p, k) _mm512_maskz_loadu_ps((m), (p) + (k))
+#define LOAD_BF16(p, k) \
+  _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((p) + (k)))), 16))
+#define LOADM_BF16(m, p, k) \
+  _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16((m), (p) + (k))), 16))
 
-/* One weight row o against rows n of x (the O % 4 leftovers). */
-TARGET static float dot1(const float *x, const float *w, int K) {
-  __m512 acc = _mm512_setzero_ps();
-  int k = 0;
-  for (; k + 16 <= K; k += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), _mm512_loadu_ps(w + k), acc);
-  if (k < K) {
-    __mmask16 mk = (__mmask16)((1u << (K - k)) - 1);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, x + k), _mm512_maskz_loadu_ps(mk, w + k), acc);
+/* block4_T: y[n, o0..o0+3] for rows n0..n0+nr-1 (nr <= 4) of x against weight rows
+   o0..o0+3; dot1_T: one weight row against one x row (the O % 4 leftovers); skinny_T: the
+   whole product, threads splitting the weight rows so each reads its share of w once. */
+#define SKINNY_KERNELS(T, WT, LOADW, LOADMW)                                                      \
+  TARGET static void block4_##T(float *y, const float *x, const WT *w, const float *b, int n0,     \
+                                int nr, int K, int O, int o0) {                                    \
+    __m512 acc[4][4];                                                                              \
+    for (int i = 0; i < 4; i++)                                                                    \
+      for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();                                 \
+    const WT *w0 = w + (int64_t)o0 * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;                  \
+    const float *xr[4];                                                                            \
+    for (int i = 0; i < 4; i++) xr[i] = x + (int64_t)(n0 + (i < nr ? i : 0)) * K;                 \
+    int k = 0;                                                                                     \
+    for (; k + 16 <= K; k += 16) {                                                                 \
+      __m512 v0 = LOADW(w0, k), v1 = LOADW(w1, k), v2 = LOADW(w2, k), v3 = LOADW(w3, k);           \
+      for (int i = 0; i < 4; i++) {                                                                \
+        if (i >= nr) break;                                                                        \
+        __m512 xv = _mm512_loadu_ps(xr[i] + k);                                                    \
+        acc[i][0] = _mm512_fmadd_ps(xv, v0, acc[i][0]);                                            \
+        acc[i][1] = _mm512_fmadd_ps(xv, v1, acc[i][1]);                                            \
+        acc[i][2] = _mm512_fmadd_ps(xv, v2, acc[i][2]);                                            \
+        acc[i][3] = _mm512_fmadd_ps(xv, v3, acc[i][3]);                                            \
+      }                                                                                            \
+    }                                                                                              \
+    if (k < K) {                                                                                   \
+      __mmask16 mk = (__mmask16)((1u << (K - k)) - 1);                                             \
+      __m512 v0 = LOADMW(mk, w0, k), v1 = LOADMW(mk, w1, k), v2 = LOADMW(mk, w2, k),               \
+             v3 = LOADMW(mk, w3, k);                                                               \
+      for (int i = 0; i < nr; i++) {                                                               \
+        __m512 xv = _mm512_maskz_loadu_ps(mk, xr[i] + k);                                          \
+        acc[i][0] = _mm512_fmadd_ps(xv, v0, acc[i][0]);                                            \
+        acc[i][1] = _mm512_fmadd_ps(xv, v1, acc[i][1]);                                            \
+        acc[i][2] = _mm512_fmadd_ps(xv, v2, acc[i][2]);                                            \
+        acc[i][3] = _mm512_fmadd_ps(xv, v3, acc[i][3]);                                            \
+      }                                                                                            \
+    }                                                                                              \
+    __m128 bias = b ? _mm_loadu_ps(b + o0) : _mm_setzero_ps();                                     \
+    for (int i = 0; i < nr; i++)                                                                   \
+      _mm_storeu_ps(y + (int64_t)(n0 + i) * O + o0,                                                \
+                    _mm_add_ps(bias, reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3])));        \
+  }                                                                                                \
+  TARGET static float dot1_##T(const float *x, const WT *w, int K) {                               \
+    __m512 acc = _mm512_setzero_ps();                                                              \
+    int k = 0;                                                                                     \
+    for (; k + 16 <= K; k += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), LOADW(w, k), acc);  \
+    if (k < K) {                                                                                   \
+      __mmask16 mk = (__mmask16)((1u << (K - k)) - 1);                                             \
+      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, x + k), LOADMW(mk, w, k), acc);              \
+    }                                                                                              \
+    return _mm512_reduce_add_ps(acc);                                                              \
+  }                                                                                                \
+  TARGET static void skinny_##T(float *y, const float *x, const WT *w, const float *b, int N,     \
+                                int K, int O) {                                                    \
+    int blocks = O / 4;                                                                            \
+    _Pragma("omp parallel for schedule(static) if ((int64_t)N * O * K > 8 * CLRT_OMP_MIN_WORK)")   \
+    for (int ob = 0; ob < blocks; ob++)                                                            \
+      for (int n0 = 0; n0 < N; n0 += 4)                                                            \
+        block4_##T(y, x, w, b, n0, N - n0 < 4 ? N - n0 : 4, K, O, 4 * ob);                         \
+    for (int o = 4 * blocks; o < O; o++)                                                           \
+      for (int n = 0; n < N; n++)                                                                  \
+        y[(int64_t)n * O + o] = (b ? b[o] : 0.0f) + dot1_##T(x + (int64_t)n * K, w + (int64_t)o * K, K); \
   }
-  return _mm512_reduce_add_ps(acc);
-}
 
-TARGET static void skinny_avx512(float *y, const float *x, const float *w, const float *b, int N, int K,
-                                 int O) {
-  int blocks = O / 4;
-  /* Threads split the weight rows: each reads its share of w once. */
-#pragma omp parallel for schedule(static) if ((int64_t)N * O * K > 8 * CLRT_OMP_MIN_WORK)
-  for (int ob = 0; ob < blocks; ob++)
-    for (int n0 = 0; n0 < N; n0 += 4) block4(y, x, w, b, n0, N - n0 < 4 ? N - n0 : 4, K, O, 4 * ob);
-  for (int o = 4 * blocks; o < O; o++)
-    for (int n = 0; n < N; n++)
-      y[(int64_t)n * O + o] = (b ? b[o] : 0.0f) + dot1(x + (int64_t)n * K, w + (int64_t)o * K, K);
-}
+SKINNY_KERNELS(f32, float, LOAD_F32, LOADM_F32)
+SKINNY_KERNELS(bf16, uint16_t, LOAD_BF16, LOADM_BF16)
 
 static int have_avx512(void) {
   static int known = -1;
   if (known < 0) {
     __builtin_cpu_init();
-    known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+    known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
   }
   return known;
 }
@@ -109,7 +122,20 @@ int clrt_linear_skinny_forward(float *y /* [N, O] */, const float *x /* [N, K] *
                                int64_t N, int K, int O) {
 #if SKINNY_AVX512
   if (N < 1 || N > CLRT_SKINNY_MAX_ROWS || !have_avx512()) return 0;
-  skinny_avx512(y, x, w, b, (int)N, K, O);
+  skinny_f32(y, x, w, b, (int)N, K, O);
+  return 1;
+#else
+  (void)y, (void)x, (void)w, (void)b, (void)N, (void)K, (void)O;
+  return 0;
+#endif
+}
+
+int clrt_linear_skinny_forward_bf16(float *y /* [N, O] */, const float *x /* [N, K] */,
+                                    const uint16_t *w /* [O, K] bf16 */, const float *b /* [O] or NULL */,
+                                    int64_t N, int K, int O) {
+#if SKINNY_AVX512
+  if (N < 1 || N > CLRT_SKINNY_MAX_ROWS || !have_avx512()) return 0;
+  skinny_bf16(y, x, w, b, (int)N, K, O);
   return 1;
 #else
   (void)y, (void)x, (void)w, (void)b, (void)N, (void)K, (void)O;

@@ -274,7 +274,9 @@ function Model:to(device)
 end
 
 -- set_matmul("bf16" | "f32"): on cuda, the blocks' matmuls take bf16 inputs (copies of the
--- fp32 master weights) and accumulate in fp32; the output layer stays fp32.
+-- fp32 master weights) and accumulate in fp32; the output layer stays fp32. On the CPU, the
+-- few-row products of decoding (<= 32 rows) read bf16 weight copies (f32 accumulation):
+-- faster generation, greedy output no longer bit-equal to the f32 path.
 function Model:set_matmul(kind)
   if kind ~= "bf16" and kind ~= "f32" then error(("model:set_matmul: '%s' (bf16, f32)"):format(tostring(kind)), 2) end
   ok(C.clrt_model_set_matmul_bf16(live(self), kind == "bf16" and 1 or 0), 2)

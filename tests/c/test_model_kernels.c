@@ -4,6 +4,7 @@
 #include "clrt.h"
 #include "check.h"
 #include "cpu/model_kernels.h"
+#include "bf16.h"
 #include "model_math.h"
 
 #include <math.h>
@@ -87,28 +88,40 @@ static void test_linear_skinny(void) {
           int N = Ns[a], K = Ks[k], O = Os[o];
           float *x = randv((size_t)N * K, 1), *w = randv((size_t)O * K, 1), *b = randv((size_t)O, 1);
           float *y = zerov((size_t)N * O);
-          for (int with_bias = 0; with_bias < 2; with_bias++) {
+          /* The bf16 kernel is checked against the product with the bf16-rounded weights. */
+          uint16_t *w16 = malloc(sizeof(uint16_t) * (size_t)O * K);
+          for (int64_t i = 0; i < (int64_t)O * K; i++) w16[i] = clrt_f32_to_bf16(w[i]);
+          for (int variant = 0; variant < 4; variant++) {
+            int with_bias = variant & 1, half = variant >> 1;
             const float *bb = with_bias ? b : NULL;
-            if (!clrt_linear_skinny_forward(y, x, w, bb, N, K, O)) continue;
+            int done = half ? clrt_linear_skinny_forward_bf16(y, x, w16, bb, N, K, O)
+                            : clrt_linear_skinny_forward(y, x, w, bb, N, K, O);
+            if (!done) continue;
             ran = 1;
             double worst = 0;
             for (int n = 0; n < N; n++)
               for (int j = 0; j < O; j++) {
                 double e = bb ? bb[j] : 0;
-                for (int i = 0; i < K; i++) e += (double)x[(int64_t)n * K + i] * w[(int64_t)j * K + i];
+                for (int i = 0; i < K; i++) {
+                  int64_t wi = (int64_t)j * K + i;
+                  e += (double)x[(int64_t)n * K + i] * (half ? clrt_bf16_to_f32(w16[wi]) : w[wi]);
+                }
                 double err = fabs(y[(int64_t)n * O + j] - e) / sqrt((double)K);
                 if (err > worst) worst = err;
               }
-            if (worst > 2e-6) fprintf(stderr, "skinny N=%d K=%d O=%d bias=%d: error %g\n", N, K, O, with_bias, worst);
+            if (worst > 2e-6)
+              fprintf(stderr, "skinny%s N=%d K=%d O=%d bias=%d: error %g\n", half ? " bf16" : "", N, K, O, with_bias, worst);
             CHECK(worst <= 2e-6);
           }
-          free(x); free(w); free(b); free(y);
+          free(x); free(w); free(w16); free(b); free(y);
         }
   }
   clrt_set_num_threads(1);
   /* More rows than the kernel takes always fall back. */
   float z[1];
+  uint16_t z16[1] = {0};
   CHECK(clrt_linear_skinny_forward(z, z, z, NULL, CLRT_SKINNY_MAX_ROWS + 1, 1, 1) == 0);
+  CHECK(clrt_linear_skinny_forward_bf16(z, z, z16, NULL, CLRT_SKINNY_MAX_ROWS + 1, 1, 1) == 0);
   if (!ran) fprintf(stderr, "test_linear_skinny: no skinny kernel on this CPU; only the fallback checked\n");
 }
 

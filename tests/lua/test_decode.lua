@@ -118,4 +118,44 @@ T.case("a full cache and bad input are clear errors, never an overflow", functio
   T.raises(function() m:generate({ { 1 } }, { max_new_tokens = 100 }) end, "exceeds the model's context of 64")
 end)
 
+-- set_matmul("bf16") on the CPU: decode steps read bf16 copies of the linear layers' weights
+-- (norms, biases and the embedding lookup stay f32). Their logits must equal (to f32
+-- rounding) the f32 decode of a model whose linear weights were rounded to bf16 up front, and
+-- still follow the f32 model closely. A tied model's output layer is its embedding, which the
+-- lookup reads in f32, so the exact comparison runs on the untied models.
+T.case("bf16 decode weights on the CPU equal the f32 path over bf16-rounded weights", function()
+  local ffi = require("ffi")
+  for _, name in ipairs(configs) do
+    local m16 = clrt.model.load(root .. name):set_matmul("bf16")
+    local mr = clrt.model.load(root .. name)
+    local tied = mr.config.tie_word_embeddings
+    for pname, p in pairs(mr:params()) do
+      if pname:match("proj%.weight$") or pname == "lm_head.weight" then p:copy_(p:to("bf16"):to("f32")) end
+    end
+    local mf = clrt.model.load(root .. name)
+    local V = mr.config.vocab_size
+    local seq = { 3, 17, 5, 9, 11, 2, 40 }
+    local function last_logits(m)
+      local d = m:decoder(1, 40)
+      local out = ffi.new("float[?]", V)
+      d:prefill(0, ffi.new("int32_t[?]", #seq, seq), #seq, out)
+      for _, tok in ipairs({ 7, 30 }) do d:decode(1, ffi.new("int32_t[1]", { 0 }), ffi.new("int32_t[1]", { tok }), out) end
+      local t = {}
+      for v = 0, V - 1 do t[v + 1] = out[v] end
+      return t
+    end
+    local a, b, f = last_logits(m16), last_logits(mr), last_logits(mf)
+    if not tied then T.near(a, b, { atol = 2e-4 }, name .. ": bf16 copies vs rounded weights") end
+    local worst = 0
+    for i = 1, V do worst = math.max(worst, math.abs(a[i] - f[i])) end
+    T.ok(worst > 0 and worst < 0.05, name .. ": bf16 logits differ from f32 by " .. worst)
+    local prompts = { { 1, 2, 3, 4, 5 }, { 9 } }
+    local g16 = m16:generate(prompts, { temperature = 0, max_new_tokens = 10 })
+    local gr = mr:generate(prompts, { temperature = 0, max_new_tokens = 10 })
+    for i = 1, #prompts do
+      if not tied then T.eq(g16[i].tokens, gr[i].tokens, name .. " greedy row " .. i) end
+    end
+  end
+end)
+
 T.run()
