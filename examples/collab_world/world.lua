@@ -19,6 +19,8 @@
 local M = {}
 
 M.TERMINATE = "[[TERMINATE CHAT]]"
+-- Bumped whenever the world's text changes, so cached warm starts of an older world are not reused.
+M.version = 2
 M.task_desc = "short personal writing task"
 M.system_prompt = "You are a helpful assistant. If a detail is missing, ask for it."
 
@@ -26,7 +28,7 @@ M.system_prompt = "You are a helpful assistant. If a detail is missing, ask for 
 -- after the prompt costs 0.02 (an unneeded question adds about 6 words: -0.12).
 M.default_weights = { exact_match = 1, token_amount = -0.02 }
 
--- Many values per slot, so that a model cannot memorise (request, answer) pairs and has to
+-- Many values per slot (24 to 30), so that a model cannot memorise (request, answer) pairs and has to
 -- learn to copy the value from the conversation -- the held-out prompts need exactly that.
 local names = { "Alice", "Bob", "Carol", "Dave", "Emma", "Frank", "Grace", "Henry", "Ivy", "Jack",
   "Kate", "Leo", "Mia", "Nina", "Oscar", "Paul", "Quinn", "Rosa", "Sam", "Tina", "Uma", "Victor",
@@ -34,7 +36,12 @@ local names = { "Alice", "Bob", "Carol", "Dave", "Emma", "Frank", "Grace", "Henr
 local cities = { "Paris", "Rome", "Tokyo", "Cairo", "Lima", "Oslo", "Delhi", "Sydney", "Berlin", "Madrid",
   "Vienna", "Prague", "Dublin", "Lisbon", "Athens", "Seoul", "Bangkok", "Nairobi", "Toronto", "Chicago",
   "Boston", "Denver", "Havana", "Quito", "Santiago", "Warsaw", "Munich", "Milan", "Zurich", "Geneva" }
-local days = { "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday" }
+-- Meeting dates rather than weekdays: seven values were few enough for a small model to
+-- memorise every (request, date) pair instead of copying, which the held-out pairs expose.
+local months = { "January", "February", "March", "April", "May", "June", "July", "August", "September",
+  "October", "November", "December" }
+local dates = {}
+for i = 1, 28 do dates[i] = months[(i * 5) % 12 + 1] .. " " .. ((i * 11) % 28 + 1) end
 local foods = { "pizza", "sushi", "tacos", "pasta", "curry", "salad", "soup", "noodles", "burgers",
   "dumplings", "ramen", "pho", "paella", "risotto", "falafel", "kebab", "lasagna", "burritos", "waffles",
   "pancakes", "steak", "chili", "gumbo", "tofu" }
@@ -57,11 +64,11 @@ M.tasks = {
     under = { "Plan a trip for me.", "Please plan my trip." },
     ask = "Which city do you want to visit?", answer = "Trip plan: fly to {v}.",
     keywords = { "city", "where", "place" } },
-  { id = "meeting", slot = "day", values = days,
+  { id = "meeting", slot = "date", values = dates,
     full = { "Book a meeting for {v}.", "Please book my meeting on {v}." },
     under = { "Book a meeting for me.", "Please book my meeting." },
-    ask = "Which day works for you?", answer = "Meeting booked for {v}.",
-    keywords = { "day", "when", "date" } },
+    ask = "Which date works for you?", answer = "Meeting booked for {v}.",
+    keywords = { "date", "day", "when" } },
   { id = "dinner", slot = "food", values = foods,
     full = { "Order {v} for dinner.", "Please order {v} for my dinner." },
     under = { "Order dinner for me.", "Please order my dinner." },

@@ -115,30 +115,24 @@ static int have_avx512(void) {
   }
   return known;
 }
+#define SKINNY_CALL(T) \
+  if (N < 1 || N > CLRT_SKINNY_MAX_ROWS || !have_avx512()) return 0; \
+  skinny_##T(y, x, w, b, (int)N, K, O); \
+  return 1
+#else
+#define SKINNY_CALL(T) \
+  (void)y, (void)x, (void)w, (void)b, (void)N, (void)K, (void)O; \
+  return 0
 #endif
 
 int clrt_linear_skinny_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
                                const float *w /* [O, K] */, const float *b /* [O] or NULL */,
                                int64_t N, int K, int O) {
-#if SKINNY_AVX512
-  if (N < 1 || N > CLRT_SKINNY_MAX_ROWS || !have_avx512()) return 0;
-  skinny_f32(y, x, w, b, (int)N, K, O);
-  return 1;
-#else
-  (void)y, (void)x, (void)w, (void)b, (void)N, (void)K, (void)O;
-  return 0;
-#endif
+  SKINNY_CALL(f32);
 }
 
 int clrt_linear_skinny_forward_bf16(float *y /* [N, O] */, const float *x /* [N, K] */,
                                     const uint16_t *w /* [O, K] bf16 */, const float *b /* [O] or NULL */,
                                     int64_t N, int K, int O) {
-#if SKINNY_AVX512
-  if (N < 1 || N > CLRT_SKINNY_MAX_ROWS || !have_avx512()) return 0;
-  skinny_bf16(y, x, w, b, (int)N, K, O);
-  return 1;
-#else
-  (void)y, (void)x, (void)w, (void)b, (void)N, (void)K, (void)O;
-  return 0;
-#endif
+  SKINNY_CALL(bf16);
 }

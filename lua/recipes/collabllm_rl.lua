@@ -58,8 +58,8 @@ local function now() return clrt.log.now() end
 -- ---- the starting policy ---------------------------------------------------------------
 
 -- The built-in world's SFT warm start, trained once and cached.
-local function world_start(cfg)
-  local dir = cfg.sft_cache .. "/seed" .. cfg.seed
+local function world_start(cfg, world)
+  local dir = ("%s/world%d-seed%d"):format(cfg.sft_cache, world.version, cfg.seed)
   if exists(dir .. "/model/model.safetensors") then return dir .. "/model" end
   local sft = require("recipes.collabllm_sft")
   local scfg = config.parse(sft.defaults, {})
@@ -347,7 +347,7 @@ function M.main(cfg)
     cfg = saved
     cfg.run_dir = cfg.resume
   end
-  local start_dir = cfg.model or world_start(cfg)
+  local start_dir = cfg.model or world_start(cfg, world)
   local run_dir = cfg.run_dir or (cfg.out .. "/" .. cfg.name .. "-" .. os.date("%Y%m%d-%H%M%S"))
   local weights = cfg.reward.metric_weights
   local plot = { "reward", "first_reply_ask_rate", "kl", "grad_norm" }
