@@ -229,7 +229,9 @@ end
 --   loss  = scale * sum_t mask * (pg + kl_coef * kl) / denom
 -- Returns {loss, dlogp = [b][t], pg_loss, kl (mean low-var KL), clipfrac, approx_kl
 --          (mean of old - logp, verl's ppo_kl), ratio_mean, ratio_max, tokens}.
-function M.ppo_loss(a)
+function M.ppo_loss(a, extra)
+  -- Every option lives in the one table: a second table would be silently ignored.
+  if extra ~= nil then error("rl.ppo_loss: pass the options (clip, kl_coef, ...) in the first table", 2) end
   local logp, old, ref, adv, mask = a.logp, a.old_logp or a.logp, a.ref_logp, a.adv, a.mask
   local clip = a.clip or 0.2
   local clip_high = a.clip_high or clip

@@ -242,8 +242,8 @@ local function update(m, ref, opt, rows, cfg, lr)
     local T = lp:size(2)
     local adv = {}
     for b, r in ipairs(mb.rows) do adv[b] = r.adv end
-    local L = rl.ppo_loss({ logp = logp, old_logp = mb.old, ref_logp = mb.ref, adv = adv, mask = masks_of(mb.rows, T) },
-      { clip = cfg.train.clip, kl_coef = cfg.train.kl_coef })
+    local L = rl.ppo_loss({ logp = logp, old_logp = mb.old, ref_logp = mb.ref, adv = adv, mask = masks_of(mb.rows, T),
+      clip = cfg.train.clip, kl_coef = cfg.train.kl_coef })
     m:backward(clrt.tensor.from(L.dlogp))
     local gn = opt:step({ lr = lr })
     m:zero_grad()

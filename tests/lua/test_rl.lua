@@ -119,6 +119,8 @@ T.case("ppo loss: hand-computed values", function()
   T.near(L4.loss, (-2 - 2 + 1) / 3, 1e-12)
   T.near(L4.dlogp, { { -2 / 3, -2 / 3 }, { 1 / 3 } }, 1e-12)
   T.raises(function() rl.ppo_loss{ logp = { { 0 } }, adv = { 1 } } end, "ref_logp is required")
+  -- options in a second table were once silently ignored by the recipe's call
+  T.raises(function() rl.ppo_loss({ logp = { { 0 } }, adv = { 1 }, kl_coef = 0 }, { kl_coef = 0.5 }) end, "first table")
   T.raises(function() rl.ppo_loss{ logp = { { 0, 1 } }, old_logp = { { 0 } }, adv = { 1 }, kl_coef = 0 } end, "lengths differ")
 end)
 
