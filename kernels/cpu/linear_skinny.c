@@ -94,7 +94,7 @@ TARGET static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
   TARGET static void skinny_##T(float *y, const float *x, const WT *w, const float *b, int N,     \
                                 int K, int O) {                                                    \
     int blocks = O / 4;                                                                            \
-    _Pragma("omp parallel for schedule(static) if ((int64_t)N * O * K > 8 * CLRT_OMP_MIN_WORK)")   \
+    _Pragma("omp parallel for schedule(static) if ((int64_t)N * O * K > CLRT_OMP_MIN_WORK)")   \
     for (int ob = 0; ob < blocks; ob++)                                                            \
       for (int n0 = 0; n0 < N; n0 += 4)                                                            \
         block4_##T(y, x, w, b, n0, N - n0 < 4 ? N - n0 : 4, K, O, 4 * ob);                         \
