@@ -32,6 +32,14 @@ TARGET static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
+/* acc[j] += x * v_j: one x row against four weight rows. */
+TARGET static inline void fma4(__m512 acc[4], __m512 x, __m512 v0, __m512 v1, __m512 v2, __m512 v3) {
+  acc[0] = _mm512_fmadd_ps(x, v0, acc[0]);
+  acc[1] = _mm512_fmadd_ps(x, v1, acc[1]);
+  acc[2] = _mm512_fmadd_ps(x, v2, acc[2]);
+  acc[3] = _mm512_fmadd_ps(x, v3, acc[3]);
+}
+
 /* The weight loads of the two kernels: 16 f32, or 16 bf16 widened to f32 (a shift). */
 #define LOAD_F32(p, k) _mm512_loadu_ps((p) + (k))
 #define LOADM_F32(m, p, k) _mm512_maskz_loadu_ps((m), (p) + (k))
@@ -57,11 +65,7 @@ TARGET static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
       __m512 v0 = LOADW(w0, k), v1 = LOADW(w1, k), v2 = LOADW(w2, k), v3 = LOADW(w3, k);           \
       for (int i = 0; i < 4; i++) {                                                                \
         if (i >= nr) break;                                                                        \
-        __m512 xv = _mm512_loadu_ps(xr[i] + k);                                                    \
-        acc[i][0] = _mm512_fmadd_ps(xv, v0, acc[i][0]);                                            \
-        acc[i][1] = _mm512_fmadd_ps(xv, v1, acc[i][1]);                                            \
-        acc[i][2] = _mm512_fmadd_ps(xv, v2, acc[i][2]);                                            \
-        acc[i][3] = _mm512_fmadd_ps(xv, v3, acc[i][3]);                                            \
+        fma4(acc[i], _mm512_loadu_ps(xr[i] + k), v0, v1, v2, v3);                                  \
       }                                                                                            \
     }                                                                                              \
     if (k < K) {                                                                                   \
@@ -69,11 +73,7 @@ TARGET static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
       __m512 v0 = LOADMW(mk, w0, k), v1 = LOADMW(mk, w1, k), v2 = LOADMW(mk, w2, k),               \
              v3 = LOADMW(mk, w3, k);                                                               \
       for (int i = 0; i < nr; i++) {                                                               \
-        __m512 xv = _mm512_maskz_loadu_ps(mk, xr[i] + k);                                          \
-        acc[i][0] = _mm512_fmadd_ps(xv, v0, acc[i][0]);                                            \
-        acc[i][1] = _mm512_fmadd_ps(xv, v1, acc[i][1]);                                            \
-        acc[i][2] = _mm512_fmadd_ps(xv, v2, acc[i][2]);                                            \
-        acc[i][3] = _mm512_fmadd_ps(xv, v3, acc[i][3]);                                            \
+        fma4(acc[i], _mm512_maskz_loadu_ps(mk, xr[i] + k), v0, v1, v2, v3);                        \
       }                                                                                            \
     }                                                                                              \
     __m128 bias = b ? _mm_loadu_ps(b + o0) : _mm_setzero_ps();                                     \
