@@ -37,6 +37,9 @@ void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H,
     int tk = (pos0 ? pos0[b] : 0) + Tq;
     if (tk > Tk) Tk = tk;
   }
+  if (Tq == 1 && clrt_attention_decode_forward(out, lse, q, k, v, B, H, KV, D, pos0, kv_bstride, kv_row,
+                                               scratch, (int64_t)2 * QB * Tk, nthreads))
+    return;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(nthreads > 0 ? nthreads : 1) \
     if ((int64_t)B * H * Tq * Tk * D > CLRT_OMP_MIN_WORK)
   for (int b = 0; b < B; b++)

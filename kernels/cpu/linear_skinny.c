@@ -11,26 +11,10 @@
    falls back to sgemm. */
 #include "model_kernels.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define SKINNY_AVX512 1
-#define TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
-#else
-#define SKINNY_AVX512 0
-#endif
+#include "simd512.h"
 
-#if SKINNY_AVX512
-
-/* Four 16-lane sums a, b, c, d -> {sum a, sum b, sum c, sum d}. */
-TARGET static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
-  __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1));
-  __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), _mm512_extractf32x8_ps(c, 1));
-  __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
-  __m256 ab = _mm256_hadd_ps(a8, b8), cd = _mm256_hadd_ps(c8, d8);
-  __m256 abcd = _mm256_hadd_ps(ab, cd);   /* lanes: a b c d (low half) | a b c d (high) */
-  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
-}
+#if CLRT_AVX512
+#define TARGET CLRT_TARGET_AVX512
 
 /* acc[j] += x * v_j: one x row against four weight rows. */
 TARGET static inline void fma4(__m512 acc[4], __m512 x, __m512 v0, __m512 v1, __m512 v2, __m512 v3) {
@@ -69,7 +53,7 @@ TARGET static inline void fma4(__m512 acc[4], __m512 x, __m512 v0, __m512 v1, __
       }                                                                                            \
     }                                                                                              \
     if (k < K) {                                                                                   \
-      __mmask16 mk = (__mmask16)((1u << (K - k)) - 1);                                             \
+      __mmask16 mk = clrt_tail_mask16(K - k);                                             \
       __m512 v0 = LOADMW(mk, w0, k), v1 = LOADMW(mk, w1, k), v2 = LOADMW(mk, w2, k),               \
              v3 = LOADMW(mk, w3, k);                                                               \
       for (int i = 0; i < nr; i++) {                                                               \
@@ -79,14 +63,14 @@ TARGET static inline void fma4(__m512 acc[4], __m512 x, __m512 v0, __m512 v1, __
     __m128 bias = b ? _mm_loadu_ps(b + o0) : _mm_setzero_ps();                                     \
     for (int i = 0; i < nr; i++)                                                                   \
       _mm_storeu_ps(y + (int64_t)(n0 + i) * O + o0,                                                \
-                    _mm_add_ps(bias, reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3])));        \
+                    _mm_add_ps(bias, clrt_reduce4_512(acc[i][0], acc[i][1], acc[i][2], acc[i][3])));        \
   }                                                                                                \
   TARGET static float dot1_##T(const float *x, const WT *w, int K) {                               \
     __m512 acc = _mm512_setzero_ps();                                                              \
     int k = 0;                                                                                     \
     for (; k + 16 <= K; k += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), LOADW(w, k), acc);  \
     if (k < K) {                                                                                   \
-      __mmask16 mk = (__mmask16)((1u << (K - k)) - 1);                                             \
+      __mmask16 mk = clrt_tail_mask16(K - k);                                             \
       acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, x + k), LOADMW(mk, w, k), acc);              \
     }                                                                                              \
     return _mm512_reduce_add_ps(acc);                                                              \
@@ -106,17 +90,8 @@ TARGET static inline void fma4(__m512 acc[4], __m512 x, __m512 v0, __m512 v1, __
 SKINNY_KERNELS(f32, float, LOAD_F32, LOADM_F32)
 SKINNY_KERNELS(bf16, uint16_t, LOAD_BF16, LOADM_BF16)
 
-static int have_avx512(void) {
-  static int known = -1;
-  if (known < 0) {
-    __builtin_cpu_init();
-    known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-  }
-  return known;
-}
 #define SKINNY_CALL(T) \
-  if (N < 1 || N > CLRT_SKINNY_MAX_ROWS || !have_avx512()) return 0; \
+  if (N < 1 || N > CLRT_SKINNY_MAX_ROWS || !clrt_have_avx512()) return 0; \
   skinny_##T(y, x, w, b, (int)N, K, O); \
   return 1
 #else

@@ -76,6 +76,15 @@ void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H,
                             const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
                             int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
                             const int32_t *kv_row /* [B] or NULL */, float *scratch, int nthreads);
+/* attention_decode.c: the forward for Tq = 1 (a decode step) without sgemm; q/out rows are
+   [B, H, D] and scratch holds scratch_stride floats per thread (>= the longest key range).
+   Returns 1 when it computed out (and lse), 0 when this CPU has no kernel for it. */
+int clrt_attention_decode_forward(float *out /* [B, H, D] */, float *lse /* [B, H] or NULL */,
+                                  const float *q /* [B, H, D] */, const float *k /* [B, Tk, KV, D] */,
+                                  const float *v /* [B, Tk, KV, D] */, int B, int H, int KV, int D,
+                                  const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
+                                  const int32_t *kv_row /* [B] or NULL */, float *scratch,
+                                  int64_t scratch_stride, int nthreads);
 /* Training only (pos0 = 0, Tk = T). dq =, dk =, dv = */
 void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
                              float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,

@@ -1,0 +1,119 @@
+/* attention_decode.c — the attention of a decode step: one query per row against the keys
+   cached in its slot. Through sgemm this is two 1-row products per (row, head), hundreds of
+   calls per step, each spending more on setup than on its few thousand multiply-adds; here
+   each (row, head) is one pass over its keys for the scores and one over its values.
+   Scores are dot products accumulated in 16 lanes four keys at a time (the horizontal sums
+   shared by the four); the output accumulates p_t v_t in registers, 64 dims at a time.
+   Same math as the sgemm path (scaled scores, max-subtracted exp, normalised sum), summed
+   in another order: results agree to rounding. AVX-512 only, chosen at run time. */
+/* GCC may vectorize clrt_expf's clamps only without trapping math (FP exceptions, unused). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+#include "model_kernels.h"
+#include "rowops.h"
+#include "simd512.h"
+
+#include <math.h>
+#include <omp.h>
+
+#if CLRT_AVX512
+#define TARGET CLRT_TARGET_AVX512
+
+/* The lanes of the 16-dim chunk starting at d that lie inside D. */
+static inline __mmask16 chunk_mask(int d, int D) {
+  return d + 16 <= D ? (__mmask16)0xFFFF : d < D ? clrt_tail_mask16(D - d) : (__mmask16)0;
+}
+
+/* s[t] = scale * q . k_t for t < n; keys are rows of k with stride ldk. */
+TARGET static void scores(float *s /* [n] */, const float *q /* [D] */, const float *k /* [n, ldk] */,
+                          int64_t ldk, int n, int D, float scale) {
+  int t = 0;
+  for (; t + 4 <= n; t += 4) {
+    const float *k0 = k + t * ldk, *k1 = k0 + ldk, *k2 = k1 + ldk, *k3 = k2 + ldk;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int d = 0; d < D; d += 16) {
+      __mmask16 m = chunk_mask(d, D);
+      __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
+      a0 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + d), a0);
+      a1 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k1 + d), a1);
+      a2 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k2 + d), a2);
+      a3 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k3 + d), a3);
+    }
+    _mm_storeu_ps(s + t, _mm_mul_ps(_mm_set1_ps(scale), clrt_reduce4_512(a0, a1, a2, a3)));
+  }
+  for (; t < n; t++) {
+    const float *kt = k + t * ldk;
+    __m512 a = _mm512_setzero_ps();
+    for (int d = 0; d < D; d += 16) {
+      __mmask16 m = chunk_mask(d, D);
+      a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), _mm512_maskz_loadu_ps(m, kt + d), a);
+    }
+    s[t] = scale * _mm512_reduce_add_ps(a);
+  }
+}
+
+/* o[d] = inv * sum_t p[t] v_t[d]: 64 dims per pass over the values, four independent sums. */
+TARGET static void weighted_sum(float *o /* [D] */, const float *p /* [n] */,
+                                const float *v /* [n, ldv] */, int64_t ldv, int n, int D, float inv) {
+  for (int d0 = 0; d0 < D; d0 += 64) {
+    __mmask16 m0 = chunk_mask(d0, D), m1 = chunk_mask(d0 + 16, D), m2 = chunk_mask(d0 + 32, D),
+              m3 = chunk_mask(d0 + 48, D);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int t = 0; t < n; t++) {
+      const float *vt = v + t * ldv + d0;
+      __m512 pt = _mm512_set1_ps(p[t]);
+      a0 = _mm512_fmadd_ps(pt, _mm512_maskz_loadu_ps(m0, vt), a0);
+      a1 = _mm512_fmadd_ps(pt, _mm512_maskz_loadu_ps(m1, vt + 16), a1);
+      a2 = _mm512_fmadd_ps(pt, _mm512_maskz_loadu_ps(m2, vt + 32), a2);
+      a3 = _mm512_fmadd_ps(pt, _mm512_maskz_loadu_ps(m3, vt + 48), a3);
+    }
+    __m512 iv = _mm512_set1_ps(inv);
+    _mm512_mask_storeu_ps(o + d0, m0, _mm512_mul_ps(a0, iv));
+    _mm512_mask_storeu_ps(o + d0 + 16, m1, _mm512_mul_ps(a1, iv));
+    _mm512_mask_storeu_ps(o + d0 + 32, m2, _mm512_mul_ps(a2, iv));
+    _mm512_mask_storeu_ps(o + d0 + 48, m3, _mm512_mul_ps(a3, iv));
+  }
+}
+
+TARGET static void decode_all(float *out, float *lse, const float *q, const float *k, const float *v,
+                              int B, int H, int KV, int D, const int32_t *pos0, int64_t kv_bstride,
+                              const int32_t *kv_row, float *scratch, int64_t scratch_stride,
+                              int nthreads) {
+  const float scale = 1.0f / sqrtf((float)D);
+  const int64_t ldk = (int64_t)KV * D;
+  const int group = H / KV;
+  int64_t work = 0;
+  for (int b = 0; b < B; b++) work += (int64_t)H * ((pos0 ? pos0[b] : 0) + 1) * D * 2;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nthreads > 0 ? nthreads : 1) \
+    if (work > CLRT_OMP_MIN_WORK)
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++) {
+      float *s = scratch + (int64_t)omp_get_thread_num() * scratch_stride;
+      int n = (pos0 ? pos0[b] : 0) + 1;
+      int64_t off = (kv_row ? kv_row[b] : b) * kv_bstride + (int64_t)(h / group) * D;
+      int64_t row = (int64_t)b * H + h;
+      scores(s, q + row * D, k + off, ldk, n, D, scale);
+      float mx = clrt_row_max(s, n), l = clrt_row_exp_(s, n, mx);
+      weighted_sum(out + row * D, s, v + off, ldk, n, D, 1.0f / l);
+      if (lse) lse[row] = clrt_lse_value(mx, l);
+    }
+}
+#endif
+
+int clrt_attention_decode_forward(float *out /* [B, H, D] */, float *lse /* [B, H] or NULL */,
+                                  const float *q /* [B, H, D] */, const float *k /* [B, Tk, KV, D] */,
+                                  const float *v /* [B, Tk, KV, D] */, int B, int H, int KV, int D,
+                                  const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
+                                  const int32_t *kv_row /* [B] or NULL */, float *scratch,
+                                  int64_t scratch_stride, int nthreads) {
+#if CLRT_AVX512
+  if (!clrt_have_avx512()) return 0;
+  decode_all(out, lse, q, k, v, B, H, KV, D, pos0, kv_bstride, kv_row, scratch, scratch_stride, nthreads);
+  return 1;
+#else
+  (void)out, (void)lse, (void)q, (void)k, (void)v, (void)B, (void)H, (void)KV, (void)D, (void)pos0;
+  (void)kv_bstride, (void)kv_row, (void)scratch, (void)scratch_stride, (void)nthreads;
+  return 0;
+#endif
+}

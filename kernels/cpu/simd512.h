@@ -1,0 +1,41 @@
+/* simd512.h — what the AVX-512 kernels share: the target attribute (the build targets
+   x86-64-v2, so each AVX-512 function opts in and is only called after clrt_have_avx512()),
+   the run-time check, and the horizontal sums. CPU only. */
+#ifndef CLRT_SIMD512_H
+#define CLRT_SIMD512_H
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define CLRT_AVX512 1
+#define CLRT_TARGET_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
+
+static inline int clrt_have_avx512(void) {
+  static int known = -1;
+  if (known < 0) {
+    __builtin_cpu_init();
+    known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  }
+  return known;
+}
+
+/* Four 16-lane sums a, b, c, d -> {sum a, sum b, sum c, sum d}. */
+CLRT_TARGET_AVX512 static inline __m128 clrt_reduce4_512(__m512 a, __m512 b, __m512 c, __m512 d) {
+  __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+  __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1));
+  __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), _mm512_extractf32x8_ps(c, 1));
+  __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
+  __m256 ab = _mm256_hadd_ps(a8, b8), cd = _mm256_hadd_ps(c8, d8);
+  __m256 abcd = _mm256_hadd_ps(ab, cd);   /* lanes: a b c d (low half) | a b c d (high) */
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+/* The mask of the first n (< 16) lanes: the tail of a row whose length is not a multiple of 16. */
+static inline __mmask16 clrt_tail_mask16(int n) { return (__mmask16)((1u << n) - 1); }
+
+#else
+#define CLRT_AVX512 0
+static inline int clrt_have_avx512(void) { return 0; }
+#endif
+
+#endif
