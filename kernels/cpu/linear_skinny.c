@@ -36,7 +36,8 @@ TARGET static inline void fma4(__m512 acc[4], __m512 x, __m512 v0, __m512 v1, __
    o0..o0+3; dot1_T: one weight row against one x row (the O % 4 leftovers); skinny_T: the
    whole product, threads splitting the weight rows so each reads its share of w once. */
 #define SKINNY_KERNELS(T, WT, LOADW, LOADMW)                                                      \
-  TARGET static void block4_##T(float *y, const float *x, const WT *w, const float *b, int n0,     \
+  TARGET static inline __attribute__((always_inline)) void block4_##T(                             \
+      float *y, const float *x, const WT *w, const float *b, int n0,                               \
                                 int nr, int K, int O, int o0) {                                    \
     __m512 acc[4][4];                                                                              \
     for (int i = 0; i < 4; i++)                                                                    \
@@ -81,7 +82,10 @@ TARGET static inline void fma4(__m512 acc[4], __m512 x, __m512 v0, __m512 v1, __
     _Pragma("omp parallel for schedule(static) if ((int64_t)N * O * K > CLRT_OMP_MIN_WORK)")   \
     for (int ob = 0; ob < blocks; ob++)                                                            \
       for (int n0 = 0; n0 < N; n0 += 4)                                                            \
-        block4_##T(y, x, w, b, n0, N - n0 < 4 ? N - n0 : 4, K, O, 4 * ob);                         \
+        if (N - n0 >= 4) /* a constant row count: the x loop unrolls, acc stays in registers */   \
+          block4_##T(y, x, w, b, n0, 4, K, O, 4 * ob);                                             \
+        else                                                                                       \
+          block4_##T(y, x, w, b, n0, N - n0, K, O, 4 * ob);                                        \
     for (int o = 4 * blocks; o < O; o++)                                                           \
       for (int n = 0; n < N; n++)                                                                  \
         y[(int64_t)n * O + o] = (b ? b[o] : 0.0f) + dot1_##T(x + (int64_t)n * K, w + (int64_t)o * K, K); \
