@@ -606,8 +606,8 @@ static int bind_acts(clrt_model *m, acts *a, int B, int T, int Tk, int keep) {
 
 /* A linear layer of the blocks: fp32 on the CPU or CUDA, or bf16 inputs with fp32
    accumulation (cublasGemmEx) when the model's matmuls are bf16. On the CPU, bf16 means the
-   few-row products of decode steps read bf16 weight copies (f32 inputs and accumulation);
-   larger products stay sgemm on the fp32 weights. w is the weight's offset. */
+   few-row products of decode steps use bf16 weight copies and bf16-rounded inputs (f32
+   accumulation); larger products stay sgemm on the fp32 weights. w is the weight's offset. */
 static void lin_f(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
                   int64_t N, int Kd, int O) {
   if (m->bf16 && !ON_GPU(m) &&

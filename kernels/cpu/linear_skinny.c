@@ -6,11 +6,15 @@
    16 lanes and reduced at the end (a different summation order from sgemm's, so results
    agree to rounding, not bit for bit).
    The bf16 variant reads bf16 copies of the weights (half the bytes of a memory-bound step)
-   and widens them to f32 in registers: x, the accumulation and y stay f32.
+   and bf16-rounded x; with AVX512-BF16 it multiplies them with vdpbf16ps
+   (linear_skinny_dpbf16.c), else it widens both to f32 in registers. Accumulation and y are f32.
    AVX-512 only, chosen at run time (the build targets x86-64-v2); elsewhere the caller
    falls back to sgemm. */
 #include "model_kernels.h"
 
+#include <stdlib.h>
+
+#include "bf16.h"
 #include "simd512.h"
 
 #if CLRT_AVX512
@@ -76,16 +80,21 @@ TARGET static inline void fma4(__m512 acc[4], __m512 x, __m512 v0, __m512 v1, __
     }                                                                                              \
     return _mm512_reduce_add_ps(acc);                                                              \
   }                                                                                                \
+  /* Every row of y against weight rows o0..o0+3. Called from the parallel loop rather than     \
+     inlined into it: clang outlines OpenMP regions without the enclosing target attribute. */  \
+  TARGET static void column4_##T(float *y, const float *x, const WT *w, const float *b, int N,    \
+                                 int K, int O, int o0) {                                           \
+    for (int n0 = 0; n0 < N; n0 += 4)                                                              \
+      if (N - n0 >= 4) /* a constant row count: the x loop unrolls, acc stays in registers */     \
+        block4_##T(y, x, w, b, n0, 4, K, O, o0);                                                   \
+      else                                                                                         \
+        block4_##T(y, x, w, b, n0, N - n0, K, O, o0);                                              \
+  }                                                                                                \
   TARGET static void skinny_##T(float *y, const float *x, const WT *w, const float *b, int N,     \
                                 int K, int O) {                                                    \
     int blocks = O / 4;                                                                            \
     _Pragma("omp parallel for schedule(static) if ((int64_t)N * O * K > CLRT_OMP_MIN_WORK)")   \
-    for (int ob = 0; ob < blocks; ob++)                                                            \
-      for (int n0 = 0; n0 < N; n0 += 4)                                                            \
-        if (N - n0 >= 4) /* a constant row count: the x loop unrolls, acc stays in registers */   \
-          block4_##T(y, x, w, b, n0, 4, K, O, 4 * ob);                                             \
-        else                                                                                       \
-          block4_##T(y, x, w, b, n0, N - n0, K, O, 4 * ob);                                        \
+    for (int ob = 0; ob < blocks; ob++) column4_##T(y, x, w, b, N, K, O, 4 * ob);                  \
     for (int o = 4 * blocks; o < O; o++)                                                           \
       for (int n = 0; n < N; n++)                                                                  \
         y[(int64_t)n * O + o] = (b ? b[o] : 0.0f) + dot1_##T(x + (int64_t)n * K, w + (int64_t)o * K, K); \
@@ -110,8 +119,31 @@ int clrt_linear_skinny_forward(float *y /* [N, O] */, const float *x /* [N, K] *
   SKINNY_CALL(f32);
 }
 
+/* The bf16 product of the skinny kernels: widening bf16 x against bf16 w (x already rounded). */
+static int skinny_bf16_widened(float *y, const float *x, const uint16_t *w, const float *b,
+                               int64_t N, int K, int O) {
+  SKINNY_CALL(bf16);
+}
+
 int clrt_linear_skinny_forward_bf16(float *y /* [N, O] */, const float *x /* [N, K] */,
                                     const uint16_t *w /* [O, K] bf16 */, const float *b /* [O] or NULL */,
                                     int64_t N, int K, int O) {
-  SKINNY_CALL(bf16);
+  if (N < 1 || N > CLRT_SKINNY_MAX_ROWS || !clrt_have_avx512()) return 0;
+  /* x is rounded to bf16 once per call, so both kernels compute the same products (and the
+     CUDA path's cublasGemmEx with bf16 inputs does too). */
+  size_t n = (size_t)N * K;
+  uint16_t *x16 = malloc(n * sizeof *x16);
+  if (!x16) return 0;
+  for (size_t i = 0; i < n; i++) x16[i] = clrt_f32_to_bf16(x[i]);
+  int done = clrt_linear_skinny_dpbf16(y, x16, w, b, (int)N, K, O);
+  if (!done) {
+    float *xr = malloc(n * sizeof *xr);
+    if (xr) {
+      for (size_t i = 0; i < n; i++) xr[i] = clrt_bf16_to_f32(x16[i]);
+      done = skinny_bf16_widened(y, xr, w, b, N, K, O);
+      free(xr);
+    }
+  }
+  free(x16);
+  return done;
 }

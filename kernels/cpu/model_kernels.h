@@ -38,10 +38,16 @@ enum { CLRT_SKINNY_MAX_ROWS = 32 };
 int clrt_linear_skinny_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
                                const float *w /* [O, K] */, const float *b /* [O] or NULL */,
                                int64_t N, int K, int O);
-/* The same with bf16 weights (f32 x, accumulation and y); 0 when this CPU has no kernel. */
+/* The same with bf16 weights and x rounded to bf16 (f32 accumulation and y); 0 when this CPU
+   has no kernel. */
 int clrt_linear_skinny_forward_bf16(float *y /* [N, O] */, const float *x /* [N, K] */,
                                     const uint16_t *w /* [O, K] bf16 */, const float *b /* [O] or NULL */,
                                     int64_t N, int K, int O);
+
+/* linear_skinny_dpbf16.c: bf16 x and w through AVX512-BF16; 0 when the CPU lacks it. */
+int clrt_linear_skinny_dpbf16(float *y /* [N, O] */, const uint16_t *x /* [N, K] bf16 */,
+                              const uint16_t *w /* [O, K] bf16 */, const float *b /* [O] or NULL */,
+                              int N, int K, int O);
 
 /* ---- rmsnorm.c -------------------------------------------------------------------------- */
 void clrt_rmsnorm_forward(float *out /* [N, C] */, float *rstd /* [N] */, const float *x /* [N, C] */,

@@ -119,9 +119,10 @@ T.case("a full cache and bad input are clear errors, never an overflow", functio
 end)
 
 -- set_matmul("bf16") on the CPU: decode steps read bf16 copies of the linear layers' weights
--- (norms, biases and the embedding lookup stay f32). Their logits must equal (to f32
--- rounding) the f32 decode of a model whose linear weights were rounded to bf16 up front, and
--- still follow the f32 model closely. A tied model's output layer is its embedding, which the
+-- and round their inputs to bf16 (norms, biases and the embedding lookup stay f32). Their
+-- logits must follow the f32 decode of a model whose linear weights were rounded to bf16 up
+-- front (to the inputs' bf16 rounding, ~1e-2 here; a misplaced copy would be off by O(1)) and
+-- the f32 model. test_model_kernels checks the kernel's products exactly. A tied model's output layer is its embedding, which the
 -- lookup reads in f32, so the exact comparison runs on the untied models.
 T.case("bf16 decode weights on the CPU equal the f32 path over bf16-rounded weights", function()
   local ffi = require("ffi")
@@ -145,7 +146,7 @@ T.case("bf16 decode weights on the CPU equal the f32 path over bf16-rounded weig
       return t
     end
     local a, b, f = last_logits(m16), last_logits(mr), last_logits(mf)
-    if not tied then T.near(a, b, { atol = 2e-4 }, name .. ": bf16 copies vs rounded weights") end
+    if not tied then T.near(a, b, { atol = 2e-2 }, name .. ": bf16 copies vs rounded weights") end
     local worst = 0
     for i = 1, V do worst = math.max(worst, math.abs(a[i] - f[i])) end
     T.ok(worst > 0 and worst < 0.05, name .. ": bf16 logits differ from f32 by " .. worst)
