@@ -41,8 +41,7 @@ TARGET static inline void fma4(__m512 acc[4], __m512 x, __m512 v0, __m512 v1, __
    whole product, threads splitting the weight rows so each reads its share of w once. */
 #define SKINNY_KERNELS(T, WT, LOADW, LOADMW)                                                      \
   TARGET static inline __attribute__((always_inline)) void block4_##T(                             \
-      float *y, const float *x, const WT *w, const float *b, int n0,                               \
-                                int nr, int K, int O, int o0) {                                    \
+      float *y, const float *x, const WT *w, const float *b, int n0, int nr, int K, int O, int o0) { \
     __m512 acc[4][4];                                                                              \
     for (int i = 0; i < 4; i++)                                                                    \
       for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();                                 \
@@ -58,7 +57,7 @@ TARGET static inline void fma4(__m512 acc[4], __m512 x, __m512 v0, __m512 v1, __
       }                                                                                            \
     }                                                                                              \
     if (k < K) {                                                                                   \
-      __mmask16 mk = clrt_tail_mask16(K - k);                                             \
+      __mmask16 mk = clrt_tail_mask16(K - k);                                                      \
       __m512 v0 = LOADMW(mk, w0, k), v1 = LOADMW(mk, w1, k), v2 = LOADMW(mk, w2, k),               \
              v3 = LOADMW(mk, w3, k);                                                               \
       for (int i = 0; i < nr; i++) {                                                               \
@@ -68,14 +67,14 @@ TARGET static inline void fma4(__m512 acc[4], __m512 x, __m512 v0, __m512 v1, __
     __m128 bias = b ? _mm_loadu_ps(b + o0) : _mm_setzero_ps();                                     \
     for (int i = 0; i < nr; i++)                                                                   \
       _mm_storeu_ps(y + (int64_t)(n0 + i) * O + o0,                                                \
-                    _mm_add_ps(bias, clrt_reduce4_512(acc[i][0], acc[i][1], acc[i][2], acc[i][3])));        \
+                    _mm_add_ps(bias, clrt_reduce4_512(acc[i][0], acc[i][1], acc[i][2], acc[i][3]))); \
   }                                                                                                \
   TARGET static float dot1_##T(const float *x, const WT *w, int K) {                               \
     __m512 acc = _mm512_setzero_ps();                                                              \
     int k = 0;                                                                                     \
     for (; k + 16 <= K; k += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), LOADW(w, k), acc);  \
     if (k < K) {                                                                                   \
-      __mmask16 mk = clrt_tail_mask16(K - k);                                             \
+      __mmask16 mk = clrt_tail_mask16(K - k);                                                      \
       acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, x + k), LOADMW(mk, w, k), acc);              \
     }                                                                                              \
     return _mm512_reduce_add_ps(acc);                                                              \

@@ -7,20 +7,20 @@
 #include "simd512.h"
 
 #if CLRT_AVX512
-#define TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16")))
+#define TARGET CLRT_TARGET_AVX512BF16
 
-static int have_avx512bf16(void) {
-  static int known = -1;
-  if (known < 0) {
-    __builtin_cpu_init();
-    known = clrt_have_avx512() && __builtin_cpu_supports("avx512bf16");
-  }
-  return known;
-}
-
-/* 32 bf16 from p, or the first `left` of them (< 32) and zeros. */
+/* 32 bf16 from p, or those the mask m selects and zeros. */
 #define LOAD_BH(p) ((__m512bh)_mm512_loadu_si512((const void *)(p)))
 #define LOADM_BH(m, p) ((__m512bh)_mm512_maskz_loadu_epi16((m), (const void *)(p)))
+
+/* acc[j] += x . v_j pairwise: one x row against four weight rows. */
+TARGET static inline void dp4(__m512 acc[4], __m512bh x, __m512bh v0, __m512bh v1, __m512bh v2,
+                              __m512bh v3) {
+  acc[0] = _mm512_dpbf16_ps(acc[0], x, v0);
+  acc[1] = _mm512_dpbf16_ps(acc[1], x, v1);
+  acc[2] = _mm512_dpbf16_ps(acc[2], x, v2);
+  acc[3] = _mm512_dpbf16_ps(acc[3], x, v3);
+}
 
 TARGET static inline __attribute__((always_inline)) void block4(
     float *y, const uint16_t *x /* [N, K] */, const uint16_t *w /* [O, K] */, const float *b,
@@ -34,25 +34,13 @@ TARGET static inline __attribute__((always_inline)) void block4(
   int k = 0;
   for (; k + 32 <= K; k += 32) {
     __m512bh v0 = LOAD_BH(w0 + k), v1 = LOAD_BH(w1 + k), v2 = LOAD_BH(w2 + k), v3 = LOAD_BH(w3 + k);
-    for (int i = 0; i < nr; i++) {
-      __m512bh xv = LOAD_BH(xr[i] + k);
-      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], xv, v0);
-      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], xv, v1);
-      acc[i][2] = _mm512_dpbf16_ps(acc[i][2], xv, v2);
-      acc[i][3] = _mm512_dpbf16_ps(acc[i][3], xv, v3);
-    }
+    for (int i = 0; i < nr; i++) dp4(acc[i], LOAD_BH(xr[i] + k), v0, v1, v2, v3);
   }
   if (k < K) {
     __mmask32 m = (__mmask32)((1ull << (K - k)) - 1);
     __m512bh v0 = LOADM_BH(m, w0 + k), v1 = LOADM_BH(m, w1 + k), v2 = LOADM_BH(m, w2 + k),
              v3 = LOADM_BH(m, w3 + k);
-    for (int i = 0; i < nr; i++) {
-      __m512bh xv = LOADM_BH(m, xr[i] + k);
-      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], xv, v0);
-      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], xv, v1);
-      acc[i][2] = _mm512_dpbf16_ps(acc[i][2], xv, v2);
-      acc[i][3] = _mm512_dpbf16_ps(acc[i][3], xv, v3);
-    }
+    for (int i = 0; i < nr; i++) dp4(acc[i], LOADM_BH(m, xr[i] + k), v0, v1, v2, v3);
   }
   __m128 bias = b ? _mm_loadu_ps(b + o0) : _mm_setzero_ps();
   for (int i = 0; i < nr; i++)
@@ -97,7 +85,7 @@ int clrt_linear_skinny_dpbf16(float *y /* [N, O] */, const uint16_t *x /* [N, K]
                               const uint16_t *w /* [O, K] bf16 */, const float *b /* [O] or NULL */,
                               int N, int K, int O) {
 #if CLRT_AVX512
-  if (!have_avx512bf16()) return 0;
+  if (!clrt_have_avx512bf16()) return 0;
   skinny_dp(y, x, w, b, N, K, O);
   return 1;
 #else

@@ -1,6 +1,6 @@
 /* simd512.h — what the AVX-512 kernels share: the target attribute (the build targets
    x86-64-v2, so each AVX-512 function opts in and is only called after clrt_have_avx512()),
-   the run-time check, and the horizontal sums. CPU only. */
+   the run-time checks, and the horizontal sums. CPU only. */
 #ifndef CLRT_SIMD512_H
 #define CLRT_SIMD512_H
 
@@ -16,6 +16,14 @@ static inline int clrt_have_avx512(void) {
     known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
   }
+  return known;
+}
+
+/* AVX512-BF16 (vdpbf16ps) on top of the above. */
+#define CLRT_TARGET_AVX512BF16 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16")))
+static inline int clrt_have_avx512bf16(void) {
+  static int known = -1;
+  if (known < 0) known = clrt_have_avx512() && __builtin_cpu_supports("avx512bf16");
   return known;
 }
 
@@ -36,6 +44,7 @@ static inline __mmask16 clrt_tail_mask16(int n) { return (__mmask16)((1u << n) -
 #else
 #define CLRT_AVX512 0
 static inline int clrt_have_avx512(void) { return 0; }
+static inline int clrt_have_avx512bf16(void) { return 0; }
 #endif
 
 #endif

@@ -122,9 +122,10 @@ end)
 -- and round their inputs to bf16 (norms, biases and the embedding lookup stay f32). Their
 -- logits must follow the f32 decode of a model whose linear weights were rounded to bf16 up
 -- front (to the inputs' bf16 rounding, ~1e-2 here; a misplaced copy would be off by O(1)) and
--- the f32 model. test_model_kernels checks the kernel's products exactly. A tied model's output layer is its embedding, which the
--- lookup reads in f32, so the exact comparison runs on the untied models.
-T.case("bf16 decode weights on the CPU equal the f32 path over bf16-rounded weights", function()
+-- the f32 model; test_model_kernels checks the kernel's products exactly. A tied model's
+-- output layer is its embedding, which the lookup reads in f32, so the comparison with the
+-- rounded weights runs on the untied models.
+T.case("bf16 decode weights on the CPU follow the f32 path over bf16-rounded weights", function()
   local ffi = require("ffi")
   for _, name in ipairs(configs) do
     local m16 = clrt.model.load(root .. name):set_matmul("bf16")
