@@ -45,7 +45,12 @@ typedef struct clrt_storage {
   size_t bytes;
   int refcount;
   int device;
+  uint64_t version;   /* counts writes through the tensor API (clrt_storage_written) */
 } clrt_storage;
+
+/* Every write through the tensor API bumps its storage's version, so copies derived from a
+   storage (a model's bf16 and packed weights) can tell that they are stale. */
+void clrt_storage_written(clrt_storage *s);
 
 typedef struct clrt_tensor {
   clrt_storage *storage;
@@ -483,11 +488,16 @@ int clrt_model_device(const clrt_model *m);
 /* bf16 matmuls. On cuda: the blocks' linear layers run bf16 x bf16 -> fp32 (cuBLAS GemmEx)
    from bf16 copies of fp32 master weights; the output layer and everything else stay fp32.
    On the CPU (AVX-512): products of at most 32 rows (decode steps, short prefills) read bf16
-   copies of every linear weight, the output layer's included, with f32 inputs and
-   accumulation, halving the bytes a memory-bound decode step moves; larger products, the
-   backward and the embedding lookup stay fp32. Moving the model drops the copies. After
-   writing parameters through views, call clrt_model_params_changed. */
+   copies of every linear weight, the output layer's included, with bf16-rounded inputs and
+   f32 accumulation, halving the bytes a memory-bound decode step moves; larger products, the
+   backward and the embedding lookup stay fp32. Moving the model drops the copies. */
 int clrt_model_set_matmul_bf16(clrt_model *m, int on);
+/* Decoding on the CPU in f32 (AVX-512) reads a copy of the linear weights packed for few-row
+   products, made on the first decode and remade after the weights change: faster steps for
+   the memory of a second copy of the weights. On by default; off frees the copy. */
+int clrt_model_set_decode_pack(clrt_model *m, int on);
+/* The bf16 and packed copies follow writes through the tensor API (params views, the
+   optimizers, loading); after writing the parameters' memory any other way, call this. */
 void clrt_model_params_changed(clrt_model *m);
 /* FLOPs of one training step (forward + backward) over B rows of T tokens: 6 per parameter
    per token for the matmuls plus causal attention's 6 * L * T^2 * H * D per row (the

@@ -38,10 +38,18 @@ struct clrt_model {
   int32_t *hidx;               /* [hidx_cap]: rowidx of the last forward, then scratch */
   size_t hidx_cap;
   /* bf16 matmuls (CUDA only): the linear layers take bf16 copies of their inputs and of the
-     weights (wbf, refreshed from the fp32 master params when wbf_dirty) and accumulate in
+     weights (wbf, refreshed from the fp32 master params when they change) and accumulate in
      fp32; the output layer stays fp32. */
-  int bf16, wbf_dirty;
+  int bf16;
   clrt_storage *wbf;           /* [total] uint16 on the device */
+  /* Decode on the CPU (f32): the linear weights packed in 48-wide panels (clrt_linear_pack,
+     same offsets as params), made on the first decode when pack_decode is on. */
+  int pack_decode;
+  clrt_storage *wpk;           /* [total] f32, CPU */
+  /* The params->version each copy was made from (COPY_STALE: not made yet). */
+  uint64_t wbf_ver, wpk_ver;
 };
+
+#define COPY_STALE UINT64_MAX
 
 #endif

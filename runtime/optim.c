@@ -120,7 +120,7 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
       return -1;
     }
     o->step++;
-    m->wbf_dirty = 1;   /* the bf16 weight copies follow the updated master weights */
+    clrt_model_params_changed(m);   /* the bf16 and packed copies follow the updated weights */
     return 0;
   }
 #endif
@@ -149,5 +149,6 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
     for (int64_t k = 0; k < p->numel; k++)
       clrt_adamw_update(&pp[k], &m1[k], &m2[k], gg[k] * gscale, lr, beta1, beta2, eps, decay, bc1, bc2_sqrt);
   }
+  clrt_model_params_changed(m);
   return 0;
 }

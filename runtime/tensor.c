@@ -50,6 +50,10 @@ oom:
   return NULL;
 }
 
+void clrt_storage_written(clrt_storage *s) {
+  if (s) s->version++;
+}
+
 void clrt_storage_retain(clrt_storage *s) {
   if (s) __atomic_add_fetch(&s->refcount, 1, __ATOMIC_RELAXED);
 }
@@ -248,6 +252,7 @@ double clrt_tensor_get(const clrt_tensor *t, int64_t index) {
 }
 
 int clrt_tensor_set(clrt_tensor *t, int64_t index, double value) {
+  clrt_storage_written(t->storage);
   if (check_cpu("set", t)) return -1;
   int64_t n = clrt_tensor_numel(t);
   if (index < 0 || index >= n) {
@@ -260,6 +265,7 @@ int clrt_tensor_set(clrt_tensor *t, int64_t index, double value) {
 }
 
 int clrt_tensor_copy_(clrt_tensor *dst, const clrt_tensor *src) {
+  clrt_storage_written(dst->storage);
   if (dst->device_id == CLRT_CUDA || src->device_id == CLRT_CUDA) return clrt_cuda_tensor_copy(dst, src);
   if (check_cpu("copy_", dst) || check_cpu("copy_", src)) return -1;
   int64_t n = clrt_tensor_numel(dst);
@@ -297,6 +303,7 @@ clrt_tensor *clrt_tensor_to_dtype(const clrt_tensor *t, int dtype) {
 }
 
 int clrt_tensor_fill_(clrt_tensor *t, double value) {
+  clrt_storage_written(t->storage);
   if (check_cpu("fill_", t)) return -1;
   int64_t n = clrt_tensor_numel(t);
   if (t->dtype_id == CLRT_F32 && clrt_tensor_is_contiguous(t)) {
@@ -344,6 +351,7 @@ double clrt_rng_normal(clrt_rng *r) {
 }
 
 int clrt_tensor_rand_(clrt_tensor *t, clrt_rng *r) {
+  clrt_storage_written(t->storage);
   if (check_cpu("rand_", t)) return -1;
   int64_t n = clrt_tensor_numel(t);
   for (int64_t i = 0; i < n; i++) store_at(t, flat_to_offset(t, i), clrt_rng_uniform(r));
@@ -351,6 +359,7 @@ int clrt_tensor_rand_(clrt_tensor *t, clrt_rng *r) {
 }
 
 int clrt_tensor_randn_(clrt_tensor *t, clrt_rng *r) {
+  clrt_storage_written(t->storage);
   if (check_cpu("randn_", t)) return -1;
   int64_t n = clrt_tensor_numel(t);
   for (int64_t i = 0; i < n; i++) store_at(t, flat_to_offset(t, i), clrt_rng_normal(r));

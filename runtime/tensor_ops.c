@@ -377,6 +377,7 @@ clrt_tensor *clrt_tensor_binary(int op, const clrt_tensor *a, const clrt_tensor 
 }
 
 int clrt_tensor_binary_(int op, clrt_tensor *a, const clrt_tensor *b) {
+  clrt_storage_written(a->storage);
   if (check_binary(op, a, b) || check_tensor(binary_names[op], b)) return -1;
   return binary_impl(op, a, b, promote(a->dtype_id, b->dtype_id), a) ? 0 : -1;
 }
@@ -403,6 +404,7 @@ clrt_tensor *clrt_tensor_binary_scalar(int op, const clrt_tensor *a, double s, i
 }
 
 int clrt_tensor_binary_scalar_(int op, clrt_tensor *a, double s) {
+  clrt_storage_written(a->storage);
   if (check_binary(op, a, NULL)) return -1;
   int rdt, sdt = scalar_dtype(a, s, &rdt);
   clrt_tensor *st = scalar_tensor(sdt, s);
@@ -455,6 +457,7 @@ clrt_tensor *clrt_tensor_unary(int op, const clrt_tensor *a) {
 }
 
 int clrt_tensor_unary_(int op, clrt_tensor *a) {
+  clrt_storage_written(a->storage);
   if (op < 0 || op >= CLRT_OP_UNARY_COUNT) {
     clrt_set_error("unary op: unknown op %d", op);
     return -1;
@@ -500,6 +503,7 @@ done:
 }
 
 int clrt_tensor_masked_fill_(clrt_tensor *t, const clrt_tensor *mask, double value) {
+  clrt_storage_written(t->storage);
   if (check_tensor("masked_fill_", t) || check_tensor("masked_fill_", mask)) return -1;
   const clrt_tensor *pair[2] = {t, mask};
   int nd;

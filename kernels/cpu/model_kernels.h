@@ -49,6 +49,18 @@ int clrt_linear_skinny_dpbf16(float *y /* [N, O] */, const uint16_t *x /* [N, K]
                               const uint16_t *w /* [O, K] bf16 */, const float *b /* [O] or NULL */,
                               int N, int K, int O);
 
+/* ---- linear_packed.c ------------------------------------------------------------------ */
+/* wp: w in panels of 48 weight rows, each transposed to [K, 48] (the last panel narrower);
+   the same size as w. */
+void clrt_linear_pack(float *wp /* [O * K] panels */, const float *w /* [O, K] */, int K, int O);
+/* 1 when this CPU runs clrt_linear_packed_forward (AVX-512). */
+int clrt_linear_packed_available(void);
+/* The forward of few rows (N <= CLRT_SKINNY_MAX_ROWS) over packed weights: 1 when it computed
+   y, 0 when this CPU has no kernel for it (then use clrt_linear_forward on w). */
+int clrt_linear_packed_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
+                               const float *wp /* [O * K] packed by clrt_linear_pack */,
+                               const float *b /* [O] or NULL */, int64_t N, int K, int O);
+
 /* ---- rmsnorm.c -------------------------------------------------------------------------- */
 void clrt_rmsnorm_forward(float *out /* [N, C] */, float *rstd /* [N] */, const float *x /* [N, C] */,
                           const float *w /* [C] */, int64_t N, int C, float eps);

@@ -8,7 +8,8 @@
 
 void clrt_swiglu_forward(float *h /* [N, I] */, const float *g /* [N, I] */, const float *u /* [N, I] */,
                          int64_t n /* N * I */) {
-#pragma omp parallel for schedule(static) if (n > CLRT_OMP_MIN_WORK)
+  /* An exp per element: worth a second thread at an eighth of the usual work. */
+#pragma omp parallel for schedule(static) if (n > CLRT_OMP_MIN_WORK / 8)
   for (int64_t i = 0; i < n; i++) h[i] = clrt_swiglu(g[i], u[i]);
 }
 

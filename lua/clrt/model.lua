@@ -275,7 +275,8 @@ end
 
 -- set_matmul("bf16" | "f32"): on cuda, the blocks' matmuls take bf16 inputs (copies of the
 -- fp32 master weights) and accumulate in fp32; the output layer stays fp32. On the CPU, the
--- few-row products of decoding (<= 32 rows) read bf16 weight copies (f32 accumulation):
+-- few-row products of decoding (<= 32 rows) read bf16 weight copies with bf16-rounded
+-- inputs (f32 accumulation):
 -- faster generation, greedy output no longer bit-equal to the f32 path.
 function Model:set_matmul(kind)
   if kind ~= "bf16" and kind ~= "f32" then error(("model:set_matmul: '%s' (bf16, f32)"):format(tostring(kind)), 2) end
@@ -283,7 +284,16 @@ function Model:set_matmul(kind)
   return self
 end
 
--- After writing parameters through params() views on the GPU (the bf16 copies follow).
+-- set_decode_pack(on): CPU f32 decoding reads a packed copy of the linear weights (faster
+-- steps, a second copy of the weights in memory); on by default, false frees the copy.
+function Model:set_decode_pack(on)
+  if type(on) ~= "boolean" then error("model:set_decode_pack: expects true or false", 2) end
+  ok(C.clrt_model_set_decode_pack(live(self), on and 1 or 0), 2)
+  return self
+end
+
+-- The bf16 and packed weight copies follow writes through params() views and the optimizers
+-- by themselves; after writing parameter memory by other means (data_ptr()), call this.
 function Model:params_changed() C.clrt_model_params_changed(live(self)) end
 
 function Model:device() return C.clrt_model_device(live(self)) == C.CLRT_CUDA and "cuda" or "cpu" end

@@ -125,6 +125,41 @@ end)
 -- the f32 model; test_model_kernels checks the kernel's products exactly. A tied model's
 -- output layer is its embedding, which the lookup reads in f32, so the comparison with the
 -- rounded weights runs on the untied models.
+-- CPU decoding reads a packed copy of the weights (where the CPU has AVX-512); it must follow
+-- every change to the weights: a write through a params() view, an optimizer step.
+T.case("packed decode weights follow writes to the weights and the optimizer", function()
+  local ffi = require("ffi")
+  local m = clrt.model.load(root .. "llama_gqa")
+  local V = m.config.vocab_size
+  local seq = { 3, 17, 5, 9, 11, 2, 40 }
+  local function decode_logprobs(model)
+    local d = model:decoder(1, 40)
+    local out = ffi.new("float[?]", V)
+    d:prefill(0, ffi.new("int32_t[?]", #seq, seq), #seq, out)
+    return log_softmax(out, V)
+  end
+  local before = m:memory().params
+  T.near(decode_logprobs(m), slow_next_logprobs(m, seq), { atol = 1e-4 }, "fresh model")
+  T.ok(m:memory().params >= before, "the packed copy counts in the parameter memory")
+  m:params()["model.layers.0.mlp.down_proj.weight"]:mul_(3)
+  m:params()["model.layers.1.self_attn.q_proj.weight"]:fill_(0.05)
+  local changed = slow_next_logprobs(m, seq)
+  T.ok(math.abs(changed[1] - decode_logprobs(clrt.model.load(root .. "llama_gqa"))[1]) > 1e-3,
+       "the writes change the distribution")
+  T.near(decode_logprobs(m), changed, { atol = 1e-4 }, "after writes through params() views")
+  local opt = clrt.optim.adamw(m, { lr = 1e-2 })
+  m:zero_grad()
+  local rows = { { 1, 2, 3, 4, 5, 6 } }
+  local lp = m:logprobs(rows)
+  m:backward(clrt.tensor.full(lp:shape(), -1))
+  opt:step()
+  T.near(decode_logprobs(m), slow_next_logprobs(m, seq), { atol = 1e-4 }, "after an optimizer step")
+  m:set_decode_pack(false)
+  T.near(decode_logprobs(m), slow_next_logprobs(m, seq), { atol = 1e-4 }, "without the packed copy")
+  T.raises(function() m:set_decode_pack("yes") end, "true or false", "a bad argument")
+  local _ = lp
+end)
+
 T.case("bf16 decode weights on the CPU follow the f32 path over bf16-rounded weights", function()
   local ffi = require("ffi")
   for _, name in ipairs(configs) do
