@@ -76,6 +76,17 @@ TARGET static void weighted_sum(float *o /* [D] */, const float *p /* [n] */,
   }
 }
 
+/* Where row b's keys (and values) for query head h start: its cache slot, its KV head. */
+static inline int64_t kv_offset(int b, int h, int group, int D, const int32_t *kv_row, int64_t kv_bstride) {
+  return (kv_row ? kv_row[b] : b) * kv_bstride + (int64_t)(h / group) * D;
+}
+
+/* Asks for the cache lines of n rows of D floats, ld apart. */
+static inline void prefetch_rows(const float *p, int64_t ld, int n, int D) {
+  for (int t = 0; t < n; t++)
+    for (int d = 0; d < D; d += 16) _mm_prefetch((const char *)(p + t * ld + d), _MM_HINT_T0);
+}
+
 TARGET static void decode_all(float *out, float *lse, const float *q, const float *k, const float *v,
                               int B, int H, int KV, int D, const int32_t *pos0, int64_t kv_bstride,
                               const int32_t *kv_row, float *scratch, int64_t scratch_stride,
@@ -85,19 +96,27 @@ TARGET static void decode_all(float *out, float *lse, const float *q, const floa
   const int group = H / KV;
   int64_t work = 0;
   for (int b = 0; b < B; b++) work += (int64_t)H * ((pos0 ? pos0[b] : 0) + 1) * D * 2;
-#pragma omp parallel for collapse(2) schedule(static) num_threads(nthreads > 0 ? nthreads : 1) \
+#pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1) \
     if (work > CLRT_OMP_MIN_WORK)
-  for (int b = 0; b < B; b++)
-    for (int h = 0; h < H; h++) {
-      float *s = scratch + (int64_t)omp_get_thread_num() * scratch_stride;
-      int n = (pos0 ? pos0[b] : 0) + 1;
-      int64_t off = (kv_row ? kv_row[b] : b) * kv_bstride + (int64_t)(h / group) * D;
-      int64_t row = (int64_t)b * H + h;
-      scores(s, q + row * D, k + off, ldk, n, D, scale);
-      float mx = clrt_row_max(s, n), l = clrt_row_exp_(s, n, mx);
-      weighted_sum(out + row * D, s, v + off, ldk, n, D, 1.0f / l);
-      if (lse) lse[row] = clrt_lse_value(mx, l);
+  for (int64_t row = 0; row < (int64_t)B * H; row++) {   /* row = b * H + h */
+    float *s = scratch + (int64_t)omp_get_thread_num() * scratch_stride;
+    int b = (int)(row / H), n = (pos0 ? pos0[b] : 0) + 1;
+    int64_t off = kv_offset(b, (int)(row % H), group, D, kv_row, kv_bstride);
+    /* Each (row, head) reads a few KiB of keys and values, too short a stream for the
+       hardware prefetcher: fetching the next one's while this one computes took a 110M
+       model's batch-32 attention from 4.4-4.6 to 3.2-3.7 ms per step in a microbenchmark
+       (the KV cache comes from memory every step). */
+    if (row + 1 < (int64_t)B * H) {
+      int b1 = (int)((row + 1) / H), n1 = (pos0 ? pos0[b1] : 0) + 1;
+      int64_t off1 = kv_offset(b1, (int)((row + 1) % H), group, D, kv_row, kv_bstride);
+      prefetch_rows(k + off1, ldk, n1, D);
+      prefetch_rows(v + off1, ldk, n1, D);
     }
+    scores(s, q + row * D, k + off, ldk, n, D, scale);
+    float mx = clrt_row_max(s, n), l = clrt_row_exp_(s, n, mx);
+    weighted_sum(out + row * D, s, v + off, ldk, n, D, 1.0f / l);
+    if (lse) lse[row] = clrt_lse_value(mx, l);
+  }
 }
 #endif
 
