@@ -5,6 +5,7 @@
 --   m:backward(dlogp)                              -- accumulate gradients (dlogp shaped like lp)
 --   m:params(), m:grads()                          -- Hugging Face name -> tensor view (no copies)
 --   m:save(dir), m:memory(), m:num_params(), m:zero_grad(), m.config
+--   m:set_matmul("bf16"|"f32"), m:set_decode_pack(bool)  -- how decode steps read the weights
 -- config.json is parsed and checked here; C gets a plain clrt_model_config.
 local ffi = require("ffi")
 local core = require("clrt.ffi")
