@@ -1078,14 +1078,11 @@ int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int T
   PROF(CLRT_K_OTHER, gather_rows(m, a.tmp, a.res[L % 2], a.rowidx, B, C));
   PROF(CLRT_K_RMSNORM, K(m, rmsnorm_forward, a.xn, a.rstdf, a.tmp, PW(m, m->norm), B, C, c->rms_norm_eps));
   float *out = ON_GPU(m) ? a.logits : logits;
-  /* On the CPU a bf16 model's decode reads the output layer's bf16 copy too (on CUDA it stays
-     fp32), and an f32 one its packed copy. */
-  const float *head_packed = packed_weight(m, m->head);
+  /* On the CPU the output layer goes through lin_f like the blocks' layers (a bf16 model's
+     decode reads its bf16 copy, an f32 one its packed copy); on CUDA it stays fp32. */
   PROF(CLRT_K_OUT_F, {
-    if (!(m->bf16 && !ON_GPU(m) &&
-          clrt_linear_skinny_forward_bf16(out, a.xn, (const uint16_t *)m->wbf->data + m->head, NULL, B, C, V)) &&
-        !(head_packed && clrt_linear_packed_forward(out, a.xn, head_packed, NULL, B, C, V)))
-      K(m, linear_forward, out, a.xn, PW(m, m->head), NULL, B, C, V);
+    if (ON_GPU(m)) K(m, linear_forward, out, a.xn, PW(m, m->head), NULL, B, C, V);
+    else lin_f(m, &a, out, a.xn, m->head, NULL, B, C, V);
   });
   if (ON_GPU(m)) return from_model(m, logits, out, sizeof(float) * (size_t)B * V);   /* for the sampler */
   return 0;

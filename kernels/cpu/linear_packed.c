@@ -77,35 +77,29 @@ TARGET static inline __attribute__((always_inline)) void tile(
   }
 }
 
-/* One row against one panel. A single row's sums would wait on the multiply-add latency at
-   every k, so four k in a row go to four sets of sums, added at the end. */
+/* One row against one full panel. A single row's sums would wait on the multiply-add latency
+   at every k, so four k in a row go to four sets of sums, added at the end. */
 TARGET static inline __attribute__((always_inline)) void row1(
-    float *y /* [O] */, const float *x /* [K] */, const float *wp /* [K, pw] */,
-    const float *b /* [O] or NULL */, int K, int o0, int pw) {
-  const __mmask16 m0 = panel_mask(0, pw), m1 = panel_mask(1, pw), m2 = panel_mask(2, pw);
+    float *y /* [O] */, const float *x /* [K] */, const float *wp /* [K, PANEL] */,
+    const float *b /* [O] or NULL */, int K, int o0) {
   __m512 acc[4][3];
   for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = acc[i][2] = _mm512_setzero_ps();
   int k = 0;
   for (; k + 4 <= K; k += 4)
     for (int i = 0; i < 4; i++) {
-      const float *wk = wp + (int64_t)(k + i) * pw;
+      const float *wk = wp + (int64_t)(k + i) * PANEL;
       __m512 xb = _mm512_set1_ps(x[k + i]);
-      acc[i][0] = _mm512_fmadd_ps(xb, _mm512_maskz_loadu_ps(m0, wk), acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(xb, _mm512_maskz_loadu_ps(m1, wk + 16), acc[i][1]);
-      acc[i][2] = _mm512_fmadd_ps(xb, _mm512_maskz_loadu_ps(m2, wk + 32), acc[i][2]);
+      for (int c = 0; c < 3; c++) acc[i][c] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(wk + 16 * c), acc[i][c]);
     }
   for (; k < K; k++) {
-    const float *wk = wp + (int64_t)k * pw;
+    const float *wk = wp + (int64_t)k * PANEL;
     __m512 xb = _mm512_set1_ps(x[k]);
-    acc[0][0] = _mm512_fmadd_ps(xb, _mm512_maskz_loadu_ps(m0, wk), acc[0][0]);
-    acc[0][1] = _mm512_fmadd_ps(xb, _mm512_maskz_loadu_ps(m1, wk + 16), acc[0][1]);
-    acc[0][2] = _mm512_fmadd_ps(xb, _mm512_maskz_loadu_ps(m2, wk + 32), acc[0][2]);
+    for (int c = 0; c < 3; c++) acc[0][c] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(wk + 16 * c), acc[0][c]);
   }
-  const __mmask16 m[3] = {m0, m1, m2};
   for (int c = 0; c < 3; c++) {
     __m512 s = _mm512_add_ps(_mm512_add_ps(acc[0][c], acc[1][c]), _mm512_add_ps(acc[2][c], acc[3][c]));
-    if (b) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(m[c], b + o0 + 16 * c));
-    _mm512_mask_storeu_ps(y + o0 + 16 * c, m[c], s);
+    if (b) s = _mm512_add_ps(s, _mm512_loadu_ps(b + o0 + 16 * c));
+    _mm512_storeu_ps(y + o0 + 16 * c, s);
   }
 }
 
@@ -113,22 +107,21 @@ TARGET static inline __attribute__((always_inline)) void row1(
    clang outlines OpenMP regions without the enclosing target attribute. */
 TARGET static void panel_all_rows(float *y, const float *x, const float *wp, const float *b, int N,
                                   int K, int O, int p) {
-  int o0 = p * PANEL;
+  int o0 = p * PANEL, pw = O - o0 < PANEL ? O - o0 : PANEL;
   const float *panel = wp + (int64_t)o0 * K;
-  if (O - o0 >= PANEL) {
-    if (N == 1) {
-      row1(y, x, panel, b, K, o0, PANEL);
-      return;
-    }
-    int n0 = 0;
-    for (; n0 + TILE_ROWS <= N; n0 += TILE_ROWS)
-      tile(y + (int64_t)n0 * O, x + (int64_t)n0 * K, panel, b, TILE_ROWS, K, O, o0, PANEL);
-    if (n0 < N) tile(y + (int64_t)n0 * O, x + (int64_t)n0 * K, panel, b, N - n0, K, O, o0, PANEL);
+  if (N == 1 && pw == PANEL) {
+    row1(y, x, panel, b, K, o0);
     return;
   }
-  for (int n0 = 0; n0 < N; n0 += TILE_ROWS)   /* the last, narrower panel */
-    tile(y + (int64_t)n0 * O, x + (int64_t)n0 * K, panel, b, N - n0 < TILE_ROWS ? N - n0 : TILE_ROWS,
-         K, O, o0, O - o0);
+  for (int n0 = 0; n0 < N; n0 += TILE_ROWS) {
+    int nr = N - n0 < TILE_ROWS ? N - n0 : TILE_ROWS;
+    float *yt = y + (int64_t)n0 * O;
+    const float *xt = x + (int64_t)n0 * K;
+    if (nr == TILE_ROWS && pw == PANEL)   /* constants: the row loop unrolls, the masks fold */
+      tile(yt, xt, panel, b, TILE_ROWS, K, O, o0, PANEL);
+    else
+      tile(yt, xt, panel, b, nr, K, O, o0, pw);
+  }
 }
 #endif
 
