@@ -675,6 +675,28 @@ static void lin_f(clrt_model *m, acts *a, float *y, const float *x, int64_t w, c
   K(m, linear_forward, y, x, PW(m, w), b, N, Kd, O);
 }
 
+/* Products of the same x (q, k, v; gate, up): over packed weights, one parallel pass for all
+   of them (see linear_packed.c); otherwise one lin_f each. */
+typedef struct {
+  float *y;
+  int64_t w;
+  const float *b;
+  int O;
+} lin_part;
+
+static void lin_f_parts(clrt_model *m, acts *a, const float *x, int64_t N, int Kd, const lin_part *parts,
+                        int count) {
+  clrt_packed_part packed[3];
+  int ok = count <= 3 && !m->bf16;
+  for (int i = 0; ok && i < count; i++) {
+    const float *wp = packed_weight(m, parts[i].w);
+    packed[i] = (clrt_packed_part){parts[i].y, wp, parts[i].b, parts[i].O};
+    ok = wp != NULL;
+  }
+  if (ok && clrt_linear_packed_forward_parts(x, N, Kd, packed, count)) return;
+  for (int i = 0; i < count; i++) lin_f(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, Kd, parts[i].O);
+}
+
 static void lin_b(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
                   const float *x, int64_t N, int Kd, int O, int acc) {
 #ifdef CLRT_HAVE_CUDA
@@ -721,11 +743,9 @@ static void layer_forward(clrt_model *m, int l, layer_acts *A, acts *a, const fl
   float eps = c->rms_norm_eps;
   PROF(CLRT_K_RMSNORM, K(m, rmsnorm_forward, a->xn, A->rstd1, x, PW(m, o->ln1), N, C, eps));
   float *qd = c->qk_norm ? A->qpre : A->q, *kd = c->qk_norm ? A->kpre : A->k;
-  PROF(CLRT_K_LINEAR_F, {
-    lin_f(m, a, qd, a->xn, o->wq, PW(m, o->bq), N, C, H * D);
-    lin_f(m, a, kd, a->xn, o->wk, PW(m, o->bk), N, C, KV * D);
-    lin_f(m, a, A->v, a->xn, o->wv, PW(m, o->bv), N, C, KV * D);
-  });
+  lin_part qkv[3] = {{qd, o->wq, PW(m, o->bq), H * D}, {kd, o->wk, PW(m, o->bk), KV * D},
+                     {A->v, o->wv, PW(m, o->bv), KV * D}};
+  PROF(CLRT_K_LINEAR_F, lin_f_parts(m, a, a->xn, N, C, qkv, 3));
   if (c->qk_norm)
     PROF(CLRT_K_RMSNORM, {
       K(m, rmsnorm_forward, A->q, A->qrstd, A->qpre, PW(m, o->qn), N * H, D, eps);
@@ -768,10 +788,8 @@ static void layer_forward(clrt_model *m, int l, layer_acts *A, acts *a, const fl
   PROF(CLRT_K_LINEAR_F, lin_f(m, a, a->tmp, A->att, o->wo, PW(m, o->bo), N, H * D, C));
   PROF(CLRT_K_RESIDUAL, K(m, residual_forward, A->xmid, x, a->tmp, N * C));
   PROF(CLRT_K_RMSNORM, K(m, rmsnorm_forward, a->xn, A->rstd2, A->xmid, PW(m, o->ln2), N, C, eps));
-  PROF(CLRT_K_LINEAR_F, {
-    lin_f(m, a, A->g, a->xn, o->wg, NULL, N, C, I);
-    lin_f(m, a, A->u, a->xn, o->wu, NULL, N, C, I);
-  });
+  lin_part gate_up[2] = {{A->g, o->wg, NULL, I}, {A->u, o->wu, NULL, I}};
+  PROF(CLRT_K_LINEAR_F, lin_f_parts(m, a, a->xn, N, C, gate_up, 2));
   PROF(CLRT_K_SWIGLU, K(m, swiglu_forward, a->h, A->g, A->u, N * I));
   PROF(CLRT_K_LINEAR_F, lin_f(m, a, a->tmp, a->h, o->wd, NULL, N, I, C));
   PROF(CLRT_K_RESIDUAL, K(m, residual_forward, out, A->xmid, a->tmp, N * C));

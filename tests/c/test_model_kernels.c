@@ -139,6 +139,46 @@ static void test_linear_skinny(void) {
   if (!ran) fprintf(stderr, "test_linear_skinny: no skinny kernel on this CPU; only the fallback checked\n");
 }
 
+/* Several products of one x in one call (q/k/v, gate/up) give each product exactly what its
+   own call gives (checked against float64 above): the threads' shares cut across the parts
+   (panels 3 + 1 + 1 over two threads) and the prefetch of the next panel crosses them. */
+static void test_linear_packed_parts(void) {
+  static const int Ns[] = {1, 5, 32}, Ks[] = {33, 384};
+  static const int Osets[][3] = {{100, 48, 9}, {1, 70, 48}, {384, 384, 384}};
+  if (!clrt_linear_packed_available()) return;
+  for (int threads = 1; threads <= 2; threads++) {
+    clrt_set_num_threads(threads);
+    for (size_t a = 0; a < 3; a++)
+      for (size_t k = 0; k < 2; k++)
+        for (size_t s = 0; s < 3; s++) {
+          int N = Ns[a], K = Ks[k];
+          const int *Os = Osets[s];
+          float *x = randv((size_t)N * K, 1), *w[3], *wp[3], *b[3], *y[3], *want[3];
+          clrt_packed_part parts[3];
+          for (int i = 0; i < 3; i++) {
+            w[i] = randv((size_t)Os[i] * K, 1);
+            wp[i] = malloc(sizeof(float) * (size_t)Os[i] * K);
+            clrt_linear_pack(wp[i], w[i], K, Os[i]);
+            b[i] = i == 1 ? NULL : randv((size_t)Os[i], 1);
+            y[i] = malloc(sizeof(float) * (size_t)N * Os[i]);
+            want[i] = malloc(sizeof(float) * (size_t)N * Os[i]);
+            memset(y[i], 0xff, sizeof(float) * (size_t)N * Os[i]);   /* NaN where never written */
+            CHECK(clrt_linear_packed_forward(want[i], x, wp[i], b[i], N, K, Os[i]) == 1);
+            parts[i] = (clrt_packed_part){y[i], wp[i], b[i], Os[i]};
+          }
+          CHECK(clrt_linear_packed_forward_parts(x, N, K, parts, 3) == 1);
+          for (int i = 0; i < 3; i++) {
+            int same = memcmp(y[i], want[i], sizeof(float) * (size_t)N * Os[i]) == 0;
+            if (!same) fprintf(stderr, "packed parts N=%d K=%d part %d (O=%d) differs\n", N, K, i, Os[i]);
+            CHECK(same);
+            free(w[i]); free(wp[i]); free(b[i]); free(y[i]); free(want[i]);
+          }
+          free(x);
+        }
+  }
+  clrt_set_num_threads(1);
+}
+
 /* ---- embedding --------------------------------------------------------------------------- */
 typedef struct { int N, C; int32_t *tok; float *w, *out, *R; } emb_ctx;
 static double emb_loss(void *p) {
@@ -421,6 +461,7 @@ int main(void) {
   clrt_rng_seed(&rng, 42);
   test_linear();
   test_linear_skinny();
+  test_linear_packed_parts();
   test_embedding();
   test_rmsnorm();
   test_rope();
