@@ -13,6 +13,8 @@
    than it saves there, and on a busy machine a descheduled worker would stall every region
    for a whole time slice (decoding a small model is hundreds of tiny regions per token). */
 enum { CLRT_OMP_MIN_WORK = 32768 };
+/* Elementwise kernels hand their threads spans of this many elements. */
+enum { CLRT_SPAN = 4096 };
 
 /* ---- embedding.c ------------------------------------------------------------------------ */
 void clrt_embedding_forward(float *out /* [N, C] */, const int32_t *tok /* [N] */,

@@ -2,17 +2,19 @@
 #include "model_kernels.h"
 #include "model_math.h"
 #include "rowops.h"
+#include "simd512.h"
+
+CLRT_WIDE static float rmsnorm_row(float *o /* [C] */, const float *xr /* [C] */, const float *w /* [C] */,
+                                   int C, float eps) {
+  float r = clrt_rms_rstd(clrt_row_dot(xr, xr, C), C, eps);
+  for (int c = 0; c < C; c++) o[c] = w[c] * (xr[c] * r);
+  return r;
+}
 
 void clrt_rmsnorm_forward(float *out /* [N, C] */, float *rstd /* [N] */, const float *x /* [N, C] */,
                           const float *w /* [C] */, int64_t N, int C, float eps) {
 #pragma omp parallel for schedule(static) if (N * C > CLRT_OMP_MIN_WORK)
-  for (int64_t n = 0; n < N; n++) {
-    const float *xr = x + n * C;
-    float *o = out + n * C;
-    float r = clrt_rms_rstd(clrt_row_dot(xr, xr, C), C, eps);
-    rstd[n] = r;
-    for (int c = 0; c < C; c++) o[c] = w[c] * (xr[c] * r);
-  }
+  for (int64_t n = 0; n < N; n++) rstd[n] = rmsnorm_row(out + n * C, x + n * C, w, C, eps);
 }
 
 void clrt_rmsnorm_backward(float *dx /* [N, C] += */, float *dw /* [C] += */,

@@ -2,6 +2,7 @@
    pair (x[i], x[i + D/2]) rotates by pos * inv_freq[i]. Forward and backward are in place. */
 #include "model_kernels.h"
 #include "model_math.h"
+#include "simd512.h"
 
 #include <math.h>
 
@@ -16,6 +17,20 @@ void clrt_rope_table(float *cos_t /* [P, D/2] */, float *sin_t /* [P, D/2] */,
     }
 }
 
+/* Every head of one token, rotated by its position's cos/sin. */
+CLRT_WIDE static void rope_token(float *x /* [nh, D] */, const float *cs /* [D/2] */, const float *sn /* [D/2] */,
+                                 int nh, int D, int backward) {
+  int half = D / 2;
+  for (int h = 0; h < nh; h++) {
+    float *v = x + (int64_t)h * D;
+    for (int i = 0; i < half; i++) {
+      float a = v[i], c = v[i + half];
+      if (backward) clrt_rope_rotate_back(&v[i], &v[i + half], a, c, cs[i], sn[i]);
+      else clrt_rope_rotate(&v[i], &v[i + half], a, c, cs[i], sn[i]);
+    }
+  }
+}
+
 static void rope_apply(float *x, const float *cos_t, const float *sin_t, const int32_t *pos0,
                        int B, int T, int nh, int D, int backward) {
   int half = D / 2;
@@ -23,15 +38,7 @@ static void rope_apply(float *x, const float *cos_t, const float *sin_t, const i
   for (int b = 0; b < B; b++)
     for (int t = 0; t < T; t++) {
       int64_t pos = (pos0 ? pos0[b] : 0) + t;
-      const float *cs = cos_t + pos * half, *sn = sin_t + pos * half;
-      for (int h = 0; h < nh; h++) {
-        float *v = x + (((int64_t)b * T + t) * nh + h) * D;
-        for (int i = 0; i < half; i++) {
-          float a = v[i], c = v[i + half];
-          if (backward) clrt_rope_rotate_back(&v[i], &v[i + half], a, c, cs[i], sn[i]);
-          else clrt_rope_rotate(&v[i], &v[i + half], a, c, cs[i], sn[i]);
-        }
-      }
+      rope_token(x + ((int64_t)b * T + t) * nh * D, cos_t + pos * half, sin_t + pos * half, nh, D, backward);
     }
 }
 

@@ -38,11 +38,17 @@ CLRT_TARGET_AVX512 static inline __m128 clrt_reduce4_512(__m512 a, __m512 b, __m
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
+/* A plain loop compiled twice, for the build's baseline and for x86-64-v4, the loader picking
+   the clone this CPU runs: the compiler vectorizes it 16 wide by itself. SwiGLU's exp ran 5x
+   faster so (63 -> 12 us for a 32 x 2048 decode step on the 2-core Zen 5). */
+#define CLRT_WIDE __attribute__((target_clones("default", "arch=x86-64-v4")))
+
 /* The mask of the first n (< 16) lanes: the tail of a row whose length is not a multiple of 16. */
 static inline __mmask16 clrt_tail_mask16(int n) { return (__mmask16)((1u << n) - 1); }
 
 #else
 #define CLRT_AVX512 0
+#define CLRT_WIDE
 static inline int clrt_have_avx512(void) { return 0; }
 static inline int clrt_have_avx512bf16(void) { return 0; }
 #endif
