@@ -6,6 +6,7 @@
  * (after temperature and the filters; 0 for greedy), which is what a caller can check. */
 #include "clrt.h"
 #include "sampling.h"
+#include "simd512.h"
 
 #include <float.h>
 #include <stdlib.h>
@@ -31,9 +32,42 @@ static void sift_down(cand *h, int n, int i) {
   }
 }
 
+#if CLRT_AVX512
+/* The greedy token of a row without a mask, as the loop in sample_row finds it (the largest
+   logit, the smallest id among equals, NaNs passed over) but 16 lanes at a time: a running
+   max per lane, then the first place that holds it. _mm512_max_ps(z, m) is z > m ? z : m, the
+   loop's own test, so a NaN never enters a lane. -1 leaves the row to that loop: z[0] is NaN
+   or V < 16. A batch-32 step of a 32k vocabulary spent 0.3 ms in the loop. */
+CLRT_TARGET_AVX512 static int32_t argmax_row(const float *z /* [V] */, int V) {
+  if (V < 16 || z[0] != z[0]) return -1;
+  __m512 m = _mm512_set1_ps(z[0]);
+  int i = 0;
+  for (; i + 16 <= V; i += 16) m = _mm512_max_ps(_mm512_loadu_ps(z + i), m);
+  float mx = _mm512_reduce_max_ps(m);
+  for (; i < V; i++) mx = z[i] > mx ? z[i] : mx;
+  __m512 target = _mm512_set1_ps(mx);
+  for (i = 0; i + 16 <= V; i += 16) {
+    __mmask16 hit = _mm512_cmpeq_ps_mask(_mm512_loadu_ps(z + i), target);
+    if (hit) return i + __builtin_ctz(hit);
+  }
+  for (; i < V; i++)
+    if (z[i] == mx) return i;
+  return -1;
+}
+#endif
+
 static int32_t sample_row(const float *logits /* [V] */, int V, float temperature, int top_k,
                           float top_p, double u, const uint8_t *allowed /* [V] or NULL */,
                           cand *heap /* [V] scratch */, float *logprob /* out: scalar */) {
+#if CLRT_AVX512
+  if (temperature <= 0 && !allowed && clrt_have_avx512()) {
+    int32_t g = argmax_row(logits, V);
+    if (g >= 0) {
+      *logprob = 0;
+      return g;
+    }
+  }
+#endif
   float mx = -FLT_MAX;
   int32_t arg = -1;
   for (int i = 0; i < V; i++)

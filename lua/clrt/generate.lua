@@ -210,15 +210,21 @@ function Engine:step()
   end
   local A = #self.active
   if A == 0 then return end
+  -- The sampler takes the active rows' logits side by side: when their slots are 0, 1, ...
+  -- in order (a batch that has lost no row) they already are.
+  local gathered = self.logits
+  for k, row in ipairs(self.active) do
+    if row.slot ~= k - 1 then gathered = self.batch break end
+  end
   for k, row in ipairs(self.active) do
     local o = row.o
-    ffi.copy(self.batch + (k - 1) * V, self.logits + row.slot * V, V * 4)
+    if gathered == self.batch then ffi.copy(self.batch + (k - 1) * V, self.logits + row.slot * V, V * 4) end
     self.params[k - 1].temperature = o.temperature
     self.params[k - 1].top_k = o.top_k
     self.params[k - 1].top_p = o.top_p
     self.uniforms[k - 1] = C.clrt_rng_uniform(row.rng)
   end
-  if C.clrt_sample(self.batch, A, V, self.params, self.uniforms, masks, self.out_tok, self.out_lp) ~= 0 then
+  if C.clrt_sample(gathered, A, V, self.params, self.uniforms, masks, self.out_tok, self.out_lp) ~= 0 then
     core.fail(2)
   end
   local still = {}

@@ -101,5 +101,32 @@ int main(void) {
   uint8_t none[V] = {0};
   CHECK(clrt_sample(logits, 1, V, &g, &u, none, &tok, &lp) == -1);
   CHECK_ERROR("row 0 has no allowed token");
+
+  /* Greedy over wide rows without a mask (16 lanes at a time where the CPU has AVX-512)
+     against a plain scan: the first largest logit, NaNs passed over, a NaN at id 0 kept; the
+     maximum in the 16-lane body, in the tail, tied, and behind NaNs. */
+  static const int widths[] = {16, 17, 33, 1000, 32000};
+  uint64_t seed = 7;
+  for (size_t w = 0; w < sizeof widths / sizeof *widths; w++)
+    for (int pattern = 0; pattern < 6; pattern++) {
+      int n = widths[w];
+      float *z = malloc(sizeof(float) * (size_t)n);
+      for (int i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+        z[i] = (float)((seed >> 40) % 2001) / 100.0f - 10.0f;   /* ties happen: 2001 values */
+      }
+      if (pattern == 1) z[n - 1] = 50.0f;                             /* in the tail */
+      if (pattern == 2) z[n / 2] = z[n / 3 + 1] = 50.0f;              /* tied: the lower id */
+      if (pattern == 3) z[n / 2] = NAN, z[n - 1] = NAN;               /* passed over */
+      if (pattern == 4) z[0] = NAN;                                   /* kept (nothing is greater) */
+      if (pattern == 5) z[1] = -INFINITY, z[n / 2] = INFINITY;
+      int32_t want = 0;
+      for (int i = 1; i < n; i++)
+        if (z[i] > z[want]) want = i;
+      CHECK(clrt_sample(z, 1, n, &g, &u, NULL, &tok, &lp) == 0);
+      if (tok != want) fprintf(stderr, "greedy V=%d pattern %d: %d, want %d\n", n, pattern, tok, want);
+      CHECK(tok == want && lp == 0);
+      free(z);
+    }
   return check_summary();
 }
