@@ -6,7 +6,8 @@
 -- weights=bf16 adds rows where clrt decodes with bf16 weight copies (m:set_matmul("bf16"))
 -- against the PyTorch model in bfloat16 (same bytes per weight on both sides).
 --   clrt bench/generate.lua [sizes=15m,110m] [batches=1,32] [new=64] [prompt=16] [device=cpu|cuda]
---                           [weights=f32|bf16|f32,bf16]
+--                           [weights=f32|bf16|f32,bf16] [reps=3]
+-- Each figure is the median of reps timed runs (the peer's too).
 local ffi = require("ffi")
 local cjson = require("cjson")
 ffi.cdef [[ struct bench_ts { long tv_sec; long tv_nsec; }; int clock_gettime(int, struct bench_ts *); ]]
@@ -31,6 +32,7 @@ local batches = list(args.batches, "1,32")
 local new_tokens = tonumber(args.new or 64)
 local prompt_len = tonumber(args.prompt or 16)
 local weight_kinds = list(args.weights, "f32")
+local reps = tonumber(args.reps or 3)
 
 local models = {
   ["15m"] = { hidden_size = 384, intermediate_size = 1024, num_hidden_layers = 6, num_attention_heads = 6,
@@ -74,18 +76,23 @@ for _, size in ipairs(sizes) do
       m:generate(prompts, { temperature = 0, max_new_tokens = 4 })   -- warm-up, sizes the cache
       local dec = m:decoder(B, prompt_len + new_tokens)
       local gen = require("clrt.generate")
-      -- Time the decode steps alone, as the peer does: prefill first, then new-1 steps.
-      local eng = gen.engine(dec)
       local o = gen.options({ temperature = 0, max_new_tokens = new_tokens }, cfg.vocab_size)
-      for _, p in ipairs(prompts) do eng:add(p, o) end
-      local t0 = now()
-      eng:step()   -- the first token comes from the prefill logits
-      local t1 = now()
-      while eng:busy() do eng:step() end
-      local t2 = now()
-      local ours = B * (new_tokens - 1) / (t2 - t1 + (t1 - t0) * 0)
-      local py = io.popen(("OMP_NUM_THREADS=2 /usr/bin/python3 %s/generate_ref.py '%s' %d %d %d %s %s"):format(
-        here, cjson.encode(cfg), B, prompt_len, new_tokens, device, wk))
+      -- Time the decode steps alone, as the peer does: prefill first, then new-1 steps; the
+      -- median of reps runs on each side (a 110M batch-1 run is half a second, and a shared
+      -- machine's hiccups move a single one by half).
+      local secs = {}
+      for r = 1, reps do
+        local eng = gen.engine(dec)
+        for _, p in ipairs(prompts) do eng:add(p, o) end
+        eng:step()   -- the first token comes from the prefill logits
+        local t1 = now()
+        while eng:busy() do eng:step() end
+        secs[r] = now() - t1
+      end
+      table.sort(secs)
+      local ours = B * (new_tokens - 1) / secs[math.floor(reps / 2) + 1]
+      local py = io.popen(("OMP_NUM_THREADS=2 BENCH_REPS=%d /usr/bin/python3 %s/generate_ref.py '%s' %d %d %d %s %s"):format(
+        reps, here, cjson.encode(cfg), B, prompt_len, new_tokens, device, wk))
       local line = py:read("*a")
       py:close()
       local ok, peer = pcall(cjson.decode, line)
