@@ -659,9 +659,13 @@ static const float *packed_weight(const clrt_model *m, int64_t w) {
    accumulation); larger products stay sgemm on the fp32 weights. w is the weight's offset. */
 static void lin_f(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
                   int64_t N, int Kd, int O) {
-  if (m->bf16 && !ON_GPU(m) &&
-      clrt_linear_skinny_forward_bf16(y, x, (const uint16_t *)m->wbf->data + w, b, N, Kd, O))
-    return;
+  if (m->bf16 && !ON_GPU(m)) {
+    const uint16_t *w16 = (const uint16_t *)m->wbf->data + w;
+    clrt_packed_part part = {y, w16, b, O};
+    if (m->wbf_packed ? clrt_linear_packed_bf16_forward_parts(x, N, Kd, &part, 1)
+                      : clrt_linear_skinny_forward_bf16(y, x, w16, b, N, Kd, O))
+      return;
+  }
   const float *wp = packed_weight(m, w);
   if (wp && clrt_linear_packed_forward(y, x, wp, b, N, Kd, O)) return;
 #ifdef CLRT_HAVE_CUDA
@@ -687,13 +691,16 @@ typedef struct {
 static void lin_f_parts(clrt_model *m, acts *a, const float *x, int64_t N, int Kd, const lin_part *parts,
                         int count) {
   clrt_packed_part packed[3];
-  int ok = count <= 3 && !m->bf16;
+  int bf16 = m->bf16 && !ON_GPU(m) && m->wbf_packed, ok = count <= 3 && (bf16 || !m->bf16);
   for (int i = 0; ok && i < count; i++) {
-    const float *wp = packed_weight(m, parts[i].w);
+    const void *wp = bf16 ? (const void *)((const uint16_t *)m->wbf->data + parts[i].w)
+                          : (const void *)packed_weight(m, parts[i].w);
     packed[i] = (clrt_packed_part){parts[i].y, wp, parts[i].b, parts[i].O};
     ok = wp != NULL;
   }
-  if (ok && clrt_linear_packed_forward_parts(x, N, Kd, packed, count)) return;
+  if (ok && (bf16 ? clrt_linear_packed_bf16_forward_parts(x, N, Kd, packed, count)
+                  : clrt_linear_packed_forward_parts(x, N, Kd, packed, count)))
+    return;
   for (int i = 0; i < count; i++) lin_f(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, Kd, parts[i].O);
 }
 
@@ -719,14 +726,35 @@ static void refresh_bf16(clrt_model *m) {
   m->wbf_ver = m->params->version;
 #ifdef CLRT_HAVE_CUDA
   if (ON_GPU(m)) {
+    m->wbf_packed = 0;
     clrt_cuda_f32_to_bf16(m->wbf->data, m->params->data, m->total);
     return;
   }
 #endif
   const float *src = m->params->data;
   uint16_t *dst = m->wbf->data;
+  const clrt_model_config *c = &m->cfg;
+  int C = c->hidden_size, I = c->intermediate_size, HD = c->num_attention_heads * c->head_dim;
+  m->wbf_packed = m->pack_decode && clrt_linear_packed_bf16_available() && C % 2 == 0 && I % 2 == 0 &&
+                  HD % 2 == 0;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < m->total; i++) dst[i] = clrt_f32_to_bf16(src[i]);
+  if (!m->wbf_packed) return;
+  /* Decode reads only the linear weights of wbf: repack them in place (see linear_packed.c). */
+  int KVD = c->num_key_value_heads * c->head_dim;
+#define PACK16(off, K, O) clrt_linear_pack_bf16(dst + (off), src + (off), K, O)
+  for (int l = 0; l < c->num_hidden_layers; l++) {
+    const clrt_layer_offsets *o = &m->layer[l];
+    PACK16(o->wq, C, HD);
+    PACK16(o->wk, C, KVD);
+    PACK16(o->wv, C, KVD);
+    PACK16(o->wo, HD, C);
+    PACK16(o->wg, C, I);
+    PACK16(o->wu, C, I);
+    PACK16(o->wd, I, C);
+  }
+  PACK16(m->head, C, c->vocab_size);
+#undef PACK16
 }
 
 /* One transformer layer over N = B*T rows at positions pos0[b] + t. x: [N, C] in; out: [N, C].
@@ -1181,6 +1209,7 @@ int clrt_model_set_matmul_bf16(clrt_model *m, int on) {
 }
 
 int clrt_model_set_decode_pack(clrt_model *m, int on) {
+  if (m->pack_decode != (on != 0)) m->wbf_ver = COPY_STALE;   /* bf16 copies change layout */
   m->pack_decode = on != 0;
   if (!on) {
     clrt_storage_release(m->wpk);

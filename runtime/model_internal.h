@@ -37,10 +37,12 @@ struct clrt_model {
   clrt_storage *rope_dev;
   int32_t *hidx;               /* [hidx_cap]: rowidx of the last forward, then scratch */
   size_t hidx_cap;
-  /* bf16 matmuls (CUDA only): the linear layers take bf16 copies of their inputs and of the
-     weights (wbf, refreshed from the fp32 master params when they change) and accumulate in
-     fp32; the output layer stays fp32. */
-  int bf16;
+  /* bf16 matmuls: the linear layers take bf16 copies of their inputs and of the weights (wbf,
+     refreshed from the fp32 master params when they change) and accumulate in fp32. On CUDA
+     the output layer stays fp32; on the CPU only decode steps (few rows) read wbf, and with
+     pack_decode on a CPU with AVX512-BF16 its linear weights are packed in panels of bf16
+     pairs (clrt_linear_pack_bf16, same offsets; wbf_packed). */
+  int bf16, wbf_packed;
   clrt_storage *wbf;           /* [total] uint16 on the device */
   /* Decode on the CPU (f32): the linear weights packed in 48-wide panels (clrt_linear_pack,
      same offsets as params), made on the first decode when pack_decode is on. */

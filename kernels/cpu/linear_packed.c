@@ -17,12 +17,20 @@
    over the whole product: 253-281 -> 289-333 GFLOP/s with the weights coming from memory
    (270-380 MB of matrices cycled), where 320-380 is the rate with them in cache.
    Products that share x (q/k/v, gate/up) go through one call, clrt_linear_packed_forward_parts,
-   so the threads split all their panels at once and the prefetch runs across their seams. */
+   so the threads split all their panels at once and the prefetch runs across their seams.
+   bf16 (CPUs with AVX512-BF16): the same panels hold bf16 pairs of k, the 48 outputs' two
+   weights side by side for each pair: wp[o0 * K + kp * 2 pw + 2 j + e] = w[(o0 + j) * K + 2 kp + e]
+   (K even). vdpbf16ps multiplies a broadcast pair of x by 16 outputs' pairs and adds both
+   products into f32 lanes: twice the multiply-adds of an f32 FMA from half the bytes. x is
+   rounded to bf16 once per call. */
 #include "model_kernels.h"
 
+#include "bf16.h"
 #include "simd512.h"
 
 #include <omp.h>
+#include <stdlib.h>
+#include <string.h>
 
 enum { PANEL = 48, TILE_ROWS = 8 };
 
@@ -38,6 +46,23 @@ void clrt_linear_pack(float *wp /* [O * K] panels */, const float *w /* [O, K] *
       for (int j = 0; j < pw; j++) {
         const float *src = w + (int64_t)(o0 + j) * K;
         for (int k = k0; k < k1; k++) dst[(int64_t)k * pw + j] = src[k];
+      }
+    }
+  }
+}
+
+void clrt_linear_pack_bf16(uint16_t *wp /* [O * K] panels of pairs */, const float *w /* [O, K] */,
+                           int K, int O) {
+  int panels = (O + PANEL - 1) / PANEL;
+#pragma omp parallel for schedule(static) if ((int64_t)O * K > CLRT_OMP_MIN_WORK)
+  for (int p = 0; p < panels; p++) {
+    int o0 = p * PANEL, pw = O - o0 < PANEL ? O - o0 : PANEL;
+    uint16_t *dst = wp + (int64_t)o0 * K;
+    for (int k0 = 0; k0 < K; k0 += 16) {
+      int k1 = k0 + 16 < K ? k0 + 16 : K;
+      for (int j = 0; j < pw; j++) {
+        const float *src = w + (int64_t)(o0 + j) * K;
+        for (int k = k0; k < k1; k++) dst[(int64_t)(k / 2) * 2 * pw + 2 * j + (k & 1)] = clrt_f32_to_bf16(src[k]);
       }
     }
   }
@@ -115,11 +140,11 @@ TARGET static inline __attribute__((always_inline)) void row1(
   }
 }
 
-/* Where panel p of a part starts and how wide it is. */
-static inline const float *panel_at(const clrt_packed_part *part, int K, int p, int *pw) {
+/* Where panel p of a part starts (elements of esize bytes) and how wide it is. */
+static inline const char *panel_at(const clrt_packed_part *part, int K, int p, int esize, int *pw) {
   int o0 = p * PANEL;
   *pw = part->O - o0 < PANEL ? part->O - o0 : PANEL;
-  return part->wp + (int64_t)o0 * K;
+  return (const char *)part->wp + (int64_t)o0 * K * esize;
 }
 
 static inline int64_t panels_of(const clrt_packed_part *part) { return (part->O + PANEL - 1) / PANEL; }
@@ -130,7 +155,7 @@ static inline int64_t panels_of(const clrt_packed_part *part) { return (part->O 
 TARGET static void panel_all_rows(const clrt_packed_part *part, const float *x, int N, int K, int p,
                                   const char *next, int64_t next_bytes) {
   int pw;
-  const float *panel = panel_at(part, K, p, &pw);
+  const float *panel = (const float *)panel_at(part, K, p, sizeof(float), &pw);
   int o0 = p * PANEL, O = part->O;
   if (N == 1 && pw == PANEL) {   /* one row streams the weights once: the hardware keeps up */
     row1(part->y, x, panel, part->b, K, o0);
@@ -151,9 +176,79 @@ TARGET static void panel_all_rows(const clrt_packed_part *part, const float *x, 
   }
 }
 
-/* Panels [g0, g1) of the parts' panels laid end to end. */
-TARGET static void panel_range(const clrt_packed_part *parts, const float *x, int N, int K,
-                               int64_t g0, int64_t g1) {
+/* The 16-bit elements of chunk c of a bf16 panel pw wide: two per output. */
+static inline __mmask32 pair_mask(int c, int pw) {
+  int n = pw - 16 * c;
+  return n >= 16 ? (__mmask32)0xFFFFFFFFu : n > 0 ? (__mmask32)((1u << (2 * n)) - 1) : (__mmask32)0;
+}
+
+/* The bf16 tile: as tile, over pairs of k. Lane i of chunk c is output o0 + 16c + i, and
+   holds that output's two weights of the pair (an epi16 mask keeps two elements a lane). */
+CLRT_TARGET_AVX512BF16 static inline __attribute__((always_inline)) void tile_bf16(
+    float *y /* [nr, O] at row 0 */, const uint16_t *x /* [nr, K] bf16 */,
+    const uint16_t *wp /* [K / 2, pw, 2] */, const float *b /* [O] or NULL */, int nr, int K, int O,
+    int o0, int pw, const char *pf, int pf_step) {
+  const __mmask16 m0 = panel_mask(0, pw), m1 = panel_mask(1, pw), m2 = panel_mask(2, pw);
+  const __mmask32 h0 = pair_mask(0, pw), h1 = pair_mask(1, pw), h2 = pair_mask(2, pw);
+  __m512 acc[TILE_ROWS][3];
+  for (int r = 0; r < TILE_ROWS; r++) acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
+  for (int kp = 0; kp < K / 2; kp++) {
+    const uint16_t *wk = wp + (int64_t)kp * 2 * pw;
+    if (pf) _mm_prefetch(pf + (int64_t)kp * pf_step, _MM_HINT_T0);
+    __m512bh w0 = (__m512bh)_mm512_maskz_loadu_epi16(h0, wk), w1 = (__m512bh)_mm512_maskz_loadu_epi16(h1, wk + 32),
+             w2 = (__m512bh)_mm512_maskz_loadu_epi16(h2, wk + 64);
+    for (int r = 0; r < TILE_ROWS; r++) {
+      if (r >= nr) break;
+      int32_t pair;
+      memcpy(&pair, x + (int64_t)r * K + 2 * kp, sizeof pair);
+      __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xb, w0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xb, w1);
+      acc[r][2] = _mm512_dpbf16_ps(acc[r][2], xb, w2);
+    }
+  }
+  __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0;
+  if (b) {
+    b0 = _mm512_maskz_loadu_ps(m0, b + o0);
+    b1 = _mm512_maskz_loadu_ps(m1, b + o0 + 16);
+    b2 = _mm512_maskz_loadu_ps(m2, b + o0 + 32);
+  }
+  for (int r = 0; r < nr; r++) {
+    float *yr = y + (int64_t)r * O + o0;
+    _mm512_mask_storeu_ps(yr, m0, _mm512_add_ps(acc[r][0], b0));
+    _mm512_mask_storeu_ps(yr + 16, m1, _mm512_add_ps(acc[r][1], b1));
+    _mm512_mask_storeu_ps(yr + 32, m2, _mm512_add_ps(acc[r][2], b2));
+  }
+}
+
+/* panel_all_rows over bf16 pairs (one row included: its three sums per pair already cover the
+   weight stream). */
+CLRT_TARGET_AVX512BF16 static void panel_all_rows_bf16(const clrt_packed_part *part, const uint16_t *x16,
+                                                       int N, int K, int p, const char *next,
+                                                       int64_t next_bytes) {
+  int o0 = p * PANEL, O = part->O, pw = O - o0 < PANEL ? O - o0 : PANEL;
+  const uint16_t *panel = (const uint16_t *)part->wp + (int64_t)o0 * K;
+  int tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
+  int64_t share = next_bytes / tiles;
+  int pf_step = (int)(share / (K / 2)) + 1;
+  for (int n0 = 0, t = 0; n0 < N; n0 += TILE_ROWS, t++) {
+    int nr = N - n0 < TILE_ROWS ? N - n0 : TILE_ROWS;
+    float *yt = part->y + (int64_t)n0 * O;
+    const uint16_t *xt = x16 + (int64_t)n0 * K;
+    const char *pf = next ? next + t * share : NULL;
+    if (nr == TILE_ROWS && pw == PANEL)
+      tile_bf16(yt, xt, panel, part->b, TILE_ROWS, K, O, o0, PANEL, pf, pf_step);
+    else if (nr == 1 && pw == PANEL)
+      tile_bf16(yt, xt, panel, part->b, 1, K, O, o0, PANEL, pf, pf_step);
+    else
+      tile_bf16(yt, xt, panel, part->b, nr, K, O, o0, pw, pf, pf_step);
+  }
+}
+
+/* Panels [g0, g1) of the parts' panels laid end to end (bf16 ones when x16 is given). */
+TARGET static void panel_range(const clrt_packed_part *parts, const float *x, const uint16_t *x16,
+                               int N, int K, int64_t g0, int64_t g1) {
+  const int esize = x16 ? 2 : 4;
   int i = 0;
   int64_t base = 0;   /* the index of part i's first panel */
   for (int64_t g = g0; g < g1; g++) {
@@ -164,20 +259,25 @@ TARGET static void panel_range(const clrt_packed_part *parts, const float *x, in
     if (g + 1 < g1) {
       int j = i, q = p + 1;
       while (q >= panels_of(&parts[j])) q -= (int)panels_of(&parts[j++]);
-      next = (const char *)panel_at(&parts[j], K, q, &pw);
-      next_bytes = (int64_t)pw * K * (int64_t)sizeof(float);
+      next = panel_at(&parts[j], K, q, esize, &pw);
+      next_bytes = (int64_t)pw * K * esize;
     }
-    panel_all_rows(&parts[i], x, N, K, p, next, next_bytes);
+    if (x16)
+      panel_all_rows_bf16(&parts[i], x16, N, K, p, next, next_bytes);
+    else
+      panel_all_rows(&parts[i], x, N, K, p, next, next_bytes);
   }
 }
 #endif
 
 int clrt_linear_packed_available(void) { return clrt_have_avx512(); }
 
-int clrt_linear_packed_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
-                                     const clrt_packed_part *parts, int count) {
+int clrt_linear_packed_bf16_available(void) { return clrt_have_avx512bf16(); }
+
+/* Both forwards: x16 NULL for f32 panels, else x rounded to bf16 for bf16 ones. */
+static int forward_parts(const float *x, const uint16_t *x16, int64_t N, int K,
+                         const clrt_packed_part *parts, int count) {
 #if CLRT_AVX512
-  if (N < 1 || N > CLRT_SKINNY_MAX_ROWS || count < 1 || !clrt_have_avx512()) return 0;
   int64_t panels = 0, outs = 0;
   for (int i = 0; i < count; i++) {
     if (parts[i].O < 1) return 0;
@@ -187,13 +287,31 @@ int clrt_linear_packed_forward_parts(const float *x /* [N, K] */, int64_t N, int
   {
     /* Contiguous shares (schedule(static) by hand) so each thread knows its next panel. */
     int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    panel_range(parts, x, (int)N, K, panels * t / nt, panels * (t + 1) / nt);
+    panel_range(parts, x, x16, (int)N, K, panels * t / nt, panels * (t + 1) / nt);
   }
   return 1;
 #else
-  (void)x, (void)N, (void)K, (void)parts, (void)count;
+  (void)x, (void)x16, (void)N, (void)K, (void)parts, (void)count;
   return 0;
 #endif
+}
+
+int clrt_linear_packed_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
+                                     const clrt_packed_part *parts, int count) {
+  if (N < 1 || N > CLRT_SKINNY_MAX_ROWS || count < 1 || !clrt_have_avx512()) return 0;
+  return forward_parts(x, NULL, N, K, parts, count);
+}
+
+int clrt_linear_packed_bf16_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
+                                          const clrt_packed_part *parts, int count) {
+  if (N < 1 || N > CLRT_SKINNY_MAX_ROWS || count < 1 || K % 2 || !clrt_have_avx512bf16()) return 0;
+  size_t n = (size_t)N * K;
+  uint16_t *x16 = malloc(n * sizeof *x16);
+  if (!x16) return 0;
+  for (size_t i = 0; i < n; i++) x16[i] = clrt_f32_to_bf16(x[i]);
+  int done = forward_parts(NULL, x16, N, K, parts, count);
+  free(x16);
+  return done;
 }
 
 int clrt_linear_packed_forward(float *y /* [N, O] */, const float *x /* [N, K] */,

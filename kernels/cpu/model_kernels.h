@@ -65,13 +65,18 @@ int clrt_linear_packed_forward(float *y /* [N, O] */, const float *x /* [N, K] *
 /* One of several products of the same x, each with its own packed weights. */
 typedef struct {
   float *y;         /* [N, O] */
-  const float *wp;  /* [O * K] packed by clrt_linear_pack */
+  const void *wp;   /* [O * K] packed by clrt_linear_pack (f32) or clrt_linear_pack_bf16 */
   const float *b;   /* [O] or NULL */
   int O;
 } clrt_packed_part;
 /* y_i = x w_i^T + b_i for every part in one parallel pass; 1 when computed, 0 as above. */
 int clrt_linear_packed_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
                                      const clrt_packed_part *parts, int count);
+/* bf16: panels of bf16 pairs of k (K even), x rounded to bf16, f32 sums and y; AVX512-BF16. */
+void clrt_linear_pack_bf16(uint16_t *wp /* [O * K] */, const float *w /* [O, K] */, int K, int O);
+int clrt_linear_packed_bf16_available(void);
+int clrt_linear_packed_bf16_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
+                                          const clrt_packed_part *parts, int count);
 
 /* ---- rmsnorm.c -------------------------------------------------------------------------- */
 void clrt_rmsnorm_forward(float *out /* [N, C] */, float *rstd /* [N] */, const float *x /* [N, C] */,

@@ -79,7 +79,7 @@ static void test_linear(void) {
    two. Skipped (counted as passed by the sgemm fallback's
    own check) on a CPU without its kernel. */
 static void test_linear_skinny(void) {
-  static const int Ns[] = {1, 2, 3, 4, 5, 9, 32}, Ks[] = {1, 7, 16, 33, 95, 384},
+  static const int Ns[] = {1, 2, 3, 4, 5, 9, 32}, Ks[] = {1, 2, 7, 16, 33, 94, 95, 384},
                    Os[] = {1, 3, 4, 9, 48, 70, 100};
   int ran = 0;
   for (int threads = 1; threads <= 2; threads++) {
@@ -96,11 +96,16 @@ static void test_linear_skinny(void) {
           for (int64_t i = 0; i < (int64_t)O * K; i++) w16[i] = clrt_f32_to_bf16(w[i]);
           float *wp = malloc(sizeof(float) * (size_t)O * K);
           clrt_linear_pack(wp, w, K, O);
-          for (int variant = 0; variant < 6; variant++) {
-            int with_bias = variant & 1, half = variant >> 1 == 1, packed = variant >> 1 == 2;
+          uint16_t *wp16 = malloc(sizeof(uint16_t) * (size_t)O * K);   /* bf16 pairs: K even */
+          if (K % 2 == 0) clrt_linear_pack_bf16(wp16, w, K, O);
+          for (int variant = 0; variant < 8; variant++) {
+            int with_bias = variant & 1, kind = variant >> 1;
+            int packed16 = kind == 3, half = kind == 1 || packed16, packed = kind == 2 || packed16;
             const float *bb = with_bias ? b : NULL;
             memset(y, 0xff, sizeof(float) * (size_t)N * O);   /* NaN: an output never written fails */
-            int done = half     ? clrt_linear_skinny_forward_bf16(y, x, w16, bb, N, K, O)
+            clrt_packed_part part = {y, wp16, bb, O};
+            int done = packed16 ? K % 2 == 0 && clrt_linear_packed_bf16_forward_parts(x, N, K, &part, 1)
+                       : half   ? clrt_linear_skinny_forward_bf16(y, x, w16, bb, N, K, O)
                        : packed ? clrt_linear_packed_forward(y, x, wp, bb, N, K, O)
                                 : clrt_linear_skinny_forward(y, x, w, bb, N, K, O);
             if (!done) continue;
@@ -123,10 +128,11 @@ static void test_linear_skinny(void) {
             double tol = packed ? 1e-6 * sqrt((double)K) : 2e-6;
             if (!(worst <= tol))
               fprintf(stderr, "%s N=%d K=%d O=%d bias=%d: error %g\n",
-                      half ? "skinny bf16" : packed ? "packed" : "skinny", N, K, O, with_bias, worst);
+                      packed16 ? "packed bf16" : half ? "skinny bf16" : packed ? "packed" : "skinny", N, K,
+                      O, with_bias, worst);
             CHECK(worst <= tol);
           }
-          free(x); free(w); free(w16); free(wp); free(b); free(y);
+          free(x); free(w); free(w16); free(wp); free(wp16); free(b); free(y);
         }
   }
   clrt_set_num_threads(1);
@@ -141,41 +147,54 @@ static void test_linear_skinny(void) {
 
 /* Several products of one x in one call (q/k/v, gate/up) give each product exactly what its
    own call gives (checked against float64 above): the threads' shares cut across the parts
-   (panels 3 + 1 + 1 over two threads) and the prefetch of the next panel crosses them. */
+   (panels 3 + 1 + 1 over two threads) and the prefetch of the next panel crosses them. For
+   f32 panels and, where the CPU has AVX512-BF16, bf16 ones (even K). */
+static int packed_call(int half, const float *x, int N, int K, const clrt_packed_part *parts, int count) {
+  return half ? clrt_linear_packed_bf16_forward_parts(x, N, K, parts, count)
+              : clrt_linear_packed_forward_parts(x, N, K, parts, count);
+}
+
 static void test_linear_packed_parts(void) {
   static const int Ns[] = {1, 5, 32}, Ks[] = {33, 384};
   static const int Osets[][3] = {{100, 48, 9}, {1, 70, 48}, {384, 384, 384}};
   if (!clrt_linear_packed_available()) return;
-  for (int threads = 1; threads <= 2; threads++) {
-    clrt_set_num_threads(threads);
-    for (size_t a = 0; a < 3; a++)
-      for (size_t k = 0; k < 2; k++)
-        for (size_t s = 0; s < 3; s++) {
-          int N = Ns[a], K = Ks[k];
-          const int *Os = Osets[s];
-          float *x = randv((size_t)N * K, 1), *w[3], *wp[3], *b[3], *y[3], *want[3];
-          clrt_packed_part parts[3];
-          for (int i = 0; i < 3; i++) {
-            w[i] = randv((size_t)Os[i] * K, 1);
-            wp[i] = malloc(sizeof(float) * (size_t)Os[i] * K);
-            clrt_linear_pack(wp[i], w[i], K, Os[i]);
-            b[i] = i == 1 ? NULL : randv((size_t)Os[i], 1);
-            y[i] = malloc(sizeof(float) * (size_t)N * Os[i]);
-            want[i] = malloc(sizeof(float) * (size_t)N * Os[i]);
-            memset(y[i], 0xff, sizeof(float) * (size_t)N * Os[i]);   /* NaN where never written */
-            CHECK(clrt_linear_packed_forward(want[i], x, wp[i], b[i], N, K, Os[i]) == 1);
-            parts[i] = (clrt_packed_part){y[i], wp[i], b[i], Os[i]};
+  for (int half = 0; half <= 1; half++)
+    for (int threads = 1; threads <= 2; threads++) {
+      clrt_set_num_threads(threads);
+      for (size_t a = 0; a < 3; a++)
+        for (size_t k = 0; k < 2; k++)
+          for (size_t s = 0; s < 3; s++) {
+            int N = Ns[a], K = Ks[k];
+            if (half && (K % 2 || !clrt_linear_packed_bf16_available())) continue;
+            const int *Os = Osets[s];
+            float *x = randv((size_t)N * K, 1), *w[3], *b[3], *y[3], *want[3];
+            void *wp[3];
+            clrt_packed_part parts[3];
+            for (int i = 0; i < 3; i++) {
+              w[i] = randv((size_t)Os[i] * K, 1);
+              wp[i] = malloc(sizeof(float) * (size_t)Os[i] * K);
+              if (half) clrt_linear_pack_bf16(wp[i], w[i], K, Os[i]);
+              else clrt_linear_pack(wp[i], w[i], K, Os[i]);
+              b[i] = i == 1 ? NULL : randv((size_t)Os[i], 1);
+              y[i] = malloc(sizeof(float) * (size_t)N * Os[i]);
+              want[i] = malloc(sizeof(float) * (size_t)N * Os[i]);
+              memset(y[i], 0xff, sizeof(float) * (size_t)N * Os[i]);   /* NaN where never written */
+              parts[i] = (clrt_packed_part){want[i], wp[i], b[i], Os[i]};
+              CHECK(packed_call(half, x, N, K, &parts[i], 1) == 1);
+              parts[i].y = y[i];
+            }
+            CHECK(packed_call(half, x, N, K, parts, 3) == 1);
+            for (int i = 0; i < 3; i++) {
+              int same = memcmp(y[i], want[i], sizeof(float) * (size_t)N * Os[i]) == 0;
+              if (!same)
+                fprintf(stderr, "packed%s parts N=%d K=%d part %d (O=%d) differs\n", half ? " bf16" : "", N, K,
+                        i, Os[i]);
+              CHECK(same);
+              free(w[i]); free(wp[i]); free(b[i]); free(y[i]); free(want[i]);
+            }
+            free(x);
           }
-          CHECK(clrt_linear_packed_forward_parts(x, N, K, parts, 3) == 1);
-          for (int i = 0; i < 3; i++) {
-            int same = memcmp(y[i], want[i], sizeof(float) * (size_t)N * Os[i]) == 0;
-            if (!same) fprintf(stderr, "packed parts N=%d K=%d part %d (O=%d) differs\n", N, K, i, Os[i]);
-            CHECK(same);
-            free(w[i]); free(wp[i]); free(b[i]); free(y[i]); free(want[i]);
-          }
-          free(x);
-        }
-  }
+    }
   clrt_set_num_threads(1);
 }
 
