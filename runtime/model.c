@@ -679,8 +679,9 @@ static void lin_f(clrt_model *m, acts *a, float *y, const float *x, int64_t w, c
   K(m, linear_forward, y, x, PW(m, w), b, N, Kd, O);
 }
 
-/* Products of the same x (q, k, v; gate, up): over packed weights, one parallel pass for all
-   of them (see linear_packed.c); otherwise one lin_f each. */
+/* Products of the same x (q, k, v; gate, up): over packed weights (the f32 copy, or in bf16
+   mode the bf16 copies when packed), one parallel pass for all of them (see linear_packed.c);
+   otherwise one lin_f each. */
 typedef struct {
   float *y;
   int64_t w;
