@@ -612,6 +612,30 @@ static int bind_acts(clrt_model *m, acts *a, int B, int T, int Tk, int keep) {
   return 0;
 }
 
+/* Packs every linear weight of the params into dst at the same offsets: f32 panels
+   (clrt_linear_pack) or bf16 ones (clrt_linear_pack_bf16, dst uint16). */
+static void pack_linear_weights(const clrt_model *m, void *dst, int bf16) {
+  const clrt_model_config *c = &m->cfg;
+  int C = c->hidden_size, I = c->intermediate_size, HD = c->num_attention_heads * c->head_dim,
+      KVD = c->num_key_value_heads * c->head_dim;
+  const float *src = m->params->data;
+#define PACK(off, K, O)                                                          \
+  (bf16 ? clrt_linear_pack_bf16((uint16_t *)dst + (off), src + (off), K, O)      \
+        : clrt_linear_pack((float *)dst + (off), src + (off), K, O))
+  for (int l = 0; l < c->num_hidden_layers; l++) {
+    const clrt_layer_offsets *o = &m->layer[l];
+    PACK(o->wq, C, HD);
+    PACK(o->wk, C, KVD);
+    PACK(o->wv, C, KVD);
+    PACK(o->wo, HD, C);
+    PACK(o->wg, C, I);
+    PACK(o->wu, C, I);
+    PACK(o->wd, I, C);
+  }
+  PACK(m->head, C, c->vocab_size);
+#undef PACK
+}
+
 /* The packed copies of the linear weights, made on the first CPU decode and remade when the
    weights change. A decode step of up to 32 rows runs ~1.6x faster over them (see
    linear_packed.c) for a second copy of the weights in memory. */
@@ -626,24 +650,7 @@ static int refresh_packed(clrt_model *m) {
     m->wpk_ver = COPY_STALE;
   }
   if (m->wpk_ver == m->params->version) return 0;
-  const clrt_model_config *c = &m->cfg;
-  int C = c->hidden_size, I = c->intermediate_size, HD = c->num_attention_heads * c->head_dim,
-      KVD = c->num_key_value_heads * c->head_dim;
-  float *dst = m->wpk->data;
-  const float *src = m->params->data;
-#define PACK(off, K, O) clrt_linear_pack(dst + (off), src + (off), K, O)
-  for (int l = 0; l < c->num_hidden_layers; l++) {
-    const clrt_layer_offsets *o = &m->layer[l];
-    PACK(o->wq, C, HD);
-    PACK(o->wk, C, KVD);
-    PACK(o->wv, C, KVD);
-    PACK(o->wo, HD, C);
-    PACK(o->wg, C, I);
-    PACK(o->wu, C, I);
-    PACK(o->wd, I, C);
-  }
-  PACK(m->head, C, c->vocab_size);
-#undef PACK
+  pack_linear_weights(m, m->wpk->data, 0);
   m->wpk_ver = m->params->version;
   return 0;
 }
@@ -742,20 +749,7 @@ static void refresh_bf16(clrt_model *m) {
   for (int64_t i = 0; i < m->total; i++) dst[i] = clrt_f32_to_bf16(src[i]);
   if (!m->wbf_packed) return;
   /* Decode reads only the linear weights of wbf: repack them in place (see linear_packed.c). */
-  int KVD = c->num_key_value_heads * c->head_dim;
-#define PACK16(off, K, O) clrt_linear_pack_bf16(dst + (off), src + (off), K, O)
-  for (int l = 0; l < c->num_hidden_layers; l++) {
-    const clrt_layer_offsets *o = &m->layer[l];
-    PACK16(o->wq, C, HD);
-    PACK16(o->wk, C, KVD);
-    PACK16(o->wv, C, KVD);
-    PACK16(o->wo, HD, C);
-    PACK16(o->wg, C, I);
-    PACK16(o->wu, C, I);
-    PACK16(o->wd, I, C);
-  }
-  PACK16(m->head, C, c->vocab_size);
-#undef PACK16
+  pack_linear_weights(m, dst, 1);
 }
 
 /* One transformer layer over N = B*T rows at positions pos0[b] + t. x: [N, C] in; out: [N, C].

@@ -34,38 +34,35 @@
 
 enum { PANEL = 48, TILE_ROWS = 8 };
 
-void clrt_linear_pack(float *wp /* [O * K] panels */, const float *w /* [O, K] */, int K, int O) {
+/* Both layouts: f32 (element k of output j at k * pw + j) or bf16 pairs (at 2 (k / 2) pw +
+   2 j + k % 2). */
+static void pack(void *wp, const float *w /* [O, K] */, int K, int O, int bf16) {
   int panels = (O + PANEL - 1) / PANEL;
 #pragma omp parallel for schedule(static) if ((int64_t)O * K > CLRT_OMP_MIN_WORK)
   for (int p = 0; p < panels; p++) {
     int o0 = p * PANEL, pw = O - o0 < PANEL ? O - o0 : PANEL;
-    float *dst = wp + (int64_t)o0 * K;
     /* 16 k at a time: the reads stay sequential per row and the writes within a few lines. */
     for (int k0 = 0; k0 < K; k0 += 16) {
       int k1 = k0 + 16 < K ? k0 + 16 : K;
       for (int j = 0; j < pw; j++) {
         const float *src = w + (int64_t)(o0 + j) * K;
-        for (int k = k0; k < k1; k++) dst[(int64_t)k * pw + j] = src[k];
+        for (int k = k0; k < k1; k++) {
+          int64_t at = (int64_t)o0 * K + (bf16 ? (int64_t)(k / 2) * 2 * pw + 2 * j + (k & 1) : (int64_t)k * pw + j);
+          if (bf16) ((uint16_t *)wp)[at] = clrt_f32_to_bf16(src[k]);
+          else ((float *)wp)[at] = src[k];
+        }
       }
     }
   }
 }
 
+void clrt_linear_pack(float *wp /* [O * K] panels */, const float *w /* [O, K] */, int K, int O) {
+  pack(wp, w, K, O, 0);
+}
+
 void clrt_linear_pack_bf16(uint16_t *wp /* [O * K] panels of pairs */, const float *w /* [O, K] */,
                            int K, int O) {
-  int panels = (O + PANEL - 1) / PANEL;
-#pragma omp parallel for schedule(static) if ((int64_t)O * K > CLRT_OMP_MIN_WORK)
-  for (int p = 0; p < panels; p++) {
-    int o0 = p * PANEL, pw = O - o0 < PANEL ? O - o0 : PANEL;
-    uint16_t *dst = wp + (int64_t)o0 * K;
-    for (int k0 = 0; k0 < K; k0 += 16) {
-      int k1 = k0 + 16 < K ? k0 + 16 : K;
-      for (int j = 0; j < pw; j++) {
-        const float *src = w + (int64_t)(o0 + j) * K;
-        for (int k = k0; k < k1; k++) dst[(int64_t)(k / 2) * 2 * pw + 2 * j + (k & 1)] = clrt_f32_to_bf16(src[k]);
-      }
-    }
-  }
+  pack(wp, w, K, O, 1);
 }
 
 #if CLRT_AVX512
@@ -75,6 +72,25 @@ void clrt_linear_pack_bf16(uint16_t *wp /* [O * K] panels of pairs */, const flo
 static inline __mmask16 panel_mask(int c, int pw) {
   int n = pw - 16 * c;
   return n >= 16 ? (__mmask16)0xFFFF : n > 0 ? clrt_tail_mask16(n) : (__mmask16)0;
+}
+
+/* y[r, o0 .. o0+pw) = acc[r] + b[o0 .. o0+pw) for the nr rows of a tile. */
+TARGET static inline __attribute__((always_inline)) void store_tile(
+    float *y /* [nr, O] at row 0 */, __m512 acc[][3], const float *b /* [O] or NULL */, int nr, int O,
+    int o0, int pw) {
+  const __mmask16 m0 = panel_mask(0, pw), m1 = panel_mask(1, pw), m2 = panel_mask(2, pw);
+  __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0;
+  if (b) {
+    b0 = _mm512_maskz_loadu_ps(m0, b + o0);
+    b1 = _mm512_maskz_loadu_ps(m1, b + o0 + 16);
+    b2 = _mm512_maskz_loadu_ps(m2, b + o0 + 32);
+  }
+  for (int r = 0; r < nr; r++) {
+    float *yr = y + (int64_t)r * O + o0;
+    _mm512_mask_storeu_ps(yr, m0, _mm512_add_ps(acc[r][0], b0));
+    _mm512_mask_storeu_ps(yr + 16, m1, _mm512_add_ps(acc[r][1], b1));
+    _mm512_mask_storeu_ps(yr + 32, m2, _mm512_add_ps(acc[r][2], b2));
+  }
 }
 
 /* y[r, o0 .. o0+pw) for the nr (<= 8) rows of x, against one panel. Inlined with constant nr
@@ -100,18 +116,7 @@ TARGET static inline __attribute__((always_inline)) void tile(
       acc[r][2] = _mm512_fmadd_ps(xb, w2, acc[r][2]);
     }
   }
-  __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0;
-  if (b) {
-    b0 = _mm512_maskz_loadu_ps(m0, b + o0);
-    b1 = _mm512_maskz_loadu_ps(m1, b + o0 + 16);
-    b2 = _mm512_maskz_loadu_ps(m2, b + o0 + 32);
-  }
-  for (int r = 0; r < nr; r++) {
-    float *yr = y + (int64_t)r * O + o0;
-    _mm512_mask_storeu_ps(yr, m0, _mm512_add_ps(acc[r][0], b0));
-    _mm512_mask_storeu_ps(yr + 16, m1, _mm512_add_ps(acc[r][1], b1));
-    _mm512_mask_storeu_ps(yr + 32, m2, _mm512_add_ps(acc[r][2], b2));
-  }
+  store_tile(y, acc, b, nr, O, o0, pw);
 }
 
 /* One row against one full panel. A single row's sums would wait on the multiply-add latency
@@ -188,7 +193,6 @@ CLRT_TARGET_AVX512BF16 static inline __attribute__((always_inline)) void tile_bf
     float *y /* [nr, O] at row 0 */, const uint16_t *x /* [nr, K] bf16 */,
     const uint16_t *wp /* [K / 2, pw, 2] */, const float *b /* [O] or NULL */, int nr, int K, int O,
     int o0, int pw, const char *pf, int pf_step) {
-  const __mmask16 m0 = panel_mask(0, pw), m1 = panel_mask(1, pw), m2 = panel_mask(2, pw);
   const __mmask32 h0 = pair_mask(0, pw), h1 = pair_mask(1, pw), h2 = pair_mask(2, pw);
   __m512 acc[TILE_ROWS][3];
   for (int r = 0; r < TILE_ROWS; r++) acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
@@ -207,18 +211,7 @@ CLRT_TARGET_AVX512BF16 static inline __attribute__((always_inline)) void tile_bf
       acc[r][2] = _mm512_dpbf16_ps(acc[r][2], xb, w2);
     }
   }
-  __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0;
-  if (b) {
-    b0 = _mm512_maskz_loadu_ps(m0, b + o0);
-    b1 = _mm512_maskz_loadu_ps(m1, b + o0 + 16);
-    b2 = _mm512_maskz_loadu_ps(m2, b + o0 + 32);
-  }
-  for (int r = 0; r < nr; r++) {
-    float *yr = y + (int64_t)r * O + o0;
-    _mm512_mask_storeu_ps(yr, m0, _mm512_add_ps(acc[r][0], b0));
-    _mm512_mask_storeu_ps(yr + 16, m1, _mm512_add_ps(acc[r][1], b1));
-    _mm512_mask_storeu_ps(yr + 32, m2, _mm512_add_ps(acc[r][2], b2));
-  }
+  store_tile(y, acc, b, nr, O, o0, pw);
 }
 
 /* panel_all_rows over bf16 pairs (one row included: its three sums per pair already cover the
