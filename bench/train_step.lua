@@ -101,7 +101,9 @@ if device == "cuda" then
   print(("GPU: %s, dense bf16 peak %s TFLOP/s"):format(clrt.cuda_device_name(),
     peak > 0 and tostring(peak) or "unknown (set CLRT_PEAK_TFLOPS)"))
 end
-local src = os.getenv("CLRT_SOURCE_DIR") or require("clrt").lua_dir:gsub("/lua$", "")
+-- The checkout this script runs from (its worker and peer sit beside it), whichever clrt runs it.
+local here = debug.getinfo(1, "S").source:sub(2):match("^(.*)/bench/[^/]*$") or "."
+local src = os.getenv("CLRT_SOURCE_DIR") or here
 local bin = os.getenv("CLRT_BIN") or (arg and arg[-1]) or "clrt"
 local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
