@@ -17,7 +17,8 @@ local levels = {}
 for v in tostring(opts.levels):gmatch("%d+") do levels[#levels + 1] = tonumber(v) end
 
 local http = require("clrt.http")
-local src = os.getenv("CLRT_SOURCE_DIR") or clrt.lua_dir:gsub("/lua$", "")
+-- The checkout this script runs from (its peers and fixtures sit beside it).
+local src = os.getenv("CLRT_SOURCE_DIR") or debug.getinfo(1, "S").source:sub(2):match("^(.*)/bench/[^/]*$") or "."
 local function have(cmd) return os.execute("command -v " .. cmd .. " >/dev/null 2>&1") == 0 end
 
 local server_cmd

