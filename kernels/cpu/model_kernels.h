@@ -57,8 +57,8 @@ int clrt_linear_skinny_dpbf16(float *y /* [N, O] */, const uint16_t *x /* [N, K]
 void clrt_linear_pack(float *wp /* [O * K] panels */, const float *w /* [O, K] */, int K, int O);
 /* 1 when this CPU runs clrt_linear_packed_forward (AVX-512). */
 int clrt_linear_packed_available(void);
-/* The forward of few rows (N <= CLRT_SKINNY_MAX_ROWS) over packed weights: 1 when it computed
-   y, 0 when this CPU has no kernel for it (then use clrt_linear_forward on w). */
+/* The forward over packed weights, any number of rows: 1 when it computed y, 0 when this CPU
+   has no kernel for it (then use clrt_linear_forward on w). */
 int clrt_linear_packed_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
                                const float *wp /* [O * K] packed by clrt_linear_pack */,
                                const float *b /* [O] or NULL */, int64_t N, int K, int O);
@@ -72,7 +72,8 @@ typedef struct {
 /* y_i = x w_i^T + b_i for every part in one parallel pass; 1 when computed, 0 as above. */
 int clrt_linear_packed_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
                                      const clrt_packed_part *parts, int count);
-/* bf16: panels of bf16 pairs of k (K even), x rounded to bf16, f32 sums and y; AVX512-BF16. */
+/* bf16: panels of bf16 pairs of k (K even), x rounded to bf16, f32 sums and y; AVX512-BF16;
+   decode-sized products only (N <= CLRT_SKINNY_MAX_ROWS, as the bf16 skinny kernel). */
 void clrt_linear_pack_bf16(uint16_t *wp /* [O * K] */, const float *w /* [O, K] */, int K, int O);
 int clrt_linear_packed_bf16_available(void);
 int clrt_linear_packed_bf16_forward_parts(const float *x /* [N, K] */, int64_t N, int K,

@@ -79,7 +79,7 @@ static void test_linear(void) {
    two. Skipped (counted as passed by the sgemm fallback's
    own check) on a CPU without its kernel. */
 static void test_linear_skinny(void) {
-  static const int Ns[] = {1, 2, 3, 4, 5, 9, 32}, Ks[] = {1, 2, 7, 16, 33, 94, 95, 384},
+  static const int Ns[] = {1, 2, 3, 4, 5, 9, 32, 33, 100}, Ks[] = {1, 2, 7, 16, 33, 94, 95, 384},
                    Os[] = {1, 3, 4, 9, 48, 70, 100};
   int ran = 0;
   for (int threads = 1; threads <= 2; threads++) {
@@ -136,12 +136,15 @@ static void test_linear_skinny(void) {
         }
   }
   clrt_set_num_threads(1);
-  /* More rows than the kernel takes always fall back. */
+  /* More rows than the skinny kernels take fall back (the packed one takes any number: 33
+     and 100 rows above). */
   float z[1];
   uint16_t z16[1] = {0};
   CHECK(clrt_linear_skinny_forward(z, z, z, NULL, CLRT_SKINNY_MAX_ROWS + 1, 1, 1) == 0);
   CHECK(clrt_linear_skinny_forward_bf16(z, z, z16, NULL, CLRT_SKINNY_MAX_ROWS + 1, 1, 1) == 0);
-  CHECK(clrt_linear_packed_forward(z, z, z, NULL, CLRT_SKINNY_MAX_ROWS + 1, 1, 1) == 0);
+  clrt_packed_part part16 = {z, z16, NULL, 1};
+  CHECK(clrt_linear_packed_bf16_forward_parts(z, CLRT_SKINNY_MAX_ROWS + 1, 2, &part16, 1) == 0);
+  CHECK(clrt_linear_packed_forward(z, z, z, NULL, 0, 1, 1) == 0);
   if (!ran) fprintf(stderr, "test_linear_skinny: no skinny kernel on this CPU; only the fallback checked\n");
 }
 
