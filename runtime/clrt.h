@@ -492,9 +492,10 @@ int clrt_model_device(const clrt_model *m);
    f32 accumulation, halving the bytes a memory-bound decode step moves; larger products, the
    backward and the embedding lookup stay fp32. Moving the model drops the copies. */
 int clrt_model_set_matmul_bf16(clrt_model *m, int on);
-/* Decoding on the CPU in f32 (AVX-512) reads a copy of the linear weights packed for few-row
-   products, made on the first decode and remade after the weights change: faster steps for
-   the memory of a second copy of the weights. On by default; off frees the copy. */
+/* Decoding on the CPU in f32 (AVX-512) reads a copy of the linear weights packed in panels
+   (and so does any forward while that copy is current), made on the first decode and remade
+   after the weights change: faster products for the memory of a second copy of the weights.
+   On by default; off frees the copy. */
 int clrt_model_set_decode_pack(clrt_model *m, int on);
 /* The bf16 and packed copies follow writes through the tensor API (params views, the
    optimizers, loading); after writing the parameters' memory any other way, call this. */

@@ -637,8 +637,8 @@ static void pack_linear_weights(const clrt_model *m, void *dst, int bf16) {
 }
 
 /* The packed copies of the linear weights, made on the first CPU decode and remade when the
-   weights change. A decode step of up to 32 rows runs ~1.6x faster over them (see
-   linear_packed.c) for a second copy of the weights in memory. */
+   weights change. Products of any number of rows run faster over them than over sgemm (see
+   linear_packed.c), for a second copy of the weights in memory. */
 static int refresh_packed(clrt_model *m) {
   if (ON_GPU(m) || m->bf16 || !m->pack_decode || !clrt_linear_packed_available()) return 0;
   if (!m->wpk) {
@@ -745,11 +745,13 @@ static void refresh_bf16(clrt_model *m) {
   int C = c->hidden_size, I = c->intermediate_size, HD = c->num_attention_heads * c->head_dim;
   m->wbf_packed = m->pack_decode && clrt_linear_packed_bf16_available() && C % 2 == 0 && I % 2 == 0 &&
                   HD % 2 == 0;
+  /* CPU decode reads only the linear weights of wbf: packed, they are all it needs. */
+  if (m->wbf_packed) {
+    pack_linear_weights(m, dst, 1);
+    return;
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < m->total; i++) dst[i] = clrt_f32_to_bf16(src[i]);
-  if (!m->wbf_packed) return;
-  /* Decode reads only the linear weights of wbf: repack them in place (see linear_packed.c). */
-  pack_linear_weights(m, dst, 1);
 }
 
 /* One transformer layer over N = B*T rows at positions pos0[b] + t. x: [N, C] in; out: [N, C].

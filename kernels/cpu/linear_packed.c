@@ -223,8 +223,9 @@ CLRT_TARGET_AVX512BF16 static inline __attribute__((always_inline)) void tile_bf
 CLRT_TARGET_AVX512BF16 static void panel_all_rows_bf16(const clrt_packed_part *part, const uint16_t *x16,
                                                        int N, int K, int p, const char *next,
                                                        int64_t next_bytes) {
-  int o0 = p * PANEL, O = part->O, pw = O - o0 < PANEL ? O - o0 : PANEL;
-  const uint16_t *panel = (const uint16_t *)part->wp + (int64_t)o0 * K;
+  int pw;
+  const uint16_t *panel = (const uint16_t *)panel_at(part, K, p, sizeof(uint16_t), &pw);
+  int o0 = p * PANEL, O = part->O;
   int tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
   int64_t share = next_bytes / tiles;
   int pf_step = (int)(share / (K / 2)) + 1;
