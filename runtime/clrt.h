@@ -208,6 +208,25 @@ int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int T
                               const int32_t *pos0, const int32_t *slot, const int32_t *last,
                               float *const *kcache, float *const *vcache, int cache_T,
                               float *logits);
+/* -- LoRA adapters (model/lora.c) -- */
+/* Adds adapters of rank r beside the targets (bits: q, k, v, o, gate, up, down projections):
+   y += alpha/r * (dropout(x) A^T) B^T, A [r, in] uniform in +-1/sqrt(in) from seed, B [out, r]
+   zero. The base is frozen from then on (no gradients; the optimizer walks the adapters only).
+   Dropout applies in kept (training) forwards only; its masks are a function of seed and the
+   count of kept forwards (dropout_step, saved with a checkpoint for bit-identical resume). */
+int clrt_model_lora_add(clrt_model *m, int r, float alpha, float dropout, unsigned targets, uint64_t seed);
+/* on = 0: the model runs as its bare base (the RL reference) until switched on again. */
+int clrt_model_lora_enable(clrt_model *m, int on);
+int clrt_model_lora_enabled(const clrt_model *m);
+int clrt_model_lora_num_tensors(const clrt_model *m);   /* 0 without adapters */
+const char *clrt_model_lora_tensor_name(const clrt_model *m, int i);   /* PEFT's names */
+clrt_tensor *clrt_model_lora_param(clrt_model *m, int i);
+clrt_tensor *clrt_model_lora_grad(clrt_model *m, int i);
+uint64_t clrt_model_lora_dropout_step(const clrt_model *m);
+int clrt_model_lora_set_dropout_step(clrt_model *m, uint64_t step);
+/* W += alpha/r B A into every target, then the adapters go (model on the cpu). */
+int clrt_model_lora_merge(clrt_model *m);
+
 /* -- placement and precision (model/device.c, model/weights.c, flops.c) -- */
 /* A model's arenas move as a whole: params and grads are copied, activations rebuilt on
    use. Views taken before the move keep the old memory. Optimizers are created after the
@@ -242,7 +261,8 @@ void clrt_profile_reset(void);
 
 /* ==== optimizer ========================================================================== */
 
-/* AdamW over all of a model's parameters; the moments live in one arena each. */
+/* AdamW over all of a model's parameters (over its LoRA adapters only when it has them at
+   creation); the moments live in one arena each. */
 typedef struct clrt_adamw clrt_adamw;
 /* decay[i] != 0: tensor i gets weight decay (default in Lua: matrices, not norms/biases). */
 clrt_adamw *clrt_adamw_new(clrt_model *m, const uint8_t *decay);

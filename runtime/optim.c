@@ -18,6 +18,7 @@ struct clrt_adamw {
   uint8_t *decay;          /* [np] */
   int64_t step;
   int device;              /* where the moments live: the model's device at creation */
+  int lora;                /* walks the model's LoRA adapters (the base is frozen) */
   clrt_storage *gpu;       /* on CUDA: segments [np], norm partials, the norm (device) */
 };
 
@@ -25,10 +26,12 @@ clrt_adamw *clrt_adamw_new(clrt_model *m, const uint8_t *decay) {
   clrt_adamw *o = calloc(1, sizeof *o);
   if (!o) goto oom;
   o->m = m;
-  o->decay = calloc((size_t)m->np, 1);
+  o->lora = m->lora != NULL;
+  param_set ps = model_param_set(m, o->lora);
+  o->decay = calloc((size_t)ps.np, 1);
   if (!o->decay) goto oom;
-  for (int i = 0; i < m->np; i++) o->decay[i] = decay ? decay[i] != 0 : m->p[i].ndim == 2;
-  size_t bytes = sizeof(float) * (size_t)m->total;
+  for (int i = 0; i < ps.np; i++) o->decay[i] = decay ? decay[i] != 0 : ps.p[i].ndim == 2;
+  size_t bytes = sizeof(float) * (size_t)ps.total;
   o->device = clrt_model_device(m);
   if (!(o->m1 = clrt_storage_new(bytes, o->device)) || !(o->m2 = clrt_storage_new(bytes, o->device))) {
     clrt_adamw_free(o);
@@ -37,15 +40,15 @@ clrt_adamw *clrt_adamw_new(clrt_model *m, const uint8_t *decay) {
 #ifdef CLRT_HAVE_CUDA
   if (o->device == CLRT_CUDA) {
     /* The tensor table the update kernel walks, uploaded once. */
-    size_t segb = sizeof(clrt_cuda_adamw_seg) * (size_t)m->np;
+    size_t segb = sizeof(clrt_cuda_adamw_seg) * (size_t)ps.np;
     size_t extra = sizeof(double) * ((size_t)clrt_cuda_adamw_partials() + 1);
     clrt_cuda_adamw_seg *segs = malloc(segb);
     if (!segs) goto oom;
-    for (int i = 0; i < m->np; i++)
-      segs[i] = (clrt_cuda_adamw_seg){m->p[i].offset, m->p[i].numel, o->decay[i]};
+    for (int i = 0; i < ps.np; i++)
+      segs[i] = (clrt_cuda_adamw_seg){ps.p[i].offset, ps.p[i].numel, o->decay[i]};
     segb = (segb + 15) & ~(size_t)15;   /* the doubles after it stay aligned */
     int rc = !(o->gpu = clrt_storage_new(segb + extra, CLRT_CUDA)) ||
-             clrt_cuda_memcpy(o->gpu->data, segs, sizeof(clrt_cuda_adamw_seg) * (size_t)m->np, 0);
+             clrt_cuda_memcpy(o->gpu->data, segs, sizeof(clrt_cuda_adamw_seg) * (size_t)ps.np, 0);
     free(segs);
     if (rc) {
       clrt_adamw_free(o);
@@ -75,18 +78,25 @@ void clrt_adamw_set_step(clrt_adamw *o, int64_t step) { o->step = step; }
 size_t clrt_adamw_memory(const clrt_adamw *o) { return o->m1->bytes + o->m2->bytes; }
 
 clrt_tensor *clrt_adamw_moment(clrt_adamw *o, int which, int i) {
-  if (i < 0 || i >= o->m->np || which < 0 || which > 1) {
+  param_set ps = model_param_set(o->m, o->lora);
+  if (i < 0 || i >= ps.np || which < 0 || which > 1) {
     clrt_set_error("adamw: moment %d of tensor %d out of range", which, i);
     return NULL;
   }
-  const clrt_param_info *p = &o->m->p[i];
+  const clrt_param_info *p = &ps.p[i];
   return clrt_tensor_over(which ? o->m2 : o->m1, CLRT_F32, p->ndim, p->shape, NULL, p->offset);
 }
 
 int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps,
                     float weight_decay, float grad_clip, double *grad_norm) {
   clrt_model *m = o->m;
-  if (!m->grads) {
+  if (o->lora != (m->lora != NULL)) {
+    clrt_set_error("adamw: the optimizer was made %s LoRA adapters and the model now has %s "
+                   "(create the optimizer after add_lora)", o->lora ? "for" : "before", o->lora ? "none" : "them");
+    return -1;
+  }
+  param_set ps = model_param_set(m, o->lora);
+  if (!ps.grads) {
     clrt_set_error("adamw: the model has no gradients yet (run backward first)");
     return -1;
   }
@@ -101,16 +111,16 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
                    clrt_model_device(m) ? "cuda" : "cpu");
     return -1;
   }
-  float *P = m->params->data, *G = m->grads->data, *M1 = o->m1->data, *M2 = o->m2->data;
+  float *P = ps.params->data, *G = ps.grads->data, *M1 = o->m1->data, *M2 = o->m2->data;
 #ifdef CLRT_HAVE_CUDA
   if (o->device == CLRT_CUDA) {
     /* Norm, clip and update all on the device; the norm comes back once, after the update
        (which the kernel itself skips when the norm is not finite). */
     float bc1 = (float)(1.0 - pow(beta1, (double)(o->step + 1)));
     float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)(o->step + 1)));
-    size_t segb = (sizeof(clrt_cuda_adamw_seg) * (size_t)m->np + 15) & ~(size_t)15;
+    size_t segb = (sizeof(clrt_cuda_adamw_seg) * (size_t)ps.np + 15) & ~(size_t)15;
     double *partial = (double *)((char *)o->gpu->data + segb), *norm_dev = partial + clrt_cuda_adamw_partials();
-    clrt_cuda_adamw_step(P, M1, M2, G, m->total, o->gpu->data, m->np, partial, norm_dev, lr, beta1,
+    clrt_cuda_adamw_step(P, M1, M2, G, ps.total, o->gpu->data, ps.np, partial, norm_dev, lr, beta1,
                          beta2, eps, weight_decay, grad_clip, bc1, bc2_sqrt);
     double norm = 0;
     if (clrt_cuda_sync() || clrt_cuda_memcpy(&norm, norm_dev, sizeof norm, 1)) return -1;
@@ -120,14 +130,14 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
       return -1;
     }
     o->step++;
-    clrt_model_params_changed(m);   /* the bf16 and packed copies follow the updated weights */
+    if (!o->lora) clrt_model_params_changed(m);   /* the bf16 and packed copies follow the weights */
     return 0;
   }
 #endif
   /* The padding between tensors stays zero in grads, so the whole arena sums correctly. */
   double ss = 0;
 #pragma omp parallel for reduction(+ : ss) schedule(static)
-  for (int64_t k = 0; k < m->total; k++) ss += (double)G[k] * G[k];
+  for (int64_t k = 0; k < ps.total; k++) ss += (double)G[k] * G[k];
   double norm = sqrt(ss);
   if (grad_norm) *grad_norm = norm;
   if (!isfinite(norm)) {
@@ -141,14 +151,14 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
   /* One parallel region for all tensors: many are tiny (norms, biases), and a fork/join per
      tensor costs more than their update. */
 #pragma omp parallel
-  for (int i = 0; i < m->np; i++) {
-    const clrt_param_info *p = &m->p[i];
+  for (int i = 0; i < ps.np; i++) {
+    const clrt_param_info *p = &ps.p[i];
     float decay = o->decay[i] ? lr * weight_decay : 0.0f;
     float *pp = P + p->offset, *gg = G + p->offset, *m1 = M1 + p->offset, *m2 = M2 + p->offset;
 #pragma omp for schedule(static) nowait
     for (int64_t k = 0; k < p->numel; k++)
       clrt_adamw_update(&pp[k], &m1[k], &m2[k], gg[k] * gscale, lr, beta1, beta2, eps, decay, bc1, bc2_sqrt);
   }
-  clrt_model_params_changed(m);
+  if (!o->lora) clrt_model_params_changed(m);   /* adapters: the base and its copies stand */
   return 0;
 }

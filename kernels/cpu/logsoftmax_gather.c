@@ -56,7 +56,8 @@ void clrt_logsoftmax_gather_backward(float *dx /* [N, C] = */, float *dw /* [V, 
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, V, 1.0f, scratch, V, w, C,
                 0.0f, dx + n0 * C, C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, rows, 1.0f, scratch, V,
-                x + n0 * C, C, 1.0f, dw, C);
+    if (dw)   /* NULL: a frozen output layer (LoRA) */
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, rows, 1.0f, scratch, V,
+                  x + n0 * C, C, 1.0f, dw, C);
   }
 }

@@ -33,6 +33,24 @@ void clrt_linear_backward(float *dx /* [N, K] */, float *dw /* [O, K] */, float 
                           const float *dy /* [N, O] */, const float *x /* [N, K] */,
                           const float *w /* [O, K] */, int64_t N, int K, int O, int dx_accumulate);
 
+/* ---- lora.c: a LoRA adapter beside a frozen linear layer (mask math in lora_math.h) ----- */
+/* out = x * keep(key, i, p) per element (inverted dropout). */
+void clrt_lora_dropout(float *out /* [n] */, const float *x /* [n] */, int64_t n, uint64_t key, float p);
+/* xa = xd A^T; y += scale * xa B^T. */
+void clrt_lora_forward(float *y /* [N, O] += */, float *xa /* [N, r] = */, const float *xd /* [N, K] */,
+                       const float *A /* [r, K] */, const float *B /* [O, r] */, int64_t N, int K,
+                       int O, int r, float scale);
+/* dA, dB += their gradients; dx += the input's gradient through the dropout of (key, p) (p 0:
+   none). xd (the dropped input) is overwritten when p > 0. */
+void clrt_lora_backward(float *dx /* [N, K] += */, float *dA /* [r, K] += */, float *dB /* [O, r] += */,
+                        float *dxa /* [N, r] scratch */, float *xd /* [N, K]: in, then scratch */,
+                        const float *dy /* [N, O] */, const float *xa /* [N, r] */,
+                        const float *A /* [r, K] */, const float *B /* [O, r] */, int64_t N, int K,
+                        int O, int r, float scale, uint64_t key, float p);
+
+/* W [O, K] += scale * B [O, r] A [r, K] (merging an adapter into its base). */
+void clrt_lora_merge(float *W, const float *A, const float *B, int K, int O, int r, float scale);
+
 /* ---- linear_skinny.c ------------------------------------------------------------------ */
 /* The forward of few rows (N <= CLRT_SKINNY_MAX_ROWS), reading w without packing it. Returns 1
    when it computed y, 0 when this CPU has no kernel for it (then use clrt_linear_forward). */
@@ -159,7 +177,7 @@ void clrt_logsoftmax_gather_backward(float *dx /* [N, C] */, float *dw /* [V, C]
 /* ---- per-kernel timing (CLRT_PROFILE=1) -------------------------------------------------- */
 enum { CLRT_K_EMBED, CLRT_K_LINEAR_F, CLRT_K_LINEAR_B, CLRT_K_RMSNORM, CLRT_K_ROPE, CLRT_K_ATTN_F,
        CLRT_K_ATTN_B, CLRT_K_SWIGLU, CLRT_K_RESIDUAL, CLRT_K_OUT_F, CLRT_K_OUT_B, CLRT_K_ADAMW,
-       CLRT_K_OTHER, CLRT_K_COUNT };
+       CLRT_K_OTHER, CLRT_K_LORA, CLRT_K_COUNT };
 extern double clrt_kernel_seconds[CLRT_K_COUNT];
 extern const char *const clrt_kernel_names[CLRT_K_COUNT];
 

@@ -37,8 +37,9 @@ void clrt_rmsnorm_backward(float *dx /* [N, C] += */, float *dw /* [C] += */,
       for (; c < C; c++) dot += w[c] * dy[c] * xr[c];
       for (c = 0; c < C; c++) d[c] += clrt_rms_dx(xr[c], w[c] * dy[c], r, dot, C);
     }
+    /* dw NULL: a frozen norm (LoRA) */
 #pragma omp for schedule(static)
-    for (int c0 = 0; c0 < C; c0 += 64) {
+    for (int c0 = 0; c0 < (dw ? C : 0); c0 += 64) {
       int c1 = c0 + 64 < C ? c0 + 64 : C;
       float acc[64] = {0};
       for (int64_t n = 0; n < N; n++) {

@@ -68,6 +68,13 @@ void clrt_cuda_linear_backward(float *dx /* [N, K] or NULL */, float *dw /* [O, 
 /* bf16 inputs, fp32 accumulation and output (cublasGemmEx, CUBLAS_COMPUTE_32F): the same
    products with x, w (and dy for backward) given as bf16 copies; dw stays an fp32 master
    gradient (+=). */
+/* ---- lora.cu: the LoRA adapter ops of kernels/cpu/lora.c, same arguments --------------- */
+void clrt_cuda_lora_dropout(float *out, const float *x, int64_t n, uint64_t key, float p);
+void clrt_cuda_lora_forward(float *y, float *xa, const float *xd, const float *A, const float *B,
+                            int64_t N, int K, int O, int r, float scale);
+void clrt_cuda_lora_backward(float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
+                             const float *xa, const float *A, const float *B, int64_t N, int K,
+                             int O, int r, float scale, uint64_t key, float p);
 void clrt_cuda_linear_forward_bf16(float *y /* [N, O] */, const uint16_t *x /* [N, K] */,
                                    const uint16_t *w /* [O, K] */, const float *b /* [O] or NULL */,
                                    int64_t N, int K, int O);

@@ -55,6 +55,7 @@ extern "C" void clrt_cuda_rmsnorm_backward(float *dx, float *dw, const float *do
   if (N <= 0) return;
   rms_bwd_dx<<<(unsigned)N, THREADS, 0, clrt_cuda_cstream()>>>(dx, dout, x, w, rstd, C);
   CLRT_LAUNCHED("rmsnorm_backward dx");
+  if (!dw) return;   // a frozen norm (LoRA)
   rms_bwd_dw<<<(C + 31) / 32, dim3(32, 8), 0, clrt_cuda_cstream()>>>(dw, dout, x, rstd, N, C);
   CLRT_LAUNCHED("rmsnorm_backward dw");
 }

@@ -40,6 +40,9 @@ void model_layout(const clrt_model *m, acts *a, char *base, int B, int T, int Tk
     la->lse = take(a, base, N * H);
     la->g = take(a, base, N * I);
     la->u = take(a, base, N * I);
+    if (m->lora)
+      for (int t = 0; t < LORA_NT; t++)
+        if (m->lora->ab[0][t][0] >= 0) la->lxa[t] = take(a, base, N * (size_t)m->lora->r);
   }
   a->xn = take(a, base, N * C);
   a->tmp = take(a, base, N * C);
@@ -67,6 +70,11 @@ void model_layout(const clrt_model *m, acts *a, char *base, int B, int T, int Tk
     if ((size_t)I > widest) widest = (size_t)I;
     a->x16 = (uint16_t *)take(a, base, (N * widest + 1) / 2);
     a->dy16 = (uint16_t *)take(a, base, (N * widest + 1) / 2);
+  }
+  a->lxd = a->ldxa = NULL;
+  if (m->lora) {
+    if (m->lora->dropout > 0 && keep) a->lxd = take(a, base, N * model_lora_widest(m));
+    if (keep) a->ldxa = take(a, base, N * (size_t)m->lora->r);
   }
   a->pos0 = (int32_t *)take(a, base, (size_t)B);
   a->slot = (int32_t *)take(a, base, (size_t)B);

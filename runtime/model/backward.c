@@ -19,15 +19,21 @@ static void layer_backward(clrt_model *m, acts *a, int l, const float *x, int B,
   PROF(CLRT_K_RMSNORM, op->rmsnorm(a->xn, A->rstd2, A->xmid, PW(m, o->ln2), N, C, eps));
   PROF(CLRT_K_SWIGLU, op->swiglu(a->h, A->g, A->u, N * I));
   PROF(CLRT_K_LINEAR_B, op->linear_backward(m, a, a->dA, o->wd, NULL, a->dres, a->h, N, I, C, 0));
+  PROF(CLRT_K_LORA, model_lora_backward(m, a, A, l, LORA_DOWN, a->dA, a->dres, a->h, N, I, C));
   float *du = a->h;   /* h is spent: its buffer takes du */
   PROF(CLRT_K_SWIGLU, op->swiglu_backward(a->dA, du, a->dA, A->g, A->u, N * I));
   PROF(CLRT_K_LINEAR_B, {
     op->linear_backward(m, a, a->dxn, o->wg, NULL, a->dA, a->xn, N, C, I, 0);
     op->linear_backward(m, a, a->dxn, o->wu, NULL, du, a->xn, N, C, I, 1);
   });
+  PROF(CLRT_K_LORA, {
+    model_lora_backward(m, a, A, l, LORA_GATE, a->dxn, a->dA, a->xn, N, C, I);
+    model_lora_backward(m, a, A, l, LORA_UP, a->dxn, du, a->xn, N, C, I);
+  });
   PROF(CLRT_K_RMSNORM, op->rmsnorm_backward(a->dres, GW(m, o->ln2), a->dxn, A->xmid, PW(m, o->ln2), A->rstd2, N, C));
   /* Attention: xmid = x + att Wo^T; the residual passes dres to x unchanged. */
   PROF(CLRT_K_LINEAR_B, op->linear_backward(m, a, a->datt, o->wo, GW(m, o->bo), a->dres, A->att, N, H * D, C, 0));
+  PROF(CLRT_K_LORA, model_lora_backward(m, a, A, l, LORA_O, a->datt, a->dres, A->att, N, H * D, C));
   PROF(CLRT_K_ATTN_B, op->attention_backward(m, a, A, B, T));
   PROF(CLRT_K_ROPE, {
     op->rope_backward(a->dq, m->rope_kc, m->rope_ks, NULL, B, T, H, D);
@@ -50,6 +56,11 @@ static void layer_backward(clrt_model *m, acts *a, int l, const float *x, int B,
     op->linear_backward(m, a, a->dxn, o->wq, GW(m, o->bq), dq, a->xn, N, C, H * D, 0);
     op->linear_backward(m, a, a->dxn, o->wk, GW(m, o->bk), dk, a->xn, N, C, KV * D, 1);
     op->linear_backward(m, a, a->dxn, o->wv, GW(m, o->bv), a->dv, a->xn, N, C, KV * D, 1);
+  });
+  PROF(CLRT_K_LORA, {
+    model_lora_backward(m, a, A, l, LORA_Q, a->dxn, dq, a->xn, N, C, H * D);
+    model_lora_backward(m, a, A, l, LORA_K, a->dxn, dk, a->xn, N, C, KV * D);
+    model_lora_backward(m, a, A, l, LORA_V, a->dxn, a->dv, a->xn, N, C, KV * D);
   });
   PROF(CLRT_K_RMSNORM, op->rmsnorm_backward(a->dres, GW(m, o->ln1), a->dxn, x, PW(m, o->ln1), A->rstd1, N, C));
 }
@@ -103,6 +114,6 @@ int clrt_model_backward(clrt_model *m, const float *dlogp) {
     }
     layer_backward(m, &a, l, a.res[l], B, T);
   }
-  PROF(CLRT_K_EMBED, op->embedding_backward(GW(m, m->wte), a.dres, a.tok, N, C));
+  if (!m->lora) PROF(CLRT_K_EMBED, op->embedding_backward(GW(m, m->wte), a.dres, a.tok, N, C));
   return op->sync();   /* the end of the step: report any kernel failure */
 }

@@ -36,11 +36,21 @@ int clrt_model_to_device(clrt_model *m, int device) {
   const model_ops *to = device == CLRT_CPU ? &model_cpu_ops : model_cuda_ops(0);
   copy_fn copy = device == CLRT_CPU ? m->ops->download : to ? to->upload : NULL;
   /* Both copies first, so running out of memory leaves the model whole where it was. */
-  clrt_storage *np = copy_storage(m->params, device, copy), *ng = NULL;
+  clrt_storage *np = copy_storage(m->params, device, copy), *ng = NULL, *lp = NULL, *lg = NULL;
   if (!np) return -1;
-  if (m->grads && !(ng = copy_storage(m->grads, device, copy))) {
+  if ((m->grads && !(ng = copy_storage(m->grads, device, copy))) ||
+      (m->lora && (!(lp = copy_storage(m->lora->params, device, copy)) ||
+                   !(lg = copy_storage(m->lora->grads, device, copy))))) {
     clrt_storage_release(np);
+    clrt_storage_release(ng);
+    clrt_storage_release(lp);
     return -1;
+  }
+  if (m->lora) {   /* the adapters move with the base */
+    clrt_storage_release(m->lora->params);
+    clrt_storage_release(m->lora->grads);
+    m->lora->params = lp;
+    m->lora->grads = lg;
   }
   clrt_storage_release(m->params);
   clrt_storage_release(m->grads);

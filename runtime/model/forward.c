@@ -41,6 +41,11 @@ static void layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, cons
   lin_part qkv[3] = {{qd, o->wq, PW(m, o->bq), H * D}, {kd, o->wk, PW(m, o->bk), KV * D},
                      {A->v, o->wv, PW(m, o->bv), KV * D}};
   PROF(CLRT_K_LINEAR_F, op->linear_parts(m, a, a->xn, N, C, qkv, 3));
+  PROF(CLRT_K_LORA, {
+    model_lora_forward(m, a, A, l, LORA_Q, qd, a->xn, N, C, H * D, s->keep);
+    model_lora_forward(m, a, A, l, LORA_K, kd, a->xn, N, C, KV * D, s->keep);
+    model_lora_forward(m, a, A, l, LORA_V, A->v, a->xn, N, C, KV * D, s->keep);
+  });
   if (c->qk_norm)
     PROF(CLRT_K_RMSNORM, {
       op->rmsnorm(A->q, A->qrstd, A->qpre, PW(m, o->qn), N * H, D, eps);
@@ -62,13 +67,19 @@ static void layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, cons
   }
   PROF(CLRT_K_ATTN_F, op->attention(m, a, A->att, s->keep ? A->lse : NULL, A->q, keys, vals, &at));
   PROF(CLRT_K_LINEAR_F, op->linear(m, a, a->tmp, A->att, o->wo, PW(m, o->bo), N, H * D, C));
+  PROF(CLRT_K_LORA, model_lora_forward(m, a, A, l, LORA_O, a->tmp, A->att, N, H * D, C, s->keep));
   PROF(CLRT_K_RESIDUAL, op->add(A->xmid, x, a->tmp, N * C));
   /* MLP: out = xmid + swiglu(xn Wg^T, xn Wu^T) Wd^T over xn = rmsnorm(xmid). */
   PROF(CLRT_K_RMSNORM, op->rmsnorm(a->xn, A->rstd2, A->xmid, PW(m, o->ln2), N, C, eps));
   lin_part gate_up[2] = {{A->g, o->wg, NULL, I}, {A->u, o->wu, NULL, I}};
   PROF(CLRT_K_LINEAR_F, op->linear_parts(m, a, a->xn, N, C, gate_up, 2));
+  PROF(CLRT_K_LORA, {
+    model_lora_forward(m, a, A, l, LORA_GATE, A->g, a->xn, N, C, I, s->keep);
+    model_lora_forward(m, a, A, l, LORA_UP, A->u, a->xn, N, C, I, s->keep);
+  });
   PROF(CLRT_K_SWIGLU, op->swiglu(a->h, A->g, A->u, N * I));
   PROF(CLRT_K_LINEAR_F, op->linear(m, a, a->tmp, a->h, o->wd, NULL, N, I, C));
+  PROF(CLRT_K_LORA, model_lora_forward(m, a, A, l, LORA_DOWN, a->tmp, a->h, N, I, C, s->keep));
   PROF(CLRT_K_RESIDUAL, op->add(out, A->xmid, a->tmp, N * C));
 }
 
@@ -177,6 +188,7 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
   int64_t nv = stage_targets(m, &a, tokens, B, T, lengths);
   if (nv < 0) return -1;
   if (model_prof_on > 0) clrt_kernel_seconds[CLRT_K_OTHER] += model_now() - t0;
+  model_lora_begin(m, keep);
   fwd_step s = {.B = B, .T = T, .keep = keep};
   const float *xl = run_layers(m, &a, &s, "logprobs");
   if (!xl) return -1;
@@ -245,6 +257,7 @@ int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int T
       op->upload(a.pos0, pos0, sizeof(int32_t) * (size_t)B) ||
       (slot && op->upload(a.slot, slot, sizeof(int32_t) * (size_t)B)))
     return -1;
+  model_lora_begin(m, 0);
   fwd_step s = {.B = B, .T = Tn, .pos0 = a.pos0, .slot = slot ? a.slot : NULL,
                 .kcache = kcache, .vcache = vcache, .cache_T = cache_T};
   const float *xl = run_layers(m, &a, &s, "forward_cached");

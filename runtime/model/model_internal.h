@@ -9,7 +9,8 @@
      device.c     placement: moves between devices, choosing the ops for device and precision
      forward.c    the layer forward and the entry points logprobs and forward_cached
      backward.c   the layer backward and clrt_model_backward
-     profile.c    per-kernel timing (CLRT_PROFILE=1) */
+     profile.c    per-kernel timing (CLRT_PROFILE=1)
+     lora.c       LoRA adapters: their arena, names (PEFT's), init, merge, and the layer hooks */
 #ifndef CLRT_MODEL_INTERNAL_H
 #define CLRT_MODEL_INTERNAL_H
 #include "clrt.h"
@@ -29,6 +30,28 @@ typedef struct clrt_layer_offsets {
 } clrt_layer_offsets;
 
 typedef struct model_ops model_ops;
+
+/* LoRA: the linear layers an adapter can sit beside (bit t of model_lora.targets). */
+enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_NT };
+
+/* The adapters: their own params/grads arena (the optimizer's when they exist), the base is
+   then frozen (no base gradients). y += scale (drop(x) A^T) B^T beside each target. */
+typedef struct model_lora {
+  int r;
+  float alpha, scale, dropout;
+  unsigned targets;
+  int enabled;                 /* 0: the model runs as its base (the RL reference) */
+  int np;
+  clrt_param_info *p;          /* PEFT names */
+  int64_t total;
+  clrt_storage *params, *grads;
+  int64_t (*ab)[LORA_NT][2];   /* [L]: offsets of A [r, in] and B [out, r]; -1 without */
+  /* Dropout masks of a training forward are hash(seed, step, layer, target); step counts
+     kept forwards (saved with a checkpoint), fwd_step is the one the kept forward used. */
+  uint64_t seed, step, fwd_step;
+  int fwd_dropout;             /* the kept forward applied dropout */
+  int fwd_enabled;             /* the last forward ran the adapters */
+} model_lora;
 
 struct clrt_model {
   const model_ops *ops;        /* chosen by device.c for the device and precision */
@@ -66,6 +89,7 @@ struct clrt_model {
   clrt_storage *wpk;           /* [total] f32, CPU */
   /* The params->version each copy was made from (COPY_STALE: not made yet). */
   uint64_t wbf_ver, wpk_ver;
+  model_lora *lora;            /* NULL: no adapters, full training */
 };
 
 #define COPY_STALE UINT64_MAX
@@ -74,6 +98,7 @@ struct clrt_model {
 
 typedef struct layer_acts {
   float *xmid, *rstd1, *rstd2, *q, *k, *v, *qpre, *kpre, *qrstd, *krstd, *att, *lse, *g, *u;
+  float *lxa[LORA_NT];           /* LoRA: each adapter's x A^T [N, r] (NULL without) */
 } layer_acts;
 
 typedef struct acts {
@@ -87,6 +112,7 @@ typedef struct acts {
   int32_t *pos0, *slot;               /* [B] kernel-side copies of the positions and slots */
   float *logits;                 /* [chunk, V] */
   float *attn;                   /* attention scratch */
+  float *lxd, *ldxa;             /* LoRA scratch: a dropped input [N, widest], dxa [N, r] */
   int chunk, logits_kept;
   size_t floats;
 } acts;
@@ -154,6 +180,13 @@ struct model_ops {
   void (*output_backward)(float *dx, float *dw, const float *dlp, const float *x, const float *w,
                           const int32_t *target, const float *lse, int64_t N, int C, int V,
                           float *scratch, int chunk, int logits_ready);
+  /* LoRA adapters (kernels/cpu/lora.c's contracts) */
+  void (*lora_dropout)(float *out, const float *x, int64_t n, uint64_t key, float p);
+  void (*lora_forward)(float *y, float *xa, const float *xd, const float *A, const float *B,
+                       int64_t N, int K, int O, int r, float scale);
+  void (*lora_backward)(float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
+                        const float *xa, const float *A, const float *B, int64_t N, int K, int O,
+                        int r, float scale, uint64_t key, float p);
   void (*gather_rows)(float *dst, const float *src, const int32_t *rowidx, int64_t nv, int C);
   void (*scatter_rows)(float *dst, const float *src, const int32_t *rowidx, int64_t nv, int C);
   /* memory: zero, host -> model, model -> host (waits and reports a failed kernel), end of step */
@@ -191,10 +224,34 @@ void model_cpu_linear_parts_bf16(clrt_model *m, acts *a, const float *x, int64_t
 /* ---- parameters (params.c) ------------------------------------------------------------------- */
 
 static inline float *PW(const clrt_model *m, int64_t off) { return off < 0 ? NULL : (float *)m->params->data + off; }
-static inline float *GW(const clrt_model *m, int64_t off) { return off < 0 ? NULL : (float *)m->grads->data + off; }
+/* The base's gradient: none when adapters freeze it. */
+static inline float *GW(const clrt_model *m, int64_t off) { return off < 0 || m->lora ? NULL : (float *)m->grads->data + off; }
 int model_ensure_grads(clrt_model *m);
 /* A tensor over one parameter's place in an arena (params, grads). */
 clrt_tensor *model_param_view(clrt_storage *s, const clrt_param_info *p);
+
+/* ---- LoRA (lora.c) ---------------------------------------------------------------------------- */
+
+/* The widest input of a target linear (the dropout scratch's row). */
+size_t model_lora_widest(const clrt_model *m);
+/* Before a forward: notes whether the adapters run, and for a kept one its dropout step. */
+void model_lora_begin(clrt_model *m, int keep);
+/* y [N, O] += the adapter of (layer l, target t) over x [N, K]; no-op without one. keep: a
+   training forward (dropout on, xa kept in A->lxa). */
+void model_lora_forward(clrt_model *m, acts *a, layer_acts *A, int l, int t, float *y, const float *x,
+                        int64_t N, int K, int O, int keep);
+/* The adapter's gradients and dx [N, K] += its input gradient, for dy [N, O]. */
+void model_lora_backward(clrt_model *m, acts *a, const layer_acts *A, int l, int t, float *dx,
+                         const float *dy, const float *x, int64_t N, int K, int O);
+void model_lora_free(model_lora *lo);
+/* The parameter set an optimizer walks: the adapters' when lora, else the model's. */
+typedef struct param_set {
+  clrt_storage *params, *grads;
+  int np;
+  const clrt_param_info *p;
+  int64_t total;
+} param_set;
+param_set model_param_set(clrt_model *m, int lora);
 
 /* ---- per-kernel timing (profile.c) ------------------------------------------------------------ */
 

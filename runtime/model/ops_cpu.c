@@ -78,7 +78,8 @@ static int cpu_sync(void) { return 0; }
     .add = clrt_residual_forward, .embedding = clrt_embedding_forward,                        \
     .embedding_backward = clrt_embedding_backward, .output = clrt_logsoftmax_gather_forward,  \
     .output_backward = clrt_logsoftmax_gather_backward, .gather_rows = cpu_gather_rows,       \
-    .scatter_rows = cpu_scatter_rows, .zero = cpu_zero, .upload = cpu_copy,                   \
+    .scatter_rows = cpu_scatter_rows, .lora_dropout = clrt_lora_dropout,                       \
+    .lora_forward = clrt_lora_forward, .lora_backward = clrt_lora_backward, .zero = cpu_zero, .upload = cpu_copy,                   \
     .download = cpu_copy, .sync = cpu_sync,                                                   \
   }
 

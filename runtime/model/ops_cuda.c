@@ -79,6 +79,8 @@ static int cuda_download(void *dst, const void *src, size_t bytes) {
     .output = clrt_cuda_logsoftmax_gather_forward,                                                \
     .output_backward = clrt_cuda_logsoftmax_gather_backward,                                      \
     .gather_rows = clrt_cuda_gather_rows, .scatter_rows = clrt_cuda_scatter_rows,                 \
+    .lora_dropout = clrt_cuda_lora_dropout, .lora_forward = clrt_cuda_lora_forward,               \
+    .lora_backward = clrt_cuda_lora_backward,                                                     \
     .zero = cuda_zero, .upload = cuda_upload, .download = cuda_download, .sync = clrt_cuda_sync,  \
     .to_bf16 = to16, .bf16_scratch = bf16, .logits_staged = 1,                            \
   }

@@ -164,13 +164,14 @@ void clrt_model_free(clrt_model *m) {
   clrt_storage_release(m->rope_dev);
   clrt_storage_release(m->wbf);
   clrt_storage_release(m->wpk);
+  model_lora_free(m->lora);
   free(m->hidx);
   free(m);
 }
 
 
 int model_ensure_grads(clrt_model *m) {
-  if (m->grads) return 0;
+  if (m->grads || m->lora) return 0;   /* adapters: the base is frozen */
   m->grads = clrt_storage_new(sizeof(float) * (size_t)m->total, m->device);
   return m->grads ? 0 : -1;
 }
@@ -232,6 +233,10 @@ clrt_tensor *clrt_model_param(clrt_model *m, int i) {
 
 clrt_tensor *clrt_model_grad(clrt_model *m, int i) {
   if (!clrt_model_tensor_name(m, i) || model_ensure_grads(m)) return NULL;
+  if (m->lora) {
+    clrt_set_error("model: '%s' is frozen under LoRA adapters and has no gradient", m->p[i].name);
+    return NULL;
+  }
   return model_param_view(m->grads, &m->p[i]);
 }
 
@@ -244,8 +249,9 @@ int64_t clrt_model_num_params(const clrt_model *m) {
 size_t clrt_model_memory(const clrt_model *m, int arena) {
   switch (arena) {
     case CLRT_ARENA_PARAMS:   /* with the bf16 and packed copies made from them */
-      return (m->params ? m->params->bytes : 0) + (m->wbf ? m->wbf->bytes : 0) + (m->wpk ? m->wpk->bytes : 0);
-    case CLRT_ARENA_GRADS: return m->grads ? m->grads->bytes : 0;
+      return (m->params ? m->params->bytes : 0) + (m->wbf ? m->wbf->bytes : 0) + (m->wpk ? m->wpk->bytes : 0) +
+             (m->lora ? m->lora->params->bytes : 0);
+    case CLRT_ARENA_GRADS: return (m->grads ? m->grads->bytes : 0) + (m->lora ? m->lora->grads->bytes : 0);
     case CLRT_ARENA_ACTIVATIONS:
       return (m->acts ? m->acts->bytes : 0) +
              2 * sizeof(float) * (size_t)m->rope_len * (size_t)(m->cfg.head_dim / 2);
@@ -254,6 +260,10 @@ size_t clrt_model_memory(const clrt_model *m, int arena) {
 }
 
 int clrt_model_zero_grad(clrt_model *m) {
+  if (m->lora) {
+    m->ops->zero(m->lora->grads->data, (size_t)m->lora->total);
+    return 0;
+  }
   if (model_ensure_grads(m)) return -1;
   m->ops->zero(m->grads->data, m->grads->bytes / sizeof(float));
   return 0;

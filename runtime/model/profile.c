@@ -8,7 +8,7 @@
 double clrt_kernel_seconds[CLRT_K_COUNT];
 const char *const clrt_kernel_names[CLRT_K_COUNT] = {
     "embedding", "linear fwd", "linear bwd", "rmsnorm", "rope", "attention fwd",
-    "attention bwd", "swiglu", "residual", "output fwd", "output bwd", "adamw", "other"};
+    "attention bwd", "swiglu", "residual", "output fwd", "output bwd", "adamw", "other", "lora"};
 int model_prof_on = -1;
 
 double model_now(void) {

@@ -1,0 +1,236 @@
+/* lora.c — LoRA adapters beside the linear layers: their own arena (params + grads, PEFT's
+   tensor names, so the optimizer and the adapter file see only them), PEFT's initialisation
+   (A uniform in +-1/sqrt(in), B zero), the layer hooks forward.c and backward.c call next to
+   each target linear, the switch that runs the bare base (the RL reference) and the merge into
+   the base weights. With adapters the base is frozen: no base gradient arena. */
+#include "model_internal.h"
+#include "lora_math.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const target_name[LORA_NT] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                 "gate_proj", "up_proj", "down_proj"};
+
+/* in and out features of target t's linear, and its weight's offset in layer l. */
+static void target_dims(const clrt_model *m, int t, int *in, int *out) {
+  const clrt_model_config *c = &m->cfg;
+  int C = c->hidden_size, I = c->intermediate_size, HD = c->num_attention_heads * c->head_dim,
+      KVD = c->num_key_value_heads * c->head_dim;
+  static const int io[LORA_NT][2] = {{0, 1}, {0, 2}, {0, 2}, {1, 0}, {0, 3}, {0, 3}, {3, 0}};
+  int dims[4] = {C, HD, KVD, I};
+  *in = dims[io[t][0]];
+  *out = dims[io[t][1]];
+}
+
+static int64_t target_weight(const clrt_model *m, int l, int t) {
+  const clrt_layer_offsets *o = &m->layer[l];
+  int64_t w[LORA_NT] = {o->wq, o->wk, o->wv, o->wo, o->wg, o->wu, o->wd};
+  return w[t];
+}
+
+void model_lora_free(model_lora *lo) {
+  if (!lo) return;
+  clrt_storage_release(lo->params);
+  clrt_storage_release(lo->grads);
+  free(lo->p);
+  free(lo->ab);
+  free(lo);
+}
+
+int clrt_model_lora_add(clrt_model *m, int r, float alpha, float dropout, unsigned targets, uint64_t seed) {
+  if (m->lora) {
+    clrt_set_error("lora: the model already has adapters");
+    return -1;
+  }
+  if (r <= 0 || !(alpha > 0) || !(dropout >= 0 && dropout < 1) || !targets || targets >= (1u << LORA_NT)) {
+    clrt_set_error("lora: need r > 0 (got %d), alpha > 0 (got %g), 0 <= dropout < 1 (got %g) and "
+                   "at least one target", r, alpha, dropout);
+    return -1;
+  }
+  int L = m->cfg.num_hidden_layers, nt = 0;
+  for (int t = 0; t < LORA_NT; t++) nt += (targets >> t) & 1;
+  model_lora *lo = calloc(1, sizeof *lo);
+  if (!lo || !(lo->p = calloc((size_t)(2 * nt * L), sizeof *lo->p)) ||
+      !(lo->ab = calloc((size_t)L, sizeof *lo->ab))) {
+    model_lora_free(lo);
+    clrt_set_error("lora: out of memory");
+    return -1;
+  }
+  lo->r = r;
+  lo->alpha = alpha;
+  lo->scale = alpha / (float)r;
+  lo->dropout = dropout;
+  lo->targets = targets;
+  lo->enabled = 1;
+  lo->seed = seed;
+  for (int l = 0; l < L; l++)
+    for (int t = 0; t < LORA_NT; t++) {
+      lo->ab[l][t][0] = lo->ab[l][t][1] = -1;
+      if (!((targets >> t) & 1)) continue;
+      int in, out;
+      target_dims(m, t, &in, &out);
+      for (int k = 0; k < 2; k++) {
+        clrt_param_info *p = &lo->p[lo->np++];
+        snprintf(p->name, sizeof p->name, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l,
+                 t < LORA_GATE ? "self_attn" : "mlp", target_name[t], k ? 'B' : 'A');
+        p->ndim = 2;
+        p->shape[0] = k ? out : r;
+        p->shape[1] = k ? r : in;
+        p->numel = p->shape[0] * p->shape[1];
+        p->offset = lo->total;
+        p->loaded = 1;
+        lo->total += (p->numel + 15) & ~(int64_t)15;
+        lo->ab[l][t][k] = p->offset;
+      }
+    }
+  size_t bytes = sizeof(float) * (size_t)lo->total;
+  float *host = calloc((size_t)lo->total, sizeof(float));
+  if (!host || !(lo->params = clrt_storage_new(bytes, m->device)) || !(lo->grads = clrt_storage_new(bytes, m->device))) {
+    free(host);
+    model_lora_free(lo);
+    if (!host) clrt_set_error("lora: out of memory");
+    return -1;
+  }
+  /* PEFT: A kaiming-uniform with a = sqrt(5), i.e. uniform in +-1/sqrt(in); B zero, so the
+     adapted model starts equal to its base. */
+  clrt_rng g;
+  clrt_rng_seed(&g, seed);
+  for (int i = 0; i < lo->np; i += 2) {
+    const clrt_param_info *A = &lo->p[i];
+    double bound = 1.0 / sqrt((double)A->shape[1]);
+    for (int64_t k = 0; k < A->numel; k++) host[A->offset + k] = (float)((2 * clrt_rng_uniform(&g) - 1) * bound);
+  }
+  int rc = m->ops->upload(lo->params->data, host, bytes);
+  free(host);
+  if (rc) {
+    model_lora_free(lo);
+    return -1;
+  }
+  m->ops->zero(lo->grads->data, (size_t)lo->total);
+  /* The base is frozen from now on: its gradients go. */
+  clrt_storage_release(m->grads);
+  m->grads = NULL;
+  m->saved = 0;
+  m->lora = lo;
+  return 0;
+}
+
+static model_lora *need_lora(const clrt_model *m, const char *who) {
+  if (!m->lora) clrt_set_error("%s: the model has no LoRA adapters (add_lora first)", who);
+  return m->lora;
+}
+
+int clrt_model_lora_enable(clrt_model *m, int on) {
+  if (!need_lora(m, "lora enable")) return -1;
+  m->lora->enabled = on != 0;
+  return 0;
+}
+
+int clrt_model_lora_enabled(const clrt_model *m) { return m->lora && m->lora->enabled; }
+int clrt_model_lora_num_tensors(const clrt_model *m) { return m->lora ? m->lora->np : 0; }
+
+const char *clrt_model_lora_tensor_name(const clrt_model *m, int i) {
+  if (!need_lora(m, "lora")) return NULL;
+  if (i < 0 || i >= m->lora->np) {
+    clrt_set_error("lora: tensor index %d out of range (%d tensors)", i, m->lora->np);
+    return NULL;
+  }
+  return m->lora->p[i].name;
+}
+
+clrt_tensor *clrt_model_lora_param(clrt_model *m, int i) {
+  if (!clrt_model_lora_tensor_name(m, i)) return NULL;
+  return model_param_view(m->lora->params, &m->lora->p[i]);
+}
+
+clrt_tensor *clrt_model_lora_grad(clrt_model *m, int i) {
+  if (!clrt_model_lora_tensor_name(m, i)) return NULL;
+  return model_param_view(m->lora->grads, &m->lora->p[i]);
+}
+
+uint64_t clrt_model_lora_dropout_step(const clrt_model *m) { return m->lora ? m->lora->step : 0; }
+
+int clrt_model_lora_set_dropout_step(clrt_model *m, uint64_t step) {
+  if (!need_lora(m, "lora dropout step")) return -1;
+  m->lora->step = step;
+  return 0;
+}
+
+int clrt_model_lora_merge(clrt_model *m) {
+  model_lora *lo = need_lora(m, "lora merge");
+  if (!lo) return -1;
+  if (m->device != CLRT_CPU) {
+    clrt_set_error("lora merge: move the model to the cpu first");
+    return -1;
+  }
+  const float *P = lo->params->data;
+  for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+    for (int t = 0; t < LORA_NT; t++) {
+      if (lo->ab[l][t][0] < 0) continue;
+      int in, out;
+      target_dims(m, t, &in, &out);
+      clrt_lora_merge(PW(m, target_weight(m, l, t)), P + lo->ab[l][t][0], P + lo->ab[l][t][1], in,
+                      out, lo->r, lo->scale);
+    }
+  model_lora_free(lo);
+  m->lora = NULL;
+  m->saved = 0;
+  clrt_model_params_changed(m);
+  return 0;
+}
+
+param_set model_param_set(clrt_model *m, int lora) {
+  if (lora && m->lora)
+    return (param_set){m->lora->params, m->lora->grads, m->lora->np, m->lora->p, m->lora->total};
+  return (param_set){m->params, m->grads, m->np, m->p, m->total};
+}
+
+/* ---- the layer hooks ------------------------------------------------------------------------- */
+
+size_t model_lora_widest(const clrt_model *m) {
+  const clrt_model_config *c = &m->cfg;
+  size_t w = (size_t)c->hidden_size, hd = (size_t)c->num_attention_heads * c->head_dim;
+  if (hd > w) w = hd;
+  if ((size_t)c->intermediate_size > w) w = (size_t)c->intermediate_size;
+  return w;
+}
+
+void model_lora_begin(clrt_model *m, int keep) {
+  model_lora *lo = m->lora;
+  if (!lo) return;
+  lo->fwd_enabled = lo->enabled;
+  lo->fwd_dropout = keep && lo->dropout > 0;
+  if (keep) lo->fwd_step = lo->step++;
+}
+
+void model_lora_forward(clrt_model *m, acts *a, layer_acts *A, int l, int t, float *y, const float *x,
+                        int64_t N, int K, int O, int keep) {
+  model_lora *lo = m->lora;
+  if (!lo || !lo->enabled || lo->ab[l][t][0] < 0) return;
+  const float *P = lo->params->data, *xd = x;
+  if (keep && lo->dropout > 0) {
+    m->ops->lora_dropout(a->lxd, x, N * K, clrt_lora_key(lo->seed, lo->fwd_step, l, t), lo->dropout);
+    xd = a->lxd;
+  }
+  m->ops->lora_forward(y, A->lxa[t], xd, P + lo->ab[l][t][0], P + lo->ab[l][t][1], N, K, O, lo->r, lo->scale);
+}
+
+void model_lora_backward(clrt_model *m, acts *a, const layer_acts *A, int l, int t, float *dx,
+                         const float *dy, const float *x, int64_t N, int K, int O) {
+  model_lora *lo = m->lora;
+  if (!lo || !lo->fwd_enabled || lo->ab[l][t][0] < 0) return;
+  const float *P = lo->params->data;
+  float *G = lo->grads->data, *xd = (float *)x;
+  float p = lo->fwd_dropout ? lo->dropout : 0.0f;
+  uint64_t key = clrt_lora_key(lo->seed, lo->fwd_step, l, t);
+  if (p > 0) {   /* the forward's mask again, from its key */
+    m->ops->lora_dropout(a->lxd, x, N * K, key, p);
+    xd = a->lxd;
+  }
+  int64_t oa = lo->ab[l][t][0], ob = lo->ab[l][t][1];
+  m->ops->lora_backward(dx, G + oa, G + ob, a->ldxa, xd, dy, A->lxa[t], P + oa, P + ob, N, K, O,
+                        lo->r, lo->scale, key, p);
+}
