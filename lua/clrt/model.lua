@@ -6,6 +6,8 @@
 --   m:params(), m:grads()                          -- Hugging Face name -> tensor view (no copies)
 --   m:save(dir), m:memory(), m:num_params(), m:zero_grad(), m.config
 --   m:set_matmul("bf16"|"f32"), m:set_decode_pack(bool)  -- how decode steps read the weights
+--   m:add_lora{...}, m:set_adapters(bool), m:save_adapter(dir), load(dir, {adapter = DIR})
+--                                                  -- LoRA (lua/clrt/model_lora.lua)
 -- config.json is parsed and checked here; C gets a plain clrt_model_config.
 local ffi = require("ffi")
 local core = require("clrt.ffi")
@@ -240,6 +242,7 @@ function M.load(dir, opts)
   ffi.gc(ptr, nil)
   local m = wrap_model(ptr, cfg, parsed)
   -- weights are read on the host, then the arenas move as a whole
+  if opts and opts.adapter then m:load_adapter(opts.adapter, { seed = opts.lora_seed }) end
   if opts and opts.device and opts.device ~= "cpu" then m:to(opts.device) end
   if opts and opts.matmul then m:set_matmul(opts.matmul) end
   return m
@@ -265,6 +268,7 @@ function Model:to(device)
   local d = require("clrt.tensor").device_of(device, "model:to")
   ok(C.clrt_model_to_device(live(self), d), 2)
   self._params, self._grads = nil, nil   -- cached views belong to the old memory
+  self._lora_params, self._lora_grads = nil, nil
   return self
 end
 
@@ -321,7 +325,7 @@ function Model:free()
   if self.ptr ~= nil then
     C.clrt_model_free(ffi.gc(self.ptr, nil))
     self.ptr = nil
-    self._params, self._grads = nil, nil
+    self._params, self._grads, self._lora_params, self._lora_grads = nil, nil, nil, nil
   end
 end
 
@@ -441,5 +445,6 @@ function M.profile(reset)
 end
 
 require("clrt.model_generate").install(Model)
+require("clrt.model_lora").install(Model)
 
 return M

@@ -6,7 +6,8 @@
 --   opt:save("out/optimizer.safetensors"); opt:load("out/optimizer.safetensors")
 --   sd = opt:state_dict(); opt:load_state_dict(sd)
 -- Weight decay is decoupled (AdamW) and by default applies to matrices only, not to norms
--- and biases.
+-- and biases. A model with LoRA adapters trains its adapters only (m:trainable_names()):
+-- create the optimizer after add_lora.
 local ffi = require("ffi")
 local core = require("clrt.ffi")
 local tensor = require("clrt.tensor")
@@ -19,17 +20,18 @@ AdamW.__index = AdamW
 function M.adamw(model, opts)
   opts = opts or {}
   local betas = opts.betas or { 0.9, 0.999 }
-  local n = #model.names
+  local names = model:trainable_names()
+  local n = #names
   local decay = ffi.new("uint8_t[?]", math.max(n, 1))
-  local params = model:params()
-  for i, name in ipairs(model.names) do
+  local params = model:trainable_params()
+  for i, name in ipairs(names) do
     local d
     if opts.decay then d = opts.decay(name, params[name]:shape())
-    else d = C.clrt_model_tensor_is_matrix(model.ptr, i - 1) == 1 end
+    else d = #params[name]:shape() == 2 end
     decay[i - 1] = d and 1 or 0
   end
   local o = setmetatable({
-    model = model,
+    model = model, names = names,
     ptr = ffi.gc(check(C.clrt_adamw_new(model.ptr, decay), 2), C.clrt_adamw_free),
     lr = opts.lr or 1e-3, beta1 = betas[1], beta2 = betas[2], eps = opts.eps or 1e-8,
     weight_decay = opts.weight_decay or 0.01, grad_clip = opts.grad_clip or 0,
@@ -60,7 +62,7 @@ function AdamW:get_step() return tonumber(C.clrt_adamw_get_step(self.ptr)) end
 -- {step = n, exp_avg = {name = view}, exp_avg_sq = {name = view}}: views, not copies.
 function AdamW:state_dict()
   local m1, m2 = {}, {}
-  for i, name in ipairs(self.model.names) do
+  for i, name in ipairs(self.names) do
     m1[name] = tensor.wrap(C.clrt_adamw_moment(self.ptr, 0, i - 1))
     m2[name] = tensor.wrap(C.clrt_adamw_moment(self.ptr, 1, i - 1))
   end
@@ -73,7 +75,7 @@ function AdamW:load_state_dict(sd)
   end
   local mine = self:state_dict()
   for _, key in ipairs({ "exp_avg", "exp_avg_sq" }) do
-    for _, name in ipairs(self.model.names) do
+    for _, name in ipairs(self.names) do
       local src = sd[key][name]
       if not src then error(("load_state_dict: %s of '%s' is missing"):format(key, name), 2) end
       local dst = mine[key][name]
@@ -92,7 +94,7 @@ function AdamW:save(path)
   local sd = self:state_dict()
   local names, ts, keep = {}, {}, {}
   for _, key in ipairs({ "exp_avg", "exp_avg_sq" }) do
-    for _, name in ipairs(self.model.names) do
+    for _, name in ipairs(self.names) do
       names[#names + 1] = key .. "." .. name
       local t = sd[key][name]
       if t:device() == "cuda" then t = t:to("cpu") end   -- written from a host copy
@@ -119,7 +121,7 @@ function AdamW:load(path)
   local st = ffi.gc(check(C.clrt_safetensors_open(path), 2), C.clrt_safetensors_close)
   local sd = { exp_avg = {}, exp_avg_sq = {} }
   for _, key in ipairs({ "exp_avg", "exp_avg_sq" }) do
-    for _, name in ipairs(self.model.names) do
+    for _, name in ipairs(self.names) do
       local i = C.clrt_safetensors_find(st, key .. "." .. name)
       if i < 0 then error(("%s: tensor '%s.%s' is missing"):format(path, key, name), 2) end
       sd[key][name] = tensor.wrap(C.clrt_safetensors_tensor(st, i))
