@@ -1,0 +1,245 @@
+-- test_lora.lua — LoRA adapters against the independent PyTorch LoRA
+-- (tests/reference/lora_ref.py): log-probs and every adapter gradient, a PEFT folder written by
+-- Python loaded by clrt, finite differences through the dropout, adapters-off = the base, a
+-- frozen base, PEFT's names/shapes/config fields on save, `clrt merge`, and bad input.
+local T = require("clrt.test")
+local ffi = require("ffi")
+local tensor = clrt.tensor
+local json = require("clrt.json")
+local src = T.source_dir()
+local fixtures = src .. "/tests/fixtures"
+local CASES = { qwen2_all = "qwen2_tied", qwen3_some = "qwen3_qknorm" }
+local bin = os.getenv("CLRT_BIN") or arg[-1]
+
+local function flat(t)
+  local n, p = t:numel(), ffi.cast("float *", t:contiguous():data_ptr())
+  local out = {}
+  for i = 0, n - 1 do out[i + 1] = p[i] end
+  return out
+end
+
+local function max_diff(a, b)
+  local fa, fb, d = flat(a), flat(b), 0
+  assert(#fa == #fb)
+  for i = 1, #fa do d = math.max(d, math.abs(fa[i] - fb[i])) end
+  return d
+end
+
+local function same_bits(a, b)
+  local n = a:numel()
+  return n == b:numel() and ffi.C.memcmp(a:contiguous():data_ptr(), b:contiguous():data_ptr(), 4 * n) == 0
+end
+pcall(ffi.cdef, "int memcmp(const void *a, const void *b, size_t n);")
+
+local function grad_close(a, e, rtol, what)
+  local fa, fe = flat(a), flat(e)
+  local dn, en = 0, 0
+  for i = 1, #fe do dn = dn + (fa[i] - fe[i]) ^ 2; en = en + fe[i] ^ 2 end
+  dn, en = math.sqrt(dn), math.sqrt(en)
+  T.ok(en > 0, what .. ": reference gradient is all zero (the test could not fail)")
+  T.ok(dn <= rtol * en, ("%s: |g - ref| = %.3g > %g * |ref| = %.3g"):format(what, dn, rtol, rtol * en))
+end
+
+local function load(case, opts)
+  opts = opts or {}
+  opts.adapter = fixtures .. "/lora/" .. case
+  return clrt.model.load(fixtures .. "/model/" .. CASES[case], opts)
+end
+local function expected(case) return clrt.safetensors.load(fixtures .. "/lora/" .. case .. "/expected.safetensors") end
+
+for case, base in pairs(CASES) do
+  T.case(case .. ": a PEFT folder written by Python loads; log-probs match PyTorch within 1e-4", function()
+    local m, e = load(case), expected(case)
+    local lp = m:logprobs(e.tokens, { lengths = e.lengths, grad = false })
+    T.ok(max_diff(lp, e.lp) < 1e-4, "lp differs from the reference by " .. max_diff(lp, e.lp))
+    T.ok(max_diff(e.lp, e.lp_base) > 0.05, "the adapter changes the log-probs (else the test is blind)")
+  end)
+
+  T.case(case .. ": every adapter gradient matches PyTorch (rtol 1e-3); the base gets none", function()
+    local m, e = load(case), expected(case)
+    local lp = m:logprobs(e.tokens, { lengths = e.lengths })
+    T.ok(max_diff(lp, e.lp) < 1e-4, "kept forward lp")
+    m:zero_grad()
+    m:backward(e.dlogp)
+    local g, n = m:lora_grads(), 0
+    for _, name in ipairs(m.lora_names) do
+      grad_close(g[name], e["grad." .. name], 1e-3, name)
+      n = n + 1
+    end
+    T.ok(n > 0 and n == #m.lora_names)
+    local okg, err = pcall(function() return m:grads() end)
+    T.ok(not okg and tostring(err):find("frozen"), "base gradients are refused: " .. tostring(err))
+    local adapter_bytes = 0
+    for _, t in pairs(g) do adapter_bytes = adapter_bytes + t:numel() * 4 end
+    -- the gradient arena holds the adapters' (16-float aligned) and nothing of the base
+    T.ok(m:memory().grads < adapter_bytes + 64 * #m.lora_names, "grad arena " .. m:memory().grads)
+  end)
+
+  T.case(case .. ": adapters off give the bare base, bit for bit; on again, the adapted model", function()
+    local m, e = load(case), expected(case)
+    local bare = clrt.model.load(fixtures .. "/model/" .. base)
+    local want = bare:logprobs(e.tokens, { lengths = e.lengths, grad = false })
+    m:set_adapters(false)
+    T.eq(m:adapters_enabled(), false)
+    T.ok(same_bits(m:logprobs(e.tokens, { lengths = e.lengths, grad = false }), want), "adapters off = base")
+    T.ok(max_diff(want, e.lp_base) < 1e-4, "the base matches PyTorch's base")
+    m:set_adapters(true)
+    T.ok(max_diff(m:logprobs(e.tokens, { lengths = e.lengths, grad = false }), e.lp) < 1e-4, "on again")
+  end)
+
+  T.case(case .. ": clrt merge writes a folder whose log-probs equal base + adapter", function()
+    local out = T.tmpdir() .. "/merged"
+    local cmd = ("%s merge %s %s %s 2>&1"):format(bin, fixtures .. "/model/" .. base, fixtures .. "/lora/" .. case, out)
+    local f = assert(io.popen(cmd))
+    local text = f:read("*a")
+    local okc = f:close()
+    T.ok(okc, "clrt merge failed: " .. text)
+    local merged, e = clrt.model.load(out), expected(case)
+    T.eq(merged.lora, nil)
+    local lp = merged:logprobs(e.tokens, { lengths = e.lengths, grad = false })
+    T.ok(max_diff(lp, e.lp) < 1e-4, "merged lp vs reference: " .. max_diff(lp, e.lp))
+    local m = load(case)
+    local lpa = m:logprobs(e.tokens, { lengths = e.lengths, grad = false })
+    T.ok(max_diff(lp, lpa) < 2e-5, "merged vs base+adapter in clrt: " .. max_diff(lp, lpa))
+  end)
+end
+
+local TINY = { architectures = { "Qwen2ForCausalLM" }, vocab_size = 40, hidden_size = 24, intermediate_size = 40,
+  num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 32,
+  rms_norm_eps = 1e-6, tie_word_embeddings = true }
+local TOKS = { { 1, 5, 9, 3, 7, 2, 8 }, { 4, 6, 11, 30, 2, 1, 0 } }
+
+local function tiny(lora)
+  local m = clrt.model.new(TINY, { seed = 7 })
+  m:add_lora(lora)
+  local g = tensor.generator(99)
+  for name, t in pairs(m:lora_params()) do
+    if name:find("lora_B") then t:copy_(tensor.randn(t:shape(), { generator = g }) * 0.2) end
+  end
+  return m
+end
+
+-- sum(lp * w) in double precision
+local function objective(lp, w)
+  local a, b, s = flat(lp), flat(w), 0
+  for i = 1, #a do s = s + a[i] * b[i] end
+  return s
+end
+
+T.case("finite differences agree with the adapter gradients, dropout on (masks fixed by the step)", function()
+  local m = tiny({ r = 3, alpha = 6, dropout = 0.25, seed = 3 })
+  local w = tensor.randn({ 2, 6 }, { seed = 5 })
+  m:set_lora_dropout_step(17)
+  local lp = m:logprobs(TOKS)
+  m:zero_grad()
+  m:backward(w)
+  local g = m:lora_grads()
+  local P = m:lora_params()
+  local checked, eps = 0, 1e-2
+  for _, name in ipairs({ "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+    "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight",
+    "base_model.model.model.layers.1.self_attn.o_proj.lora_A.weight",
+    "base_model.model.model.layers.0.mlp.gate_proj.lora_B.weight" }) do
+    local p = ffi.cast("float *", P[name]:data_ptr())
+    local gp = flat(g[name])
+    for _, i in ipairs({ 0, 5, 11 }) do
+      local x0 = p[i]
+      p[i] = x0 + eps; m:set_lora_dropout_step(17)
+      local up = objective(m:logprobs(TOKS), w)
+      p[i] = x0 - eps; m:set_lora_dropout_step(17)
+      local dn = objective(m:logprobs(TOKS), w)
+      p[i] = x0
+      local fd = (up - dn) / (2 * eps)
+      T.ok(math.abs(fd - gp[i + 1]) <= 2e-2 * math.max(1e-2, math.abs(fd)) + 2e-4,
+        ("%s[%d]: finite difference %.6g, backward %.6g"):format(name, i, fd, gp[i + 1]))
+      checked = checked + 1
+    end
+  end
+  T.eq(checked, 12)
+  local _ = lp
+end)
+
+T.case("dropout: training forwards draw masks from (seed, step); scoring forwards use none", function()
+  local m = tiny({ r = 2, alpha = 4, dropout = 0.3, seed = 1 })
+  local plain = m:logprobs(TOKS, { grad = false })
+  m:set_lora_dropout_step(4)
+  local a = m:logprobs(TOKS)
+  T.eq(m:lora_dropout_step(), 5, "a kept forward advances the step")
+  m:set_lora_dropout_step(4)
+  T.ok(same_bits(m:logprobs(TOKS), a), "same step, same masks")
+  T.ok(max_diff(m:logprobs(TOKS), a) > 1e-4, "the next step draws other masks")
+  T.ok(max_diff(a, plain) > 1e-4, "dropout changes a training forward")
+  T.ok(same_bits(m:logprobs(TOKS, { grad = false }), plain), "scoring has no dropout")
+  local m0 = tiny({ r = 2, alpha = 4, dropout = 0, seed = 1 })
+  T.ok(same_bits(m0:logprobs(TOKS), m0:logprobs(TOKS, { grad = false })), "dropout 0: training = scoring")
+end)
+
+T.case("the optimizer walks the adapters only: the base stays bit-identical", function()
+  local m = tiny({ r = 4, alpha = 8, dropout = 0.1 })
+  local before = {}
+  for name, t in pairs(m:params()) do before[name] = t:clone() end
+  local opt = clrt.optim.adamw(m, { lr = 1e-2 })
+  T.eq(#opt.names, #m.lora_names)
+  local A0 = m:lora_params()["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]:clone()
+  for _ = 1, 3 do
+    local lp = m:logprobs(TOKS)
+    m:zero_grad()
+    m:backward(tensor.ones(lp:shape()) * -0.1)
+    opt:step()
+  end
+  for name, t in pairs(m:params()) do T.ok(same_bits(t, before[name]), name .. " changed") end
+  T.ok(not same_bits(m:lora_params()["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"], A0),
+    "the adapters trained")
+  T.eq(opt:memory(), 2 * m:memory().grads, "moments sized like the adapters")
+end)
+
+T.case("save_adapter writes PEFT's config fields, tensor names and shapes; load round-trips", function()
+  local m = tiny({ r = 4, alpha = 16, dropout = 0.05, targets = { "q_proj", "v_proj", "down_proj" } })
+  local dir = T.tmpdir() .. "/adapter"
+  m:save_adapter(dir, { base = "Qwen/Qwen2.5-0.5B-Instruct" })
+  local cfg = json.decode(clrt.files.read(dir .. "/adapter_config.json"))
+  T.eq(cfg.peft_type, "LORA"); T.eq(cfg.task_type, "CAUSAL_LM"); T.eq(cfg.r, 4); T.eq(cfg.lora_alpha, 16)
+  T.eq(cfg.lora_dropout, 0.05); T.eq(cfg.bias, "none"); T.eq(cfg.fan_in_fan_out, false)
+  T.eq(cfg.use_rslora, false); T.eq(cfg.inference_mode, true); T.eq(cfg.modules_to_save, json.null)
+  T.eq(cfg.base_model_name_or_path, "Qwen/Qwen2.5-0.5B-Instruct")
+  T.eq(table.concat(cfg.target_modules, ","), "q_proj,v_proj,down_proj")
+  local info = clrt.safetensors.info(dir .. "/adapter_model.safetensors")
+  local n = 0
+  for _ in pairs(info) do n = n + 1 end
+  T.eq(n, 2 * 3 * 2, "A and B for 3 targets x 2 layers")
+  local HD, KVD = 4 * 6, 2 * 6
+  local function shape(name) return table.concat(info["base_model.model.model.layers." .. name].shape, "x") end
+  T.eq(shape("0.self_attn.q_proj.lora_A.weight"), "4x24")    -- [r, in]
+  T.eq(shape("0.self_attn.q_proj.lora_B.weight"), HD .. "x4")
+  T.eq(shape("1.self_attn.v_proj.lora_B.weight"), KVD .. "x4")  -- [out, r]
+  T.eq(shape("1.mlp.down_proj.lora_A.weight"), "4x40")
+  T.eq(shape("1.mlp.down_proj.lora_B.weight"), "24x4")
+  T.eq(info["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"].dtype, "F32")
+  local m2 = clrt.model.new(TINY, { seed = 7 })
+  m2:load_adapter(dir)
+  T.ok(same_bits(m2:logprobs(TOKS, { grad = false }), m:logprobs(TOKS, { grad = false })), "round trip")
+end)
+
+T.case("bad adapters and settings are refused with the reason", function()
+  local m = clrt.model.new(TINY, { seed = 7 })
+  local function refused(f, pat)
+    local okc, err = pcall(f)
+    T.ok(not okc and tostring(err):find(pat, 1, true), ("expected an error with '%s', got %s"):format(pat, tostring(err)))
+  end
+  refused(function() m:add_lora({ r = 0 }) end, "r must be a positive integer")
+  refused(function() m:add_lora({ dropout = 1 }) end, "dropout must be in [0, 1)")
+  refused(function() m:add_lora({ targets = { "lm_head" } }) end, "'lm_head' is not supported")
+  refused(function() m:add_lora({ targets = { "qproj" } }) end, "unknown target 'qproj'")
+  local dir = T.tmpdir()
+  local good = tiny({ r = 2 })
+  good:save_adapter(dir .. "/a")
+  clrt.files.write_atomic(dir .. "/a/adapter_config.json", (clrt.files.read(dir .. "/a/adapter_config.json"):gsub('"r": 2', '"r": 3')))
+  refused(function() clrt.model.new(TINY):load_adapter(dir .. "/a") end, "has shape [2, 24], expected [3, 24]")
+  good:save_adapter(dir .. "/b")
+  clrt.files.write_atomic(dir .. "/b/adapter_config.json", (clrt.files.read(dir .. "/b/adapter_config.json"):gsub('"LORA"', '"IA3"')))
+  refused(function() clrt.model.new(TINY):load_adapter(dir .. "/b") end, "'peft_type' must be \"LORA\"")
+  refused(function() clrt.model.new(TINY):load_adapter(dir .. "/none") end, "no adapter_config.json")
+  refused(function() m:set_adapters(false) end, "no LoRA adapters")
+end)
+
+T.run()
