@@ -222,8 +222,9 @@ int clrt_model_lora_num_tensors(const clrt_model *m);   /* 0 without adapters */
 const char *clrt_model_lora_tensor_name(const clrt_model *m, int i);   /* PEFT's names */
 clrt_tensor *clrt_model_lora_param(clrt_model *m, int i);
 clrt_tensor *clrt_model_lora_grad(clrt_model *m, int i);
-uint64_t clrt_model_lora_dropout_step(const clrt_model *m);
-int clrt_model_lora_set_dropout_step(clrt_model *m, uint64_t step);
+/* The dropout masks' state: which 0 the seed, 1 the count of kept forwards. */
+uint64_t clrt_model_lora_dropout_state(const clrt_model *m, int which);
+int clrt_model_lora_set_dropout_state(clrt_model *m, uint64_t seed, uint64_t step);
 /* W += alpha/r B A into every target, then the adapters go (model on the cpu). */
 int clrt_model_lora_merge(clrt_model *m);
 

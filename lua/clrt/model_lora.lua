@@ -95,9 +95,13 @@ function M.install(Model)
   end
   function Model:adapters_enabled() return C.clrt_model_lora_enabled(live(self)) == 1 end
 
-  -- The dropout masks' counter (checkpointed so that a resumed run draws the same masks).
-  function Model:lora_dropout_step() return tonumber(C.clrt_model_lora_dropout_step(live(self))) end
-  function Model:set_lora_dropout_step(n) ok(C.clrt_model_lora_set_dropout_step(live(self), n), 2) end
+  -- The dropout masks are a function of the adapters' seed and a count of training forwards
+  -- (both saved with the adapter, so that a resumed run draws the same masks).
+  function Model:lora_dropout_step() return tonumber(C.clrt_model_lora_dropout_state(live(self), 1)) end
+  function Model:lora_dropout_seed() return tonumber(C.clrt_model_lora_dropout_state(live(self), 0)) end
+  function Model:set_lora_dropout_step(n, seed)
+    ok(C.clrt_model_lora_set_dropout_state(live(self), seed or self:lora_dropout_seed(), n), 2)
+  end
 
   -- PEFT's adapter_config.json fields for these adapters.
   function Model:adapter_config(base)
@@ -120,7 +124,8 @@ function M.install(Model)
     local ts = {}
     for name, t in pairs(self:lora_params()) do ts[name] = t:device() == "cuda" and t:to("cpu") or t end
     st.save(dir .. "/adapter_model.safetensors", ts,
-      { format = "pt", clrt_dropout_step = tostring(self:lora_dropout_step()) })
+      { format = "pt", clrt_dropout_step = tostring(self:lora_dropout_step()),
+        clrt_dropout_seed = tostring(self:lora_dropout_seed()) })
     files.write_atomic(dir .. "/adapter_config.json",
       json.encode(self:adapter_config(opts.base), { pretty = true }) .. "\n")
     return dir
@@ -151,7 +156,7 @@ function M.install(Model)
     self:add_lora({ r = cfg.r, alpha = cfg.lora_alpha, dropout = dropout, targets = targets, seed = opts and opts.seed })
     local wpath = dir .. "/adapter_model.safetensors"
     if not files.exists(wpath) then error(("load_adapter: no adapter_model.safetensors in %s"):format(dir), 2) end
-    local ts, meta = st.load(wpath, { "clrt_dropout_step" })
+    local ts, meta = st.load(wpath, { "clrt_dropout_step", "clrt_dropout_seed" })
     local mine = self:lora_params()
     for name, t in pairs(ts) do
       if not mine[name] then error(("%s: tensor '%s' is not an adapter of this model and its targets"):format(wpath, name), 2) end
@@ -164,7 +169,9 @@ function M.install(Model)
       end
       mine[name]:copy_(src)
     end
-    if meta.clrt_dropout_step then self:set_lora_dropout_step(tonumber(meta.clrt_dropout_step)) end
+    if meta.clrt_dropout_step then
+      self:set_lora_dropout_step(tonumber(meta.clrt_dropout_step), tonumber(meta.clrt_dropout_seed))
+    end
     return self
   end
 

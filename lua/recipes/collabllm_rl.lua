@@ -89,7 +89,8 @@ M.defaults = {
     weight_decay = 0.01, grad_clip = 1.0,
     mini_batches = 2,                       -- verl ppo_mini_batch_size 8 of 16 prompts
     micro_batch_size = 4,                   -- rows per forward/backward (gradients accumulate)
-    clip = 0.2, kl_coef = 0.001, norm_adv_by_std = true },  -- verl kl_loss_coef (low_var_kl), GRPO
+    clip = 0.2, kl_coef = 0.001, norm_adv_by_std = true,   -- verl kl_loss_coef (low_var_kl), GRPO
+    lora = require("clrt.train.lora").config() },    -- r > 0: train LoRA adapters; the reference is the base
   eval = { every = 10,                      -- verl trainer.test_freq: validation on data_val
     prompts = config.optional("number"),    -- at most this many validation prompts (nil: all)
     seed = 12345, temperature = 0.0, before = false, after = true },
@@ -164,7 +165,8 @@ function M.check_config(cfg)
 end
 
 -- Settings a resumed run may not change: they define what the run's steps mean.
-M.FIXED_ON_RESUME = { "model", "seed", "data", "prompts_per_step", "rollout.n", "single_turn", "sft", "sft_cache" }
+M.FIXED_ON_RESUME = { "model", "seed", "data", "prompts_per_step", "rollout.n", "single_turn", "sft", "sft_cache",
+  "train.lora.r", "train.lora.alpha", "train.lora.targets" }
 
 function M.main(cfg)
   M.check_config(cfg)
@@ -190,7 +192,7 @@ function M.run(cfg, run_dir)
   end
   local start_dir = cfg.model or prompts.world_start(cfg, world)
   local tok = clrt.tokenizer.load(start_dir)
-  local m = clrt.model.load(ckpt_dir or start_dir)
+  local m = train.lora.policy(start_dir, ckpt_dir, cfg.train.lora, cfg.seed)
   -- prompts without room for a response are left out before anything trains on them
   local dataset, val_set, notes = nil, nil, {}
   if cfg.data then
@@ -215,7 +217,7 @@ function M.run(cfg, run_dir)
     sample_every = cfg.sample_every, resume_step = resume_state and resume_state.step or nil,
     progress_keys = { "reward", "metric/" .. (next(weights)), "kl", "tokens_per_s" } })
   for _, n in ipairs(notes) do lg:print(n) end
-  local ref = clrt.model.load(start_dir)
+  local ref = train.lora.reference(m, start_dir)
   local opt = clrt.optim.adamw(m, { lr = cfg.train.lr, weight_decay = cfg.train.weight_decay, grad_clip = cfg.train.grad_clip })
   if ckpt_dir then opt:load(ckpt_dir .. "/optimizer.safetensors") end
 
@@ -298,7 +300,7 @@ function M.run(cfg, run_dir)
       if step == cfg.steps and cfg.eval.after then summary.val_after = rep end
     end
     if cfg.save_every > 0 and (step % cfg.save_every == 0 or step == last_step) then
-      train.checkpoint.save(run_dir, { step = step, model = m, tokenizer_dir = start_dir, optimizer = opt,
+      train.checkpoint.save(run_dir, { step = step, model = m, tokenizer_dir = start_dir, optimizer = opt, base = start_dir,
         state = { failed_steps = failed_steps } })
     end
   end

@@ -36,7 +36,8 @@ M.defaults = {
     batch_size = 64, micro_batch_size = 2,  -- verl data.train_batch_size, micro_batch_size_per_gpu
     lr = 1e-6, decay = "cosine", min_lr_ratio = 0.0, -- verl optim.lr (the recipe), lr_scheduler cosine
     warmup_ratio = 0.1, warmup_steps = config.optional("number"), -- verl warmup_steps_ratio
-    weight_decay = 0.01, grad_clip = 1.0, val_every = 100 },
+    weight_decay = 0.01, grad_clip = 1.0, val_every = 100,
+    lora = require("clrt.train.lora").config() },   -- r > 0: train LoRA adapters over model=
 }
 
 -- The built-in world's settings for this recipe (examples/collab_world/config.lua's `sft`).
@@ -54,7 +55,8 @@ M.rules = {
   { "train.weight_decay", "nonneg" }, { "train.grad_clip", "nonneg" }, { "train.val_every", "count0" },
 }
 -- Settings a resumed run may not change: they define its data, model and batches.
-M.FIXED_ON_RESUME = { "model", "data", "data_val", "seed", "max_len", "val_fraction", "world", "arch", "train.batch_size" }
+M.FIXED_ON_RESUME = { "model", "data", "data_val", "seed", "max_len", "val_fraction", "world", "arch", "train.batch_size",
+  "train.lora.r", "train.lora.alpha", "train.lora.targets" }
 
 -- Conversations of a data file, every row checked up front (file and line in the error).
 function M.read_conversations(path)
@@ -116,7 +118,11 @@ function M.run(cfg, run_dir)
   if cfg.resume then ckpt_dir, state = checkpoint.find(run_dir) end
   local model_dir = run_dir .. "/model"
   local m, tok
-  if ckpt_dir then
+  local lora = require("clrt.train.lora")
+  if lora.enabled(cfg.train.lora) then
+    if not cfg.model then error("collabllm_sft: train.lora needs model= (the base the adapters train over)", 0) end
+    m, tok = lora.policy(cfg.model, ckpt_dir, cfg.train.lora, cfg.seed), clrt.tokenizer.load(cfg.model)
+  elseif ckpt_dir then
     m, tok = clrt.model.load(ckpt_dir), clrt.tokenizer.load(ckpt_dir)
   elseif cfg.model then
     m, tok = clrt.model.load(cfg.model), clrt.tokenizer.load(cfg.model)
@@ -167,13 +173,17 @@ function M.run(cfg, run_dir)
   local tok_dir = ckpt_dir or cfg.model or model_dir
   t.on_step = function(step, opt, last_step)
     if cfg.save_every > 0 and (step % cfg.save_every == 0 or step == last_step) then
-      checkpoint.save(run_dir, { step = step, model = m, tokenizer_dir = tok_dir, optimizer = opt })
+      checkpoint.save(run_dir, { step = step, model = m, tokenizer_dir = tok_dir, optimizer = opt, base = cfg.model })
     end
   end
   local last = sft.train(m, train_items, val_items, t, lg)
   lg:close()
   local done = (cfg.stop_after or t.steps) >= t.steps
   if done then
+    if m.lora then   -- the adapter in PEFT's format, and model/ the merged full model
+      m:save_adapter(run_dir .. "/adapter", { base = cfg.model })
+      m:merge_adapter()
+    end
     m:save(model_dir)
     for _, f in ipairs(checkpoint.TOKENIZER_FILES) do
       local src = tok_dir .. "/" .. f

@@ -151,10 +151,13 @@ clrt_tensor *clrt_model_lora_grad(clrt_model *m, int i) {
   return model_param_view(m->lora->grads, &m->lora->p[i]);
 }
 
-uint64_t clrt_model_lora_dropout_step(const clrt_model *m) { return m->lora ? m->lora->step : 0; }
+uint64_t clrt_model_lora_dropout_state(const clrt_model *m, int which) {
+  return !m->lora ? 0 : which ? m->lora->step : m->lora->seed;
+}
 
-int clrt_model_lora_set_dropout_step(clrt_model *m, uint64_t step) {
-  if (!need_lora(m, "lora dropout step")) return -1;
+int clrt_model_lora_set_dropout_state(clrt_model *m, uint64_t seed, uint64_t step) {
+  if (!need_lora(m, "lora dropout state")) return -1;
+  m->lora->seed = seed;
   m->lora->step = step;
   return 0;
 }

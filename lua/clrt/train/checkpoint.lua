@@ -1,9 +1,10 @@
 -- clrt.train.checkpoint — a run folder's checkpoints, the one implementation both recipes use.
---   checkpoint.save(run_dir, {step =, model =, tokenizer_dir =, optimizer =, state = {...}})
+--   checkpoint.save(run_dir, {step =, model =, tokenizer_dir =, optimizer =, state = {...}, base =})
 --   local dir, state = checkpoint.find(run_dir)   -- the latest complete one, or nil
 -- Layout: RUN_DIR/checkpoint-<step>/ (config.json, model.safetensors, the tokenizer files,
 -- optimizer.safetensors, trainer_state.json) and RUN_DIR/latest, a one-line file naming the
--- current one. A save writes checkpoint-<step>/ file by file, each fsynced, trainer_state.json
+-- current one. A model with LoRA adapters saves its adapter instead (adapter_config.json +
+-- adapter_model.safetensors, PEFT's format, base_model_name_or_path = c.base). A save writes checkpoint-<step>/ file by file, each fsynced, trainer_state.json
 -- last; then replaces `latest` by rename(2); only then removes the older checkpoints. So at
 -- every moment `latest` names a complete checkpoint (or there is none yet), and a kill or
 -- Ctrl-C part-way leaves at most a half-written folder that find() ignores and the next save
@@ -49,7 +50,7 @@ function M._save(run_dir, c)
   end
   files.remove_tree(dir)   -- a half-written one from an interrupted save of this step
   files.mkdir_p(dir)
-  c.model:save(dir)
+  if c.model.lora then c.model:save_adapter(dir, { base = c.base }) else c.model:save(dir) end
   if c.tokenizer_dir then
     for _, f in ipairs(M.TOKENIZER_FILES) do
       local src = c.tokenizer_dir .. "/" .. f
