@@ -16,12 +16,33 @@ CLRT_HD uint64_t clrt_lora_mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+/* murmur3's 32-bit finaliser: 32-bit multiplies, so the per-element mask vectorizes (AVX2
+   has no 64-bit multiply), which a 64-bit mix per element did not. */
+CLRT_HD uint32_t clrt_lora_mix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  h ^= h >> 16;
+  return h;
+}
+
 /* The factor element i of the adapter's input is multiplied by: 0 with probability p, else
-   1/(1-p) (inverted dropout, as torch.nn.Dropout in training). */
+   inv = 1/(1-p) (inverted dropout, as torch.nn.Dropout in training). Two rounds over the index
+   and both halves of the key; k1 carries the key's high half and the index's (so CPU loops run
+   over 32-bit indices inside a block of 2^32 and vectorize). */
+CLRT_HD uint32_t clrt_lora_k1(uint64_t key, int64_t i) {
+  return (uint32_t)(key >> 32) ^ ((uint32_t)((uint64_t)i >> 32) * 0x9E3779B9u);
+}
+
+CLRT_HD float clrt_lora_keep_lo(uint32_t i, uint32_t k0, uint32_t k1, float p, float inv) {
+  uint32_t h = clrt_lora_mix32(clrt_lora_mix32(i ^ k0) ^ k1);
+  float u = (float)(int32_t)(h >> 8) * (1.0f / 16777216.0f);   /* 24 bits: uniform in [0, 1) */
+  return u < p ? 0.0f : inv;
+}
+
 CLRT_HD float clrt_lora_keep(uint64_t key, int64_t i, float p) {
-  uint64_t h = clrt_lora_mix(key ^ clrt_lora_mix((uint64_t)i));
-  float u = (float)(h >> 40) * (1.0f / 16777216.0f);   /* 24 bits: uniform in [0, 1) */
-  return u < p ? 0.0f : 1.0f / (1.0f - p);
+  return clrt_lora_keep_lo((uint32_t)i, (uint32_t)key, clrt_lora_k1(key, i), p, 1.0f / (1.0f - p));
 }
 
 /* The key of one adapter application: seed, training-forward counter, layer, target. */

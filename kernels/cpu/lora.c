@@ -6,9 +6,28 @@
 
 #include <cblas.h>
 
+/* out[i] = x[i] * keep(i) (acc: out[i] += ...), in blocks of 2^32 elements whose index high
+   half is fixed, so the mask's arithmetic stays 32-bit and vectorizes. */
+static void apply_mask(float *out, const float *x, int64_t n, uint64_t key, float p, int acc) {
+  float inv = 1.0f / (1.0f - p);
+  uint32_t k0 = (uint32_t)key;
+  for (int64_t b0 = 0; b0 < n; b0 += (int64_t)1 << 32) {
+    int64_t len = n - b0 < ((int64_t)1 << 32) ? n - b0 : ((int64_t)1 << 32);
+    uint32_t k1 = clrt_lora_k1(key, b0);
+    float *o = out + b0;
+    const float *xb = x + b0;
+    if (acc) {
+#pragma omp parallel for schedule(static) if (len > CLRT_OMP_MIN_WORK)
+      for (int64_t i = 0; i < len; i++) o[i] += xb[i] * clrt_lora_keep_lo((uint32_t)i, k0, k1, p, inv);
+    } else {
+#pragma omp parallel for schedule(static) if (len > CLRT_OMP_MIN_WORK)
+      for (int64_t i = 0; i < len; i++) o[i] = xb[i] * clrt_lora_keep_lo((uint32_t)i, k0, k1, p, inv);
+    }
+  }
+}
+
 void clrt_lora_dropout(float *out /* [n] */, const float *x /* [n] */, int64_t n, uint64_t key, float p) {
-#pragma omp parallel for schedule(static) if (n > CLRT_OMP_MIN_WORK)
-  for (int64_t i = 0; i < n; i++) out[i] = x[i] * clrt_lora_keep(key, i, p);
+  apply_mask(out, x, n, key, p, 0);
 }
 
 void clrt_lora_forward(float *y /* [N, O] += */, float *xa /* [N, r] = */, const float *xd /* [N, K] */,
@@ -35,9 +54,7 @@ void clrt_lora_backward(float *dx /* [N, K] += */, float *dA /* [r, K] += */, fl
   }
   /* Through the dropout: xd is spent, it takes dxa A, then dx += mask * it. */
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, K, r, 1.0f, dxa, r, A, K, 0.0f, xd, K);
-  int64_t n = N * K;
-#pragma omp parallel for schedule(static) if (n > CLRT_OMP_MIN_WORK)
-  for (int64_t i = 0; i < n; i++) dx[i] += xd[i] * clrt_lora_keep(key, i, p);
+  apply_mask(dx, xd, N * K, key, p, 1);
 }
 
 void clrt_lora_merge(float *W /* [O, K] += */, const float *A /* [r, K] */, const float *B /* [O, r] */,
