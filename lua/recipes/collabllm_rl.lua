@@ -25,6 +25,7 @@ local M = {}
 local OPENAI = "https://api.openai.com/v1"
 M.defaults = {
   model = config.optional("string"),        -- HF folder of the starting policy (and reference)
+  adapter = config.optional("string"),      -- a PEFT LoRA folder over model=: the policy trains it, the reference is model=
   data = config.optional("string"),         -- RL JSONL from process_dataset.lua; nil: world prompts
   data_val = config.optional("string"),     -- validation JSONL (process_dataset's rl_test.jsonl)
   out = "runs",
@@ -165,7 +166,7 @@ function M.check_config(cfg)
 end
 
 -- Settings a resumed run may not change: they define what the run's steps mean.
-M.FIXED_ON_RESUME = { "model", "seed", "data", "prompts_per_step", "rollout.n", "single_turn", "sft", "sft_cache",
+M.FIXED_ON_RESUME = { "model", "adapter", "seed", "data", "prompts_per_step", "rollout.n", "single_turn", "sft", "sft_cache",
   "train.lora.r", "train.lora.alpha", "train.lora.targets" }
 
 function M.main(cfg)
@@ -192,7 +193,7 @@ function M.run(cfg, run_dir)
   end
   local start_dir = cfg.model or prompts.world_start(cfg, world)
   local tok = clrt.tokenizer.load(start_dir)
-  local m = train.lora.policy(start_dir, ckpt_dir, cfg.train.lora, cfg.seed)
+  local m = train.lora.policy(start_dir, ckpt_dir, cfg.train.lora, cfg.seed, cfg.adapter)
   -- prompts without room for a response are left out before anything trains on them
   local dataset, val_set, notes = nil, nil, {}
   if cfg.data then

@@ -97,6 +97,18 @@ T.case("LoRA RL: the reference is the base (adapters off), PEFT checkpoints, bit
   for step = 1, 4 do T.eq(b[step], a[step], "step " .. step) end
 end)
 
+T.case("RL from model=BASE adapter=DIR (a PEFT folder) continues that adapter; the reference is BASE", function()
+  if not base then T.skip("needs the base") end
+  local dir = root .. "/rl_adapter"
+  rl.main(config.parse(rl.defaults, { "config=" .. rl.world_config_path(), "model=" .. base, "adapter=" .. root .. "/sft_straight/adapter",
+    "run_dir=" .. dir, "steps=1", "prompts_per_step=2", "rollout.n=2", "rollout.num_repeat_rollouts=1",
+    "rollout.max_new_tokens=8", "eval.before=false", "eval.after=false", "save_every=1", "train.kl_coef=0.1" }))
+  local a = comparable(dir)
+  T.ok(a[1].kl > 1e-6, "the SFT adapter makes the policy differ from the base at step 1: kl " .. tostring(a[1].kl))
+  local cfg = require("clrt.json").decode(T.read(dir .. "/checkpoint-1/adapter_config.json"))
+  T.eq(cfg.r, 4, "the adapter's own settings")
+end)
+
 T.case("the RL reference of a LoRA policy is the same weights with the adapters off", function()
   if not base then T.skip("needs the base") end
   local lora = require("clrt.train.lora")

@@ -2,7 +2,7 @@
 -- off, full fine-tuning). The policy is the base with adapters (new, or a checkpoint's), the RL
 -- reference is the same model with its adapters switched off (no second copy of the weights),
 -- and a checkpoint of a LoRA run holds the adapter in PEFT's format (clrt.train.checkpoint).
---   local m = lora.policy(base_dir, ckpt_dir, cfg.train.lora, cfg.seed)
+--   local m = lora.policy(base_dir, ckpt_dir, cfg.train.lora, cfg.seed, adapter_dir)
 --   local ref = lora.reference(m, base_dir)     -- anything with :logprobs(tokens, opts)
 local config = require("clrt.config")
 local M = {}
@@ -23,12 +23,13 @@ local function targets(t)
   return out
 end
 
--- The model to train: with LoRA the base from base_dir and either the checkpoint's adapter
--- (ckpt_dir) or fresh adapters seeded by `seed`; without, the checkpoint or base_dir whole.
-function M.policy(base_dir, ckpt_dir, l, seed, opts)
-  if not M.enabled(l) then return clrt.model.load(ckpt_dir or base_dir, opts) end
-  local m = clrt.model.load(base_dir, opts)
-  if ckpt_dir then return m:load_adapter(ckpt_dir) end
+-- The model to train: with LoRA (train.lora.r > 0, or a PEFT adapter_dir to continue) the base
+-- from base_dir and the checkpoint's adapter (ckpt_dir), else adapter_dir's, else fresh
+-- adapters seeded by `seed`; without, the checkpoint or base_dir whole.
+function M.policy(base_dir, ckpt_dir, l, seed, adapter_dir)
+  if not M.enabled(l) and not adapter_dir then return clrt.model.load(ckpt_dir or base_dir) end
+  local m = clrt.model.load(base_dir)
+  if ckpt_dir or adapter_dir then return m:load_adapter(ckpt_dir or adapter_dir) end
   return m:add_lora({ r = l.r, alpha = l.alpha or 2 * l.r, dropout = l.dropout or 0,
     targets = targets(l.targets), seed = seed })
 end
