@@ -7,6 +7,7 @@ local ffi = require("ffi")
 local tensor = clrt.tensor
 local json = require("clrt.json")
 local src = T.source_dir()
+package.path = src .. "/tests/?.lua;" .. package.path
 local fixtures = src .. "/tests/fixtures"
 local CASES = { qwen2_all = "qwen2_tied", qwen3_some = "qwen3_qknorm" }
 local bin = os.getenv("CLRT_BIN") or arg[-1]
@@ -240,6 +241,32 @@ T.case("bad adapters and settings are refused with the reason", function()
   refused(function() clrt.model.new(TINY):load_adapter(dir .. "/b") end, "'peft_type' must be \"LORA\"")
   refused(function() clrt.model.new(TINY):load_adapter(dir .. "/none") end, "no adapter_config.json")
   refused(function() m:set_adapters(false) end, "no LoRA adapters")
+end)
+
+T.case("clrt serve --adapter answers as base + adapter (greedy), not as the base", function()
+  local dir = require("support.tiny_model")(T.tmpdir(), { seed = 4 })
+  local m = clrt.model.load(dir)
+  m:add_lora({ r = 4, alpha = 64, seed = 2 })
+  local g = tensor.generator(3)
+  for name, t in pairs(m:lora_params()) do
+    if name:find("lora_B") then t:copy_(tensor.randn(t:shape(), { generator = g }) * 0.5) end
+  end
+  local adir = T.tmpdir() .. "/adapter"
+  m:save_adapter(adir, { base = dir })
+  local tok = clrt.tokenizer.load(dir)
+  local msgs = { { role = "user", content = "hello there, how are you today?" } }
+  local want = clrt.chat.generate(m, tok, msgs, { temperature = 0, max_new_tokens = 12 })
+  local bare = clrt.chat.generate(clrt.model.load(dir), tok, msgs, { temperature = 0, max_new_tokens = 12 })
+  T.ok(want ~= bare, "the adapter changes the greedy reply (else the test is blind)")
+  local srv = require("support.serve")(dir, "--adapter " .. adir)
+  local body = T.tmpdir() .. "/body.json"
+  local f = assert(io.open(body, "w"))
+  f:write(require("cjson").encode({ messages = msgs, temperature = 0, max_tokens = 12 }))
+  f:close()
+  local p = assert(io.popen(("curl -s -m 60 --data-binary @%s -H 'Content-Type: application/json' %s/chat/completions"):format(body, srv.url)))
+  local reply = require("cjson").decode(p:read("*a"))
+  p:close()
+  T.eq(reply.choices[1].message.content, want)
 end)
 
 T.run()

@@ -1,4 +1,4 @@
--- clrt chat MODEL_DIR [--temp X] [--max-tokens N] [--system TEXT] [--seed N]
+-- clrt chat MODEL_DIR [--temp X] [--max-tokens N] [--system TEXT] [--seed N] [--adapter DIR]
 -- Talk to a model in the terminal with its chat template; tokens stream as they are made.
 -- Commands: /system TEXT, /reset, /temp X, /save FILE, /help, /quit. Ctrl-C stops a reply.
 local ffi = require("ffi")
@@ -7,8 +7,8 @@ local core = require("clrt.ffi")
 local gen = require("clrt.generate")
 
 local args = { ... }
-local usage = "usage: clrt chat MODEL_DIR [--temp X] [--max-tokens N] [--system TEXT] [--seed N]"
-local dir, temp, max_tokens, system, seed = nil, 0.7, 512, nil, os.time()
+local usage = "usage: clrt chat MODEL_DIR [--temp X] [--max-tokens N] [--system TEXT] [--seed N] [--adapter DIR]"
+local dir, temp, max_tokens, system, seed, adapter = nil, 0.7, 512, nil, os.time(), nil
 local i = 1
 while i <= #args do
   local a = args[i]
@@ -16,6 +16,7 @@ while i <= #args do
   elseif a == "--max-tokens" then i = i + 1; max_tokens = tonumber(args[i]) or error("clrt chat: --max-tokens expects a number", 0)
   elseif a == "--system" then i = i + 1; system = args[i] or error("clrt chat: --system expects text", 0)
   elseif a == "--seed" then i = i + 1; seed = tonumber(args[i]) or error("clrt chat: --seed expects a number", 0)
+  elseif a == "--adapter" then i = i + 1; adapter = args[i] or error("clrt chat: --adapter expects a PEFT LoRA folder", 0)
   elseif a == "--help" or a == "-h" then print(usage) return
   elseif not dir then dir = a
   else error("clrt chat: unexpected argument '" .. a .. "'\n" .. usage, 0) end
@@ -23,7 +24,7 @@ while i <= #args do
 end
 if not dir then error("clrt chat: which model folder?\n" .. usage, 0) end
 
-local m = clrt.model.load(dir)
+local m = clrt.model.load(dir, { adapter = adapter })
 local tok = clrt.tokenizer.load(dir)
 local max_len = math.min(m.config.max_position_embeddings or 2048, 4096)
 local dec = m:decoder(1, max_len)

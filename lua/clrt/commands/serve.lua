@@ -1,5 +1,6 @@
 -- clrt serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--slots 32]
 --                      [--max-len 2048] [--max-tokens 4096] [--max-body BYTES] [--served-model-name NAME]
+--                      [--adapter DIR]
 -- An OpenAI-compatible server for one model folder (see lua/clrt/serve.lua).
 local args = { ... }
 local usage = [[
@@ -11,6 +12,7 @@ usage: clrt serve MODEL_DIR [options]
   --max-len N        context length of each row (default: the model's, at most 4096)
   --max-tokens N     largest max_tokens a request may ask for (default 4096)
   --max-body BYTES   largest request body (default 4 MiB)
+  --adapter DIR      a PEFT LoRA folder applied over MODEL_DIR
   --served-model-name NAME
                      the model's name in /v1/models; requests naming another model get a
                      404 model_not_found (default: the folder's name; --name is the same)]]
@@ -38,6 +40,7 @@ while i <= #args do
   elseif a == "--max-len" then opts.max_len = number(a)
   elseif a == "--max-tokens" then opts.max_tokens = number(a)
   elseif a == "--max-body" then opts.max_body = number(a)
+  elseif a == "--adapter" then opts.adapter = value(a)
   elseif a == "--served-model-name" or a == "--name" then opts.name = value(a)
   elseif a:sub(1, 2) == "--" then error(("clrt serve: unknown option %s\n%s"):format(a, usage), 0)
   elseif not dir then dir = a
@@ -47,9 +50,9 @@ end
 if not dir then error("clrt serve: which model folder?\n" .. usage, 0) end
 opts.api_key = opts.api_key or os.getenv("CLRT_API_KEY")
 
-local m = clrt.model.load(dir)
+local m = clrt.model.load(dir, { adapter = opts.adapter })
 local tok = clrt.tokenizer.load(dir)
-opts.model, opts.tokenizer = m, tok
+opts.model, opts.tokenizer, opts.adapter = m, tok, nil
 opts.name = opts.name or dir:gsub("/+$", ""):match("([^/]+)$")
 opts.max_len = opts.max_len or math.min(m.config.max_position_embeddings or 4096, 4096)
 opts.log = function(line) io.stderr:write(os.date("%H:%M:%S "), line, "\n") end
