@@ -176,7 +176,10 @@ function M.install(Model)
   end
 
   function Model:merge_adapter()
+    local dev = self:device()   -- the merge runs on the host
+    if dev ~= "cpu" then self:to("cpu") end
     ok(C.clrt_model_lora_merge(live(self)), 2)
+    if dev ~= "cpu" then self:to(dev) end
     self.lora, self.lora_names, self._lora_params, self._lora_grads, self._grads = nil, nil, nil, nil, nil
     return self
   end

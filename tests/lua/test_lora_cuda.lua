@@ -52,6 +52,11 @@ for case, base in pairs({ qwen2_all = "qwen2_tied", qwen3_some = "qwen3_qknorm" 
     m:set_adapters(false)
     local off = m:logprobs(e.tokens, { lengths = e.lengths, grad = false })
     T.ok(max_diff(off, e.lp_base) < 1e-4, "adapters off = base: " .. max_diff(off, e.lp_base))
+    m:set_adapters(true)
+    m:merge_adapter()   -- through the host, back on the GPU
+    T.eq(m:device(), "cuda")
+    local merged = m:logprobs(e.tokens, { lengths = e.lengths, grad = false })
+    T.ok(max_diff(merged, e.lp) < 1e-4, "merged on cuda: " .. max_diff(merged, e.lp))
   end)
 end
 
