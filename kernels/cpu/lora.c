@@ -1,41 +1,66 @@
 /* lora.c — a LoRA adapter beside a frozen linear layer: y += s (drop(x) A^T) B^T, A [r, K],
    B [O, r], s = alpha / r, and its backward (OpenBLAS sgemm, row-major; dropout mask from
-   lora_math.h). */
+   lora_math.h). The rank-r products are skinny: OpenBLAS's own threading of one such call
+   spent 10x the single-thread time on a loaded 2-core machine, so each product is split here
+   over the OpenMP team (rows, or the output's columns for the reductions over rows), each
+   thread running sgemm on its slice (OpenBLAS runs single-threaded inside a parallel region). */
 #include "model_kernels.h"
 #include "lora_math.h"
 
 #include <cblas.h>
+#include <omp.h>
 
-/* out[i] = x[i] * keep(i) (acc: out[i] += ...), in blocks of 2^32 elements whose index high
-   half is fixed, so the mask's arithmetic stays 32-bit and vectorizes. */
-static void apply_mask(float *out, const float *x, int64_t n, uint64_t key, float p, int acc) {
+/* This thread's share [*lo, *hi) of [0, n). */
+static void share(int64_t n, int64_t *lo, int64_t *hi) {
+  int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+  *lo = n * t / T;
+  *hi = n * (t + 1) / T;
+}
+
+/* out[i] = x[i] * keep(i) (acc: +=) for i in [i0, i1), in runs whose index high half is fixed,
+   so the mask's arithmetic stays 32-bit and vectorizes. */
+static void mask_span(float *out, const float *x, int64_t i0, int64_t i1, uint64_t key, float p, int acc) {
   float inv = 1.0f / (1.0f - p);
   uint32_t k0 = (uint32_t)key;
-  for (int64_t b0 = 0; b0 < n; b0 += (int64_t)1 << 32) {
-    int64_t len = n - b0 < ((int64_t)1 << 32) ? n - b0 : ((int64_t)1 << 32);
-    uint32_t k1 = clrt_lora_k1(key, b0);
-    float *o = out + b0;
-    const float *xb = x + b0;
-    if (acc) {
-#pragma omp parallel for schedule(static) if (len > CLRT_OMP_MIN_WORK)
-      for (int64_t i = 0; i < len; i++) o[i] += xb[i] * clrt_lora_keep_lo((uint32_t)i, k0, k1, p, inv);
-    } else {
-#pragma omp parallel for schedule(static) if (len > CLRT_OMP_MIN_WORK)
-      for (int64_t i = 0; i < len; i++) o[i] = xb[i] * clrt_lora_keep_lo((uint32_t)i, k0, k1, p, inv);
-    }
+  while (i0 < i1) {
+    int64_t end = ((i0 >> 32) + 1) << 32;
+    if (end > i1) end = i1;
+    uint32_t k1 = clrt_lora_k1(key, i0), j0 = (uint32_t)i0;
+    int64_t len = end - i0;
+    float *o = out + i0;
+    const float *xb = x + i0;
+    if (acc)
+      for (int64_t i = 0; i < len; i++) o[i] += xb[i] * clrt_lora_keep_lo(j0 + (uint32_t)i, k0, k1, p, inv);
+    else
+      for (int64_t i = 0; i < len; i++) o[i] = xb[i] * clrt_lora_keep_lo(j0 + (uint32_t)i, k0, k1, p, inv);
+    i0 = end;
   }
 }
 
 void clrt_lora_dropout(float *out /* [n] */, const float *x /* [n] */, int64_t n, uint64_t key, float p) {
-  apply_mask(out, x, n, key, p, 0);
+#pragma omp parallel if (n > CLRT_OMP_MIN_WORK)
+  {
+    int64_t a, b;
+    share(n, &a, &b);
+    mask_span(out, x, a, b, key, p, 0);
+  }
 }
 
 void clrt_lora_forward(float *y /* [N, O] += */, float *xa /* [N, r] = */, const float *xd /* [N, K] */,
                        const float *A /* [r, K] */, const float *B /* [O, r] */, int64_t N, int K,
                        int O, int r, float scale) {
   if (N == 0) return;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, r, K, 1.0f, xd, K, A, K, 0.0f, xa, r);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, O, r, scale, xa, r, B, r, 1.0f, y, O);
+#pragma omp parallel if (N * (K + O) > CLRT_OMP_MIN_WORK)
+  {
+    int64_t a, b;
+    share(N, &a, &b);
+    if (b > a) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(b - a), r, K, 1.0f, xd + a * K, K, A, K,
+                  0.0f, xa + a * r, r);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(b - a), O, r, scale, xa + a * r, r, B, r,
+                  1.0f, y + a * O, O);
+    }
+  }
 }
 
 void clrt_lora_backward(float *dx /* [N, K] += */, float *dA /* [r, K] += */, float *dB /* [O, r] += */,
@@ -44,17 +69,38 @@ void clrt_lora_backward(float *dx /* [N, K] += */, float *dA /* [r, K] += */, fl
                         const float *A /* [r, K] */, const float *B /* [O, r] */, int64_t N, int K,
                         int O, int r, float scale, uint64_t key, float p) {
   if (N == 0) return;
-  /* dxa = s dy B; dB += s dy^T xa; dA += dxa^T xd */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, r, O, scale, dy, O, B, r, 0.0f, dxa, r);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, r, (int)N, scale, dy, O, xa, r, 1.0f, dB, r);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, K, (int)N, 1.0f, dxa, r, xd, K, 1.0f, dA, K);
-  if (p <= 0) {   /* dx += dxa A */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, K, r, 1.0f, dxa, r, A, K, 1.0f, dx, K);
-    return;
+#pragma omp parallel if (N * (K + O) > CLRT_OMP_MIN_WORK)
+  {
+    int64_t a, b;
+    share(N, &a, &b);
+    /* dxa = s dy B, by rows */
+    if (b > a)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(b - a), r, O, scale, dy + a * O, O, B, r,
+                  0.0f, dxa + a * r, r);
+#pragma omp barrier
+    /* dB += s dy^T xa by dB's rows; dA += dxa^T xd by dA's columns */
+    int64_t o0, o1, k0, k1;
+    share(O, &o0, &o1);
+    share(K, &k0, &k1);
+    if (o1 > o0)
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(o1 - o0), r, (int)N, scale, dy + o0, O, xa, r,
+                  1.0f, dB + o0 * r, r);
+    if (k1 > k0)
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, (int)(k1 - k0), (int)N, 1.0f, dxa, r, xd + k0, K,
+                  1.0f, dA + k0, K);
+#pragma omp barrier
+    /* dx += dxa A by rows; through the dropout, xd (spent) takes dxa A first */
+    if (b > a) {
+      if (p <= 0) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(b - a), K, r, 1.0f, dxa + a * r, r, A, K,
+                    1.0f, dx + a * K, K);
+      } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(b - a), K, r, 1.0f, dxa + a * r, r, A, K,
+                    0.0f, xd + a * K, K);
+        mask_span(dx, xd, a * K, b * K, key, p, 1);
+      }
+    }
   }
-  /* Through the dropout: xd is spent, it takes dxa A, then dx += mask * it. */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, K, r, 1.0f, dxa, r, A, K, 0.0f, xd, K);
-  apply_mask(dx, xd, N * K, key, p, 1);
 }
 
 void clrt_lora_merge(float *W /* [O, K] += */, const float *A /* [r, K] */, const float *B /* [O, r] */,

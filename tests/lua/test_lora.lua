@@ -243,6 +243,37 @@ T.case("bad adapters and settings are refused with the reason", function()
   refused(function() m:set_adapters(false) end, "no LoRA adapters")
 end)
 
+T.case("the threaded LoRA products (split over the team) equal one thread's, dropout on", function()
+  local cfg = { architectures = { "Qwen2ForCausalLM" }, vocab_size = 64, hidden_size = 64, intermediate_size = 160,
+    num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
+    rms_norm_eps = 1e-6, tie_word_embeddings = true }
+  local toks = (tensor.rand({ 4, 130 }, { seed = 3 }) * 63):to("i32")   -- 520 rows: past the threading threshold
+  local w = tensor.randn({ 4, 129 }, { seed = 4 })
+  local function run(threads)
+    clrt.set_num_threads(threads)
+    local m = clrt.model.new(cfg, { seed = 5 })
+    m:add_lora({ r = 8, alpha = 16, dropout = 0.1, seed = 6 })
+    local g = tensor.generator(7)
+    for name, t in pairs(m:lora_params()) do
+      if name:find("lora_B") then t:copy_(tensor.randn(t:shape(), { generator = g }) * 0.1) end
+    end
+    local lp = m:logprobs(toks)
+    m:zero_grad()
+    m:backward(w)
+    local grads = {}
+    for name, t in pairs(m:lora_grads()) do grads[name] = t:clone() end
+    return lp, grads
+  end
+  local lp1, g1 = run(1)
+  local lp2, g2 = run(2)
+  clrt.set_num_threads(2)
+  T.ok(max_diff(lp1, lp2) < 1e-5, "lp: " .. max_diff(lp1, lp2))
+  for name, t in pairs(g1) do
+    local scale = t:abs():max()
+    T.ok(scale > 0 and max_diff(t, g2[name]) <= 1e-4 * scale, name .. ": " .. max_diff(t, g2[name]) .. " of " .. scale)
+  end
+end)
+
 T.case("clrt serve --adapter answers as base + adapter (greedy), not as the base", function()
   local dir = require("support.tiny_model")(T.tmpdir(), { seed = 4 })
   local m = clrt.model.load(dir)
