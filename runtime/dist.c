@@ -25,6 +25,9 @@ static int dist_rank, dist_size = 1, dist_local_rank;
 /* Launchers that start ranks set these; a plain `clrt x.lua` sets none and never touches MPI
    (a singleton MPI_Init is slow and, with some MPI builds, starts helper daemons). */
 static int launched_by_mpi(void) {
+  /* A program a rank starts (the tokenizer trainer, a warm start) inherits the launcher's
+     variables but is no rank: it runs alone. */
+  if (getenv("CLRT_DIST_CHILD")) return 0;
   static const char *vars[] = { "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK",
                                 "MPI_LOCALNRANKS", "CLRT_DIST" };
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
@@ -73,6 +76,7 @@ int clrt_dist_init(void) {
     return -1;
   }
   dist_on = 1;
+  setenv("CLRT_DIST_CHILD", "1", 1);
   MPI_Comm_rank(MPI_COMM_WORLD, &dist_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &dist_size);
   /* The rank among those on this machine: the portable way, not a launcher's variable. */

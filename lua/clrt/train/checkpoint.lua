@@ -35,6 +35,8 @@ end
 
 -- A failed step (a full disk) is one line naming the file, without a Lua position.
 function M.save(run_dir, c)
+  -- every rank holds the same parameters and optimizer state: rank 0 writes them
+  if not require("clrt.dist").is_main() then return nil end
   local ok, err = pcall(M._save, run_dir, c)
   if not ok then error("checkpoint: " .. tostring(err):gsub("^[^:\n]*%.lua:%d+: ", ""), 0) end
   return err
