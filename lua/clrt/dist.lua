@@ -7,6 +7,7 @@
 --   dist.broadcast(t, root), dist.broadcast_string(s, root) -> s, dist.barrier()
 --   dist.all_reduce_grads(m)                    -- the sum of a model's gradients, in place
 --   dist.check_params(m, step)                  -- error naming the step when ranks differ
+--   dist.agree(number, what)                    -- error naming `what` when ranks differ
 --   dist.share(n, rank, size) -> first, last    -- this rank's contiguous part of 1..n
 local ffi = require("ffi")
 local core = require("clrt.ffi")
@@ -100,6 +101,18 @@ function M.check_params(m, step)
       :format(step, M.rank(), hi, lo), 0)
   end
   return true
+end
+
+-- Every rank must hold the same number here: an error naming `what` and this rank's value
+-- otherwise (on every rank, so the job ends instead of the ranks parting ways).
+function M.agree(value, what)
+  if M.world_size() == 1 then return value end
+  local v = M.all_reduce_numbers({ value, -value }, "max")
+  if v[1] ~= -v[2] then
+    error(("dist: ranks disagree on %s: rank %d has %s, others up to %s"):format(what, M.rank(), tostring(value),
+      tostring(v[1] == value and -v[2] or v[1])), 0)
+  end
+  return value
 end
 
 -- Rank `rank`'s contiguous share of n items: first, last (last < first when it has none).

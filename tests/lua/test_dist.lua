@@ -39,7 +39,8 @@ end
 
 -- Root may run OpenMPI only when it says so; 1 thread per rank; 2 ranks on any core count.
 local ENV = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OMPI_MCA_rmaps_base_oversubscribe=1 "
-local function mpirun(n, args) return ENV .. "mpirun --oversubscribe -np " .. n .. " " .. q(bin) .. " " .. args end
+-- a hang (ranks that part ways) fails the case instead of stopping the suite
+local function mpirun(n, args) return ENV .. "timeout 300 mpirun --oversubscribe -np " .. n .. " " .. q(bin) .. " " .. args end
 local function single(args) return "OMP_NUM_THREADS=1 " .. q(bin) .. " " .. args end
 local function argv(list)
   local out = {}
