@@ -19,7 +19,6 @@
 #include <nccl.h>
 #endif
 
-static int dist_on;               /* MPI_Init_thread ran here */
 static int dist_rank, dist_size = 1, dist_local_rank;
 
 /* Launchers that start ranks set these; a plain `clrt x.lua` sets none and never touches MPI
@@ -34,6 +33,10 @@ static int launched_by_mpi(void) {
     if (getenv(vars[i])) return 1;
   return 0;
 }
+
+#ifdef CLRT_HAVE_MPI
+static int dist_on;               /* MPI_Init_thread ran here */
+#endif
 
 int clrt_dist_available(void) {
 #ifdef CLRT_HAVE_MPI
@@ -88,6 +91,16 @@ int clrt_dist_init(void) {
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 0) cudaSetDevice(dist_local_rank % ndev);
 #endif
+#else
+  /* Started as one of several ranks by a build that cannot talk to the others: N copies of
+     the same run would write one run folder. */
+  const char *n = getenv("OMPI_COMM_WORLD_SIZE");
+  if (!n) n = getenv("PMI_SIZE");
+  if (!getenv("CLRT_DIST_CHILD") && launched_by_mpi() && n && atoi(n) > 1) {
+    clrt_set_error("started as one of %s ranks, but this clrt was built without MPI (CLRT_MPI off); "
+                   "rebuild with MPI installed, or run one process", n);
+    return -1;
+  }
 #endif
   return 0;
 }
