@@ -14,6 +14,8 @@
 #endif
 #ifdef CLRT_HAVE_CUDA
 #include <cuda_runtime.h>
+
+#include "cuda/cuda_kernels.h"
 #endif
 #ifdef CLRT_HAVE_NCCL
 #include <nccl.h>
@@ -163,12 +165,15 @@ int clrt_dist_all_reduce(void *data, int64_t count, int dtype, int op, int devic
     if (nccl_init()) return -1;
     ncclRedOp_t nop = op == CLRT_DIST_MAX ? ncclMax : op == CLRT_DIST_MIN ? ncclMin : ncclSum;
     ncclDataType_t nt = dtype == CLRT_DIST_F64 ? ncclFloat64 : ncclFloat32;
-    ncclResult_t r = ncclAllReduce(data, data, (size_t)count, nt, nop, nccl_comm, 0);
-    if (r != ncclSuccess || cudaStreamSynchronize(0) != cudaSuccess) {
+    /* On clrt's stream: after the backward's kernels, before the optimizer's, no host wait
+       between; the sync surfaces an error of either here. */
+    ncclResult_t r = ncclAllReduce(data, data, (size_t)count, nt, nop, nccl_comm,
+                                   (cudaStream_t)clrt_cuda_stream());
+    if (r != ncclSuccess) {
       clrt_set_error("dist: ncclAllReduce (rank %d): %s", dist_rank, ncclGetErrorString(r));
       return -1;
     }
-    return 0;
+    return clrt_cuda_sync();
 #else
     clrt_set_error("dist: all_reduce of device memory needs a build with NCCL");
     return -1;
@@ -234,7 +239,8 @@ uint64_t clrt_dist_checksum(const void *data, size_t bytes, int device) {
   if (!buf) return 0;
   for (size_t done = 0; done < bytes; done += PIECE) {
     size_t n = bytes - done < PIECE ? bytes - done : PIECE;
-    cudaMemcpy(buf, (const char *)data + done, n, cudaMemcpyDeviceToHost);
+    /* on clrt's stream, which the parameters' last writes used; it waits for them */
+    if (clrt_cuda_memcpy(buf, (const char *)data + done, n, 1)) break;
     h = fnv(h, buf, n);
   }
   free(buf);

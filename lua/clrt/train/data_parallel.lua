@@ -8,6 +8,7 @@
 -- function here returns its input.
 --   local mine, first = dp.my_prompts(samples)
 --   entries = dp.gather_entries(entries, samples, first, ctx)
+--   dp.check_params(m, steps_done, every)    -- the ranks' parameters agree (every 50 steps)
 local dist = require("clrt.dist")
 local json = require("clrt.json")
 local M = {}
@@ -64,6 +65,13 @@ function M.gather_entries(entries, samples, first, ctx)
   end
   clrt.llm.add_records(calls)
   return all
+end
+
+-- Every `every` steps (50 when nil; 0: never) after step `done`, all ranks must hold the same
+-- parameters (clrt.dist.check_params: an error naming the step otherwise).
+function M.check_params(m, done, every)
+  every = every or 50
+  if dist.world_size() > 1 and every > 0 and done > 0 and done % every == 0 then dist.check_params(m, done) end
 end
 
 -- This rank's share of a mini-batch's rows (all of them with one rank).

@@ -134,6 +134,7 @@ end
 -- every rank (clrt.train.data_parallel); timing is this rank's.
 function M.step(m, tok, cfg, samples, ctx, user, metrics, step)
   local dp = require("clrt.train.data_parallel")
+  dp.check_params(m, step - 1, cfg.dist and cfg.dist.check_every)
   local all_samples, first = samples, nil
   samples, first = dp.my_prompts(all_samples)
   local entries, timing = M.step_local(m, tok, cfg, samples, ctx, user, metrics, step)
