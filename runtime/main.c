@@ -303,6 +303,8 @@ int main(int argc, char **argv) {
   }
   globalL = L;
   signal(SIGINT, on_sigint);
+  /* mpirun turns Ctrl-C into SIGTERM to every rank: stop as Ctrl-C does, saying how to resume */
+  if (clrt_dist_size() > 1) signal(SIGTERM, on_sigint);
   int rc = 0;
   if (setup_state(L, argv, argc, script_index ? script_index : (code ? i : 0))) {
     rc = 1;

@@ -3,8 +3,8 @@
 -- over 12 steps; RL rewards, stats and parameters over 2 steps); a parameter check that
 -- catches ranks that drifted apart; an error raised on one rank and a rank killed with
 -- SIGKILL each end the whole job, naming the rank, within a bound; Ctrl-C to mpirun stops
--- every rank; a 2-rank RL run stopped and resumed with 2 ranks logs what an uninterrupted
--- one does. Skipped when clrt was built without MPI or mpirun is not installed.
+-- every rank, rank 0 saying how to continue, and the run resumes; a 2-rank RL run stopped and
+-- resumed with 2 ranks logs what an uninterrupted one does. Skipped when clrt was built without MPI or mpirun is not installed.
 --
 -- Tolerances: every rank computes its share of the micro-batches, and the gradients are
 -- summed across ranks instead of accumulated in one buffer, so sums run in another order:
@@ -253,6 +253,8 @@ T.case("Ctrl-C to mpirun stops every rank; the run folder resumes", function()
     text = T.read(log) or ""
   until text:find("rc=%d") or os.time() - t0 > BOUND
   T.ok(text:find("rc=%d"), "mpirun ended within " .. BOUND .. "s")
+  -- mpirun passes Ctrl-C on as SIGTERM, which clrt's ranks treat as Ctrl-C
+  T.ok(text:find("interrupted; continue this run with:", 1, true), "rank 0 says how to continue: " .. text)
   -- mpirun may return before the ranks it signalled are gone
   local alive
   repeat
