@@ -552,6 +552,30 @@ int clrt_history_load(const char *path);
 int clrt_history_save(const char *path);
 
 
+/* ==== distributed: ranks over MPI, the all-reduce over NCCL on CUDA (dist.c) ============= */
+
+/* Without MPI in the build, or started without a launcher (mpirun, srun, or CLRT_DIST=1 set),
+   the process is rank 0 of 1 and every collective returns at once. */
+enum { CLRT_DIST_SUM = 0, CLRT_DIST_MAX = 1, CLRT_DIST_MIN = 2 };
+enum { CLRT_DIST_F32 = 0, CLRT_DIST_F64 = 1, CLRT_DIST_BYTES = 2 };
+int clrt_dist_available(void);      /* 1 when built with MPI */
+int clrt_dist_init(void);           /* MPI_Init_thread when a launcher started this process */
+int clrt_dist_finalize(void);
+int clrt_dist_rank(void);
+int clrt_dist_size(void);
+int clrt_dist_local_rank(void);     /* the rank among those on this machine: its GPU */
+/* In place over every rank: sum, max or min of count f32 or f64 values. device CLRT_CUDA:
+   the buffer is device memory, reduced by NCCL. */
+int clrt_dist_all_reduce(void *data, int64_t count, int dtype, int op, int device);
+/* count values (f32, f64 or bytes) of host memory from rank root to every rank. */
+int clrt_dist_broadcast(void *data, int64_t count, int dtype, int root);
+int clrt_dist_barrier(void);
+/* Ends every rank of the job (MPI_Abort), or this process alone when it is the only one. */
+void clrt_dist_abort(int code);
+/* A 64-bit hash of bytes (host or device memory), to compare parameters across ranks. */
+uint64_t clrt_dist_checksum(const void *data, size_t bytes, int device);
+
+
 /* ==== CUDA: device memory and tensors (cuda_tensor.c, flops.c) =========================== */
 /* Device memory for clrt_storage_new(bytes, CLRT_CUDA) (zeroed; out of memory names the size
    requested and the free memory) and its release; errors when built without CUDA. */

@@ -93,11 +93,21 @@ static int pcall_traceback(lua_State *L, int nargs, int nres) {
   return st;
 }
 
+/* With several ranks an error ends the whole job: the others may wait in an all-reduce that
+   this rank will never join, so the message names the rank and MPI_Abort stops them all. */
 static int report(lua_State *L, int st) {
   if (st && !lua_isnil(L, -1)) {
     const char *msg = lua_tostring(L, -1);
-    fprintf(stderr, "clrt: %s\n", msg ? msg : "(error object is not a string)");
+    if (clrt_dist_size() > 1)
+      fprintf(stderr, "clrt: rank %d of %d: %s\n", clrt_dist_rank(), clrt_dist_size(),
+              msg ? msg : "(error object is not a string)");
+    else
+      fprintf(stderr, "clrt: %s\n", msg ? msg : "(error object is not a string)");
     lua_pop(L, 1);
+  }
+  if (st && clrt_dist_size() > 1) {
+    fflush(stderr);
+    clrt_dist_abort(1);
   }
   return st;
 }
@@ -282,6 +292,10 @@ int main(int argc, char **argv) {
     }
   }
 
+  if (clrt_dist_init()) {
+    fprintf(stderr, "clrt: %s\n", clrt_last_error());
+    return 1;
+  }
   lua_State *L = luaL_newstate();
   if (!L) {
     fprintf(stderr, "clrt: cannot create the Lua state (out of memory)\n");
@@ -289,6 +303,8 @@ int main(int argc, char **argv) {
   }
   globalL = L;
   signal(SIGINT, on_sigint);
+  /* mpirun turns Ctrl-C into SIGTERM to every rank: stop as Ctrl-C does, saying how to resume */
+  if (clrt_dist_size() > 1) signal(SIGTERM, on_sigint);
   int rc = 0;
   if (setup_state(L, argv, argc, script_index ? script_index : (code ? i : 0))) {
     rc = 1;
@@ -313,5 +329,6 @@ int main(int argc, char **argv) {
     rc = repl(L);
   }
   lua_close(L);
+  clrt_dist_finalize();
   return rc ? 1 : 0;
 }

@@ -311,6 +311,11 @@ function Client:reset_stats() self.records = {} end
 function M.records() return all_records end
 function M.stats() return summarize(all_records) end
 -- Hand the records to the run's log and start afresh (a long run calls this every step).
+-- Records made elsewhere (other data-parallel ranks' calls), counted with this process's.
+function M.add_records(list)
+  for _, rec in ipairs(list) do all_records[#all_records + 1] = rec end
+end
+
 function M.drain_records()
   local r = all_records
   all_records = {}

@@ -82,8 +82,19 @@ M.fmt = fmt
 --   progress line; default the first 4 plot keys); quiet; out (stream, default io.stderr);
 --   resume_step (reopen `dir`, keep metric rows with step <= resume_step); tensorboard
 --   (false: no tb/ event files).
+-- With several data-parallel ranks only rank 0 writes the run's files and prints; the others
+-- get a logger whose methods do nothing (sample_due still answers, so control flow agrees).
+local function rank_logger(opts)
+  local quiet = { dir = opts.dir, sample_every = opts.sample_every or 0, rows = {} }
+  return setmetatable(quiet, { __index = function(_, k)
+    if k == "sample_due" then return L.sample_due end
+    return function() end
+  end })
+end
+
 function M.run(opts)
   opts = opts or {}
+  if not require("clrt.dist").is_main() then return rank_logger(opts) end
   local self = setmetatable({}, L)
   local dir = opts.dir
   if not dir then

@@ -21,6 +21,13 @@ end
 -- writes into an old run's folder. Without run_dir=: out/name-YYYYmmdd-HHMMSS, with -2, -3,
 -- ... appended when that name is taken.
 function M.new_dir(cfg, who)
+  -- every rank writes into rank 0's choice (its clock names the folder)
+  local dist = require("clrt.dist")
+  if not dist.is_main() then return dist.broadcast_string("") end
+  return dist.broadcast_string(M._new_dir(cfg, who))
+end
+
+function M._new_dir(cfg, who)
   local dir = cfg.run_dir
   if dir then
     if files.exists(dir) and (not files.is_dir(dir) or #files.list(dir) > 0) then
@@ -67,7 +74,7 @@ function M.guard(who, script, run_dir, fn)
   if res[1] then return unpack(res, 2, table.maxn(res)) end
   local err = res[2]
   local interrupted = clrt.interrupted() or tostring(err) == "interrupted"
-  if files.exists(run_dir .. "/config.json") then
+  if files.exists(run_dir .. "/config.json") and require("clrt.dist").is_main() then
     io.stderr:write(("\n%s: %s; continue this run with:\n  %s\n"):format(who,
       interrupted and "interrupted" or "stopped", M.resume_command(script, run_dir)))
   end

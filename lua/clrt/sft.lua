@@ -7,6 +7,7 @@
 local chat = require("clrt.chat")
 local losses = require("clrt.train.losses")
 local update = require("clrt.train.update")
+local dist = require("clrt.dist")
 
 local M = {}
 
@@ -61,15 +62,24 @@ end
 -- The micro-batches of one optimizer step over `items` (`micro` rows each; all at once when
 -- micro is nil or >= #items): each loss is divided by the whole batch's token count, so the
 -- accumulated gradient is that of the batch's token-mean loss. Returns parts, tokens.
-function M.parts(items, micro)
-  local n = count_tokens(items)
+-- denom: the token count to divide by when items are this rank's share of a larger batch.
+function M.parts(items, micro, denom)
+  local n = denom or count_tokens(items)
   micro = micro or #items
-  if micro >= #items then return { { rows = items, batch = nll_batch(items, nil) } }, n end
+  if micro >= #items and not denom then return { { rows = items, batch = nll_batch(items, nil) } }, n end
   local parts = {}
   for _, part in ipairs(update.chunks(items, micro)) do
     parts[#parts + 1] = { rows = part, batch = nll_batch(part, math.max(n, 1)) }
   end
   return parts, n
+end
+
+-- This rank's contiguous share of a list (all of it with one rank).
+local function my_share(list)
+  local first, last = dist.share(#list)
+  local mine = {}
+  for i = first, last do mine[#mine + 1] = list[i] end
+  return mine
 end
 
 local function total(results)
@@ -94,8 +104,20 @@ function M.accumulate(m, items, micro)
   return total(update.accumulate(m, nll, parts)), n
 end
 
--- Mean loss over items, no gradient.
-function M.evaluate(m, items, batch_size)
+-- Mean loss over items, no gradient. shared: the items are split across the data-parallel
+-- ranks and the totals summed (every rank gets the same mean).
+function M.evaluate(m, items, batch_size, shared)
+  if shared and dist.world_size() > 1 then
+    local sums = { 0, 0 }
+    local mine = my_share(items)
+    if #mine > 0 then
+      local mean = M.evaluate(m, mine, batch_size)
+      sums[2] = count_tokens(mine)
+      sums[1] = mean * sums[2]
+    end
+    dist.all_reduce_numbers(sums, "sum")
+    return sums[2] > 0 and sums[1] / sums[2] or 0 / 0
+  end
   local total, tokens = 0, 0
   for i = 1, #items, batch_size do
     local batch = {}
@@ -114,7 +136,9 @@ end
 -- weight_decay, grad_clip, seed, val_every. logger: a clrt.log run (or nil).
 -- Resuming and checkpoints: start_step (steps already done), optimizer_state (its
 -- optimizer.safetensors), stop_after (end after that step), on_step(step, opt, last_step)
--- (called after every step, e.g. to save a checkpoint).
+-- (called after every step, e.g. to save a checkpoint). Under N data-parallel ranks
+-- (clrt.dist) each rank trains on its share of every batch; check_every: steps between
+-- checks that every rank holds the same parameters (0: never).
 function M.train(m, train_items, val_items, cfg, logger)
   local schedule = require("clrt.train.schedule")
   local data = require("clrt.data")
@@ -147,12 +171,19 @@ function M.train(m, train_items, val_items, cfg, logger)
     local t0 = os.clock()
     local lr = schedule.lr(step, { lr = cfg.lr, min_lr_ratio = cfg.min_lr_ratio, warmup_steps = cfg.warmup_steps or 0,
       total_steps = steps, decay = cfg.decay })
-    local parts, ntok = M.parts(next_batch(), cfg.micro_batch_size)
+    -- with N ranks each takes its share of the batch, divided by the whole batch's tokens;
+    -- update.step sums the gradients across ranks, and the losses are summed here
+    local batch = next_batch()
+    local share = dist.world_size() > 1 and my_share(batch) or batch
+    local parts, ntok = M.parts(share, cfg.micro_batch_size, share ~= batch and count_tokens(batch) or nil)
     local results, gnorm = update.step(m, opt, nll, parts, lr)
-    local loss = total(results)
+    local loss = dist.all_reduce_numbers({ total(results) }, "sum")[1]
+    if dist.world_size() > 1 and (cfg.check_every or 0) > 0 and (step + 1) % cfg.check_every == 0 then
+      dist.check_params(m, step + 1)
+    end
     local row = { loss = loss, lr = lr, grad_norm = gnorm, tokens = ntok, epoch = epoch }
     if val_items and #val_items > 0 and ((cfg.val_every or 0) > 0 and (step + 1) % cfg.val_every == 0 or step == steps - 1) then
-      row.val_loss = M.evaluate(m, val_items, cfg.micro_batch_size or bs)
+      row.val_loss = M.evaluate(m, val_items, cfg.micro_batch_size or bs, true)
     end
     row.cpu_seconds = os.clock() - t0
     if logger then logger:log(step + 1, row) end

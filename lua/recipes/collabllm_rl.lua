@@ -95,6 +95,7 @@ M.defaults = {
   eval = { every = 10,                      -- verl trainer.test_freq: validation on data_val
     prompts = config.optional("number"),    -- at most this many validation prompts (nil: all)
     seed = 12345, temperature = 0.0, before = false, after = true },
+  dist = { check_every = 50 },              -- under mpirun: steps between parameter checks across ranks (0: none)
   sft_cache = "runs/collab_world_sft",      -- where the built-in world's warm start is kept
   sft = config.map({}),                     -- collabllm_sft.lua settings for the world's warm start
 }
@@ -130,7 +131,7 @@ M.rules = {
   { "train.mini_batches", "count" }, { "train.micro_batch_size", "count" }, { "train.clip", "rate" },
   { "train.kl_coef", "nonneg" },
   { "eval.every", "count0" }, { "eval.prompts", "count" }, { "eval.seed", "count0" }, { "eval.temperature", "nonneg" },
-  { "judge.extract_max_tokens", "count" },
+  { "judge.extract_max_tokens", "count" }, { "dist.check_every", "count0" },
 }
 for _, r in ipairs(client_rules("sim_cfg")) do M.rules[#M.rules + 1] = r end
 for _, r in ipairs(client_rules("judge")) do M.rules[#M.rules + 1] = r end

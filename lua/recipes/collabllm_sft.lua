@@ -38,6 +38,7 @@ M.defaults = {
     warmup_ratio = 0.1, warmup_steps = config.optional("number"), -- verl warmup_steps_ratio
     weight_decay = 0.01, grad_clip = 1.0, val_every = 100,
     lora = require("clrt.train.lora").config() },   -- r > 0: train LoRA adapters over model=
+  dist = { check_every = 50 },              -- under mpirun: steps between parameter checks across ranks (0: none)
 }
 
 -- The built-in world's settings for this recipe (examples/collab_world/config.lua's `sft`).
@@ -53,6 +54,7 @@ M.rules = {
   { "train.micro_batch_size", "count" }, { "train.lr", "rate" }, { "train.decay", "one_of", { "constant", "cosine", "linear" } },
   { "train.min_lr_ratio", "prob" }, { "train.warmup_ratio", "prob" }, { "train.warmup_steps", "count0" },
   { "train.weight_decay", "nonneg" }, { "train.grad_clip", "nonneg" }, { "train.val_every", "count0" },
+  { "dist.check_every", "count0" },
 }
 -- Settings a resumed run may not change: they define its data, model and batches.
 M.FIXED_ON_RESUME = { "model", "data", "data_val", "seed", "max_len", "val_fraction", "world", "arch", "train.batch_size",
@@ -81,6 +83,20 @@ function M.world() return require("collab_world.world") end
 -- A fresh model folder for the world: tokenizer trained on its text + random weights.
 function M.build_world_model(dir, cfg)
   local world = M.world()
+  local dist = require("clrt.dist")
+  if dist.is_main() then M.build_world_tokenizer(dir, cfg, world) end
+  dist.barrier()   -- the other ranks read rank 0's tokenizer
+  local tok = clrt.tokenizer.load(dir)
+  local arch = {
+    architectures = { "Qwen2ForCausalLM" }, vocab_size = tok:vocab_size(), max_position_embeddings = cfg.max_len,
+    rms_norm_eps = 1e-6, rope_theta = 10000.0, tie_word_embeddings = true,
+  }
+  for k, v in pairs(cfg.arch) do arch[k] = v end
+  local m = clrt.model.new(arch, { seed = cfg.seed })
+  return m, tok
+end
+
+function M.build_world_tokenizer(dir, cfg, world)
   files.mkdir_p(dir)
   local corpus = dir .. "/corpus.txt"
   files.write_atomic(corpus, world.corpus())
@@ -92,14 +108,6 @@ function M.build_world_model(dir, cfg)
   if rc ~= 0 then
     error("collabllm_sft: training the world's tokenizer failed; see " .. dir .. "/tokenizer.log", 0)
   end
-  local tok = clrt.tokenizer.load(dir)
-  local arch = {
-    architectures = { "Qwen2ForCausalLM" }, vocab_size = tok:vocab_size(), max_position_embeddings = cfg.max_len,
-    rms_norm_eps = 1e-6, rope_theta = 10000.0, tie_word_embeddings = true,
-  }
-  for k, v in pairs(cfg.arch) do arch[k] = v end
-  local m = clrt.model.new(arch, { seed = cfg.seed })
-  return m, tok
 end
 
 function M.main(cfg)
@@ -155,6 +163,7 @@ function M.run(cfg, run_dir)
   local t = {}
   for k, v in pairs(cfg.train) do t[k] = v end
   t.seed = cfg.seed
+  t.check_every = cfg.dist.check_every
   -- a small data set still trains: one step then takes every conversation
   if #train_items < t.batch_size then
     notes[#notes + 1] = ("collabllm_sft: %d training conversations, fewer than batch_size=%d; using %d")
@@ -179,6 +188,7 @@ function M.run(cfg, run_dir)
   local last = sft.train(m, train_items, val_items, t, lg)
   lg:close()
   local done = (cfg.stop_after or t.steps) >= t.steps
+  if not require("clrt.dist").is_main() then return model_dir, last end   -- rank 0 writes the model
   if done then
     if m.lora then   -- the adapter in PEFT's format, and model/ the merged full model
       m:save_adapter(run_dir .. "/adapter", { base = cfg.model })

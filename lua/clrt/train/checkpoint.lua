@@ -36,6 +36,8 @@ end
 
 -- A failed step (a full disk) is one line naming the file, without a Lua position.
 function M.save(run_dir, c)
+  -- every rank holds the same parameters and optimizer state: rank 0 writes them
+  if not require("clrt.dist").is_main() then return nil end
   local ok, err = pcall(M._save, run_dir, c)
   if not ok then error("checkpoint: " .. tostring(err):gsub("^[^:\n]*%.lua:%d+: ", ""), 0) end
   return err
@@ -76,6 +78,14 @@ end
 -- there is none. `latest` decides; without it (a run stopped before its first save, or a
 -- folder from an older clrt with a single checkpoint/) the complete one with the highest step.
 function M.find(run_dir)
+  local dir, st = M._find(run_dir)
+  -- data-parallel ranks must all resume from the same step; one that sees another folder
+  -- (no shared file system) would otherwise wait forever in a collective the others skip
+  require("clrt.dist").agree(st and st.step or -1, "the step to resume " .. run_dir .. " from (is the run folder on a file system every rank shares?)")
+  return dir, st
+end
+
+function M._find(run_dir)
   local name = latest_name(run_dir)
   if name then
     local st = state_of(run_dir .. "/" .. name)

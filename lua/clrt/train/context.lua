@@ -30,7 +30,8 @@ local M = {}
 local function client(c)
   return clrt.llm.client({ base_url = c.base_url, model = c.model, api_key_env = c.api_key_env,
     timeout = c.timeout, max_retries = c.max_retries, backoff = c.backoff, max_backoff = c.max_backoff,
-    max_concurrency = c.max_concurrency })
+    -- one endpoint serves every data-parallel rank: each takes its part of the limit
+    max_concurrency = c.max_concurrency and math.max(1, math.floor(c.max_concurrency / require("clrt.dist").world_size())) })
 end
 
 function M.build(a)

@@ -7,6 +7,7 @@
 --   local stats = ppo.update(m, ref, opt, rows, cfg.train, lr)
 local losses = require("clrt.train.losses")
 local update = require("clrt.train.update")
+local dp = require("clrt.train.data_parallel")
 local M = {}
 
 -- Rows prompt..A1 (ids), first = #prompt: logp index t scores token t+1, trained for
@@ -34,38 +35,43 @@ local function mask_of(rows, T)
 end
 
 -- Returns {loss, pg_loss, kl, clipfrac, grad_norm, tokens}: means over the mini-batches,
--- token-weighted across a mini-batch's micro-batches.
+-- token-weighted across a mini-batch's micro-batches. Under N data-parallel ranks `rows` are
+-- the whole step's: each rank runs its share of every mini-batch (divided by the whole
+-- mini-batch's tokens), the gradients are summed in update.step and the stats here.
 function M.update(m, ref, opt, rows, t, lr)
+  local ranks = require("clrt.dist").world_size()
   local L = losses.ppo{ clip = t.clip, kl_coef = t.kl_coef }
   local nmb = math.max(1, math.min(t.mini_batches, #rows))
   local stats = { loss = 0, pg_loss = 0, kl = 0, clipfrac = 0, grad_norm = 0, tokens = 0 }
   local mbs = {}
+  local ntoks = {}
   for _, mb in ipairs(update.chunks(rows, math.ceil(#rows / nmb))) do
-    local parts = {}
-    for _, part in ipairs(update.chunks(mb, t.micro_batch_size)) do
+    local parts, ntok = {}, 0
+    for _, r in ipairs(mb) do ntok = ntok + (#r.ids - r.first) end
+    ntoks[#mbs + 1] = ntok
+    local mine = dp.my_rows(mb)
+    for _, part in ipairs(#mine > 0 and update.chunks(mine, t.micro_batch_size) or {}) do
       parts[#parts + 1] = { rows = part, old = update.logprobs(m, part, false),
         ref = t.kl_coef ~= 0 and update.logprobs(ref, part, false) or nil }
     end
     mbs[#mbs + 1] = parts
   end
   local w = 1 / #mbs
-  for _, parts in ipairs(mbs) do
-    local ntok = 0
-    for _, part in ipairs(parts) do
-      for _, r in ipairs(part.rows) do ntok = ntok + (#r.ids - r.first) end
-    end
+  for k, parts in ipairs(mbs) do
+    local ntok = ntoks[k]
+    local split = #parts > 1 or ranks > 1   -- the loss divided by the whole mini-batch's tokens
     for _, part in ipairs(parts) do
       local adv = {}
       for b, r in ipairs(part.rows) do adv[b] = r.adv end
       part.batch = function(lp)
         return { old = part.old, ref = part.ref, adv = adv, mask = mask_of(part.rows, lp:size(2)),
-          denom = #parts > 1 and ntok or nil }
+          denom = split and ntok or nil }
       end
     end
     local results, gnorm = update.step(m, opt, L, parts, lr)
     for _, r in ipairs(results) do
       local s = r.stats
-      local share = #parts > 1 and (s.tokens / math.max(ntok, 1)) or 1
+      local share = split and (s.tokens / math.max(ntok, 1)) or 1
       stats.loss = stats.loss + w * r.loss
       stats.pg_loss = stats.pg_loss + w * share * (s.pg_loss or 0)
       stats.kl = stats.kl + w * share * (s.kl or 0)
@@ -74,7 +80,7 @@ function M.update(m, ref, opt, rows, t, lr)
     end
     stats.grad_norm = stats.grad_norm + w * gnorm
   end
-  return stats
+  return dp.sum(stats, { "loss", "pg_loss", "kl", "clipfrac", "tokens" })
 end
 
 return M

@@ -23,17 +23,25 @@ function M.world_config() return config.read_file(M.world_config_path()) end
 -- The built-in world's SFT warm start, trained once and cached.
 function M.world_start(cfg, world)
   local dir = ("%s/world%d-seed%d"):format(cfg.sft_cache, world.version, cfg.seed)
-  if files.exists(dir .. "/model/model.safetensors") then return dir .. "/model" end
+  -- rank 0 decides for all data-parallel ranks (they would race on the folder); the warm start
+  -- itself runs on all of them (collabllm_sft is data-parallel)
+  local dist = require("clrt.dist")
+  local state = dist.broadcast_string(files.exists(dir .. "/model/model.safetensors") and "cached"
+    or files.exists(dir .. "/config.json") and "resume" or "new")
+  if state == "cached" then return dir .. "/model" end
   local sft = require("recipes.collabllm_sft")
   local scfg
-  if files.exists(dir .. "/config.json") then   -- an interrupted warm start: continue it
+  if state == "resume" then   -- an interrupted warm start: continue it
     scfg = sft.parse_args({ "resume=" .. dir })
   else
-    files.remove_tree(dir)                       -- nothing in it to continue
+    if dist.is_main() then files.remove_tree(dir) end   -- nothing in it to continue
+    dist.barrier()
     scfg = config.parse(sft.defaults, {}, cfg.sft)
     scfg.seed, scfg.run_dir = cfg.seed, dir
   end
-  io.stderr:write("collabllm_rl: no cached warm start; training one with collabllm_sft.lua -> " .. dir .. "\n")
+  if dist.is_main() then
+    io.stderr:write("collabllm_rl: no cached warm start; training one with collabllm_sft.lua -> " .. dir .. "\n")
+  end
   local model_dir = sft.main(scfg)
   return model_dir
 end

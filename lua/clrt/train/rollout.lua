@@ -129,8 +129,19 @@ function M.rollout_opts(cfg, tok, first_tokens)
 end
 
 -- Sample n first responses per prompt, roll K futures from each, score every conversation.
--- Returns entries (one per first response) and timing.
+-- Returns entries (one per first response) and timing. Under N data-parallel ranks this rank
+-- rolls out its share of `samples` and the entries of all of them come back, in order, on
+-- every rank (clrt.train.data_parallel); timing is this rank's.
 function M.step(m, tok, cfg, samples, ctx, user, metrics, step)
+  local dp = require("clrt.train.data_parallel")
+  dp.check_params(m, step - 1, cfg.dist and cfg.dist.check_every)
+  local all_samples, first = samples, nil
+  samples, first = dp.my_prompts(all_samples)
+  local entries, timing = M.step_local(m, tok, cfg, samples, ctx, user, metrics, step)
+  return dp.gather_entries(entries, all_samples, first, ctx), timing
+end
+
+function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step)
   local sched = require("clrt.sched")
   local stop = clrt.chat.stop_ids(tok)
   local R = cfg.rollout

@@ -62,9 +62,13 @@ function M.accumulate(m, criterion, parts)
 end
 
 -- accumulate, then one optimizer step at `lr` and the gradients zeroed. Returns the parts'
--- results and the gradient norm (before clipping) that the optimizer reports.
+-- results and the gradient norm (before clipping) that the optimizer reports. With several
+-- data-parallel ranks each holds its share of the batch (every part's loss divided by the
+-- whole batch's token count): the gradients are summed across ranks before the step, so
+-- every rank takes the step one process would take over the whole batch.
 function M.step(m, opt, criterion, parts, lr)
   local results = M.accumulate(m, criterion, parts)
+  require("clrt.dist").all_reduce_grads(m)
   local gnorm = opt:step({ lr = lr })
   m:zero_grad()
   return results, gnorm

@@ -1,0 +1,96 @@
+-- clrt.train.data_parallel — an RL step over N data-parallel ranks (clrt.dist). Each rank
+-- rolls out its contiguous share of the step's prompts (a prompt's group never straddles
+-- ranks; sampling seeds depend on the prompt, not the rank), then every rank receives every
+-- rank's finished entries, so rewards, advantages, metrics and the training rows are computed
+-- from the whole step the same way on every rank and as one process would. The PPO update
+-- then gives each rank its share of every mini-batch's rows (clrt.train.ppo), and the
+-- gradients are summed before each optimizer step (clrt.train.update). With one rank every
+-- function here returns its input.
+--   local mine, first = dp.my_prompts(samples)
+--   entries = dp.gather_entries(entries, samples, first, ctx)
+--   dp.check_params(m, steps_done, every)    -- the ranks' parameters agree (every 50 steps)
+local dist = require("clrt.dist")
+local json = require("clrt.json")
+local M = {}
+
+-- This rank's contiguous share of the step's prompts and the index of its first one.
+function M.my_prompts(samples)
+  if dist.world_size() == 1 then return samples, 1 end
+  local first, last = dist.share(#samples)
+  local mine = {}
+  for i = first, last do mine[#mine + 1] = samples[i] end
+  return mine, first
+end
+
+-- An entry without its sample (every rank has the step's samples): what the rewards, the
+-- report, the samples log and the training rows read.
+local function portable(e, offset)
+  return { group = e.group + offset, prompt_ids = e.prompt_ids, tokens = e.tokens, text = e.text,
+    message = e.message, truncated = e.truncated, invalid = e.invalid, scores = e.scores, convs = e.convs,
+    dropped = e.dropped, drop_error = e.drop_error }
+end
+
+-- JSON null where a value was absent: back to nil, recursively.
+local function strip_nulls(v)
+  if type(v) ~= "table" then return v end
+  for k, x in pairs(v) do
+    if x == json.null then v[k] = nil else strip_nulls(x) end
+  end
+  return v
+end
+
+-- Every rank's entries (their groups renumbered to the step's prompt order), in prompt order,
+-- on every rank; the ranks' request counters (ctx.counters) and clrt.llm records are summed
+-- into this rank's, so the step's row counts every rank's requests.
+function M.gather_entries(entries, samples, first, ctx)
+  if dist.world_size() == 1 then return entries end
+  local mine = {}
+  for i, e in ipairs(entries) do mine[i] = portable(e, first - 1) end
+  local payload = json.encode({ entries = json.array(mine), counters = ctx and ctx.counters or {},
+    calls = json.array(clrt.llm.drain_records()) })
+  local all, counters, calls = {}, {}, {}
+  for r = 0, dist.world_size() - 1 do
+    local part = strip_nulls(json.decode(dist.broadcast_string(payload, r), "rank " .. r .. "'s entries"))
+    for _, e in ipairs(part.entries) do
+      e.sample = samples[e.group]
+      e.scores, e.convs = e.scores or {}, e.convs or {}
+      all[#all + 1] = e
+    end
+    for k, n in pairs(part.counters or {}) do counters[k] = (counters[k] or 0) + n end
+    for _, c in ipairs(part.calls or {}) do calls[#calls + 1] = c end
+  end
+  if ctx and ctx.counters then
+    for k in pairs(ctx.counters) do ctx.counters[k] = nil end
+    for k, n in pairs(counters) do ctx.counters[k] = n end
+  end
+  clrt.llm.add_records(calls)
+  return all
+end
+
+-- Every `every` steps (50 when nil; 0: never) after step `done`, all ranks must hold the same
+-- parameters (clrt.dist.check_params: an error naming the step otherwise).
+function M.check_params(m, done, every)
+  every = every or 50
+  if dist.world_size() > 1 and every > 0 and done > 0 and done % every == 0 then dist.check_params(m, done) end
+end
+
+-- This rank's share of a mini-batch's rows (all of them with one rank).
+function M.my_rows(rows)
+  if dist.world_size() == 1 then return rows end
+  local first, last = dist.share(#rows)
+  local mine = {}
+  for i = first, last do mine[#mine + 1] = rows[i] end
+  return mine
+end
+
+-- A sum over ranks of the numbers in a table (keys every rank has).
+function M.sum(t, keys)
+  if dist.world_size() == 1 then return t end
+  local v = {}
+  for i, k in ipairs(keys) do v[i] = t[k] or 0 end
+  dist.all_reduce_numbers(v, "sum")
+  for i, k in ipairs(keys) do t[k] = v[i] end
+  return t
+end
+
+return M

@@ -1,0 +1,276 @@
+-- Data-parallel SFT and RL over MPI (issue 21), on the built-in world at toy size: 2 ranks of
+-- 1 thread against 1 process with the same global batch (SFT losses and final parameters
+-- over 12 steps; RL rewards, stats and parameters over 2 steps); a parameter check that
+-- catches ranks that drifted apart; an error raised on one rank and a rank killed with
+-- SIGKILL each end the whole job, naming the rank, within a bound; Ctrl-C to mpirun stops
+-- every rank, rank 0 saying how to continue, and the run resumes; a 2-rank RL run stopped and
+-- resumed with 2 ranks logs what an uninterrupted one does. Skipped when clrt was built without MPI or mpirun is not installed.
+--
+-- Tolerances: every rank computes its share of the micro-batches, and the gradients are
+-- summed across ranks instead of accumulated in one buffer, so sums run in another order:
+-- losses and gradient norms agree to 1e-6 relative, parameters to 1e-5 absolute (SFT, lr
+-- 1e-3). The RL comparison sets train.kl_coef=0: at step 1 the policy is the reference, so
+-- the KL gradient is pure rounding noise, and Adam turns noise of any size into steps of
+-- lr; with a different micro-batch size one process differs from itself the same way.
+local T = require("clrt.test")
+local ffi = require("ffi")
+local data = require("clrt.data")
+local dist = require("clrt.dist")
+
+local bin = os.getenv("CLRT_BIN") or "clrt"
+local root = T.tmpdir()
+local BOUND = 30   -- seconds within which a failed rank must end the job
+
+local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function sh(cmd)
+  local p = io.popen(cmd .. " 2>&1; echo \"__rc=$?\"")
+  local out = p:read("*a")
+  p:close()
+  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
+  return (out:gsub("__rc=%d+%s*$", "")), rc
+end
+
+-- ctest reports the file as skipped (77) with the reason
+local have_mpirun = select(2, sh("command -v mpirun")) == 0
+local why_not = not dist.available() and "clrt was built without MPI (CLRT_MPI off, or CMake found no MPI)"
+  or not have_mpirun and "mpirun is not installed (Debian: openmpi-bin)" or nil
+if why_not then
+  io.write("skip  test_dist: ", why_not, "\n")
+  os.exit(77)
+end
+
+-- Root may run OpenMPI only when it says so; 1 thread per rank; 2 ranks on any core count.
+local ENV = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OMPI_MCA_rmaps_base_oversubscribe=1 "
+-- a hang (ranks that part ways) fails the case instead of stopping the suite
+local function mpirun(n, args) return ENV .. "timeout 300 mpirun --oversubscribe -np " .. n .. " " .. q(bin) .. " " .. args end
+local function single(args) return "OMP_NUM_THREADS=1 " .. q(bin) .. " " .. args end
+local function argv(list)
+  local out = {}
+  for i, a in ipairs(list) do out[i] = q(a) end
+  return table.concat(out, " ")
+end
+
+local function metrics(dir) return data.read_jsonl(dir .. "/metrics.jsonl") end
+
+local function close(a, b, rel, what)
+  T.ok(type(a) == "number" and type(b) == "number", what .. ": both numbers")
+  local d = math.abs(a - b)
+  T.ok(d <= rel * math.max(math.abs(a), math.abs(b), 1e-12),
+    ("%s: %.17g vs %.17g (relative tolerance %g)"):format(what, a, b, rel))
+end
+
+-- The largest absolute difference between two model folders' parameters.
+local function max_param_diff(dir_a, dir_b)
+  local a, b = clrt.model.load(dir_a), clrt.model.load(dir_b)
+  local pb, worst = b:params(), 0
+  for name, t in pairs(a:params()) do
+    local u = pb[name]
+    local x, y = ffi.cast("float *", t:contiguous():data_ptr()), ffi.cast("float *", u:contiguous():data_ptr())
+    for i = 0, t:numel() - 1 do
+      local d = math.abs(x[i] - y[i])
+      if d > worst then worst = d end
+    end
+  end
+  return worst
+end
+
+local SFT = { "train.steps=12", "train.batch_size=8", "train.micro_batch_size=2", "world.conversations=200",
+  "arch.hidden_size=32", "arch.intermediate_size=64", "arch.num_hidden_layers=2", "train.val_every=4",
+  "train.lr=1e-3", "dist.check_every=3", "seed=5" }
+local start   -- the 1-process SFT model, RL's starting point
+
+T.case("SFT: 2 ranks x 1 thread equal 1 process over 12 steps", function()
+  local one, two = root .. "/sft1", root .. "/sft2"
+  local out, rc = sh(single("recipes/collabllm_sft.lua run_dir=" .. q(one) .. " " .. argv(SFT)))
+  T.eq(rc, 0, "1 process: " .. out)
+  out, rc = sh(mpirun(2, "recipes/collabllm_sft.lua run_dir=" .. q(two) .. " " .. argv(SFT)))
+  T.eq(rc, 0, "2 ranks: " .. out)
+  start = one .. "/model"
+  local a, b = metrics(one), metrics(two)
+  T.eq(#a, 12)
+  T.eq(#b, 12, "rank 0 alone writes the metrics, one row a step")
+  for i = 1, 12 do
+    close(a[i].loss, b[i].loss, 1e-6, "step " .. i .. " loss")
+    close(a[i].grad_norm, b[i].grad_norm, 1e-6, "step " .. i .. " grad_norm")
+    T.eq(a[i].tokens, b[i].tokens, "step " .. i .. " tokens of the global batch")
+    if a[i].val_loss then close(a[i].val_loss, b[i].val_loss, 1e-6, "step " .. i .. " val_loss") end
+  end
+  T.ok(a[12].loss < a[1].loss, "the loss falls, so the steps do something")
+  local d = max_param_diff(one .. "/model", two .. "/model")
+  T.ok(d <= 1e-5, ("final parameters differ by %g (tolerance 1e-5)"):format(d))
+end)
+
+T.case("a parameter check names the step where ranks drifted apart", function()
+  local script = root .. "/drift.lua"
+  local f = assert(io.open(script, "w"))
+  f:write([[
+local dist = require("clrt.dist")
+local m = clrt.model.new({ vocab_size = 16, hidden_size = 8, intermediate_size = 16, num_hidden_layers = 1,
+  num_attention_heads = 2, num_key_value_heads = 2, max_position_embeddings = 8, rms_norm_eps = 1e-6,
+  rope_theta = 10000.0, tie_word_embeddings = true, architectures = { "Qwen2ForCausalLM" } }, { seed = 1 })
+dist.check_params(m, 6)
+if dist.rank() == 1 then
+  local p = m:params()["model.norm.weight"]
+  require("ffi").cast("float *", p:data_ptr())[0] = 1.5
+end
+dist.check_params(m, 7)
+]])
+  f:close()
+  local out, rc = sh(mpirun(2, q(script)))
+  T.ok(rc ~= 0, "the job fails")
+  T.ok(out:find("parameters differ across ranks after step 7", 1, true), out)
+  T.ok(not out:find("after step 6", 1, true), "equal parameters pass: " .. out)
+end)
+
+local RL = { "steps=2", "prompts_per_step=4", "rollout.n=4", "rollout.num_repeat_rollouts=2",
+  "rollout.max_new_tokens=12", "seed=3", "eval.before=false", "eval.after=false", "save_every=1",
+  "sample_every=1", "train.kl_coef=0", "train.lr=1e-3", "dist.check_every=1" }
+
+local function rl_args(dir, extra)
+  local a = { "config=" .. require("clrt.train.prompts").world_config_path(), "model=" .. start, "run_dir=" .. dir }
+  for _, x in ipairs(RL) do a[#a + 1] = x end
+  for _, x in ipairs(extra or {}) do a[#a + 1] = x end
+  return argv(a)
+end
+
+T.case("RL: 2 ranks equal 1 process over 2 steps", function()
+  if not start then T.skip("needs the SFT case") end
+  local one, two = root .. "/rl1", root .. "/rl2"
+  local out, rc = sh(single("recipes/collabllm_rl.lua " .. rl_args(one)))
+  T.eq(rc, 0, "1 process: " .. out)
+  out, rc = sh(mpirun(2, "recipes/collabllm_rl.lua " .. rl_args(two)))
+  T.eq(rc, 0, "2 ranks: " .. out)
+  local a, b = metrics(one), metrics(two)
+  T.eq(#b, 2)
+  for i = 1, 2 do
+    -- the samples do not depend on the ranks: the same conversations, so the same rewards
+    for _, k in ipairs({ "reward", "advantage_std", "first_reply_ask_rate", "trained_tokens", "dropped", "truncated" }) do
+      T.eq(b[i][k], a[i][k], "step " .. i .. " " .. k)
+    end
+    for _, k in ipairs({ "loss", "pg_loss", "grad_norm", "clipfrac" }) do close(a[i][k], b[i][k], 1e-5, "step " .. i .. " " .. k) end
+  end
+  T.ok(a[2].grad_norm > 0, "step 2 trains")
+  T.eq(#data.read_jsonl(two .. "/samples.jsonl") > 0, true, "rank 0 logs the samples")
+  local d = max_param_diff(one .. "/checkpoint-2", two .. "/checkpoint-2")
+  T.ok(d <= 1e-5, ("parameters after step 2 differ by %g (tolerance 1e-5)"):format(d))
+end)
+
+T.case("a 2-rank RL run stopped and resumed with 2 ranks continues its metrics", function()
+  if not start then T.skip("needs the SFT case") end
+  local dir = root .. "/rl_resume"
+  local out, rc = sh(mpirun(2, "recipes/collabllm_rl.lua " .. rl_args(dir, { "stop_after=1" })))
+  T.eq(rc, 0, out)
+  T.eq(#metrics(dir), 1)
+  out, rc = sh(mpirun(2, "recipes/collabllm_rl.lua resume=" .. q(dir)))
+  T.eq(rc, 0, out)
+  local a, b = metrics(root .. "/rl2"), metrics(dir)
+  T.eq(#b, 2, "the resumed run adds step 2")
+  for i = 1, 2 do
+    for _, k in ipairs({ "reward", "trained_tokens", "loss", "grad_norm", "step" }) do
+      T.eq(b[i][k], a[i][k], "step " .. i .. " " .. k .. " equals the uninterrupted 2-rank run")
+    end
+  end
+  T.eq(T.read(dir .. "/latest"), "checkpoint-2\n")
+end)
+
+-- A job script whose ranks meet in an all-reduce again and again; the rank given in the
+-- environment misbehaves once rank 0 has seen it join.
+local function looping_job(action)
+  local script = root .. "/loop_" .. action .. ".lua"
+  local f = assert(io.open(script, "w"))
+  f:write(([[
+local dist = require("clrt.dist")
+local t = clrt.tensor.zeros({ 1000 })
+local pidfile = %q
+for i = 1, 1e9 do
+  dist.all_reduce(t, "sum")
+  if i == 50 and dist.rank() == 1 then
+    if %q == "raise" then error("rank 1 broke on purpose", 0) end
+    os.execute("echo $PPID > " .. pidfile)
+  end
+end
+]]):format(root .. "/rank1." .. action, action))
+  f:close()
+  return script
+end
+
+T.case("an error raised on one rank ends the job, naming the rank and the error", function()
+  local t0 = os.time()
+  local out, rc = sh(ENV .. "timeout " .. (BOUND * 2) .. " mpirun --oversubscribe -np 2 " .. q(bin) .. " " .. q(looping_job("raise")))
+  local took = os.time() - t0
+  T.ok(rc ~= 0 and rc ~= 124, "the job fails by itself (rc " .. tostring(rc) .. "): " .. out)
+  T.ok(took <= BOUND, ("ended in %ds (bound %ds)"):format(took, BOUND))
+  T.ok(out:find("clrt: rank 1 of 2: rank 1 broke on purpose", 1, true), out)
+end)
+
+T.case("a rank killed with SIGKILL ends the job, naming the rank", function()
+  local pidfile = root .. "/rank1.kill"
+  local log = root .. "/kill.log"
+  os.execute(("(%stimeout %d mpirun --oversubscribe -np 2 %s %s > %s 2>&1; echo \"rc=$?\" >> %s) &")
+    :format(ENV, BOUND * 3, q(bin), q(looping_job("kill")), q(log), q(log)))
+  local pid
+  for _ = 1, 300 do
+    pid = T.read(pidfile)
+    if pid and pid:match("%d") then break end
+    os.execute("sleep 0.1")
+  end
+  T.ok(pid and pid:match("%d"), "rank 1 wrote its pid")
+  local t0 = os.time()
+  os.execute("kill -9 " .. pid:match("%d+"))
+  local text
+  repeat
+    os.execute("sleep 0.2")
+    text = T.read(log) or ""
+  until text:find("rc=%d") or os.time() - t0 > BOUND * 3
+  local took = os.time() - t0
+  T.ok(text:find("rc=%d"), "the job ended: " .. text)
+  T.ok(not text:find("rc=0\n", 1, true) and not text:find("rc=124", 1, true), "with a failure, by itself: " .. text)
+  T.ok(took <= BOUND, ("ended %ds after the kill (bound %ds)"):format(took, BOUND))
+  T.ok(text:find("rank 1", 1, true), "the message names rank 1: " .. text)
+end)
+
+T.case("Ctrl-C to mpirun stops every rank; the run folder resumes", function()
+  local dir, log, pidfile = root .. "/sft_int", root .. "/int.log", root .. "/mpirun.pid"
+  local args = { "train.steps=100000", "train.batch_size=8", "train.micro_batch_size=2", "world.conversations=200",
+    "arch.hidden_size=32", "arch.intermediate_size=64", "arch.num_hidden_layers=2", "train.val_every=0",
+    "save_every=5", "seed=5", "run_dir=" .. dir }
+  os.execute(("(%smpirun --oversubscribe -np 2 %s recipes/collabllm_sft.lua %s > %s 2>&1 & echo $! > %s; wait $!; echo \"rc=$?\" >> %s) &")
+    :format(ENV, q(bin), argv(args), q(log), q(pidfile), q(log)))
+  for _ = 1, 600 do
+    if T.read(dir .. "/latest") then break end
+    os.execute("sleep 0.1")
+  end
+  T.ok(T.read(dir .. "/latest"), "a checkpoint is written: " .. tostring(T.read(log)))
+  local mpid = T.read(pidfile):match("%d+")
+  local ranks = sh("pgrep -P " .. mpid)
+  T.eq(select(2, ranks:gsub("%d+", "")), 2, "two ranks run: " .. ranks)
+  local t0 = os.time()
+  os.execute("kill -INT " .. mpid)
+  local text
+  repeat
+    os.execute("sleep 0.2")
+    text = T.read(log) or ""
+  until text:find("rc=%d") or os.time() - t0 > BOUND
+  T.ok(text:find("rc=%d"), "mpirun ended within " .. BOUND .. "s")
+  -- mpirun passes Ctrl-C on as SIGTERM, which clrt's ranks treat as Ctrl-C
+  T.ok(text:find("interrupted; continue this run with:", 1, true), "rank 0 says how to continue: " .. text)
+  -- mpirun may return before the ranks it signalled are gone
+  local alive
+  repeat
+    alive = {}
+    for pid in ranks:gmatch("%d+") do
+      if select(2, sh("kill -0 " .. pid)) == 0 then alive[#alive + 1] = pid end
+    end
+    if #alive > 0 then os.execute("sleep 0.2") end
+  until #alive == 0 or os.time() - t0 > BOUND
+  T.eq(#alive, 0, ("every rank stopped within %ds of Ctrl-C (still running: %s)"):format(BOUND, table.concat(alive, " ")))
+  -- checkpoints are written whole or not at all, so the run continues from its latest
+  local step = tonumber(T.read(dir .. "/latest"):match("%d+"))
+  local out, rc = sh(mpirun(2, "recipes/collabllm_sft.lua resume=" .. q(dir) .. " stop_after=" .. (step + 2)))
+  T.eq(rc, 0, out)
+  local rows = metrics(dir)
+  T.eq(rows[#rows].step, step + 2, "the resumed run logs the next steps")
+end)
+
+T.run()
