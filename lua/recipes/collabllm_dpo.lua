@@ -205,6 +205,9 @@ function M.run(cfg, run_dir)
     pairs, skipped = encode_pairs(tok, cfg, rows, m)
     if skipped > 0 then notes[#notes + 1] = ("%d pairs longer than the context left out"):format(skipped) end
     if #pairs == 0 then error("collabllm_dpo: no training pair (none in the data, or none above min_gap)", 0) end
+    -- the reference's sums of every pair, once, in file order: the same numbers however the
+    -- steps group the pairs and whether the run was resumed
+    dpo.attach_ref(ref, pairs, t.micro_batch_size)
     if cfg.data_val then
       val_pairs = encode_pairs(tok, cfg, (M.read_pairs(cfg.data_val, cfg.min_gap)), m)
       dpo.attach_ref(ref, val_pairs, t.micro_batch_size)
@@ -286,7 +289,6 @@ function M.run(cfg, run_dir)
     local row
     if not cfg.online then
       local batch = offline_batch(step)
-      dpo.attach_ref(ref, batch, t.micro_batch_size)
       local st = dpo.update(m, opt, batch, t, lr)
       row = { loss = st.loss, reward_chosen = st.reward_chosen, reward_rejected = st.reward_rejected,
         reward_margin = st.reward_margin, reward_accuracy = st.reward_accuracy, logp_chosen = st.logp_chosen,
