@@ -13,8 +13,8 @@
 --     clrt recipes/collabllm_dpo.lua online=true model=HF_DIR data=rl_train.jsonl \
 --          sim_cfg.base_url=... judge.base_url=...
 --
--- With no model= the run uses the built-in world (examples/collab_world/config.lua under
--- examples/collab_world/config_dpo.lua): its SFT start, and for offline DPO pairs made in
+-- With no model= (or with world=true) the run uses the built-in world (examples/collab_world/
+-- config.lua under examples/collab_world/config_dpo.lua): its SFT start (or model=), and for offline DPO pairs made in
 -- the world, since it has no published data set: the start samples rollout.n candidates for
 -- each of pairs_prompts training prompts, the MR scores them (futures with the scripted
 -- user), and the best/worst pair of each prompt is kept (RUN_DIR/pairs.jsonl, in
@@ -42,6 +42,7 @@ M.defaults = copy(rl.defaults)
 local D = M.defaults
 D.name = "collabllm_dpo"
 D.online = false              -- false: pairs from data= (or the world's); true: sampled each step
+D.world = false               -- true: the built-in world's settings even with model= (a start of your own)
 -- offline: process_dataset's DPO pairs (dpo_train.jsonl); online: its RL prompts (rl_train.jsonl)
 D.data = config.optional("string")
 -- offline: DPO pairs for the validation loss (dpo_test.jsonl); online: RL prompts
@@ -353,7 +354,8 @@ function M.parse_args(argv)
   if config.arg_value(argv, "resume") then
     return require("clrt.run").resume_config(M.defaults, argv, M.FIXED_ON_RESUME, "collabllm_dpo")
   end
-  local world = not config.arg_value(argv, "model") and not config.arg_value(argv, "config")
+  local world = config.arg_value(argv, "world") == "true"
+    or (not config.arg_value(argv, "model") and not config.arg_value(argv, "config"))
   return config.parse(M.defaults, argv, world and M.world_config() or nil)
 end
 
