@@ -190,7 +190,7 @@ function M.run(cfg, run_dir)
   local notes = {}
 
   -- the data: offline pairs (encoded, in a seeded order per epoch) or online prompts
-  local pairs, val_pairs, dataset, val_set
+  local offline_pairs, val_pairs, dataset, val_set
   if not cfg.online then
     local rows
     if cfg.data then
@@ -203,17 +203,17 @@ function M.run(cfg, run_dir)
       notes[#notes + 1] = ("built-in world: %d pairs from %d prompts (pairs.jsonl, scored.jsonl)"):format(#rows, cfg.pairs_prompts)
     end
     local skipped
-    pairs, skipped = encode_pairs(tok, cfg, rows, m)
+    offline_pairs, skipped = encode_pairs(tok, cfg, rows, m)
     if skipped > 0 then notes[#notes + 1] = ("%d pairs longer than the context left out"):format(skipped) end
-    if #pairs == 0 then error("collabllm_dpo: no training pair (none in the data, or none above min_gap)", 0) end
+    if #offline_pairs == 0 then error("collabllm_dpo: no training pair (none in the data, or none above min_gap)", 0) end
     -- the reference's sums of every pair, once, in file order: the same numbers however the
     -- steps group the pairs and whether the run was resumed
-    dpo.attach_ref(ref, pairs, t.micro_batch_size)
+    dpo.attach_ref(ref, offline_pairs, t.micro_batch_size)
     if cfg.data_val then
       val_pairs = encode_pairs(tok, cfg, (M.read_pairs(cfg.data_val, cfg.min_gap)), m)
       dpo.attach_ref(ref, val_pairs, t.micro_batch_size)
     end
-    cfg.steps = cfg.steps or cfg.epochs * math.ceil(#pairs / t.batch_size)
+    cfg.steps = cfg.steps or cfg.epochs * math.ceil(#offline_pairs / t.batch_size)
   else
     if cfg.data then
       local dropped, limit
@@ -270,11 +270,11 @@ function M.run(cfg, run_dir)
   local data = require("clrt.data")
   local orders = {}
   local function offline_batch(step)
-    local out, n, bs = {}, #pairs, math.min(t.batch_size, #pairs)
+    local out, n, bs = {}, #offline_pairs, math.min(t.batch_size, #offline_pairs)
     for i = 1, bs do
       local k = (step - 1) * bs + i - 1
       local epoch = math.floor(k / n)
-      orders[epoch] = orders[epoch] or data.shuffle(pairs, cfg.seed * 7919 + epoch)
+      orders[epoch] = orders[epoch] or data.shuffle(offline_pairs, cfg.seed * 7919 + epoch)
       out[i] = orders[epoch][k % n + 1]
     end
     return out
@@ -282,6 +282,7 @@ function M.run(cfg, run_dir)
 
   local first_step = resume_state and resume_state.step + 1 or 1
   local last_step = math.min(cfg.steps, cfg.stop_after or cfg.steps)
+  local failed_steps = resume_state and resume_state.failed_steps or 0
   for step = first_step, last_step do
     clrt.check_interrupt()
     local t0 = clrt.log.now()
@@ -311,8 +312,20 @@ function M.run(cfg, run_dir)
       local t2 = clrt.log.now()
       row = require("clrt.train.report").step_row(entries, R, {}, st, lr, timing, t0, t1, t2, ctx)
       for _, k in ipairs({ "reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy", "pairs" }) do row[k] = st[k] end
-      local failed, why = rollout.step_failure(cfg, entries, R)
-      if failed then row.failed_step = 1; lg:print(("step %d: %s"):format(step, why)) end
+      -- a failed step (simulator or judge down) counts as in collabllm_rl.lua
+      local failed, why, causes, first_msg = rollout.step_failure(cfg, entries, R)
+      for cause, n in pairs(causes) do row["dropped/" .. cause] = n end
+      if failed then
+        row.failed_step = 1
+        failed_steps = failed_steps + 1
+        lg:print(("step %d failed (%d of %d allowed): %s; first: %s"):format(step, failed_steps, cfg.max_failed_steps,
+          why, tostring(first_msg)))
+        if failed_steps >= cfg.max_failed_steps then
+          lg:log(step, row)
+          error(("collabllm_dpo: stopped after %d failed steps (max_failed_steps); step %d: %s; first: %s")
+            :format(failed_steps, step, why, tostring(first_msg)), 0)
+        end
+      end
       if lg:sample_due(step) then
         local items = {}
         for i = 1, math.min(#entries, 4) do
@@ -329,7 +342,8 @@ function M.run(cfg, run_dir)
     end
     lg:log(step, row)
     if cfg.save_every > 0 and (step % cfg.save_every == 0 or step == last_step) then
-      train.checkpoint.save(run_dir, { step = step, model = m, tokenizer_dir = start_dir, optimizer = opt })
+      train.checkpoint.save(run_dir, { step = step, model = m, tokenizer_dir = start_dir, optimizer = opt,
+        state = { failed_steps = failed_steps } })
     end
   end
 
