@@ -5,7 +5,8 @@
 -- is written with each variant's wall time.
 --   clrt examples/collab_world/compare.lua                  # 3 seeds, the world's settings (tens of minutes)
 --   clrt examples/collab_world/compare.lua quick=true       # 1 seed, a toy start, a few steps (the ctest)
---   options: out=DIR (runs/compare, quick: runs/compare_quick), seeds=1,2,3
+--   options: out=DIR (runs/compare, quick: runs/compare_quick), seeds=1,2,3,
+--            only=start,dpo_offline,... (run and tabulate only these variants)
 -- Writes DIR/compare.md (the table), DIR/compare.json (every run's figures and wall time,
 -- the means and sds) and DIR/compare.svg (one bar panel per figure), and keeps every run
 -- folder under DIR/seed<S>/<variant>. A variant whose result.json exists is not run again,
@@ -37,8 +38,8 @@ local sft = require("recipes.collabllm_sft")
 local args = {}
 for _, a in ipairs({ ... }) do
   local k, v = a:match("^([%w_]+)=(.*)$")
-  if not k or (k ~= "quick" and k ~= "out" and k ~= "seeds") then
-    error("compare: arguments are quick=true|false, out=DIR, seeds=1,2,3; got " .. a, 0)
+  if not k or (k ~= "quick" and k ~= "out" and k ~= "seeds" and k ~= "only") then
+    error("compare: arguments are quick=true|false, out=DIR, seeds=1,2,3, only=VARIANT,...; got " .. a, 0)
   end
   args[k] = v
 end
@@ -88,6 +89,22 @@ local VARIANTS = {
   { key = "window_2", label = "GRPO, window 2 (= multiturn)", same_as = "grpo_multi" },
   { key = "window_3", label = "GRPO, window 3", kind = "rl", args = { "rollout.max_user_turns=3", "rollout.max_assistant_turns=3" } },
 }
+
+if args.only then
+  local want, kept = {}, {}
+  for x in args.only:gmatch("[^,]+") do want[x] = true end
+  for _, v in ipairs(VARIANTS) do
+    if want[v.key] then kept[#kept + 1] = v; want[v.key] = nil end
+  end
+  local unknown = next(want)
+  if unknown then error("compare: only=: unknown variant " .. unknown, 0) end
+  for _, v in ipairs(kept) do
+    if v.same_as and not args.only:find(v.same_as, 1, true) then
+      error(("compare: only=: %s is %s's run; name %s too"):format(v.key, v.same_as, v.same_as), 0)
+    end
+  end
+  VARIANTS = kept
+end
 
 local function concat(...)
   local o = {}
