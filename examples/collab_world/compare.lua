@@ -219,7 +219,7 @@ files.write_atomic(out .. "/compare.json", require("clrt.json").encode(report) .
 
 local panels = {}
 for _, k in ipairs(stats.KEYS) do
-  local p = { name = k, labels = {}, values = {}, errors = {} }
+  local p = { name = k, labels = {}, values = {}, errors = {}, range = k ~= "tokens_per_conversation" and { 0, 1 } or nil }
   for i, e in ipairs(report.variants) do p.labels[i], p.values[i], p.errors[i] = e.label, e.mean[k], e.sd[k] end
   panels[#panels + 1] = p
 end

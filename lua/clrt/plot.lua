@@ -2,8 +2,9 @@
 -- a run's curves open in any browser.
 --   plot.panels({{name = "reward", x = {...}, y = {...}}, ...}, {title =, columns = 2})
 --   plot.nice_ticks(lo, hi, n)  -> tick values covering [lo, hi] at 1/2/5 x 10^k steps
---   plot.bars({{name = "accuracy", labels = {...}, values = {...}, errors = {...}}, ...}, opts)
---     -> one panel per metric of horizontal bars (one per label) with +-error whiskers
+--   plot.bars({{name = "accuracy", labels = {...}, values = {...}, errors = {...}, range = {0, 1}}, ...}, opts)
+--     -> one panel per metric of horizontal bars (one per label) with +-error whiskers; the
+--        axis covers range (optional) and every value +- error
 -- One panel per series (small multiples: metrics have different scales); a noisy series
 -- (more than 20 points) is drawn faint with an exponential moving average on top.
 local M = {}
@@ -158,6 +159,7 @@ local function bar_panel(out, s, px, py, w, h, colors)
     local v, e = s.values[i], finite(s.errors and s.errors[i]) and s.errors[i] or 0
     if finite(v) then lo, hi = math.min(lo, v - e), math.max(hi, v + e) end
   end
+  if s.range then lo, hi = math.min(lo, s.range[1]), math.max(hi, s.range[2]) end
   local ticks, step = M.nice_ticks(lo, hi, 5)
   lo, hi = ticks[1], ticks[#ticks]
   local function X(v) return ml + (v - lo) / (hi - lo) * pw end
