@@ -107,6 +107,9 @@ T.case("offline DPO from process_dataset.lua's dpo_train.jsonl", function()
   end
   local path = root .. "/dpo_train.jsonl"
   data.write_jsonl(path, pd.dpo_rows(rows, 0.1))
+  local kept, below = dpo_recipe.read_pairs(path, 0.8)
+  T.eq(#kept, 6, "turn 1's pairs (gap 1.0) stay"); T.eq(below, 6, "turn 0's (gap 0.7) are below min_gap 0.8")
+  T.eq(kept[1].chosen, "Trip plan: fly to Oslo."); T.eq(kept[1].rejected, "Trip plan: fly to Rome.")
   local dir = root .. "/fromfile"
   dpo_recipe.main(config.parse(dpo_recipe.defaults, args(dir, { "data=" .. path, "steps=3", "min_gap=0.3" }), dpo_recipe.world_config()))
   local m = data.read_jsonl(dir .. "/metrics.jsonl")
@@ -119,6 +122,16 @@ T.case("offline DPO from process_dataset.lua's dpo_train.jsonl", function()
   T.raises(function()
     dpo_recipe.main(config.parse(dpo_recipe.defaults, args(root .. "/bad", { "data=" .. bad }), dpo_recipe.world_config()))
   end, "bad.jsonl:1: \"chosen\" and \"rejected\" must be strings")
+end)
+
+T.case("the world's settings load without model= or with world=true; a real model's defaults otherwise", function()
+  local w = dpo_recipe.parse_args({ "model=/some/start", "world=true" })
+  T.eq(w.sim, "scripted"); T.eq(w.train.beta, 0.1); T.eq(w.steps, 60)
+  local r = dpo_recipe.parse_args({ "model=/some/start" })
+  T.eq(r.sim, "llm"); T.eq(r.train.lr, 1e-6); T.eq(r.steps, nil); T.eq(r.online, false)
+  T.raises(function() dpo_recipe.check_config(dpo_recipe.parse_args({ "model=/x", "train.label_smoothing=0.5" })) end,
+    "label_smoothing")
+  T.raises(function() dpo_recipe.parse_args({ "model=/x", "train.betta=0.2" }) end, "train.beta")
 end)
 
 T.case("MR-selected SFT: the best conversation of each group", function()
