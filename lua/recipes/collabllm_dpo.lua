@@ -302,8 +302,11 @@ function M.run(cfg, run_dir)
       local R = reward.batch_rewards(entries, weights, cfg.reward.mode)
       for i, e in ipairs(entries) do e.reward = R.rewards[i] end
       local t1 = clrt.log.now()
-      local list = {}
-      for _, sel in ipairs(dpo.select(entries, R.rewards, cfg.min_gap)) do list[#list + 1] = dpo.entry_pair(sel) end
+      local list, gap = {}, 0
+      for _, sel in ipairs(dpo.select(entries, R.rewards, cfg.min_gap)) do
+        list[#list + 1] = dpo.entry_pair(sel)
+        gap = gap + sel.chosen.reward - sel.rejected.reward   -- the MR each entry earned
+      end
       local st = { pairs = 0 }
       if #list > 0 then
         dpo.attach_ref(ref, list, t.micro_batch_size)
@@ -312,6 +315,7 @@ function M.run(cfg, run_dir)
       local t2 = clrt.log.now()
       row = require("clrt.train.report").step_row(entries, R, {}, st, lr, timing, t0, t1, t2, ctx)
       for _, k in ipairs({ "reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy", "pairs" }) do row[k] = st[k] end
+      row.pair_score_gap = #list > 0 and gap / #list or nil   -- mean MR of chosen minus rejected
       -- a failed step (simulator or judge down) counts as in collabllm_rl.lua
       local failed, why, causes, first_msg = rollout.step_failure(cfg, entries, R)
       for cause, n in pairs(causes) do row["dropped/" .. cause] = n end

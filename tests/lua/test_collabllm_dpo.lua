@@ -91,6 +91,14 @@ end)
 T.case("online DPO on the policy's samples ranked by the MR; resume is bit-identical", function()
   local a = straight_and_resumed("online", { "online=true" })
   T.ok(a[1].reward ~= nil and a[1].pairs ~= nil and a[1].first_reply_ask_rate ~= nil, "the RL step's reward fields are logged")
+  local with_pairs = 0
+  for step = 1, 5 do
+    if (a[step].pairs or 0) > 0 then
+      with_pairs = with_pairs + 1
+      T.ok(a[step].pair_score_gap >= 0, ("step %d: the chosen responses score at least the rejected (gap %s)"):format(step, a[step].pair_score_gap))
+    end
+  end
+  T.ok(with_pairs > 0, "some step trained on pairs")
 end)
 
 T.case("offline DPO from process_dataset.lua's dpo_train.jsonl", function()
