@@ -18,17 +18,8 @@ local function dirs(s)
   return out
 end
 
-local KEYS = { "accuracy_underspecified", "accuracy_specified", "ask_rate_underspecified",
-  "ask_rate_specified", "tokens_per_conversation" }
-
-local function mean_sd(xs)
-  local n, s = #xs, 0
-  for _, x in ipairs(xs) do s = s + x end
-  local m = s / n
-  local v = 0
-  for _, x in ipairs(xs) do v = v + (x - m) ^ 2 end
-  return m, n > 1 and math.sqrt(v / (n - 1)) or 0
-end
+local stats = require("collab_world.stats")
+local KEYS, mean_sd = stats.KEYS, stats.mean_sd
 
 local function table_for(label, ds)
   local rows = { ("**%s** (%d seeds, held-out prompts)\n"):format(label, #ds),
@@ -41,8 +32,7 @@ local function table_for(label, ds)
     end
     local bm, bs = mean_sd(b)
     local am, as = mean_sd(a)
-    local fmt = k == "tokens_per_conversation" and "%.2f ± %.2f" or "%.3f ± %.3f"
-    rows[#rows + 1] = ("| %s | %s | %s |"):format(k, fmt:format(bm, bs), fmt:format(am, as))
+    rows[#rows + 1] = ("| %s | %s | %s |"):format(k, stats.format(k, bm, bs), stats.format(k, am, as))
   end
   return table.concat(rows, "\n") .. "\n"
 end

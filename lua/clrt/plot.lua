@@ -2,6 +2,9 @@
 -- a run's curves open in any browser.
 --   plot.panels({{name = "reward", x = {...}, y = {...}}, ...}, {title =, columns = 2})
 --   plot.nice_ticks(lo, hi, n)  -> tick values covering [lo, hi] at 1/2/5 x 10^k steps
+--   plot.bars({{name = "accuracy", labels = {...}, values = {...}, errors = {...}, range = {0, 1}}, ...}, opts)
+--     -> one panel per metric of horizontal bars (one per label) with +-error whiskers; the
+--        axis covers range (optional) and every value +- error
 -- One panel per series (small multiples: metrics have different scales); a noisy series
 -- (more than 20 points) is drawn faint with an exponential moving average on top.
 local M = {}
@@ -139,6 +142,75 @@ function M.panels(series, opts)
     local c = (i - 1) % cols
     local r = math.floor((i - 1) / cols)
     panel(out, s, 5 + c * w, top + 5 + r * h, w - 5, h - 5, palette[(i - 1) % #palette + 1])
+  end
+  out[#out + 1] = "</svg>"
+  return table.concat(out, "\n") .. "\n"
+end
+
+-- One panel of horizontal bars: labels down the left, value +- error as a bar and whisker.
+local function bar_panel(out, s, px, py, w, h, colors)
+  local ml, mr, mt, mb = 170, 16, 28, 24
+  local pw, ph = w - ml - mr, h - mt - mb
+  out[#out + 1] = ('<g transform="translate(%d,%d)">'):format(px, py)
+  out[#out + 1] = ('<rect x="0.5" y="0.5" width="%d" height="%d" fill="#ffffff" stroke="#dddddd"/>'):format(w - 1, h - 1)
+  out[#out + 1] = ('<text x="8" y="18" font-size="13" font-weight="bold" fill="#222">%s</text>'):format(esc(s.name))
+  local lo, hi = 0, 0
+  for i = 1, #s.labels do
+    local v, e = s.values[i], finite(s.errors and s.errors[i]) and s.errors[i] or 0
+    if finite(v) then lo, hi = math.min(lo, v - e), math.max(hi, v + e) end
+  end
+  if s.range then lo, hi = math.min(lo, s.range[1]), math.max(hi, s.range[2]) end
+  local ticks, step = M.nice_ticks(lo, hi, 5)
+  lo, hi = ticks[1], ticks[#ticks]
+  local function X(v) return ml + (v - lo) / (hi - lo) * pw end
+  for _, t in ipairs(ticks) do
+    out[#out + 1] = ('<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#eeeeee"/>'):format(X(t), X(t), mt, mt + ph)
+    out[#out + 1] = ('<text x="%.1f" y="%d" font-size="10" fill="#555" text-anchor="middle">%s</text>'):format(X(t), mt + ph + 14, esc(label(t, step)))
+  end
+  local n = math.max(1, #s.labels)
+  local bh = ph / n
+  for i, name in ipairs(s.labels) do
+    local y = mt + (i - 1) * bh
+    local v, e = s.values[i], s.errors and s.errors[i]
+    out[#out + 1] = ('<text x="%d" y="%.1f" font-size="10" fill="#333" text-anchor="end">%s</text>'):format(ml - 6, y + bh / 2 + 3.5, esc(name))
+    if finite(v) then
+      local x0, x1 = X(math.min(0, v)), X(math.max(0, v))
+      out[#out + 1] = ('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>'):format(x0, y + bh * 0.15, math.max(0.5, x1 - x0),
+        bh * 0.7, colors[(i - 1) % #colors + 1])
+      if finite(e) and e > 0 then
+        out[#out + 1] = ('<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#222" stroke-width="1.2"/>'):format(X(v - e), X(v + e),
+          y + bh / 2, y + bh / 2)
+      end
+      out[#out + 1] = ('<text x="%.1f" y="%.1f" font-size="9" fill="#222">%s</text>'):format(math.min(X(v + (finite(e) and e or 0)) + 3, ml + pw - 24),
+        y + bh / 2 + 3, esc(sig(math.floor(v * 1000 + 0.5) / 1000)))
+    else
+      out[#out + 1] = ('<text x="%d" y="%.1f" font-size="10" fill="#999">no data</text>'):format(ml + 4, y + bh / 2 + 3.5)
+    end
+  end
+  out[#out + 1] = ('<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#999"/>'):format(X(0), X(0), mt, mt + ph)
+  out[#out + 1] = "</g>"
+end
+
+function M.bars(panels_, opts)
+  opts = opts or {}
+  local cols = opts.columns or (#panels_ > 1 and 2 or 1)
+  local n = 1
+  for _, s in ipairs(panels_) do n = math.max(n, #s.labels) end
+  local w, h = opts.panel_width or 480, opts.panel_height or (60 + 20 * n)
+  local top = opts.title and 34 or 0
+  local rows = math.max(1, math.ceil(#panels_ / cols))
+  local W, H = cols * w + 10, rows * h + top + 10
+  local out = {
+    ('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="Helvetica, Arial, sans-serif">'):format(W, H, W, H),
+    ('<rect width="%d" height="%d" fill="#fafafa"/>'):format(W, H),
+  }
+  if opts.title then
+    out[#out + 1] = ('<text x="10" y="24" font-size="16" font-weight="bold" fill="#111">%s</text>'):format(esc(opts.title))
+  end
+  for i, s in ipairs(panels_) do
+    local c = (i - 1) % cols
+    local r = math.floor((i - 1) / cols)
+    bar_panel(out, s, 5 + c * w, top + 5 + r * h, w - 5, h - 5, palette)
   end
   out[#out + 1] = "</svg>"
   return table.concat(out, "\n") .. "\n"

@@ -8,6 +8,8 @@
 -- Qwen2-style transformer.
 --   clrt recipes/collabllm_sft.lua model=HF_DIR data=sft_train.jsonl [train.epochs=3] ...
 -- data= is JSONL with OpenAI-style "messages" (what process_dataset.lua writes for SFT);
+-- scored=FILE instead takes the best-scoring conversations of each group of a scored file
+-- (MR-selected SFT; its schema in lua/clrt/train/scored.lua);
 -- without it the world's generated conversations (mixing asking and guessing) are used.
 -- Writes RUN_DIR/model (config.json, model.safetensors, tokenizer files), metrics.jsonl,
 -- plot.svg and config.json. As a module (require "recipes.collabllm_sft") it exposes
@@ -19,6 +21,12 @@ local M = {}
 M.defaults = {
   model = config.optional("string"),
   data = config.optional("string"),
+  -- MR-selected SFT: a scored JSONL file (clrt.train.scored: messages, score, group); the
+  -- scored_top best conversations of each group (scored_min: and at least that score) are
+  -- the training data instead of data=
+  scored = config.optional("string"),
+  scored_top = 1,
+  scored_min = config.optional("number"),
   out = "runs",
   name = "collabllm_sft",
   run_dir = config.optional("string"),
@@ -49,7 +57,7 @@ end
 local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
 M.rules = {
-  { "seed", "count0" }, { "max_len", "count" }, { "val_fraction", "prob" }, { "save_every", "count0" },
+  { "seed", "count0" }, { "scored_top", "count" }, { "scored_min", "finite" }, { "max_len", "count" }, { "val_fraction", "prob" }, { "save_every", "count0" },
   { "stop_after", "count" }, { "train.epochs", "count" }, { "train.steps", "count" }, { "train.batch_size", "count" },
   { "train.micro_batch_size", "count" }, { "train.lr", "rate" }, { "train.decay", "one_of", { "constant", "cosine", "linear" } },
   { "train.min_lr_ratio", "prob" }, { "train.warmup_ratio", "prob" }, { "train.warmup_steps", "count0" },
@@ -57,7 +65,7 @@ M.rules = {
   { "dist.check_every", "count0" },
 }
 -- Settings a resumed run may not change: they define its data, model and batches.
-M.FIXED_ON_RESUME = { "model", "data", "data_val", "seed", "max_len", "val_fraction", "world", "arch", "train.batch_size",
+M.FIXED_ON_RESUME = { "model", "data", "scored", "scored_top", "scored_min", "data_val", "seed", "max_len", "val_fraction", "world", "arch", "train.batch_size",
   "train.lora.r", "train.lora.alpha", "train.lora.targets" }
 
 -- Conversations of a data file, every row checked up front (file and line in the error).
@@ -138,7 +146,13 @@ function M.run(cfg, run_dir)
     m, tok = M.build_world_model(model_dir, cfg)
   end
   local convs
-  if cfg.data then
+  if cfg.scored then
+    local info
+    convs, info = require("clrt.train.scored").select(cfg.scored, { top = cfg.scored_top, min_score = cfg.scored_min })
+    io.stderr:write(("collabllm_sft: %s: %d of %d conversations selected (best %d of each of %d groups)\n")
+      :format(cfg.scored, info.kept, info.rows, cfg.scored_top, info.groups))
+    if #convs == 0 then error("collabllm_sft: " .. cfg.scored .. ": no conversation selected", 0) end
+  elseif cfg.data then
     convs = M.read_conversations(cfg.data)
   else
     convs = M.world().sft_conversations(cfg.world.conversations, cfg.seed,

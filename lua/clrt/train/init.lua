@@ -1,5 +1,5 @@
 -- clrt.train — the training modules (lua/clrt/train/*.lua), loaded on first use like clrt.X:
---   clrt.train.losses     criteria with forward -> loss, stats / backward -> dlogp (NLL, PPO)
+--   clrt.train.losses     criteria with forward -> loss, stats / backward -> dlogp (NLL, PPO, DPO)
 --   clrt.train.update     the micro-batch / gradient-accumulation / optimizer-step loop
 --   clrt.train.reward     metrics, scores, rewards, GRPO advantages
 --   clrt.train.rollout    policy, conversation loop, a step's rollouts, evaluation
@@ -7,6 +7,7 @@
 --   clrt.train.schedule   learning-rate schedule
 --   clrt.train.checkpoint run-folder checkpoints (save / find)
 --   clrt.train.prompts    a step's prompts, dataset rows, the built-in world
+--   clrt.train.dpo        preference pairs (best/worst per prompt), reference sums, the DPO step
 return setmetatable({}, {
   __index = function(t, k)
     if type(k) ~= "string" or not k:match("^[%a_][%w_]*$") then return nil end

@@ -6,8 +6,8 @@
 -- d loss / d logp, what m:backward takes; nil when no token is trained (nothing to add).
 -- The per-token arrays in `batch` (mask, old, ref) are tensors of logp's shape or views
 -- from losses.view; the loops run over flat FFI arrays, in the order the earlier
--- table-based code used, so figures stay identical to the last digit. A new loss (DPO) is a
--- new constructor here with the same forward/backward.
+-- table-based code used, so figures stay identical to the last digit. losses.dpo is the
+-- third: pairs of rows, sequence sums against reference sums given per pair.
 local ffi = require("ffi")
 local tensor = require("clrt.tensor")
 local M = {}
@@ -220,8 +220,124 @@ function Criterion:_ppo(logp, a)
   return st.loss, st
 end
 
+---------------------------------------------------------------- DPO (sigmoid)
+-- Direct preference optimisation (Rafailov et al. 2023, TRL's loss_type "sigmoid" with
+-- label smoothing = the conservative cDPO). Rows come in pairs: row 2k-1 is pair k's chosen
+-- response, row 2k its rejected one (each prompt + response). batch:
+--   mask          1 on the response's tokens (the positions whose log-probs are summed)
+--   ref_chosen    ref_chosen[k]: the frozen reference's summed log-prob of pair k's chosen
+--   ref_rejected  the same for the rejected response (computed once per pair by the caller)
+--   denom         pairs of the mean (default B/2; pass the whole batch's count when
+--                 accumulating micro-batches), scale (multiplies loss and gradient)
+-- options: beta (0.1), label_smoothing (0; in [0, 0.5)).
+-- Loss per pair, with pi = sum_t mask * logp and ref the reference's sums:
+--   z    = beta * ((pi_c - ref_c) - (pi_r - ref_r))
+--   loss = -(1 - ls) * log sigmoid(z) - ls * log sigmoid(-z)
+-- and d loss / d logp = g * beta * mask on the chosen row, -g * beta * mask on the rejected
+-- one, g = -(1 - ls) * sigmoid(-z) + ls * sigmoid(z).
+-- stats: {loss, reward_chosen, reward_rejected (beta * (pi - ref), means), reward_margin,
+--   reward_accuracy (share of pairs with chosen reward > rejected), logp_chosen,
+--   logp_rejected (mean sums), pairs, tokens}.
+function M.dpo(o)
+  o = o or {}
+  local c = { kind = "dpo", beta = o.beta or 0.1, label_smoothing = o.label_smoothing or 0 }
+  if type(c.beta) ~= "number" or not (c.beta > 0) or c.beta == math.huge then
+    error("losses.dpo: beta must be a finite number > 0, got " .. tostring(c.beta), 2)
+  end
+  local ls = c.label_smoothing
+  if type(ls) ~= "number" or not (ls >= 0 and ls < 0.5) then
+    error("losses.dpo: label_smoothing must be in [0, 0.5), got " .. tostring(ls), 2)
+  end
+  return setmetatable(c, Criterion)
+end
+
+-- log sigmoid(x) without overflow for large |x|.
+local function log_sigmoid(x)
+  if x >= 0 then return -math.log(1 + math.exp(-x)) end
+  return x - math.log(1 + math.exp(x))
+end
+local function sigmoid(x)
+  if x >= 0 then return 1 / (1 + math.exp(-x)) end
+  local e = math.exp(x)
+  return e / (1 + e)
+end
+M.log_sigmoid = log_sigmoid
+
+-- Summed log-probs of each row over its mask (pi in the formula above): a list of B numbers.
+function M.sequence_logps(logp, mask)
+  local lp = as_view(logp, "logp")
+  local mk = as_view(mask, "mask")
+  same_shape(lp, mk, "mask")
+  local out = {}
+  for b = 0, lp.B - 1 do
+    local s = 0
+    for t = 0, lp.T - 1 do
+      local i = b * lp.T + t
+      if mk.p[i] ~= 0 then s = s + mk.p[i] * lp.p[i] end
+    end
+    out[b + 1] = s
+  end
+  return out
+end
+
+function Criterion:_dpo(logp, a)
+  local lp = as_view(logp, "logp")
+  local mask = as_view(a.mask, "mask")
+  if not mask then error("losses.dpo: batch.mask (the response tokens) is required", 3) end
+  same_shape(lp, mask, "mask")
+  local B, T = lp.B, lp.T
+  if B % 2 ~= 0 then error(("losses.dpo: rows come in (chosen, rejected) pairs; got %d rows"):format(B), 3) end
+  local P = B / 2
+  local rc, rr = a.ref_chosen, a.ref_rejected
+  if type(rc) ~= "table" or type(rr) ~= "table" then
+    error("losses.dpo: batch.ref_chosen and batch.ref_rejected (one number per pair) are required", 3)
+  end
+  for k = 1, P do
+    if type(rc[k]) ~= "number" or type(rr[k]) ~= "number" then
+      error(("losses.dpo: pair %d has no reference log-prob (ref_chosen/ref_rejected)"):format(k), 3)
+    end
+  end
+  local pi = M.sequence_logps(lp, mask)
+  local beta, ls = self.beta, self.label_smoothing
+  local denom = a.denom or P
+  local w = (a.scale or 1) / denom
+  local st = { pairs = P, tokens = 0, reward_chosen = 0, reward_rejected = 0, reward_margin = 0,
+    reward_accuracy = 0, logp_chosen = 0, logp_rejected = 0 }
+  for i = 0, B * T - 1 do st.tokens = st.tokens + mask.p[i] end
+  self.B, self.T, self.grad = B, T, nil
+  if P == 0 then st.loss = 0; return 0, st end
+  local g = ffi.new("double[?]", B * T)
+  local loss = 0
+  for k = 1, P do
+    local c, r = 2 * k - 2, 2 * k - 1                      -- 0-based rows
+    local rew_c = beta * (pi[c + 1] - rc[k])
+    local rew_r = beta * (pi[r + 1] - rr[k])
+    local z = rew_c - rew_r
+    loss = loss - (1 - ls) * log_sigmoid(z) - ls * log_sigmoid(-z)
+    local dz = -(1 - ls) * sigmoid(-z) + ls * sigmoid(z)   -- d loss / d z
+    local gc, gr = w * dz * beta, -w * dz * beta
+    for t = 0, T - 1 do
+      g[c * T + t] = gc * mask.p[c * T + t]
+      g[r * T + t] = gr * mask.p[r * T + t]
+    end
+    st.reward_chosen = st.reward_chosen + rew_c
+    st.reward_rejected = st.reward_rejected + rew_r
+    st.reward_margin = st.reward_margin + z
+    if z > 0 then st.reward_accuracy = st.reward_accuracy + 1 end
+    st.logp_chosen = st.logp_chosen + pi[c + 1]
+    st.logp_rejected = st.logp_rejected + pi[r + 1]
+  end
+  for _, key in ipairs({ "reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy", "logp_chosen", "logp_rejected" }) do
+    st[key] = st[key] / P
+  end
+  st.loss = loss * w
+  self.grad = g
+  return st.loss, st
+end
+
 function Criterion:forward(logp, batch)
   if self.kind == "nll" then return self:_nll(logp, batch or {}) end
+  if self.kind == "dpo" then return self:_dpo(logp, batch or {}) end
   return self:_ppo(logp, batch or {})
 end
 

@@ -1,0 +1,382 @@
+-- collabllm_dpo.lua — CollabLLM with DPO (shared/spec/collabllm.md, "Training variants"):
+-- the multiturn-aware reward (MR) ranks candidate responses, and the policy learns to prefer
+-- the best over the worst with the sigmoid DPO loss against a frozen reference (the start).
+--
+-- offline (default): pairs from process_dataset.lua's dpo_train.jsonl (one row per
+--   (conversation, turn): prompt, chosen = the best-scored completion, rejected = the worst,
+--   kept when the gap is at least its min_gap), in a seeded order per epoch.
+--     clrt recipes/collabllm_dpo.lua model=HF_DIR data=dpo_train.jsonl data_val=dpo_test.jsonl
+-- online=true: every step samples rollout.n responses per prompt from the current policy
+--   and scores each with the MR exactly as collabllm_rl.lua does (clrt.train.rollout.step
+--   and clrt.train.reward, the same futures, simulator and judges); each prompt's best and
+--   worst response form a pair when their gap is at least min_gap.
+--     clrt recipes/collabllm_dpo.lua online=true model=HF_DIR data=rl_train.jsonl \
+--          sim_cfg.base_url=... judge.base_url=...
+--
+-- With no model= (or with world=true) the run uses the built-in world (examples/collab_world/
+-- config.lua under examples/collab_world/config_dpo.lua): its SFT start (or model=), and for offline DPO pairs made in
+-- the world, since it has no published data set: the start samples rollout.n candidates for
+-- each of pairs_prompts training prompts, the MR scores them (futures with the scripted
+-- user), and the best/worst pair of each prompt is kept (RUN_DIR/pairs.jsonl, in
+-- process_dataset's DPO schema). The same pass writes RUN_DIR/scored.jsonl, every scored
+-- conversation (the schema collabllm_sft.lua's scored= reads: MR-selected SFT).
+-- Every other setting (rollout, reward, sim_cfg, judge, eval, chat) is collabllm_rl.lua's.
+-- The run folder is the RL recipe's: config.json, metrics.jsonl (+ TensorBoard, plot.svg),
+-- checkpoint-<step>/ + latest, summary.json; resume=RUN_DIR continues bit for bit.
+local config = require("clrt.config")
+local files = require("clrt.files")
+local train = require("clrt.train")
+local rl = require("recipes.collabllm_rl")
+local reward, rollout, prompts, dpo = train.reward, train.rollout, train.prompts, train.dpo
+local M = {}
+
+-- A deep copy that keeps config.optional / config.map markers (their metatables).
+local function copy(t)
+  if type(t) ~= "table" then return t end
+  local out = {}
+  for k, v in pairs(t) do out[k] = copy(v) end
+  return setmetatable(out, getmetatable(t))
+end
+
+M.defaults = copy(rl.defaults)
+local D = M.defaults
+D.name = "collabllm_dpo"
+D.online = false              -- false: pairs from data= (or the world's); true: sampled each step
+D.world = false               -- true: the built-in world's settings even with model= (a start of your own)
+-- offline: process_dataset's DPO pairs (dpo_train.jsonl); online: its RL prompts (rl_train.jsonl)
+D.data = config.optional("string")
+-- offline: DPO pairs for the validation loss (dpo_test.jsonl); online: RL prompts
+-- (rl_test.jsonl) for validation conversations, as in collabllm_rl.lua
+D.data_val = config.optional("string")
+D.min_gap = 0.1               -- the authors' notebook's minimum_gap
+D.pairs_prompts = 256         -- built-in world, offline: prompts whose candidates make the pairs
+D.epochs = 3                  -- offline: over the pairs; online: over data= prompts (TRL num_train_epochs)
+D.prompts_per_step = 16       -- online: prompts per step (verl data.train_batch_size)
+-- TRL's DPOConfig defaults (beta 0.1, sigmoid loss, no label smoothing) at verl's lr for 7B.
+D.train = { lr = 1e-6, decay = "constant", min_lr_ratio = 0.0, warmup_steps = 0, weight_decay = 0.01,
+  grad_clip = 1.0, beta = 0.1, label_smoothing = 0.0,
+  batch_size = 16,            -- offline: pairs per optimizer step
+  micro_batch_size = 2 }      -- pairs per forward/backward (the gradients accumulate)
+D.eval.every = 10
+
+M.rules = { { "min_gap", "nonneg" }, { "pairs_prompts", "count" },
+  { "train.beta", "rate" }, { "train.label_smoothing", "prob" }, { "train.batch_size", "count" },
+  { "train.micro_batch_size", "count" } }
+for _, r in ipairs(rl.rules) do
+  if not r[1]:match("^train%.") or r[1] == "train.lr" or r[1] == "train.decay" or r[1] == "train.min_lr_ratio"
+    or r[1] == "train.warmup_steps" or r[1] == "train.weight_decay" or r[1] == "train.grad_clip" then
+    M.rules[#M.rules + 1] = r
+  end
+end
+
+function M.check_config(cfg)
+  if type(cfg.online) ~= "boolean" then error("collabllm_dpo: online must be true or false", 0) end
+  rl.check_config(cfg)   -- the shared keys (rollout, reward, sim_cfg, judge) as the RL recipe checks them
+  config.check(cfg, M.rules, "collabllm_dpo")
+  if cfg.train.label_smoothing >= 0.5 then
+    error("collabllm_dpo: train.label_smoothing must be below 0.5, got " .. cfg.train.label_smoothing, 0)
+  end
+end
+
+M.FIXED_ON_RESUME = { "model", "seed", "data", "online", "prompts_per_step", "rollout.n", "single_turn", "sft",
+  "sft_cache", "min_gap", "pairs_prompts", "train.batch_size" }
+
+-- The built-in world's settings: the RL world file (less its RL-only train table) under
+-- examples/collab_world/config_dpo.lua.
+function M.world_config()
+  local base = config.read_file(rl.world_config_path())
+  base.train = nil
+  local p = package.searchpath("collab_world.config_dpo", package.path)
+  if not p then error("collabllm_dpo: collab_world/config_dpo.lua is not on package.path", 0) end
+  local over = config.read_file(p)
+  local function merge(dst, src)
+    for k, v in pairs(src) do
+      if type(v) == "table" and type(dst[k]) == "table" and #v == 0 and next(v) ~= nil then merge(dst[k], v)
+      else dst[k] = v end
+    end
+  end
+  merge(base, over)
+  return base
+end
+
+-- process_dataset's DPO rows, checked up front (file and line in the error), those below
+-- min_gap left out when they carry scores. Returns the rows and how many were left out.
+function M.read_pairs(path, min_gap)
+  local rows, line_of = require("clrt.data").read_dataset(path)
+  local out, below = {}, 0
+  for i, r in ipairs(rows) do
+    local where = ("collabllm_dpo: %s:%d: "):format(path, line_of[i])
+    if type(r) ~= "table" or type(r.prompt) ~= "table" or #r.prompt == 0 then error(where .. "a row needs a \"prompt\" list of messages", 0) end
+    for j, msg in ipairs(r.prompt) do
+      if type(msg) ~= "table" or type(msg.role) ~= "string" or type(msg.content) ~= "string" then
+        error(where .. ("prompt message %d needs a \"role\" and a \"content\" string"):format(j), 0)
+      end
+    end
+    if type(r.chosen) ~= "string" or type(r.rejected) ~= "string" then error(where .. "\"chosen\" and \"rejected\" must be strings", 0) end
+    local gap = (type(r.score_chosen) == "number" and type(r.score_rejected) == "number") and r.score_chosen - r.score_rejected
+    if gap and gap < min_gap then below = below + 1 else out[#out + 1] = r end
+  end
+  return out, below
+end
+
+-- Token pairs of DPO rows (pairs whose rendering leaves no reply are counted, not kept).
+local function encode_pairs(tok, cfg, rows, m)
+  local ropts = { enable_thinking = cfg.chat.enable_thinking }
+  local limit = rollout.context_len(m, cfg.rollout)
+  local out, skipped = {}, 0
+  for _, r in ipairs(rows) do
+    local p = dpo.encode_pair(tok, r, ropts)
+    if p and #p.chosen.ids <= limit and #p.rejected.ids <= limit then out[#out + 1] = p else skipped = skipped + 1 end
+  end
+  return out, skipped
+end
+
+-- The world's offline pairs and scored conversations, made once per run folder by the start
+-- policy: pairs_prompts prompts in groups of prompts_per_step (the RL steps' prompts and
+-- seeds), each with rollout.n candidates scored by the MR. Returns the pairs rows.
+function M.world_pairs(m, tok, cfg, world, ctx, user, metrics, run_dir)
+  local pairs_path, scored_path = run_dir .. "/pairs.jsonl", run_dir .. "/scored.jsonl"
+  local data = require("clrt.data")
+  if files.exists(pairs_path) and files.exists(scored_path) then return data.read_jsonl(pairs_path) end
+  local rows, scored = {}, {}
+  local batches = math.ceil(cfg.pairs_prompts / cfg.prompts_per_step)
+  for k = 1, batches do
+    clrt.check_interrupt()
+    local samples = prompts.step_prompts(cfg, world, nil, k)
+    local entries = rollout.step(m, tok, cfg, samples, ctx, user, metrics, k)
+    local R = reward.batch_rewards(entries, cfg.reward.metric_weights, cfg.reward.mode)
+    for i, e in ipairs(entries) do
+      if R.rewards[i] ~= nil then
+        local conv = e.convs[1] or rollout.copy_conv(e.sample.prompt, e.message)
+        scored[#scored + 1] = { messages = conv, score = R.rewards[i], group = ("%d-%d"):format(k, e.group) }
+      end
+    end
+    for _, sel in ipairs(dpo.select(entries, R.rewards, cfg.min_gap)) do
+      rows[#rows + 1] = { prompt = sel.chosen.sample.prompt, chosen = sel.chosen.message.content,
+        rejected = sel.rejected.message.content, score_chosen = sel.score_chosen, score_rejected = sel.score_rejected,
+        conv_id = ("%d-%d"):format(k, sel.group), turn_id = 0 }
+    end
+  end
+  data.write_jsonl(scored_path, scored)
+  data.write_jsonl(pairs_path, rows)
+  return rows
+end
+
+function M.main(cfg)
+  M.check_config(cfg)
+  local run = require("clrt.run")
+  local run_dir = cfg.resume or run.new_dir(cfg, "collabllm_dpo")
+  cfg.run_dir = run_dir
+  return run.guard("collabllm_dpo", "recipes/collabllm_dpo.lua", run_dir, function() return M.run(cfg, run_dir) end)
+end
+
+function M.run(cfg, run_dir)
+  local cjson = require("cjson")
+  local world = prompts.world()
+  local ckpt_dir, resume_state
+  if cfg.resume then
+    ckpt_dir, resume_state = train.checkpoint.find(run_dir)
+    resume_state = resume_state or { step = 0 }
+  end
+  files.mkdir_p(run_dir)
+  local start_dir = cfg.model or prompts.world_start(cfg, world)
+  local tok = clrt.tokenizer.load(start_dir)
+  local m = clrt.model.load(ckpt_dir or start_dir)
+  local ref = clrt.model.load(start_dir)   -- the frozen reference (with LoRA: the base, adapters off)
+  local ctx, user = train.context{ config = cfg, tokenizer = tok }
+  local weights = cfg.reward.metric_weights
+  local metrics = reward.load_metrics(weights)
+  local t = cfg.train
+  local notes = {}
+
+  -- the data: offline pairs (encoded, in a seeded order per epoch) or online prompts
+  local offline_pairs, val_pairs, dataset, val_set
+  if not cfg.online then
+    local rows
+    if cfg.data then
+      local below
+      rows, below = M.read_pairs(cfg.data, cfg.min_gap)
+      notes[#notes + 1] = ("%s: %d pairs, %d below min_gap=%g left out"):format(cfg.data, #rows, below, cfg.min_gap)
+    else
+      -- the start model samples them: the same model as the reference, before any step
+      rows = M.world_pairs(ckpt_dir and ref or m, tok, cfg, world, ctx, user, metrics, run_dir)
+      notes[#notes + 1] = ("built-in world: %d pairs from %d prompts (pairs.jsonl, scored.jsonl)"):format(#rows, cfg.pairs_prompts)
+    end
+    local skipped
+    offline_pairs, skipped = encode_pairs(tok, cfg, rows, m)
+    if skipped > 0 then notes[#notes + 1] = ("%d pairs longer than the context left out"):format(skipped) end
+    if #offline_pairs == 0 then error("collabllm_dpo: no training pair (none in the data, or none above min_gap)", 0) end
+    -- the reference's sums of every pair, once, in file order: the same numbers however the
+    -- steps group the pairs and whether the run was resumed
+    dpo.attach_ref(ref, offline_pairs, t.micro_batch_size)
+    if cfg.data_val then
+      val_pairs = encode_pairs(tok, cfg, (M.read_pairs(cfg.data_val, cfg.min_gap)), m)
+      dpo.attach_ref(ref, val_pairs, t.micro_batch_size)
+    end
+    cfg.steps = cfg.steps or cfg.epochs * math.ceil(#offline_pairs / t.batch_size)
+  else
+    if cfg.data then
+      local dropped, limit
+      dataset, dropped, limit = prompts.filter_prompts(m, tok, cfg, prompts.dataset_samples(cfg.data), cfg.data)
+      notes[#notes + 1] = ("%s: %d prompts, %d longer than %d tokens left out"):format(cfg.data, #dataset, dropped, limit)
+    end
+    if cfg.data_val then
+      val_set = prompts.filter_prompts(m, tok, cfg, prompts.dataset_samples(cfg.data_val), cfg.data_val)
+      while cfg.eval.prompts and #val_set > cfg.eval.prompts do table.remove(val_set) end
+    end
+    if not cfg.steps then
+      if not dataset then error("collabllm_dpo: steps= is required for online DPO without data=", 0) end
+      cfg.steps = cfg.epochs * math.ceil(#dataset / cfg.prompts_per_step)
+    end
+  end
+
+  local plot = cfg.online and { "reward", "first_reply_ask_rate", "loss", "reward_accuracy" }
+    or { "loss", "reward_margin", "reward_accuracy", "grad_norm" }
+  local lg = clrt.log.run({ dir = run_dir, config = cfg, total_steps = cfg.steps, plot = plot,
+    sample_every = cfg.sample_every, resume_step = resume_state and resume_state.step or nil,
+    progress_keys = { "loss", "reward_margin", "reward_accuracy", cfg.online and "reward" or "pairs" } })
+  for _, n in ipairs(notes) do lg:print(n) end
+  local opt = clrt.optim.adamw(m, { lr = t.lr, weight_decay = t.weight_decay, grad_clip = t.grad_clip })
+  if ckpt_dir then opt:load(ckpt_dir .. "/optimizer.safetensors") end
+
+  local summary = { config = { seed = cfg.seed, online = cfg.online, steps = cfg.steps, single_turn = cfg.single_turn } }
+  local function save_summary()
+    files.write_atomic(run_dir .. "/summary.json", require("clrt.json").encode(summary) .. "\n")
+  end
+  if resume_state and files.exists(run_dir .. "/summary.json") then
+    local ok, old = pcall(config.load, run_dir .. "/summary.json")
+    if ok and type(old) == "table" then summary.before, summary.val_before = old.before, old.val_before end
+  end
+  local can_eval = not cfg.data and cfg.sim == "scripted"
+  if can_eval and cfg.eval.before and not summary.before then
+    summary.before = rollout.evaluate(m, tok, cfg, world, user, ctx)
+    lg:print("before DPO: " .. cjson.encode(summary.before))
+    save_summary()
+  end
+  local function validate(step, row)
+    if val_pairs and #val_pairs > 0 then
+      local v = dpo.evaluate(m, val_pairs, t)
+      row.val_loss, row.val_reward_accuracy, row.val_reward_margin = v.loss, v.reward_accuracy, v.reward_margin
+      return v
+    elseif val_set then
+      local rep = rollout.validate(m, tok, cfg, val_set, user, ctx, metrics)
+      rollout.val_row(rep, row)
+      return rep
+    end
+  end
+
+  -- offline: the pairs of step s are positions (s-1)*bs+1 .. s*bs of one long sequence of
+  -- seeded per-epoch orders, so a resumed run trains on the same pairs
+  local data = require("clrt.data")
+  local orders = {}
+  local function offline_batch(step)
+    local out, n, bs = {}, #offline_pairs, math.min(t.batch_size, #offline_pairs)
+    for i = 1, bs do
+      local k = (step - 1) * bs + i - 1
+      local epoch = math.floor(k / n)
+      orders[epoch] = orders[epoch] or data.shuffle(offline_pairs, cfg.seed * 7919 + epoch)
+      out[i] = orders[epoch][k % n + 1]
+    end
+    return out
+  end
+
+  local first_step = resume_state and resume_state.step + 1 or 1
+  local last_step = math.min(cfg.steps, cfg.stop_after or cfg.steps)
+  local failed_steps = resume_state and resume_state.failed_steps or 0
+  for step = first_step, last_step do
+    clrt.check_interrupt()
+    local t0 = clrt.log.now()
+    local lr = train.schedule.lr(step - 1, { lr = t.lr, decay = t.decay, min_lr_ratio = t.min_lr_ratio,
+      warmup_steps = t.warmup_steps, total_steps = cfg.steps })
+    local row
+    if not cfg.online then
+      local batch = offline_batch(step)
+      local st = dpo.update(m, opt, batch, t, lr)
+      row = { loss = st.loss, reward_chosen = st.reward_chosen, reward_rejected = st.reward_rejected,
+        reward_margin = st.reward_margin, reward_accuracy = st.reward_accuracy, logp_chosen = st.logp_chosen,
+        logp_rejected = st.logp_rejected, grad_norm = st.grad_norm, pairs = st.pairs, trained_tokens = st.tokens,
+        lr = lr, time_step_s = clrt.log.now() - t0 }
+    else
+      local samples = prompts.step_prompts(cfg, world, dataset, step)
+      local entries, timing = rollout.step(m, tok, cfg, samples, ctx, user, metrics, step)
+      local R = reward.batch_rewards(entries, weights, cfg.reward.mode)
+      for i, e in ipairs(entries) do e.reward = R.rewards[i] end
+      local t1 = clrt.log.now()
+      local list, gap = {}, 0
+      for _, sel in ipairs(dpo.select(entries, R.rewards, cfg.min_gap)) do
+        list[#list + 1] = dpo.entry_pair(sel)
+        gap = gap + sel.chosen.reward - sel.rejected.reward   -- the MR each entry earned
+      end
+      local st = { pairs = 0 }
+      if #list > 0 then
+        dpo.attach_ref(ref, list, t.micro_batch_size)
+        st = dpo.update(m, opt, list, t, lr)
+      end
+      local t2 = clrt.log.now()
+      row = require("clrt.train.report").step_row(entries, R, {}, st, lr, timing, t0, t1, t2, ctx)
+      for _, k in ipairs({ "reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy", "pairs" }) do row[k] = st[k] end
+      row.pair_score_gap = #list > 0 and gap / #list or nil   -- mean MR of chosen minus rejected
+      -- a failed step (simulator or judge down) counts as in collabllm_rl.lua
+      local failed, why, causes, first_msg = rollout.step_failure(cfg, entries, R)
+      for cause, n in pairs(causes) do row["dropped/" .. cause] = n end
+      if failed then
+        row.failed_step = 1
+        failed_steps = failed_steps + 1
+        lg:print(("step %d failed (%d of %d allowed): %s; first: %s"):format(step, failed_steps, cfg.max_failed_steps,
+          why, tostring(first_msg)))
+        if failed_steps >= cfg.max_failed_steps then
+          lg:log(step, row)
+          error(("collabllm_dpo: stopped after %d failed steps (max_failed_steps); step %d: %s; first: %s")
+            :format(failed_steps, step, why, tostring(first_msg)), 0)
+        end
+      end
+      if lg:sample_due(step) then
+        local items = {}
+        for i = 1, math.min(#entries, 4) do
+          local e = entries[(i - 1) * cfg.rollout.n + 1] or entries[i]
+          items[#items + 1] = { id = e.sample.id, conversation = e.convs[1] or rollout.copy_conv(e.sample.prompt, e.message),
+            scores = e.scores[1], reward = e.reward }
+        end
+        lg:samples(step, items)
+      end
+    end
+    if (val_pairs or val_set) and (step == cfg.steps or (cfg.eval.every > 0 and step % cfg.eval.every == 0)) then
+      local v = validate(step, row)
+      if step == cfg.steps and cfg.eval.after then summary.val_after = v end
+    end
+    lg:log(step, row)
+    if cfg.save_every > 0 and (step % cfg.save_every == 0 or step == last_step) then
+      train.checkpoint.save(run_dir, { step = step, model = m, tokenizer_dir = start_dir, optimizer = opt,
+        state = { failed_steps = failed_steps } })
+    end
+  end
+
+  if can_eval and cfg.eval.after and last_step == cfg.steps then
+    summary.after = rollout.evaluate(m, tok, cfg, world, user, ctx)
+    lg:print("after DPO: " .. cjson.encode(summary.after))
+  end
+  lg:close()
+  if summary.before or summary.after or summary.val_after then
+    save_summary()
+    if summary.before or summary.after then require("clrt.train.report").print_summary(summary, cfg, weights) end
+  end
+  print("run folder: " .. run_dir)
+  if last_step < cfg.steps then
+    print(("stopped after step %d of %d (stop_after); continue with:\n  %s"):format(last_step, cfg.steps,
+      require("clrt.run").resume_command("recipes/collabllm_dpo.lua", run_dir)))
+  end
+  return run_dir, summary
+end
+
+function M.parse_args(argv)
+  if config.arg_value(argv, "resume") then
+    return require("clrt.run").resume_config(M.defaults, argv, M.FIXED_ON_RESUME, "collabllm_dpo")
+  end
+  local world = config.arg_value(argv, "world") == "true"
+    or (not config.arg_value(argv, "model") and not config.arg_value(argv, "config"))
+  return config.parse(M.defaults, argv, world and M.world_config() or nil)
+end
+
+local argv = { ... }
+if argv[1] == "recipes.collabllm_dpo" then return M end
+M.main(M.parse_args(argv))
