@@ -79,6 +79,18 @@ int clrt_linear_packed_bf16_available(void);
 int clrt_linear_packed_bf16_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
                                           const clrt_packed_part *parts, int count);
 
+/* ---- gemm_strided.c: the backward products without packing ---------------------------- */
+/* c (+)= a b: a(i, k) at a[i a_rs + k a_ks] (i < M, k < Kc), b [Kc, ldb] row-major (Nc columns
+   used), c [M, ldc]; accumulate: add onto c, else overwrite. 1 when computed, 0 when this CPU
+   has no kernel for it (AVX-512) — then use sgemm. */
+int clrt_gemm_strided(float *c /* [M, ldc] */, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks,
+                      const float *b /* [Kc, ldb] */, int64_t ldb, int64_t M, int Nc, int64_t Kc,
+                      int accumulate);
+/* clrt_linear_backward (dx = dy w, dw += dy^T x, db += sum dy) over clrt_gemm_strided; 0 as above. */
+int clrt_linear_backward_strided(float *dx /* [N, K] */, float *dw /* [O, K] */, float *db /* [O] */,
+                                 const float *dy /* [N, O] */, const float *x /* [N, K] */,
+                                 const float *w /* [O, K] */, int64_t N, int K, int O, int dx_accumulate);
+
 /* ---- rmsnorm.c -------------------------------------------------------------------------- */
 void clrt_rmsnorm_forward(float *out /* [N, C] */, float *rstd /* [N] */, const float *x /* [N, C] */,
                           const float *w /* [C] */, int64_t N, int C, float eps);

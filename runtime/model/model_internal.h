@@ -187,6 +187,9 @@ void model_cpu_linear_bf16(clrt_model *m, acts *a, float *y, const float *x, int
                            const float *b, int64_t N, int K, int O);
 void model_cpu_linear_parts_bf16(clrt_model *m, acts *a, const float *x, int64_t N, int K,
                                  const lin_part *parts, int count);
+/* Its backward (both tables): dx (+)= dy w, dw += dy^T x, db += sum dy. */
+void model_cpu_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
+                               const float *x, int64_t N, int K, int O, int acc);
 
 /* ---- parameters (params.c) ------------------------------------------------------------------- */
 

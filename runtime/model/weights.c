@@ -1,7 +1,11 @@
 /* weights.c — the weight copies beside the fp32 master params and the one policy for which
    product a linear layer runs:
      CPU f32   the packed f32 copy (48-wide panels, clrt_linear_pack) when it is current and the
-               CPU has the kernel — decode makes it — else sgemm on the params;
+               CPU has the kernel — decode and every logprobs (training, scoring) make it, once
+               per version of the weights, i.e. once per optimizer step — else sgemm on the
+               params; backward's dx = dy w and dw += dy^T x through the AVX-512 tiles that read
+               w and x in place (gemm_strided.c, ~2x sgemm here) where the CPU has them, else
+               sgemm;
      CPU bf16  few-row products (decode) over the bf16 copy (packed in bf16 pairs on a CPU with
                AVX512-BF16, else plain) with bf16-rounded inputs, else sgemm on the params;
      CUDA      cuBLAS in f32, or bf16 inputs with f32 accumulation (ops_cuda.c).
@@ -36,15 +40,15 @@ static void pack_linear_weights(const clrt_model *m, void *dst, int bf16) {
 #undef PACK
 }
 
-/* The packed copies of the linear weights, made on the first CPU decode and remade when the
+/* The packed copies of the linear weights, made on the first CPU forward (decode, logprobs) and remade when the
    weights change. Products of any number of rows run faster over them than over sgemm (see
    linear_packed.c), for a second copy of the weights in memory. */
 int model_refresh_packed(clrt_model *m) {
   if (m->device != CLRT_CPU || m->bf16 || !m->pack_decode || !clrt_linear_packed_available()) return 0;
   if (!m->wpk) {
     if (!(m->wpk = clrt_storage_new(sizeof(float) * (size_t)m->total, CLRT_CPU))) {
-      clrt_set_error("decode: no memory for the packed weights (%lld MiB; set_decode_pack(false) "
-                     "decodes without them)", (long long)(sizeof(float) * (size_t)m->total >> 20));
+      clrt_set_error("packed weights: no memory for them (%lld MiB; set_decode_pack(false) "
+                     "runs without them)", (long long)(sizeof(float) * (size_t)m->total >> 20));
       return -1;
     }
     m->wpk_ver = COPY_STALE;
@@ -66,6 +70,14 @@ void model_cpu_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t 
   const float *wp = packed_weight(m, w);
   if (wp && clrt_linear_packed_forward(y, x, wp, b, N, Kd, O)) return;
   clrt_linear_forward(y, x, PW(m, w), b, N, Kd, O);
+}
+
+/* The backward of a linear layer on the CPU (f32 and bf16 tables alike: gradients are f32). */
+void model_cpu_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
+                               const float *x, int64_t N, int K, int O, int acc) {
+  (void)a;
+  if (clrt_linear_backward_strided(dx, GW(m, w), db, dy, x, PW(m, w), N, K, O, acc)) return;
+  clrt_linear_backward(dx, GW(m, w), db, dy, x, PW(m, w), N, K, O, acc);
 }
 
 /* Products of the same x (q, k, v; gate, up) over the packed copy: one parallel pass for all

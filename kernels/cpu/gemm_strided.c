@@ -1,0 +1,129 @@
+/* gemm_strided.c — c (+)= a b for the backward products of a linear layer, with no packing:
+     dx = dy w      a = dy [N, O] (rows),        b = w [O, K] (rows of K): c = dx [N, K]
+     dw += dy^T x   a = dy^T (dy [N, O] read by column), b = x [N, K]:    c = dw [O, K]
+   Both b's are row-major with unit column stride, so a 48-wide column panel of b is 48
+   consecutive floats per row: the same register tile as linear_packed.c (8 rows of a, three
+   16-lane vectors of b per k, 24 multiply-adds for 3 loads and 8 broadcasts, no horizontal
+   sums) reads b in place instead of from a packed copy. a is read through two strides (row
+   and k), so dy^T needs no transposed copy either: a tile of 8 outputs broadcasts 8
+   consecutive floats of a dy row.
+   Blocking: the work is split in (column panel, block of MBLOCK rows) items over the threads;
+   within an item k runs in KBLOCK steps so the panel's slice ([KBLOCK, 48], 48 KiB) stays in
+   L1/L2 while every 8-row tile of the block passes over it, the tile's sums being added into c
+   at the end of each step. Each element of c is a sum over k in order per k block, so results
+   agree with sgemm to rounding, not bit for bit. AVX-512 only, chosen at run time: without it
+   clrt_gemm_strided returns 0 and the caller runs sgemm. */
+#include "model_kernels.h"
+
+#include "simd512.h"
+
+enum { PANEL = 48, TILE_ROWS = 8, MBLOCK = 192, KBLOCK = 256 };
+
+#if CLRT_AVX512
+#define TARGET CLRT_TARGET_AVX512
+
+static inline __mmask16 chunk_mask(int c, int pw) {
+  int n = pw - 16 * c;
+  return n >= 16 ? (__mmask16)0xFFFF : n > 0 ? clrt_tail_mask16(n) : (__mmask16)0;
+}
+
+/* c[r, 0 .. pw) (+)= sum over k in [0, kn) of a(r, k) b[k, 0 .. pw) for the nr (<= 8) rows of
+   a tile; add: add onto c (else store). Inlined with constant nr and pw for full tiles. */
+TARGET static inline __attribute__((always_inline)) void tile(
+    float *c /* [nr, ldc] */, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks,
+    const float *b /* [kn, ldb] */, int64_t ldb, int nr, int kn, int pw, int add) {
+  const __mmask16 m0 = chunk_mask(0, pw), m1 = chunk_mask(1, pw), m2 = chunk_mask(2, pw);
+  __m512 acc[TILE_ROWS][3];
+  for (int r = 0; r < TILE_ROWS; r++) acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
+  for (int k = 0; k < kn; k++) {
+    const float *bk = b + (int64_t)k * ldb, *ak = a + (int64_t)k * a_ks;
+    __m512 w0 = _mm512_maskz_loadu_ps(m0, bk), w1 = _mm512_maskz_loadu_ps(m1, bk + 16),
+           w2 = _mm512_maskz_loadu_ps(m2, bk + 32);
+    for (int r = 0; r < TILE_ROWS; r++) {
+      if (r >= nr) break;
+      __m512 xb = _mm512_set1_ps(ak[(int64_t)r * a_rs]);
+      acc[r][0] = _mm512_fmadd_ps(xb, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(xb, w1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(xb, w2, acc[r][2]);
+    }
+  }
+  for (int r = 0; r < nr; r++) {
+    float *cr = c + (int64_t)r * ldc;
+    if (add) {
+      acc[r][0] = _mm512_add_ps(acc[r][0], _mm512_maskz_loadu_ps(m0, cr));
+      acc[r][1] = _mm512_add_ps(acc[r][1], _mm512_maskz_loadu_ps(m1, cr + 16));
+      acc[r][2] = _mm512_add_ps(acc[r][2], _mm512_maskz_loadu_ps(m2, cr + 32));
+    }
+    _mm512_mask_storeu_ps(cr, m0, acc[r][0]);
+    _mm512_mask_storeu_ps(cr + 16, m1, acc[r][1]);
+    _mm512_mask_storeu_ps(cr + 32, m2, acc[r][2]);
+  }
+}
+
+/* One work item: rows [i0, i1) of c against the column panel at j0, pw wide. */
+TARGET static void item(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks,
+                        const float *b, int64_t ldb, int i0, int i1, int j0, int pw, int Kc,
+                        int accumulate) {
+  for (int k0 = 0; k0 < Kc; k0 += KBLOCK) {
+    int kn = Kc - k0 < KBLOCK ? Kc - k0 : KBLOCK, add = accumulate || k0 > 0;
+    const float *bk = b + (int64_t)k0 * ldb + j0, *ak = a + (int64_t)k0 * a_ks;
+    for (int i = i0; i < i1; i += TILE_ROWS) {
+      int nr = i1 - i < TILE_ROWS ? i1 - i : TILE_ROWS;
+      float *ct = c + (int64_t)i * ldc + j0;
+      const float *at = ak + (int64_t)i * a_rs;
+      if (nr == TILE_ROWS && pw == PANEL)
+        tile(ct, ldc, at, a_rs, a_ks, bk, ldb, TILE_ROWS, kn, PANEL, add);
+      else
+        tile(ct, ldc, at, a_rs, a_ks, bk, ldb, nr, kn, pw, add);
+    }
+  }
+}
+#endif
+
+int clrt_gemm_strided(float *c /* [M, ldc] */, int64_t ldc, const float *a /* a(i, k) at a[i a_rs + k a_ks] */,
+                      int64_t a_rs, int64_t a_ks, const float *b /* [Kc, ldb] */, int64_t ldb, int64_t M,
+                      int Nc, int64_t Kc, int accumulate) {
+#if CLRT_AVX512
+  if (M < 1 || Nc < 1 || M > INT32_MAX || Kc > INT32_MAX || !clrt_have_avx512()) return 0;
+  if (Kc < 1) {   /* an empty sum: c = 0 (or unchanged) */
+    if (!accumulate)
+      for (int64_t i = 0; i < M; i++)
+        for (int j = 0; j < Nc; j++) c[i * ldc + j] = 0;
+    return 1;
+  }
+  int panels = (Nc + PANEL - 1) / PANEL, mblocks = (int)((M + MBLOCK - 1) / MBLOCK);
+  int64_t items = (int64_t)panels * mblocks;
+#pragma omp parallel for schedule(static) if (M * Nc * Kc > CLRT_OMP_MIN_WORK)
+  for (int64_t t = 0; t < items; t++) {
+    /* Consecutive items share a row block: a thread's panels reuse that block of a. */
+    int p = (int)(t % panels), mb = (int)(t / panels);
+    int j0 = p * PANEL, pw = Nc - j0 < PANEL ? Nc - j0 : PANEL;
+    int i0 = mb * MBLOCK, i1 = (int)(M - i0 < MBLOCK ? M : i0 + MBLOCK);
+    item(c, ldc, a, a_rs, a_ks, b, ldb, i0, i1, j0, pw, (int)Kc, accumulate);
+  }
+  return 1;
+#else
+  (void)c, (void)ldc, (void)a, (void)a_rs, (void)a_ks, (void)b, (void)ldb, (void)M, (void)Nc,
+      (void)Kc, (void)accumulate;
+  return 0;
+#endif
+}
+
+/* The linear layer's backward over clrt_gemm_strided (db as linear.c); 0 when this CPU has no
+   kernel for it (then use clrt_linear_backward). */
+int clrt_linear_backward_strided(float *dx /* [N, K] */, float *dw /* [O, K] += */, float *db /* [O] += */,
+                                 const float *dy /* [N, O] */, const float *x /* [N, K] */,
+                                 const float *w /* [O, K] */, int64_t N, int K, int O, int dx_accumulate) {
+  if (N < 1 || !clrt_have_avx512()) return 0;
+  if (dx && !clrt_gemm_strided(dx, K, dy, O, 1, w, K, N, K, O, dx_accumulate)) return 0;
+  if (dw && !clrt_gemm_strided(dw, K, dy, 1, O, x, K, O, K, N, 1)) return 0;
+  if (db) {
+#pragma omp parallel for schedule(static) if ((int64_t)N * O > CLRT_OMP_MIN_WORK)
+    for (int o = 0; o < O; o++) {
+      float s = 0;
+      for (int64_t n = 0; n < N; n++) s += dy[n * O + o];
+      db[o] += s;
+    }
+  }
+  return 1;
+}
