@@ -35,14 +35,20 @@ static void block_shape(int64_t N, int V, int chunk, int *R, int *Vb) {
   *Vb = (int)vb;
 }
 
-/* z [rows, vb] = x [rows, C] w[v0 .. v0+vb)^T */
-static void block_logits(float *z, const float *x, const float *w, int rows, int C, int v0, int vb) {
+/* z [rows, vb] = x [rows, C] w[v0 .. v0+vb)^T: over the packed copy wp (linear_packed.c, ~2x
+   sgemm here) when given and the block starts and ends on its panels, else sgemm. */
+static void block_logits(float *z, const float *x, const float *w, const float *wp, int rows, int C,
+                         int V, int v0, int vb) {
+  if (wp && v0 % VALIGN == 0 && (vb % VALIGN == 0 || v0 + vb == V) &&
+      clrt_linear_packed_forward(z, x, wp + (int64_t)v0 * C, NULL, rows, C, vb))
+    return;
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, vb, C, 1.0f, x, C, w + (int64_t)v0 * C, C,
               0.0f, z, vb);
 }
 
 void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NULL */,
                                     const float *x /* [N, C] */, const float *w /* [V, C] */,
+                                    const float *wp /* w packed by clrt_linear_pack, or NULL */,
                                     const int32_t *target /* [N] */, int64_t N, int C, int V,
                                     float *scratch /* [chunk, V] */, int chunk) {
   int R, Vb;
@@ -55,7 +61,7 @@ void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NU
     for (int r = 0; r < (one_block ? 0 : rows); r++) m[r] = -INFINITY, l[r] = 0, zt[r] = 0;
     for (int v0 = 0; v0 < V; v0 += Vb) {
       int vb = V - v0 < Vb ? V - v0 : Vb;
-      block_logits(scratch, x + n0 * C, w, rows, C, v0, vb);
+      block_logits(scratch, x + n0 * C, w, wp, rows, C, V, v0, vb);
 #pragma omp parallel for schedule(static)
       for (int r = 0; r < rows; r++) {
         const float *z = scratch + (int64_t)r * vb;
@@ -82,8 +88,8 @@ void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NU
 
 void clrt_logsoftmax_gather_backward(float *dx /* [N, C] = */, float *dw /* [V, C] += */,
                                      const float *dlp /* [N] */, const float *x /* [N, C] */,
-                                     const float *w /* [V, C] */, const int32_t *target /* [N] */,
-                                     const float *lse /* [N] */, int64_t N, int C, int V,
+                                     const float *w /* [V, C] */, const float *wp /* packed w or NULL */,
+                                     const int32_t *target /* [N] */, const float *lse /* [N] */, int64_t N, int C, int V,
                                      float *scratch /* [chunk, V] */, int chunk, int logits_ready) {
   int R, Vb;
   block_shape(N, V, chunk, &R, &Vb);
@@ -94,7 +100,7 @@ void clrt_logsoftmax_gather_backward(float *dx /* [N, C] = */, float *dw /* [V, 
     float *dxc = dx + n0 * C;
     for (int v0 = 0; v0 < V; v0 += Vb) {
       int vb = V - v0 < Vb ? V - v0 : Vb;
-      if (!logits_ready) block_logits(scratch, xc, w, rows, C, v0, vb);
+      if (!logits_ready) block_logits(scratch, xc, w, wp, rows, C, V, v0, vb);
 #pragma omp parallel for schedule(static)
       for (int r = 0; r < rows; r++) {
         float *z = scratch + (int64_t)r * vb;

@@ -153,20 +153,21 @@ void clrt_residual_forward(float *out /* [N, C] */, const float *a, const float 
 void clrt_residual_backward(float *da, float *db, const float *dout, int64_t n);
 
 /* ---- logsoftmax_gather.c: the output layer, fused ------------------------------------- */
-/* lp[n] = logits[n][target[n]] - logsumexp(logits[n]) with logits = x w^T, computed `chunk`
-   rows at a time in scratch [chunk, V] so the [N, V] logits never exist; keeps lse [N] for
-   backward, which recomputes each chunk's logits. */
+/* lp[n] = logits[n][target[n]] - logsumexp(logits[n]) with logits = x w^T, computed in blocks
+   of up to 256 rows by as much of the vocabulary as fits in scratch [chunk, V] floats, so the
+   [N, V] logits never exist; keeps lse [N] for backward, which recomputes each block's logits.
+   wp: w packed by clrt_linear_pack (the logits then run through linear_packed.c), or NULL. */
 void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NULL */,
                                     const float *x /* [N, C] */, const float *w /* [V, C] */,
-                                    const int32_t *target /* [N] */, int64_t N, int C, int V,
+                                    const float *wp /* [V * C] packed, or NULL */, const int32_t *target /* [N] */, int64_t N, int C, int V,
                                     float *scratch /* [chunk, V] */, int chunk);
 /* dlogits = dlp * (onehot(target) - softmax); dx =, dw +=. logits_ready: scratch still holds
    forward's logits of all N rows (chunk >= N), so the recompute is skipped. */
 void clrt_logsoftmax_gather_backward(float *dx /* [N, C] */, float *dw /* [V, C] */,
                                      const float *dlp /* [N] */, const float *x /* [N, C] */,
-                                     const float *w /* [V, C] */, const int32_t *target /* [N] */,
-                                     const float *lse /* [N] */, int64_t N, int C, int V,
-                                     float *scratch /* [chunk, V] */, int chunk, int logits_ready);
+                                     const float *w /* [V, C] */, const float *wp /* [V * C] packed, or NULL */,
+                                     const int32_t *target /* [N] */, const float *lse /* [N] */, int64_t N,
+                                     int C, int V, float *scratch /* [chunk, V] */, int chunk, int logits_ready);
 
 /* ---- per-kernel timing (CLRT_PROFILE=1) -------------------------------------------------- */
 enum { CLRT_K_EMBED, CLRT_K_LINEAR_F, CLRT_K_LINEAR_B, CLRT_K_RMSNORM, CLRT_K_ROPE, CLRT_K_ATTN_F,

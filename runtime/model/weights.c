@@ -60,14 +60,14 @@ int model_refresh_packed(clrt_model *m) {
 }
 
 /* The packed copy of the weight at offset w, when it is current. */
-static const float *packed_weight(const clrt_model *m, int64_t w) {
+const float *model_packed_weight(const clrt_model *m, int64_t w) {
   return m->wpk && m->wpk_ver == m->params->version ? (const float *)m->wpk->data + w : NULL;
 }
 
 /* A linear layer on the CPU in f32: over the packed copy when current, else sgemm. */
 void model_cpu_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
                       int64_t N, int Kd, int O) {
-  const float *wp = packed_weight(m, w);
+  const float *wp = model_packed_weight(m, w);
   if (wp && clrt_linear_packed_forward(y, x, wp, b, N, Kd, O)) return;
   clrt_linear_forward(y, x, PW(m, w), b, N, Kd, O);
 }
@@ -87,7 +87,7 @@ void model_cpu_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, i
   clrt_packed_part packed[3] = {{0}};
   int ok = count <= 3;
   for (int i = 0; ok && i < count; i++) {
-    const float *wp = packed_weight(m, parts[i].w);
+    const float *wp = model_packed_weight(m, parts[i].w);
     packed[i] = (clrt_packed_part){parts[i].y, wp, parts[i].b, parts[i].O};
     ok = wp != NULL;
   }

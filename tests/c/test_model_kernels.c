@@ -460,7 +460,7 @@ enum { LN = 7, LC = 6, LV = 11 };
 typedef struct { float *x, *w, *lp, *lse, *R, *scratch; int32_t *tgt; } ls_ctx;
 static double ls_loss(void *p) {
   ls_ctx *c = p;
-  clrt_logsoftmax_gather_forward(c->lp, c->lse, c->x, c->w, c->tgt, LN, LC, LV, c->scratch, 3);
+  clrt_logsoftmax_gather_forward(c->lp, c->lse, c->x, c->w, NULL, c->tgt, LN, LC, LV, c->scratch, 3);
   return dotv(c->lp, c->R, LN);
 }
 static void test_logsoftmax_gather(void) {
@@ -479,18 +479,52 @@ static void test_logsoftmax_gather(void) {
     CHECK_NEAR(c.lp[n], z[tgt[n]] - m - log(l), 1e-5);
   }
   float *dx = zerov(LN * LC), *dw = zerov(LV * LC);
-  clrt_logsoftmax_gather_backward(dx, dw, c.R, c.x, c.w, tgt, c.lse, LN, LC, LV, c.scratch, 3, 0);
+  clrt_logsoftmax_gather_backward(dx, dw, c.R, c.x, c.w, NULL, tgt, c.lse, LN, LC, LV, c.scratch, 3, 0);
   fd_check("logsoftmax_gather dx", ls_loss, &c, c.x, dx, LN * LC, 1, 1e-2f, 1e-3);
   fd_check("logsoftmax_gather dw", ls_loss, &c, c.w, dw, LV * LC, 1, 1e-2f, 1e-3);
   /* all rows in one chunk, logits kept from forward: the same gradients without a recompute */
   float *dx2 = zerov(LN * LC), *dw2 = zerov(LV * LC);
-  clrt_logsoftmax_gather_forward(c.lp, c.lse, c.x, c.w, tgt, LN, LC, LV, c.scratch, LN);
-  clrt_logsoftmax_gather_backward(dx2, dw2, c.R, c.x, c.w, tgt, c.lse, LN, LC, LV, c.scratch, LN, 1);
+  clrt_logsoftmax_gather_forward(c.lp, c.lse, c.x, c.w, NULL, tgt, LN, LC, LV, c.scratch, LN);
+  clrt_logsoftmax_gather_backward(dx2, dw2, c.R, c.x, c.w, NULL, tgt, c.lse, LN, LC, LV, c.scratch, LN, 1);
   for (int i = 0; i < LN * LC; i++) CHECK_NEAR(dx2[i], dx[i], 1e-5);
   for (int i = 0; i < LV * LC; i++) CHECK_NEAR(dw2[i], dw[i], 1e-5);
   free(dx2);
   free(dw2);
   free(c.x); free(c.w); free(c.lp); free(c.lse); free(c.R); free(c.scratch); free(dx); free(dw);
+}
+
+/* The output layer's blocks at a shape with several 48-aligned vocabulary blocks (N = 300 rows
+   past one 256-row block, V = 1000 in blocks of 240 from a 64-row scratch), through sgemm and
+   through the packed head, against one block holding all logits: the same lp, lse, dx, dw. */
+static void test_logsoftmax_gather_blocks(void) {
+  enum { N = 300, C = 40, V = 1000 };
+  float *x = randv(N * C, 1), *w = randv((size_t)V * C, 1), *dlp = randv(N, 1);
+  float *wp = malloc(sizeof(float) * V * C), *big = zerov((size_t)N * V), *small = zerov(64 * V);
+  clrt_linear_pack(wp, w, C, V);
+  int32_t tgt[N];
+  for (int n = 0; n < N; n++) tgt[n] = (n * 337) % V;
+  float *lp[3], *lse[3], *dx[3], *dw[3];
+  for (int run = 0; run < 3; run++) {
+    lp[run] = zerov(N), lse[run] = zerov(N), dx[run] = zerov(N * C), dw[run] = zerov((size_t)V * C);
+    const float *pk = run == 2 ? wp : NULL;
+    float *scr = run == 0 ? big : small;
+    int chunk = run == 0 ? N : 64;
+    clrt_logsoftmax_gather_forward(lp[run], lse[run], x, w, pk, tgt, N, C, V, scr, chunk);
+    clrt_logsoftmax_gather_backward(dx[run], dw[run], dlp, x, w, pk, tgt, lse[run], N, C, V, scr, chunk, 0);
+  }
+  for (int run = 1; run < 3; run++) {
+    double worst = 0;
+    for (int i = 0; i < N; i++) worst = fmax(worst, fabs(lp[run][i] - lp[0][i]) + fabs(lse[run][i] - lse[0][i]));
+    for (int i = 0; i < N * C; i++) worst = fmax(worst, fabs(dx[run][i] - dx[0][i]));
+    for (int i = 0; i < V * C; i++) worst = fmax(worst, fabs(dw[run][i] - dw[0][i]));
+    if (worst <= 1e-3) check_passed++;
+    else {
+      check_failed++;
+      fprintf(stderr, "logsoftmax_gather blocks (%s): off by %.3g\n", run == 2 ? "packed" : "sgemm", worst);
+    }
+  }
+  for (int run = 0; run < 3; run++) free(lp[run]), free(lse[run]), free(dx[run]), free(dw[run]);
+  free(x); free(w); free(dlp); free(wp); free(big); free(small);
 }
 
 /* ---- shared math ------------------------------------------------------------------------------ */
@@ -531,6 +565,7 @@ int main(void) {
   test_attention_decode();
   test_swiglu_residual();
   test_logsoftmax_gather();
+  test_logsoftmax_gather_blocks();
   test_linear_backward_strided();
   test_math();
   return check_summary();
