@@ -4,8 +4,8 @@
                CPU has the kernel — decode and every logprobs (training, scoring) make it, once
                per version of the weights, i.e. once per optimizer step — else sgemm on the
                params; backward's dx = dy w and dw += dy^T x through the AVX-512 tiles that read
-               w and x in place (gemm_strided.c, ~2x sgemm here) where the CPU has them, else
-               sgemm;
+               w and x in place (gemm_strided.c, ~1.3-2.5x sgemm here) where the CPU has them,
+               else sgemm; set_decode_pack(false) turns all of these off (sgemm throughout);
      CPU bf16  few-row products (decode) over the bf16 copy (packed in bf16 pairs on a CPU with
                AVX512-BF16, else plain) with bf16-rounded inputs, else sgemm on the params;
      CUDA      cuBLAS in f32, or bf16 inputs with f32 accumulation (ops_cuda.c).
@@ -76,7 +76,7 @@ void model_cpu_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t 
 void model_cpu_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
                                const float *x, int64_t N, int K, int O, int acc) {
   (void)a;
-  if (clrt_linear_backward_strided(dx, GW(m, w), db, dy, x, PW(m, w), N, K, O, acc)) return;
+  if (m->pack_decode && clrt_linear_backward_strided(dx, GW(m, w), db, dy, x, PW(m, w), N, K, O, acc)) return;
   clrt_linear_backward(dx, GW(m, w), db, dy, x, PW(m, w), N, K, O, acc);
 }
 
