@@ -7,15 +7,18 @@
    sums) reads b in place instead of from a packed copy. a is read through two strides (row
    and k), so dy^T needs no transposed copy either: a tile of 8 outputs broadcasts 8
    consecutive floats of a dy row.
-   Blocking: the work is split in (column panel, block of MBLOCK rows) items over the threads;
-   within an item k runs in KBLOCK steps so the panel's slice ([KBLOCK, 48], 48 KiB) stays in
-   L1/L2 while every 8-row tile of the block passes over it, the tile's sums being added into c
-   at the end of each step. Each element of c is a sum over k in order per k block, so results
+   Blocking: the work is split in (block of MBLOCK rows, group of column panels) items over the
+   threads; within an item k runs in KBLOCK steps, outermost, so the rows' [MBLOCK, KBLOCK]
+   slice of a (192 KiB) stays in L2 across the group's panels and each panel's [KBLOCK, 48]
+   slice of b (48 KiB) stays in L1/L2 while every 8-row tile passes over it, the tile's sums
+   being added into c at the end of each step. Each element of c is a sum over k in order per k block, so results
    agree with sgemm to rounding, not bit for bit. AVX-512 only, chosen at run time: without it
    clrt_gemm_strided returns 0 and the caller runs sgemm. */
 #include "model_kernels.h"
 
 #include "simd512.h"
+
+#include <omp.h>
 
 enum { PANEL = 48, TILE_ROWS = 8, MBLOCK = 192, KBLOCK = 256 };
 
@@ -60,21 +63,27 @@ TARGET static inline __attribute__((always_inline)) void tile(
   }
 }
 
-/* One work item: rows [i0, i1) of c against the column panel at j0, pw wide. */
+/* One work item: rows [i0, i1) of c against the column panels [p0, p1). k runs outermost, so
+   the item's [MBLOCK, KBLOCK] block of a stays in L2 while every panel's [KBLOCK, 48] slice of
+   b passes under it. */
 TARGET static void item(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks,
-                        const float *b, int64_t ldb, int i0, int i1, int j0, int pw, int Kc,
+                        const float *b, int64_t ldb, int i0, int i1, int p0, int p1, int Nc, int Kc,
                         int accumulate) {
   for (int k0 = 0; k0 < Kc; k0 += KBLOCK) {
     int kn = Kc - k0 < KBLOCK ? Kc - k0 : KBLOCK, add = accumulate || k0 > 0;
-    const float *bk = b + (int64_t)k0 * ldb + j0, *ak = a + (int64_t)k0 * a_ks;
-    for (int i = i0; i < i1; i += TILE_ROWS) {
-      int nr = i1 - i < TILE_ROWS ? i1 - i : TILE_ROWS;
-      float *ct = c + (int64_t)i * ldc + j0;
-      const float *at = ak + (int64_t)i * a_rs;
-      if (nr == TILE_ROWS && pw == PANEL)
-        tile(ct, ldc, at, a_rs, a_ks, bk, ldb, TILE_ROWS, kn, PANEL, add);
-      else
-        tile(ct, ldc, at, a_rs, a_ks, bk, ldb, nr, kn, pw, add);
+    const float *ak = a + (int64_t)k0 * a_ks;
+    for (int p = p0; p < p1; p++) {
+      int j0 = p * PANEL, pw = Nc - j0 < PANEL ? Nc - j0 : PANEL;
+      const float *bk = b + (int64_t)k0 * ldb + j0;
+      for (int i = i0; i < i1; i += TILE_ROWS) {
+        int nr = i1 - i < TILE_ROWS ? i1 - i : TILE_ROWS;
+        float *ct = c + (int64_t)i * ldc + j0;
+        const float *at = ak + (int64_t)i * a_rs;
+        if (nr == TILE_ROWS && pw == PANEL)
+          tile(ct, ldc, at, a_rs, a_ks, bk, ldb, TILE_ROWS, kn, PANEL, add);
+        else
+          tile(ct, ldc, at, a_rs, a_ks, bk, ldb, nr, kn, pw, add);
+      }
     }
   }
 }
@@ -92,14 +101,16 @@ int clrt_gemm_strided(float *c /* [M, ldc] */, int64_t ldc, const float *a /* a(
     return 1;
   }
   int panels = (Nc + PANEL - 1) / PANEL, mblocks = (int)((M + MBLOCK - 1) / MBLOCK);
-  int64_t items = (int64_t)panels * mblocks;
+  /* Items: row blocks x groups of panels, enough groups that every thread has work. */
+  int threads = omp_get_max_threads(), groups = 1;
+  while (groups < panels && (int64_t)mblocks * groups < 2 * threads) groups++;
+  int64_t items = (int64_t)mblocks * groups;
 #pragma omp parallel for schedule(static) if (M * Nc * Kc > CLRT_OMP_MIN_WORK)
   for (int64_t t = 0; t < items; t++) {
-    /* Consecutive items share a row block: a thread's panels reuse that block of a. */
-    int p = (int)(t % panels), mb = (int)(t / panels);
-    int j0 = p * PANEL, pw = Nc - j0 < PANEL ? Nc - j0 : PANEL;
+    int g = (int)(t % groups), mb = (int)(t / groups);
+    int p0 = (int)((int64_t)panels * g / groups), p1 = (int)((int64_t)panels * (g + 1) / groups);
     int i0 = mb * MBLOCK, i1 = (int)(M - i0 < MBLOCK ? M : i0 + MBLOCK);
-    item(c, ldc, a, a_rs, a_ks, b, ldb, i0, i1, j0, pw, (int)Kc, accumulate);
+    item(c, ldc, a, a_rs, a_ks, b, ldb, i0, i1, p0, p1, Nc, (int)Kc, accumulate);
   }
   return 1;
 #else
