@@ -100,16 +100,22 @@ int clrt_gemm_strided(float *c /* [M, ldc] */, int64_t ldc, const float *a /* a(
         for (int j = 0; j < Nc; j++) c[i * ldc + j] = 0;
     return 1;
   }
-  int panels = (Nc + PANEL - 1) / PANEL, mblocks = (int)((M + MBLOCK - 1) / MBLOCK);
-  /* Items: row blocks x groups of panels, enough groups that every thread has work. */
-  int threads = omp_get_max_threads(), groups = 1;
-  while (groups < panels && (int64_t)mblocks * groups < 2 * threads) groups++;
-  int64_t items = (int64_t)mblocks * groups;
+  /* Items: row blocks x groups of panels, at least 4 per thread where the shape allows (more
+     panel groups first, then shorter row blocks), so no thread idles on an uneven split. */
+  int panels = (Nc + PANEL - 1) / PANEL, threads = omp_get_max_threads(), groups = 1, mrows = MBLOCK;
+  int64_t mblocks = (M + mrows - 1) / mrows;
+  while (mblocks * groups < 4 * threads) {
+    if (groups < panels) groups++;
+    else if (mrows > 2 * TILE_ROWS) mrows = (mrows / 2 + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
+    else break;
+    mblocks = (M + mrows - 1) / mrows;
+  }
+  int64_t items = mblocks * groups;
 #pragma omp parallel for schedule(static) if (M * Nc * Kc > CLRT_OMP_MIN_WORK)
   for (int64_t t = 0; t < items; t++) {
     int g = (int)(t % groups), mb = (int)(t / groups);
     int p0 = (int)((int64_t)panels * g / groups), p1 = (int)((int64_t)panels * (g + 1) / groups);
-    int i0 = mb * MBLOCK, i1 = (int)(M - i0 < MBLOCK ? M : i0 + MBLOCK);
+    int i0 = mb * mrows, i1 = (int)(M - i0 < mrows ? M : i0 + mrows);
     item(c, ldc, a, a_rs, a_ks, b, ldb, i0, i1, p0, p1, Nc, (int)Kc, accumulate);
   }
   return 1;
