@@ -4,7 +4,8 @@
 --   clrt bench/matmul.lua training=1 [shapes=NxKxO,...] [seconds=1]
 -- training=1: the three products of a linear layer in training (y = x W^T, dx = dy W,
 -- dW += dy^T x) through the kernels the model runs (linear_packed.c, gemm_strided.c) against
--- OpenBLAS sgemm on the same buffers, in turns in this run: the ratio is the figure (absolute
+-- OpenBLAS sgemm on the same buffers (y=xW^T over the packed copy decode keeps, y=xW^T* packing
+-- W on the fly as training does), in turns in this run: the ratio is the figure (absolute
 -- GFLOP/s move with the machine's other load).
 -- GFLOP/s = 2 n^3 / time; each figure is the best of 3 timed batches (clrt and numpy in
 -- turns), each repeating the product for at least `seconds`/3 after a warm-up.
@@ -80,6 +81,7 @@ local function training_bench()
                      const float *B, int ldb, float beta, float *C, int ldc);
     void clrt_linear_pack(float *wp, const float *w, int K, int O);
     int clrt_linear_packed_forward(float *y, const float *x, const float *wp, const float *b, int64_t N, int K, int O);
+    int clrt_linear_forward_strided(float *y, const float *x, const float *w, const float *b, int64_t N, int K, int O);
     int clrt_gemm_strided(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks, const float *b,
                           int64_t ldb, int64_t M, int Nc, int64_t Kc, int accumulate);
   ]]
@@ -114,6 +116,8 @@ local function training_bench()
     C.clrt_linear_pack(wp, w, K, O)
     local products = {
       { "y=xW^T", function() assert(C.clrt_linear_packed_forward(y, x, wp, nil, N, K, O) == 1, "no AVX-512") end,
+        function() C.cblas_sgemm(RowMajor, NoTrans, Trans, N, O, K, 1, x, K, w, K, 0, y, O) end },
+      { "y=xW^T*", function() assert(C.clrt_linear_forward_strided(y, x, w, nil, N, K, O) == 1) end,
         function() C.cblas_sgemm(RowMajor, NoTrans, Trans, N, O, K, 1, x, K, w, K, 0, y, O) end },
       { "dx=dyW", function() assert(C.clrt_gemm_strided(dx, K, dy, O, 1, w, K, N, K, O, 0) == 1) end,
         function() C.cblas_sgemm(RowMajor, NoTrans, NoTrans, N, K, O, 1, dy, O, w, K, 0, dx, K) end },

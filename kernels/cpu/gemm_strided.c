@@ -1,6 +1,9 @@
-/* gemm_strided.c — c (+)= a b for the backward products of a linear layer, with no packing:
+/* gemm_strided.c — c (+)= a b for the three products of a linear layer in training, with no
+   packed copy of the weights:
      dx = dy w      a = dy [N, O] (rows),        b = w [O, K] (rows of K): c = dx [N, K]
      dw += dy^T x   a = dy^T (dy [N, O] read by column), b = x [N, K]:    c = dw [O, K]
+     y = x w^T      a = x, b = w^T: each [KBLOCK, 48] slice of w^T is transposed into a
+                    buffer on the fly (clrt_linear_forward_strided), once per row block
    Both b's are row-major with unit column stride, so a 48-wide column panel of b is 48
    consecutive floats per row: the same register tile as linear_packed.c (8 rows of a, three
    16-lane vectors of b per k, 24 multiply-adds for 3 loads and 8 broadcasts, no horizontal
@@ -87,6 +90,49 @@ TARGET static void item(float *c, int64_t ldc, const float *a, int64_t a_rs, int
     }
   }
 }
+
+/* The forward's work item: y rows [i0, i1) against w's 48-row panels [p0, p1), each panel's
+   [KBLOCK, 48] slice transposed into buf on the fly (once per slice and row block: 1/MBLOCK
+   of the multiply-adds), then the same tiles as above over it. */
+TARGET static void item_fwd(float *y, const float *x, const float *w, int K, int O, int i0, int i1,
+                            int p0, int p1) {
+  float buf[KBLOCK * PANEL] __attribute__((aligned(64)));
+  for (int k0 = 0; k0 < K; k0 += KBLOCK) {
+    int kn = K - k0 < KBLOCK ? K - k0 : KBLOCK;
+    for (int p = p0; p < p1; p++) {
+      int j0 = p * PANEL, pw = O - j0 < PANEL ? O - j0 : PANEL;
+      for (int j = 0; j < pw; j++) {
+        const float *src = w + (int64_t)(j0 + j) * K + k0;
+        for (int k = 0; k < kn; k++) buf[k * PANEL + j] = src[k];
+      }
+      for (int i = i0; i < i1; i += TILE_ROWS) {
+        int nr = i1 - i < TILE_ROWS ? i1 - i : TILE_ROWS;
+        float *yt = y + (int64_t)i * O + j0;
+        const float *xt = x + (int64_t)i * K + k0;
+        if (nr == TILE_ROWS && pw == PANEL)
+          tile(yt, O, xt, K, 1, buf, PANEL, TILE_ROWS, kn, PANEL, 1);
+        else
+          tile(yt, O, xt, K, 1, buf, PANEL, nr, kn, pw, 1);
+      }
+    }
+  }
+}
+
+/* Items: row blocks x groups of panels, at least 4 per thread where the shape allows (more
+   panel groups first, then shorter row blocks), so no thread idles on an uneven split. */
+static int64_t plan(int64_t M, int Nc, int *mrows_out, int *groups_out) {
+  int panels = (Nc + PANEL - 1) / PANEL, threads = omp_get_max_threads(), groups = 1, mrows = MBLOCK;
+  int64_t mblocks = (M + mrows - 1) / mrows;
+  while (mblocks * groups < 4 * threads) {
+    if (groups < panels) groups++;
+    else if (mrows > 2 * TILE_ROWS) mrows = (mrows / 2 + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
+    else break;
+    mblocks = (M + mrows - 1) / mrows;
+  }
+  *mrows_out = mrows;
+  *groups_out = groups;
+  return mblocks * groups;
+}
 #endif
 
 int clrt_gemm_strided(float *c /* [M, ldc] */, int64_t ldc, const float *a /* a(i, k) at a[i a_rs + k a_ks] */,
@@ -100,17 +146,9 @@ int clrt_gemm_strided(float *c /* [M, ldc] */, int64_t ldc, const float *a /* a(
         for (int j = 0; j < Nc; j++) c[i * ldc + j] = 0;
     return 1;
   }
-  /* Items: row blocks x groups of panels, at least 4 per thread where the shape allows (more
-     panel groups first, then shorter row blocks), so no thread idles on an uneven split. */
-  int panels = (Nc + PANEL - 1) / PANEL, threads = omp_get_max_threads(), groups = 1, mrows = MBLOCK;
-  int64_t mblocks = (M + mrows - 1) / mrows;
-  while (mblocks * groups < 4 * threads) {
-    if (groups < panels) groups++;
-    else if (mrows > 2 * TILE_ROWS) mrows = (mrows / 2 + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
-    else break;
-    mblocks = (M + mrows - 1) / mrows;
-  }
-  int64_t items = mblocks * groups;
+  int mrows, groups;
+  int64_t items = plan(M, Nc, &mrows, &groups);
+  int panels = (Nc + PANEL - 1) / PANEL;
 #pragma omp parallel for schedule(static) if (M * Nc * Kc > CLRT_OMP_MIN_WORK)
   for (int64_t t = 0; t < items; t++) {
     int g = (int)(t % groups), mb = (int)(t / groups);
@@ -143,4 +181,30 @@ int clrt_linear_backward_strided(float *dx /* [N, K] */, float *dw /* [O, K] += 
     }
   }
   return 1;
+}
+
+/* y = x w^T + b with w packed on the fly (item_fwd): the packed forward's speed without a
+   second copy of the weights; 0 when this CPU has no kernel for it (then sgemm). */
+int clrt_linear_forward_strided(float *y /* [N, O] */, const float *x /* [N, K] */, const float *w /* [O, K] */,
+                                const float *b /* [O] or NULL */, int64_t N, int K, int O) {
+#if CLRT_AVX512
+  if (N < 1 || O < 1 || K < 1 || N > INT32_MAX || !clrt_have_avx512()) return 0;
+#pragma omp parallel for schedule(static) if (N * O > CLRT_OMP_MIN_WORK)
+  for (int64_t n = 0; n < N; n++)
+    for (int o = 0; o < O; o++) y[n * O + o] = b ? b[o] : 0.0f;
+  int mrows, groups;
+  int64_t items = plan(N, O, &mrows, &groups);
+  int panels = (O + PANEL - 1) / PANEL;
+#pragma omp parallel for schedule(static) if (N * O * (int64_t)K > CLRT_OMP_MIN_WORK)
+  for (int64_t t = 0; t < items; t++) {
+    int g = (int)(t % groups), mb = (int)(t / groups);
+    int p0 = (int)((int64_t)panels * g / groups), p1 = (int)((int64_t)panels * (g + 1) / groups);
+    int i0 = mb * mrows, i1 = (int)(N - i0 < mrows ? N : i0 + mrows);
+    item_fwd(y, x, w, K, O, i0, i1, p0, p1);
+  }
+  return 1;
+#else
+  (void)y, (void)x, (void)w, (void)b, (void)N, (void)K, (void)O;
+  return 0;
+#endif
 }

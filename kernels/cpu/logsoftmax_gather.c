@@ -7,7 +7,8 @@
    the target's logit from the block holding it; backward recomputes each block's logits,
    turns them in place into dlogits = dlp * (onehot(target) - softmax), and adds the block's
    share into dx = dlogits w and dw += dlogits^T x (gemm_strided.c, ~1.3-2x sgemm here, when
-   the caller passes the packed head, i.e. wants the AVX-512 kernels; else sgemm). A forward whose caller kept all logits (chunk = N, see
+   the caller asks for the fast kernels; else sgemm). The logits run over the packed head
+   (linear_packed.c, ~2x sgemm) when the caller has a current one, else sgemm. A forward whose caller kept all logits (chunk = N, see
    logits_ready) is one block: backward reuses them without a recompute. */
 /* GCC may vectorize clrt_expf's clamps only without trapping math (FP exceptions, unused). */
 #if defined(__GNUC__) && !defined(__clang__)
@@ -89,7 +90,7 @@ void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NU
 void clrt_logsoftmax_gather_backward(float *dx /* [N, C] = */, float *dw /* [V, C] += */,
                                      const float *dlp /* [N] */, const float *x /* [N, C] */,
                                      const float *w /* [V, C] */, const float *wp /* packed w or NULL */,
-                                     const int32_t *target /* [N] */, const float *lse /* [N] */, int64_t N, int C, int V,
+                                     int fast, const int32_t *target /* [N] */, const float *lse /* [N] */, int64_t N, int C, int V,
                                      float *scratch /* [chunk, V] */, int chunk, int logits_ready) {
   int R, Vb;
   block_shape(N, V, chunk, &R, &Vb);
@@ -112,11 +113,10 @@ void clrt_logsoftmax_gather_backward(float *dx /* [N, C] = */, float *dw /* [V, 
       const float *wb = w + (int64_t)v0 * C;
       float *dwb = dw + (int64_t)v0 * C;
       /* dx [rows, C] (+)= dz [rows, vb] w_b [vb, C]; dw_b [vb, C] += dz^T x [rows, C] */
-      /* The caller's packed head means: this CPU's fast kernels are wanted (else all sgemm). */
-      if (!wp || !clrt_gemm_strided(dxc, C, scratch, vb, 1, wb, C, rows, C, vb, v0 > 0))
+      if (!fast || !clrt_gemm_strided(dxc, C, scratch, vb, 1, wb, C, rows, C, vb, v0 > 0))
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, vb, 1.0f, scratch, vb, wb, C,
                     v0 > 0 ? 1.0f : 0.0f, dxc, C);
-      if (!wp || !clrt_gemm_strided(dwb, C, scratch, 1, vb, xc, C, vb, C, rows, 1))
+      if (!fast || !clrt_gemm_strided(dwb, C, scratch, 1, vb, xc, C, vb, C, rows, 1))
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, vb, C, rows, 1.0f, scratch, vb, xc, C, 1.0f,
                     dwb, C);
     }

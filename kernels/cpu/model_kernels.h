@@ -86,6 +86,9 @@ int clrt_linear_packed_bf16_forward_parts(const float *x /* [N, K] */, int64_t N
 int clrt_gemm_strided(float *c /* [M, ldc] */, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks,
                       const float *b /* [Kc, ldb] */, int64_t ldb, int64_t M, int Nc, int64_t Kc,
                       int accumulate);
+/* y = x w^T + b over the same tiles, w's panels transposed on the fly (no packed copy). */
+int clrt_linear_forward_strided(float *y /* [N, O] */, const float *x /* [N, K] */, const float *w /* [O, K] */,
+                                const float *b /* [O] or NULL */, int64_t N, int K, int O);
 /* clrt_linear_backward (dx = dy w, dw += dy^T x, db += sum dy) over clrt_gemm_strided; 0 as above. */
 int clrt_linear_backward_strided(float *dx /* [N, K] */, float *dw /* [O, K] */, float *db /* [O] */,
                                  const float *dy /* [N, O] */, const float *x /* [N, K] */,
@@ -166,6 +169,7 @@ void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NU
 void clrt_logsoftmax_gather_backward(float *dx /* [N, C] */, float *dw /* [V, C] */,
                                      const float *dlp /* [N] */, const float *x /* [N, C] */,
                                      const float *w /* [V, C] */, const float *wp /* [V * C] packed, or NULL */,
+                                     int fast /* dx, dw through gemm_strided.c where the CPU has it */,
                                      const int32_t *target /* [N] */, const float *lse /* [N] */, int64_t N,
                                      int C, int V, float *scratch /* [chunk, V] */, int chunk, int logits_ready);
 

@@ -153,7 +153,7 @@ struct model_ops {
   void (*output)(float *lp, float *lse, const float *x, const float *w, const float *wp,
                  const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk);
   void (*output_backward)(float *dx, float *dw, const float *dlp, const float *x, const float *w,
-                          const float *wp, const int32_t *target, const float *lse, int64_t N, int C, int V,
+                          const float *wp, int fast, const int32_t *target, const float *lse, int64_t N, int C, int V,
                           float *scratch, int chunk, int logits_ready);
   void (*gather_rows)(float *dst, const float *src, const int32_t *rowidx, int64_t nv, int C);
   void (*scatter_rows)(float *dst, const float *src, const int32_t *rowidx, int64_t nv, int C);
@@ -190,6 +190,8 @@ void model_cpu_linear_parts_bf16(clrt_model *m, acts *a, const float *x, int64_t
                                  const lin_part *parts, int count);
 /* The packed copy of the weight at offset w when it is current, else NULL. */
 const float *model_packed_weight(const clrt_model *m, int64_t w);
+/* 1 when the CPU's AVX-512 training kernels are wanted (set_decode_pack, on by default). */
+int model_fast_kernels(const clrt_model *m);
 /* Its backward (both tables): dx (+)= dy w, dw += dy^T x, db += sum dy. */
 void model_cpu_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
                                const float *x, int64_t N, int K, int O, int acc);

@@ -74,9 +74,9 @@ static void cuda_output(float *lp, float *lse, const float *x, const float *w, c
 }
 
 static void cuda_output_backward(float *dx, float *dw, const float *dlp, const float *x, const float *w,
-                                 const float *wp, const int32_t *target, const float *lse, int64_t N,
+                                 const float *wp, int fast, const int32_t *target, const float *lse, int64_t N,
                                  int C, int V, float *scratch, int chunk, int logits_ready) {
-  (void)wp;
+  (void)wp, (void)fast;
   clrt_cuda_logsoftmax_gather_backward(dx, dw, dlp, x, w, target, lse, N, C, V, scratch, chunk, logits_ready);
 }
 

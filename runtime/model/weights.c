@@ -1,9 +1,11 @@
 /* weights.c — the weight copies beside the fp32 master params and the one policy for which
    product a linear layer runs:
      CPU f32   the packed f32 copy (48-wide panels, clrt_linear_pack) when it is current and the
-               CPU has the kernel — decode and every logprobs (training, scoring) make it, once
-               per version of the weights, i.e. once per optimizer step — else sgemm on the
-               params; backward's dx = dy w and dw += dy^T x through the AVX-512 tiles that read
+               CPU has the kernel — decode makes it, and logprobs remakes an existing one after
+               the weights change (an RL policy: once per optimizer step instead of at the next
+               decode) — else, beyond decode-sized products, the same tiles packing w on the fly
+               (gemm_strided.c: no second copy of the weights for SFT or a reference model,
+               ~1.3-1.7x sgemm here), else sgemm on the params; backward's dx = dy w and dw += dy^T x through the AVX-512 tiles that read
                w and x in place (gemm_strided.c, ~1.3-2.5x sgemm here) where the CPU has them,
                else sgemm; set_decode_pack(false) turns all of these off (sgemm throughout);
      CPU bf16  few-row products (decode) over the bf16 copy (packed in bf16 pairs on a CPU with
@@ -47,8 +49,8 @@ int model_refresh_packed(clrt_model *m) {
   if (m->device != CLRT_CPU || m->bf16 || !m->pack_decode || !clrt_linear_packed_available()) return 0;
   if (!m->wpk) {
     if (!(m->wpk = clrt_storage_new(sizeof(float) * (size_t)m->total, CLRT_CPU))) {
-      clrt_set_error("packed weights: no memory for them (%lld MiB; set_decode_pack(false) "
-                     "runs without them)", (long long)(sizeof(float) * (size_t)m->total >> 20));
+      clrt_set_error("decode: no memory for the packed weights (%lld MiB; set_decode_pack(false) "
+                     "decodes without them)", (long long)(sizeof(float) * (size_t)m->total >> 20));
       return -1;
     }
     m->wpk_ver = COPY_STALE;
@@ -64,11 +66,17 @@ const float *model_packed_weight(const clrt_model *m, int64_t w) {
   return m->wpk && m->wpk_ver == m->params->version ? (const float *)m->wpk->data + w : NULL;
 }
 
-/* A linear layer on the CPU in f32: over the packed copy when current, else sgemm. */
+int model_fast_kernels(const clrt_model *m) { return m->device == CLRT_CPU && m->pack_decode; }
+
+/* A linear layer on the CPU in f32: over the packed copy when current, else the same tiles
+   packing w on the fly (more than a decode step's rows: fewer reread the weights once per
+   row tile), else sgemm (or the skinny kernel, linear.c). */
 void model_cpu_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
                       int64_t N, int Kd, int O) {
   const float *wp = model_packed_weight(m, w);
   if (wp && clrt_linear_packed_forward(y, x, wp, b, N, Kd, O)) return;
+  if (model_fast_kernels(m) && N > CLRT_SKINNY_MAX_ROWS && clrt_linear_forward_strided(y, x, PW(m, w), b, N, Kd, O))
+    return;
   clrt_linear_forward(y, x, PW(m, w), b, N, Kd, O);
 }
 
@@ -76,7 +84,7 @@ void model_cpu_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t 
 void model_cpu_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
                                const float *x, int64_t N, int K, int O, int acc) {
   (void)a;
-  if (m->pack_decode && clrt_linear_backward_strided(dx, GW(m, w), db, dy, x, PW(m, w), N, K, O, acc)) return;
+  if (model_fast_kernels(m) && clrt_linear_backward_strided(dx, GW(m, w), db, dy, x, PW(m, w), N, K, O, acc)) return;
   clrt_linear_backward(dx, GW(m, w), db, dy, x, PW(m, w), N, K, O, acc);
 }
 

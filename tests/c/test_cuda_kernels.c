@@ -239,7 +239,7 @@ static void test_logsoftmax_gather(int chunk) {
   cmp_dev("logsoftmax_gather forward lp", d_lp, lp, N, 1e-5);
   cmp_dev("logsoftmax_gather forward lse", d_lse, lse, N, 1e-5);
   int ready = chunk >= N;
-  clrt_logsoftmax_gather_backward(dx, dw, dlp, x, w, NULL, tg, lse, N, C, V, scr, chunk, ready);
+  clrt_logsoftmax_gather_backward(dx, dw, dlp, x, w, NULL, 0, tg, lse, N, C, V, scr, chunk, ready);
   clrt_cuda_logsoftmax_gather_backward(d_dx, d_dw, d_dlp, d_x, d_w, d_tg, d_lse, N, C, V, d_scr, chunk, ready);
   cmp_dev("logsoftmax_gather backward dx", d_dx, dx, N * C, 1e-5);
   cmp_dev("logsoftmax_gather backward dw", d_dw, dw, V * C, 1e-5);
