@@ -164,8 +164,7 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
                         const int32_t *lengths, float *lp, int keep) {
   const clrt_model_config *c = &m->cfg;
   int L = c->num_hidden_layers, C = c->hidden_size, V = c->vocab_size;
-  /* An existing packed copy (a policy that decodes) follows the weights; none is made here. */
-  if (check_batch(m, tokens, B, T, lengths) || model_ensure_rope(m, T) || (m->wpk && model_refresh_packed(m)))
+  if (check_batch(m, tokens, B, T, lengths) || model_ensure_rope(m, T) || model_refresh_packed_logprobs(m))
     return -1;
   model_refresh_bf16(m);
   /* The attention scratch has one slice per thread; backward keeps this forward's count even

@@ -178,6 +178,8 @@ void model_choose_ops(clrt_model *m);
 
 /* The packed f32 copy (CPU decode) and the bf16 copy follow the params' version. */
 int model_refresh_packed(clrt_model *m);
+/* logprobs' share of that policy: which models read a packed copy in training and scoring. */
+int model_refresh_packed_logprobs(clrt_model *m);
 void model_refresh_bf16(clrt_model *m);
 /* The CPU's linear products, f32 and bf16 (the policy behind model_cpu_ops / _bf16_ops). */
 void model_cpu_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,

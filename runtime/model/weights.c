@@ -1,11 +1,11 @@
 /* weights.c — the weight copies beside the fp32 master params and the one policy for which
    product a linear layer runs:
      CPU f32   the packed f32 copy (48-wide panels, clrt_linear_pack) when it is current and the
-               CPU has the kernel — decode makes it, and logprobs remakes an existing one after
-               the weights change (an RL policy: once per optimizer step instead of at the next
-               decode) — else, beyond decode-sized products, the same tiles packing w on the fly
-               (gemm_strided.c: no second copy of the weights for SFT or a reference model,
-               ~1.3-1.7x sgemm here), else sgemm on the params; backward's dx = dy w and dw += dy^T x through the AVX-512 tiles that read
+               CPU has the kernel — decode makes it, logprobs remakes an existing one after the
+               weights change and makes one for a small model (model_refresh_packed_logprobs)
+               — else, beyond decode-sized products, the same tiles packing w on the fly
+               (gemm_strided.c: no second copy of a large model's weights for SFT or a
+               reference model, ~1.3-1.7x sgemm here), else sgemm on the params; backward's dx = dy w and dw += dy^T x through the AVX-512 tiles that read
                w and x in place (gemm_strided.c, ~1.3-2.5x sgemm here) where the CPU has them,
                else sgemm; set_decode_pack(false) turns all of these off (sgemm throughout);
      CPU bf16  few-row products (decode) over the bf16 copy (packed in bf16 pairs on a CPU with
@@ -59,6 +59,18 @@ int model_refresh_packed(clrt_model *m) {
   pack_linear_weights(m, m->wpk->data, 0);
   m->wpk_ver = m->params->version;
   return 0;
+}
+
+/* In logprobs (training, scoring): an existing copy (a policy that decodes) is remade after the
+   weights change, once per optimizer step rather than at the next decode; a small model gets
+   one (up to 256 MiB: the packed forward runs 1.1-1.4x the on-the-fly one here); a larger
+   model without one packs on the fly rather than holding a second copy of its weights
+   (SFT, a reference model). CLRT_TRAIN_PACK_MAX_MB moves the bound (tests, benchmarks). */
+int model_refresh_packed_logprobs(clrt_model *m) {
+  const char *env = getenv("CLRT_TRAIN_PACK_MAX_MB");
+  double max_mb = env && *env ? atof(env) : 256;
+  if (!m->wpk && sizeof(float) * (double)m->total > max_mb * 1048576.0) return 0;
+  return model_refresh_packed(m);
 }
 
 /* The packed copy of the weight at offset w, when it is current. */
