@@ -1,15 +1,22 @@
 -- bench/matmul.lua — clrt's f32 matmul (OpenBLAS sgemm through the runtime) against numpy's
 -- (Debian python3-numpy), both measured in this run, square sizes 256..2048.
 --   clrt bench/matmul.lua [sizes=256,512,1024,2048] [seconds=1]
+--   clrt bench/matmul.lua training=1 [shapes=NxKxO,...] [seconds=1]
+-- training=1: the three products of a linear layer in training (y = x W^T, dx = dy W,
+-- dW += dy^T x) through the kernels the model runs (linear_packed.c, gemm_strided.c) against
+-- OpenBLAS sgemm on the same buffers (y=xW^T over the packed copy decode keeps, y=xW^T* packing
+-- W on the fly as training does), in turns in this run: the ratio is the figure (absolute
+-- GFLOP/s move with the machine's other load).
 -- GFLOP/s = 2 n^3 / time; each figure is the best of 3 timed batches (clrt and numpy in
 -- turns), each repeating the product for at least `seconds`/3 after a warm-up.
 local ffi = require("ffi")
 local tensor = clrt.tensor
 
-local opts = { sizes = "256,512,1024,2048", seconds = 1 }
+local opts = { sizes = "256,512,1024,2048", seconds = 1, training = 0,
+  shapes = "512x896x896,512x896x4864,512x4864x896,256x896x16008,1024x128x384,1024x384x128" }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match("^([%w_]+)=(.*)$")
-  if not k or opts[k] == nil then error("matmul bench: unknown argument '" .. a .. "' (sizes=, seconds=)") end
+  if not k or opts[k] == nil then error("matmul bench: unknown argument '" .. a .. "' (sizes=, seconds=, training=, shapes=)") end
   opts[k] = tonumber(v) or v
 end
 local sizes = {}
@@ -65,6 +72,74 @@ local function numpy_time(n, secs)
   local t = tonumber(out:match("seconds ([%d%.e%+%-]+)"))
   if not t then io.stderr:write("matmul bench: numpy did not run (is python3-numpy installed?):\n", out, "\n") end
   return t
+end
+
+-- The training products, kernel against sgemm, per shape N x K x O (rows, inputs, outputs).
+local function training_bench()
+  ffi.cdef [[
+    void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                     const float *B, int ldb, float beta, float *C, int ldc);
+    void clrt_linear_pack(float *wp, const float *w, int K, int O);
+    int clrt_linear_packed_forward(float *y, const float *x, const float *wp, const float *b, int64_t N, int K, int O);
+    int clrt_linear_forward_strided(float *y, const float *x, const float *w, const float *b, int64_t N, int K, int O);
+    int clrt_gemm_strided(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks, const float *b,
+                          int64_t ldb, int64_t M, int Nc, int64_t Kc, int accumulate);
+  ]]
+  local C = ffi.C
+  local RowMajor, NoTrans, Trans = 101, 111, 112
+  local function buf(n, seed)
+    local p = ffi.new("float[?]", n)
+    local s = seed
+    for i = 0, n - 1 do
+      s = (s * 1103515245 + 12345) % 2147483648
+      p[i] = s / 2147483648 - 0.5
+    end
+    return p
+  end
+  local function best(fn, secs)
+    fn()
+    local reps, t0 = 0, now()
+    repeat
+      fn()
+      reps = reps + 1
+    until now() - t0 >= secs
+    return (now() - t0) / reps
+  end
+  print(("clrt %s, %d threads; kernel / sgemm, best of 3 turns each"):format(clrt.version, clrt.num_threads()))
+  print(("%-16s %-8s %10s %10s %7s"):format("N x K x O", "product", "kernel GF", "sgemm GF", "ratio"))
+  for shape in tostring(opts.shapes):gmatch("[^,]+") do
+    local N, K, O = shape:match("^(%d+)x(%d+)x(%d+)$")
+    N, K, O = tonumber(N), tonumber(K), tonumber(O)
+    local x, w, dy = buf(N * K, 1), buf(O * K, 2), buf(N * O, 3)
+    local wp, y, dx, dw = ffi.new("float[?]", O * K), ffi.new("float[?]", N * O), ffi.new("float[?]", N * K),
+      ffi.new("float[?]", O * K)
+    C.clrt_linear_pack(wp, w, K, O)
+    local products = {
+      { "y=xW^T", function() assert(C.clrt_linear_packed_forward(y, x, wp, nil, N, K, O) == 1, "no AVX-512") end,
+        function() C.cblas_sgemm(RowMajor, NoTrans, Trans, N, O, K, 1, x, K, w, K, 0, y, O) end },
+      { "y=xW^T*", function() assert(C.clrt_linear_forward_strided(y, x, w, nil, N, K, O) == 1) end,
+        function() C.cblas_sgemm(RowMajor, NoTrans, Trans, N, O, K, 1, x, K, w, K, 0, y, O) end },
+      { "dx=dyW", function() assert(C.clrt_gemm_strided(dx, K, dy, O, 1, w, K, N, K, O, 0) == 1) end,
+        function() C.cblas_sgemm(RowMajor, NoTrans, NoTrans, N, K, O, 1, dy, O, w, K, 0, dx, K) end },
+      { "dW+=dy^Tx", function() assert(C.clrt_gemm_strided(dw, K, dy, 1, O, x, K, O, K, N, 1) == 1) end,
+        function() C.cblas_sgemm(RowMajor, Trans, NoTrans, O, K, N, 1, dy, O, x, K, 1, dw, K) end },
+    }
+    for _, p in ipairs(products) do
+      local tk, ts = math.huge, math.huge
+      for _ = 1, 3 do
+        tk = math.min(tk, best(p[2], seconds / 6))
+        ts = math.min(ts, best(p[3], seconds / 6))
+      end
+      local flops = 2 * N * K * O
+      print(("%-16s %-8s %10.1f %10.1f %7.2f"):format(shape, p[1], flops / tk / 1e9, flops / ts / 1e9, ts / tk))
+    end
+  end
+end
+
+if tonumber(opts.training) == 1 then
+  training_bench()
+  os.remove(py_path)
+  os.exit(0)
 end
 
 local function env(name) return os.getenv(name) or "(unset)" end

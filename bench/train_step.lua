@@ -7,7 +7,9 @@
 -- is what a busy machine disturbs least).
 -- device=cuda runs both on the GPU (fp32, TF32 off on both sides) and adds achieved TFLOP/s
 -- and MFU against the GPU's dense bf16 peak (clrt.cuda_peak_tflops(), CLRT_PEAK_TFLOPS).
---   clrt bench/train_step.lua [sizes=5M,50M] [steps=3] [B=8] [T=256] [threads=2] [device=cpu|cuda]
+-- baseline=1 also runs clrt with set_decode_pack(false) (OpenBLAS sgemm for every product, the
+-- path before the AVX-512 training kernels) and prints the ratio of the two in this run.
+--   clrt bench/train_step.lua [sizes=5M,50M] [steps=3] [B=8] [T=256] [threads=2] [device=cpu|cuda] [baseline=1]
 local cjson = require("cjson")
 
 local args = {}
@@ -51,6 +53,7 @@ if args.worker then
   local B, T, steps = tonumber(args.B), tonumber(args.T), tonumber(args.steps)
   local m = clrt.model.new(cfg, { seed = 0, max_batch = B, max_seq = T, keep_logits_mb = tonumber(args.keep_logits_mb),
     device = args.device })
+  if args.pack == "0" then m:set_decode_pack(false) end   -- sgemm throughout: the old path
   local opt = clrt.optim.adamw(m, { lr = 1e-4, weight_decay = 0.1, grad_clip = 1.0 })
   local gen = clrt.tensor.generator(1)
   local toks = clrt.tensor.zeros({ B, T }, { dtype = "i32" })
@@ -141,6 +144,21 @@ for size in (args.sizes or "5M,50M"):gmatch("[^,]+") do
   print(("clrt : %9.1f tokens/s (median step; best %.1f)  peak RSS %7.1f MB"):format(tonumber(ctok), cbest, tonumber(crss)))
   print(("torch: %9.1f tokens/s (median step; best %.1f)  peak RSS %7.1f MB"):format(tonumber(ttok), tbest, tonumber(trss)))
   print(("ratio: speed %.2fx torch (best steps: %.2fx), memory %.2fx torch"):format(ctok / ttok, cbest / tbest, crss / trss))
+  if args.baseline == "1" then
+    local s_out = run(("CLRT_PROFILE=1 OMP_NUM_THREADS=%d %s %s/bench/train_step.lua worker=%s B=%d T=%d steps=%d threads=%d device=%s pack=0"):format(
+      threads, sh_quote(bin), sh_quote(src), size, B, T, steps, threads, device))
+    local stok = tonumber(s_out:match("clrt tokens_per_s=([%d.]+)"))
+    local sbest = tonumber(s_out:match("best_tokens_per_s=([%d.]+)"))
+    if stok then
+      print(("sgemm: %9.1f tokens/s (median step; best %.1f): AVX-512 kernels %.2fx the sgemm path (best steps: %.2fx)")
+        :format(stok, sbest, ctok / stok, cbest / sbest))
+    end
+  end
+  if device == "cpu" then
+    local flops = tonumber(c_out:match("flops_per_step=([%d.e+-]+)"))
+    print(("GFLOP/s: clrt %.1f, torch %.1f (model FLOPs per step %.3g)"):format(flops * ctok / (B * T) / 1e9,
+      flops * ttok / (B * T) / 1e9, flops))
+  end
   if device == "cuda" then   -- the same FLOPs count for both sides
     local flops = tonumber(c_out:match("flops_per_step=([%d.e+-]+)"))
     local ctf, ttf = flops * ctok / (B * T) / 1e12, flops * ttok / (B * T) / 1e12

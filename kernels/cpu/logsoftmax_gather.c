@@ -1,7 +1,15 @@
 /* logsoftmax_gather.c — the output layer fused with log-softmax and the gather of the
-   target's log-probability. Logits exist only `chunk` rows at a time; forward keeps the
-   per-row logsumexp, and backward recomputes the chunk's logits (unless the caller kept
-   them all, see logits_ready), turning them in place into dlogits = dlp * (onehot(target) - softmax) before the two sgemms. */
+   target's log-probability. The [N, V] logits never exist: the caller's scratch ([chunk, V]
+   floats, ~16 MB at a large vocabulary) holds one block of ROWS rows by Vb vocabulary
+   entries at a time, so every product is a proper matrix product (256 rows x 16,008 entries
+   at V = 151,936) rather than a sliver of chunk = 27 rows over the whole vocabulary.
+   Forward folds each block into a running (max, sum) per row (online logsumexp) and picks up
+   the target's logit from the block holding it; backward recomputes each block's logits,
+   turns them in place into dlogits = dlp * (onehot(target) - softmax), and adds the block's
+   share into dx = dlogits w and dw += dlogits^T x (gemm_strided.c, ~1.3-2x sgemm here, when
+   the caller asks for the fast kernels; else sgemm). The logits run over the packed head
+   (linear_packed.c, ~2x sgemm) when the caller has a current one, else sgemm. A forward whose caller kept all logits (chunk = N, see
+   logits_ready) is one block: backward reuses them without a recompute. */
 /* GCC may vectorize clrt_expf's clamps only without trapping math (FP exceptions, unused). */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
@@ -13,51 +21,104 @@
 #include <cblas.h>
 #include <math.h>
 
-static float row_lse(const float *z, int V) {
-  float m = clrt_row_max(z, V);
-  return clrt_lse_value(m, clrt_row_sumexp(z, V, m));
+enum { ROWS = 256, VALIGN = 48 };   /* rows per block; vocabulary blocks in packed-panel steps */
+
+/* The block shape for N rows over scratch of chunk * V floats: rows *R, vocabulary *Vb. */
+static void block_shape(int64_t N, int V, int chunk, int *R, int *Vb) {
+  int64_t cap = (int64_t)chunk * V;
+  int64_t r = N < ROWS ? N : ROWS;
+  if (chunk > r) r = N < chunk ? N : chunk;   /* the caller's chunk is bigger: all of it */
+  int64_t vb = cap / r;
+  if (vb >= V) vb = V;
+  else if (vb >= VALIGN) vb -= vb % VALIGN;
+  else if (vb < 1) vb = 1;
+  *R = (int)r;
+  *Vb = (int)vb;
+}
+
+/* z [rows, vb] = x [rows, C] w[v0 .. v0+vb)^T: over the packed copy wp (linear_packed.c, ~2x
+   sgemm here) when given and the block starts and ends on its panels, else sgemm. */
+static void block_logits(float *z, const float *x, const float *w, const float *wp, int rows, int C,
+                         int V, int v0, int vb) {
+  if (wp && v0 % VALIGN == 0 && (vb % VALIGN == 0 || v0 + vb == V) &&
+      clrt_linear_packed_forward(z, x, wp + (int64_t)v0 * C, NULL, rows, C, vb))
+    return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, vb, C, 1.0f, x, C, w + (int64_t)v0 * C, C,
+              0.0f, z, vb);
 }
 
 void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NULL */,
                                     const float *x /* [N, C] */, const float *w /* [V, C] */,
+                                    const float *wp /* w packed by clrt_linear_pack, or NULL */,
                                     const int32_t *target /* [N] */, int64_t N, int C, int V,
                                     float *scratch /* [chunk, V] */, int chunk) {
-  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
-    int rows = N - n0 < chunk ? (int)(N - n0) : chunk;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, V, C, 1.0f, x + n0 * C, C, w, C,
-                0.0f, scratch, V);
+  int R, Vb;
+  block_shape(N, V, chunk, &R, &Vb);
+  for (int64_t n0 = 0; n0 < N; n0 += R) {
+    int rows = N - n0 < R ? (int)(N - n0) : R;
+    /* Running state per row in lp (the max) and lse (the sum) would need lse; keep it local. */
+    float m[ROWS], l[ROWS], zt[ROWS];
+    int one_block = Vb >= V;
+    for (int r = 0; r < (one_block ? 0 : rows); r++) m[r] = -INFINITY, l[r] = 0, zt[r] = 0;
+    for (int v0 = 0; v0 < V; v0 += Vb) {
+      int vb = V - v0 < Vb ? V - v0 : Vb;
+      block_logits(scratch, x + n0 * C, w, wp, rows, C, V, v0, vb);
 #pragma omp parallel for schedule(static)
+      for (int r = 0; r < rows; r++) {
+        const float *z = scratch + (int64_t)r * vb;
+        int t = target[n0 + r];
+        if (one_block) {   /* rows may exceed ROWS here (a kept forward): no running state */
+          float bm = clrt_row_max(z, vb), L = clrt_lse_value(bm, clrt_row_sumexp(z, vb, bm));
+          if (lse) lse[n0 + r] = L;
+          lp[n0 + r] = z[t] - L;
+          continue;
+        }
+        float bm = clrt_row_max(z, vb);
+        clrt_lse_merge(&m[r], &l[r], bm, clrt_row_sumexp(z, vb, bm));
+        if (t >= v0 && t < v0 + vb) zt[r] = z[t - v0];
+      }
+    }
+    if (one_block) continue;
     for (int r = 0; r < rows; r++) {
-      const float *z = scratch + (int64_t)r * V;
-      float L = row_lse(z, V);
+      float L = clrt_lse_value(m[r], l[r]);
       if (lse) lse[n0 + r] = L;
-      lp[n0 + r] = z[target[n0 + r]] - L;
+      lp[n0 + r] = zt[r] - L;
     }
   }
 }
 
 void clrt_logsoftmax_gather_backward(float *dx /* [N, C] = */, float *dw /* [V, C] += */,
                                      const float *dlp /* [N] */, const float *x /* [N, C] */,
-                                     const float *w /* [V, C] */, const int32_t *target /* [N] */,
-                                     const float *lse /* [N] */, int64_t N, int C, int V,
+                                     const float *w /* [V, C] */, const float *wp /* packed w or NULL */,
+                                     int fast, const int32_t *target /* [N] */, const float *lse /* [N] */, int64_t N, int C, int V,
                                      float *scratch /* [chunk, V] */, int chunk, int logits_ready) {
-  if (logits_ready && chunk < N) logits_ready = 0;
-  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
-    int rows = N - n0 < chunk ? (int)(N - n0) : chunk;
-    if (!logits_ready)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, V, C, 1.0f, x + n0 * C, C, w, C,
-                  0.0f, scratch, V);
+  int R, Vb;
+  block_shape(N, V, chunk, &R, &Vb);
+  if (logits_ready && (R < N || Vb < V)) logits_ready = 0;
+  for (int64_t n0 = 0; n0 < N; n0 += R) {
+    int rows = N - n0 < R ? (int)(N - n0) : R;
+    const float *xc = x + n0 * C;
+    float *dxc = dx + n0 * C;
+    for (int v0 = 0; v0 < V; v0 += Vb) {
+      int vb = V - v0 < Vb ? V - v0 : Vb;
+      if (!logits_ready) block_logits(scratch, xc, w, wp, rows, C, V, v0, vb);
 #pragma omp parallel for schedule(static)
-    for (int r = 0; r < rows; r++) {
-      float *z = scratch + (int64_t)r * V;
-      float g = dlp[n0 + r], L = lse[n0 + r];
-      for (int j = 0; j < V; j++) z[j] = clrt_lsm_dlogit(z[j], L, g);
-      z[target[n0 + r]] += g;
+      for (int r = 0; r < rows; r++) {
+        float *z = scratch + (int64_t)r * vb;
+        float g = dlp[n0 + r], L = lse[n0 + r];
+        for (int j = 0; j < vb; j++) z[j] = clrt_lsm_dlogit(z[j], L, g);
+        int t = target[n0 + r];
+        if (t >= v0 && t < v0 + vb) z[t - v0] += g;
+      }
+      const float *wb = w + (int64_t)v0 * C;
+      float *dwb = dw ? dw + (int64_t)v0 * C : NULL;   /* NULL: a frozen output layer (LoRA) */
+      /* dx [rows, C] (+)= dz [rows, vb] w_b [vb, C]; dw_b [vb, C] += dz^T x [rows, C] */
+      if (!fast || !clrt_gemm_strided(dxc, C, scratch, vb, 1, wb, C, rows, C, vb, v0 > 0))
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, vb, 1.0f, scratch, vb, wb, C,
+                    v0 > 0 ? 1.0f : 0.0f, dxc, C);
+      if (dwb && (!fast || !clrt_gemm_strided(dwb, C, scratch, 1, vb, xc, C, vb, C, rows, 1)))
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, vb, C, rows, 1.0f, scratch, vb, xc, C, 1.0f,
+                    dwb, C);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, V, 1.0f, scratch, V, w, C,
-                0.0f, dx + n0 * C, C);
-    if (dw)   /* NULL: a frozen output layer (LoRA) */
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, rows, 1.0f, scratch, V,
-                  x + n0 * C, C, 1.0f, dw, C);
   }
 }

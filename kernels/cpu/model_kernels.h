@@ -97,6 +97,21 @@ int clrt_linear_packed_bf16_available(void);
 int clrt_linear_packed_bf16_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
                                           const clrt_packed_part *parts, int count);
 
+/* ---- gemm_strided.c: the backward products without packing ---------------------------- */
+/* c (+)= a b: a(i, k) at a[i a_rs + k a_ks] (i < M, k < Kc), b [Kc, ldb] row-major (Nc columns
+   used), c [M, ldc]; accumulate: add onto c, else overwrite. 1 when computed, 0 when this CPU
+   has no kernel for it (AVX-512) — then use sgemm. */
+int clrt_gemm_strided(float *c /* [M, ldc] */, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks,
+                      const float *b /* [Kc, ldb] */, int64_t ldb, int64_t M, int Nc, int64_t Kc,
+                      int accumulate);
+/* y = x w^T + b over the same tiles, w's panels transposed on the fly (no packed copy). */
+int clrt_linear_forward_strided(float *y /* [N, O] */, const float *x /* [N, K] */, const float *w /* [O, K] */,
+                                const float *b /* [O] or NULL */, int64_t N, int K, int O);
+/* clrt_linear_backward (dx = dy w, dw += dy^T x, db += sum dy) over clrt_gemm_strided; 0 as above. */
+int clrt_linear_backward_strided(float *dx /* [N, K] */, float *dw /* [O, K] */, float *db /* [O] */,
+                                 const float *dy /* [N, O] */, const float *x /* [N, K] */,
+                                 const float *w /* [O, K] */, int64_t N, int K, int O, int dx_accumulate);
+
 /* ---- rmsnorm.c -------------------------------------------------------------------------- */
 void clrt_rmsnorm_forward(float *out /* [N, C] */, float *rstd /* [N] */, const float *x /* [N, C] */,
                           const float *w /* [C] */, int64_t N, int C, float eps);
@@ -159,20 +174,22 @@ void clrt_residual_forward(float *out /* [N, C] */, const float *a, const float 
 void clrt_residual_backward(float *da, float *db, const float *dout, int64_t n);
 
 /* ---- logsoftmax_gather.c: the output layer, fused ------------------------------------- */
-/* lp[n] = logits[n][target[n]] - logsumexp(logits[n]) with logits = x w^T, computed `chunk`
-   rows at a time in scratch [chunk, V] so the [N, V] logits never exist; keeps lse [N] for
-   backward, which recomputes each chunk's logits. */
+/* lp[n] = logits[n][target[n]] - logsumexp(logits[n]) with logits = x w^T, computed in blocks
+   of up to 256 rows by as much of the vocabulary as fits in scratch [chunk, V] floats, so the
+   [N, V] logits never exist; keeps lse [N] for backward, which recomputes each block's logits.
+   wp: w packed by clrt_linear_pack (the logits then run through linear_packed.c), or NULL. */
 void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NULL */,
                                     const float *x /* [N, C] */, const float *w /* [V, C] */,
-                                    const int32_t *target /* [N] */, int64_t N, int C, int V,
+                                    const float *wp /* [V * C] packed, or NULL */, const int32_t *target /* [N] */, int64_t N, int C, int V,
                                     float *scratch /* [chunk, V] */, int chunk);
 /* dlogits = dlp * (onehot(target) - softmax); dx =, dw +=. logits_ready: scratch still holds
    forward's logits of all N rows (chunk >= N), so the recompute is skipped. */
 void clrt_logsoftmax_gather_backward(float *dx /* [N, C] */, float *dw /* [V, C] */,
                                      const float *dlp /* [N] */, const float *x /* [N, C] */,
-                                     const float *w /* [V, C] */, const int32_t *target /* [N] */,
-                                     const float *lse /* [N] */, int64_t N, int C, int V,
-                                     float *scratch /* [chunk, V] */, int chunk, int logits_ready);
+                                     const float *w /* [V, C] */, const float *wp /* [V * C] packed, or NULL */,
+                                     int fast /* dx, dw through gemm_strided.c where the CPU has it */,
+                                     const int32_t *target /* [N] */, const float *lse /* [N] */, int64_t N,
+                                     int C, int V, float *scratch /* [chunk, V] */, int chunk, int logits_ready);
 
 /* ---- per-kernel timing (CLRT_PROFILE=1) -------------------------------------------------- */
 enum { CLRT_K_EMBED, CLRT_K_LINEAR_F, CLRT_K_LINEAR_B, CLRT_K_RMSNORM, CLRT_K_ROPE, CLRT_K_ATTN_F,

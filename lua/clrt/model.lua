@@ -284,7 +284,9 @@ function Model:set_matmul(kind)
 end
 
 -- set_decode_pack(on): CPU f32 decoding reads a packed copy of the linear weights (faster
--- steps, a second copy of the weights in memory); on by default, false frees the copy.
+-- steps, a second copy of the weights in memory), and training runs the AVX-512 products
+-- (that copy when a decode made it, else packing on the fly); on by default, false frees the
+-- copy and runs OpenBLAS sgemm throughout.
 function Model:set_decode_pack(on)
   if type(on) ~= "boolean" then error("model:set_decode_pack: expects true or false", 2) end
   ok(C.clrt_model_set_decode_pack(live(self), on and 1 or 0), 2)

@@ -101,8 +101,10 @@ int clrt_model_backward(clrt_model *m, const float *dlogp) {
   /* Output layer and final norm over the rows with a target (compacted, as in forward). */
   PROF(CLRT_K_OTHER, op->gather_rows(a.tmp, a.res[L], a.rowidx, nv, C));
   PROF(CLRT_K_RMSNORM, op->rmsnorm(a.xn, a.rstdf, a.tmp, PW(m, m->norm), nv, C, c->rms_norm_eps));
-  PROF(CLRT_K_OUT_B, op->output_backward(a.dxn, GW(m, m->head), a.dlpv, a.xn, PW(m, m->head), a.target,
-                                         a.lsef, nv, C, V, a.logits, a.chunk, a.logits_kept));
+  PROF(CLRT_K_OUT_B, op->output_backward(a.dxn, GW(m, m->head), a.dlpv, a.xn, PW(m, m->head),
+                                         model_packed_weight(m, m->head), model_fast_kernels(m), a.target,
+                                         a.lsef, nv, C, V,
+                                         a.logits, a.chunk, a.logits_kept));
   op->zero(a.dxc, (size_t)(nv * C));
   PROF(CLRT_K_RMSNORM, op->rmsnorm_backward(a.dxc, GW(m, m->norm), a.dxn, a.tmp, PW(m, m->norm), a.rstdf, nv, C));
   op->zero(a.dres, (size_t)(N * C));

@@ -175,7 +175,8 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
                         const int32_t *lengths, float *lp, int keep) {
   const clrt_model_config *c = &m->cfg;
   int L = c->num_hidden_layers, C = c->hidden_size, V = c->vocab_size;
-  if (check_batch(m, tokens, B, T, lengths) || model_ensure_rope(m, T)) return -1;
+  if (check_batch(m, tokens, B, T, lengths) || model_ensure_rope(m, T) || model_refresh_packed_logprobs(m))
+    return -1;
   model_refresh_bf16(m);
   /* The attention scratch has one slice per thread; backward keeps this forward's count even
      if the thread setting changes in between. */
@@ -196,7 +197,8 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
   const model_ops *op = m->ops;
   PROF(CLRT_K_OTHER, op->gather_rows(a.tmp, xl, a.rowidx, nv, C));
   PROF(CLRT_K_RMSNORM, op->rmsnorm(a.xn, a.rstdf, a.tmp, PW(m, m->norm), nv, C, c->rms_norm_eps));
-  PROF(CLRT_K_OUT_F, op->output(a.lpv, a.lsef, a.xn, PW(m, m->head), a.target, nv, C, V, a.logits, a.chunk));
+  PROF(CLRT_K_OUT_F, op->output(a.lpv, a.lsef, a.xn, PW(m, m->head), model_packed_weight(m, m->head),
+                                a.target, nv, C, V, a.logits, a.chunk));
   if (unstage_logprobs(m, &a, lp, B, T, nv)) return -1;
   m->saved = keep;
   m->B = B;

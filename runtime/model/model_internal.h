@@ -175,10 +175,11 @@ struct model_ops {
   void (*add)(float *out, const float *a, const float *b, int64_t n);
   void (*embedding)(float *out, const int32_t *tok, const float *wte, int64_t N, int C);
   void (*embedding_backward)(float *dwte, const float *dout, const int32_t *tok, int64_t N, int C);
-  void (*output)(float *lp, float *lse, const float *x, const float *w, const int32_t *target,
-                 int64_t N, int C, int V, float *scratch, int chunk);
+  /* wp: the head packed for the CPU's kernels (model_packed_weight), or NULL */
+  void (*output)(float *lp, float *lse, const float *x, const float *w, const float *wp,
+                 const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk);
   void (*output_backward)(float *dx, float *dw, const float *dlp, const float *x, const float *w,
-                          const int32_t *target, const float *lse, int64_t N, int C, int V,
+                          const float *wp, int fast, const int32_t *target, const float *lse, int64_t N, int C, int V,
                           float *scratch, int chunk, int logits_ready);
   /* LoRA adapters (kernels/cpu/lora.c's contracts) */
   void (*lora_dropout)(float *out, const float *x, int64_t n, uint64_t key, float p);
@@ -210,6 +211,8 @@ void model_choose_ops(clrt_model *m);
 
 /* The packed f32 copy (CPU decode) and the bf16 copy follow the params' version. */
 int model_refresh_packed(clrt_model *m);
+/* logprobs' share of that policy: which models read a packed copy in training and scoring. */
+int model_refresh_packed_logprobs(clrt_model *m);
 void model_refresh_bf16(clrt_model *m);
 /* The CPU's linear products, f32 and bf16 (the policy behind model_cpu_ops / _bf16_ops). */
 void model_cpu_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
@@ -220,6 +223,13 @@ void model_cpu_linear_bf16(clrt_model *m, acts *a, float *y, const float *x, int
                            const float *b, int64_t N, int K, int O);
 void model_cpu_linear_parts_bf16(clrt_model *m, acts *a, const float *x, int64_t N, int K,
                                  const lin_part *parts, int count);
+/* The packed copy of the weight at offset w when it is current, else NULL. */
+const float *model_packed_weight(const clrt_model *m, int64_t w);
+/* 1 when the CPU's AVX-512 training kernels are wanted (set_decode_pack, on by default). */
+int model_fast_kernels(const clrt_model *m);
+/* Its backward (both tables): dx (+)= dy w, dw += dy^T x, db += sum dy. */
+void model_cpu_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
+                               const float *x, int64_t N, int K, int O, int acc);
 
 /* ---- parameters (params.c) ------------------------------------------------------------------- */
 

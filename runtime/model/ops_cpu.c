@@ -4,11 +4,6 @@
 
 #include <string.h>
 
-static void cpu_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db,
-                                const float *dy, const float *x, int64_t N, int K, int O, int acc) {
-  clrt_linear_backward(dx, GW(m, w), db, dy, x, PW(m, w), N, K, O, acc);
-}
-
 /* The output layer goes through the same linear policy as the blocks' layers (a bf16 model's
    decode reads its bf16 copy, an f32 one its packed copy), straight into the caller's memory. */
 static int cpu_decode_logits(clrt_model *m, acts *a, float *logits, const float *xn, int B) {
@@ -69,7 +64,7 @@ static int cpu_sync(void) { return 0; }
 #define CPU_OPS(lin, lin_parts, label)                                                        \
   {                                                                                           \
     .name = label, .linear = lin, .linear_parts = lin_parts,                                  \
-    .linear_backward = cpu_linear_backward, .decode_logits = cpu_decode_logits,               \
+    .linear_backward = model_cpu_linear_backward, .decode_logits = cpu_decode_logits,               \
     .rmsnorm = clrt_rmsnorm_forward, .rmsnorm_backward = clrt_rmsnorm_backward,               \
     .rope = clrt_rope_forward, .rope_backward = clrt_rope_backward,                           \
     .attention = cpu_attention, .attention_backward = cpu_attention_backward,                 \

@@ -66,6 +66,20 @@ static int cuda_download(void *dst, const void *src, size_t bytes) {
   return clrt_cuda_sync() || clrt_cuda_memcpy(dst, src, bytes, 1) ? -1 : 0;
 }
 
+/* The packed head is the CPU kernels' (always NULL here). */
+static void cuda_output(float *lp, float *lse, const float *x, const float *w, const float *wp,
+                        const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk) {
+  (void)wp;
+  clrt_cuda_logsoftmax_gather_forward(lp, lse, x, w, target, N, C, V, scratch, chunk);
+}
+
+static void cuda_output_backward(float *dx, float *dw, const float *dlp, const float *x, const float *w,
+                                 const float *wp, int fast, const int32_t *target, const float *lse, int64_t N,
+                                 int C, int V, float *scratch, int chunk, int logits_ready) {
+  (void)wp, (void)fast;
+  clrt_cuda_logsoftmax_gather_backward(dx, dw, dlp, x, w, target, lse, N, C, V, scratch, chunk, logits_ready);
+}
+
 #define CUDA_OPS(lin, lin_back, to16, bf16, label)                                                      \
   {                                                                                               \
     .name = label, .linear = lin, .linear_parts = cuda_linear_parts, .linear_backward = lin_back, \
@@ -76,8 +90,7 @@ static int cuda_download(void *dst, const void *src, size_t bytes) {
     .kv_write = clrt_cuda_kv_write, .swiglu = clrt_cuda_swiglu_forward,                           \
     .swiglu_backward = clrt_cuda_swiglu_backward, .add = clrt_cuda_residual_forward,              \
     .embedding = clrt_cuda_embedding_forward, .embedding_backward = clrt_cuda_embedding_backward, \
-    .output = clrt_cuda_logsoftmax_gather_forward,                                                \
-    .output_backward = clrt_cuda_logsoftmax_gather_backward,                                      \
+    .output = cuda_output, .output_backward = cuda_output_backward,                               \
     .gather_rows = clrt_cuda_gather_rows, .scatter_rows = clrt_cuda_scatter_rows,                 \
     .lora_dropout = clrt_cuda_lora_dropout, .lora_forward = clrt_cuda_lora_forward,               \
     .lora_backward = clrt_cuda_lora_backward,                                                     \

@@ -1,7 +1,13 @@
 /* weights.c — the weight copies beside the fp32 master params and the one policy for which
    product a linear layer runs:
      CPU f32   the packed f32 copy (48-wide panels, clrt_linear_pack) when it is current and the
-               CPU has the kernel — decode makes it — else sgemm on the params;
+               CPU has the kernel — decode makes it, logprobs remakes an existing one after the
+               weights change and makes one for a small model (model_refresh_packed_logprobs)
+               — else, beyond decode-sized products, the same tiles packing w on the fly
+               (gemm_strided.c: no second copy of a large model's weights for SFT or a
+               reference model, ~1.3-1.7x sgemm here), else sgemm on the params; backward's dx = dy w and dw += dy^T x through the AVX-512 tiles that read
+               w and x in place (gemm_strided.c, ~1.3-2.5x sgemm here) where the CPU has them,
+               else sgemm; set_decode_pack(false) turns all of these off (sgemm throughout);
      CPU bf16  few-row products (decode) over the bf16 copy (packed in bf16 pairs on a CPU with
                AVX512-BF16, else plain) with bf16-rounded inputs, else sgemm on the params;
      CUDA      cuBLAS in f32, or bf16 inputs with f32 accumulation (ops_cuda.c).
@@ -36,7 +42,7 @@ static void pack_linear_weights(const clrt_model *m, void *dst, int bf16) {
 #undef PACK
 }
 
-/* The packed copies of the linear weights, made on the first CPU decode and remade when the
+/* The packed copies of the linear weights, made on the first CPU forward (decode, logprobs) and remade when the
    weights change. Products of any number of rows run faster over them than over sgemm (see
    linear_packed.c), for a second copy of the weights in memory. */
 int model_refresh_packed(clrt_model *m) {
@@ -55,17 +61,43 @@ int model_refresh_packed(clrt_model *m) {
   return 0;
 }
 
+/* In logprobs (training, scoring): an existing copy (a policy that decodes) is remade after the
+   weights change, once per optimizer step rather than at the next decode; a small model gets
+   one (up to 256 MiB: the packed forward runs 1.1-1.4x the on-the-fly one here); a larger
+   model without one packs on the fly rather than holding a second copy of its weights
+   (SFT, a reference model). CLRT_TRAIN_PACK_MAX_MB moves the bound (tests, benchmarks). */
+int model_refresh_packed_logprobs(clrt_model *m) {
+  const char *env = getenv("CLRT_TRAIN_PACK_MAX_MB");
+  double max_mb = env && *env ? atof(env) : 256;
+  if (!m->wpk && sizeof(float) * (double)m->total > max_mb * 1048576.0) return 0;
+  return model_refresh_packed(m);
+}
+
 /* The packed copy of the weight at offset w, when it is current. */
-static const float *packed_weight(const clrt_model *m, int64_t w) {
+const float *model_packed_weight(const clrt_model *m, int64_t w) {
   return m->wpk && m->wpk_ver == m->params->version ? (const float *)m->wpk->data + w : NULL;
 }
 
-/* A linear layer on the CPU in f32: over the packed copy when current, else sgemm. */
+int model_fast_kernels(const clrt_model *m) { return m->device == CLRT_CPU && m->pack_decode; }
+
+/* A linear layer on the CPU in f32: over the packed copy when current, else the same tiles
+   packing w on the fly (more than a decode step's rows: fewer reread the weights once per
+   row tile), else sgemm (or the skinny kernel, linear.c). */
 void model_cpu_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
                       int64_t N, int Kd, int O) {
-  const float *wp = packed_weight(m, w);
+  const float *wp = model_packed_weight(m, w);
   if (wp && clrt_linear_packed_forward(y, x, wp, b, N, Kd, O)) return;
+  if (model_fast_kernels(m) && N > CLRT_SKINNY_MAX_ROWS && clrt_linear_forward_strided(y, x, PW(m, w), b, N, Kd, O))
+    return;
   clrt_linear_forward(y, x, PW(m, w), b, N, Kd, O);
+}
+
+/* The backward of a linear layer on the CPU (f32 and bf16 tables alike: gradients are f32). */
+void model_cpu_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
+                               const float *x, int64_t N, int K, int O, int acc) {
+  (void)a;
+  if (model_fast_kernels(m) && clrt_linear_backward_strided(dx, GW(m, w), db, dy, x, PW(m, w), N, K, O, acc)) return;
+  clrt_linear_backward(dx, GW(m, w), db, dy, x, PW(m, w), N, K, O, acc);
 }
 
 /* Products of the same x (q, k, v; gate, up) over the packed copy: one parallel pass for all
@@ -75,7 +107,7 @@ void model_cpu_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, i
   clrt_packed_part packed[3] = {{0}};
   int ok = count <= 3;
   for (int i = 0; ok && i < count; i++) {
-    const float *wp = packed_weight(m, parts[i].w);
+    const float *wp = model_packed_weight(m, parts[i].w);
     packed[i] = (clrt_packed_part){parts[i].y, wp, parts[i].b, parts[i].O};
     ok = wp != NULL;
   }

@@ -73,6 +73,59 @@ static void test_linear(void) {
   free(c.x); free(c.w); free(c.b); free(c.y); free(c.R); free(dx); free(dx0); free(dw); free(db);
 }
 
+/* The backward products without packing and the forward packing on the fly (gemm_strided.c)
+   against sgemm's (linear.c), over
+   shapes with every tail: K and N not multiples of the 48-wide panels or 8-row tiles, O past
+   one 256-step k block (dx sums over O, the forward over K) and N past one (dw sums over N), N past one 192-row
+   block; dx overwritten and accumulated, dw and db accumulated; one thread and two. */
+static void test_linear_backward_strided(void) {
+  static const int Ns[] = {1, 7, 9, 200, 300}, Ks[] = {1, 16, 49, 100, 300}, Os[] = {1, 5, 48, 300};
+  int ran = 0;
+  for (int threads = 1; threads <= 2; threads++) {
+    clrt_set_num_threads(threads);
+    for (size_t a = 0; a < sizeof Ns / sizeof *Ns; a++)
+      for (size_t k = 0; k < sizeof Ks / sizeof *Ks; k++)
+        for (size_t o = 0; o < sizeof Os / sizeof *Os; o++)
+          for (int acc = 0; acc <= 1; acc++) {
+            int N = Ns[a], K = Ks[k], O = Os[o];
+            size_t nk = (size_t)N * K, ok = (size_t)O * K;
+            float *x = randv(nk, 1), *w = randv(ok, 1), *dy = randv((size_t)N * O, 1);
+            float *dx = randv(nk, 1), *dw = randv(ok, 1), *db = randv((size_t)O, 1);
+            float *dx2 = malloc(nk * 4), *dw2 = malloc(ok * 4), *db2 = malloc((size_t)O * 4);
+            memcpy(dx2, dx, nk * 4), memcpy(dw2, dw, ok * 4), memcpy(db2, db, (size_t)O * 4);
+            /* the forward with w packed on the fly, bias on every other shape */
+            float *y = zerov((size_t)N * O), *y2 = zerov((size_t)N * O);
+            clrt_linear_forward(y, x, w, acc ? db : NULL, N, K, O);
+            if (clrt_linear_forward_strided(y2, x, w, acc ? db : NULL, N, K, O)) {
+              double worst = 0;
+              for (size_t i = 0; i < (size_t)N * O; i++) worst = fmax(worst, fabs(y2[i] - y[i]) / (1 + fabs(y[i])));
+              if (worst > 1e-4) {
+                check_failed++;
+                fprintf(stderr, "strided forward N=%d K=%d O=%d threads=%d: off by %.3g\n", N, K, O, threads, worst);
+              }
+            }
+            free(y), free(y2);
+            clrt_linear_backward(dx, dw, db, dy, x, w, N, K, O, acc);
+            if (clrt_linear_backward_strided(dx2, dw2, db2, dy, x, w, N, K, O, acc)) {
+              ran++;
+              double worst = 0;
+              for (size_t i = 0; i < nk; i++) worst = fmax(worst, fabs(dx2[i] - dx[i]) / (1 + fabs(dx[i])));
+              for (size_t i = 0; i < ok; i++) worst = fmax(worst, fabs(dw2[i] - dw[i]) / (1 + fabs(dw[i])));
+              for (int i = 0; i < O; i++) worst = fmax(worst, fabs(db2[i] - db[i]) / (1 + fabs(db[i])));
+              if (worst > 1e-4) {
+                check_failed++;
+                fprintf(stderr, "strided backward N=%d K=%d O=%d acc=%d threads=%d: off by %.3g\n", N,
+                        K, O, acc, threads, worst);
+              }
+            }
+            free(x); free(w); free(dy); free(dx); free(dw); free(db); free(dx2); free(dw2); free(db2);
+          }
+  }
+  clrt_set_num_threads(1);
+  if (!ran) fprintf(stderr, "strided backward: no AVX-512 here, skipped\n");
+  check_passed++;
+}
+
 /* The few-row forwards (decode: skinny, bf16 skinny, packed) against a float64 product, over
    shapes that exercise every tail: K not a multiple of 16, O not a multiple of 4 or of the
    48-wide packed panels, N not a multiple of 4 or 8; with and without a bias; one thread and
@@ -420,7 +473,7 @@ enum { LN = 7, LC = 6, LV = 11 };
 typedef struct { float *x, *w, *lp, *lse, *R, *scratch; int32_t *tgt; } ls_ctx;
 static double ls_loss(void *p) {
   ls_ctx *c = p;
-  clrt_logsoftmax_gather_forward(c->lp, c->lse, c->x, c->w, c->tgt, LN, LC, LV, c->scratch, 3);
+  clrt_logsoftmax_gather_forward(c->lp, c->lse, c->x, c->w, NULL, c->tgt, LN, LC, LV, c->scratch, 3);
   return dotv(c->lp, c->R, LN);
 }
 static void test_logsoftmax_gather(void) {
@@ -439,18 +492,53 @@ static void test_logsoftmax_gather(void) {
     CHECK_NEAR(c.lp[n], z[tgt[n]] - m - log(l), 1e-5);
   }
   float *dx = zerov(LN * LC), *dw = zerov(LV * LC);
-  clrt_logsoftmax_gather_backward(dx, dw, c.R, c.x, c.w, tgt, c.lse, LN, LC, LV, c.scratch, 3, 0);
+  clrt_logsoftmax_gather_backward(dx, dw, c.R, c.x, c.w, NULL, 1, tgt, c.lse, LN, LC, LV, c.scratch, 3, 0);
   fd_check("logsoftmax_gather dx", ls_loss, &c, c.x, dx, LN * LC, 1, 1e-2f, 1e-3);
   fd_check("logsoftmax_gather dw", ls_loss, &c, c.w, dw, LV * LC, 1, 1e-2f, 1e-3);
   /* all rows in one chunk, logits kept from forward: the same gradients without a recompute */
   float *dx2 = zerov(LN * LC), *dw2 = zerov(LV * LC);
-  clrt_logsoftmax_gather_forward(c.lp, c.lse, c.x, c.w, tgt, LN, LC, LV, c.scratch, LN);
-  clrt_logsoftmax_gather_backward(dx2, dw2, c.R, c.x, c.w, tgt, c.lse, LN, LC, LV, c.scratch, LN, 1);
+  clrt_logsoftmax_gather_forward(c.lp, c.lse, c.x, c.w, NULL, tgt, LN, LC, LV, c.scratch, LN);
+  clrt_logsoftmax_gather_backward(dx2, dw2, c.R, c.x, c.w, NULL, 1, tgt, c.lse, LN, LC, LV, c.scratch, LN, 1);
   for (int i = 0; i < LN * LC; i++) CHECK_NEAR(dx2[i], dx[i], 1e-5);
   for (int i = 0; i < LV * LC; i++) CHECK_NEAR(dw2[i], dw[i], 1e-5);
   free(dx2);
   free(dw2);
   free(c.x); free(c.w); free(c.lp); free(c.lse); free(c.R); free(c.scratch); free(dx); free(dw);
+}
+
+/* The output layer's blocks at a shape with several 48-aligned vocabulary blocks (N = 300 rows
+   past one 256-row block, V = 1000 in blocks of 240 from a 64-row scratch), with the logits
+   through sgemm and through the packed head (dx, dw through gemm_strided.c), against one
+   block holding all logits, all through sgemm: the same lp, lse, dx, dw. */
+static void test_logsoftmax_gather_blocks(void) {
+  enum { N = 300, C = 40, V = 1000 };
+  float *x = randv(N * C, 1), *w = randv((size_t)V * C, 1), *dlp = randv(N, 1);
+  float *wp = malloc(sizeof(float) * V * C), *big = zerov((size_t)N * V), *small = zerov(64 * V);
+  clrt_linear_pack(wp, w, C, V);
+  int32_t tgt[N];
+  for (int n = 0; n < N; n++) tgt[n] = (n * 337) % V;
+  float *lp[3], *lse[3], *dx[3], *dw[3];
+  for (int run = 0; run < 3; run++) {
+    lp[run] = zerov(N), lse[run] = zerov(N), dx[run] = zerov(N * C), dw[run] = zerov((size_t)V * C);
+    const float *pk = run == 2 ? wp : NULL;
+    float *scr = run == 0 ? big : small;
+    int chunk = run == 0 ? N : 64;
+    clrt_logsoftmax_gather_forward(lp[run], lse[run], x, w, pk, tgt, N, C, V, scr, chunk);
+    clrt_logsoftmax_gather_backward(dx[run], dw[run], dlp, x, w, pk, run > 0, tgt, lse[run], N, C, V, scr, chunk, 0);
+  }
+  for (int run = 1; run < 3; run++) {
+    double worst = 0;
+    for (int i = 0; i < N; i++) worst = fmax(worst, fabs(lp[run][i] - lp[0][i]) + fabs(lse[run][i] - lse[0][i]));
+    for (int i = 0; i < N * C; i++) worst = fmax(worst, fabs(dx[run][i] - dx[0][i]));
+    for (int i = 0; i < V * C; i++) worst = fmax(worst, fabs(dw[run][i] - dw[0][i]));
+    if (worst <= 1e-3) check_passed++;
+    else {
+      check_failed++;
+      fprintf(stderr, "logsoftmax_gather blocks (%s): off by %.3g\n", run == 2 ? "packed" : "sgemm logits", worst);
+    }
+  }
+  for (int run = 0; run < 3; run++) free(lp[run]), free(lse[run]), free(dx[run]), free(dw[run]);
+  free(x); free(w); free(dlp); free(wp); free(big); free(small);
 }
 
 /* ---- shared math ------------------------------------------------------------------------------ */
@@ -491,6 +579,8 @@ int main(void) {
   test_attention_decode();
   test_swiglu_residual();
   test_logsoftmax_gather();
+  test_logsoftmax_gather_blocks();
+  test_linear_backward_strided();
   test_math();
   return check_summary();
 }

@@ -246,6 +246,56 @@ T.case("i32 tensor tokens and ragged Lua rows give the same log-probs", function
   T.ok(bytes_of(a) == bytes_of(b), "same bits")
 end)
 
+T.case("training through the AVX-512 kernels (packed or packing on the fly, strided backward, blocked output layer) equals the sgemm path", function()
+  -- V = 40,000 with no kept logits: the output layer runs in blocks of 200 rows x ~20,800
+  -- vocabulary entries (two blocks, the target in either). QKV bias, GQA, tied head. A model
+  -- over CLRT_TRAIN_PACK_MAX_MB packs w on the fly, unless a decode made the packed copy (an
+  -- RL policy); a small one gets the copy in logprobs. With the copy the logits read it too,
+  -- and a second step after new q weights through a view must see it remade.
+  -- (A CPU without AVX-512 runs sgemm on both sides: equal, trivially.)
+  local cfg = { architectures = { "Qwen2ForCausalLM" }, vocab_size = 40000, hidden_size = 64,
+    intermediate_size = 136, num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2,
+    max_position_embeddings = 64, rms_norm_eps = 1e-6, tie_word_embeddings = true }
+  local rows = {}
+  math.randomseed(7)
+  for b = 1, 4 do
+    rows[b] = {}
+    for t = 1, 40 + 4 * b do rows[b][t] = math.random(0, 39999) end
+  end
+  pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
+  local function run(pack, decode)
+    ffi.C.setenv("CLRT_TRAIN_PACK_MAX_MB", decode == "small" and "256" or "0", 1)
+    local m = clrt.model.new(cfg, { seed = 3, keep_logits_mb = 0 })
+    if not pack then m:set_decode_pack(false) end
+    if decode == true then m:generate({ { 1, 2, 3 } }, { temperature = 0, max_new_tokens = 2 }) end
+    local lp = m:logprobs(rows)
+    m:backward(tensor.full(lp:shape(), -0.01))
+    local out = { lp = lp:clone(), grads = {} }
+    for name, g in pairs(m:grads()) do out.grads[name] = g:clone() end
+    -- new weights through a view (the packed copy must follow), then a second step
+    for name, w in pairs(m:params()) do
+      if name:find("q_proj.weight", 1, true) then w:copy_(tensor.randn(w:shape(), { seed = 5 })) end
+    end
+    m:zero_grad()
+    out.lp2 = m:logprobs(rows)
+    m:backward(tensor.full(out.lp2:shape(), -0.01))
+    return m, out
+  end
+  local ms, s = run(false)
+  for _, decode in ipairs({ false, true, "small" }) do
+    local mk, k = run(true, decode)
+    local how = decode == true and " (decode's packed copy)" or decode and " (small model's packed copy)"
+      or " (packed on the fly)"
+    near_tensor(k.lp, s.lp, 1e-4, "log-probs" .. how)
+    near_tensor(k.lp2, s.lp2, 1e-4, "log-probs after new q weights" .. how)
+    T.ok(math.abs(flat(k.lp2)[3] - flat(k.lp)[3]) > 1e-3, "the new q weights changed the log-probs")
+    for _, name in ipairs(ms.names) do grad_close(k.grads[name], s.grads[name], 1e-4, name .. how) end
+    local gk, gs = mk:grads(), ms:grads()
+    for _, name in ipairs(ms.names) do grad_close(gk[name], gs[name], 1e-4, name .. " (second step)" .. how) end
+  end
+  ffi.C.unsetenv("CLRT_TRAIN_PACK_MAX_MB")
+end)
+
 T.case("optimizer state round-trips through safetensors: resumed training is bit-identical", function()
   local dir = T.tmpdir()
   local cfg = { vocab_size = 50, hidden_size = 16, intermediate_size = 32, num_hidden_layers = 1,

@@ -22,10 +22,13 @@ function M.pad(items, pad_id)
   return rows, lens, T
 end
 
--- The model's log-probabilities of rows (right-padded with 0): [B, T-1].
+-- The model's log-probabilities of rows (ragged; T the longest): [B, T-1]. The id lists go
+-- to the model as they are (it pads with 0 in its own buffer), not through a padded B x T
+-- copy in Lua tables.
 function M.logprobs(model, rows, grad)
-  local padded, lens = M.pad(rows, 0)
-  return model:logprobs(padded, { lengths = lens, grad = grad })
+  local ids = {}
+  for b, r in ipairs(rows) do ids[b] = r.ids end
+  return model:logprobs(ids, { grad = grad })
 end
 
 -- Split a list into consecutive parts of at most `size` (all in one when size is nil).
