@@ -56,12 +56,14 @@ D.prompts_per_step = 16       -- online: prompts per step (verl data.train_batch
 D.train = { lr = 1e-6, decay = "constant", min_lr_ratio = 0.0, warmup_steps = 0, weight_decay = 0.01,
   grad_clip = 1.0, beta = 0.1, label_smoothing = 0.0,
   batch_size = 16,            -- offline: pairs per optimizer step
-  micro_batch_size = 2 }      -- pairs per forward/backward (the gradients accumulate)
+  micro_batch_size = 2,       -- pairs per forward/backward (the gradients accumulate)
+  lora = require("clrt.train.lora").config() }   -- r > 0: train LoRA adapters; the reference is the start, adapters off
 D.eval.every = 10
 
 M.rules = { { "min_gap", "nonneg" }, { "pairs_prompts", "count" },
   { "train.beta", "rate" }, { "train.label_smoothing", "prob" }, { "train.batch_size", "count" },
   { "train.micro_batch_size", "count" } }
+for _, r in ipairs(require("clrt.train.lora").rules) do M.rules[#M.rules + 1] = r end
 for _, r in ipairs(rl.rules) do
   if not r[1]:match("^train%.") or r[1] == "train.lr" or r[1] == "train.decay" or r[1] == "train.min_lr_ratio"
     or r[1] == "train.warmup_steps" or r[1] == "train.weight_decay" or r[1] == "train.grad_clip" then
@@ -79,7 +81,7 @@ function M.check_config(cfg)
 end
 
 M.FIXED_ON_RESUME = { "model", "seed", "data", "online", "prompts_per_step", "rollout.n", "single_turn", "sft",
-  "sft_cache", "min_gap", "pairs_prompts", "train.batch_size" }
+  "sft_cache", "min_gap", "pairs_prompts", "train.batch_size", "train.lora.r", "train.lora.alpha", "train.lora.targets" }
 
 -- The built-in world's settings: the RL world file (less its RL-only train table) under
 -- examples/collab_world/config_dpo.lua.
@@ -181,8 +183,8 @@ function M.run(cfg, run_dir)
   files.mkdir_p(run_dir)
   local start_dir = cfg.model or prompts.world_start(cfg, world)
   local tok = clrt.tokenizer.load(start_dir)
-  local m = clrt.model.load(ckpt_dir or start_dir)
-  local ref = clrt.model.load(start_dir)   -- the frozen reference (with LoRA: the base, adapters off)
+  local m = train.lora.policy(start_dir, ckpt_dir, cfg.train.lora, cfg.seed, cfg.adapter)
+  local ref = train.lora.reference(m, start_dir)   -- the frozen reference (with LoRA: the base, adapters off)
   local ctx, user = train.context{ config = cfg, tokenizer = tok }
   local weights = cfg.reward.metric_weights
   local metrics = reward.load_metrics(weights)
@@ -199,7 +201,11 @@ function M.run(cfg, run_dir)
       notes[#notes + 1] = ("%s: %d pairs, %d below min_gap=%g left out"):format(cfg.data, #rows, below, cfg.min_gap)
     else
       -- the start model samples them: the same model as the reference, before any step
-      rows = M.world_pairs(ckpt_dir and ref or m, tok, cfg, world, ctx, user, metrics, run_dir)
+      -- (resumed: the start is the reference; under LoRA, the policy with its adapters off)
+      local sampler = ckpt_dir and (m.lora and m or ref) or m
+      if ckpt_dir and m.lora then m:set_adapters(false) end
+      rows = M.world_pairs(sampler, tok, cfg, world, ctx, user, metrics, run_dir)
+      if m.lora then m:set_adapters(true) end
       notes[#notes + 1] = ("built-in world: %d pairs from %d prompts (pairs.jsonl, scored.jsonl)"):format(#rows, cfg.pairs_prompts)
     end
     local skipped
@@ -346,7 +352,7 @@ function M.run(cfg, run_dir)
     end
     lg:log(step, row)
     if cfg.save_every > 0 and (step % cfg.save_every == 0 or step == last_step) then
-      train.checkpoint.save(run_dir, { step = step, model = m, tokenizer_dir = start_dir, optimizer = opt,
+      train.checkpoint.save(run_dir, { step = step, model = m, tokenizer_dir = start_dir, optimizer = opt, base = start_dir,
         state = { failed_steps = failed_steps } })
     end
   end

@@ -10,6 +10,7 @@ local sft = require("recipes.collabllm_sft")
 local dpo_recipe = require("recipes.collabllm_dpo")
 local dpo = require("clrt.train.dpo")
 local scored = require("clrt.train.scored")
+local files = require("clrt.files")
 
 local root = T.tmpdir()
 local start
@@ -86,6 +87,13 @@ T.case("offline DPO on pairs sampled and MR-scored in the world; resume is bit-i
   local sc = data.read_jsonl(root .. "/offline/scored.jsonl")
   T.eq(#sc, 8 * 4, "every scored candidate of 8 prompts x 4")
   T.eq(type(sc[1].score), "number"); T.eq(type(sc[1].group), "string")
+end)
+
+T.case("offline DPO with LoRA: the reference is the start with its adapters off; checkpoints hold the adapter; resume is bit-identical", function()
+  local a = straight_and_resumed("offline_lora", { "train.lora.r=4", "train.lora.dropout=0.1" })
+  T.near(a[1].loss, math.log(2), 1e-5, "step 1: adapters start at zero (B = 0), so the policy is its reference")
+  T.ok(files.exists(root .. "/offline_lora/checkpoint-5/adapter_config.json"), "the checkpoint holds the PEFT adapter")
+  T.ok(not files.exists(root .. "/offline_lora/checkpoint-5/model.safetensors"), "and not a full model")
 end)
 
 T.case("online DPO on the policy's samples ranked by the MR; resume is bit-identical", function()
