@@ -1,7 +1,7 @@
 /*
  * clrt.h — the one public interface of the clrt runtime.
  *
- * The binary embeds this file and Lua's FFI cdef()s it (lua/clrt/ffi.lua), so below the
+ * The binary embeds this file and Lua's FFI cdef()s it (lua/clrt/core/ffi.lua), so below the
  * include guard it holds only plain C declarations: lines starting with '#' are stripped
  * before the FFI sees them, and no macro may appear inside a declaration.
  *
@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ==== core: errors, version, interrupts ================================================ */
+/* ==== core: errors, version, interrupts (core/core.c) ==================================== */
 
 const char *clrt_version(void);
 const char *clrt_ffi_header(void);
@@ -33,7 +33,7 @@ const char *clrt_lua_dir(void);
 int clrt_cuda_device_count(void);
 
 
-/* ==== tensors ============================================================================ */
+/* ==== tensors (core/tensor.c) ============================================================ */
 
 enum { CLRT_MAX_DIMS = 8 };
 typedef enum { CLRT_F32 = 0, CLRT_BF16 = 1, CLRT_I32 = 2 } clrt_dtype;
@@ -99,7 +99,7 @@ int clrt_tensor_rand_(clrt_tensor *t, clrt_rng *r);   /* uniform [0, 1) */
 int clrt_tensor_randn_(clrt_tensor *t, clrt_rng *r);  /* standard normal */
 
 
-/* ==== tensor ops ========================================================================= */
+/* ==== tensor ops (core/tensor_ops.c) ===================================================== */
 /* Elementwise ops broadcast like numpy. Result dtypes: the wider of the two (f32 > bf16 > i32;
    a number does not widen a tensor unless it is fractional and the tensor is i32); i32
    division gives f32; comparisons give f32 0/1. bf16 math runs in f32. In-place ops (name_)
@@ -240,7 +240,7 @@ double clrt_profile_seconds(int i);
 void clrt_profile_reset(void);
 
 
-/* ==== optimizer ========================================================================== */
+/* ==== optimizer: AdamW over a model's parameters (model/optim.c) ========================= */
 
 /* AdamW over all of a model's parameters; the moments live in one arena each. */
 typedef struct clrt_adamw clrt_adamw;
@@ -259,7 +259,7 @@ clrt_tensor *clrt_adamw_moment(clrt_adamw *o, int which, int i);
 size_t clrt_adamw_memory(const clrt_adamw *o);
 
 
-/* ==== safetensors and Hugging Face files ================================================= */
+/* ==== safetensors (formats/safetensors.c) ================================================ */
 
 /* A memory-mapped safetensors file whose header has been checked against its size. */
 typedef struct clrt_safetensors clrt_safetensors;
@@ -286,7 +286,7 @@ int clrt_safetensors_write(const char *path, int n, const char *const *names,
 /* Any small file (config.json, trainer state) the same way: temporary name, fsync, rename. */
 int clrt_file_write_atomic(const char *path, const char *data, size_t len);
 
-/* ==== files: the run folder's steps without a shell (files.c) ============================= */
+/* ==== files: the run folder's steps without a shell (core/files.c) ======================= */
 
 /* 0: nothing there, 1: a file (or anything not a folder), 2: a folder. */
 int clrt_path_kind(const char *path);
@@ -307,7 +307,7 @@ char *clrt_list_dir(const char *path);
 void clrt_free_string(char *s);
 
 
-/* ==== tokenizer ========================================================================== */
+/* ==== tokenizer (text/tokenizer*.c, text/bpe_train.c) ==================================== */
 
 /* A byte-level BPE tokenizer (Hugging Face tokenizer.json semantics). Lua's clrt.tokenizer
    parses the file and builds it with these calls: vocab tokens and merges are given in their
@@ -348,7 +348,7 @@ size_t clrt_utf8_complete_prefix(const char *s, size_t n);
 /* out: [3 * n] bytes; returns the length written. */
 size_t clrt_utf8_lossy(const char *in, size_t n, char *out);
 
-/* Byte-level BPE training (runtime/bpe_train.c). texts: [n] UTF-8 strings, each put in NFC and cut into
+/* Byte-level BPE training (text/bpe_train.c). texts: [n] UTF-8 strings, each put in NFC and cut into
    pieces by split_regex; learns merges (most frequent adjacent pair first, ties to the smaller
    ids) until there are vocab_size tokens or no pair occurs min_frequency times. Byte b is id b;
    each merge makes id 256, 257, ... unless its token already exists. On success returns the
@@ -358,7 +358,7 @@ int64_t clrt_bpe_train(const char *const *texts, const size_t *lens, int64_t n, 
                        size_t regex_len, int32_t vocab_size, int32_t min_frequency, int32_t **merges);
 
 
-/* ==== generation: the KV-cache decoder (decode.c) ======================================== */
+/* ==== generation: the KV-cache decoder (model/decode.c) ================================== */
 
 /* A KV cache of `slots` independent sequences of up to max_len tokens over a model. Logits
    are written to row `slot` of a [slots, V] buffer. */
@@ -380,7 +380,7 @@ int clrt_decoder_decode(clrt_decoder *d, int n, const int32_t *slots, const int3
                         float *logits);
 
 
-/* ==== sampling on the CPU (kernels/cpu/sample.c) ========================================== */
+/* ==== sampling on the CPU (kernels/cpu/sample.c) ========================================= */
 
 typedef struct clrt_sample_params {
   float temperature;                  /* 0: greedy */
@@ -399,10 +399,10 @@ int clrt_top_logprobs(const float *logits, int V, int32_t chosen, int k, int32_t
                       float *chosen_lp);
 
 
-/* ==== constrained decoding =============================================================== */
+/* ==== constrained decoding (text/json_grammar.c) ========================================= */
 
 /* A JSON grammar is a table of schema nodes built by the clrt_jschema_* builder calls (Lua's
-   clrt.json_constraint parses the schema), then finished; a byte-level pushdown automaton runs
+   clrt.gen.json_constraint parses the schema), then finished; a byte-level pushdown automaton runs
    over it. A vocab is a trie over the token byte strings, built once per tokenizer; fill_mask
    walks it from a row's state and allows exactly the tokens whose bytes keep the output a
    prefix of a valid value (and the stop ids once the value is complete). */
@@ -455,8 +455,8 @@ int clrt_jschema_fill_mask(clrt_jschema_vocab *v, const clrt_jschema_state *s, c
                         int n_stop, uint8_t *mask);
 
 
-/* ==== HTTP client (http.c) =============================================================== */
-/* One event loop over libcurl's multi interface (runtime/http.c): submit requests, then
+/* ==== HTTP client (net/http.c) =========================================================== */
+/* One event loop over libcurl's multi interface: submit requests, then
    poll; many are in flight at once on one thread, with keep-alive connection reuse and TLS
    verification always on. Retries and JSON are the Lua side's job (lua/clrt/llm.lua). */
 typedef struct clrt_http clrt_http;
@@ -494,7 +494,7 @@ int clrt_http_in_flight(const clrt_http *h);
 double clrt_http_now(void);   /* monotonic seconds */
 
 
-/* ==== server (server.c) ================================================================== */
+/* ==== HTTP server of `clrt serve` (net/server.c) ========================================= */
 
 /* An HTTP server whose requests are answered by the engine loop that calls clrt_server_next.
    Strings in the info stay valid until the next clrt_server_next call. */
@@ -521,7 +521,7 @@ int clrt_server_is_open(clrt_server *s, int64_t id);
 void clrt_server_stop(clrt_server *s);
 
 
-/* ==== terminal: the CLI's line input (terminal.c) ========================================= */
+/* ==== terminal: the CLI's line input (cli/terminal.c, in the executable only) ============ */
 
 /* Terminal input for interactive commands: a readline line (free with clrt_free), or NULL
    at end of input; the history file is shared across sessions. */
@@ -531,7 +531,7 @@ int clrt_history_load(const char *path);
 int clrt_history_save(const char *path);
 
 
-/* ==== CUDA: device memory and tensors (cuda_tensor.c, flops.c) =========================== */
+/* ==== CUDA: device memory and tensors (core/cuda_tensor.c; the peak in model/flops.c) ==== */
 /* Device memory for clrt_storage_new(bytes, CLRT_CUDA) (zeroed; out of memory names the size
    requested and the free memory) and its release; errors when built without CUDA. */
 clrt_storage *clrt_cuda_storage_new(size_t bytes);

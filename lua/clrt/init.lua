@@ -16,7 +16,7 @@ setmetatable(clrt, {
   end,
 })
 
-local core = require("clrt.ffi")
+local core = require("clrt.core.ffi")
 local ffi = require("ffi")
 clrt.version = ffi.string(core.C.clrt_version())
 clrt.lua_dir = ffi.string(core.C.clrt_lua_dir())

@@ -8,7 +8,7 @@
 --   m:set_matmul("bf16"|"f32"), m:set_decode_pack(bool)  -- how decode steps read the weights
 -- config.json is parsed and checked here; C gets a plain clrt_model_config.
 local ffi = require("ffi")
-local core = require("clrt.ffi")
+local core = require("clrt.core.ffi")
 local tensor = require("clrt.tensor")
 local cjson_mod = require("cjson")
 local C, check, ok = core.C, core.check, core.ok
@@ -440,6 +440,6 @@ function M.profile(reset)
   return out
 end
 
-require("clrt.model_generate").install(Model)
+require("clrt.gen.model_methods").install(Model)
 
 return M

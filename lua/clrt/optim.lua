@@ -8,7 +8,7 @@
 -- Weight decay is decoupled (AdamW) and by default applies to matrices only, not to norms
 -- and biases.
 local ffi = require("ffi")
-local core = require("clrt.ffi")
+local core = require("clrt.core.ffi")
 local tensor = require("clrt.tensor")
 local C, check, ok = core.C, core.check, core.ok
 

@@ -1,11 +1,11 @@
--- TensorBoard event files (clrt.tensorboard, written by clrt.log.run under DIR/tb/), read
+-- TensorBoard event files (clrt.util.tensorboard, written by clrt.log.run under DIR/tb/), read
 -- back by an independent decoder: tests/reference/read_tfevents.py under Debian's python3,
 -- which builds the Event/Summary/TensorProto classes from the public schema with
 -- python3-protobuf and checks every record's CRC32C framing itself.
 local T = require("clrt.test")
 local json = require("clrt.json")
 local log = require("clrt.log")
-local tb = require("clrt.tensorboard")
+local tb = require("clrt.util.tensorboard")
 local rl = require("clrt.rl")
 local ffi = require("ffi")
 

@@ -4,7 +4,7 @@
 local T = require("clrt.test")
 local cjson = require("cjson")
 local ffi = require("ffi")
-local core = require("clrt.ffi")
+local core = require("clrt.core.ffi")
 
 local src = T.source_dir()
 local js = src .. "/tests/js"

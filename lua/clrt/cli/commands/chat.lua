@@ -3,8 +3,8 @@
 -- Commands: /system TEXT, /reset, /temp X, /save FILE, /help, /quit. Ctrl-C stops a reply.
 local ffi = require("ffi")
 local cjson = require("cjson")
-local core = require("clrt.ffi")
-local gen = require("clrt.generate")
+local core = require("clrt.core.ffi")
+local gen = require("clrt.gen.engine")
 
 local args = { ... }
 local usage = "usage: clrt chat MODEL_DIR [--temp X] [--max-tokens N] [--system TEXT] [--seed N]"

@@ -1,5 +1,5 @@
--- clrt.tensorboard — TensorBoard event files, written without TensorFlow.
---   local tb = require("clrt.tensorboard")
+-- clrt.util.tensorboard — TensorBoard event files, written without TensorFlow.
+--   local tb = require("clrt.util.tensorboard")
 --   local w = tb.create(dir, {clock = fn})        -- dir/events.out.tfevents.<unix time>.<host>
 --   w:scalars(step, {["metric/accuracy"] = 0.9, loss = 1.2})  -- one Event, numbers only
 --   w:text(step, "samples/1", "**markdown**")     -- a text-plugin summary
