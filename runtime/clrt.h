@@ -380,7 +380,7 @@ int clrt_decoder_decode(clrt_decoder *d, int n, const int32_t *slots, const int3
                         float *logits);
 
 
-/* ==== sampling on the CPU (kernels/cpu/sample.c) ========================================= */
+/* ==== sampling on the CPU (model/sample.c over kernels/cpu/sample.c) ===================== */
 
 typedef struct clrt_sample_params {
   float temperature;                  /* 0: greedy */
