@@ -283,8 +283,6 @@ clrt_tensor *clrt_safetensors_tensor(const clrt_safetensors *st, int i);
 int clrt_safetensors_write(const char *path, int n, const char *const *names,
                            const clrt_tensor *const *tensors, int nmeta,
                            const char *const *meta_keys, const char *const *meta_values);
-/* Any small file (config.json, trainer state) the same way: temporary name, fsync, rename. */
-int clrt_file_write_atomic(const char *path, const char *data, size_t len);
 
 /* ==== files: the run folder's steps without a shell (core/files.c) ======================= */
 
@@ -300,6 +298,12 @@ int clrt_rename(const char *from, const char *to);
 int clrt_remove_tree(const char *path);
 /* Append bytes with write(2) (O_APPEND), every short write continued, every error reported. */
 int clrt_file_append(const char *path, const char *data, size_t len);
+/* The one atomic write: the bytes go to a temporary sibling (path.tmp.PID), are fsync'd,
+   then renamed over path, so a crash never leaves half a file under the real name. */
+int clrt_file_write_atomic(const char *path, const char *data, size_t len);
+/* The same over n pieces written back to back (safetensors: length, header, tensors). */
+int clrt_file_write_parts_atomic(const char *path, int n, const void *const *parts,
+                                 const size_t *lens);
 /* Copy a file's bytes to a new file and fsync it. */
 int clrt_file_copy(const char *from, const char *to);
 /* A folder's entry names, one per line; free with clrt_free_string. */

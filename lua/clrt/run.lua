@@ -7,11 +7,7 @@ local files = require("clrt.files")
 local config = require("clrt.config")
 local M = {}
 
-local function quote(s)
-  s = tostring(s)
-  if s:match("^[%w%._/%-+=:,@]+$") then return s end
-  return "'" .. s:gsub("'", "'\\''") .. "'"
-end
+local quote = require("clrt.util.shell").quote
 
 function M.resume_command(script, run_dir)
   return ("clrt %s resume=%s"):format(script, quote(run_dir))

@@ -179,7 +179,6 @@ function M.main(cfg)
 end
 
 function M.run(cfg, run_dir)
-  local cjson = require("cjson")
   local world = prompts.world()
   -- resume=: the latest complete checkpoint; none yet (stopped during the first steps):
   -- the run starts again from step 1 in its own folder
@@ -234,7 +233,7 @@ function M.run(cfg, run_dir)
   local can_eval = not dataset and cfg.sim == "scripted"
   if can_eval and cfg.eval.before and not summary.before then
     summary.before = rollout.evaluate(m, tok, cfg, world, user, ctx)
-    lg:print("before RL: " .. cjson.encode(summary.before))
+    lg:print("before RL: " .. require("clrt.json").encode(summary.before))
     save_summary()
   end
   local function validate(step)
@@ -305,7 +304,7 @@ function M.run(cfg, run_dir)
 
   if can_eval and cfg.eval.after and last_step == cfg.steps then
     summary.after = rollout.evaluate(m, tok, cfg, world, user, ctx)
-    lg:print("after RL:  " .. cjson.encode(summary.after))
+    lg:print("after RL:  " .. require("clrt.json").encode(summary.after))
   end
   lg:close()
   if summary.before or summary.after or summary.val_before or summary.val_after then

@@ -222,7 +222,7 @@ T.case("TLS verification is on: a self-signed certificate is refused", function(
                                 ca_file = dir .. "/cert.pem", max_retries = 0 }
   T.eq(trusting:chat(user("over tls")).content, "echo:over tls")
   ts.stop()
-  os.execute("rm -rf " .. dir)
+  require("clrt.files").remove_tree(dir)
 end)
 
 T.case("records and stats sum up the calls", function()
