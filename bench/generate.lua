@@ -95,8 +95,8 @@ for _, size in ipairs(sizes) do
       end
       table.sort(secs)
       local ours = B * (new_tokens - 1) / secs[math.floor(reps / 2) + 1]
-      local py = io.popen(("OMP_NUM_THREADS=2 BENCH_REPS=%d /usr/bin/python3 %s/generate_ref.py '%s' %d %d %d %s %s"):format(
-        reps, here, cjson.encode(cfg), B, prompt_len, new_tokens, device, wk))
+      local py = io.popen(("OMP_NUM_THREADS=2 BENCH_REPS=%d /usr/bin/python3 %s/generate_ref.py %s %d %d %d %s %s"):format(
+        reps, here, require("clrt.util.shell").quote(cjson.encode(cfg)), B, prompt_len, new_tokens, device, wk))
       local line = py:read("*a")
       py:close()
       local ok, peer = pcall(cjson.decode, line)
