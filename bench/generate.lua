@@ -79,7 +79,7 @@ for _, size in ipairs(sizes) do
       end
       m:generate(prompts, { temperature = 0, max_new_tokens = 4 })   -- warm-up, sizes the cache
       local dec = m:decoder(B, prompt_len + new_tokens)
-      local gen = require("clrt.generate")
+      local gen = require("clrt.gen.engine")
       local o = gen.options({ temperature = 0, max_new_tokens = new_tokens }, cfg.vocab_size)
       -- Time the decode steps alone, as the peer does: prefill first, then new-1 steps; the
       -- median of reps runs on each side (a 110M batch-1 run is half a second, and a shared
@@ -95,8 +95,8 @@ for _, size in ipairs(sizes) do
       end
       table.sort(secs)
       local ours = B * (new_tokens - 1) / secs[math.floor(reps / 2) + 1]
-      local py = io.popen(("OMP_NUM_THREADS=2 BENCH_REPS=%d /usr/bin/python3 %s/generate_ref.py '%s' %d %d %d %s %s"):format(
-        reps, here, cjson.encode(cfg), B, prompt_len, new_tokens, device, wk))
+      local py = io.popen(("OMP_NUM_THREADS=2 BENCH_REPS=%d /usr/bin/python3 %s/generate_ref.py %s %d %d %d %s %s"):format(
+        reps, here, require("clrt.util.shell").quote(cjson.encode(cfg)), B, prompt_len, new_tokens, device, wk))
       local line = py:read("*a")
       py:close()
       local ok, peer = pcall(cjson.decode, line)

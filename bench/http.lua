@@ -12,7 +12,7 @@ local bench_args = dofile((debug.getinfo(1, "S").source:sub(2):match("^(.*)/") o
 local opts = bench_args.parse({ n = 2000, levels = "1,8,32,64" }, arg)
 local levels = bench_args.numbers(opts.levels)
 
-local http = require("clrt.http")
+local http = require("clrt.net.http")
 -- The checkout this script runs from (its peers and fixtures sit beside it).
 local src = os.getenv("CLRT_SOURCE_DIR") or debug.getinfo(1, "S").source:sub(2):match("^(.*)/bench/[^/]*$") or "."
 local function have(cmd) return os.execute("command -v " .. cmd .. " >/dev/null 2>&1") == 0 end

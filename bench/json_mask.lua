@@ -9,8 +9,8 @@
 -- a [1, V] row (clrt_sample: paid every step anyway). A forward pass of Qwen3-0.6B's LM head
 -- alone is 1024 x 151,936 multiply-adds.
 local ffi = require("ffi")
-local C = require("clrt.ffi").C
-local JC = require("clrt.json_constraint")
+local C = require("clrt.core.ffi").C
+local JC = require("clrt.gen.json_constraint")
 local cjson = require("cjson")
 
 ffi.cdef [[

@@ -21,11 +21,11 @@ if not sh("command -v node > /dev/null 2>&1") then print("bench/serve.lua needs 
 
 local dir = os.tmpname()
 os.remove(dir)
-sh("mkdir -p " .. dir)
+clrt.files.mkdir_p(dir)
 local pids = {}
 local function cleanup()
   for _, pid in ipairs(pids) do sh("kill " .. pid .. " 2>/dev/null") end
-  sh("rm -rf " .. dir)
+  clrt.files.remove_tree(dir)
 end
 
 -- the model folder: a tokenizer trained on generated text, random weights

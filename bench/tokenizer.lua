@@ -100,8 +100,9 @@ local all = batch_rate(cores)
 print(("clrt %d threads (encode_batch):  %8.1f MB/s"):format(cores, all))
 
 local jsrate
-if os.execute(("test -d %q/node_modules/@lenml/tokenizers && node --version >/dev/null 2>&1"):format(js)) == 0 then
-  local p = io.popen(("cd %q && node tok_ref.mjs bench %q %q"):format(js, model, path))
+local q = require("clrt.util.shell").quote
+if os.execute(("test -d %s/node_modules/@lenml/tokenizers && node --version >/dev/null 2>&1"):format(q(js))) == 0 then
+  local p = io.popen(("cd %s && node tok_ref.mjs bench %s %s"):format(q(js), q(model), q(path)))
   local out = p:read("*a")
   p:close()
   jsrate = tonumber(out:match('"mb_per_s":([%d%.e%-]+)'))

@@ -113,7 +113,7 @@ end
 local here = debug.getinfo(1, "S").source:sub(2):match("^(.*)/bench/[^/]*$") or "."
 local src = os.getenv("CLRT_SOURCE_DIR") or here
 local bin = os.getenv("CLRT_BIN") or (arg and arg[-1]) or "clrt"
-local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local sh_quote = require("clrt.util.shell").quote
 
 local function run(cmd)
   local p = io.popen(cmd .. " 2>&1")

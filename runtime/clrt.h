@@ -1,7 +1,7 @@
 /*
  * clrt.h — the one public interface of the clrt runtime.
  *
- * The binary embeds this file and Lua's FFI cdef()s it (lua/clrt/ffi.lua), so below the
+ * The binary embeds this file and Lua's FFI cdef()s it (lua/clrt/core/ffi.lua), so below the
  * include guard it holds only plain C declarations: lines starting with '#' are stripped
  * before the FFI sees them, and no macro may appear inside a declaration.
  *
@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ==== core: errors, version, interrupts ================================================ */
+/* ==== core: errors, version, interrupts (core/core.c) ==================================== */
 
 const char *clrt_version(void);
 const char *clrt_ffi_header(void);
@@ -33,7 +33,7 @@ const char *clrt_lua_dir(void);
 int clrt_cuda_device_count(void);
 
 
-/* ==== tensors ============================================================================ */
+/* ==== tensors (core/tensor.c) ============================================================ */
 
 enum { CLRT_MAX_DIMS = 8 };
 typedef enum { CLRT_F32 = 0, CLRT_BF16 = 1, CLRT_I32 = 2 } clrt_dtype;
@@ -99,7 +99,7 @@ int clrt_tensor_rand_(clrt_tensor *t, clrt_rng *r);   /* uniform [0, 1) */
 int clrt_tensor_randn_(clrt_tensor *t, clrt_rng *r);  /* standard normal */
 
 
-/* ==== tensor ops ========================================================================= */
+/* ==== tensor ops (core/tensor_ops.c) ===================================================== */
 /* Elementwise ops broadcast like numpy. Result dtypes: the wider of the two (f32 > bf16 > i32;
    a number does not widen a tensor unless it is fractional and the tensor is i32); i32
    division gives f32; comparisons give f32 0/1. bf16 math runs in f32. In-place ops (name_)
@@ -260,7 +260,7 @@ double clrt_profile_seconds(int i);
 void clrt_profile_reset(void);
 
 
-/* ==== optimizer ========================================================================== */
+/* ==== optimizer: AdamW over a model's parameters (model/optim.c) ========================= */
 
 /* AdamW over all of a model's parameters (over its LoRA adapters only when it has them at
    creation); the moments live in one arena each. */
@@ -280,7 +280,7 @@ clrt_tensor *clrt_adamw_moment(clrt_adamw *o, int which, int i);
 size_t clrt_adamw_memory(const clrt_adamw *o);
 
 
-/* ==== safetensors and Hugging Face files ================================================= */
+/* ==== safetensors (formats/safetensors.c) ================================================ */
 
 /* A memory-mapped safetensors file whose header has been checked against its size. */
 typedef struct clrt_safetensors clrt_safetensors;
@@ -304,10 +304,8 @@ clrt_tensor *clrt_safetensors_tensor(const clrt_safetensors *st, int i);
 int clrt_safetensors_write(const char *path, int n, const char *const *names,
                            const clrt_tensor *const *tensors, int nmeta,
                            const char *const *meta_keys, const char *const *meta_values);
-/* Any small file (config.json, trainer state) the same way: temporary name, fsync, rename. */
-int clrt_file_write_atomic(const char *path, const char *data, size_t len);
 
-/* ==== files: the run folder's steps without a shell (files.c) ============================= */
+/* ==== files: the run folder's steps without a shell (core/files.c) ======================= */
 
 /* 0: nothing there, 1: a file (or anything not a folder), 2: a folder. */
 int clrt_path_kind(const char *path);
@@ -321,6 +319,12 @@ int clrt_rename(const char *from, const char *to);
 int clrt_remove_tree(const char *path);
 /* Append bytes with write(2) (O_APPEND), every short write continued, every error reported. */
 int clrt_file_append(const char *path, const char *data, size_t len);
+/* The one atomic write: the bytes go to a temporary sibling (path.tmp.PID), are fsync'd,
+   then renamed over path, so a crash never leaves half a file under the real name. */
+int clrt_file_write_atomic(const char *path, const char *data, size_t len);
+/* The same over n pieces written back to back (safetensors: length, header, tensors). */
+int clrt_file_write_parts_atomic(const char *path, int n, const void *const *parts,
+                                 const size_t *lens);
 /* Copy a file's bytes to a new file and fsync it. */
 int clrt_file_copy(const char *from, const char *to);
 /* A folder's entry names, one per line; free with clrt_free_string. */
@@ -328,7 +332,7 @@ char *clrt_list_dir(const char *path);
 void clrt_free_string(char *s);
 
 
-/* ==== tokenizer ========================================================================== */
+/* ==== tokenizer (text/tokenizer*.c, text/bpe_train.c) ==================================== */
 
 /* A byte-level BPE tokenizer (Hugging Face tokenizer.json semantics). Lua's clrt.tokenizer
    parses the file and builds it with these calls: vocab tokens and merges are given in their
@@ -369,7 +373,7 @@ size_t clrt_utf8_complete_prefix(const char *s, size_t n);
 /* out: [3 * n] bytes; returns the length written. */
 size_t clrt_utf8_lossy(const char *in, size_t n, char *out);
 
-/* Byte-level BPE training (runtime/bpe_train.c). texts: [n] UTF-8 strings, each put in NFC and cut into
+/* Byte-level BPE training (text/bpe_train.c). texts: [n] UTF-8 strings, each put in NFC and cut into
    pieces by split_regex; learns merges (most frequent adjacent pair first, ties to the smaller
    ids) until there are vocab_size tokens or no pair occurs min_frequency times. Byte b is id b;
    each merge makes id 256, 257, ... unless its token already exists. On success returns the
@@ -379,7 +383,7 @@ int64_t clrt_bpe_train(const char *const *texts, const size_t *lens, int64_t n, 
                        size_t regex_len, int32_t vocab_size, int32_t min_frequency, int32_t **merges);
 
 
-/* ==== generation: the KV-cache decoder (decode.c) ======================================== */
+/* ==== generation: the KV-cache decoder (model/decode.c) ================================== */
 
 /* A KV cache of `slots` independent sequences of up to max_len tokens over a model. Logits
    are written to row `slot` of a [slots, V] buffer. */
@@ -401,7 +405,7 @@ int clrt_decoder_decode(clrt_decoder *d, int n, const int32_t *slots, const int3
                         float *logits);
 
 
-/* ==== sampling on the CPU (kernels/cpu/sample.c) ========================================== */
+/* ==== sampling on the CPU (model/sample.c over kernels/cpu/sample.c) ===================== */
 
 typedef struct clrt_sample_params {
   float temperature;                  /* 0: greedy */
@@ -420,10 +424,10 @@ int clrt_top_logprobs(const float *logits, int V, int32_t chosen, int k, int32_t
                       float *chosen_lp);
 
 
-/* ==== constrained decoding =============================================================== */
+/* ==== constrained decoding (text/json_grammar.c) ========================================= */
 
 /* A JSON grammar is a table of schema nodes built by the clrt_jschema_* builder calls (Lua's
-   clrt.json_constraint parses the schema), then finished; a byte-level pushdown automaton runs
+   clrt.gen.json_constraint parses the schema), then finished; a byte-level pushdown automaton runs
    over it. A vocab is a trie over the token byte strings, built once per tokenizer; fill_mask
    walks it from a row's state and allows exactly the tokens whose bytes keep the output a
    prefix of a valid value (and the stop ids once the value is complete). */
@@ -476,8 +480,8 @@ int clrt_jschema_fill_mask(clrt_jschema_vocab *v, const clrt_jschema_state *s, c
                         int n_stop, uint8_t *mask);
 
 
-/* ==== HTTP client (http.c) =============================================================== */
-/* One event loop over libcurl's multi interface (runtime/http.c): submit requests, then
+/* ==== HTTP client (net/http.c) =========================================================== */
+/* One event loop over libcurl's multi interface: submit requests, then
    poll; many are in flight at once on one thread, with keep-alive connection reuse and TLS
    verification always on. Retries and JSON are the Lua side's job (lua/clrt/llm.lua). */
 typedef struct clrt_http clrt_http;
@@ -515,7 +519,7 @@ int clrt_http_in_flight(const clrt_http *h);
 double clrt_http_now(void);   /* monotonic seconds */
 
 
-/* ==== server (server.c) ================================================================== */
+/* ==== HTTP server of `clrt serve` (net/server.c) ========================================= */
 
 /* An HTTP server whose requests are answered by the engine loop that calls clrt_server_next.
    Strings in the info stay valid until the next clrt_server_next call. */
@@ -542,7 +546,7 @@ int clrt_server_is_open(clrt_server *s, int64_t id);
 void clrt_server_stop(clrt_server *s);
 
 
-/* ==== terminal: the CLI's line input (terminal.c) ========================================= */
+/* ==== terminal: the CLI's line input (cli/terminal.c, in the executable only) ============ */
 
 /* Terminal input for interactive commands: a readline line (free with clrt_free), or NULL
    at end of input; the history file is shared across sessions. */
@@ -552,7 +556,7 @@ int clrt_history_load(const char *path);
 int clrt_history_save(const char *path);
 
 
-/* ==== distributed: ranks over MPI, the all-reduce over NCCL on CUDA (dist.c) ============= */
+/* ==== distributed: ranks over MPI, the all-reduce over NCCL on CUDA (net/dist.c) ========= */
 
 /* Without MPI in the build, or started without a launcher (mpirun, srun, or CLRT_DIST=1 set),
    the process is rank 0 of 1 and every collective returns at once. */
@@ -576,7 +580,7 @@ void clrt_dist_abort(int code);
 uint64_t clrt_dist_checksum(const void *data, size_t bytes, int device);
 
 
-/* ==== CUDA: device memory and tensors (cuda_tensor.c, flops.c) =========================== */
+/* ==== CUDA: device memory and tensors (core/cuda_tensor.c; the peak in model/flops.c) ==== */
 /* Device memory for clrt_storage_new(bytes, CLRT_CUDA) (zeroed; out of memory names the size
    requested and the free memory) and its release; errors when built without CUDA. */
 clrt_storage *clrt_cuda_storage_new(size_t bytes);

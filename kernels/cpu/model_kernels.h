@@ -191,6 +191,21 @@ void clrt_logsoftmax_gather_backward(float *dx /* [N, C] */, float *dw /* [V, C]
                                      const int32_t *target /* [N] */, const float *lse /* [N] */, int64_t N,
                                      int C, int V, float *scratch /* [chunk, V] */, int chunk, int logits_ready);
 
+/* ---- sample.c ----------------------------------------------------------------------------- */
+/* One token of a row from temperature / top-k / top-p (temperature <= 0: greedy), u one
+   U[0,1) draw; *logprob: the token's log-probability under the distribution sampled (0 for
+   greedy). Returns the token, or -1 when no token is allowed. scratch: at least
+   clrt_sample_row_scratch(V) bytes. */
+size_t clrt_sample_row_scratch(int V);
+int32_t clrt_sample_row(const float *logits /* [V] */, int V, float temperature, int top_k,
+                        float top_p, double u, const uint8_t *allowed /* [V] or NULL */,
+                        void *scratch, float *logprob /* out: scalar */);
+/* Log-softmax of the raw logits: of `chosen` into *chosen_lp and the k best (ties: smaller id),
+   best first. The caller checks 0 <= chosen < V and 0 <= k <= min(V, 64). */
+void clrt_top_logprobs_row(const float *logits /* [V] */, int V, int32_t chosen, int k,
+                           int32_t *ids /* out: [k] */, float *lps /* out: [k] */,
+                           float *chosen_lp /* out: scalar */);
+
 /* ---- per-kernel timing (CLRT_PROFILE=1) -------------------------------------------------- */
 enum { CLRT_K_EMBED, CLRT_K_LINEAR_F, CLRT_K_LINEAR_B, CLRT_K_RMSNORM, CLRT_K_ROPE, CLRT_K_ATTN_F,
        CLRT_K_ATTN_B, CLRT_K_SWIGLU, CLRT_K_RESIDUAL, CLRT_K_OUT_F, CLRT_K_OUT_B, CLRT_K_ADAMW,

@@ -4,12 +4,14 @@
  * heap plus O(m log V) for the m tokens the filters keep — no full sort of a 150k vocabulary.
  * The returned log-probability is that of the token under the distribution actually sampled
  * (after temperature and the filters; 0 for greedy), which is what a caller can check. */
-#include "clrt.h"
+#include "model_kernels.h"
 #include "sampling.h"
 #include "simd512.h"
 
 #include <float.h>
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct {
   float logit;
@@ -143,42 +145,17 @@ static int32_t sample_row(const float *logits /* [V] */, int V, float temperatur
   return pick.id;
 }
 
-int clrt_sample(const float *logits /* [B, V] */, int B, int V,
-                const clrt_sample_params *params /* [B] */, const double *uniforms /* [B] */,
-                const uint8_t *allowed /* [B, V] or NULL */, int32_t *tokens /* out: [B] */,
-                float *logprobs /* out: [B] */) {
-  int failed = -1;
-#pragma omp parallel if (B > 1)
-  {
-    cand *heap = malloc(sizeof(cand) * (size_t)V);
-#pragma omp for schedule(dynamic, 1)
-    for (int b = 0; b < B; b++) {
-      if (!heap) {
-        failed = b;
-        continue;
-      }
-      const clrt_sample_params *p = &params[b];
-      tokens[b] = sample_row(logits + (size_t)b * V, V, p->temperature, p->top_k, p->top_p,
-                             uniforms[b], allowed ? allowed + (size_t)b * V : NULL, heap,
-                             &logprobs[b]);
-      if (tokens[b] < 0) failed = b;
-    }
-    free(heap);
-  }
-  if (failed >= 0) {
-    clrt_set_error("sample: row %d has no allowed token (or out of memory)", failed);
-    return -1;
-  }
-  return 0;
+size_t clrt_sample_row_scratch(int V) { return sizeof(cand) * (size_t)(V > 0 ? V : 1); }
+
+int32_t clrt_sample_row(const float *logits /* [V] */, int V, float temperature, int top_k,
+                        float top_p, double u, const uint8_t *allowed /* [V] or NULL */,
+                        void *scratch, float *logprob /* out: scalar */) {
+  return sample_row(logits, V, temperature, top_k, top_p, u, allowed, (cand *)scratch, logprob);
 }
 
-int clrt_top_logprobs(const float *logits /* [V] */, int V, int32_t chosen, int k,
-                      int32_t *ids /* out: [k] */, float *lps /* out: [k] */,
-                      float *chosen_lp /* out: scalar */) {
-  if (V < 1 || chosen < 0 || chosen >= V || k < 0 || k > 64 || k > V) {
-    clrt_set_error("top_logprobs: bad arguments (V %d, chosen %d, k %d)", V, (int)chosen, k);
-    return -1;
-  }
+void clrt_top_logprobs_row(const float *logits /* [V] */, int V, int32_t chosen, int k,
+                           int32_t *ids /* out: [k] */, float *lps /* out: [k] */,
+                           float *chosen_lp /* out: scalar */) {
   float mx = logits[0];
   for (int i = 1; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
   double z = 0;
@@ -198,5 +175,4 @@ int clrt_top_logprobs(const float *logits /* [V] */, int V, int32_t chosen, int 
   }
   for (int j = 0; j < n; j++) lps[j] = (float)(logits[ids[j]] - lz);
   *chosen_lp = (float)(logits[chosen] - lz);
-  return 0;
 }

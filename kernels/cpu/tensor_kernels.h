@@ -1,4 +1,4 @@
-/* tensor_kernels.h — CPU kernels behind runtime/tensor_ops.c, on raw buffers.
+/* tensor_kernels.h — CPU kernels behind runtime/core/tensor_ops.c, on raw buffers.
    Elementwise kernels do one strided row; reductions and softmax do a block of columns of
    one [n, inner] slab; the runtime splits work into these units, runs them under OpenMP and
    polls for Ctrl-C between them. Strides are in elements. Op codes are clrt.h's enums. */

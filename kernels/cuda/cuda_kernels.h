@@ -27,7 +27,7 @@ void clrt_cuda_free(void *p);
    device->host copy synchronises (the host reads the result next). */
 int clrt_cuda_memcpy(void *dst, const void *src, size_t bytes, int kind);
 int clrt_cuda_memset0(void *p, size_t bytes);
-/* The device's name and bf16 dense peak in TFLOP/s (0 if unknown; see runtime/flops.c). */
+/* The device's name and bf16 dense peak in TFLOP/s (0 if unknown; see runtime/model/flops.c). */
 int clrt_cuda_device_name(char *buf, size_t n);
 
 /* ---- elementwise.cu -------------------------------------------------------------------- */

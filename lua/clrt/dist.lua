@@ -10,7 +10,7 @@
 --   dist.agree(number, what)                    -- error naming `what` when ranks differ
 --   dist.share(n, rank, size) -> first, last    -- this rank's contiguous part of 1..n
 local ffi = require("ffi")
-local core = require("clrt.ffi")
+local core = require("clrt.core.ffi")
 local C = core.C
 
 local M = {}

@@ -1,4 +1,4 @@
--- clrt.files — the file steps of a run folder, each one C call (runtime/files.c) that checks
+-- clrt.files — the file steps of a run folder, each one C call (runtime/core/files.c) that checks
 -- its result and raises an error naming the path. No shell: a shell step goes through
 -- system(), which ignores Ctrl-C in clrt while it runs.
 --   files.exists(p) / files.is_dir(p)      -- the one existence test
@@ -8,7 +8,7 @@
 --   files.rename(a, b)                      -- rename(2), then fsync b's folder
 --   files.remove_tree(p) / files.copy(a, b) / files.list(dir) / files.fsync(p)
 local ffi = require("ffi")
-local C = require("clrt.ffi").C
+local C = require("clrt.core.ffi").C
 local M = {}
 
 local function check(rc)

@@ -16,7 +16,7 @@ setmetatable(clrt, {
   end,
 })
 
-local core = require("clrt.ffi")
+local core = require("clrt.core.ffi")
 local ffi = require("ffi")
 clrt.version = ffi.string(core.C.clrt_version())
 clrt.lua_dir = ffi.string(core.C.clrt_lua_dir())
@@ -42,15 +42,11 @@ function clrt.cuda_status() return ffi.string(core.C.clrt_cuda_status()) end
 -- The submodule names (for REPL completion), including those not loaded yet.
 function clrt._submodules()
   local out = {}
-  local p = io.popen("ls '" .. clrt.lua_dir .. "/clrt' 2>/dev/null")
-  if p then
-    for name in p:lines() do
-      local mod = name:match("^([%a_][%w_]*)%.lua$")
-      if mod and mod ~= "init" and mod ~= "ffi" then out[#out + 1] = mod end
-    end
-    p:close()
+  local ok, names = pcall(require("clrt.files").list, clrt.lua_dir .. "/clrt")
+  for _, name in ipairs(ok and names or {}) do
+    local mod = name:match("^([%a_][%w_]*)%.lua$")
+    if mod and mod ~= "init" then out[#out + 1] = mod end
   end
-  table.sort(out)
   return out
 end
 

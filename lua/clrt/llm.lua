@@ -29,7 +29,7 @@
 -- prompt_tokens, completion_tokens, total_tokens, outcomes (one line per failed attempt),
 -- error} to c.records and to clrt.llm.records(); c:stats() and clrt.llm.stats() sum them up,
 -- clrt.llm.drain_records() hands them to a run's log and starts afresh.
-local http = require("clrt.http")
+local http = require("clrt.net.http")
 local sched = require("clrt.sched")
 local cjson = require("cjson").new()
 
@@ -330,7 +330,7 @@ function M.take_auth_error()
   return e
 end
 
-M.extract_json = require("clrt.llm_json").extract_json
+M.extract_json = require("clrt.net.llm_json").extract_json
 M.json = cjson
 
 return M

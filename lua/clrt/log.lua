@@ -15,7 +15,7 @@
 local json = require("clrt.json")
 local data = require("clrt.data")
 local svg = require("clrt.plot")
-local tensorboard = require("clrt.tensorboard")
+local tensorboard = require("clrt.util.tensorboard")
 local files = require("clrt.files")
 
 local M = {}

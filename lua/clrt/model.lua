@@ -7,34 +7,25 @@
 --   m:save(dir), m:memory(), m:num_params(), m:zero_grad(), m.config
 --   m:set_matmul("bf16"|"f32"), m:set_decode_pack(bool)  -- how decode steps read the weights
 --   m:add_lora{...}, m:set_adapters(bool), m:save_adapter(dir), load(dir, {adapter = DIR})
---                                                  -- LoRA (lua/clrt/model_lora.lua)
+--                                                  -- LoRA (lua/clrt/core/model_lora.lua)
 -- config.json is parsed and checked here; C gets a plain clrt_model_config.
 local ffi = require("ffi")
-local core = require("clrt.ffi")
+local core = require("clrt.core.ffi")
 local tensor = require("clrt.tensor")
-local cjson_mod = require("cjson")
+local json = require("clrt.json")
+local files = require("clrt.files")
+local cjson_null = require("cjson").null   -- a config a caller decoded with cjson
 local C, check, ok = core.C, core.check, core.ok
 
-local cjson = cjson_mod.new()
-cjson.encode_number_precision(14)
-cjson.encode_sparse_array(true)
-
-pcall(ffi.cdef, "int mkdir(const char *path, unsigned int mode);")
 
 local M = {}
 local Model = {}
 Model.__index = Model
 M.Model = Model
 
-local read_file = require("clrt.files").read
+local read_file = files.read
 
-local function exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() return true end
-  return false
-end
-
-local function is_null(v) return v == nil or v == cjson_mod.null end
+local function is_null(v) return v == nil or v == json.null or v == cjson_null end
 
 -- ---- config.json --------------------------------------------------------------------------
 
@@ -181,7 +172,7 @@ end
 -- A copy of cfg with what transformers needs to load what we save.
 local function complete_config(cfg, parsed)
   local out = {}
-  for k, v in pairs(cfg) do out[k] = v end
+  for k, v in pairs(cfg) do out[k] = v == cjson_null and json.null or v end
   if is_null(out.architectures) then out.architectures = { arch_names[parsed.arch] } end
   if is_null(out.model_type) then out.model_type = parsed.arch end
   if is_null(out.head_dim) then out.head_dim = parsed.head_dim end
@@ -213,27 +204,27 @@ function M.load(dir, opts)
   local cpath = dir .. "/config.json"
   local text = read_file(cpath)
   if not text then error(("model.load: no config.json in %s"):format(dir), 2) end
-  local okj, cfg = pcall(cjson.decode, text)
+  local okj, cfg = pcall(json.decode, text)
   if not okj then error(("%s: not valid JSON: %s"):format(cpath, tostring(cfg)), 2) end
   local parsed = parse_config(cfg, cpath)
   local ptr = ffi.gc(check(C.clrt_model_new(to_struct(parsed, opts)), 2), C.clrt_model_free)
   local index = dir .. "/model.safetensors.index.json"
   local itext = read_file(index)
   if itext then
-    local oki, idx = pcall(cjson.decode, itext)
+    local oki, idx = pcall(json.decode, itext)
     if not oki or type(idx) ~= "table" or type(idx.weight_map) ~= "table" then
       error(("%s: expected a JSON object with a weight_map"):format(index), 2)
     end
-    local files, seen = {}, {}
+    local shards, seen = {}, {}
     for name, file in pairs(idx.weight_map) do
       if type(file) ~= "string" or file:find("/", 1, true) or file:find("..", 1, true) then
         error(("%s: weight_map entry '%s' must name a file in the same folder"):format(index, tostring(name)), 2)
       end
-      if not seen[file] then seen[file] = true; files[#files + 1] = file end
+      if not seen[file] then seen[file] = true; shards[#shards + 1] = file end
     end
-    table.sort(files)
-    for _, f in ipairs(files) do ok(C.clrt_model_load_safetensors(ptr, dir .. "/" .. f), 2) end
-  elseif exists(dir .. "/model.safetensors") then
+    table.sort(shards)
+    for _, f in ipairs(shards) do ok(C.clrt_model_load_safetensors(ptr, dir .. "/" .. f), 2) end
+  elseif files.exists(dir .. "/model.safetensors") then
     ok(C.clrt_model_load_safetensors(ptr, dir .. "/model.safetensors"), 2)
   else
     error(("model.load: %s has neither model.safetensors nor model.safetensors.index.json"):format(dir), 2)
@@ -313,11 +304,10 @@ end
 
 -- save(dir): config.json + model.safetensors, each written atomically.
 function Model:save(dir)
-  C.mkdir(dir, tonumber("755", 8))
+  files.mkdir_p(dir)
   ok(C.clrt_model_save_safetensors(live(self), dir .. "/model.safetensors"), 2)
   os.remove(dir .. "/model.safetensors.index.json")   -- a stale index would shadow the new file
-  local text = cjson.encode(complete_config(self.config, self._c))
-  ok(C.clrt_file_write_atomic(dir .. "/config.json", text, #text), 2)
+  files.write_atomic(dir .. "/config.json", json.encode(complete_config(self.config, self._c)) .. "\n")
   return dir
 end
 
@@ -446,7 +436,7 @@ function M.profile(reset)
   return out
 end
 
-require("clrt.model_generate").install(Model)
-require("clrt.model_lora").install(Model)
+require("clrt.gen.model_methods").install(Model)
+require("clrt.core.model_lora").install(Model)
 
 return M

@@ -9,7 +9,7 @@
 -- and biases. A model with LoRA adapters trains its adapters only (m:trainable_names()):
 -- create the optimizer after add_lora.
 local ffi = require("ffi")
-local core = require("clrt.ffi")
+local core = require("clrt.core.ffi")
 local tensor = require("clrt.tensor")
 local C, check, ok = core.C, core.check, core.ok
 

@@ -3,15 +3,12 @@
 --   run.resume_config(defaults, argv, fixed, who) -- resume=DIR: the run's config + overrides
 --   run.guard(who, script, run_dir, fn) -- fn's error or Ctrl-C prints how to continue
 --   run.resume_command(script, dir)     -- "clrt recipes/x.lua resume=DIR"
+--   run.print_end(script, dir, last, n) -- the run folder, and how to continue after stop_after
 local files = require("clrt.files")
 local config = require("clrt.config")
 local M = {}
 
-local function quote(s)
-  s = tostring(s)
-  if s:match("^[%w%._/%-+=:,@]+$") then return s end
-  return "'" .. s:gsub("'", "'\\''") .. "'"
-end
+local quote = require("clrt.util.shell").quote
 
 function M.resume_command(script, run_dir)
   return ("clrt %s resume=%s"):format(script, quote(run_dir))
@@ -61,6 +58,16 @@ function M.resume_config(defaults, argv, fixed, who)
     if not c:match("^resume:") and not c:match("^run_dir:") then io.stderr:write(who, ": resume: ", c, "\n") end
   end
   return cfg
+end
+
+-- The last lines of a run on stdout: its folder and, when stop_after ended it before its
+-- last step, the command that continues it.
+function M.print_end(script, run_dir, last_step, total_steps)
+  print("run folder: " .. run_dir)
+  if last_step < total_steps then
+    print(("stopped after step %d of %d (stop_after); continue with:\n  %s"):format(last_step, total_steps,
+      M.resume_command(script, run_dir)))
+  end
 end
 
 -- Run fn(); when it fails after the run folder exists (Ctrl-C included), say so and print

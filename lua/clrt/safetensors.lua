@@ -3,7 +3,7 @@
 --   clrt.safetensors.save("y.safetensors", {w = tensor}, {format = "pt"})
 -- Files are memory-mapped and checked (offsets, sizes, dtypes) before anything is read.
 local ffi = require("ffi")
-local core = require("clrt.ffi")
+local core = require("clrt.core.ffi")
 local tensor = require("clrt.tensor")
 local C, check, ok = core.C, core.check, core.ok
 

@@ -7,7 +7,7 @@
 -- clrt.sched.generate(model, tokens, opts) queues a generation request; clrt.sched.sleep(s)
 -- waits.
 --
--- Generation goes through the continuous-batching engine (clrt.generate) that `clrt serve`
+-- Generation goes through the continuous-batching engine (clrt.gen.engine) that `clrt serve`
 -- uses, one engine per model: a request joins the running batch at the next decode step,
 -- whatever its options (temperature, top_p, top_k, max_new_tokens, stop, seed, json, ...
 -- are per row), and its coroutine resumes as soon as its own rows finish. Between two
@@ -28,7 +28,7 @@
 -- opts.timeout bounds the whole run: the functions still unfinished then get
 -- errors[i] = "... timed out ..." and their HTTP requests and rows are cancelled.
 --
--- A model is anything with m:decoder(slots, max_len) (clrt.model; see clrt.generate for the
+-- A model is anything with m:decoder(slots, max_len) (clrt.model; see clrt.gen.engine for the
 -- decoder's contract) and m.config.vocab_size. A model without a decoder (a fake or a
 -- remote one) is called as model:generate instead, the requests with equal options that
 -- wait together in one call:
@@ -39,8 +39,8 @@
 --           {tokens = {...}, logprobs = {...}, finish_reason = "stop" | "length"}
 --   opts.on_step, when present, is a function() the model calls between decode steps; the
 --   scheduler uses it to pump HTTP and resume the coroutines whose replies came in.
-local http = require("clrt.http")
-local gen = require("clrt.generate")
+local http = require("clrt.net.http")
+local gen = require("clrt.gen.engine")
 
 local M = {}
 local SUSPEND = setmetatable({}, { __tostring = function() return "clrt.sched.SUSPEND" end })

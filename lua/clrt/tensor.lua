@@ -2,9 +2,9 @@
 -- the runtime owns; ffi.gc frees the handle (and its share of the storage).
 --
 -- Lua indices are 1-based everywhere a user sees them (dimensions, positions); the C side is
--- 0-based. Arithmetic ops live in clrt/tensor_ops.lua, which adds methods to Tensor.
+-- 0-based. Arithmetic ops live in clrt/core/tensor_ops.lua, which adds methods to Tensor.
 local ffi = require("ffi")
-local core = require("clrt.ffi")
+local core = require("clrt.core.ffi")
 local C, check, ok = core.C, core.check, core.ok
 
 local M = {}
@@ -393,8 +393,8 @@ M.metatable = mt
 
 -- Arithmetic, reductions and matmul extend Tensor (and mt's operators) from their own file.
 -- This must run before ffi.metatype: LuaJIT forbids changing a metatype's metatable later.
-local has_ops, ops = pcall(require, "clrt.tensor_ops")
-if has_ops then ops.install(M, Tensor, mt) elseif not tostring(ops):find("module 'clrt.tensor_ops' not found", 1, true) then error(ops, 0) end
+local has_ops, ops = pcall(require, "clrt.core.tensor_ops")
+if has_ops then ops.install(M, Tensor, mt) elseif not tostring(ops):find("module 'clrt.core.tensor_ops' not found", 1, true) then error(ops, 0) end
 ffi.metatype("clrt_tensor", mt)
 
 return M

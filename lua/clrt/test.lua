@@ -20,7 +20,7 @@ M._sentinel = sentinel
 
 
 local function show(v)
-  local ok, repl = pcall(require, "clrt.repl")
+  local ok, repl = pcall(require, "clrt.cli.repl")
   if ok then return repl.show(v) end
   return tostring(v)
 end

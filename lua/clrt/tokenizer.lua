@@ -6,7 +6,7 @@
 -- The file is parsed here (cjson) and handed to runtime/tokenizer*.c piece by piece; every
 -- component the C side does not implement is an error naming it, never a silent difference.
 local ffi = require("ffi")
-local core = require("clrt.ffi")
+local core = require("clrt.core.ffi")
 local cjson = require("cjson")
 local C = core.C
 

@@ -32,7 +32,7 @@ local judge = require("metrics.lib.judge")
 
 local M = { name = "pass_rate" }
 
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local sh_quote = require("clrt.util.shell").quote
 
 local function run(cmd)
   local ok, how, code = os.execute(cmd)
@@ -99,7 +99,7 @@ function M.run_tests(code, tests, opts)
   local out = io.open(dir .. "/out.txt", "rb")
   local detail = out and out:read("*a") or ""
   if out then out:close() end
-  os.execute("rm -rf " .. sh_quote(dir))
+  pcall(require("clrt.files").remove_tree, dir)
   return passed, detail:sub(-2000)
 end
 

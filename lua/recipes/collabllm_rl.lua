@@ -17,9 +17,10 @@
 -- turns of all conversations are batched into shared generate calls while simulator and
 -- judge requests are in flight.
 local config = require("clrt.config")
-local files = require("clrt.files")
+local run = require("clrt.run")
 local train = require("clrt.train")
 local reward, rollout, prompts = train.reward, train.rollout, train.prompts
+local SCRIPT = "recipes/collabllm_rl.lua"
 local M = {}
 
 local OPENAI = "https://api.openai.com/v1"
@@ -110,13 +111,6 @@ function M.simulator(cfg, tok)
   return user, ctx
 end
 
-
-local function client_rules(prefix)
-  return { { prefix .. ".timeout", "rate" }, { prefix .. ".max_retries", "count0" }, { prefix .. ".backoff", "nonneg" },
-    { prefix .. ".max_backoff", "nonneg" }, { prefix .. ".max_concurrency", "count" }, { prefix .. ".parse_retries", "count0" },
-    { prefix .. ".temperature", "nonneg" }, { prefix .. ".max_tokens", "count" }, { prefix .. ".top_p", "fraction" },
-    { prefix .. ".max_chars", "count" } }
-end
 M.rules = {
   { "seed", "count0" }, { "epochs", "count" }, { "steps", "count" }, { "stop_after", "count" },
   { "prompts_per_step", "count" }, { "save_every", "count0" }, { "sample_every", "count0" },
@@ -133,37 +127,13 @@ M.rules = {
   { "eval.every", "count0" }, { "eval.prompts", "count" }, { "eval.seed", "count0" }, { "eval.temperature", "nonneg" },
   { "judge.extract_max_tokens", "count" }, { "dist.check_every", "count0" },
 }
-for _, r in ipairs(client_rules("sim_cfg")) do M.rules[#M.rules + 1] = r end
-for _, r in ipairs(client_rules("judge")) do M.rules[#M.rules + 1] = r end
-
-local function metric_known(name)
-  return type(name) == "string" and name:match("^[%w_]+$") and package.searchpath("metrics." .. name, package.path) ~= nil
-end
+for _, r in ipairs(train.context.client_rules("sim_cfg")) do M.rules[#M.rules + 1] = r end
+for _, r in ipairs(train.context.client_rules("judge")) do M.rules[#M.rules + 1] = r end
 
 -- Every value against its declared kind, before anything loads: one line per bad key.
 function M.check_config(cfg)
   config.check(cfg, M.rules, "collabllm_rl")
-  local errs = {}
-  local w = cfg.reward.metric_weights
-  if type(w) ~= "table" or next(w) == nil then
-    errs[#errs + 1] = "collabllm_rl: reward.metric_weights must name at least one metric, got " .. require("clrt.json").encode(w or {})
-  else
-    for name, v in pairs(w) do
-      if not metric_known(name) then
-        errs[#errs + 1] = ("collabllm_rl: reward.metric_weights: unknown metric '%s' (lua/metrics/%s.lua does not exist)"):format(tostring(name), tostring(name))
-      elseif type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge then
-        errs[#errs + 1] = ("collabllm_rl: reward.metric_weights.%s must be a finite number, got %s"):format(name, require("clrt.json").encode(v))
-      end
-    end
-  end
-  for name, v in pairs(cfg.reward.metric_options or {}) do
-    if not metric_known(name) then
-      errs[#errs + 1] = ("collabllm_rl: reward.metric_options: unknown metric '%s'"):format(tostring(name))
-    elseif type(v) ~= "table" then
-      errs[#errs + 1] = ("collabllm_rl: reward.metric_options.%s must be a table of options, got %s"):format(name, tostring(v))
-    end
-  end
-  if #errs > 0 then error(table.concat(errs, "\n"), 0) end
+  reward.check_config(cfg.reward, "collabllm_rl")
 end
 
 -- Settings a resumed run may not change: they define what the run's steps mean.
@@ -172,18 +142,15 @@ M.FIXED_ON_RESUME = { "model", "adapter", "seed", "data", "prompts_per_step", "r
 
 function M.main(cfg)
   M.check_config(cfg)
-  local run_dir = cfg.resume or require("clrt.run").new_dir(cfg, "collabllm_rl")
+  local run_dir = cfg.resume or run.new_dir(cfg, "collabllm_rl")
   if cfg.resume and cfg.run_dir ~= cfg.resume then
     error("collabllm_rl: resume= needs the run's config: pass the command line through parse_args", 0)
   end
   cfg.run_dir = run_dir
-  return require("clrt.run").guard("collabllm_rl", "recipes/collabllm_rl.lua", run_dir, function()
-    return M.run(cfg, run_dir)
-  end)
+  return run.guard("collabllm_rl", SCRIPT, run_dir, function() return M.run(cfg, run_dir) end)
 end
 
 function M.run(cfg, run_dir)
-  local cjson = require("cjson")
   local world = prompts.world()
   -- resume=: the latest complete checkpoint; none yet (stopped during the first steps):
   -- the run starts again from step 1 in its own folder
@@ -196,18 +163,7 @@ function M.run(cfg, run_dir)
   local tok = clrt.tokenizer.load(start_dir)
   local m = train.lora.policy(start_dir, ckpt_dir, cfg.train.lora, cfg.seed, cfg.adapter)
   -- prompts without room for a response are left out before anything trains on them
-  local dataset, val_set, notes = nil, nil, {}
-  if cfg.data then
-    local dropped, limit
-    dataset, dropped, limit = prompts.filter_prompts(m, tok, cfg, prompts.dataset_samples(cfg.data), cfg.data)
-    notes[#notes + 1] = ("%s: %d prompts, %d longer than %d tokens left out"):format(cfg.data, #dataset, dropped, limit)
-  end
-  if cfg.data_val then
-    local dropped, limit
-    val_set, dropped, limit = prompts.filter_prompts(m, tok, cfg, prompts.dataset_samples(cfg.data_val), cfg.data_val)
-    while cfg.eval.prompts and #val_set > cfg.eval.prompts do table.remove(val_set) end
-    notes[#notes + 1] = ("%s: %d validation prompts, %d longer than %d tokens left out"):format(cfg.data_val, #val_set, dropped, limit)
-  end
+  local dataset, val_set, notes = prompts.load_sets(m, tok, cfg)
   if not cfg.steps then
     if not dataset then error("collabllm_rl: steps= is required without data=", 0) end
     cfg.steps = cfg.epochs * math.ceil(#dataset / cfg.prompts_per_step)
@@ -225,32 +181,10 @@ function M.run(cfg, run_dir)
 
   local ctx, user = train.context{ config = cfg, tokenizer = tok }
   local metrics = reward.load_metrics(weights)
-
-  local summary = { config = { seed = cfg.seed, single_turn = cfg.single_turn, steps = cfg.steps } }
-  -- the evaluations before training are written at once and kept across a resume
-  local function save_summary()
-    files.write_atomic(run_dir .. "/summary.json", require("clrt.json").encode(summary) .. "\n")
-  end
-  if resume_state and files.exists(run_dir .. "/summary.json") then
-    local ok, old = pcall(require("clrt.config").load, run_dir .. "/summary.json")
-    if ok and type(old) == "table" then summary.before, summary.val_before = old.before, old.val_before end
-  end
-  local can_eval = not dataset and cfg.sim == "scripted"
-  if can_eval and cfg.eval.before and not summary.before then
-    summary.before = rollout.evaluate(m, tok, cfg, world, user, ctx)
-    lg:print("before RL: " .. cjson.encode(summary.before))
-    save_summary()
-  end
-  local function validate(step)
-    local rep = rollout.validate(m, tok, cfg, val_set, user, ctx, metrics)
-    lg:log(step, rollout.val_row(rep, {}))
-    if rep.first_drop then lg:print("validation: first dropped conversation: " .. rep.first_drop) end
-    return rep
-  end
-  if val_set and cfg.eval.before and not summary.val_before and not (resume_state and resume_state.step > 0) then
-    summary.val_before = validate(0)
-    save_summary()
-  end
+  local ev = train.evals.new{ run_dir = run_dir, cfg = cfg, model = m, tokenizer = tok, world = world, user = user,
+    ctx = ctx, metrics = metrics, val_set = val_set, can_eval = not dataset and cfg.sim == "scripted", log = lg,
+    resume_state = resume_state }
+  ev:before()
 
   local first_step = resume_state and resume_state.step + 1 or 1
   local last_step = math.min(cfg.steps, cfg.stop_after or cfg.steps)
@@ -274,61 +208,28 @@ function M.run(cfg, run_dir)
     local rows = train.ppo.training_rows(entries)
     local st = #rows > 0 and train.ppo.update(m, ref, opt, rows, cfg.train, lr) or {}
     local t2 = clrt.log.now()
-    local row = require("clrt.train.report").step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
-    local failed, why, causes, first_msg = rollout.step_failure(cfg, entries, R)
-    for cause, n in pairs(causes) do row["dropped/" .. cause] = n end
-    if failed then row.failed_step = 1 end
-    lg:log(step, row)
-    if failed then
-      failed_steps = failed_steps + 1
-      lg:print(("step %d failed (%d of %d allowed): %s; first: %s"):format(step, failed_steps, cfg.max_failed_steps,
-        why, tostring(first_msg)))
-      if failed_steps >= cfg.max_failed_steps then
-        error(("collabllm_rl: stopped after %d failed steps (max_failed_steps); step %d: %s; first: %s")
-          :format(failed_steps, step, why, tostring(first_msg)), 0)
-      end
-    end
-    if lg:sample_due(step) then
-      local items = {}
-      for i = 1, math.min(#entries, 4) do
-        local e = entries[(i - 1) * cfg.rollout.n + 1] or entries[i]
-        items[#items + 1] = { id = e.sample.id, conversation = e.convs[1] or rollout.copy_conv(e.sample.prompt, e.message),
-          scores = e.scores[1], reward = e.reward, advantage = e.advantage }
-      end
-      lg:samples(step, items)
-    end
-    if val_set and (step == cfg.steps or (cfg.eval.every > 0 and step % cfg.eval.every == 0)) then
-      local rep = validate(step)
-      if step == cfg.steps and cfg.eval.after then summary.val_after = rep end
-    end
+    local row = train.report.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
+    failed_steps = rollout.log_step(lg, cfg, step, row, entries, R, failed_steps)
+    if lg:sample_due(step) then lg:samples(step, train.report.sample_items(entries, cfg.rollout.n)) end
+    ev:at_step(step)
     if cfg.save_every > 0 and (step % cfg.save_every == 0 or step == last_step) then
       train.checkpoint.save(run_dir, { step = step, model = m, tokenizer_dir = start_dir, optimizer = opt, base = start_dir,
         state = { failed_steps = failed_steps } })
     end
   end
 
-  if can_eval and cfg.eval.after and last_step == cfg.steps then
-    summary.after = rollout.evaluate(m, tok, cfg, world, user, ctx)
-    lg:print("after RL:  " .. cjson.encode(summary.after))
-  end
+  ev:after(last_step)
   lg:close()
-  if summary.before or summary.after or summary.val_before or summary.val_after then
-    save_summary()
-    require("clrt.train.report").print_summary(summary, cfg, weights)
-  end
-  print("run folder: " .. run_dir)
-  if last_step < cfg.steps then
-    print(("stopped after step %d of %d (stop_after); continue with:\n  %s"):format(last_step, cfg.steps,
-      require("clrt.run").resume_command("recipes/collabllm_rl.lua", run_dir)))
-  end
-  return run_dir, summary
+  ev:finish()
+  run.print_end(SCRIPT, run_dir, last_step, cfg.steps)
+  return run_dir, ev.summary
 end
 
 -- The command line -> a config: with no model= (and no config=) the built-in world's file
 -- is loaded under the overrides.
 function M.parse_args(argv)
   if config.arg_value(argv, "resume") then
-    return require("clrt.run").resume_config(M.defaults, argv, M.FIXED_ON_RESUME, "collabllm_rl")
+    return run.resume_config(M.defaults, argv, M.FIXED_ON_RESUME, "collabllm_rl")
   end
   local world = not config.arg_value(argv, "model") and not config.arg_value(argv, "config")
   return config.parse(M.defaults, argv, world and config.read_file(M.world_config_path()) or nil)

@@ -54,7 +54,7 @@ function M.world_config()
   return require("clrt.train.prompts").world_config().sft
 end
 
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local sh_quote = require("clrt.util.shell").quote
 
 M.rules = {
   { "seed", "count0" }, { "scored_top", "count" }, { "scored_min", "finite" }, { "max_len", "count" }, { "val_fraction", "prob" }, { "save_every", "count0" },

@@ -81,7 +81,7 @@ for _, a in ipairs(tj.added_tokens) do
     normalized = false, single_word = false, special = true }
 end
 
-os.execute(("mkdir -p %q"):format(args.out))
+clrt.files.mkdir_p(args.out)
 clrt.tokenizer.write_file(args.out .. "/tokenizer.json", clrt.tokenizer.to_json(tj))
 clrt.tokenizer.write_file(args.out .. "/tokenizer_config.json", clrt.tokenizer.to_json(config))
 local tok = clrt.tokenizer.load(args.out)   -- what we wrote must load

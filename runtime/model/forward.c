@@ -98,8 +98,23 @@ static float *run_layers(clrt_model *m, acts *a, const fwd_step *s, const char *
   return s->keep ? a->res[L] : a->res[L % 2];
 }
 
-static int check_batch(const clrt_model *m, const int32_t *tokens, int B, int T, const int32_t *lengths) {
+/* Row b's first len tokens (the row starts at b * stride) are in the vocabulary; the error
+   names the entry point `who`, the row and the position, 1-based. */
+static int check_tokens(const clrt_model *m, const char *who, const int32_t *tokens, int b,
+                        int stride, int len) {
   int V = m->cfg.vocab_size;
+  for (int t = 0; t < len; t++) {
+    int32_t id = tokens[(int64_t)b * stride + t];
+    if (id < 0 || id >= V) {
+      clrt_set_error("%s: token %d at row %d, position %d is outside the vocabulary [0, %d)", who,
+                     id, b + 1, t + 1, V);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static int check_batch(const clrt_model *m, const int32_t *tokens, int B, int T, const int32_t *lengths) {
   if (B <= 0 || T <= 0) {
     clrt_set_error("logprobs: empty batch [%d, %d]", B, T);
     return -1;
@@ -110,14 +125,7 @@ static int check_batch(const clrt_model *m, const int32_t *tokens, int B, int T,
       clrt_set_error("logprobs: length %d of row %d is outside [1, %d]", len, b + 1, T);
       return -1;
     }
-    for (int t = 0; t < len; t++) {
-      int32_t id = tokens[(int64_t)b * T + t];
-      if (id < 0 || id >= V) {
-        clrt_set_error("logprobs: token %d at row %d, position %d is outside the vocabulary [0, %d)",
-                       id, b + 1, t + 1, V);
-        return -1;
-      }
-    }
+    if (check_tokens(m, "logprobs", tokens, b, T, len) != 0) return -1;
   }
   return 0;
 }
@@ -209,7 +217,6 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
 
 static int check_cached(const clrt_model *m, const int32_t *tokens, int B, int Tn, const int32_t *pos0,
                         const int32_t *last, int cache_T) {
-  int V = m->cfg.vocab_size;
   for (int b = 0; b < B; b++) {
     if (pos0[b] < 0 || pos0[b] + Tn > cache_T) {
       clrt_set_error("forward_cached: row %d writes positions [%d, %d) outside the cache's %d",
@@ -220,14 +227,7 @@ static int check_cached(const clrt_model *m, const int32_t *tokens, int B, int T
       clrt_set_error("forward_cached: last position %d of row %d is outside [0, %d)", last[b], b + 1, Tn);
       return -1;
     }
-    for (int t = 0; t < Tn; t++) {
-      int32_t id = tokens[(int64_t)b * Tn + t];
-      if (id < 0 || id >= V) {
-        clrt_set_error("forward_cached: token %d at row %d, position %d is outside the vocabulary [0, %d)",
-                       id, b + 1, t + 1, V);
-        return -1;
-      }
-    }
+    if (check_tokens(m, "forward_cached", tokens, b, Tn, Tn) != 0) return -1;
   }
   return 0;
 }

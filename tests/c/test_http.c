@@ -1,4 +1,4 @@
-/* test_http.c — the libcurl event loop (runtime/http.c) against a one-connection server
+/* test_http.c — the libcurl event loop (runtime/net/http.c) against a one-connection server
    written inline: the test listens on 127.0.0.1, and between polls of the loop accepts the
    connection, reads the request and writes a canned reply, all on one thread. Checks what
    was sent (method, headers, body), what comes back (status, body, headers, Retry-After),

@@ -1,4 +1,4 @@
-/* fuzz_extract_json.c — clrt.llm.extract_json (lua/clrt/llm_json.lua) on arbitrary replies:
+/* fuzz_extract_json.c — clrt.llm.extract_json (lua/clrt/net/llm_json.lua) on arbitrary replies:
    it must return a table or raise its own clear error, never anything else, never hang
    (libFuzzer's -timeout catches a hang). The Lua parser runs in an embedded LuaJIT state. */
 #include <lauxlib.h>
@@ -19,10 +19,10 @@ static void setup(void) {
   char code[4096];
   snprintf(code, sizeof code,
            "package.path = '%s/?.lua;' .. package.path\n"
-           "return require('clrt.llm_json').extract_json",
+           "return require('clrt.net.llm_json').extract_json",
            clrt_lua_dir());
   if (luaL_dostring(L, code)) {
-    fprintf(stderr, "cannot load clrt.llm_json: %s\n", lua_tostring(L, -1));
+    fprintf(stderr, "cannot load clrt.net.llm_json: %s\n", lua_tostring(L, -1));
     abort();
   }
   lua_setglobal(L, "extract_json");

@@ -6,7 +6,7 @@ local cjson = require("cjson")
 
 local src = T.source_dir()
 local js = src .. "/tests/js"
-local function exists(p) local f = io.open(p, "rb"); if f then f:close() end; return f ~= nil end
+local exists = require("clrt.files").exists
 if not exists(js .. "/node_modules/@huggingface/jinja/package.json") or os.execute("node --version >/dev/null 2>&1") ~= 0 then
   print("skip: tests/js/node_modules or node missing (run `npm ci` in tests/js; scripts/test.sh does)")
   os.exit(77)

@@ -110,7 +110,7 @@ for _, name in ipairs(configs) do
 end
 
 T.case("requests that arrive together (one batched prefill) sample what each samples alone", function()
-  local gen = require("clrt.generate")
+  local gen = require("clrt.gen.engine")
   local m = clrt.model.load(root .. "qwen2_tied")
   local prompts = { { 5, 6, 7 }, { 8 }, { 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19 }, { 3, 3 } }
   local function run(list, opts_of)

@@ -1,8 +1,8 @@
--- The generation loop (clrt.generate) over a fake decoder whose next-token logits are a
+-- The generation loop (clrt.gen.engine) over a fake decoder whose next-token logits are a
 -- known function of (slot's last token, position): greedy must follow that function, samples
 -- must be reproducible by seed, and stop rules, n>1 prefill sharing and limits must hold.
 local T = require("clrt.test")
-local gen = require("clrt.generate")
+local gen = require("clrt.gen.engine")
 
 package.path = T.source_dir() .. "/tests/lua/?.lua;" .. package.path
 local fake = require("support.fake_model")

@@ -6,11 +6,11 @@
 local T = require("clrt.test")
 package.path = T.source_dir() .. "/tests/lua/?.lua;" .. package.path
 local W = require("support.json_world")
-local JC = require("clrt.json_constraint")
-local gen = require("clrt.generate")
+local JC = require("clrt.gen.json_constraint")
+local gen = require("clrt.gen.engine")
 local cjson = require("cjson")
 local ffi = require("ffi")
-local C = require("clrt.ffi").C
+local C = require("clrt.core.ffi").C
 
 local list, ids = W.vocab()
 local V = #list

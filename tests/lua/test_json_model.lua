@@ -12,7 +12,7 @@ local tok = clrt.tokenizer.load(dir)
 local stops = clrt.chat.stop_ids(tok)
 
 T.case("token bytes from the real tokenizer: specials are excluded, every byte is a token", function()
-  local JC = require("clrt.json_constraint")
+  local JC = require("clrt.gen.json_constraint")
   local V = m.config.vocab_size
   local bytes = JC.token_bytes(tok, V)
   local singles = {}
@@ -59,7 +59,7 @@ end)
 T.case("clrt serve on this model: response_format json_schema over HTTP gives valid JSON", function()
   if os.execute("command -v curl > /dev/null 2>&1") ~= 0 then return T.skip("curl is not installed") end
   local cjson = require("cjson")
-  local srv = require("clrt.serve").new({ model = m, tokenizer = tok, name = "tiny", port = 0, slots = 8, max_len = 256, max_tokens = 120 })
+  local srv = require("clrt.net.openai_server").new({ model = m, tokenizer = tok, name = "tiny", port = 0, slots = 8, max_len = 256, max_tokens = 120 })
   local schema = { type = "object", properties = { thought = { type = "string", maxLength = 10 }, accuracy = { type = "number", minimum = 0, maximum = 1 } },
     required = { "thought", "accuracy" }, additionalProperties = false }
   local base = T.tmpdir() .. "/req"

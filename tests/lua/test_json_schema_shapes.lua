@@ -8,8 +8,8 @@
 local T = require("clrt.test")
 package.path = T.source_dir() .. "/tests/?.lua;" .. T.source_dir() .. "/tests/lua/?.lua;" .. package.path
 local W = require("support.json_world")
-local JC = require("clrt.json_constraint")
-local C = require("clrt.ffi").C
+local JC = require("clrt.gen.json_constraint")
+local C = require("clrt.core.ffi").C
 local cjson = require("cjson")
 
 local function fixture(name)

@@ -2,7 +2,7 @@
 -- in flight at once, concurrency, 4xx handling, the key never leaking, the call records.
 local T = require("clrt.test")
 local ffi = require("ffi")
-local http = require("clrt.http")
+local http = require("clrt.net.http")
 local llm, sched = clrt.llm, clrt.sched
 local fake = dofile(T.source_dir() .. "/tests/support/fake_openai.lua")
 
@@ -183,8 +183,8 @@ T.case("the API key is sent only as the Authorization header and never appears a
   collect(T.raises(function() bad:chat(user("hi")) end, "HTTP 401: Incorrect API key provided"))
   collect(tostring(good))
   collect(llm.json.encode(llm.records()))
-  collect(require("clrt.repl").show(good))
-  for k, v in pairs(good) do collect(k); collect(type(v) == "table" and require("clrt.repl").show(v) or v) end
+  collect(require("clrt.cli.repl").show(good))
+  for k, v in pairs(good) do collect(k); collect(type(v) == "table" and require("clrt.cli.repl").show(v) or v) end
   -- and everything a separate process prints, errors and tracebacks included
   local prog = ([[
     local c = clrt.llm.client{base_url = %q, model = "m", api_key_env = "CLRT_TEST_API_KEY", timeout = 1,
@@ -222,7 +222,7 @@ T.case("TLS verification is on: a self-signed certificate is refused", function(
                                 ca_file = dir .. "/cert.pem", max_retries = 0 }
   T.eq(trusting:chat(user("over tls")).content, "echo:over tls")
   ts.stop()
-  os.execute("rm -rf " .. dir)
+  require("clrt.files").remove_tree(dir)
 end)
 
 T.case("records and stats sum up the calls", function()
@@ -252,7 +252,7 @@ T.case("blocking calls outside a scheduler reuse one kept-alive connection", fun
 end)
 
 T.case("Ctrl-C (the interrupt flag) stops a blocking call and a run, cancelling what is in flight", function()
-  local C = require("clrt.ffi").C
+  local C = require("clrt.core.ffi").C
   local c = llm.client { base_url = srv.base_url, model = "m", timeout = 10 }
   C.clrt_set_interrupt(1)
   local ok1, e1 = pcall(c.chat, c, user("[latency:2000]"))

@@ -171,7 +171,7 @@ end)
 -- Does `text` fit the schema as clrt serve's constrained decoding reads it (one byte per
 -- token through the JSON automaton)? Returns true, or false and where it stopped.
 local function schema_accepts(schema, text)
-  local JC = require("clrt.json_constraint")
+  local JC = require("clrt.gen.json_constraint")
   local bytes = {}
   for b = 0, 255 do bytes[b + 1] = string.char(b) end
   local c = JC.new({ vocab = { trie = JC.vocab_from_bytes(bytes), bytes = bytes }, schema = schema })

@@ -9,7 +9,7 @@ local data = require("clrt.data")
 local pd = require("recipes.process_dataset")
 local rl_recipe = require("recipes.collabllm_rl")
 local pass_rate = require("metrics.pass_rate")
-local extract_json = require("clrt.llm_json").extract_json
+local extract_json = require("clrt.net.llm_json").extract_json
 
 local PYTHON = "/usr/bin/python3"
 

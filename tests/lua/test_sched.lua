@@ -2,7 +2,7 @@
 -- generation, bounds and timeouts. The "model" here is a fake whose outputs are a function
 -- of its inputs, so every coroutine can check it got its own rows back.
 local T = require("clrt.test")
-local http = require("clrt.http")
+local http = require("clrt.net.http")
 local sched, llm = clrt.sched, clrt.llm
 local fake = dofile(T.source_dir() .. "/tests/support/fake_openai.lua")
 local function need_python()

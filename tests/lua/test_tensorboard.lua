@@ -1,16 +1,16 @@
--- TensorBoard event files (clrt.tensorboard, written by clrt.log.run under DIR/tb/), read
+-- TensorBoard event files (clrt.util.tensorboard, written by clrt.log.run under DIR/tb/), read
 -- back by an independent decoder: tests/reference/read_tfevents.py under Debian's python3,
 -- which builds the Event/Summary/TensorProto classes from the public schema with
 -- python3-protobuf and checks every record's CRC32C framing itself.
 local T = require("clrt.test")
 local json = require("clrt.json")
 local log = require("clrt.log")
-local tb = require("clrt.tensorboard")
+local tb = require("clrt.util.tensorboard")
 local rl = require("clrt.rl")
 local ffi = require("ffi")
 
 local PY = "/usr/bin/python3"
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local sh_quote = require("clrt.util.shell").quote
 if os.execute(PY .. " -c 'import google.protobuf' >/dev/null 2>&1") ~= 0 then
   print("skip: " .. PY .. " lacks google.protobuf (apt-get install python3-protobuf; scripts/test.sh does)")
   os.exit(77)
@@ -23,7 +23,7 @@ local function tmp()
   dirs[#dirs + 1] = d
   return d
 end
-T.cleanup(function() for _, d in ipairs(dirs) do os.execute("rm -rf " .. sh_quote(d)) end end)
+T.cleanup(function() for _, d in ipairs(dirs) do require("clrt.files").remove_tree(d) end end)
 
 -- Decode files; returns the decoder's JSON, or nil and its message.
 local function decode(paths)

@@ -4,11 +4,11 @@
 local T = require("clrt.test")
 local cjson = require("cjson")
 local ffi = require("ffi")
-local core = require("clrt.ffi")
+local core = require("clrt.core.ffi")
 
 local src = T.source_dir()
 local js = src .. "/tests/js"
-local function exists(p) local f = io.open(p, "rb"); if f then f:close() end; return f ~= nil end
+local exists = require("clrt.files").exists
 local have_js = exists(js .. "/node_modules/@lenml/tokenizers/package.json") and os.execute("node --version >/dev/null 2>&1") == 0
 
 -- A deterministic pseudo-random text over a small alphabet, so pairs repeat and tie.

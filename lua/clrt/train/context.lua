@@ -27,6 +27,15 @@
 -- a reply that does not parse is asked again parse_retries times in clrt.llm_reply.
 local M = {}
 
+-- clrt.config.check rules for one client's settings (sim_cfg, judge): the keys client() and
+-- the *_options tables below read.
+function M.client_rules(prefix)
+  return { { prefix .. ".timeout", "rate" }, { prefix .. ".max_retries", "count0" }, { prefix .. ".backoff", "nonneg" },
+    { prefix .. ".max_backoff", "nonneg" }, { prefix .. ".max_concurrency", "count" }, { prefix .. ".parse_retries", "count0" },
+    { prefix .. ".temperature", "nonneg" }, { prefix .. ".max_tokens", "count" }, { prefix .. ".top_p", "fraction" },
+    { prefix .. ".max_chars", "count" } }
+end
+
 local function client(c)
   return clrt.llm.client({ base_url = c.base_url, model = c.model, api_key_env = c.api_key_env,
     timeout = c.timeout, max_retries = c.max_retries, backoff = c.backoff, max_backoff = c.max_backoff,

@@ -8,6 +8,9 @@
 --   clrt.train.checkpoint run-folder checkpoints (save / find)
 --   clrt.train.prompts    a step's prompts, dataset rows, the built-in world
 --   clrt.train.dpo        preference pairs (best/worst per prompt), reference sums, the DPO step
+--   clrt.train.evals      a run's evaluations before/during/after training, summary.json
+--   clrt.train.report     a step's metrics row, sample items, the before/after table
+--   clrt.train.ppo        the PPO update over clrt.train.update (SFT's is clrt.sft)
 return setmetatable({}, {
   __index = function(t, k)
     if type(k) ~= "string" or not k:match("^[%a_][%w_]*$") then return nil end

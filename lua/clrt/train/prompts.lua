@@ -87,6 +87,24 @@ function M.dataset_samples(path)
   return out
 end
 
+-- The run's data= and data_val= sets (nil when not given), over-long prompts left out
+-- (validation cut to eval.prompts), and a line per set saying what was kept.
+function M.load_sets(m, tok, cfg)
+  local dataset, val_set, notes = nil, nil, {}
+  if cfg.data then
+    local dropped, limit
+    dataset, dropped, limit = M.filter_prompts(m, tok, cfg, M.dataset_samples(cfg.data), cfg.data)
+    notes[#notes + 1] = ("%s: %d prompts, %d longer than %d tokens left out"):format(cfg.data, #dataset, dropped, limit)
+  end
+  if cfg.data_val then
+    local dropped, limit
+    val_set, dropped, limit = M.filter_prompts(m, tok, cfg, M.dataset_samples(cfg.data_val), cfg.data_val)
+    while cfg.eval.prompts and #val_set > cfg.eval.prompts do table.remove(val_set) end
+    notes[#notes + 1] = ("%s: %d validation prompts, %d longer than %d tokens left out"):format(cfg.data_val, #val_set, dropped, limit)
+  end
+  return dataset, val_set, notes
+end
+
 -- Dataset prompts that leave room for a response (verl's filter_overlong_prompts): a prompt
 -- longer than max_prompt_len, or with no room left in the context, is left out and counted.
 function M.filter_prompts(m, tok, cfg, samples, what)

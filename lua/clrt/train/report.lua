@@ -45,6 +45,17 @@ function M.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
   return row
 end
 
+-- Up to four of a step's entries for the samples log (the first response of each group).
+function M.sample_items(entries, n)
+  local items = {}
+  for i = 1, math.min(#entries, 4) do
+    local e = entries[(i - 1) * n + 1] or entries[i]
+    items[#items + 1] = { id = e.sample.id, conversation = e.convs[1] or require("clrt.train.rollout").copy_conv(e.sample.prompt, e.message),
+      scores = e.scores[1], reward = e.reward, advantage = e.advantage }
+  end
+  return items
+end
+
 -- The before/after tables of summary.json on stdout.
 function M.print_summary(summary, cfg, weights)
   local function table_of(title, before, after, keys)

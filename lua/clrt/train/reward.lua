@@ -16,6 +16,37 @@ function M.failed(err) return setmetatable({ error = err }, failed_mt) end
 function M.is_failed(v) return type(v) == "table" and getmetatable(v) == failed_mt end
 
 ---------------------------------------------------------------- metrics
+local function metric_known(name)
+  return type(name) == "string" and name:match("^[%w_]+$") and package.searchpath("metrics." .. name, package.path) ~= nil
+end
+
+-- A run's reward settings ({metric_weights =, metric_options =}) before anything loads:
+-- every weight names a metric plug-in and is a finite number, every options entry names a
+-- metric and is a table. Raises one line per bad key, each starting with who.
+function M.check_config(rcfg, who)
+  local json, errs = require("clrt.json"), {}
+  local w = rcfg.metric_weights
+  if type(w) ~= "table" or next(w) == nil then
+    errs[#errs + 1] = who .. ": reward.metric_weights must name at least one metric, got " .. json.encode(w or {})
+  else
+    for name, v in pairs(w) do
+      if not metric_known(name) then
+        errs[#errs + 1] = ("%s: reward.metric_weights: unknown metric '%s' (lua/metrics/%s.lua does not exist)"):format(who, tostring(name), tostring(name))
+      elseif type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge then
+        errs[#errs + 1] = ("%s: reward.metric_weights.%s must be a finite number, got %s"):format(who, name, json.encode(v))
+      end
+    end
+  end
+  for name, v in pairs(rcfg.metric_options or {}) do
+    if not metric_known(name) then
+      errs[#errs + 1] = ("%s: reward.metric_options: unknown metric '%s'"):format(who, tostring(name))
+    elseif type(v) ~= "table" then
+      errs[#errs + 1] = ("%s: reward.metric_options.%s must be a table of options, got %s"):format(who, name, tostring(v))
+    end
+  end
+  if #errs > 0 then error(table.concat(errs, "\n"), 0) end
+end
+
 -- Load lua/metrics/<name>.lua for every metric named in weights (a weight of 0 still loads:
 -- the value is logged even when it does not count).
 function M.load_metrics(weights)

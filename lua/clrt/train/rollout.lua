@@ -354,6 +354,25 @@ function M.step_failure(cfg, entries, R)
   return failed, why, causes, first
 end
 
+-- A step's row on the log with its failure marked (dropped/<cause>, failed_step = 1); a failed
+-- step is printed and counted. Returns the run's count of failed steps so far, and raises
+-- once it reaches cfg.max_failed_steps.
+function M.log_step(lg, cfg, step, row, entries, R, failed_steps)
+  local failed, why, causes, first_msg = M.step_failure(cfg, entries, R)
+  for cause, n in pairs(causes) do row["dropped/" .. cause] = n end
+  if failed then row.failed_step = 1 end
+  lg:log(step, row)
+  if not failed then return failed_steps end
+  failed_steps = failed_steps + 1
+  lg:print(("step %d failed (%d of %d allowed): %s; first: %s"):format(step, failed_steps, cfg.max_failed_steps,
+    why, tostring(first_msg)))
+  if failed_steps >= cfg.max_failed_steps then
+    error(("collabllm_rl: stopped after %d failed steps (max_failed_steps); step %d: %s; first: %s")
+      :format(failed_steps, step, why, tostring(first_msg)), 0)
+  end
+  return failed_steps
+end
+
 M.make_policy = M.policy
 
 return M

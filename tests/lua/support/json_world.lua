@@ -62,7 +62,7 @@ end
 
 -- Random logits that depend only on the slot's history: logit(v) = scale * U + bias[v].
 function M.decoder(V, slots, max_len, bias, seed)
-  local C = require("clrt.ffi").C
+  local C = require("clrt.core.ffi").C
   local d = { vocab_size = V, slots = slots, max_len = max_len, key = {} }
   local rng = ffi.new("clrt_rng")
   local function fill(out, key)

@@ -140,6 +140,50 @@ int clrt_file_append(const char *path, const char *data, size_t len) {
   return 0;
 }
 
+int clrt_file_write_parts_atomic(const char *path, int n, const void *const *parts,
+                                 const size_t *lens) {
+  size_t plen = strlen(path);
+  char *tmp = malloc(plen + 32);
+  if (!tmp) {
+    clrt_set_error("%s: out of memory", path);
+    return -1;
+  }
+  snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    clrt_set_error("cannot create %s: %s", tmp, strerror(errno));
+    free(tmp);
+    return -1;
+  }
+  int bad = 0;
+  for (int i = 0; i < n && !bad; i++) bad = write_all(fd, parts[i], lens[i]) != 0;
+  if (!bad) bad = fsync(fd) != 0;
+  int saved = errno;
+  if (close(fd) != 0 && !bad) {
+    bad = 1;
+    saved = errno;
+  }
+  if (bad) {
+    clrt_set_error("cannot write %s: %s", tmp, strerror(saved));
+    unlink(tmp);
+    free(tmp);
+    return -1;
+  }
+  if (rename(tmp, path) != 0) {
+    clrt_set_error("cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    unlink(tmp);
+    free(tmp);
+    return -1;
+  }
+  free(tmp);
+  return 0;
+}
+
+int clrt_file_write_atomic(const char *path, const char *data, size_t len) {
+  const void *parts[1] = { data };
+  return clrt_file_write_parts_atomic(path, 1, parts, &len);
+}
+
 int clrt_file_copy(const char *from, const char *to) {
   int in = open(from, O_RDONLY | O_CLOEXEC);
   if (in < 0) {

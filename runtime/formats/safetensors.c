@@ -546,72 +546,36 @@ int clrt_safetensors_write(const char *path, int n, const char *const *names,
     clrt_set_error("safetensors %s: out of memory building the header", path);
     return -1;
   }
-  size_t plen = strlen(path);
-  char *tmp = malloc(plen + 32);
-  if (!tmp) {
+  /* The parts back to back: the header's length (8 bytes, little-endian), the header, then
+     every tensor's bytes; clrt_file_write_parts_atomic writes them under a temporary name,
+     fsyncs and renames. */
+  uint8_t len8[8];
+  for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)h.n >> (8 * i));
+  const void **parts = malloc(sizeof *parts * (size_t)(n + 2));
+  size_t *lens = malloc(sizeof *lens * (size_t)(n + 2));
+  if (!parts || !lens) {
+    free(parts);
+    free(lens);
     free(h.p);
     clrt_set_error("safetensors %s: out of memory", path);
     return -1;
   }
-  snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-  FILE *f = fopen(tmp, "wb");
-  if (!f) {
-    clrt_set_error("safetensors %s: cannot create %s: %s", path, tmp, strerror(errno));
-    free(h.p);
-    free(tmp);
-    return -1;
+  parts[0] = len8;
+  lens[0] = 8;
+  parts[1] = h.p;
+  lens[1] = h.n;
+  for (int i = 0; i < n; i++) {
+    parts[i + 2] = clrt_tensor_data(tensors[i]);
+    lens[i + 2] = (size_t)clrt_tensor_numel(tensors[i]) * clrt_dtype_size(tensors[i]->dtype_id);
   }
-  uint8_t len8[8];
-  for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)h.n >> (8 * i));
-  int bad = fwrite(len8, 1, 8, f) != 8 || fwrite(h.p, 1, h.n, f) != h.n;
-  for (int i = 0; i < n && !bad; i++) {
-    size_t bytes = (size_t)clrt_tensor_numel(tensors[i]) * clrt_dtype_size(tensors[i]->dtype_id);
-    if (bytes && fwrite(clrt_tensor_data(tensors[i]), 1, bytes, f) != bytes) bad = 1;
-  }
-  if (!bad && fflush(f) != 0) bad = 1;
-  if (!bad && fsync(fileno(f)) != 0) bad = 1;
-  int saved = errno;
-  if (fclose(f) != 0) bad = 1;
+  int rc = clrt_file_write_parts_atomic(path, n + 2, parts, lens);
+  free(parts);
+  free(lens);
   free(h.p);
-  if (bad) {
-    clrt_set_error("safetensors %s: writing %s failed: %s", path, tmp, strerror(saved));
-    unlink(tmp);
-    free(tmp);
-    return -1;
+  if (rc != 0) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", clrt_last_error());
+    clrt_set_error("safetensors %s: %s", path, why);
   }
-  if (rename(tmp, path) != 0) {
-    clrt_set_error("safetensors %s: rename from %s failed: %s", path, tmp, strerror(errno));
-    unlink(tmp);
-    free(tmp);
-    return -1;
-  }
-  free(tmp);
-  return 0;
-}
-
-int clrt_file_write_atomic(const char *path, const char *data, size_t len) {
-  size_t plen = strlen(path);
-  char *tmp = malloc(plen + 32);
-  if (!tmp) {
-    clrt_set_error("%s: out of memory", path);
-    return -1;
-  }
-  snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-  FILE *f = fopen(tmp, "wb");
-  if (!f) {
-    clrt_set_error("%s: cannot create %s: %s", path, tmp, strerror(errno));
-    free(tmp);
-    return -1;
-  }
-  int bad = (len && fwrite(data, 1, len, f) != len) || fflush(f) != 0 || fsync(fileno(f)) != 0;
-  int saved = errno;
-  if (fclose(f) != 0) bad = 1;
-  if (bad || rename(tmp, path) != 0) {
-    clrt_set_error("%s: writing failed: %s", path, strerror(bad ? saved : errno));
-    unlink(tmp);
-    free(tmp);
-    return -1;
-  }
-  free(tmp);
-  return 0;
+  return rc;
 }

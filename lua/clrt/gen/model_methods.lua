@@ -1,8 +1,8 @@
--- clrt.model_generate — KV-cache decoding for clrt.model: m:decoder(slots, max_len) and
+-- clrt.gen.model_methods — KV-cache decoding for clrt.model: m:decoder(slots, max_len) and
 -- m:generate(prompts, opts). Installed into the Model class by lua/clrt/model.lua.
 local ffi = require("ffi")
-local core = require("clrt.ffi")
-local gen = require("clrt.generate")
+local core = require("clrt.core.ffi")
+local gen = require("clrt.gen.engine")
 local C = core.C
 
 local M = {}

@@ -1,10 +1,10 @@
--- clrt.http — the process's one HTTP event loop (runtime/http.c, libcurl multi) seen from Lua.
+-- clrt.net.http — the process's one HTTP event loop (runtime/net/http.c, libcurl multi) seen from Lua.
 --   id = http.submit({method=, url=, headers={...}, body=, timeout=, ca_file=}, on_done)
 --   http.pump(timeout_ms)     -- drive transfers; calls on_done(result) for each finished one
 --   r = http.request{...}     -- submit and wait: yields inside a clrt.sched task, else blocks
 -- A result is {id, status, ok_transport, error, error_code, timed_out, retry_after, elapsed,
 -- body, headers}; status is 0 when no response arrived. Clients (clrt.llm) build on request().
-local core = require("clrt.ffi")
+local core = require("clrt.core.ffi")
 local ffi = require("ffi")
 local C = core.C
 

@@ -1,6 +1,6 @@
 /* flops.c — achieved-throughput bookkeeping: FLOPs of a training step and the GPU's peak, so
    benchmarks and training logs can print TFLOP/s and MFU. */
-#include "model/model_internal.h"
+#include "model_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

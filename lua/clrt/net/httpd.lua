@@ -1,7 +1,7 @@
--- clrt.server — the HTTP plumbing under `clrt serve`: requests queue up in C (one thread per
+-- clrt.net.httpd — the HTTP plumbing under `clrt serve`: requests queue up in C (one thread per
 -- connection) and this engine-side handle takes them, answers them, or streams to them.
 local ffi = require("ffi")
-local core = require("clrt.ffi")
+local core = require("clrt.core.ffi")
 local C = core.C
 
 local M = {}

@@ -1,5 +1,5 @@
--- clrt.repl — what the REPL does with a chunk of input, and tab completion.
--- The C side (runtime/main.c) reads lines with readline and calls eval(); eval returns true
+-- clrt.cli.repl — what the REPL does with a chunk of input, and tab completion.
+-- The C side (runtime/cli/main.c) reads lines with readline and calls eval(); eval returns true
 -- while the chunk is incomplete so the C side keeps reading continuation lines.
 local M = {}
 

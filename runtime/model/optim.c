@@ -1,6 +1,6 @@
 /* optim.c — fused AdamW over a model's parameter arena: global-norm clipping, then one pass
    per tensor updating parameters and both moments (math in kernels/model_math.h). */
-#include "model/model_internal.h"
+#include "model_internal.h"
 #include "cpu/model_kernels.h"
 #include "model_math.h"
 

@@ -1,4 +1,4 @@
--- clrt.llm_json — a lenient reader for the JSON that judges and simulated users write.
+-- clrt.net.llm_json — a lenient reader for the JSON that judges and simulated users write.
 --
 --   clrt.llm.extract_json('Sure! ```json\n{"score": "8", \'ok\': True, "why": """a\nb"""}\n```')
 --     --> {score = 8, ok = true, why = "a\nb"}

@@ -1,7 +1,7 @@
 -- clrt serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--slots 32]
 --                      [--max-len 2048] [--max-tokens 4096] [--max-body BYTES] [--served-model-name NAME]
 --                      [--adapter DIR]
--- An OpenAI-compatible server for one model folder (see lua/clrt/serve.lua).
+-- An OpenAI-compatible server for one model folder (see lua/clrt/net/openai_server.lua).
 local args = { ... }
 local usage = [[
 usage: clrt serve MODEL_DIR [options]
@@ -56,7 +56,7 @@ opts.model, opts.tokenizer, opts.adapter = m, tok, nil
 opts.name = opts.name or dir:gsub("/+$", ""):match("([^/]+)$")
 opts.max_len = opts.max_len or math.min(m.config.max_position_embeddings or 4096, 4096)
 opts.log = function(line) io.stderr:write(os.date("%H:%M:%S "), line, "\n") end
-local started, srv = pcall(require("clrt.serve").new, opts)
+local started, srv = pcall(require("clrt.net.openai_server").new, opts)
 if not started then   -- a busy port or a bad address: one line, no traceback
   io.stderr:write("clrt serve: ", (tostring(srv):gsub("^serve: ", "")), "\n")
   os.exit(1)

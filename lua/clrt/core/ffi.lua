@@ -1,4 +1,4 @@
--- clrt.ffi — the runtime's C interface, declared from the header the binary was built with.
+-- clrt.core.ffi — the runtime's C interface, declared from the header the binary was built with.
 -- Only lua/clrt/ may require this; recipes, metrics and interactions go through the wrappers.
 local ffi = require("ffi")
 

@@ -2,9 +2,9 @@
 -- Talk to a model in the terminal with its chat template; tokens stream as they are made.
 -- Commands: /system TEXT, /reset, /temp X, /save FILE, /help, /quit. Ctrl-C stops a reply.
 local ffi = require("ffi")
-local cjson = require("cjson")
-local core = require("clrt.ffi")
-local gen = require("clrt.generate")
+local json = require("clrt.json")
+local core = require("clrt.core.ffi")
+local gen = require("clrt.gen.engine")
 
 local args = { ... }
 local usage = "usage: clrt chat MODEL_DIR [--temp X] [--max-tokens N] [--system TEXT] [--seed N] [--adapter DIR]"
@@ -70,9 +70,8 @@ while true do
   elseif cmd == "save" then
     if rest == "" then print("(usage: /save FILE)")
     else
-      local f, err = io.open(rest, "w")
-      if not f then print("(cannot write: " .. tostring(err) .. ")")
-      else f:write(cjson.encode({ model = dir, messages = messages }), "\n"); f:close(); print("(saved " .. rest .. ")") end
+      local saved, err = pcall(require("clrt.files").write_atomic, rest, json.encode({ model = dir, messages = messages }) .. "\n")
+      print(saved and ("(saved " .. rest .. ")") or ("(cannot write: " .. tostring(err) .. ")"))
     end
   elseif cmd then print("(unknown command /" .. cmd .. "; /help lists them)")
   elseif line:match("%S") then

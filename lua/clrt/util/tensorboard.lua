@@ -1,5 +1,5 @@
--- clrt.tensorboard — TensorBoard event files, written without TensorFlow.
---   local tb = require("clrt.tensorboard")
+-- clrt.util.tensorboard — TensorBoard event files, written without TensorFlow.
+--   local tb = require("clrt.util.tensorboard")
 --   local w = tb.create(dir, {clock = fn})        -- dir/events.out.tfevents.<unix time>.<host>
 --   w:scalars(step, {["metric/accuracy"] = 0.9, loss = 1.2})  -- one Event, numbers only
 --   w:text(step, "samples/1", "**markdown**")     -- a text-plugin summary
@@ -190,8 +190,8 @@ end
 -- A new events file in dir (created if missing), named as TensorBoard looks for; never
 -- an existing one, so a resumed run adds a file beside the first (TensorBoard reads them all).
 function M.create(dir, opts)
-  local ok = os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'")
-  if not (ok == 0 or ok == true) then error("tensorboard: cannot create folder " .. dir, 2) end
+  local ok, err = pcall(require("clrt.files").mkdir_p, dir)
+  if not ok then error("tensorboard: cannot create folder " .. dir .. ": " .. tostring(err), 2) end
   local base = ("%s/events.out.tfevents.%d.%s"):format(dir, os.time(), hostname())
   local path, i = base, 2
   while true do

@@ -1,4 +1,4 @@
--- clrt.generate — batched sampling on top of a slot-based KV-cache decoder.
+-- clrt.gen.engine — batched sampling on top of a slot-based KV-cache decoder.
 --
 -- A decoder (made by the model: m:decoder(slots, max_len)) owns a KV cache with `slots`
 -- independent rows and writes next-token logits into a [slots, V] buffer, row = slot:
@@ -14,7 +14,7 @@
 -- Prompts added between two steps are prefilled together at the start of the next step (one
 -- batched forward, as a server's newly arrived requests are), then join the decode batch.
 local ffi = require("ffi")
-local core = require("clrt.ffi")
+local core = require("clrt.core.ffi")
 local C = core.C
 
 local M = {}
@@ -68,7 +68,7 @@ function M.options(opts, vocab)
   if js ~= nil and js ~= false then
     if o.mask then bad("json", "cannot be combined with a mask") end
     if not o.tokenizer then bad("json", "needs the tokenizer (opts.tokenizer) for the bytes of every token") end
-    local JC = require("clrt.json_constraint")
+    local JC = require("clrt.gen.json_constraint")
     local stop_ids = {}
     for id in pairs(o.stop_ids) do stop_ids[#stop_ids + 1] = id end
     table.sort(stop_ids)

@@ -1,7 +1,7 @@
--- clrt.json_constraint — JSON-constrained decoding: compile a JSON Schema (subset) into the C
--- automaton (runtime/json_grammar.c) and turn each row's state into a token mask.
+-- clrt.gen.json_constraint — JSON-constrained decoding: compile a JSON Schema (subset) into the C
+-- automaton (runtime/text/json_grammar.c) and turn each row's state into a token mask.
 --
---   local JC = require("clrt.json_constraint")
+--   local JC = require("clrt.gen.json_constraint")
 --   local g = JC.compile(schema)            -- schema table, true (any value) or "object"
 --   local c = JC.new{ tokenizer = tok, grammar = g, V = vocab_size, stop_ids = {eos} }
 --   gen_opts.mask = function(row) return c:mask(row) end
@@ -21,7 +21,7 @@
 -- are ignored; anything else (pattern, not, if, uniqueItems, ...) is an error. Every error
 -- names the JSON path of the offending keyword, like $.properties.n.maximum.
 local ffi = require("ffi")
-local core = require("clrt.ffi")
+local core = require("clrt.core.ffi")
 local C = core.C
 
 local M = {}

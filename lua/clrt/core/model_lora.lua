@@ -1,4 +1,4 @@
--- clrt.model_lora — LoRA adapters for clrt.model, in PEFT's format. Installed into the Model
+-- clrt.core.model_lora — LoRA adapters for clrt.model, in PEFT's format. Installed into the Model
 -- class by lua/clrt/model.lua.
 --   m:add_lora{r = 8, alpha = 16, dropout = 0.05, targets = {"q_proj", ...}, seed = 0}
 --   m:set_adapters(false)          -- run the bare base (the RL reference), true: back on
@@ -8,7 +8,7 @@
 --   m:merge_adapter()              -- W += alpha/r B A into the base, adapters removed
 -- With adapters the base is frozen: m:grads() fails, optimizers walk the adapters only.
 local ffi = require("ffi")
-local core = require("clrt.ffi")
+local core = require("clrt.core.ffi")
 local tensor = require("clrt.tensor")
 local files = require("clrt.files")
 local json = require("clrt.json")

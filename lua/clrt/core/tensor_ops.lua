@@ -1,14 +1,14 @@
--- clrt.tensor_ops — arithmetic, comparisons, reductions, softmax and matmul on tensors.
+-- clrt.core.tensor_ops — arithmetic, comparisons, reductions, softmax and matmul on tensors.
 -- Loaded by clrt/tensor.lua, which calls install() to add the methods, the module-level
 -- functions (clrt.tensor.add(a, b), where a or b may be a number) and the Lua operators
--- (+ - * / ^ and unary -). Every op is one C call (runtime/tensor_ops.c).
+-- (+ - * / ^ and unary -). Every op is one C call (runtime/core/tensor_ops.c).
 --
 -- Conventions: dimensions are 1-based and may be negative (-1 is the last); positions from
 -- argmax/argmin (and the second result of max/min over a dimension) are 1-based i32. A
 -- reduction with no dimension returns a Lua number. Comparisons return f32 0/1 tensors.
 -- `==` is not overloaded: on cdata it must keep meaning identity (t == nil).
 local ffi = require("ffi")
-local core = require("clrt.ffi")
+local core = require("clrt.core.ffi")
 local C = core.C
 
 local M = {}

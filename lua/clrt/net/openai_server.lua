@@ -1,4 +1,4 @@
--- clrt.serve — an OpenAI-compatible chat server over one model: POST /v1/chat/completions
+-- clrt.net.openai_server — an OpenAI-compatible chat server over one model: POST /v1/chat/completions
 -- (JSON or server-sent events; logprobs; tools through the chat template), GET /v1/models,
 -- GET /v1/models/{id}, GET /health (open without the key). Every request's rows join the
 -- same generation engine, so requests that arrive together decode in the same batched
@@ -6,7 +6,7 @@
 local cjson = require("cjson.safe").new()   -- decodes requests; replies go through clrt.json,
 local json = require("clrt.json")            -- which keeps an empty array [] apart from {}
 cjson.decode_invalid_numbers(false)          -- NaN, Infinity and 0x.. are not JSON
-local gen = require("clrt.generate")
+local gen = require("clrt.gen.engine")
 
 local M = {}
 
@@ -177,7 +177,7 @@ end
 -- compiled here, so an unsupported schema feature is a 400 that names it.
 function M.json_response_format(rf, gen_opts)
   if type(rf) ~= "table" then error("response_format must be an object", 0) end
-  local JC = require("clrt.json_constraint")
+  local JC = require("clrt.gen.json_constraint")
   if rf.type == "text" then return end
   if rf.type == "json_object" then
     gen_opts.json_schema = JC.compile("object")
@@ -205,7 +205,7 @@ function M.new(opts)
   self.limits = { max_tokens = opts.max_tokens or 4096, max_n = math.min(opts.slots or 32, 16) }
   self.dec = opts.decoder or self.model:decoder(opts.slots or 32, opts.max_len or 2048)
   self.engine = gen.engine(self.dec)
-  self.http = require("clrt.server").start({ host = opts.host or "127.0.0.1", port = opts.port or 8000, max_body = opts.max_body or 4 * 1024 * 1024 })
+  self.http = require("clrt.net.httpd").start({ host = opts.host or "127.0.0.1", port = opts.port or 8000, max_body = opts.max_body or 4 * 1024 * 1024 })
   self.waiting = {}        -- requests accepted but not started: no free slots yet
   self.log = opts.log or function() end
   self.created = os.time()
@@ -400,7 +400,7 @@ function Server:start_request(r, req)
       return self:respond(r.id, json_error(400, "'response_format' cannot be combined with a required tool call", "response_format"))
     end
     -- compact JSON (no whitespace between tokens): the call fits a small max_tokens
-    local ok, grammar = pcall(require("clrt.json_constraint").compile, tool_call_schema(req, fmt.args_key), { max_ws = 0 })
+    local ok, grammar = pcall(require("clrt.gen.json_constraint").compile, tool_call_schema(req, fmt.args_key), { max_ws = 0 })
     if not ok then return self:respond(r.id, json_error(400, "tools: " .. tostring(grammar), "tools")) end
     opts.json_schema = grammar
   end

@@ -6,7 +6,7 @@
  * from any slots — rows join and leave the batch as generation goes — and forward_cached
  * reads each row's own slot. Prompts are prefilled in chunks so activations stay bounded. */
 #include "clrt.h"
-#include "model/model_internal.h"
+#include "model_internal.h"
 
 #ifdef CLRT_HAVE_CUDA
 #include "cuda/cuda_kernels.h"

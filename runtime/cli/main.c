@@ -1,6 +1,6 @@
 /* main.c — the clrt command: runs a Lua script, a -e chunk, a subcommand, or the REPL.
    Everything a user sees (printing, completion candidates, chunk continuation) is decided in
-   Lua (lua/clrt/repl.lua); C owns only the terminal (readline) and the signals. */
+   Lua (lua/clrt/cli/repl.lua); C owns only the terminal (readline) and the signals. */
 #include "clrt.h"
 
 #include <lauxlib.h>
@@ -42,7 +42,7 @@ static void on_sigint(int sig) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: clrt [options] [SCRIPT.lua [key=value ...]]\n"
-          "       clrt COMMAND [args]      (chat, serve, ... from lua/clrt/commands)\n"
+          "       clrt COMMAND [args]      (chat, serve, ... from lua/clrt/cli/commands)\n"
           "  -e CODE        run CODE (clrt is preloaded as a global)\n"
           "  -v, --version  print the version\n"
           "  -h, --help     this help\n"
@@ -161,7 +161,7 @@ static int run_script(lua_State *L, const char *path, int nargs_start, int argc,
   return report(L, pcall_traceback(L, n, 0));
 }
 
-/* ---- the REPL: readline in C, evaluation in lua/clrt/repl.lua ---- */
+/* ---- the REPL: readline in C, evaluation in lua/clrt/cli/repl.lua ---- */
 
 static char **complete(const char *text, int start, int end) {
   (void)start;
@@ -171,7 +171,7 @@ static char **complete(const char *text, int start, int end) {
   lua_State *L = globalL;
   int top = lua_gettop(L);
   lua_getglobal(L, "require");
-  lua_pushstring(L, "clrt.repl");
+  lua_pushstring(L, "clrt.cli.repl");
   if (lua_pcall(L, 1, 1, 0)) goto none;
   lua_getfield(L, -1, "complete");
   lua_pushstring(L, text);
@@ -219,7 +219,7 @@ static int repl(lua_State *L) {
   rl_attempted_completion_function = complete;
   printf("clrt %s (LuaJIT) — Ctrl-D exits, Ctrl-C interrupts\n", clrt_version());
   lua_getglobal(L, "require");
-  lua_pushstring(L, "clrt.repl");
+  lua_pushstring(L, "clrt.cli.repl");
   if (report(L, pcall_traceback(L, 1, 1))) return 1;
   int repl_mod = lua_gettop(L);
 
@@ -316,8 +316,8 @@ int main(int argc, char **argv) {
     const char *s = argv[script_index];
     size_t n = strlen(s);
     char cmd[4096];
-    /* A bare word that names lua/clrt/commands/<word>.lua is a subcommand. */
-    snprintf(cmd, sizeof cmd, "%s/clrt/commands/%s.lua", clrt_lua_dir(), s);
+    /* A bare word that names lua/clrt/cli/commands/<word>.lua is a subcommand. */
+    snprintf(cmd, sizeof cmd, "%s/clrt/cli/commands/%s.lua", clrt_lua_dir(), s);
     if (!(n > 4 && !strcmp(s + n - 4, ".lua")) && !strchr(s, '/') && !file_exists(s) &&
         file_exists(cmd))
       rc = run_script(L, cmd, script_index + 1, argc, argv);
