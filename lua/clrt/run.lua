@@ -2,6 +2,7 @@
 --   run.new_dir(cfg, who)               -- a new run's folder (never an existing one)
 --   run.resume_config(defaults, argv, fixed, who) -- resume=DIR: the run's config + overrides
 --   run.guard(who, script, run_dir, fn) -- fn's error or Ctrl-C prints how to continue
+--   run.main(who, script, argv, parse_args, main) -- a recipe from the command line (resume= guarded from the start)
 --   run.resume_command(script, dir)     -- "clrt recipes/x.lua resume=DIR"
 --   run.print_end(script, dir, last, n) -- the run folder, and how to continue after stop_after
 local files = require("clrt.files")
@@ -73,11 +74,16 @@ end
 -- Run fn(); when it fails after the run folder exists (Ctrl-C included), say so and print
 -- the command that continues the run, then raise the error again. CLRT_TRACEBACK=1 keeps
 -- the traceback of the original error.
+local guarding = 0   -- nested guards (a resumed run's): the outermost one reports
+
 function M.guard(who, script, run_dir, fn)
+  if guarding > 0 then return fn() end
+  guarding = guarding + 1
   local res = { xpcall(fn, function(e)
     if os.getenv("CLRT_TRACEBACK") == "1" and type(e) == "string" then return debug.traceback(e, 2) end
     return e
   end) }
+  guarding = guarding - 1
   if res[1] then return unpack(res, 2, table.maxn(res)) end
   local err = res[2]
   local interrupted = clrt.interrupted() or tostring(err) == "interrupted"
@@ -86,6 +92,14 @@ function M.guard(who, script, run_dir, fn)
       interrupted and "interrupted" or "stopped", M.resume_command(script, run_dir)))
   end
   error(interrupted and "interrupted" or err, 0)
+end
+
+-- A recipe run from the command line: with resume=DIR the guard covers reading the saved
+-- config too, so a Ctrl-C at any moment of a resumed run prints the command that continues it.
+function M.main(who, script, argv, parse_args, main)
+  local dir = config.arg_value(argv, "resume")
+  if not dir or not files.exists(dir .. "/config.json") then return main(parse_args(argv)) end
+  return M.guard(who, script, dir, function() return main(parse_args(argv)) end)
 end
 
 return M

@@ -385,4 +385,4 @@ end
 
 local argv = { ... }
 if argv[1] == "recipes.collabllm_dpo" then return M end
-M.main(M.parse_args(argv))
+require("clrt.run").main("collabllm_dpo", "recipes/collabllm_dpo.lua", argv, M.parse_args, M.main)

@@ -237,4 +237,4 @@ end
 
 local argv = { ... }
 if argv[1] == "recipes.collabllm_rl" then return M end
-M.main(M.parse_args(argv))
+run.main("collabllm_rl", "recipes/collabllm_rl.lua", argv, M.parse_args, M.main)

@@ -233,4 +233,4 @@ end
 
 local argv = { ... }
 if argv[1] == "recipes.collabllm_sft" then return M end   -- required as a module
-M.main(M.parse_args(argv))
+require("clrt.run").main("collabllm_sft", "recipes/collabllm_sft.lua", argv, M.parse_args, M.main)
