@@ -221,15 +221,9 @@ function M.run(cfg, run_dir)
     end
     cfg.steps = cfg.steps or cfg.epochs * math.ceil(#offline_pairs / t.batch_size)
   else
-    if cfg.data then
-      local dropped, limit
-      dataset, dropped, limit = prompts.filter_prompts(m, tok, cfg, prompts.dataset_samples(cfg.data), cfg.data)
-      notes[#notes + 1] = ("%s: %d prompts, %d longer than %d tokens left out"):format(cfg.data, #dataset, dropped, limit)
-    end
-    if cfg.data_val then
-      val_set = prompts.filter_prompts(m, tok, cfg, prompts.dataset_samples(cfg.data_val), cfg.data_val)
-      while cfg.eval.prompts and #val_set > cfg.eval.prompts do table.remove(val_set) end
-    end
+    local set_notes
+    dataset, val_set, set_notes = prompts.load_sets(m, tok, cfg)
+    for _, n in ipairs(set_notes) do notes[#notes + 1] = n end
     if not cfg.steps then
       if not dataset then error("collabllm_dpo: steps= is required for online DPO without data=", 0) end
       cfg.steps = cfg.epochs * math.ceil(#dataset / cfg.prompts_per_step)
@@ -271,19 +265,9 @@ function M.run(cfg, run_dir)
     end
   end
 
-  -- offline: the pairs of step s are positions (s-1)*bs+1 .. s*bs of one long sequence of
-  -- seeded per-epoch orders, so a resumed run trains on the same pairs
-  local data = require("clrt.data")
-  local orders = {}
+  -- offline: a step's pairs depend only on (seed, step), so a resumed run trains on the same pairs
   local function offline_batch(step)
-    local out, n, bs = {}, #offline_pairs, math.min(t.batch_size, #offline_pairs)
-    for i = 1, bs do
-      local k = (step - 1) * bs + i - 1
-      local epoch = math.floor(k / n)
-      orders[epoch] = orders[epoch] or data.shuffle(offline_pairs, cfg.seed * 7919 + epoch)
-      out[i] = orders[epoch][k % n + 1]
-    end
-    return out
+    return prompts.epoch_batch(offline_pairs, cfg.seed, step, math.min(t.batch_size, #offline_pairs))
   end
 
   local first_step = resume_state and resume_state.step + 1 or 1

@@ -85,14 +85,6 @@ local function rows_of(list)
   return rows
 end
 
-local function mask_of(rows, T)
-  local v = losses.view(#rows, T)
-  for b, r in ipairs(rows) do
-    for t = 1, T do v.p[(b - 1) * T + t - 1] = (t >= r.first and t < #r.ids) and 1 or 0 end
-  end
-  return v
-end
-
 -- The reference's summed log-probs of every pair that has none yet (a pair keeps them, so
 -- each is computed once however often the pair is trained on), `micro` pairs per forward.
 function M.attach_ref(ref, list, micro)
@@ -101,7 +93,7 @@ function M.attach_ref(ref, list, micro)
   for _, part in ipairs(update.chunks(todo, micro)) do
     local rows = rows_of(part)
     local lp = update.logprobs(ref, rows, false)
-    local sums = losses.sequence_logps(lp, mask_of(rows, lp:size(2)))
+    local sums = losses.sequence_logps(lp, losses.response_mask(rows, lp:size(2)))
     for k, p in ipairs(part) do p.ref_chosen, p.ref_rejected = sums[2 * k - 1], sums[2 * k] end
   end
 end
@@ -113,7 +105,7 @@ local function parts_of(list, micro)
     local rc, rr = {}, {}
     for k, p in ipairs(part) do rc[k], rr[k] = p.ref_chosen, p.ref_rejected end
     parts[#parts + 1] = { rows = rows, batch = function(lp)
-      return { mask = mask_of(rows, lp:size(2)), ref_chosen = rc, ref_rejected = rr, denom = #list }
+      return { mask = losses.response_mask(rows, lp:size(2)), ref_chosen = rc, ref_rejected = rr, denom = #list }
     end }
   end
   return parts

@@ -31,6 +31,16 @@ local function as_view(x, what)
 end
 M.as_view = as_view
 
+-- The [B, T] mask of each row's response positions: t in [first, #ids) of a row
+-- {ids, first} (the log-prob at t scores token t+1; the prompt's are not trained).
+function M.response_mask(rows, T)
+  local v = M.view(#rows, T)
+  for b, r in ipairs(rows) do
+    for t = 1, T do v.p[(b - 1) * T + t - 1] = (t >= r.first and t < #r.ids) and 1 or 0 end
+  end
+  return v
+end
+
 local function same_shape(a, v, what)
   if v and (v.B ~= a.B or v.T ~= a.T) then
     error(("losses: %s is [%d, %d], logp is [%d, %d]"):format(what, v.B, v.T, a.B, a.T), 3)

@@ -25,15 +25,6 @@ function M.training_rows(entries)
   return rows
 end
 
--- The [B, T] mask of A1's positions.
-local function mask_of(rows, T)
-  local v = losses.view(#rows, T)
-  for b, r in ipairs(rows) do
-    for t = 1, T do v.p[(b - 1) * T + t - 1] = (t >= r.first and t < #r.ids) and 1 or 0 end
-  end
-  return v
-end
-
 -- Returns {loss, pg_loss, kl, clipfrac, grad_norm, tokens}: means over the mini-batches,
 -- token-weighted across a mini-batch's micro-batches. Under N data-parallel ranks `rows` are
 -- the whole step's: each rank runs its share of every mini-batch (divided by the whole
@@ -64,7 +55,7 @@ function M.update(m, ref, opt, rows, t, lr)
       local adv = {}
       for b, r in ipairs(part.rows) do adv[b] = r.adv end
       part.batch = function(lp)
-        return { old = part.old, ref = part.ref, adv = adv, mask = mask_of(part.rows, lp:size(2)),
+        return { old = part.old, ref = part.ref, adv = adv, mask = losses.response_mask(part.rows, lp:size(2)),
           denom = split and ntok or nil }
       end
     end

@@ -50,18 +50,22 @@ end
 -- set is read in a fresh seeded order each epoch (a file is often grouped by task); a step
 -- that crosses an epoch's end takes the rest from the next epoch's order.
 function M.step_prompts(cfg, world, dataset, step)
-  if dataset then
-    local data, out, n = require("clrt.data"), {}, #dataset
-    local orders = {}
-    for i = 1, cfg.prompts_per_step do
-      local k = (step - 1) * cfg.prompts_per_step + i - 1
-      local epoch = math.floor(k / n)
-      orders[epoch] = orders[epoch] or data.shuffle(dataset, cfg.seed * 7919 + epoch)
-      out[i] = orders[epoch][k % n + 1]
-    end
-    return out
-  end
+  if dataset then return M.epoch_batch(dataset, cfg.seed, step, cfg.prompts_per_step) end
   return world.rl_prompts(cfg.prompts_per_step, cfg.seed * 100003 + step)
+end
+
+-- Items (step-1)*size+1 .. step*size of one long sequence of seeded per-epoch orders of
+-- list: a step's batch depends only on (seed, step), and one that crosses an epoch's end
+-- takes the rest from the next epoch's order.
+function M.epoch_batch(list, seed, step, size)
+  local data, out, n, orders = require("clrt.data"), {}, #list, {}
+  for i = 1, size do
+    local k = (step - 1) * size + i - 1
+    local epoch = math.floor(k / n)
+    orders[epoch] = orders[epoch] or data.shuffle(list, seed * 7919 + epoch)
+    out[i] = orders[epoch][k % n + 1]
+  end
+  return out
 end
 
 -- process_dataset.lua's RL rows -> samples the metrics and users understand.
