@@ -222,8 +222,9 @@ T.case("collabllm_rl at its real defaults: two steps, stopped and resumed", func
     io.write("  step row: ", json.encode(r), "\n")
     T.eq(r.truncated, 0, "no first response cut by a default length")
     -- sampled at temperature 1.0 a tiny model sometimes breaks its think block: verl's
-    -- check counts those (reward 0, no futures); most are valid
-    T.ok(r.invalid < 24 / 4, "most first responses have a valid think block: " .. r.invalid .. " invalid")
+    -- check counts those (reward 0, no futures); most are valid (how many breaks moves with
+    -- the last bits of the tiny model's training: 4 to 6 of 24 seen)
+    T.ok(r.invalid < 24 / 2, "most first responses have a valid think block: " .. r.invalid .. " invalid")
     T.eq(r.dropped, 0, "no sample dropped")
     for k, v in pairs(r) do
       if k:find("^failed/") then T.eq(v, 0, k) end
