@@ -284,7 +284,9 @@ function M.resume(defaults, saved, argv, fixed, who)
       if type(v) == "table" and not is_optional(v) and not is_map(v) and #v == 0 then
         overlay(v, sv)
       elseif sv == nil then
-        if not is_optional(v) then t[k] = M.optional(typename(v) == "nil" and "string" or typename(v)) end
+        -- not in the saved config: an optional key was unset; any other is newer than the run
+        -- (config.json holds every set key) and keeps its default, which is the behaviour the
+        -- run had before the key existed
       elseif is_map(v) then
         t[k] = M.map(deepcopy(sv))
       else
@@ -293,6 +295,8 @@ function M.resume(defaults, saved, argv, fixed, who)
     end
   end
   overlay(cfg, saved)
+  local resumed = deepcopy(cfg)   -- the run's settings, newer keys at their defaults
+  strip(resumed)
   local known = paths(defaults)
   for i = 1, #(argv or {}) do
     if type(argv[i]) == "string" and argv[i]:match("^config=") then
@@ -310,7 +314,7 @@ function M.resume(defaults, saved, argv, fixed, who)
   end
   local show = function(v) return v == nil and "unset" or (type(v) == "table" and json.encode(v) or tostring(v)) end
   for _, path in ipairs(fixed or {}) do
-    local a, b = M.get(saved, path), M.get(cfg, path)
+    local a, b = M.get(resumed, path), M.get(cfg, path)
     if not same(a, b) then
       error(("%s: resume: %s cannot change when a run continues (the run has %s, got %s); start a new run instead")
         :format(who or "config", path, show(a), show(b)), 0)

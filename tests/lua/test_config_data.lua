@@ -122,6 +122,21 @@ T.case("config dump is stable and loads back", function()
 end)
 
 ---------------------------------------------------------------- rng
+T.case("resume: keys newer than the run keep their defaults; unset optional keys stay unset", function()
+  local defaults = { steps = 10, warmup = config.optional("number"),
+    train = { lr = 0.1, lora = { r = 0, alpha = config.optional("number") } }, dist = { check_every = 50 } }
+  -- a run saved by a version without train.lora and dist, with warmup unset
+  local saved = { steps = 20, train = { lr = 0.5 } }
+  local cfg = config.resume(defaults, saved, { "steps=30" }, { "train.lora.r", "dist.check_every" }, "t")
+  T.eq(cfg.steps, 30); T.eq(cfg.train.lr, 0.5)
+  T.eq(cfg.train.lora.r, 0, "a newer key takes its default")
+  T.eq(cfg.dist.check_every, 50)
+  T.eq(cfg.warmup, nil, "an unset optional stays unset"); T.eq(cfg.train.lora.alpha, nil)
+  -- a fixed key the command line changes is still refused
+  local ok, err = pcall(config.resume, defaults, saved, { "train.lora.r=4" }, { "train.lora.r" }, "t")
+  T.ok(not ok and err:find("train.lora.r cannot change", 1, true), tostring(err))
+end)
+
 T.case("xoshiro128** matches the C reference", function()
   -- reference: the published next() in C from state {0x12345678,0x9abcdef0,0xdeadbeef,0x0badf00d}
   local r = rng.from_state({ 0x12345678, 0x9abcdef0, 0xdeadbeef, 0x0badf00d })
