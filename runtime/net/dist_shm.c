@@ -104,10 +104,10 @@ static void node_sync(void) {
   MPI_Win_sync(win);
 }
 
-/* out[i] = src[0][i] op src[1][i] op ... in that order; out aliases none of them. */
+/* out[i] = src[0][off + i] op src[1][off + i] op ... in that order, i < n; out aliases none. */
 #define REDUCE(NAME, T)                                                                  \
-  static void NAME(T *restrict out, const void **src, int nsrc, size_t n, int op) {      \
-    const T *restrict a = src[0], *restrict b = src[1];                                  \
+  static void NAME(T *restrict out, const void **src, int nsrc, size_t off, size_t n, int op) { \
+    const T *restrict a = (const T *)src[0] + off, *restrict b = (const T *)src[1] + off; \
     if (op == CLRT_DIST_SUM)                                                             \
       for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];                               \
     else if (op == CLRT_DIST_MAX)                                                        \
@@ -115,7 +115,7 @@ static void node_sync(void) {
     else                                                                                 \
       for (size_t i = 0; i < n; i++) out[i] = b[i] < a[i] ? b[i] : a[i];                 \
     for (int q = 2; q < nsrc; q++) {                                                     \
-      const T *restrict c = src[q];                                                      \
+      const T *restrict c = (const T *)src[q] + off;                                     \
       if (op == CLRT_DIST_SUM)                                                           \
         for (size_t i = 0; i < n; i++) out[i] += c[i];                                   \
       else if (op == CLRT_DIST_MAX)                                                      \
@@ -126,6 +126,30 @@ static void node_sync(void) {
   }
 REDUCE(reduce_f32, float)
 REDUCE(reduce_f64, double)
+
+/* A rank's OpenMP threads share its copies and sums in blocks: one thread alone does not
+   reach the memory's bandwidth. Elementwise, so the bits do not depend on the threads. */
+enum { BLOCK = 1 << 16 };   /* bytes */
+
+static void copy(char *dst, const char *src, size_t bytes) {
+  long long blocks = (long long)((bytes + BLOCK - 1) / BLOCK);
+#pragma omp parallel for schedule(static) if (blocks > 1)
+  for (long long k = 0; k < blocks; k++) {
+    size_t at = (size_t)k * BLOCK;
+    memcpy(dst + at, src + at, bytes - at < BLOCK ? bytes - at : BLOCK);
+  }
+}
+
+static void reduce(char *out, const void **src, int nsrc, size_t n, int esz, int op) {
+  size_t per = BLOCK / (size_t)esz;
+  long long blocks = (long long)((n + per - 1) / per);
+#pragma omp parallel for schedule(static) if (blocks > 1)
+  for (long long k = 0; k < blocks; k++) {
+    size_t at = (size_t)k * per, m = n - at < per ? n - at : per;
+    if (esz == 4) reduce_f32((float *)(void *)out + at, src, nsrc, at, m, op);
+    else reduce_f64((double *)(void *)out + at, src, nsrc, at, m, op);
+  }
+}
 
 /* Local rank q's slice [*lo, *hi) of a round of n elements of esz bytes. */
 static void slice(int q, size_t n, size_t esz, size_t *lo, size_t *hi) {
@@ -147,14 +171,13 @@ int dist_shm_all_reduce(void *data, int64_t count, int esz, int op) {
     size_t lo, hi;
     slice(local_rank, n, (size_t)esz, &lo, &hi);
     /* the others read every slice but this rank's own, which it reads from its buffer */
-    memcpy(area[local_rank], mine, lo * (size_t)esz);
-    memcpy(area[local_rank] + hi * (size_t)esz, mine + hi * (size_t)esz, (n - hi) * (size_t)esz);
+    copy(area[local_rank], mine, lo * (size_t)esz);
+    copy(area[local_rank] + hi * (size_t)esz, mine + hi * (size_t)esz, (n - hi) * (size_t)esz);
     node_sync();
     char *out = area[local_rank] + chunk;
     if (hi > lo) {
       for (int q = 0; q < local_size; q++) srcs[q] = (q == local_rank ? mine : area[q]) + lo * (size_t)esz;
-      if (esz == 4) reduce_f32((float *)(void *)out, srcs, local_size, hi - lo, op);
-      else reduce_f64((double *)(void *)out, srcs, local_size, hi - lo, op);
+      reduce(out, srcs, local_size, hi - lo, esz, op);
       if (cross != MPI_COMM_NULL) {
         MPI_Op mop = op == CLRT_DIST_MAX ? MPI_MAX : op == CLRT_DIST_MIN ? MPI_MIN : MPI_SUM;
         MPI_Allreduce(MPI_IN_PLACE, out, (int)(hi - lo), esz == 4 ? MPI_FLOAT : MPI_DOUBLE, mop, cross);
@@ -166,7 +189,7 @@ int dist_shm_all_reduce(void *data, int64_t count, int esz, int op) {
     for (int q = 0; q < local_size; q++) {
       size_t qlo, qhi;
       slice(q, n, (size_t)esz, &qlo, &qhi);
-      memcpy(mine + qlo * (size_t)esz, area[q] + chunk, (qhi - qlo) * (size_t)esz);
+      copy(mine + qlo * (size_t)esz, area[q] + chunk, (qhi - qlo) * (size_t)esz);
     }
   }
   return 0;

@@ -127,13 +127,14 @@ end)
 -- exactly f32(a + b); with 4 ranks as 2 machines of 2 (CLRT_DIST_RANKS_PER_NODE) each machine
 -- sums its ranks in order and the machines then add their sums. Sizes straddle the slices
 -- and the rounds (CLRT_DIST_SHM_CHUNK bytes a round); max, min, and f64 through
--- all_reduce_numbers. Every rank matching the reference means every rank holds the same bits.
+-- all_reduce_numbers; a rank's threads share the work. Every rank matching the reference means every rank holds the same bits.
 local function all_reduce_job()
   local script = root .. "/all_reduce_check.lua"
   local f = assert(io.open(script, "w"))
   f:write([[
 local dist = require("clrt.dist")
 local ffi = require("ffi")
+clrt.set_num_threads(tonumber(os.getenv("CHECK_THREADS")) or 1)
 local size, me = dist.world_size(), dist.rank()
 local per_node = tonumber(os.getenv("CLRT_DIST_RANKS_PER_NODE")) or size
 local E = math.floor((tonumber(os.getenv("CLRT_DIST_SHM_CHUNK")) or 8 * 1024 * 1024) / 4)
@@ -193,7 +194,7 @@ T.case("the all-reduce equals the reference sum, max and min on every rank", fun
   local script = all_reduce_job()
   local runs = {
     { 2, "CLRT_DIST_SHM_CHUNK=256 ", "2 ranks, 64 floats a round" },
-    { 2, "", "2 ranks, the default round" },
+    { 2, "CHECK_THREADS=2 ", "2 ranks of 2 threads, the default round" },
     { 4, "CLRT_DIST_SHM_CHUNK=320 CLRT_DIST_RANKS_PER_NODE=2 ", "2 machines of 2 ranks" },
     { 2, "CLRT_DIST_SHM=0 ", "MPI_Allreduce" },
   }
