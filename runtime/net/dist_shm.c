@@ -15,6 +15,7 @@
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 
 #include "clrt.h"
 
@@ -37,6 +38,10 @@ static size_t chunk_bytes(void) {
   return (size_t)(v + SLICE_ALIGN - 1) / SLICE_ALIGN * SLICE_ALIGN;
 }
 
+/* A rank's area: its copy of a round, then its summed slice, which is at most a 1/local_size
+   share of the round rounded up to whole elements and then to whole cache lines. */
+static size_t area_bytes(void) { return chunk + chunk / (size_t)local_size + 2 * SLICE_ALIGN; }
+
 static int setup(void) {
   int world_rank, world_size;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -53,24 +58,28 @@ static int setup(void) {
   MPI_Comm_size(node, &local_size);
   MPI_Comm_rank(node, &local_rank);
   const char *off = getenv("CLRT_DIST_SHM");
+  chunk = chunk_bytes();
+  /* OpenMPI backs the window with a file in /dev/shm, often small in containers (Docker:
+     64 MiB), where a window larger than the room left dies of SIGBUS at its first touch */
+  struct statvfs fs;
+  int fits = statvfs("/dev/shm", &fs) != 0 ||
+             (double)fs.f_bavail * (double)fs.f_frsize > 2.0 * (double)local_size * (double)area_bytes();
   /* every rank decides alike: the same minimum, maximum, wish and chunk everywhere */
-  long long mine[4] = { local_size, -local_size, !(off && strcmp(off, "0") == 0), -(long long)chunk_bytes() };
+  long long mine[4] = { local_size, -local_size, !(off && strcmp(off, "0") == 0) && fits, -(long long)chunk };
   long long all[4];
   MPI_Allreduce(mine, all, 4, MPI_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
-  if (all[0] < 2 || all[0] != -all[1] || !all[2]) {
+  if (all[0] < 2 || all[0] != -all[1] || !all[2] || (size_t)-all[3] != chunk) {
     MPI_Comm_free(&node);
     state = 2;
     return 0;
   }
-  chunk = (size_t)-all[3];
   if (world_size > local_size) MPI_Comm_split(MPI_COMM_WORLD, local_rank, world_rank, &cross);
   area = calloc((size_t)local_size, sizeof *area);
   srcs = calloc((size_t)local_size, sizeof *srcs);
   char *base = NULL;
-  /* the summed slice fits in the second chunk whatever the rounding of slices */
-  int rc = MPI_Win_allocate_shared((MPI_Aint)(2 * chunk), 1, MPI_INFO_NULL, node, &base, &win);
+  int rc = MPI_Win_allocate_shared((MPI_Aint)area_bytes(), 1, MPI_INFO_NULL, node, &base, &win);
   if (!area || !srcs || rc != MPI_SUCCESS) {
-    clrt_set_error("dist: the shared all-reduce buffer (%zu bytes a rank) could not be allocated", 2 * chunk);
+    clrt_set_error("dist: the shared all-reduce buffer (%zu bytes a rank) could not be allocated", area_bytes());
     return -1;
   }
   for (int q = 0; q < local_size; q++) {
