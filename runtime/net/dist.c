@@ -11,6 +11,8 @@
 
 #ifdef CLRT_HAVE_MPI
 #include <mpi.h>
+
+#include "dist_shm.h"
 #endif
 #ifdef CLRT_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -114,6 +116,7 @@ int clrt_dist_finalize(void) {
   if (nccl_ready) ncclCommDestroy(nccl_comm);
   nccl_ready = 0;
 #endif
+  dist_shm_finalize();
   MPI_Finalize();
   dist_on = 0;
 #endif
@@ -179,8 +182,11 @@ int clrt_dist_all_reduce(void *data, int64_t count, int dtype, int op, int devic
     return -1;
 #endif
   }
-  char *p = data;
   size_t esz = dtype_bytes(dtype);
+  /* ranks sharing a machine sum through shared memory (dist_shm.c); else MPI's own */
+  int shm = dist_shm_all_reduce(data, count, (int)esz, op);
+  if (shm <= 0) return shm;
+  char *p = data;
   for (int64_t done = 0; done < count; done += CHUNK) {
     int n = (int)(count - done < CHUNK ? count - done : CHUNK);
     MPI_Allreduce(MPI_IN_PLACE, p + (size_t)done * esz, n, mpi_type(dtype), mpi_op(op), MPI_COMM_WORLD);

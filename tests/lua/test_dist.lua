@@ -123,6 +123,88 @@ dist.check_params(m, 7)
   T.ok(not out:find("after step 6", 1, true), "equal parameters pass: " .. out)
 end)
 
+-- The all-reduce checks itself against the reference on every rank: a sum of 2 ranks is
+-- exactly f32(a + b); with 4 ranks as 2 machines of 2 (CLRT_DIST_RANKS_PER_NODE) each machine
+-- sums its ranks in order and the machines then add their sums. Sizes straddle the slices
+-- and the rounds (CLRT_DIST_SHM_CHUNK bytes a round); max, min, and f64 through
+-- all_reduce_numbers; a rank's threads share the work. Every rank matching the reference means every rank holds the same bits.
+local function all_reduce_job()
+  local script = root .. "/all_reduce_check.lua"
+  local f = assert(io.open(script, "w"))
+  f:write([[
+local dist = require("clrt.dist")
+local ffi = require("ffi")
+clrt.set_num_threads(tonumber(os.getenv("CHECK_THREADS")) or 1)
+local size, me = dist.world_size(), dist.rank()
+local per_node = tonumber(os.getenv("CLRT_DIST_RANKS_PER_NODE")) or size
+local E = math.floor((tonumber(os.getenv("CLRT_DIST_SHM_CHUNK")) or 8 * 1024 * 1024) / 4)
+local f32 = ffi.new("float[1]")
+local function round(x) f32[0] = x; return f32[0] end
+local function val(i, r) return round(math.sin(i * 0.731 + r * 1.917) * (1 + (i % 13))) end
+local function ref(i, op, rnd)
+  if op == "max" or op == "min" then
+    local v = val(i, 0)
+    for r = 1, size - 1 do v = math[op](v, val(i, r)) end
+    return v
+  end
+  local total
+  for first = 0, size - 1, per_node do
+    local s = val(i, first)
+    for r = first + 1, first + per_node - 1 do s = rnd(s + val(i, r)) end
+    total = total and rnd(total + s) or s
+  end
+  return total
+end
+local checks = 0
+for _, n in ipairs({ 1, 7, 15, 16, 17, 33, E - 1, E, E + 3, 2 * E + 17 }) do
+  for _, op in ipairs({ "sum", "max", "min" }) do
+    local t = clrt.tensor.zeros({ n })
+    local p = ffi.cast("float *", t:data_ptr())
+    for i = 0, n - 1 do p[i] = val(i, me) end
+    dist.all_reduce(t, op)
+    for i = 0, n - 1 do
+      local want = ref(i, op, round)
+      if p[i] ~= want then
+        error(("f32 %s of %d: element %d is %.9g, not %.9g"):format(op, n, i, p[i], want), 0)
+      end
+    end
+    checks = checks + 1
+  end
+end
+for _, n in ipairs({ 1, 7, 33, 1000 }) do
+  local list = {}
+  for i = 1, n do list[i] = math.sin(i * 0.731 + me * 1.917) * 1e3 / 7 end
+  dist.all_reduce_numbers(list, "sum")
+  local saved = val
+  val = function(i, r) return math.sin(i * 0.731 + r * 1.917) * 1e3 / 7 end
+  for i = 1, n do
+    local want = ref(i, "sum", function(x) return x end)
+    if list[i] ~= want then error(("f64 sum of %d: element %d is %.17g, not %.17g"):format(n, i, list[i], want), 0) end
+  end
+  val = saved
+  checks = checks + 1
+end
+print(("rank %d: %d all-reduces equal the reference"):format(me, checks))
+]])
+  f:close()
+  return script
+end
+
+T.case("the all-reduce equals the reference sum, max and min on every rank", function()
+  local script = all_reduce_job()
+  local runs = {
+    { 2, "CLRT_DIST_SHM_CHUNK=256 ", "2 ranks, 64 floats a round" },
+    { 2, "CHECK_THREADS=2 ", "2 ranks of 2 threads, the default round" },
+    { 4, "CLRT_DIST_SHM_CHUNK=320 CLRT_DIST_RANKS_PER_NODE=2 ", "2 machines of 2 ranks" },
+    { 2, "CLRT_DIST_SHM=0 ", "MPI_Allreduce" },
+  }
+  for _, r in ipairs(runs) do
+    local out, rc = sh(r[2] .. mpirun(r[1], q(script)))
+    T.eq(rc, 0, r[3] .. ": " .. out)
+    T.eq(select(2, out:gsub("all%-reduces equal the reference", "")), r[1], r[3] .. ": every rank checked: " .. out)
+  end
+end)
+
 local RL = { "steps=2", "prompts_per_step=4", "rollout.n=4", "rollout.num_repeat_rollouts=2",
   "rollout.max_new_tokens=12", "seed=3", "eval.before=false", "eval.after=false", "save_every=1",
   "sample_every=1", "train.kl_coef=0", "train.lr=1e-3", "dist.check_every=1" }
