@@ -7,11 +7,12 @@
 --   * against an f32 model whose weights were first rounded to bf16 (the same numbers), the
 --     widening path (set_decode_pack(false): x exact) differs only in summation order:
 --     f32 rounding, ~1e-6 here; asserted 2e-5 on log-probs, 1e-4 relative on gradients;
---   * the AVX512-BF16 path also rounds x to bf16: every product term carries <= u relative
---     error with random signs, so a linear output errs by ~u |y| and a log-prob, after
---     2 layers x 4 products, by ~sqrt(8) u |logit scale| ~ 1.5e-2 here; asserted 16u = 3.1e-2
---     on log-probs and 8u = 1.6e-2 relative (2-norm) on gradients;
---   * against the original f32 weights (w rounded too): the same bounds.
+--   * the AVX512-BF16 path also rounds x to bf16, and against the original f32 weights w is
+--     rounded too: each product term then carries <= 2u relative error with random signs, so
+--     a linear output errs by ~u |y| (the errors average over k), and these compound over
+--     the 2 layers' 7 products and the adapters' chain rule. Asserted: 4u = 7.8e-3 absolute
+--     on log-probs (measured ~0.8u), 6u = 1.2e-2 relative (2-norm) on each adapter gradient
+--     (measured ~2.5u, the gradient of the last layers' small terms being the noisiest).
 -- A wrong panel offset or a wrong pair order moves log-probs by O(1) (random weights of std
 -- 0.02 into 320-wide sums) and fails all of these by far; using f32 weights would make the
 -- results bit-equal to the f32 base, which the "differs at all" checks catch.
@@ -112,24 +113,24 @@ local function compare(got_lp, got_g, want_lp, want_g, lp_tol, g_tol, what)
   return d, worst
 end
 
-T.case("bf16 base = f32 over the same (bf16-rounded) weights: widened path to f32 rounding, bf16 dot within 16u", function()
+T.case("bf16 base = f32 over the same (bf16-rounded) weights: widened path to f32 rounding, bf16 dot within 4u", function()
   for _, nodot in ipairs({ true, false }) do
     local ref_lp, ref_g = run(model({ round = true, nodot = nodot }))
     local lp, g = run(model({ round = true, bf16 = true, nodot = nodot }))
     if nodot then
       compare(lp, g, ref_lp, ref_g, 2e-5, 1e-4, "widened (x exact)")
     else
-      local d = compare(lp, g, ref_lp, ref_g, 16 * U, 8 * U, "bf16 dot")
+      local d = compare(lp, g, ref_lp, ref_g, 4 * U, 6 * U, "bf16 dot")
       io.stderr:write(("  bf16 dot vs f32 on the same weights: max |dlp| %.3g\n"):format(d))
     end
   end
 end)
 
-T.case("bf16 base vs the original f32 base: within 16u on log-probs, 8u on adapter gradients; not equal", function()
+T.case("bf16 base vs the original f32 base: within 4u on log-probs, 6u on adapter gradients; not equal", function()
   local ref_lp, ref_g = run(model({}))
   for _, nodot in ipairs({ false, true }) do
     local lp, g = run(model({ bf16 = true, nodot = nodot }))
-    local d, r = compare(lp, g, ref_lp, ref_g, 16 * U, 8 * U, nodot and "widened" or "bf16 dot")
+    local d, r = compare(lp, g, ref_lp, ref_g, 4 * U, 6 * U, nodot and "widened" or "bf16 dot")
     T.ok(d > 0 and r > 0, "bit-equal to the f32 base: the f32 weights were used")
     io.stderr:write(("  %s vs f32 base: max |dlp| %.3g, gradient rel %.3g\n"):format(nodot and "widened" or "bf16 dot", d, r))
   end
@@ -142,7 +143,7 @@ T.case("the reference (adapters off) reads the same bf16 base", function()
   local want = bare:logprobs(toks, { grad = false })
   T.eq(max_diff(m32:logprobs(toks, { grad = false }), want), 0, "f32 adapters off = base")
   local d = max_diff(m16:logprobs(toks, { grad = false }), want)
-  T.ok(d > 0 and d <= 16 * U, "bf16 reference vs f32 base: " .. d)
+  T.ok(d > 0 and d <= 4 * U, "bf16 reference vs f32 base: " .. d)
 end)
 
 T.case("the f32 copy of the frozen linear weights is freed: params memory falls by ~half their bytes", function()
