@@ -32,7 +32,11 @@ int clrt_model_to_device(clrt_model *m, int device) {
     return -1;
   }
   if (device == m->device) return 0;
-  if (model_refuse_base16(m, "model:to")) return -1;
+  if (m->base16) {
+    clrt_set_error("model:to: a bf16 base (base_dtype=bf16) runs on the cpu only (the CUDA ops have no "
+                   "bf16 base yet); use base_dtype=f32 on cuda");
+    return -1;
+  }
   /* The copy runs on the device's side: a download from it, or an upload to it. */
   const model_ops *to = device == CLRT_CPU ? &model_cpu_ops : model_cuda_ops(0);
   copy_fn copy = device == CLRT_CPU ? m->ops->download : to ? to->upload : NULL;

@@ -10,7 +10,8 @@
      forward.c    the layer forward and the entry points logprobs and forward_cached
      backward.c   the layer backward and clrt_model_backward
      profile.c    per-kernel timing (CLRT_PROFILE=1)
-     lora.c       LoRA adapters: their arena, names (PEFT's), init, merge, and the layer hooks */
+     lora.c       LoRA adapters: their arena, names (PEFT's), init, merge, and the layer hooks
+     base16.c     base_dtype=bf16: a frozen base's linear weights only in bf16, and their products */
 #ifndef CLRT_MODEL_INTERNAL_H
 #define CLRT_MODEL_INTERNAL_H
 #include "clrt.h"

@@ -179,6 +179,7 @@ T.case("what a bf16 base refuses, with errors that say why", function()
   T.raises(function() m:save(T.tmpdir() .. "/x") end, "base_dtype=bf16")
   T.raises(function() m:merge_adapter() end, "base_dtype=bf16")
   T.raises(function() m:set_base_dtype("f32") end, "load it again")
+  T.raises(function() m:to("cuda") end, "cpu only")
   m:set_base_dtype("bf16")   -- again: a no-op
   T.ok(m:save_adapter(T.tmpdir() .. "/adapter"), "the adapter still saves")
 end)
@@ -254,6 +255,27 @@ T.case("LoRA RL over a bf16 base (reference = the same bf16 base, adapters off):
   rl.main(rl.parse_args({ "resume=" .. root .. "/rl_stopped" }))
   local b = comparable(root .. "/rl_stopped")
   for step = 1, 4 do T.eq(b[step], a[step], "step " .. step) end
+end)
+
+T.case("offline DPO with LoRA over a bf16 base: the reference is that base, adapters off; resumes bit for bit", function()
+  if not base then T.skip("needs the base") end
+  local dpo = require("recipes.collabllm_dpo")
+  local function go(dir, extra)
+    local a = { "model=" .. base, "run_dir=" .. dir, "steps=3", "prompts_per_step=4", "rollout.n=4",
+      "rollout.num_repeat_rollouts=2", "rollout.max_new_tokens=12", "seed=3", "eval.before=false", "eval.after=false",
+      "save_every=1", "sample_every=2", "pairs_prompts=8", "min_gap=0", "train.batch_size=4", "train.micro_batch_size=2",
+      "train.lr=3e-3", "train.lora.r=4", "train.base_dtype=bf16" }
+    for _, x in ipairs(extra or {}) do a[#a + 1] = x end
+    return dpo.main(config.parse(dpo.defaults, a, dpo.world_config()))
+  end
+  go(root .. "/dpo_straight")
+  local a = comparable(root .. "/dpo_straight")
+  T.near(a[1].loss, math.log(2), 1e-5, "step 1: B = 0, so the policy equals its (bf16) reference")
+  T.ok(a[3].loss < a[1].loss, "the DPO loss falls")
+  go(root .. "/dpo_stopped", { "stop_after=2" })
+  dpo.main(dpo.parse_args({ "resume=" .. root .. "/dpo_stopped" }))
+  local b = comparable(root .. "/dpo_stopped")
+  for step = 1, 3 do T.eq(b[step], a[step], "step " .. step) end
 end)
 
 T.run()
