@@ -76,8 +76,19 @@ if opts.worker ~= "" then   -- one RL step in this process
     "eval.before=false", "eval.after=false", "save_every=0", "sample_every=0", "train.kl_coef=0.001" }
   for _, x in ipairs(variant_args(opts.worker)) do a[#a + 1] = x end
   os.execute("rm -rf '" .. opts.dir .. "/run-" .. opts.worker .. "'")
+  -- The recipe makes its optimizer once the policy and the reference are made: there the peak
+  -- of the loading so far is noted and the peak is reset (clear_refs 5), so that what follows
+  -- is the step's own peak.
+  local adamw, setup_peak, setup_rss = clrt.optim.adamw, 0, 0
+  clrt.optim.adamw = function(...)
+    local o = adamw(...)
+    setup_peak, setup_rss = status("VmHWM"), status("VmRSS")
+    local f = io.open("/proc/self/clear_refs", "w")
+    if f then f:write("5"); f:close() end
+    return o
+  end
   rl.main(clrt.config.parse(rl.defaults, a))
-  io.write(require("cjson").encode({ peak = status("VmHWM") }), "\n")
+  io.write(require("cjson").encode({ peak = status("VmHWM"), setup_peak = setup_peak, setup_rss = setup_rss }), "\n")
   return
 end
 
@@ -99,10 +110,12 @@ local function child(extra)
   return ok and v or error("child failed: " .. cmd .. "\n" .. out)
 end
 print(("bench/rl_memory.lua: Qwen2.5-%s shape, one RL step (1 prompt, n=2, <=16 new tokens), LoRA r=%d"):format(opts.shape, opts.r))
-print(("%-10s %12s %12s %12s %12s %14s %14s"):format("variant", "params GB", "grads GB", "ref GB", "AdamW GB", "made: sum GB", "RL step peak"))
+print("GB; made: what the policy, its reference and AdamW hold (model:memory(), the moments); load peak: the")
+print("process's peak until they are made; step RSS/peak: resident when the step starts, peak during it")
+print(("%-10s %7s %7s %7s %7s %7s %10s %9s %9s"):format("variant", "params", "grads", "ref", "AdamW", "made", "load peak", "step RSS", "step peak"))
 for name in tostring(opts.variants):gmatch("[^,]+") do
   local p = child("worker=" .. name .. " parts=1")
   local s = child("worker=" .. name)
-  print(("%-10s %12.2f %12.2f %12.2f %12.2f %14.2f %14.2f"):format(name, gb(p.params), gb(p.grads), gb(p.reference),
-    gb(p.optimizer), gb(p.params + p.grads + p.reference + p.optimizer), gb(s.peak)))
+  print(("%-10s %7.2f %7.2f %7.2f %7.2f %7.2f %10.2f %9.2f %9.2f"):format(name, gb(p.params), gb(p.grads), gb(p.reference),
+    gb(p.optimizer), gb(p.params + p.grads + p.reference + p.optimizer), gb(s.setup_peak), gb(s.setup_rss), gb(s.peak)))
 end

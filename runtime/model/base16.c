@@ -13,6 +13,8 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 int model_refuse_base16(const clrt_model *m, const char *who) {
   if (!m->base16) return 0;
@@ -31,6 +33,15 @@ static int is_block_linear(const clrt_model *m, const clrt_param_info *p) {
       if (w[i] == p->offset) return 1;
   }
   return 0;
+}
+
+/* The whole pages of [p, p + bytes) of the old f32 arena, once copied out, leave the resident
+   set at once (the arena is released as a whole at the end): the conversion then peaks at
+   about the f32 arena, not the f32 arena plus the new ones. */
+static void release_copied(const float *p, int64_t numel) {
+  uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + pg - 1) & ~(pg - 1),
+            b = ((uintptr_t)(p + numel)) & ~(pg - 1);
+  if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
 /* old offsets -> new ones: the param that started at `old` (-1 stays -1). */
@@ -91,6 +102,7 @@ int clrt_model_set_base_bf16(clrt_model *m) {
       memcpy((float *)p32->data + n32, src + old_off[i], sizeof(float) * (size_t)p->numel);
       n32 += (p->numel + 15) & ~(int64_t)15;
     }
+    release_copied(src + old_off[i], p->numel);
   }
   for (int l = 0; l < c->num_hidden_layers; l++) {
     int64_t *f = &m->layer[l].ln1;   /* the struct is int64_t fields only */
