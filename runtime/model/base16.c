@@ -99,7 +99,12 @@ int clrt_model_set_base_bf16(clrt_model *m) {
       n16 += (p->numel + 15) & ~(int64_t)15;
     } else {
       p->offset = n32;
-      memcpy((float *)p32->data + n32, src + old_off[i], sizeof(float) * (size_t)p->numel);
+      /* in chunks: a 545 MB embedding copied whole would sit twice in memory */
+      for (int64_t k = 0; k < p->numel; k += (int64_t)1 << 22) {
+        int64_t len = p->numel - k < ((int64_t)1 << 22) ? p->numel - k : (int64_t)1 << 22;
+        memcpy((float *)p32->data + n32 + k, src + old_off[i] + k, sizeof(float) * (size_t)len);
+        release_copied(src + old_off[i] + k, len);
+      }
       n32 += (p->numel + 15) & ~(int64_t)15;
     }
     release_copied(src + old_off[i], p->numel);
