@@ -35,13 +35,17 @@ static int is_block_linear(const clrt_model *m, const clrt_param_info *p) {
   return 0;
 }
 
-/* The whole pages of [p, p + bytes) of the old f32 arena, once copied out, leave the resident
-   set at once (the arena is released as a whole at the end): the conversion then peaks at
-   about the f32 arena, not the f32 arena plus the new ones. */
-static void release_copied(const float *p, int64_t numel) {
-  uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + pg - 1) & ~(pg - 1),
-            b = ((uintptr_t)(p + numel)) & ~(pg - 1);
-  if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+/* Gives back the whole 2 MiB pages of [a, b) (the arenas sit on transparent huge pages, and a
+   huge page given back only in part is freed under memory pressure only): they read zero again
+   and fill as they are written. The conversion walks the old f32 arena in order and gives back
+   what it has copied, and the new arenas fill as they are written (clrt_storage_new does not
+   touch a large arena's pages): it then peaks at about the f32 arena, not the f32 arena plus
+   the new ones. */
+static const void *give_back(const void *a, const void *b) {   /* returns where it stopped */
+  uintptr_t hp = (uintptr_t)2 << 20, lo = ((uintptr_t)a + hp - 1) & ~(hp - 1), hi = (uintptr_t)b & ~(hp - 1);
+  if (hi <= lo) return a;
+  madvise((void *)lo, hi - lo, MADV_DONTNEED);
+  return (const void *)hi;
 }
 
 /* old offsets -> new ones: the param that started at `old` (-1 stays -1). */
@@ -90,24 +94,29 @@ int clrt_model_set_base_bf16(clrt_model *m) {
     return -1;
   }
   const float *src = m->params->data;
+  /* The old arena is given back behind the copy when the params lie in it in order. */
+  int in_order = 1;
+  for (int i = 1; i < m->np; i++) in_order &= old_off[i] > old_off[i - 1];
+  const void *done = src;   /* given back from its 2 MiB page up to here */
   n32 = n16 = 0;
   for (int i = 0; i < m->np; i++) {
     clrt_param_info *p = &m->p[i];
+    const float *from = src + old_off[i];
     if ((p->in16 = is_block_linear(m, p))) {
       p->offset = n16;
-      clrt_linear_pack_bf16((uint16_t *)p16->data + n16, src + old_off[i], (int)p->shape[1], (int)p->shape[0]);
+      clrt_linear_pack_bf16((uint16_t *)p16->data + n16, from, (int)p->shape[1], (int)p->shape[0]);
       n16 += (p->numel + 15) & ~(int64_t)15;
     } else {
       p->offset = n32;
       /* in chunks: a 545 MB embedding copied whole would sit twice in memory */
       for (int64_t k = 0; k < p->numel; k += (int64_t)1 << 22) {
         int64_t len = p->numel - k < ((int64_t)1 << 22) ? p->numel - k : (int64_t)1 << 22;
-        memcpy((float *)p32->data + n32 + k, src + old_off[i] + k, sizeof(float) * (size_t)len);
-        release_copied(src + old_off[i] + k, len);
+        memcpy((float *)p32->data + n32 + k, from + k, sizeof(float) * (size_t)len);
+        if (in_order) done = give_back(done, from + k + len);
       }
       n32 += (p->numel + 15) & ~(int64_t)15;
     }
-    release_copied(src + old_off[i], p->numel);
+    if (in_order) done = give_back(done, from + p->numel);
   }
   for (int l = 0; l < c->num_hidden_layers; l++) {
     int64_t *f = &m->layer[l].ln1;   /* the struct is int64_t fields only */
