@@ -246,6 +246,12 @@ int clrt_model_set_matmul_bf16(clrt_model *m, int on);
    after the weights change: faster products for the memory of a second copy of the weights.
    On by default; off frees the copy. */
 int clrt_model_set_decode_pack(clrt_model *m, int on);
+/* train.base_dtype=bf16 (CPU, a model with LoRA adapters): the frozen base's blocks' linear
+   weights are kept only in bf16 (packed panels) and their f32 copy is freed; products
+   accumulate in f32. Embeddings, head, norms and biases stay f32. One way: the base can no
+   longer be loaded into, saved, merged or moved (load it again for that). */
+int clrt_model_set_base_bf16(clrt_model *m);
+int clrt_model_base_bf16(const clrt_model *m);
 /* The bf16 and packed copies follow writes through the tensor API (params views, the
    optimizers, loading); after writing the parameters' memory any other way, call this. */
 void clrt_model_params_changed(clrt_model *m);

@@ -300,9 +300,10 @@ int clrt_linear_packed_forward_parts(const float *x /* [N, K] */, int64_t N, int
   return forward_parts(x, NULL, N, K, parts, count);
 }
 
-int clrt_linear_packed_bf16_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
-                                          const clrt_packed_part *parts, int count) {
-  if (N < 1 || N > CLRT_SKINNY_MAX_ROWS || count < 1 || K % 2 || !clrt_have_avx512bf16()) return 0;
+/* bf16 panels for any number of rows (a frozen bf16 base in training, linear_bf16.c). */
+int clrt_linear_packed_bf16_forward_rows(const float *x /* [N, K] */, int64_t N, int K,
+                                         const clrt_packed_part *parts, int count) {
+  if (N < 1 || N > INT32_MAX || count < 1 || K % 2 || !clrt_have_avx512bf16()) return 0;
   size_t n = (size_t)N * K;
   uint16_t *x16 = malloc(n * sizeof *x16);
   if (!x16) return 0;
@@ -310,6 +311,11 @@ int clrt_linear_packed_bf16_forward_parts(const float *x /* [N, K] */, int64_t N
   int done = forward_parts(NULL, x16, N, K, parts, count);
   free(x16);
   return done;
+}
+
+int clrt_linear_packed_bf16_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
+                                          const clrt_packed_part *parts, int count) {
+  return N <= CLRT_SKINNY_MAX_ROWS && clrt_linear_packed_bf16_forward_rows(x, N, K, parts, count);
 }
 
 int clrt_linear_packed_forward(float *y /* [N, O] */, const float *x /* [N, K] */,

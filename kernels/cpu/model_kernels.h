@@ -96,6 +96,25 @@ void clrt_linear_pack_bf16(uint16_t *wp /* [O * K] */, const float *w /* [O, K] 
 int clrt_linear_packed_bf16_available(void);
 int clrt_linear_packed_bf16_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
                                           const clrt_packed_part *parts, int count);
+/* The same for any number of rows (N up to INT32_MAX). */
+int clrt_linear_packed_bf16_forward_rows(const float *x /* [N, K] */, int64_t N, int K,
+                                         const clrt_packed_part *parts, int count);
+
+/* ---- linear_bf16.c: products over a weight held only in bf16 (a frozen base) ----------- */
+/* wp: w [O, K] in clrt_linear_pack_bf16's panels of bf16 pairs (K even); f32 accumulation.
+   Rows [r0, r1) of w (r0 a multiple of 48) widened back to f32, row-major. */
+void clrt_linear_unpack_bf16(float *wf /* [r1 - r0, K] */, const uint16_t *wp /* [O * K] panels */,
+                             int K, int O, int r0, int r1);
+/* y = x w^T + b: the packed bf16 tiles with x rounded to bf16 when dot is set and the CPU has
+   AVX512-BF16, else blocks of w widened to f32 and sgemm (x exact). 0 only without memory. */
+int clrt_linear_bf16_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
+                             const uint16_t *wp /* [O * K] panels */, const float *b /* [O] or NULL */,
+                             int64_t N, int K, int O, int dot);
+/* dx (+)= dy w: blocks of w widened to f32, then gemm_strided.c's tiles (fast set, AVX-512)
+   or sgemm. 0 only without memory. */
+int clrt_linear_bf16_backward_dx(float *dx /* [N, K] */, const float *dy /* [N, O] */,
+                                 const uint16_t *wp /* [O * K] panels */, int64_t N, int K, int O,
+                                 int accumulate, int fast);
 
 /* ---- gemm_strided.c: the backward products without packing ---------------------------- */
 /* c (+)= a b: a(i, k) at a[i a_rs + k a_ks] (i < M, k < Kc), b [Kc, ldb] row-major (Nc columns

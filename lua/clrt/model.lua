@@ -274,6 +274,22 @@ function Model:set_matmul(kind)
   return self
 end
 
+-- set_base_dtype("bf16"): with LoRA adapters, on the cpu, the frozen base's linear weights are
+-- kept only in bf16 (their f32 copy freed; products accumulate in f32; embeddings, head, norms
+-- and biases stay f32). One way: the base can then not be saved, merged, loaded into or
+-- moved (load it again for that). "f32" is the default and a no-op on an f32 base.
+function Model:set_base_dtype(kind)
+  if kind ~= "bf16" and kind ~= "f32" then error(("model:set_base_dtype: '%s' (bf16, f32)"):format(tostring(kind)), 2) end
+  if kind == "f32" then
+    if self:base_dtype() == "bf16" then error("model:set_base_dtype: the base is bf16 already; load it again for f32", 2) end
+    return self
+  end
+  ok(C.clrt_model_set_base_bf16(live(self)), 2)
+  self._params = nil   -- the f32 views of the old arena
+  return self
+end
+function Model:base_dtype() return C.clrt_model_base_bf16(live(self)) == 1 and "bf16" or "f32" end
+
 -- set_decode_pack(on): CPU f32 decoding reads a packed copy of the linear weights (faster
 -- steps, a second copy of the weights in memory), and training runs the AVX-512 products
 -- (that copy when a decode made it, else packing on the fly); on by default, false frees the

@@ -57,6 +57,7 @@ D.train = { lr = 1e-6, decay = "constant", min_lr_ratio = 0.0, warmup_steps = 0,
   grad_clip = 1.0, beta = 0.1, label_smoothing = 0.0,
   batch_size = 16,            -- offline: pairs per optimizer step
   micro_batch_size = 2,       -- pairs per forward/backward (the gradients accumulate)
+  base_dtype = "f32",                            -- bf16 (LoRA only): the frozen base in bf16, shared with the reference
   lora = require("clrt.train.lora").config() }   -- r > 0: train LoRA adapters; the reference is the start, adapters off
 D.eval.every = 10
 
@@ -81,7 +82,7 @@ function M.check_config(cfg)
 end
 
 M.FIXED_ON_RESUME = { "model", "seed", "data", "online", "prompts_per_step", "rollout.n", "single_turn", "sft",
-  "sft_cache", "min_gap", "pairs_prompts", "train.batch_size", "train.lora.r", "train.lora.alpha", "train.lora.targets" }
+  "sft_cache", "min_gap", "pairs_prompts", "train.batch_size", "train.lora.r", "train.lora.alpha", "train.lora.targets", "train.base_dtype" }
 
 -- The built-in world's settings: the RL world file (less its RL-only train table) under
 -- examples/collab_world/config_dpo.lua.
@@ -183,7 +184,7 @@ function M.run(cfg, run_dir)
   files.mkdir_p(run_dir)
   local start_dir = cfg.model or prompts.world_start(cfg, world)
   local tok = clrt.tokenizer.load(start_dir)
-  local m = train.lora.policy(start_dir, ckpt_dir, cfg.train.lora, cfg.seed, cfg.adapter)
+  local m = train.lora.policy(start_dir, ckpt_dir, cfg.train.lora, cfg.seed, cfg.adapter, cfg.train.base_dtype)
   local ref = train.lora.reference(m, start_dir)   -- the frozen reference (with LoRA: the base, adapters off)
   local ctx, user = train.context{ config = cfg, tokenizer = tok }
   local weights = cfg.reward.metric_weights

@@ -92,6 +92,7 @@ M.defaults = {
     mini_batches = 2,                       -- verl ppo_mini_batch_size 8 of 16 prompts
     micro_batch_size = 4,                   -- rows per forward/backward (gradients accumulate)
     clip = 0.2, kl_coef = 0.001, norm_adv_by_std = true,   -- verl kl_loss_coef (low_var_kl), GRPO
+    base_dtype = "f32",                     -- bf16 (LoRA only): the frozen base in bf16, shared with the reference
     lora = require("clrt.train.lora").config() },    -- r > 0: train LoRA adapters; the reference is the base
   eval = { every = 10,                      -- verl trainer.test_freq: validation on data_val
     prompts = config.optional("number"),    -- at most this many validation prompts (nil: all)
@@ -138,7 +139,7 @@ end
 
 -- Settings a resumed run may not change: they define what the run's steps mean.
 M.FIXED_ON_RESUME = { "model", "adapter", "seed", "data", "prompts_per_step", "rollout.n", "single_turn", "sft", "sft_cache",
-  "train.lora.r", "train.lora.alpha", "train.lora.targets" }
+  "train.lora.r", "train.lora.alpha", "train.lora.targets", "train.base_dtype" }
 
 function M.main(cfg)
   M.check_config(cfg)
@@ -161,7 +162,7 @@ function M.run(cfg, run_dir)
   end
   local start_dir = cfg.model or prompts.world_start(cfg, world)
   local tok = clrt.tokenizer.load(start_dir)
-  local m = train.lora.policy(start_dir, ckpt_dir, cfg.train.lora, cfg.seed, cfg.adapter)
+  local m = train.lora.policy(start_dir, ckpt_dir, cfg.train.lora, cfg.seed, cfg.adapter, cfg.train.base_dtype)
   -- prompts without room for a response are left out before anything trains on them
   local dataset, val_set, notes = prompts.load_sets(m, tok, cfg)
   if not cfg.steps then

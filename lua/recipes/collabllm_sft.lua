@@ -45,6 +45,7 @@ M.defaults = {
     lr = 1e-6, decay = "cosine", min_lr_ratio = 0.0, -- verl optim.lr (the recipe), lr_scheduler cosine
     warmup_ratio = 0.1, warmup_steps = config.optional("number"), -- verl warmup_steps_ratio
     weight_decay = 0.01, grad_clip = 1.0, val_every = 100,
+    base_dtype = "f32",                            -- bf16 (LoRA only): the frozen base's linear weights in bf16
     lora = require("clrt.train.lora").config() },   -- r > 0: train LoRA adapters over model=
   dist = { check_every = 50 },              -- under mpirun: steps between parameter checks across ranks (0: none)
 }
@@ -66,7 +67,7 @@ M.rules = {
 }
 -- Settings a resumed run may not change: they define its data, model and batches.
 M.FIXED_ON_RESUME = { "model", "data", "scored", "scored_top", "scored_min", "data_val", "seed", "max_len", "val_fraction", "world", "arch", "train.batch_size",
-  "train.lora.r", "train.lora.alpha", "train.lora.targets" }
+  "train.lora.r", "train.lora.alpha", "train.lora.targets", "train.base_dtype" }
 
 -- Conversations of a data file, every row checked up front (file and line in the error).
 function M.read_conversations(path)
@@ -135,9 +136,10 @@ function M.run(cfg, run_dir)
   local model_dir = run_dir .. "/model"
   local m, tok
   local lora = require("clrt.train.lora")
+  lora.check_base_dtype(cfg.train.base_dtype, cfg.train.lora, nil, "collabllm_sft")
   if lora.enabled(cfg.train.lora) then
     if not cfg.model then error("collabllm_sft: train.lora needs model= (the base the adapters train over)", 0) end
-    m, tok = lora.policy(cfg.model, ckpt_dir, cfg.train.lora, cfg.seed), clrt.tokenizer.load(cfg.model)
+    m, tok = lora.policy(cfg.model, ckpt_dir, cfg.train.lora, cfg.seed, nil, cfg.train.base_dtype), clrt.tokenizer.load(cfg.model)
   elseif ckpt_dir then
     m, tok = clrt.model.load(ckpt_dir), clrt.tokenizer.load(ckpt_dir)
   elseif cfg.model then
@@ -206,6 +208,10 @@ function M.run(cfg, run_dir)
   if done then
     if m.lora then   -- the adapter in PEFT's format, and model/ the merged full model
       m:save_adapter(run_dir .. "/adapter", { base = cfg.model })
+      if m:base_dtype() == "bf16" then   -- the merge needs the f32 base: load it again
+        m:free()
+        m = clrt.model.load(cfg.model, { adapter = run_dir .. "/adapter" })
+      end
       m:merge_adapter()
     end
     m:save(model_dir)

@@ -40,10 +40,15 @@ clrt_storage *clrt_storage_new(size_t bytes, int device) {
      allows them (transparent huge pages, madvise mode), streaming them takes a TLB miss per
      2 MiB rather than per 4 KiB. Decode on the 2-core Zen 5: 110M batch 1 +15%, batch 32 +9%. */
   const size_t huge = (size_t)2 << 20;
+  size_t bytes_zeroed = 0;
   if (rounded >= 4 * huge) {
     rounded = (rounded + huge - 1) & ~(huge - 1);
     s->data = aligned_alloc(huge, rounded);
     if (s->data) (void)madvise(s->data, rounded, MADV_HUGEPAGE);   /* advice: refused is fine */
+    /* Zeroed by giving the pages back (anonymous memory reads zero again) rather than by
+       writing them: an arena becomes resident only as it is used, so a new copy made beside
+       an old one (base16.c's conversion) does not take both at once. */
+    if (s->data && madvise(s->data, rounded, MADV_DONTNEED) == 0) bytes_zeroed = rounded;
   } else {
     s->data = rounded ? aligned_alloc(64, rounded) : NULL;
   }
@@ -51,7 +56,7 @@ clrt_storage *clrt_storage_new(size_t bytes, int device) {
     free(s);
     goto oom;
   }
-  if (rounded) memset(s->data, 0, rounded);
+  if (rounded > bytes_zeroed) memset(s->data, 0, rounded);
   s->bytes = bytes;
   s->refcount = 1;
   s->device = device;

@@ -5,7 +5,7 @@
 #include <stddef.h>
 
 void model_choose_ops(clrt_model *m) {
-  if (m->device == CLRT_CPU) m->ops = m->bf16 ? &model_cpu_bf16_ops : &model_cpu_ops;
+  if (m->device == CLRT_CPU) m->ops = m->base16 ? &model_cpu_base16_ops : m->bf16 ? &model_cpu_bf16_ops : &model_cpu_ops;
   else m->ops = model_cuda_ops(m->bf16);
 }
 
@@ -32,6 +32,11 @@ int clrt_model_to_device(clrt_model *m, int device) {
     return -1;
   }
   if (device == m->device) return 0;
+  if (m->base16) {
+    clrt_set_error("model:to: a bf16 base (base_dtype=bf16) runs on the cpu only (the CUDA ops have no "
+                   "bf16 base yet); use base_dtype=f32 on cuda");
+    return -1;
+  }
   /* The copy runs on the device's side: a download from it, or an upload to it. */
   const model_ops *to = device == CLRT_CPU ? &model_cpu_ops : model_cuda_ops(0);
   copy_fn copy = device == CLRT_CPU ? m->ops->download : to ? to->upload : NULL;

@@ -21,6 +21,7 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
 }
 
 int clrt_model_load_safetensors(clrt_model *m, const char *path) {
+  if (model_refuse_base16(m, "model load")) return -1;
   if (m->device != CLRT_CPU) {
     clrt_set_error("safetensors %s: load the model on the cpu, then move it with to(\"cuda\")", path);
     return -1;
@@ -79,6 +80,7 @@ int clrt_model_check_loaded(const clrt_model *m, const char *where) {
 }
 
 int clrt_model_save_safetensors(const clrt_model *m, const char *path) {
+  if (model_refuse_base16(m, "model save")) return -1;
   const char **names = calloc((size_t)m->np, sizeof *names);
   const clrt_tensor **ts = calloc((size_t)m->np, sizeof *ts);
   int rc = -1, made = 0;

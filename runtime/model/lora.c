@@ -164,7 +164,7 @@ int clrt_model_lora_set_dropout_state(clrt_model *m, uint64_t seed, uint64_t ste
 
 int clrt_model_lora_merge(clrt_model *m) {
   model_lora *lo = need_lora(m, "lora merge");
-  if (!lo) return -1;
+  if (!lo || model_refuse_base16(m, "lora merge")) return -1;
   if (m->device != CLRT_CPU) {
     clrt_set_error("lora merge: move the model to the cpu first");
     return -1;

@@ -10,7 +10,8 @@
      forward.c    the layer forward and the entry points logprobs and forward_cached
      backward.c   the layer backward and clrt_model_backward
      profile.c    per-kernel timing (CLRT_PROFILE=1)
-     lora.c       LoRA adapters: their arena, names (PEFT's), init, merge, and the layer hooks */
+     lora.c       LoRA adapters: their arena, names (PEFT's), init, merge, and the layer hooks
+     base16.c     base_dtype=bf16: a frozen base's linear weights only in bf16, and their products */
 #ifndef CLRT_MODEL_INTERNAL_H
 #define CLRT_MODEL_INTERNAL_H
 #include "clrt.h"
@@ -22,6 +23,7 @@ typedef struct clrt_param_info {
   int64_t shape[2];
   int64_t offset, numel;       /* in floats, into the params (and grads, moments) arena */
   int loaded;                  /* set by clrt_model_load_safetensors */
+  int in16;                    /* base_dtype=bf16: offset into the bf16 base (base16.c), not params */
 } clrt_param_info;
 
 /* Offsets (floats) of one layer's parameters; -1 when the architecture has none. */
@@ -90,6 +92,11 @@ struct clrt_model {
   /* The params->version each copy was made from (COPY_STALE: not made yet). */
   uint64_t wbf_ver, wpk_ver;
   model_lora *lora;            /* NULL: no adapters, full training */
+  /* base_dtype=bf16 (base16.c): the frozen linear weights of the blocks live only in b16, in
+     clrt_linear_pack_bf16's panels; their offsets (layer[], p[].in16) index b16 in uint16s,
+     the rest of the params (embeddings, norms, biases) stay f32 in params. */
+  int base16;
+  clrt_storage *b16;
 };
 
 #define COPY_STALE UINT64_MAX
@@ -201,7 +208,7 @@ struct model_ops {
   int logits_staged;             /* decode logits land in the arena before the copy to the host */
 };
 
-extern const model_ops model_cpu_ops, model_cpu_bf16_ops;
+extern const model_ops model_cpu_ops, model_cpu_bf16_ops, model_cpu_base16_ops;
 /* The CUDA ops (f32 or bf16 products); NULL when built without CUDA. */
 const model_ops *model_cuda_ops(int bf16);
 /* device.c: picks m->ops for m->device and m->bf16. */
@@ -230,6 +237,16 @@ int model_fast_kernels(const clrt_model *m);
 /* Its backward (both tables): dx (+)= dy w, dw += dy^T x, db += sum dy. */
 void model_cpu_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
                                const float *x, int64_t N, int K, int O, int acc);
+
+/* The products over the bf16 base (base16.c; model_cpu_base16_ops). */
+void model_base16_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
+                         int64_t N, int K, int O);
+void model_base16_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, int K,
+                               const lin_part *parts, int count);
+void model_base16_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
+                                  const float *x, int64_t N, int K, int O, int acc);
+/* An error naming `who` when the model's base is held in bf16 (no f32 weights to read or write). */
+int model_refuse_base16(const clrt_model *m, const char *who);
 
 /* ---- parameters (params.c) ------------------------------------------------------------------- */
 

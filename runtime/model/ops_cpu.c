@@ -61,10 +61,17 @@ static int cpu_copy(void *dst, const void *src, size_t bytes) {
 
 static int cpu_sync(void) { return 0; }
 
-#define CPU_OPS(lin, lin_parts, label)                                                        \
+/* The bf16 base: the head is not one of its bf16 weights (it stays f32), so decode's logits
+   take the f32 policy directly. */
+static int base16_decode_logits(clrt_model *m, acts *a, float *logits, const float *xn, int B) {
+  model_cpu_linear(m, a, logits, xn, m->head, NULL, B, m->cfg.hidden_size, m->cfg.vocab_size);
+  return 0;
+}
+
+#define CPU_OPS(lin, lin_parts, lin_back, logits_fn, label)                                   \
   {                                                                                           \
     .name = label, .linear = lin, .linear_parts = lin_parts,                                  \
-    .linear_backward = model_cpu_linear_backward, .decode_logits = cpu_decode_logits,               \
+    .linear_backward = lin_back, .decode_logits = logits_fn,                                  \
     .rmsnorm = clrt_rmsnorm_forward, .rmsnorm_backward = clrt_rmsnorm_backward,               \
     .rope = clrt_rope_forward, .rope_backward = clrt_rope_backward,                           \
     .attention = cpu_attention, .attention_backward = cpu_attention_backward,                 \
@@ -78,5 +85,10 @@ static int cpu_sync(void) { return 0; }
     .download = cpu_copy, .sync = cpu_sync,                                                   \
   }
 
-const model_ops model_cpu_ops = CPU_OPS(model_cpu_linear, model_cpu_linear_parts, "cpu f32");
-const model_ops model_cpu_bf16_ops = CPU_OPS(model_cpu_linear_bf16, model_cpu_linear_parts_bf16, "cpu bf16");
+const model_ops model_cpu_ops = CPU_OPS(model_cpu_linear, model_cpu_linear_parts, model_cpu_linear_backward,
+                                        cpu_decode_logits, "cpu f32");
+const model_ops model_cpu_bf16_ops = CPU_OPS(model_cpu_linear_bf16, model_cpu_linear_parts_bf16,
+                                             model_cpu_linear_backward, cpu_decode_logits, "cpu bf16");
+const model_ops model_cpu_base16_ops = CPU_OPS(model_base16_linear, model_base16_linear_parts,
+                                               model_base16_linear_backward, base16_decode_logits,
+                                               "cpu bf16 base");

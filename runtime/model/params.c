@@ -164,6 +164,7 @@ void clrt_model_free(clrt_model *m) {
   clrt_storage_release(m->rope_dev);
   clrt_storage_release(m->wbf);
   clrt_storage_release(m->wpk);
+  clrt_storage_release(m->b16);
   model_lora_free(m->lora);
   free(m->hidx);
   free(m);
@@ -177,6 +178,7 @@ int model_ensure_grads(clrt_model *m) {
 }
 
 int clrt_model_init_random(clrt_model *m, uint64_t seed) {
+  if (model_refuse_base16(m, "model init")) return -1;
   clrt_rng r;
   clrt_rng_seed(&r, seed);
   /* On the GPU the values are drawn on the host (the same stream as on the CPU) and copied. */
@@ -228,6 +230,10 @@ clrt_tensor *model_param_view(clrt_storage *s, const clrt_param_info *p) {
 
 clrt_tensor *clrt_model_param(clrt_model *m, int i) {
   if (!clrt_model_tensor_name(m, i)) return NULL;
+  if (m->p[i].in16) {
+    clrt_set_error("model: '%s' is held in bf16 (base_dtype=bf16) and has no f32 view", m->p[i].name);
+    return NULL;
+  }
   return model_param_view(m->params, &m->p[i]);
 }
 
@@ -250,6 +256,7 @@ size_t clrt_model_memory(const clrt_model *m, int arena) {
   switch (arena) {
     case CLRT_ARENA_PARAMS:   /* with the bf16 and packed copies made from them */
       return (m->params ? m->params->bytes : 0) + (m->wbf ? m->wbf->bytes : 0) + (m->wpk ? m->wpk->bytes : 0) +
+             (m->b16 ? m->b16->bytes : 0) +
              (m->lora ? m->lora->params->bytes : 0);
     case CLRT_ARENA_GRADS: return (m->grads ? m->grads->bytes : 0) + (m->lora ? m->lora->grads->bytes : 0);
     case CLRT_ARENA_ACTIVATIONS:

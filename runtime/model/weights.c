@@ -46,7 +46,7 @@ static void pack_linear_weights(const clrt_model *m, void *dst, int bf16) {
    weights change. Products of any number of rows run faster over them than over sgemm (see
    linear_packed.c), for a second copy of the weights in memory. */
 int model_refresh_packed(clrt_model *m) {
-  if (m->device != CLRT_CPU || m->bf16 || !m->pack_decode || !clrt_linear_packed_available()) return 0;
+  if (m->device != CLRT_CPU || m->bf16 || m->base16 || !m->pack_decode || !clrt_linear_packed_available()) return 0;
   if (!m->wpk) {
     if (!(m->wpk = clrt_storage_new(sizeof(float) * (size_t)m->total, CLRT_CPU))) {
       clrt_set_error("decode: no memory for the packed weights (%lld MiB; set_decode_pack(false) "
@@ -166,6 +166,7 @@ void model_refresh_bf16(clrt_model *m) {
 }
 
 int clrt_model_set_matmul_bf16(clrt_model *m, int on) {
+  if (on && model_refuse_base16(m, "set_matmul(\"bf16\")")) return -1;
   if (!on) {
     clrt_storage_release(m->wbf);
     m->wbf = NULL;

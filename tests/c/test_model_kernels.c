@@ -564,6 +564,67 @@ static void test_math(void) {
   CHECK_NEAR(v, ve, 1e-7);
 }
 
+/* linear_bf16.c: products over a weight held only in bf16 panels, against sgemm over the same
+   (bf16-rounded) weights in f32. Widened (forward with dot off, dx always) the numbers are the
+   same and only the summation order differs: 1e-4 relative, as the strided test (sums of 500
+   unit terms in another order differ by ~2e-5). The AVX512-BF16 forward also
+   rounds x: each term then errs by <= u = 2^-9 relative with random signs, so the output errs
+   by ~u sqrt(sum (x w)^2) <= u |x| |w|: asserted per output against 2u |x_n| |w_o| + 1e-6.
+   Shapes cover the narrow last panel (O = 300 = 6 x 48 + 12), several 240-row blocks (O 500),
+   one row and odd row counts, both accumulate modes and 1-2 threads. */
+static void test_linear_bf16_weights(void) {
+  static const int Ns[] = {1, 9, 130}, Ks[] = {2, 64, 98}, Os[] = {5, 48, 300, 500};
+  for (int threads = 1; threads <= 2; threads++) {
+    clrt_set_num_threads(threads);
+    for (size_t a = 0; a < sizeof Ns / sizeof *Ns; a++)
+      for (size_t k = 0; k < sizeof Ks / sizeof *Ks; k++)
+        for (size_t o = 0; o < sizeof Os / sizeof *Os; o++) {
+          int N = Ns[a], K = Ks[k], O = Os[o];
+          size_t nk = (size_t)N * K, ok = (size_t)O * K, no = (size_t)N * O;
+          float *x = randv(nk, 1), *w = randv(ok, 1), *dy = randv(no, 1), *b = randv((size_t)O, 1);
+          for (size_t i = 0; i < ok; i++) w[i] = clrt_bf16_to_f32(clrt_f32_to_bf16(w[i]));
+          uint16_t *wp = malloc(ok * sizeof *wp);
+          clrt_linear_pack_bf16(wp, w, K, O);
+          float *wf = malloc(ok * sizeof *wf);   /* the widening gives back w exactly */
+          clrt_linear_unpack_bf16(wf, wp, K, O, 0, O);
+          CHECK(memcmp(wf, w, ok * sizeof *wf) == 0);
+          float *y = zerov(no), *y2 = zerov(no);
+          clrt_linear_forward(y, x, w, b, N, K, O);
+          for (int dot = 0; dot <= 1; dot++) {
+            CHECK(clrt_linear_bf16_forward(y2, x, wp, b, N, K, O, dot) == 1);
+            int bad = 0;
+            for (int n = 0; n < N; n++)
+              for (int j = 0; j < O; j++) {
+                double xn = 0, wn = 0, e = y[(size_t)n * O + j];
+                for (int i = 0; i < K; i++) xn += (double)x[(size_t)n * K + i] * x[(size_t)n * K + i], wn += (double)w[(size_t)j * K + i] * w[(size_t)j * K + i];
+                double tol = dot ? 2.0 / 512 * sqrt(xn * wn) + 1e-6 : 1e-4 * (1 + fabs(e));
+                bad += !(fabs(y2[(size_t)n * O + j] - e) <= tol);
+              }
+            if (bad) {
+              check_failed++;
+              fprintf(stderr, "bf16-weight forward dot=%d N=%d K=%d O=%d threads=%d: %d outputs off\n", dot, N, K, O, threads, bad);
+            } else check_passed++;
+          }
+          for (int acc = 0; acc <= 1; acc++)
+            for (int fast = 0; fast <= 1; fast++) {
+              float *dx = randv(nk, 1), *dx2 = malloc(nk * sizeof *dx2);
+              memcpy(dx2, dx, nk * sizeof *dx2);
+              clrt_linear_backward(dx, NULL, NULL, dy, x, w, N, K, O, acc);
+              CHECK(clrt_linear_bf16_backward_dx(dx2, dy, wp, N, K, O, acc, fast) == 1);
+              double worst = 0;
+              for (size_t i = 0; i < nk; i++) worst = fmax(worst, fabs(dx2[i] - dx[i]) / (1 + fabs(dx[i])));
+              if (worst > 1e-4) {
+                check_failed++;
+                fprintf(stderr, "bf16-weight dx N=%d K=%d O=%d acc=%d fast=%d threads=%d: off by %.3g\n", N, K, O, acc, fast, threads, worst);
+              } else check_passed++;
+              free(dx), free(dx2);
+            }
+          free(x), free(w), free(dy), free(b), free(wp), free(wf), free(y), free(y2);
+        }
+  }
+  clrt_set_num_threads(1);
+}
+
 int main(void) {
   /* Finite differences run each forward thousands of times: one thread keeps that fast on a
      busy machine; test_attention checks several threads against one. */
@@ -581,6 +642,7 @@ int main(void) {
   test_logsoftmax_gather();
   test_logsoftmax_gather_blocks();
   test_linear_backward_strided();
+  test_linear_bf16_weights();
   test_math();
   return check_summary();
 }

@@ -23,15 +23,34 @@ local function targets(t)
   return out
 end
 
+-- `train.base_dtype`: "f32", or "bf16" (LoRA only): the frozen base's linear weights kept only
+-- in bf16, shared by the policy and the RL/DPO reference (model:set_base_dtype). A full
+-- fine-tune trains every weight and needs them in f32: refused, not quietly changed.
+function M.check_base_dtype(dtype, l, adapter_dir, who)
+  dtype = dtype or "f32"
+  if dtype ~= "f32" and dtype ~= "bf16" then
+    error(("%s: train.base_dtype must be f32 or bf16, got '%s'"):format(who, tostring(dtype)), 0)
+  end
+  if dtype == "bf16" and not M.enabled(l) and not adapter_dir then
+    error(("%s: train.base_dtype=bf16 needs train.lora.r > 0 (a frozen base); a full fine-tune trains every weight in f32"):format(who), 0)
+  end
+  return dtype
+end
+
 -- The model to train: with LoRA (train.lora.r > 0, or a PEFT adapter_dir to continue) the base
 -- from base_dir and the checkpoint's adapter (ckpt_dir), else adapter_dir's, else fresh
--- adapters seeded by `seed`; without, the checkpoint or base_dir whole.
-function M.policy(base_dir, ckpt_dir, l, seed, adapter_dir)
+-- adapters seeded by `seed`, the base then in base_dtype; without, the checkpoint or base_dir
+-- whole.
+function M.policy(base_dir, ckpt_dir, l, seed, adapter_dir, base_dtype)
+  base_dtype = M.check_base_dtype(base_dtype, l, adapter_dir, "train.lora")
   if not M.enabled(l) and not adapter_dir then return clrt.model.load(ckpt_dir or base_dir) end
   local m = clrt.model.load(base_dir)
-  if ckpt_dir or adapter_dir then return m:load_adapter(ckpt_dir or adapter_dir) end
-  return m:add_lora({ r = l.r, alpha = l.alpha or 2 * l.r, dropout = l.dropout or 0,
-    targets = targets(l.targets), seed = seed })
+  if ckpt_dir or adapter_dir then m:load_adapter(ckpt_dir or adapter_dir)
+  else
+    m:add_lora({ r = l.r, alpha = l.alpha or 2 * l.r, dropout = l.dropout or 0,
+      targets = targets(l.targets), seed = seed })
+  end
+  return m:set_base_dtype(base_dtype)
 end
 
 -- The RL reference: a model of its own without LoRA, else m itself with the adapters off

@@ -1,0 +1,177 @@
+/* base16.c — train.base_dtype=bf16: a base frozen under LoRA adapters keeps its blocks' linear
+   weights (q, k, v, o, gate, up, down) only in bf16, and their f32 master copy is freed: the
+   adapters train in f32 over it, and the RL reference (the same model with its adapters off)
+   reads the same bf16 copy. Products accumulate in f32 (kernels/cpu/linear_bf16.c):
+   forward through the packed bf16 tiles on a CPU with AVX512-BF16, backward dx = dy W over
+   widened blocks; no dW (frozen). Embeddings (and a tied or untied head), norms and biases
+   stay f32: the head's products are the loss's, and at Qwen2.5's vocabulary a bf16 head
+   would save 270 MB of 1.3 GB at 0.5B for a second output kernel.
+   The weights cannot change once converted: loading, saving, merging, initialising, moving
+   and params() views of a bf16 weight are refused with an error saying so. CPU only: the
+   CUDA ops have no bf16 base. */
+#include "model_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+int model_refuse_base16(const clrt_model *m, const char *who) {
+  if (!m->base16) return 0;
+  clrt_set_error("%s: the model's base is held in bf16 (base_dtype=bf16) and has no f32 weights; "
+                 "load the base again for that", who);
+  return -1;
+}
+
+/* 1 when param p is one of the blocks' linear weights. */
+static int is_block_linear(const clrt_model *m, const clrt_param_info *p) {
+  if (p->ndim != 2) return 0;
+  for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+    const clrt_layer_offsets *o = &m->layer[l];
+    int64_t w[7] = {o->wq, o->wk, o->wv, o->wo, o->wg, o->wu, o->wd};
+    for (int i = 0; i < 7; i++)
+      if (w[i] == p->offset) return 1;
+  }
+  return 0;
+}
+
+/* Gives back the whole 2 MiB pages of [a, b) (the arenas sit on transparent huge pages, and a
+   huge page given back only in part is freed under memory pressure only): they read zero again
+   and fill as they are written. The conversion walks the old f32 arena in order and gives back
+   what it has copied, and the new arenas fill as they are written (clrt_storage_new does not
+   touch a large arena's pages): it then peaks at about the f32 arena, not the f32 arena plus
+   the new ones. */
+static const void *give_back(const void *a, const void *b) {   /* returns where it stopped */
+  uintptr_t hp = (uintptr_t)2 << 20, lo = ((uintptr_t)a + hp - 1) & ~(hp - 1), hi = (uintptr_t)b & ~(hp - 1);
+  if (hi <= lo) return a;
+  madvise((void *)lo, hi - lo, MADV_DONTNEED);
+  return (const void *)hi;
+}
+
+/* old offsets -> new ones: the param that started at `old` (-1 stays -1). */
+static int64_t remap(const clrt_model *m, const int64_t *old_off, int64_t old) {
+  if (old < 0) return old;
+  for (int i = 0; i < m->np; i++)
+    if (old_off[i] == old) return m->p[i].offset;
+  return old;   /* unreachable: every offset is a param's */
+}
+
+int clrt_model_set_base_bf16(clrt_model *m) {
+  if (m->base16) return 0;
+  if (!m->lora) {
+    clrt_set_error("base_dtype=bf16: only a frozen base can drop its f32 weights; add LoRA adapters "
+                   "first (train.lora.r > 0): a full fine-tune trains every weight in f32");
+    return -1;
+  }
+  if (m->device != CLRT_CPU) {
+    clrt_set_error("base_dtype=bf16: runs on the cpu only (the CUDA ops have no bf16 base yet); use "
+                   "base_dtype=f32 on cuda");
+    return -1;
+  }
+  const clrt_model_config *c = &m->cfg;
+  int HD = c->num_attention_heads * c->head_dim;
+  if (c->hidden_size % 2 || c->intermediate_size % 2 || HD % 2) {
+    clrt_set_error("base_dtype=bf16: needs even hidden (%d), intermediate (%d) and heads x head_dim (%d) "
+                   "sizes (weights in pairs of bf16)", c->hidden_size, c->intermediate_size, HD);
+    return -1;
+  }
+  int64_t *old_off = malloc(sizeof(int64_t) * (size_t)m->np);
+  if (!old_off) {
+    clrt_set_error("base_dtype=bf16: out of memory");
+    return -1;
+  }
+  int64_t n32 = 0, n16 = 0;
+  for (int i = 0; i < m->np; i++) {
+    old_off[i] = m->p[i].offset;
+    int64_t *n = is_block_linear(m, &m->p[i]) ? &n16 : &n32;
+    *n += (m->p[i].numel + 15) & ~(int64_t)15;
+  }
+  clrt_storage *p32 = clrt_storage_new(sizeof(float) * (size_t)(n32 ? n32 : 1), CLRT_CPU),
+               *p16 = p32 ? clrt_storage_new(sizeof(uint16_t) * (size_t)(n16 ? n16 : 1), CLRT_CPU) : NULL;
+  if (!p16) {
+    clrt_storage_release(p32);
+    free(old_off);
+    return -1;
+  }
+  const float *src = m->params->data;
+  /* The old arena is given back behind the copy when the params lie in it in order. */
+  int in_order = 1;
+  for (int i = 1; i < m->np; i++) in_order &= old_off[i] > old_off[i - 1];
+  const void *done = src;   /* given back from its 2 MiB page up to here */
+  n32 = n16 = 0;
+  for (int i = 0; i < m->np; i++) {
+    clrt_param_info *p = &m->p[i];
+    const float *from = src + old_off[i];
+    if ((p->in16 = is_block_linear(m, p))) {
+      p->offset = n16;
+      clrt_linear_pack_bf16((uint16_t *)p16->data + n16, from, (int)p->shape[1], (int)p->shape[0]);
+      n16 += (p->numel + 15) & ~(int64_t)15;
+    } else {
+      p->offset = n32;
+      /* in chunks: a 545 MB embedding copied whole would sit twice in memory */
+      for (int64_t k = 0; k < p->numel; k += (int64_t)1 << 22) {
+        int64_t len = p->numel - k < ((int64_t)1 << 22) ? p->numel - k : (int64_t)1 << 22;
+        memcpy((float *)p32->data + n32 + k, from + k, sizeof(float) * (size_t)len);
+        if (in_order) done = give_back(done, from + k + len);
+      }
+      n32 += (p->numel + 15) & ~(int64_t)15;
+    }
+    if (in_order) done = give_back(done, from + p->numel);
+  }
+  for (int l = 0; l < c->num_hidden_layers; l++) {
+    int64_t *f = &m->layer[l].ln1;   /* the struct is int64_t fields only */
+    for (size_t k = 0; k < sizeof(clrt_layer_offsets) / sizeof(int64_t); k++) f[k] = remap(m, old_off, f[k]);
+  }
+  m->wte = remap(m, old_off, m->wte);
+  m->norm = remap(m, old_off, m->norm);
+  m->head = remap(m, old_off, m->head);
+  free(old_off);
+  /* The f32 weights and every copy made from them go. */
+  clrt_storage_release(m->params);
+  clrt_storage_release(m->wpk);
+  clrt_storage_release(m->wbf);
+  m->wpk = m->wbf = NULL;
+  m->bf16 = 0;
+  m->params = p32;
+  m->total = n32;
+  m->b16 = p16;
+  m->base16 = 1;
+  m->saved = 0;
+  model_choose_ops(m);
+  return 0;
+}
+
+int clrt_model_base_bf16(const clrt_model *m) { return m->base16; }
+
+static const uint16_t *W16(const clrt_model *m, int64_t w) { return (const uint16_t *)m->b16->data + w; }
+
+static void out_of_memory(const char *who) {
+  /* The layer code has no error path through a product: the step's end reports it. */
+  clrt_set_error("%s: out of memory widening bf16 weights", who);
+}
+
+void model_base16_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
+                         int64_t N, int K, int O) {
+  (void)a;
+  if (!clrt_linear_bf16_forward(y, x, W16(m, w), b, N, K, O, model_fast_kernels(m))) out_of_memory("forward");
+}
+
+/* Products of the same x (q, k, v; gate, up): one parallel pass over all their panels. */
+void model_base16_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, int K,
+                               const lin_part *parts, int count) {
+  clrt_packed_part packed[3] = {{0}};
+  if (model_fast_kernels(m) && count <= 3) {
+    for (int i = 0; i < count; i++) packed[i] = (clrt_packed_part){parts[i].y, W16(m, parts[i].w), parts[i].b, parts[i].O};
+    if (clrt_linear_packed_bf16_forward_rows(x, N, K, packed, count)) return;
+  }
+  for (int i = 0; i < count; i++) model_base16_linear(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, K, parts[i].O);
+}
+
+/* dx (+)= dy W only: the weight is frozen (GW is NULL under LoRA); a bias's gradient would be
+   one too, so db is NULL here as well. */
+void model_base16_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
+                                  const float *x, int64_t N, int K, int O, int acc) {
+  (void)a, (void)db, (void)x;
+  if (dx && !clrt_linear_bf16_backward_dx(dx, dy, W16(m, w), N, K, O, acc, model_fast_kernels(m)))
+    out_of_memory("backward");
+}
