@@ -124,12 +124,11 @@ local function panel(out, s, px, py, w, h, color)
   out[#out + 1] = "</g>"
 end
 
-function M.panels(series, opts)
-  opts = opts or {}
-  local cols = opts.columns or (#series > 1 and 2 or 1)
-  local w, h = opts.panel_width or 440, opts.panel_height or 240
+-- A page of panels in a grid: draw(out, item, i, x, y, w, h) draws item i at (x, y).
+local function grid(items, opts, w, h, draw)
+  local cols = opts.columns or (#items > 1 and 2 or 1)
   local top = opts.title and 34 or 0
-  local rows = math.max(1, math.ceil(#series / cols))
+  local rows = math.max(1, math.ceil(#items / cols))
   local W, H = cols * w + 10, rows * h + top + 10
   local out = {
     ('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="Helvetica, Arial, sans-serif">'):format(W, H, W, H),
@@ -138,13 +137,20 @@ function M.panels(series, opts)
   if opts.title then
     out[#out + 1] = ('<text x="10" y="24" font-size="16" font-weight="bold" fill="#111">%s</text>'):format(esc(opts.title))
   end
-  for i, s in ipairs(series) do
+  for i, s in ipairs(items) do
     local c = (i - 1) % cols
     local r = math.floor((i - 1) / cols)
-    panel(out, s, 5 + c * w, top + 5 + r * h, w - 5, h - 5, palette[(i - 1) % #palette + 1])
+    draw(out, s, i, 5 + c * w, top + 5 + r * h, w - 5, h - 5)
   end
   out[#out + 1] = "</svg>"
   return table.concat(out, "\n") .. "\n"
+end
+
+function M.panels(series, opts)
+  opts = opts or {}
+  return grid(series, opts, opts.panel_width or 440, opts.panel_height or 240, function(out, s, i, x, y, w, h)
+    panel(out, s, x, y, w, h, palette[(i - 1) % #palette + 1])
+  end)
 end
 
 -- One panel of horizontal bars: labels down the left, value +- error as a bar and whisker.
@@ -193,27 +199,11 @@ end
 
 function M.bars(panels_, opts)
   opts = opts or {}
-  local cols = opts.columns or (#panels_ > 1 and 2 or 1)
   local n = 1
   for _, s in ipairs(panels_) do n = math.max(n, #s.labels) end
-  local w, h = opts.panel_width or 480, opts.panel_height or (60 + 20 * n)
-  local top = opts.title and 34 or 0
-  local rows = math.max(1, math.ceil(#panels_ / cols))
-  local W, H = cols * w + 10, rows * h + top + 10
-  local out = {
-    ('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="Helvetica, Arial, sans-serif">'):format(W, H, W, H),
-    ('<rect width="%d" height="%d" fill="#fafafa"/>'):format(W, H),
-  }
-  if opts.title then
-    out[#out + 1] = ('<text x="10" y="24" font-size="16" font-weight="bold" fill="#111">%s</text>'):format(esc(opts.title))
-  end
-  for i, s in ipairs(panels_) do
-    local c = (i - 1) % cols
-    local r = math.floor((i - 1) / cols)
-    bar_panel(out, s, 5 + c * w, top + 5 + r * h, w - 5, h - 5, palette)
-  end
-  out[#out + 1] = "</svg>"
-  return table.concat(out, "\n") .. "\n"
+  return grid(panels_, opts, opts.panel_width or 480, opts.panel_height or (60 + 20 * n), function(out, s, _, x, y, w, h)
+    bar_panel(out, s, x, y, w, h, palette)
+  end)
 end
 
 return M
