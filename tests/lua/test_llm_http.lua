@@ -79,10 +79,8 @@ end)
 
 T.case("a 4xx other than 429 fails at once with the server's message", function()
   local c = llm.client { base_url = srv.base_url, model = "m", max_retries = 5, backoff = 0.5 }
-  local t0 = http.now()
   T.raises(function() c:chat(user("nope [fault:400x99]")) end, "HTTP 400: bad request for nope [fault:400x99]")
-  T.eq(c.records[#c.records].attempts, 1)
-  T.ok(http.now() - t0 < 0.5, "a 400 must not be retried")
+  T.eq(c.records[#c.records].attempts, 1, "a 400 must not be retried")
 end)
 
 T.case("connection refused is a retried connection error", function()
@@ -136,7 +134,8 @@ T.case("500 requests at concurrency 32 with 30% faults: all correct, none lost o
 end)
 
 T.case("320 requests with 100 ms latency at concurrency 32 overlap", function()
-  local c = llm.client { base_url = srv.base_url, model = "m", timeout = 10, max_concurrency = 32 }
+  local own = server({})
+  local c = llm.client { base_url = own.base_url, model = "m", timeout = 10, max_concurrency = 32 }
   local fns = {}
   for i = 1, 320 do fns[i] = function() return c:chat(user("slowish " .. i .. " [latency:100]")).content end end
   local t0 = http.now()
@@ -144,9 +143,10 @@ T.case("320 requests with 100 ms latency at concurrency 32 overlap", function()
   local dt = http.now() - t0
   T.eq(next(errors), nil)
   for i = 1, 320 do T.eq(results[i], "echo:slowish " .. i .. " [latency:100]") end
-  -- serial would take 32 s; ideal overlap 1 s. The bound is 10x the ideal, not a benchmark.
+  -- serial would take 32 s, ideal overlap 1 s; printed, not judged (a loaded machine is slow)
   print(("      320 x 100 ms at concurrency 32: %.2f s (serial 32 s, ideal 1 s)"):format(dt))
-  T.ok(dt < 10, ("took %.2f s"):format(dt))
+  local st = get_json(("http://127.0.0.1:%d/stats"):format(own.port))
+  T.ok(st.max_active >= 16 and st.max_active <= 32, "the server saw " .. st.max_active .. " requests at once (limit 32)")
 end)
 
 T.case("max_concurrency bounds the requests in flight per client", function()

@@ -85,14 +85,15 @@ T.case("Ctrl-C and kill -9 at random moments: each run resumes to the uninterrup
     local cmd = files.exists(dir .. "/config.json") and resume or first
     local delay = 0.15 + rng:next32() % 1200 / 1000
     local use_kill = round % 4 == 0
-    -- timeout: INT after `delay`; -k 1: KILL if the run is still there one second later (rc 137)
-    local out, rc = sh(("timeout %s %s %s"):format(use_kill and "-s KILL" or "-s INT -k 1", ("%.3f"):format(delay), cmd))
+    -- timeout: INT after `delay`; -k 60: KILL if the run is still there a minute later (rc 137,
+    -- a run that ignored Ctrl-C). Not a latency bound: a loaded CI machine runs this 25x slower.
+    local out, rc = sh(("timeout %s %s %s"):format(use_kill and "-s KILL" or "-s INT -k 60", ("%.3f"):format(delay), cmd))
     if rc == 0 then done = true break end
     if use_kill then
       T.eq(rc, 137, "kill -9 ends the run: " .. out)
       kills = kills + 1
     else
-      T.eq(rc, 124, "Ctrl-C stops the run within a second (124, not 137 from the follow-up KILL): " .. out)
+      T.eq(rc, 124, "Ctrl-C stops the run (124, not 137 from the follow-up KILL): " .. out)
       interrupts = interrupts + 1
       -- (a Ctrl-C during start-up, before clrt has set its handler, ends it silently with
       -- the folder untouched: nothing to resume that was not resumable before)

@@ -2,7 +2,7 @@
 --   local srv = dofile(T.source_dir() .. "/tests/support/fake_openai.lua").start{"--latency-ms", "100"}
 --   ... srv.base_url ...   srv:stop()
 -- The server binds 127.0.0.1 on an ephemeral port and exits by itself after --lifetime
--- seconds (120 unless given), so a crashed test leaves nothing running for long.
+-- seconds (600 unless given), so a crashed test leaves nothing running for long.
 local M = {}
 
 local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
@@ -17,7 +17,7 @@ function M.start(args, env)
     if a == "--lifetime" then has_lifetime = true end
     cmd[#cmd + 1] = shell_quote(a)
   end
-  if not has_lifetime then cmd[#cmd + 1] = "--lifetime 120" end
+  if not has_lifetime then cmd[#cmd + 1] = "--lifetime 600" end
   local p = assert(io.popen(table.concat(cmd, " ")))
   local line = p:read("*l")
   local port, pid = (line or ""):match("^(%d+) (%d+)$")
