@@ -55,12 +55,21 @@ local function engine_model(slow_ms)
 end
 
 T.case("results come back in the order given, whatever order they finish in", function()
-  local fns = {}
-  for i = 1, 6 do fns[i] = function() sched.sleep((7 - i) * 0.02); return i * i end end
-  local order = {}
+  -- function i finishes only after function i + 1 has: the reverse order, by construction
+  -- rather than by sleep lengths, which a loaded machine reorders
+  local fns, order, finished = {}, {}, {}
   for i = 1, 6 do
-    local f = fns[i]
-    fns[i] = function() local v = f(); order[#order + 1] = i; return v end
+    fns[i] = function()
+      local polls = 0
+      while i < 6 and not finished[i + 1] do
+        polls = polls + 1
+        if polls > 10000 then error(("function %d waited 10 s for %d: not run concurrently"):format(i, i + 1)) end
+        sched.sleep(0.001)
+      end
+      finished[i] = true
+      order[#order + 1] = i
+      return i * i
+    end
   end
   local results, errors = sched.run(fns)
   T.eq(results, { 1, 4, 9, 16, 25, 36 })
@@ -184,7 +193,7 @@ end)
 
 T.case("the run timeout ends unfinished functions and cancels their requests", function()
   need_python()
-  local srv = fake.start({ "--slow-s", "5", "--lifetime", "30" })
+  local srv = fake.start({ "--slow-s", "60", "--lifetime", "120" })
   local c = llm.client { base_url = srv.base_url, model = "m", timeout = 10 }
   local t0 = http.now()
   local results, errors = sched.run({
@@ -199,7 +208,7 @@ T.case("the run timeout ends unfinished functions and cancels their requests", f
   T.ok(errors[2]:find("timed out after 0.3 s", 1, true), tostring(errors[2]))
   T.ok(errors[3]:find("timed out after 0.3 s", 1, true), tostring(errors[3]))
   T.eq(http.pending(), 0, "the request was cancelled")
-  T.ok(http.now() - t0 < 5, "the run did not wait for the slow request")
+  T.ok(http.now() - t0 < 30, "the run did not wait for the slow request (60 s)")
 end)
 
 T.case("a coroutine waiting on nothing is reported as a deadlock, not a hang", function()
