@@ -1,7 +1,13 @@
--- bench/shapes.lua — the model shapes the training benchmarks share: ~5M and ~50M
+-- bench/shapes.lua — the model shapes the training benchmarks share: the built-in world's
+-- ~0.9M model, ~5M and ~50M
 -- parameter Llama-style models, and the shapes of Qwen2.5-0.5B and -1.5B (their config.json).
 --   local SIZES = dofile(bench_dir .. "/shapes.lua")
 return {
+  -- the built-in world's model (examples/collab_world/config.lua's sft.arch over its 512-token
+  -- BPE; collabllm_sft.lua builds it as a Qwen2 with tied embeddings), ~0.9M parameters
+  ["0.9M"] = { architectures = { "Qwen2ForCausalLM" }, vocab_size = 512, hidden_size = 128,
+    intermediate_size = 384, num_hidden_layers = 4, num_attention_heads = 4, num_key_value_heads = 4,
+    max_position_embeddings = 256, rms_norm_eps = 1e-6, rope_theta = 10000.0, tie_word_embeddings = true },
   ["5M"] = { vocab_size = 8192, hidden_size = 256, intermediate_size = 704, num_hidden_layers = 4,
     num_attention_heads = 4, num_key_value_heads = 4, max_position_embeddings = 2048,
     rms_norm_eps = 1e-5, rope_theta = 10000.0, tie_word_embeddings = true },

@@ -9,6 +9,7 @@
 -- and MFU against the GPU's dense bf16 peak (clrt.cuda_peak_tflops(), CLRT_PEAK_TFLOPS).
 -- baseline=1 also runs clrt with set_decode_pack(false) (OpenBLAS sgemm for every product, the
 -- path before the AVX-512 training kernels) and prints the ratio of the two in this run.
+-- sizes=0.9M is the built-in world's model at its SFT batch (B=32, T=256).
 --   clrt bench/train_step.lua [sizes=5M,50M] [steps=3] [B=8] [T=256] [threads=2] [device=cpu|cuda] [baseline=1]
 local cjson = require("cjson")
 
@@ -85,7 +86,11 @@ if args.worker then
   os.exit(0)
 end
 
-local B, T, steps = tonumber(args.B or 8), tonumber(args.T or 256), tonumber(args.steps or 3)
+local steps = tonumber(args.steps or 3)
+-- B and T per shape unless given: the world's model trains 32 conversations per step (its SFT
+-- settings; max_len 256), the 0.5B shape 2 rows for memory, the others 8
+local BATCH = { ["0.9M"] = 32, ["0.5B"] = 2, ["1.5B"] = 2 }
+local function shape_bt(size) return tonumber(args.B or BATCH[size] or 8), tonumber(args.T or 256) end
 local threads = tonumber(args.threads or 2)
 local device = args.device or "cpu"
 local peak = 0
@@ -111,10 +116,11 @@ local function run(cmd)
   return out
 end
 
-print(("train step: B=%d T=%d, %d timed steps after 1 warm-up, %d threads each"):format(B, T, steps, threads))
+print(("train step: %d timed steps after 1 warm-up, %d threads each"):format(steps, threads))
 for size in (args.sizes or "5M,50M"):gmatch("[^,]+") do
   local cfg = SIZES[size]
   if not cfg then error("unknown size " .. size) end
+  local B, T = shape_bt(size)
   local c_out = run(("CLRT_PROFILE=1 OMP_NUM_THREADS=%d %s %s/bench/train_step.lua worker=%s B=%d T=%d steps=%d threads=%d device=%s"):format(
     threads, sh_quote(bin), sh_quote(src), size, B, T, steps, threads, device))
   local t_out = run(("OMP_NUM_THREADS=%d /usr/bin/python3 %s/bench/train_step_torch.py %s %d %d %d %d %s"):format(
@@ -127,7 +133,7 @@ for size in (args.sizes or "5M,50M"):gmatch("[^,]+") do
     ttok, trss = 0 / 0, 0 / 0
   end
   if not ttok then error("torch peer failed:\n" .. t_out) end
-  print(("\n== %s (%s params) =="):format(size, c_out:match("params=(%d+)")))
+  print(("\n== %s (%s params), B=%d T=%d =="):format(size, c_out:match("params=(%d+)"), B, T))
   local cbest = tonumber(c_out:match("best_tokens_per_s=([%d.]+)"))
   local tbest = tonumber(t_out:match("best_tokens_per_s=([%d.]+)")) or 0 / 0
   print(("clrt : %9.1f tokens/s (median step; best %.1f)  peak RSS %7.1f MB"):format(tonumber(ctok), cbest, tonumber(crss)))

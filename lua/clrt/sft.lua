@@ -59,16 +59,18 @@ local function count_tokens(items)
   return n
 end
 
--- The micro-batches of one optimizer step over `items` (`micro` rows each; all at once when
--- micro is nil or >= #items): each loss is divided by the whole batch's token count, so the
--- accumulated gradient is that of the batch's token-mean loss. Returns parts, tokens.
--- denom: the token count to divide by when items are this rank's share of a larger batch.
+-- The micro-batches of one optimizer step over `items` (`micro` rows each, grouped by length
+-- with update.by_length: the world's conversations split in two pad 12% of their positions
+-- instead of 27%; all at once when micro is nil or >= #items): each loss is divided by the
+-- whole batch's token count, so the accumulated gradient is that of the batch's token-mean
+-- loss. Returns parts, tokens. denom: the token count to divide by when items are this
+-- rank's share of a larger batch.
 function M.parts(items, micro, denom)
   local n = denom or count_tokens(items)
   micro = micro or #items
   if micro >= #items and not denom then return { { rows = items, batch = nll_batch(items, nil) } }, n end
   local parts = {}
-  for _, part in ipairs(update.chunks(items, micro)) do
+  for _, part in ipairs(update.chunks(update.by_length(items), micro)) do
     parts[#parts + 1] = { rows = part, batch = nll_batch(part, math.max(n, 1)) }
   end
   return parts, n

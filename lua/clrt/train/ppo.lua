@@ -41,8 +41,15 @@ function M.update(m, ref, opt, rows, t, lr)
     for _, r in ipairs(mb) do ntok = ntok + (#r.ids - r.first) end
     ntoks[#mbs + 1] = ntok
     local mine = dp.my_rows(mb)
-    for _, part in ipairs(#mine > 0 and update.chunks(mine, t.micro_batch_size) or {}) do
-      parts[#parts + 1] = { rows = part, old = update.logprobs(m, part, false),
+    -- the first mini-batch trains before any update of this step: its training forward is
+    -- the sampling-time policy, so its old log-probs are that forward's own (the loss's
+    -- default, ratio 1) and need no forward of their own
+    local on_policy = #mbs == 0
+    -- micro-batches of rows of similar length (each padded to its own longest row)
+    local micro = #mine > t.micro_batch_size and update.chunks(update.by_length(mine), t.micro_batch_size)
+      or { mine }
+    for _, part in ipairs(#mine > 0 and micro or {}) do
+      parts[#parts + 1] = { rows = part, old = not on_policy and update.logprobs(m, part, false) or nil,
         ref = t.kl_coef ~= 0 and update.logprobs(ref, part, false) or nil }
     end
     mbs[#mbs + 1] = parts

@@ -6,6 +6,7 @@
 --   local results = update.accumulate(m, L, parts)          -- parts {rows =, batch =}
 --   local results, grad_norm = update.step(m, opt, L, parts, lr)
 --   local parts = update.chunks(list, size)                 -- consecutive groups of `size`
+--   local rows = update.by_length(rows)                     -- shortest first (micro-batching)
 -- results[i] = {loss =, stats =} of part i, in order.
 local M = {}
 
@@ -29,6 +30,22 @@ function M.logprobs(model, rows, grad)
   local ids = {}
   for b, r in ipairs(rows) do ids[b] = r.ids end
   return model:logprobs(ids, { grad = grad })
+end
+
+-- Rows ordered by length (ties in their given order): consecutive micro-batches of the
+-- result hold rows of similar length, each padded only to its own longest row. A step's
+-- gradient is then the same sum in another order.
+function M.by_length(rows)
+  local order = {}
+  for i = 1, #rows do order[i] = i end
+  table.sort(order, function(a, b)
+    local la, lb = #rows[a].ids, #rows[b].ids
+    if la ~= lb then return la < lb end
+    return a < b
+  end)
+  local out = {}
+  for i, k in ipairs(order) do out[i] = rows[k] end
+  return out
 end
 
 -- Split a list into consecutive parts of at most `size` (all in one when size is nil).
