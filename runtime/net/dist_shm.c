@@ -39,8 +39,17 @@ static size_t chunk_bytes(void) {
 }
 
 /* A rank's area: its copy of a round, then its summed slice, which is at most a 1/local_size
-   share of the round rounded up to whole elements and then to whole cache lines. */
-static size_t area_bytes(void) { return chunk + chunk / (size_t)local_size + 2 * SLICE_ALIGN; }
+   share of the round rounded up to whole elements and then to whole cache lines. The
+   reduce-scatter and the all-gather use it as two halves of a chunk each, in turn. */
+static size_t piece_floats(void) {
+  size_t line = SLICE_ALIGN / sizeof(float), sub = chunk / sizeof(float) / (size_t)local_size / line * line;
+  return sub ? sub : line;
+}
+static size_t half_bytes(void) {
+  size_t staged = piece_floats() * sizeof(float) * (size_t)local_size;
+  return staged > chunk ? staged : chunk;
+}
+static size_t area_bytes(void) { return 2 * half_bytes() + 2 * SLICE_ALIGN; }
 
 static int setup(void) {
   int world_rank, world_size;
@@ -201,6 +210,107 @@ int dist_shm_all_reduce(void *data, int64_t count, int esz, int op) {
       copy(mine + qlo * (size_t)esz, area[q] + chunk, (qhi - qlo) * (size_t)esz);
     }
   }
+  return 0;
+}
+/* ---- the sharded optimizer's collectives (ZeRO-1): f32 sums, slices by world rank -------- */
+
+/* Only with every rank on this machine: the slices are the world ranks', and the window holds
+   every rank's area. Several machines take MPI's path (dist.c). */
+static int sharded_ok(void) { return state == 1 && cross == MPI_COMM_NULL; }
+
+/* out[i] += src[i] for i < n, and the sum of squares of the results when last. */
+static double add_into(float *restrict out, const float *restrict src, size_t n, int last) {
+  double ss = 0;
+  long long blocks = (long long)((n * sizeof(float) + BLOCK - 1) / BLOCK);
+  size_t per = BLOCK / sizeof(float);
+#pragma omp parallel for schedule(static) reduction(+ : ss) if (blocks > 1)
+  for (long long k = 0; k < blocks; k++) {
+    size_t at = (size_t)k * per, m = n - at < per ? n - at : per;
+    float *o = out + at;
+    const float *c = src + at;
+    if (last) {
+      double s = 0;
+      for (size_t i = 0; i < m; i++) {
+        o[i] += c[i];
+        s += (double)o[i] * o[i];
+      }
+      ss += s;
+    } else {
+      for (size_t i = 0; i < m; i++) o[i] += c[i];
+    }
+  }
+  return ss;
+}
+
+/* Round j moves the j-th piece (sub floats) of every rank's slice: each rank stages the
+   pieces the others own in its area (half j % 2), barrier, and each sums the staged copies of
+   its own piece into its buffer. So every rank copies and sums alike in every round (no rank
+   waits while another sums a round alone), and one barrier a round is enough: a half is
+   written again two rounds later, after the barrier that follows everyone's reads of it. */
+int dist_shm_reduce_scatter(float *data, int64_t count, double *sum_sq) {
+  if (state == 0 && setup()) return -1;
+  if (!sharded_ok()) return 1;
+  size_t sub = piece_floats();
+  int64_t lo, hi, most = 0;
+  for (int q = 0; q < local_size; q++) {
+    clrt_dist_slice(count, q, &lo, &hi);
+    if (hi - lo > most) most = hi - lo;
+  }
+  int64_t mlo, mhi;
+  clrt_dist_slice(count, local_rank, &mlo, &mhi);
+  double ss = 0;
+  node_sync();   /* nobody still reads an area from the collective before */
+  for (int64_t j = 0; (size_t)j * sub < (size_t)most; j++) {
+    float *stage = (float *)(void *)(area[local_rank] + (size_t)(j % 2) * half_bytes());
+    for (int q = 0; q < local_size; q++) {
+      if (q == local_rank) continue;
+      clrt_dist_slice(count, q, &lo, &hi);
+      int64_t a = lo + j * (int64_t)sub, b = a + (int64_t)sub < hi ? a + (int64_t)sub : hi;
+      if (b > a) copy((char *)(stage + (size_t)q * sub), (const char *)(data + a), (size_t)(b - a) * sizeof(float));
+    }
+    node_sync();
+    int64_t a = mlo + j * (int64_t)sub, b = a + (int64_t)sub < mhi ? a + (int64_t)sub : mhi;
+    if (b > a) {
+      int others = local_size - 1, seen = 0;
+      for (int q = 0; q < local_size; q++) {
+        if (q == local_rank) continue;
+        const float *src = (const float *)(const void *)(area[q] + (size_t)(j % 2) * half_bytes()) + (size_t)local_rank * sub;
+        ss += add_into(data + a, src, (size_t)(b - a), ++seen == others);
+      }
+    }
+  }
+  node_sync();   /* the areas are free for whatever collective comes next */
+  *sum_sq = ss;
+  return 0;
+}
+
+/* Round j: each rank stages the j-th piece of its slice, barrier, each copies the others'. */
+int dist_shm_all_gather(float *data, int64_t count) {
+  if (state == 0 && setup()) return -1;
+  if (!sharded_ok()) return 1;
+  size_t sub = chunk / sizeof(float);
+  int64_t lo, hi, most = 0;
+  for (int q = 0; q < local_size; q++) {
+    clrt_dist_slice(count, q, &lo, &hi);
+    if (hi - lo > most) most = hi - lo;
+  }
+  int64_t mlo, mhi;
+  clrt_dist_slice(count, local_rank, &mlo, &mhi);
+  node_sync();
+  for (int64_t j = 0; (size_t)j * sub < (size_t)most; j++) {
+    size_t half = (size_t)(j % 2) * half_bytes();
+    int64_t a = mlo + j * (int64_t)sub, b = a + (int64_t)sub < mhi ? a + (int64_t)sub : mhi;
+    if (b > a) copy(area[local_rank] + half, (const char *)(data + a), (size_t)(b - a) * sizeof(float));
+    node_sync();
+    for (int q = 0; q < local_size; q++) {
+      if (q == local_rank) continue;
+      clrt_dist_slice(count, q, &lo, &hi);
+      a = lo + j * (int64_t)sub;
+      b = a + (int64_t)sub < hi ? a + (int64_t)sub : hi;
+      if (b > a) copy((char *)(data + a), area[q] + half, (size_t)(b - a) * sizeof(float));
+    }
+  }
+  node_sync();
   return 0;
 }
 #endif
