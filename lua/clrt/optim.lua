@@ -56,7 +56,8 @@ end
 -- and moments, and the parameters are gathered. So each rank does 1/N of the optimizer's work
 -- and the ranks end with the parameters one all-reduce and a whole step on every rank gave;
 -- a rank's moments outside its slice go stale (gather_state before saving them).
--- self.comm_s: seconds of the last step spent in the collectives (benchmarks).
+-- self.comm_s: seconds of the last step spent in the collectives, self.times: its phases
+-- (benchmarks; self.clock, when set, is the clock they read).
 function AdamW:sharded()
   return require("clrt.dist").world_size() > 1 and self.model:device() == "cpu"
 end
@@ -68,8 +69,6 @@ local function arena(t)
   return data
 end
 
-local clock = require("clrt.log").now
-
 function AdamW:step_sharded(args)
   args = args or {}
   if self.ptr == nil or self.model.ptr == nil then error("adamw: step after free() of the optimizer or its model", 2) end
@@ -79,6 +78,7 @@ function AdamW:step_sharded(args)
   local G = arena(m.lora and C.clrt_model_lora_grad(m.ptr, 0) or C.clrt_model_grad(m.ptr, 0))
   local P = arena(m.lora and C.clrt_model_lora_param(m.ptr, 0) or C.clrt_model_param(m.ptr, 0))
   local ss = ffi.new("double[1]")
+  local clock = self.clock or C.clrt_http_now   -- monotonic seconds
   local t0 = clock()
   ok(C.clrt_dist_reduce_scatter(G, n, ss), 2)
   local norm = math.sqrt(dist.all_reduce_numbers({ ss[0] }, "sum")[1])
@@ -89,7 +89,8 @@ function AdamW:step_sharded(args)
   local t2 = clock()
   ok(C.clrt_dist_all_gather(P, n), 2)
   if not m.lora then C.clrt_model_params_changed(m.ptr) end
-  self.comm_s = (t1 - t0) + (clock() - t2)
+  local t3 = clock()
+  self.comm_s, self.times = (t1 - t0) + (t3 - t2), { reduce_scatter = t1 - t0, update = t2 - t1, all_gather = t3 - t2 }
   return norm
 end
 
