@@ -224,6 +224,8 @@ end)
 -- holds the sum over ranks and the rest of its buffer is untouched, the returned sum of
 -- squares is its slice's; after all_gather every element holds its owner's value. Values are
 -- small integers, so every sum is exact in any order (the MPI path's MPI_Reduce picks its own).
+-- Both ways on one machine: reading the other ranks' buffers directly (process_vm_readv) and,
+-- with CLRT_DIST_CMA=0, staging through the shared window.
 local function sharded_job()
   local script = root .. "/sharded_check.lua"
   local f = assert(io.open(script, "w"))
@@ -277,9 +279,11 @@ end
 T.case("the sharded step's reduce-scatter and all-gather put every slice where it belongs", function()
   local script = sharded_job()
   local runs = {
-    { 2, "CLRT_DIST_SHM_CHUNK=256 ", "2 ranks, 64 floats a round" },
-    { 3, "CLRT_DIST_SHM_CHUNK=320 ", "3 ranks, 80 floats a round" },
-    { 2, "CHECK_THREADS=2 ", "2 ranks of 2 threads, the default round" },
+    { 2, "", "2 ranks reading each other's buffers" },
+    { 3, "CHECK_THREADS=2 ", "3 ranks of 2 threads reading each other's buffers" },
+    { 2, "CLRT_DIST_CMA=0 CLRT_DIST_SHM_CHUNK=256 ", "2 ranks through the window, 64 floats a round" },
+    { 3, "CLRT_DIST_CMA=0 CLRT_DIST_SHM_CHUNK=320 ", "3 ranks through the window, 80 floats a round" },
+    { 2, "CLRT_DIST_CMA=0 CHECK_THREADS=2 ", "2 ranks of 2 threads through the window, the default round" },
     { 4, "CLRT_DIST_RANKS_PER_NODE=2 ", "2 machines of 2 ranks (MPI's path)" },
     { 2, "CLRT_DIST_SHM=0 ", "MPI's path on one machine" },
   }
