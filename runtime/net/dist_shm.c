@@ -8,7 +8,11 @@
    every rank ends with the same bits whatever the timing; with several machines the ranks
    holding the same slice all-reduce it over MPI (one communicator per local rank); barrier;
    every rank copies all the summed slices back. A rank that dies leaves the others in an
-   MPI_Barrier, which the launcher ends as it ends MPI's own collectives. */
+   MPI_Barrier, which the launcher ends as it ends MPI's own collectives.
+
+   The sharded optimizer step's reduce-scatter and all-gather (slices by clrt_dist_slice) read
+   the other ranks' buffers directly when the kernel lets them (process_vm_readv), or else
+   stage through the same window. */
 #ifdef CLRT_HAVE_MPI
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE   /* process_vm_readv */
