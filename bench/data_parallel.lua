@@ -5,12 +5,12 @@
 -- the same for an RL step of the built-in world (collabllm_rl.lua, tiny settings: its
 -- time_step_s at 1 and 2 ranks). Each configuration runs under mpirun in its own job;
 -- timings are medians over the steps after a warm-up step.
---   clrt bench/data_parallel.lua [sizes=5M,50M] [B=8] [T=128] [steps=3] [rl_steps=3]
+--   clrt bench/data_parallel.lua [sizes=5M,50M] [B=8] [T=128] [steps=3] [rl_steps=3 (0: no RL)] [sharded=1]
 -- Needs clrt built with MPI and mpirun on PATH. As root it sets OpenMPI's run-as-root
 -- variables; --oversubscribe lets 2 ranks start on any core count.
 local cjson = require("cjson")
 
-local args = { sizes = "5M,50M", B = "8", T = "128", steps = "3", rl_steps = "3" }
+local args = { sizes = "5M,50M", B = "8", T = "128", steps = "3", rl_steps = "3", sharded = "1" }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match("^([%w_]+)=(.*)$")
   if k then args[k] = v end
@@ -34,7 +34,10 @@ local function median(list)
 end
 
 -- A worker rank: the global batch B x T split across the ranks, forward + backward of its
--- share, the gradient all-reduce, one AdamW step. Rank 0 prints one JSON line.
+-- share, then the optimizer step as training takes it (clrt.train.update): with 2 ranks the
+-- sharded step (reduce-scatter, AdamW over the rank's slice, all-gather; sharded=0: the
+-- all-reduce and the whole AdamW step on every rank). Rank 0 prints one JSON line; reduce_s
+-- is the time in collectives.
 if args.worker then
   local dist = require("clrt.dist")
   clrt.set_num_threads(1)
@@ -54,6 +57,7 @@ if args.worker then
   local mine, mylens = {}, {}
   for i = first, last do mine[#mine + 1], mylens[#mylens + 1] = rows[i], lens[i] end
   local d = clrt.tensor.full({ b, T - 1 }, -1 / (B * (T - 1)))
+  local sharded = args.sharded ~= "0"
   local t_step, t_reduce = {}, {}
   for s = 0, steps do
     dist.barrier()
@@ -61,13 +65,19 @@ if args.worker then
     m:logprobs(mine, { lengths = mylens, grad = true })
     m:backward(d)
     local t1 = now()
-    dist.all_reduce_grads(m)
-    local t2 = now()
-    opt:step({ lr = 1e-4 })
+    local comm
+    if sharded and opt:sharded() then
+      opt:step_sharded({ lr = 1e-4 })
+      comm = opt.comm_s
+    else
+      dist.all_reduce_grads(m)
+      comm = now() - t1
+      opt:step({ lr = 1e-4 })
+    end
     m:zero_grad()
     dist.barrier()
     local t3 = now()
-    if s > 0 then t_step[#t_step + 1], t_reduce[#t_reduce + 1] = t3 - t0, t2 - t1 end
+    if s > 0 then t_step[#t_step + 1], t_reduce[#t_reduce + 1] = t3 - t0, comm end
   end
   if dist.is_main() then
     print(cjson.encode({ params = m:num_params(), step_s = median(t_step), reduce_s = median(t_reduce),
@@ -99,13 +109,16 @@ if not require("clrt.dist").available() then
 end
 print(("data-parallel SFT step: global batch %d x %d tokens, 1 thread per rank, median of %d steps")
   :format(tonumber(args.B), tonumber(args.T), tonumber(args.steps)))
-print(("%-5s %10s %12s %12s %11s %14s"):format("size", "params", "tok/s 1 rank", "tok/s 2 ranks", "efficiency", "all-reduce %"))
+print(("%-5s %10s %12s %12s %11s %14s"):format("size", "params", "tok/s 1 rank", "tok/s 2 ranks", "efficiency",
+  args.sharded ~= "0" and "collectives %" or "all-reduce %"))
 for size in args.sizes:gmatch("[^,]+") do
-  local rest = ("%s worker=%s B=%s T=%s steps=%s"):format(q(here), size, args.B, args.T, args.steps)
+  local rest = ("%s worker=%s B=%s T=%s steps=%s sharded=%s"):format(q(here), size, args.B, args.T, args.steps, args.sharded)
   local one, two = json_line(mpirun(1, rest)), json_line(mpirun(2, rest))
   print(("%-5s %9.1fM %12.0f %12.0f %10.0f%% %13.1f%%"):format(size, one.params / 1e6, one.tokens_per_s,
     two.tokens_per_s, 100 * two.tokens_per_s / (2 * one.tokens_per_s), 100 * two.reduce_s / two.step_s))
 end
+
+if tonumber(args.rl_steps) == 0 then return end
 
 -- An RL step of the built-in world: its warm start trained once (1 process), then the same
 -- RL run at 1 and 2 ranks; time_step_s from metrics.jsonl (median after the first step).

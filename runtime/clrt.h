@@ -279,6 +279,12 @@ void clrt_adamw_free(clrt_adamw *o);
    clipping. */
 int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps,
                     float weight_decay, float grad_clip, double *grad_norm);
+/* The same update over the parameter arena's elements [lo, hi) only, with the gradient norm
+   the caller found (data parallelism's sharded step: each rank its slice, clrt_dist_slice).
+   Host memory only. */
+int clrt_adamw_step_range(clrt_adamw *o, int64_t lo, int64_t hi, double grad_norm, float lr, float beta1,
+                          float beta2, float eps, float weight_decay, float grad_clip);
+int64_t clrt_adamw_numel(clrt_adamw *o);   /* floats in the arena (moments and parameters alike) */
 int64_t clrt_adamw_get_step(const clrt_adamw *o);
 void clrt_adamw_set_step(clrt_adamw *o, int64_t step);
 /* which: 0 first moment (exp_avg), 1 second (exp_avg_sq); views shaped like parameter i. */
@@ -580,6 +586,14 @@ int clrt_dist_all_reduce(void *data, int64_t count, int dtype, int op, int devic
 /* count values (f32, f64 or bytes) of host memory from rank root to every rank. */
 int clrt_dist_broadcast(void *data, int64_t count, int dtype, int root);
 int clrt_dist_barrier(void);
+/* The sharded optimizer step (ZeRO-1) over host f32 buffers of count values: rank r owns the
+   slice [lo, hi) of clrt_dist_slice(count, r) (contiguous, in rank order, whole cache lines).
+   reduce_scatter: afterwards this rank's slice holds the sum over ranks (the rest of data is
+   left as it was) and *sum_sq the sum of squares of that slice. all_gather: every rank's slice
+   from its owner to every rank. One rank: no-ops (sum_sq over the whole buffer). */
+void clrt_dist_slice(int64_t count, int rank, int64_t *lo, int64_t *hi);
+int clrt_dist_reduce_scatter(float *data, int64_t count, double *sum_sq);
+int clrt_dist_all_gather(float *data, int64_t count);
 /* Ends every rank of the job (MPI_Abort), or this process alone when it is the only one. */
 void clrt_dist_abort(int code);
 /* A 64-bit hash of bytes (host or device memory), to compare parameters across ranks. */

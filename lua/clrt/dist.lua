@@ -6,6 +6,7 @@
 --   dist.all_reduce_numbers({...}, op)          -- a list of Lua numbers (f64), returns it
 --   dist.broadcast(t, root), dist.broadcast_string(s, root) -> s, dist.barrier()
 --   dist.all_reduce_grads(m)                    -- the sum of a model's gradients, in place
+--   dist.reduce_scatter(t) -> sum_sq, dist.all_gather(t), dist.slice(n) -> lo, hi  -- ZeRO-1's halves
 --   dist.check_params(m, step)                  -- error naming the step when ranks differ
 --   dist.agree(number, what)                    -- error naming `what` when ranks differ
 --   dist.share(n, rank, size) -> first, last    -- this rank's contiguous part of 1..n
@@ -85,6 +86,36 @@ function M.all_reduce_grads(m)
   local rc = C.clrt_dist_all_reduce(s.data, tonumber(s.bytes) / 4, C.CLRT_DIST_F32, C.CLRT_DIST_SUM, s.device)
   C.clrt_tensor_free(g)
   check(rc, 2)
+end
+
+-- The sharded optimizer step's collectives (ZeRO-1) over a contiguous host f32 tensor of n
+-- values: rank r owns [lo, hi) of dist.slice(n, r) (0-based, hi exclusive, in rank order).
+-- reduce_scatter(t) leaves the sum over ranks in this rank's slice and returns the slice's sum
+-- of squares; all_gather(t) sends every rank's slice to every rank.
+local function host_f32(t, what)
+  if type(t) ~= "cdata" or t:dtype() ~= "f32" or t:device() ~= "cpu" or not t:is_contiguous() then
+    error("dist." .. what .. ": expected a contiguous f32 tensor in host memory", 3)
+  end
+  return ffi.cast("float *", t:data_ptr()), t:numel()
+end
+
+function M.slice(n, rank)
+  local lo, hi = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+  C.clrt_dist_slice(n, rank or M.rank(), lo, hi)
+  return tonumber(lo[0]), tonumber(hi[0])
+end
+
+function M.reduce_scatter(t)
+  local p, n = host_f32(t, "reduce_scatter")
+  local ss = ffi.new("double[1]")
+  check(C.clrt_dist_reduce_scatter(p, n, ss), 2)
+  return ss[0]
+end
+
+function M.all_gather(t)
+  local p, n = host_f32(t, "all_gather")
+  check(C.clrt_dist_all_gather(p, n), 2)
+  return t
 end
 
 -- The parameters' hash, split into two exact halves so that max == min on every rank says

@@ -5,6 +5,7 @@
 --   local norm = opt:step{lr = 3e-4}   -- clips, updates, returns the gradient norm before clipping
 --   opt:save("out/optimizer.safetensors"); opt:load("out/optimizer.safetensors")
 --   sd = opt:state_dict(); opt:load_state_dict(sd)
+--   opt:step_sharded{lr =}, opt:gather_state()   -- N data-parallel ranks on the host (ZeRO-1)
 -- Weight decay is decoupled (AdamW) and by default applies to matrices only, not to norms
 -- and biases. A model with LoRA adapters trains its adapters only (m:trainable_names()):
 -- create the optimizer after add_lora.
@@ -47,6 +48,59 @@ function AdamW:step(args)
   ok(C.clrt_adamw_step(self.ptr, args.lr or self.lr, self.beta1, self.beta2, self.eps,
     self.weight_decay, self.grad_clip or 0, norm), 2)
   return norm[0]
+end
+
+-- The same step over N data-parallel ranks in host memory, sharded (ZeRO-1): the summed
+-- gradients reach each rank for its slice of the arena only (a reduce-scatter), the global
+-- norm comes from the slices' sums of squares, each rank updates its slice of the parameters
+-- and moments, and the parameters are gathered. So each rank does 1/N of the optimizer's work
+-- and the ranks end with the parameters one all-reduce and a whole step on every rank gave;
+-- a rank's moments outside its slice go stale (gather_state before saving them).
+-- self.comm_s: seconds of the last step spent in the collectives, self.times: its phases
+-- (benchmarks; self.clock, when set, is the clock they read).
+function AdamW:sharded()
+  return require("clrt.dist").world_size() > 1 and self.model:device() == "cpu"
+end
+
+local function arena(t)
+  if t == nil then error("adamw: " .. ffi.string(C.clrt_last_error()), 3) end
+  local data = ffi.cast("float *", t.storage.data)
+  C.clrt_tensor_free(t)
+  return data
+end
+
+function AdamW:step_sharded(args)
+  args = args or {}
+  if self.ptr == nil or self.model.ptr == nil then error("adamw: step after free() of the optimizer or its model", 2) end
+  local dist = require("clrt.dist")
+  local m = self.model
+  local n = tonumber(C.clrt_adamw_numel(self.ptr))
+  local G = arena(m.lora and C.clrt_model_lora_grad(m.ptr, 0) or C.clrt_model_grad(m.ptr, 0))
+  local P = arena(m.lora and C.clrt_model_lora_param(m.ptr, 0) or C.clrt_model_param(m.ptr, 0))
+  local ss = ffi.new("double[1]")
+  local clock = self.clock or C.clrt_http_now   -- monotonic seconds
+  local t0 = clock()
+  ok(C.clrt_dist_reduce_scatter(G, n, ss), 2)
+  local norm = math.sqrt(dist.all_reduce_numbers({ ss[0] }, "sum")[1])
+  local t1 = clock()
+  local lo, hi = dist.slice(n)
+  ok(C.clrt_adamw_step_range(self.ptr, lo, hi, norm, args.lr or self.lr, self.beta1, self.beta2, self.eps,
+    self.weight_decay, self.grad_clip or 0), 2)
+  local t2 = clock()
+  ok(C.clrt_dist_all_gather(P, n), 2)
+  if not m.lora then C.clrt_model_params_changed(m.ptr) end
+  local t3 = clock()
+  self.comm_s, self.times = (t1 - t0) + (t3 - t2), { reduce_scatter = t1 - t0, update = t2 - t1, all_gather = t3 - t2 }
+  return norm
+end
+
+-- After sharded steps every rank's moments hold its own slice only: this gathers them, so
+-- every rank (rank 0 saving a checkpoint) holds the whole state. Collective: every rank calls
+-- it; with one rank, or unsharded, it does nothing.
+function AdamW:gather_state()
+  if not self:sharded() or self.ptr == nil then return end
+  local n = C.clrt_adamw_numel(self.ptr)
+  for which = 0, 1 do ok(C.clrt_dist_all_gather(arena(C.clrt_adamw_moment(self.ptr, which, 0)), n), 2) end
 end
 
 function AdamW:free()

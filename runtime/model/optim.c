@@ -87,16 +87,16 @@ clrt_tensor *clrt_adamw_moment(clrt_adamw *o, int which, int i) {
   return clrt_tensor_over(which ? o->m2 : o->m1, CLRT_F32, p->ndim, p->shape, NULL, p->offset);
 }
 
-int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps,
-                    float weight_decay, float grad_clip, double *grad_norm) {
+/* The model, the hyperparameters and the devices suit a step: 0, or -1 with the error set. */
+static int step_check(clrt_adamw *o, param_set *ps, float lr, float beta1, float beta2, float eps) {
   clrt_model *m = o->m;
   if (o->lora != (m->lora != NULL)) {
     clrt_set_error("adamw: the optimizer was made %s LoRA adapters and the model now has %s "
                    "(create the optimizer after add_lora)", o->lora ? "for" : "before", o->lora ? "none" : "them");
     return -1;
   }
-  param_set ps = model_param_set(m, o->lora);
-  if (!ps.grads) {
+  *ps = model_param_set(m, o->lora);
+  if (!ps->grads) {
     clrt_set_error("adamw: the model has no gradients yet (run backward first)");
     return -1;
   }
@@ -111,6 +111,14 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
                    clrt_model_device(m) ? "cuda" : "cpu");
     return -1;
   }
+  return 0;
+}
+
+int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps,
+                    float weight_decay, float grad_clip, double *grad_norm) {
+  clrt_model *m = o->m;
+  param_set ps;
+  if (step_check(o, &ps, lr, beta1, beta2, eps)) return -1;
   float *P = ps.params->data, *G = ps.grads->data, *M1 = o->m1->data, *M2 = o->m2->data;
 #ifdef CLRT_HAVE_CUDA
   if (o->device == CLRT_CUDA) {
@@ -162,3 +170,42 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
   if (!o->lora) clrt_model_params_changed(m);   /* adapters: the base and its copies stand */
   return 0;
 }
+
+int clrt_adamw_step_range(clrt_adamw *o, int64_t lo, int64_t hi, double grad_norm, float lr, float beta1,
+                          float beta2, float eps, float weight_decay, float grad_clip) {
+  param_set ps;
+  if (step_check(o, &ps, lr, beta1, beta2, eps)) return -1;
+  if (o->device != CLRT_CPU) {
+    clrt_set_error("adamw: a step over a slice of the parameters runs in host memory only");
+    return -1;
+  }
+  if (lo < 0 || hi < lo || hi > ps.total) {
+    clrt_set_error("adamw: slice [%lld, %lld) is outside the %lld parameters", (long long)lo, (long long)hi,
+                   (long long)ps.total);
+    return -1;
+  }
+  if (!isfinite(grad_norm)) {
+    clrt_set_error("adamw: gradient norm is %g; the step was skipped", grad_norm);
+    return -1;
+  }
+  float gscale = clrt_clip_scale(grad_norm, grad_clip);
+  o->step++;
+  float bc1 = (float)(1.0 - pow(beta1, (double)o->step));
+  float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)o->step));
+  float *P = ps.params->data, *G = ps.grads->data, *M1 = o->m1->data, *M2 = o->m2->data;
+  /* the tensors' parts inside [lo, hi): the same update, element by element, as the whole step */
+#pragma omp parallel
+  for (int i = 0; i < ps.np; i++) {
+    const clrt_param_info *p = &ps.p[i];
+    int64_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+    if (b <= a) continue;
+    float decay = o->decay[i] ? lr * weight_decay : 0.0f;
+#pragma omp for schedule(static) nowait
+    for (int64_t k = a; k < b; k++)
+      clrt_adamw_update(&P[k], &M1[k], &M2[k], G[k] * gscale, lr, beta1, beta2, eps, decay, bc1, bc2_sqrt);
+  }
+  if (!o->lora) clrt_model_params_changed(o->m);
+  return 0;
+}
+
+int64_t clrt_adamw_numel(clrt_adamw *o) { return model_param_set(o->m, o->lora).total; }

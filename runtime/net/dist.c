@@ -216,6 +216,64 @@ int clrt_dist_broadcast(void *data, int64_t count, int dtype, int root) {
   return 0;
 }
 
+void clrt_dist_slice(int64_t count, int rank, int64_t *lo, int64_t *hi) {
+  enum { LINE = 16 };   /* f32 a cache line: a slice starts on its own line */
+  int64_t per = (count + dist_size - 1) / dist_size;
+  per = (per + LINE - 1) / LINE * LINE;
+  int64_t a = (int64_t)rank * per;
+  *lo = a < count ? a : count;
+  *hi = *lo + per < count ? *lo + per : count;
+}
+
+static double sum_squares(const float *x, int64_t n) {
+  double ss = 0;
+#pragma omp parallel for schedule(static) reduction(+ : ss) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+  return ss;
+}
+
+int clrt_dist_reduce_scatter(float *data, int64_t count, double *sum_sq) {
+  if (check_args(data, count, CLRT_DIST_F32, "reduce_scatter") || !sum_sq) return -1;
+  int64_t lo, hi;
+  clrt_dist_slice(count, dist_rank, &lo, &hi);
+#ifdef CLRT_HAVE_MPI
+  if (dist_size > 1 && count > 0) {
+    int shm = dist_shm_reduce_scatter(data, count, sum_sq);
+    if (shm <= 0) return shm;
+    /* between machines: each slice summed at its owner, one owner after another */
+    for (int q = 0; q < dist_size; q++) {
+      int64_t qlo, qhi;
+      clrt_dist_slice(count, q, &qlo, &qhi);
+      for (int64_t at = qlo; at < qhi; at += CHUNK) {
+        int n = (int)(qhi - at < CHUNK ? qhi - at : CHUNK);
+        if (q == dist_rank) MPI_Reduce(MPI_IN_PLACE, data + at, n, MPI_FLOAT, MPI_SUM, q, MPI_COMM_WORLD);
+        else MPI_Reduce(data + at, NULL, n, MPI_FLOAT, MPI_SUM, q, MPI_COMM_WORLD);
+      }
+    }
+  }
+#endif
+  *sum_sq = sum_squares(data + lo, hi - lo);
+  return 0;
+}
+
+int clrt_dist_all_gather(float *data, int64_t count) {
+  if (check_args(data, count, CLRT_DIST_F32, "all_gather")) return -1;
+  if (dist_size == 1 || count == 0) return 0;
+#ifdef CLRT_HAVE_MPI
+  int shm = dist_shm_all_gather(data, count);
+  if (shm <= 0) return shm;
+  for (int q = 0; q < dist_size; q++) {
+    int64_t qlo, qhi;
+    clrt_dist_slice(count, q, &qlo, &qhi);
+    for (int64_t at = qlo; at < qhi; at += CHUNK) {
+      int n = (int)(qhi - at < CHUNK ? qhi - at : CHUNK);
+      MPI_Bcast(data + at, n, MPI_FLOAT, q, MPI_COMM_WORLD);
+    }
+  }
+#endif
+  return 0;
+}
+
 int clrt_dist_barrier(void) {
 #ifdef CLRT_HAVE_MPI
   if (dist_on) MPI_Barrier(MPI_COMM_WORLD);

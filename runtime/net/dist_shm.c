@@ -8,14 +8,24 @@
    every rank ends with the same bits whatever the timing; with several machines the ranks
    holding the same slice all-reduce it over MPI (one communicator per local rank); barrier;
    every rank copies all the summed slices back. A rank that dies leaves the others in an
-   MPI_Barrier, which the launcher ends as it ends MPI's own collectives. */
+   MPI_Barrier, which the launcher ends as it ends MPI's own collectives.
+
+   The sharded optimizer step's reduce-scatter and all-gather (slices by clrt_dist_slice) read
+   the other ranks' buffers directly when the kernel lets them (process_vm_readv), or else
+   stage through the same window. */
 #ifdef CLRT_HAVE_MPI
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE   /* process_vm_readv */
+#endif
 #include "dist_shm.h"
 
 #include <mpi.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include "clrt.h"
 
@@ -29,6 +39,9 @@ static MPI_Win win;
 static char **area;          /* area[q]: local rank q's copy of the chunk, then its summed slice */
 static const void **srcs;    /* one slice of every local rank's chunk, in local-rank order */
 static size_t chunk;         /* bytes of one round, a multiple of SLICE_ALIGN */
+static pid_t *pids;          /* the local ranks' processes, when cma */
+static int cma;              /* the reduce-scatter and all-gather read the others' buffers
+                                directly (process_vm_readv): no staging copy in the window */
 
 static size_t chunk_bytes(void) {
   const char *s = getenv("CLRT_DIST_SHM_CHUNK");
@@ -39,8 +52,46 @@ static size_t chunk_bytes(void) {
 }
 
 /* A rank's area: its copy of a round, then its summed slice, which is at most a 1/local_size
-   share of the round rounded up to whole elements and then to whole cache lines. */
-static size_t area_bytes(void) { return chunk + chunk / (size_t)local_size + 2 * SLICE_ALIGN; }
+   share of the round rounded up to whole elements and then to whole cache lines. The
+   reduce-scatter and the all-gather use it as two halves of a chunk each, in turn. */
+static size_t piece_floats(void) {
+  size_t line = SLICE_ALIGN / sizeof(float), sub = chunk / sizeof(float) / (size_t)local_size / line * line;
+  return sub ? sub : line;
+}
+static size_t half_bytes(void) {
+  size_t staged = piece_floats() * sizeof(float) * (size_t)local_size;
+  return staged > chunk ? staged : chunk;
+}
+static size_t area_bytes(void) { return 2 * half_bytes() + 2 * SLICE_ALIGN; }
+
+/* Every local rank reads a word of every other's memory; the job uses direct reads when all
+   of them could (the kernel allows it between processes of one user unless ptrace is
+   restricted; CLRT_DIST_CMA=0 turns it off) and the ranks are all on this machine. */
+static int cma_setup(int world_size) {
+  static volatile uint64_t probe;
+  probe = 0x636c7274u + (uint64_t)local_rank;
+  struct { uint64_t pid, addr; } mine = { (uint64_t)getpid(), (uint64_t)(uintptr_t)&probe }, *all;
+  all = calloc((size_t)local_size, sizeof *all);
+  pids = calloc((size_t)local_size, sizeof *pids);
+  if (!all || !pids) {
+    free(all);
+    clrt_set_error("dist: out of memory");
+    return -1;
+  }
+  MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, node);
+  const char *off = getenv("CLRT_DIST_CMA");
+  int ok = world_size == local_size && !(off && strcmp(off, "0") == 0);
+  for (int q = 0; q < local_size && ok; q++) {
+    pids[q] = (pid_t)all[q].pid;
+    uint64_t got = 0;
+    struct iovec l = { &got, sizeof got }, r = { (void *)(uintptr_t)all[q].addr, sizeof got };
+    ok = process_vm_readv(pids[q], &l, 1, &r, 1, 0) == (ssize_t)sizeof got && got == 0x636c7274u + (uint64_t)q;
+  }
+  free(all);
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  cma = ok;
+  return 0;
+}
 
 static int setup(void) {
   int world_rank, world_size;
@@ -89,6 +140,7 @@ static int setup(void) {
   }
   MPI_Win_lock_all(MPI_MODE_NOCHECK, win);
   state = 1;
+  return cma_setup(world_size);
   return 0;
 }
 
@@ -100,8 +152,11 @@ void dist_shm_finalize(void) {
     if (cross != MPI_COMM_NULL) MPI_Comm_free(&cross);
     free(area);
     free(srcs);
+    free(pids);
     area = NULL;
     srcs = NULL;
+    pids = NULL;
+    cma = 0;
   }
   state = 0;
 }
@@ -201,6 +256,204 @@ int dist_shm_all_reduce(void *data, int64_t count, int esz, int op) {
       copy(mine + qlo * (size_t)esz, area[q] + chunk, (qhi - qlo) * (size_t)esz);
     }
   }
+  return 0;
+}
+/* ---- the sharded optimizer's collectives (ZeRO-1): f32 sums, slices by world rank -------- */
+
+/* Only with every rank on this machine: the slices are the world ranks', and the window holds
+   every rank's area. Several machines take MPI's path (dist.c). */
+static int sharded_ok(void) { return state == 1 && cross == MPI_COMM_NULL; }
+
+/* out[i] += src[i] for i < n, and the sum of squares of the results when last. */
+static double add_into(float *restrict out, const float *restrict src, size_t n, int last) {
+  double ss = 0;
+  long long blocks = (long long)((n * sizeof(float) + BLOCK - 1) / BLOCK);
+  size_t per = BLOCK / sizeof(float);
+#pragma omp parallel for schedule(static) reduction(+ : ss) if (blocks > 1)
+  for (long long k = 0; k < blocks; k++) {
+    size_t at = (size_t)k * per, m = n - at < per ? n - at : per;
+    float *o = out + at;
+    const float *c = src + at;
+    if (last) {
+      double s = 0;
+      for (size_t i = 0; i < m; i++) {
+        o[i] += c[i];
+        s += (double)o[i] * o[i];
+      }
+      ss += s;
+    } else {
+      for (size_t i = 0; i < m; i++) o[i] += c[i];
+    }
+  }
+  return ss;
+}
+
+/* bytes of local rank q's memory at addr into dst, all of them or -1 with the error set */
+static int read_peer(int q, void *dst, uint64_t addr, size_t bytes) {
+  while (bytes > 0) {
+    struct iovec l = { dst, bytes }, r = { (void *)(uintptr_t)addr, bytes };
+    ssize_t n = process_vm_readv(pids[q], &l, 1, &r, 1, 0);
+    if (n <= 0) {
+      clrt_set_error("dist: reading local rank %d's buffer failed (process_vm_readv)", q);
+      return -1;
+    }
+    dst = (char *)dst + n;
+    addr += (uint64_t)n;
+    bytes -= (size_t)n;
+  }
+  return 0;
+}
+
+/* The others' buffer addresses; also a barrier (every rank has reached this collective). */
+static uint64_t *peer_addrs(const void *data) {
+  static uint64_t *addrs;
+  static int n;
+  if (n != local_size) {
+    free(addrs);
+    addrs = calloc((size_t)local_size, sizeof *addrs);
+    n = addrs ? local_size : 0;
+    if (!addrs) return NULL;
+  }
+  uint64_t mine = (uint64_t)(uintptr_t)data;
+  MPI_Allgather(&mine, 1, MPI_UINT64_T, addrs, 1, MPI_UINT64_T, node);
+  return addrs;
+}
+
+enum { CMA_BLOCK = 1 << 18 };   /* bytes a read into the cache-sized buffer the sum reads back */
+
+/* Direct reads: every rank's gradients are final at the first collective, and each rank
+   reads only the others' parts of its own slice, which they do not write; the last barrier
+   keeps them from writing their gradients again until every rank has read them. */
+static int cma_reduce_scatter(float *data, int64_t count, double *sum_sq) {
+  uint64_t *addrs = peer_addrs(data);
+  if (!addrs) {
+    clrt_set_error("dist: out of memory");
+    return -1;
+  }
+  int64_t lo, hi;
+  clrt_dist_slice(count, local_rank, &lo, &hi);
+  size_t per = CMA_BLOCK / sizeof(float);
+  long long blocks = (long long)(((size_t)(hi - lo) + per - 1) / per);
+  double ss = 0;
+  int failed = 0;
+#pragma omp parallel reduction(+ : ss) reduction(| : failed) if (blocks > 1)
+  {
+    float *tmp = malloc(CMA_BLOCK);
+    failed |= tmp == NULL;
+#pragma omp for schedule(static)
+    for (long long k = 0; k < blocks; k++) {
+      if (failed) continue;
+      size_t at = (size_t)lo + (size_t)k * per, m = (size_t)hi - at < per ? (size_t)hi - at : per;
+      for (int q = 0, seen = 0; q < local_size && !failed; q++) {
+        if (q == local_rank) continue;
+        if (read_peer(q, tmp, addrs[q] + at * sizeof(float), m * sizeof(float))) failed = 1;
+        else ss += add_into(data + at, tmp, m, ++seen == local_size - 1);
+      }
+    }
+    free(tmp);
+  }
+  MPI_Barrier(node);
+  if (failed) return -1;
+  *sum_sq = ss;
+  return 0;
+}
+
+/* Every rank's slice is final at the first collective; each reads the others' into its own
+   buffer (they do not write those parts until the next step's update, after more barriers). */
+static int cma_all_gather(float *data, int64_t count) {
+  uint64_t *addrs = peer_addrs(data);
+  if (!addrs) {
+    clrt_set_error("dist: out of memory");
+    return -1;
+  }
+  int failed = 0;
+  for (int q = 0; q < local_size && !failed; q++) {
+    if (q == local_rank) continue;
+    int64_t lo, hi;
+    clrt_dist_slice(count, q, &lo, &hi);
+    size_t per = BLOCK * 16 / sizeof(float);
+    long long blocks = (long long)(((size_t)(hi - lo) + per - 1) / per);
+#pragma omp parallel for schedule(static) reduction(| : failed) if (blocks > 1)
+    for (long long k = 0; k < blocks; k++) {
+      size_t at = (size_t)lo + (size_t)k * per, m = (size_t)hi - at < per ? (size_t)hi - at : per;
+      if (read_peer(q, data + at, addrs[q] + at * sizeof(float), m * sizeof(float))) failed = 1;
+    }
+  }
+  MPI_Barrier(node);
+  return failed ? -1 : 0;
+}
+
+/* Round j moves the j-th piece (sub floats) of every rank's slice: each rank stages the
+   pieces the others own in its area (half j % 2), barrier, and each sums the staged copies of
+   its own piece into its buffer. So every rank copies and sums alike in every round (no rank
+   waits while another sums a round alone), and one barrier a round is enough: a half is
+   written again two rounds later, after the barrier that follows everyone's reads of it. */
+int dist_shm_reduce_scatter(float *data, int64_t count, double *sum_sq) {
+  if (state == 0 && setup()) return -1;
+  if (!sharded_ok()) return 1;
+  if (cma) return cma_reduce_scatter(data, count, sum_sq);
+  size_t sub = piece_floats();
+  int64_t lo, hi, most = 0;
+  for (int q = 0; q < local_size; q++) {
+    clrt_dist_slice(count, q, &lo, &hi);
+    if (hi - lo > most) most = hi - lo;
+  }
+  int64_t mlo, mhi;
+  clrt_dist_slice(count, local_rank, &mlo, &mhi);
+  double ss = 0;
+  node_sync();   /* nobody still reads an area from the collective before */
+  for (int64_t j = 0; (size_t)j * sub < (size_t)most; j++) {
+    float *stage = (float *)(void *)(area[local_rank] + (size_t)(j % 2) * half_bytes());
+    for (int q = 0; q < local_size; q++) {
+      if (q == local_rank) continue;
+      clrt_dist_slice(count, q, &lo, &hi);
+      int64_t a = lo + j * (int64_t)sub, b = a + (int64_t)sub < hi ? a + (int64_t)sub : hi;
+      if (b > a) copy((char *)(stage + (size_t)q * sub), (const char *)(data + a), (size_t)(b - a) * sizeof(float));
+    }
+    node_sync();
+    int64_t a = mlo + j * (int64_t)sub, b = a + (int64_t)sub < mhi ? a + (int64_t)sub : mhi;
+    if (b > a) {
+      int others = local_size - 1, seen = 0;
+      for (int q = 0; q < local_size; q++) {
+        if (q == local_rank) continue;
+        const float *src = (const float *)(const void *)(area[q] + (size_t)(j % 2) * half_bytes()) + (size_t)local_rank * sub;
+        ss += add_into(data + a, src, (size_t)(b - a), ++seen == others);
+      }
+    }
+  }
+  node_sync();   /* the areas are free for whatever collective comes next */
+  *sum_sq = ss;
+  return 0;
+}
+
+/* Round j: each rank stages the j-th piece of its slice, barrier, each copies the others'. */
+int dist_shm_all_gather(float *data, int64_t count) {
+  if (state == 0 && setup()) return -1;
+  if (!sharded_ok()) return 1;
+  if (cma) return cma_all_gather(data, count);
+  size_t sub = chunk / sizeof(float);
+  int64_t lo, hi, most = 0;
+  for (int q = 0; q < local_size; q++) {
+    clrt_dist_slice(count, q, &lo, &hi);
+    if (hi - lo > most) most = hi - lo;
+  }
+  int64_t mlo, mhi;
+  clrt_dist_slice(count, local_rank, &mlo, &mhi);
+  node_sync();
+  for (int64_t j = 0; (size_t)j * sub < (size_t)most; j++) {
+    size_t half = (size_t)(j % 2) * half_bytes();
+    int64_t a = mlo + j * (int64_t)sub, b = a + (int64_t)sub < mhi ? a + (int64_t)sub : mhi;
+    if (b > a) copy(area[local_rank] + half, (const char *)(data + a), (size_t)(b - a) * sizeof(float));
+    node_sync();
+    for (int q = 0; q < local_size; q++) {
+      if (q == local_rank) continue;
+      clrt_dist_slice(count, q, &lo, &hi);
+      a = lo + j * (int64_t)sub;
+      b = a + (int64_t)sub < hi ? a + (int64_t)sub : hi;
+      if (b > a) copy((char *)(data + a), area[q] + half, (size_t)(b - a) * sizeof(float));
+    }
+  }
+  node_sync();
   return 0;
 }
 #endif

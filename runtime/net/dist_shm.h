@@ -10,6 +10,11 @@
    CLRT_DIST_SHM=0: the caller falls back to MPI_Allreduce; every rank gets the same answer),
    -1 with the error set. esz is 4 (f32) or 8 (f64); op is CLRT_DIST_SUM/MAX/MIN. */
 int dist_shm_all_reduce(void *data, int64_t count, int esz, int op);
+/* The sharded optimizer's halves of an all-reduce of count f32 (clrt_dist_reduce_scatter and
+   clrt_dist_all_gather, slices by clrt_dist_slice): same returns; 1 also when the ranks are
+   on several machines. */
+int dist_shm_reduce_scatter(float *data, int64_t count, double *sum_sq);
+int dist_shm_all_gather(float *data, int64_t count);
 void dist_shm_finalize(void);
 
 #endif

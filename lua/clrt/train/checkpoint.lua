@@ -36,7 +36,9 @@ end
 
 -- A failed step (a full disk) is one line naming the file, without a Lua position.
 function M.save(run_dir, c)
-  -- every rank holds the same parameters and optimizer state: rank 0 writes them
+  -- every rank holds the same parameters, and, once gathered, the same optimizer state:
+  -- rank 0 writes them
+  if c.optimizer and c.optimizer.gather_state then c.optimizer:gather_state() end
   if not require("clrt.dist").is_main() then return nil end
   local ok, err = pcall(M._save, run_dir, c)
   if not ok then error("checkpoint: " .. tostring(err):gsub("^[^:\n]*%.lua:%d+: ", ""), 0) end

@@ -86,10 +86,17 @@ end
 -- data-parallel ranks each holds its share of the batch (every part's loss divided by the
 -- whole batch's token count): the gradients are summed across ranks before the step, so
 -- every rank takes the step one process would take over the whole batch.
+-- On the host each rank updates only its slice of the parameters (opt:step_sharded); on a
+-- GPU the gradients are all-reduced (NCCL) and every rank takes the whole step.
+function M.optimizer_step(m, opt, lr)
+  if opt:sharded() then return opt:step_sharded({ lr = lr }) end
+  require("clrt.dist").all_reduce_grads(m)
+  return opt:step({ lr = lr })
+end
+
 function M.step(m, opt, criterion, parts, lr)
   local results = M.accumulate(m, criterion, parts)
-  require("clrt.dist").all_reduce_grads(m)
-  local gnorm = opt:step({ lr = lr })
+  local gnorm = M.optimizer_step(m, opt, lr)
   m:zero_grad()
   return results, gnorm
 end
