@@ -199,7 +199,9 @@ void clrt_residual_backward(float *da, float *db, const float *dout, int64_t n);
    wp: w packed by clrt_linear_pack (the logits then run through linear_packed.c), or NULL. */
 void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NULL */,
                                     const float *x /* [N, C] */, const float *w /* [V, C] */,
-                                    const float *wp /* [V * C] packed, or NULL */, const int32_t *target /* [N] */, int64_t N, int C, int V,
+                                    const float *wp /* [V * C] packed, or NULL */,
+                                    int fast /* without wp: the logits through gemm_strided.c's forward where the CPU has it */,
+                                    const int32_t *target /* [N] */, int64_t N, int C, int V,
                                     float *scratch /* [chunk, V] */, int chunk);
 /* dlogits = dlp * (onehot(target) - softmax); dx =, dw +=. logits_ready: scratch still holds
    forward's logits of all N rows (chunk >= N), so the recompute is skipped. */
