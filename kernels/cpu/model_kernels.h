@@ -116,6 +116,10 @@ int clrt_linear_bf16_backward_dx(float *dx /* [N, K] */, const float *dy /* [N, 
                                  const uint16_t *wp /* [O * K] panels */, int64_t N, int K, int O,
                                  int accumulate, int fast);
 
+/* ---- adamw.c: one tensor's span of the AdamW update (clrt_adamw_update's bits, 16 lanes) -- */
+void clrt_adamw_span(float *p, float *m, float *v, const float *g /* scaled by gscale */, int64_t n, float gscale,
+                     float lr, float beta1, float beta2, float eps, float decay, float bc1, float bc2_sqrt);
+
 /* ---- gemm_strided.c: the backward products without packing ---------------------------- */
 /* c (+)= a b: a(i, k) at a[i a_rs + k a_ks] (i < M, k < Kc), b [Kc, ldb] row-major (Nc columns
    used), c [M, ldc]; accumulate: add onto c, else overwrite. 1 when computed, 0 when this CPU

@@ -542,6 +542,24 @@ static void test_logsoftmax_gather_blocks(void) {
   free(x); free(w); free(dlp); free(wp); free(big); free(small);
 }
 
+/* The 16-lane AdamW span (optim.c's update) equals clrt_adamw_update element by element, bit
+   for bit, over full vectors and a tail (n = 37), with decay and a clip scale. */
+static void test_adamw_span(void) {
+  enum { n = 37 };
+  float p[n], m[n], v[n], g[n], p2[n], m2[n], v2[n];
+  for (int i = 0; i < n; i++) {
+    p[i] = p2[i] = 0.3f * sinf((float)i), m[i] = m2[i] = 0.01f * cosf(3.0f * i);
+    v[i] = v2[i] = 1e-4f * (1 + i % 5), g[i] = 0.2f * cosf(1.7f * i);
+  }
+  clrt_adamw_span(p, m, v, g, n, 0.5f, 1e-3f, 0.9f, 0.95f, 1e-8f, 1e-4f, 0.271f, 0.3f);
+  int same = 1;
+  for (int i = 0; i < n; i++) {
+    clrt_adamw_update(&p2[i], &m2[i], &v2[i], g[i] * 0.5f, 1e-3f, 0.9f, 0.95f, 1e-8f, 1e-4f, 0.271f, 0.3f);
+    same &= memcmp(&p[i], &p2[i], 4) == 0 && memcmp(&m[i], &m2[i], 4) == 0 && memcmp(&v[i], &v2[i], 4) == 0;
+  }
+  CHECK(same);
+}
+
 /* ---- shared math ------------------------------------------------------------------------------ */
 static void test_math(void) {
   /* online logsumexp equals the direct one, merged in any split */
@@ -645,5 +663,6 @@ int main(void) {
   test_linear_backward_strided();
   test_linear_bf16_weights();
   test_math();
+  test_adamw_span();
   return check_summary();
 }
