@@ -120,6 +120,11 @@ int clrt_linear_bf16_backward_dx(float *dx /* [N, K] */, const float *dy /* [N, 
 void clrt_adamw_span(float *p, float *m, float *v, const float *g /* scaled by gscale */, int64_t n, float gscale,
                      float lr, float beta1, float beta2, float eps, float decay, float bc1, float bc2_sqrt);
 
+/* ---- gemm_narrow.c: c (+)= a b for c of few columns (a LoRA rank), a through two strides as in
+   clrt_gemm_strided; 0 when this CPU has no kernel for it (then sgemm). */
+int clrt_gemm_narrow(float *c /* [M, ldc] */, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks,
+                     const float *b /* [Kc, ldb] */, int64_t ldb, int64_t M, int Nc, int64_t Kc, int accumulate);
+
 /* ---- gemm_strided.c: the backward products without packing ---------------------------- */
 /* c (+)= a b: a(i, k) at a[i a_rs + k a_ks] (i < M, k < Kc), b [Kc, ldb] row-major (Nc columns
    used), c [M, ldc]; accumulate: add onto c, else overwrite. 1 when computed, 0 when this CPU
