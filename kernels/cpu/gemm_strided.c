@@ -122,15 +122,20 @@ TARGET static void item_fwd(float *y, const float *x, const float *w, int K, int
 }
 
 /* Items: row blocks x groups of panels, at least 4 per thread where the shape allows (more
-   panel groups first, then shorter row blocks), so no thread idles on an uneven split. */
+   panel groups first, then more row blocks) and a multiple of the thread count, the row
+   blocks of equal height: a 256-row product (the output layer's row block) was split 192 + 64
+   and a 512-row one 192 + 192 + 128 in 9 items, so one thread did up to 1.5x the other's
+   share while the other waited. */
 static int64_t plan(int64_t M, int Nc, int mblock, int *mrows_out, int *groups_out) {
-  int panels = (Nc + PANEL - 1) / PANEL, threads = omp_get_max_threads(), groups = 1, mrows = mblock;
-  int64_t mblocks = (M + mrows - 1) / mrows;
-  while (mblocks * groups < 4 * threads) {
-    if (groups < panels) groups++;
-    else if (mrows > 2 * TILE_ROWS) mrows = (mrows / 2 + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
-    else break;
+  int panels = (Nc + PANEL - 1) / PANEL, threads = omp_get_max_threads(), groups = 1, mrows;
+  int64_t want = (M + mblock - 1) / mblock, mblocks;
+  for (;;) {
+    mrows = (int)(((M + want - 1) / want + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS);
     mblocks = (M + mrows - 1) / mrows;
+    if (mblocks * groups >= 4 * threads && (mblocks * groups) % threads == 0) break;
+    if (groups < panels) groups++;
+    else if (mrows > 2 * TILE_ROWS) want++;
+    else break;
   }
   *mrows_out = mrows;
   *groups_out = groups;
