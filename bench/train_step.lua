@@ -10,7 +10,15 @@
 -- baseline=1 also runs clrt with set_decode_pack(false) (OpenBLAS sgemm for every product, the
 -- path before the AVX-512 training kernels) and prints the ratio of the two in this run.
 -- sizes=0.9M is the built-in world's model at its SFT batch (B=32, T=256).
---   clrt bench/train_step.lua [sizes=5M,50M] [steps=3] [B=8] [T=256] [threads=2] [device=cpu|cuda] [baseline=1]
+-- rows=full,lora,lora_bf16 picks the steps measured per size: the full fine-tune, and LoRA of
+-- rank lora=R (default 16, alpha 2R) on the seven projections of every layer over an f32 base
+-- or a bf16 one (train.base_dtype=bf16); `lora=R` alone means rows=lora, with base_dtype=bf16
+-- rows=lora_bf16. A LoRA row's PyTorch peer is a LoRA of its own (train_step_torch.py), its
+-- FLOPs those it needs: no weight gradients of the frozen base, the adapters' products added.
+-- On the CPU each row also prints GFLOP/s against peak_gflops= (default 443: the two cores'
+-- measured FMA peak on the Zen 5 the README's figures come from).
+--   clrt bench/train_step.lua [sizes=5M,50M] [rows=full] [lora=16] [base_dtype=f32|bf16] [steps=3] [B=8 (0.9M: 32, 0.5B/1.5B: 2)] [T=256]
+--                             [threads=2] [device=cpu|cuda] [baseline=1] [peak_gflops=443]
 local cjson = require("cjson")
 
 local args = {}
@@ -44,6 +52,18 @@ if args.worker then
   local m = clrt.model.new(cfg, { seed = 0, max_batch = B, max_seq = T, keep_logits_mb = tonumber(args.keep_logits_mb),
     device = args.device })
   if args.pack == "0" then m:set_decode_pack(false) end   -- sgemm throughout: the old path
+  local flops = m:train_flops(B, T)
+  local n_mult = m:num_params() - (cfg.tie_word_embeddings and 0 or cfg.vocab_size * cfg.hidden_size)
+  local r = tonumber(args.lora or 0)
+  if r > 0 then
+    m:add_lora({ r = r, alpha = 2 * r, seed = 0 })
+    if args.base_dtype == "bf16" then m:set_base_dtype("bf16") end
+    -- the FLOPs LoRA needs: no weight gradients for the frozen weights (2 of the 6 per
+    -- parameter and token), the adapters' 6 per adapter parameter and token
+    local n_adapter = 0
+    for _, t in pairs(m:lora_params()) do n_adapter = n_adapter + t:numel() end
+    flops = flops - 2 * n_mult * B * T + 6 * n_adapter * B * T
+  end
   local opt = clrt.optim.adamw(m, { lr = 1e-4, weight_decay = 0.1, grad_clip = 1.0 })
   local gen = clrt.tensor.generator(1)
   local toks = clrt.tensor.zeros({ B, T }, { dtype = "i32" })
@@ -72,10 +92,10 @@ if args.worker then
   table.sort(times)
   print(("clrt tokens_per_s=%.1f peak_rss_mb=%.1f params=%d best_tokens_per_s=%.1f"):format(
     B * T / times[math.floor(steps / 2) + 1], peak_rss_mb(), m:num_params(), B * T / times[1]))
-  print(("clrt flops_per_step=%.6g"):format(m:train_flops(B, T)))
+  print(("clrt flops_per_step=%.6g"):format(flops))
   local mem = m:memory()
   print(("clrt arenas_mb params=%.1f grads=%.1f activations=%.1f adamw=%.1f"):format(mem.params / 2^20,
-    mem.grads / 2^20, mem.activations / 2^20, opt:memory() / 2^20))
+    (mem.grads or 0) / 2^20, mem.activations / 2^20, opt:memory() / 2^20))
   local prof, total = clrt.model.profile(), 0
   for _, p in ipairs(prof) do total = total + p.seconds end
   for _, p in ipairs(prof) do
@@ -117,14 +137,26 @@ local function run(cmd)
 end
 
 print(("train step: %d timed steps after 1 warm-up, %d threads each"):format(steps, threads))
+local lora_r = tonumber(args.lora or 16)
+local ROWS = {
+  full = { label = "full fine-tune", r = 0, base = "f32" },
+  lora = { label = ("LoRA r=%d, f32 base"):format(lora_r), r = lora_r, base = "f32" },
+  lora_bf16 = { label = ("LoRA r=%d, bf16 base"):format(lora_r), r = lora_r, base = "bf16" },
+}
+local rows = args.rows or (args.lora and (args.base_dtype == "bf16" and "lora_bf16" or "lora")) or "full"
+local peak_gflops = tonumber(args.peak_gflops or 443)
 for size in (args.sizes or "5M,50M"):gmatch("[^,]+") do
+ for row_name in rows:gmatch("[^,]+") do
   local cfg = SIZES[size]
   if not cfg then error("unknown size " .. size) end
   local B, T = shape_bt(size)
-  local c_out = run(("CLRT_PROFILE=1 OMP_NUM_THREADS=%d %s %s/bench/train_step.lua worker=%s B=%d T=%d steps=%d threads=%d device=%s"):format(
-    threads, sh_quote(bin), sh_quote(src), size, B, T, steps, threads, device))
-  local t_out = run(("OMP_NUM_THREADS=%d /usr/bin/python3 %s/bench/train_step_torch.py %s %d %d %d %d %s"):format(
-    threads, sh_quote(src), sh_quote(cjson.encode(cfg)), B, T, steps, threads, device))
+  local row = ROWS[row_name]
+  if not row then error("unknown row " .. row_name .. " (full, lora, lora_bf16)") end
+  local lora_args = row.r > 0 and (" lora=%d base_dtype=%s"):format(row.r, row.base) or ""
+  local c_out = run(("CLRT_PROFILE=1 OMP_NUM_THREADS=%d %s %s/bench/train_step.lua worker=%s B=%d T=%d steps=%d threads=%d device=%s%s"):format(
+    threads, sh_quote(bin), sh_quote(src), size, B, T, steps, threads, device, lora_args))
+  local t_out = run(("OMP_NUM_THREADS=%d /usr/bin/python3 %s/bench/train_step_torch.py %s %d %d %d %d %s %d %s"):format(
+    threads, sh_quote(src), sh_quote(cjson.encode(cfg)), B, T, steps, threads, device, row.r, row.base))
   local ctok, crss = c_out:match("clrt tokens_per_s=([%d.]+) peak_rss_mb=([%d.]+)")
   local ttok, trss = t_out:match("torch tokens_per_s=([%d.]+) peak_rss_mb=([%d.]+)")
   if not ctok then error("clrt worker failed:\n" .. c_out) end
@@ -133,13 +165,13 @@ for size in (args.sizes or "5M,50M"):gmatch("[^,]+") do
     ttok, trss = 0 / 0, 0 / 0
   end
   if not ttok then error("torch peer failed:\n" .. t_out) end
-  print(("\n== %s (%s params), B=%d T=%d =="):format(size, c_out:match("params=(%d+)"), B, T))
+  print(("\n== %s (%s params), B=%d T=%d, %s =="):format(size, c_out:match("params=(%d+)"), B, T, row.label))
   local cbest = tonumber(c_out:match("best_tokens_per_s=([%d.]+)"))
   local tbest = tonumber(t_out:match("best_tokens_per_s=([%d.]+)")) or 0 / 0
   print(("clrt : %9.1f tokens/s (median step; best %.1f)  peak RSS %7.1f MB"):format(tonumber(ctok), cbest, tonumber(crss)))
   print(("torch: %9.1f tokens/s (median step; best %.1f)  peak RSS %7.1f MB"):format(tonumber(ttok), tbest, tonumber(trss)))
   print(("ratio: speed %.2fx torch (best steps: %.2fx), memory %.2fx torch"):format(ctok / ttok, cbest / tbest, crss / trss))
-  if args.baseline == "1" then
+  if args.baseline == "1" and row.r == 0 then
     local s_out = run(("CLRT_PROFILE=1 OMP_NUM_THREADS=%d %s %s/bench/train_step.lua worker=%s B=%d T=%d steps=%d threads=%d device=%s pack=0"):format(
       threads, sh_quote(bin), sh_quote(src), size, B, T, steps, threads, device))
     local stok = tonumber(s_out:match("clrt tokens_per_s=([%d.]+)"))
@@ -151,8 +183,9 @@ for size in (args.sizes or "5M,50M"):gmatch("[^,]+") do
   end
   if device == "cpu" then
     local flops = tonumber(c_out:match("flops_per_step=([%d.e+-]+)"))
-    print(("GFLOP/s: clrt %.1f, torch %.1f (model FLOPs per step %.3g)"):format(flops * ctok / (B * T) / 1e9,
-      flops * ttok / (B * T) / 1e9, flops))
+    local cg, tg = flops * ctok / (B * T) / 1e9, flops * ttok / (B * T) / 1e9
+    print(("GFLOP/s: clrt %.1f (%.1f%% of %g peak), torch %.1f (%.1f%%) (model FLOPs per step %.3g)"):format(cg,
+      100 * cg / peak_gflops, peak_gflops, tg, 100 * tg / peak_gflops, flops))
   end
   if device == "cuda" then   -- the same FLOPs count for both sides
     local flops = tonumber(c_out:match("flops_per_step=([%d.e+-]+)"))
@@ -164,3 +197,4 @@ for size in (args.sizes or "5M,50M"):gmatch("[^,]+") do
     if line:find("^clrt kernel") or line:find("^clrt arenas") then print("  " .. line:sub(6)) end
   end
 end
+ end

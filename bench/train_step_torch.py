@@ -1,7 +1,12 @@
 """train_step_torch.py — the PyTorch peer of bench/train_step.lua: the same model
 (tests/reference/model_ref.py, float32, 2 threads unless told), forward + backward + AdamW on B x T random
 tokens. Prints one line: `torch tokens_per_s=<median step> peak_rss_mb=<y> best_tokens_per_s=<fastest step>`.
-An optional 6th argument `cuda` runs it on the GPU (float32, TF32 off, as clrt's CUDA path)."""
+An optional 6th argument `cuda` runs it on the GPU (float32, TF32 off, as clrt's CUDA path).
+Optional 7th and 8th: a LoRA rank r (0: full fine-tune) and the base's dtype (f32 or bf16):
+the peer is then a LoRA of its own (no peft here) — the base frozen (no gradients, no optimizer
+state), y = x W^T + b + (2r / r) (x A^T) B^T on the seven projections of every layer, A, B
+trained by AdamW; a bf16 base holds those seven weights in bf16 and multiplies bf16 inputs
+(F.linear in bf16, f32 out), as a bf16 base under peft does; embeddings and head stay f32."""
 import os
 import resource
 import sys
@@ -42,17 +47,41 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = False
         R.torch = OnDevice(dev)
     torch.manual_seed(0)
-    P = {n: t.to(dev).requires_grad_(True) for n, t in R.init_params(cfg, 0, torch.float32).items()}
-    opt = torch.optim.AdamW(list(P.values()), lr=1e-4, weight_decay=0.1)
+    r = int(sys.argv[7]) if len(sys.argv) > 7 else 0
+    base_dtype = sys.argv[8] if len(sys.argv) > 8 else "f32"
+    P = {n: t.to(dev).requires_grad_(r == 0) for n, t in R.init_params(cfg, 0, torch.float32).items()}
+    linear, trained = None, list(P.values())
+    if r > 0:
+        targets = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+        A, Bm, g = {}, {}, torch.Generator().manual_seed(1)
+        for l in range(cfg["num_hidden_layers"]):
+            for t in targets:
+                name = f"model.layers.{l}.{t}"
+                o, i = P[name + ".weight"].shape
+                A[name] = ((torch.rand(r, i, generator=g) * 2 - 1) / i ** 0.5).to(dev).requires_grad_(True)
+                Bm[name] = torch.zeros(o, r, device=dev).requires_grad_(True)
+                if base_dtype == "bf16":
+                    P[name + ".weight"] = P[name + ".weight"].detach().to(torch.bfloat16)
+        scale = 2.0   # alpha = 2r
+
+        def linear(name, inp):
+            W, b = P[name + ".weight"], P.get(name + ".bias")
+            y = torch.nn.functional.linear(inp.to(W.dtype), W).to(inp.dtype)
+            if b is not None:
+                y = y + b
+            return y + scale * ((inp @ A[name].T) @ Bm[name].T)
+        trained = list(A.values()) + list(Bm.values())
+    opt = torch.optim.AdamW(trained, lr=1e-4, weight_decay=0.1)
     tokens = torch.randint(0, cfg["vocab_size"], (B, T)).to(dev)
     lengths = [T] * B
 
     def step():
         opt.zero_grad(set_to_none=False)
-        lp, valid = R.logprobs(cfg, P, tokens, lengths)
+        lp, valid = R.logprobs(cfg, P, tokens, lengths, linear)
         loss = -lp.sum() / valid.sum()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(P.values()), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         opt.step()
         if dev == "cuda":
             torch.cuda.synchronize()

@@ -24,6 +24,9 @@
 #include <omp.h>
 
 enum { PANEL = 48, TILE_ROWS = 8, MBLOCK = 192, KBLOCK = 256 };
+/* The forward's blocks: its transposed [FWD_KBLOCK, 48] slice of w stays in L1 (24 KiB), and
+   each is made once per FWD_MBLOCK rows ([512, 128] of x: 256 KiB, in L2). */
+enum { FWD_KBLOCK = 128, FWD_MBLOCK = 512 };
 
 #if CLRT_AVX512
 #define TARGET CLRT_TARGET_AVX512
@@ -96,9 +99,9 @@ TARGET static void item(float *c, int64_t ldc, const float *a, int64_t a_rs, int
    of the multiply-adds), then the same tiles as above over it. */
 TARGET static void item_fwd(float *y, const float *x, const float *w, int K, int O, int i0, int i1,
                             int p0, int p1) {
-  float buf[KBLOCK * PANEL] __attribute__((aligned(64)));
-  for (int k0 = 0; k0 < K; k0 += KBLOCK) {
-    int kn = K - k0 < KBLOCK ? K - k0 : KBLOCK;
+  float buf[FWD_KBLOCK * PANEL] __attribute__((aligned(64)));
+  for (int k0 = 0; k0 < K; k0 += FWD_KBLOCK) {
+    int kn = K - k0 < FWD_KBLOCK ? K - k0 : FWD_KBLOCK;
     for (int p = p0; p < p1; p++) {
       int j0 = p * PANEL, pw = O - j0 < PANEL ? O - j0 : PANEL;
       for (int j = 0; j < pw; j++) {
@@ -119,15 +122,20 @@ TARGET static void item_fwd(float *y, const float *x, const float *w, int K, int
 }
 
 /* Items: row blocks x groups of panels, at least 4 per thread where the shape allows (more
-   panel groups first, then shorter row blocks), so no thread idles on an uneven split. */
-static int64_t plan(int64_t M, int Nc, int *mrows_out, int *groups_out) {
-  int panels = (Nc + PANEL - 1) / PANEL, threads = omp_get_max_threads(), groups = 1, mrows = MBLOCK;
-  int64_t mblocks = (M + mrows - 1) / mrows;
-  while (mblocks * groups < 4 * threads) {
-    if (groups < panels) groups++;
-    else if (mrows > 2 * TILE_ROWS) mrows = (mrows / 2 + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
-    else break;
+   panel groups first, then more row blocks) and a multiple of the thread count, the row
+   blocks of equal height: a 256-row product (the output layer's row block) was split 192 + 64
+   and a 512-row one 192 + 192 + 128 in 9 items, so one thread did up to 1.5x the other's
+   share while the other waited. */
+static int64_t plan(int64_t M, int Nc, int mblock, int *mrows_out, int *groups_out) {
+  int panels = (Nc + PANEL - 1) / PANEL, threads = omp_get_max_threads(), groups = 1, mrows;
+  int64_t want = (M + mblock - 1) / mblock, mblocks;
+  for (;;) {
+    mrows = (int)(((M + want - 1) / want + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS);
     mblocks = (M + mrows - 1) / mrows;
+    if (mblocks * groups >= 4 * threads && (mblocks * groups) % threads == 0) break;
+    if (groups < panels) groups++;
+    else if (mrows > 2 * TILE_ROWS) want++;
+    else break;
   }
   *mrows_out = mrows;
   *groups_out = groups;
@@ -147,7 +155,7 @@ int clrt_gemm_strided(float *c /* [M, ldc] */, int64_t ldc, const float *a /* a(
     return 1;
   }
   int mrows, groups;
-  int64_t items = plan(M, Nc, &mrows, &groups);
+  int64_t items = plan(M, Nc, MBLOCK, &mrows, &groups);
   int panels = (Nc + PANEL - 1) / PANEL;
 #pragma omp parallel for schedule(static) if (M * Nc * Kc > CLRT_OMP_MIN_WORK)
   for (int64_t t = 0; t < items; t++) {
@@ -193,7 +201,7 @@ int clrt_linear_forward_strided(float *y /* [N, O] */, const float *x /* [N, K] 
   for (int64_t n = 0; n < N; n++)
     for (int o = 0; o < O; o++) y[n * O + o] = b ? b[o] : 0.0f;
   int mrows, groups;
-  int64_t items = plan(N, O, &mrows, &groups);
+  int64_t items = plan(N, O, FWD_MBLOCK, &mrows, &groups);
   int panels = (O + PANEL - 1) / PANEL;
 #pragma omp parallel for schedule(static) if (N * O * (int64_t)K > CLRT_OMP_MIN_WORK)
   for (int64_t t = 0; t < items; t++) {

@@ -6,9 +6,11 @@
    thread running sgemm on its slice (OpenBLAS runs single-threaded inside a parallel region). */
 #include "model_kernels.h"
 #include "lora_math.h"
+#include "simd512.h"
 
 #include <cblas.h>
 #include <omp.h>
+#include <stdlib.h>
 
 /* This thread's share [*lo, *hi) of [0, n). */
 static void share(int64_t n, int64_t *lo, int64_t *hi) {
@@ -46,10 +48,60 @@ void clrt_lora_dropout(float *out /* [n] */, const float *x /* [n] */, int64_t n
   }
 }
 
+/* ---- AVX-512: the six products through gemm_narrow.c (the r-wide ones) and gemm_strided.c
+   (the others), each threaded inside; at Qwen2.5-0.5B's shapes sgemm on per-thread slices ran
+   the adapters at a small fraction of the base products' rate. The scale goes into small
+   copies (s B^T, s xa) or onto dxa [N, r], never onto an [N, K] or [N, O] array. ---------- */
+
+/* dst [cols, rows] = s * src [rows, cols]^T */
+static void transpose_scaled(float *dst, const float *src, int rows, int cols, float s) {
+  for (int i = 0; i < rows; i++)
+    for (int j = 0; j < cols; j++) dst[(int64_t)j * rows + i] = s * src[(int64_t)i * cols + j];
+}
+
+static int lora_forward_fast(float *y, float *xa, const float *xd, const float *A, const float *B, int64_t N,
+                             int K, int O, int r, float scale) {
+  if (!clrt_have_avx512()) return 0;
+  float *At = malloc(sizeof(float) * ((size_t)K * r + (size_t)O * r)), *sBt = At ? At + (size_t)K * r : NULL;
+  if (!At) return 0;
+  transpose_scaled(At, A, r, K, 1.0f);
+  transpose_scaled(sBt, B, O, r, scale);
+  int done = clrt_gemm_narrow(xa, r, xd, K, 1, At, r, N, r, K, 0) &&   /* xa = xd A^T */
+             clrt_gemm_strided(y, O, xa, r, 1, sBt, O, N, O, r, 1);      /* y += xa (s B^T) */
+  free(At);
+  return done;
+}
+
+static int lora_backward_fast(float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
+                              const float *xa, const float *A, const float *B, int64_t N, int K, int O, int r,
+                              float scale, uint64_t key, float p) {
+  if (!clrt_have_avx512()) return 0;
+  float *xas = malloc(sizeof(float) * (size_t)N * r);
+  if (!xas) return 0;
+  for (int64_t i = 0; i < N * r; i++) xas[i] = scale * xa[i];
+  /* dxa = s dy B; dB += dy^T (s xa); dA += dxa^T xd */
+  int done = clrt_gemm_narrow(dxa, r, dy, O, 1, B, r, N, r, O, 0);
+  for (int64_t i = 0; done && i < N * r; i++) dxa[i] *= scale;
+  done = done && clrt_gemm_narrow(dB, r, dy, 1, O, xas, r, O, r, N, 1) &&
+         clrt_gemm_strided(dA, K, dxa, 1, r, xd, K, r, K, N, 1);
+  free(xas);
+  if (!done) return 0;   /* unreachable with AVX-512: both kernels take any shape */
+  /* dx += dxa A; through the dropout, xd (spent) takes dxa A first */
+  if (p <= 0) return clrt_gemm_strided(dx, K, dxa, r, 1, A, K, N, K, r, 1);
+  if (!clrt_gemm_strided(xd, K, dxa, r, 1, A, K, N, K, r, 0)) return 0;
+#pragma omp parallel if (N * K > CLRT_OMP_MIN_WORK)
+  {
+    int64_t a, b;
+    share(N * K, &a, &b);
+    mask_span(dx, xd, a, b, key, p, 1);
+  }
+  return 1;
+}
+
 void clrt_lora_forward(float *y /* [N, O] += */, float *xa /* [N, r] = */, const float *xd /* [N, K] */,
                        const float *A /* [r, K] */, const float *B /* [O, r] */, int64_t N, int K,
                        int O, int r, float scale) {
-  if (N == 0) return;
+  if (N == 0 || lora_forward_fast(y, xa, xd, A, B, N, K, O, r, scale)) return;
 #pragma omp parallel if (N * (K + O) > CLRT_OMP_MIN_WORK)
   {
     int64_t a, b;
@@ -68,7 +120,7 @@ void clrt_lora_backward(float *dx /* [N, K] += */, float *dA /* [r, K] += */, fl
                         const float *dy /* [N, O] */, const float *xa /* [N, r] */,
                         const float *A /* [r, K] */, const float *B /* [O, r] */, int64_t N, int K,
                         int O, int r, float scale, uint64_t key, float p) {
-  if (N == 0) return;
+  if (N == 0 || lora_backward_fast(dx, dA, dB, dxa, xd, dy, xa, A, B, N, K, O, r, scale, key, p)) return;
 #pragma omp parallel if (N * (K + O) > CLRT_OMP_MIN_WORK)
   {
     int64_t a, b;

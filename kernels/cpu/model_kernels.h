@@ -116,6 +116,15 @@ int clrt_linear_bf16_backward_dx(float *dx /* [N, K] */, const float *dy /* [N, 
                                  const uint16_t *wp /* [O * K] panels */, int64_t N, int K, int O,
                                  int accumulate, int fast);
 
+/* ---- adamw.c: one tensor's span of the AdamW update (clrt_adamw_update's bits, 16 lanes) -- */
+void clrt_adamw_span(float *p, float *m, float *v, const float *g /* scaled by gscale */, int64_t n, float gscale,
+                     float lr, float beta1, float beta2, float eps, float decay, float bc1, float bc2_sqrt);
+
+/* ---- gemm_narrow.c: c (+)= a b for c of few columns (a LoRA rank), a through two strides as in
+   clrt_gemm_strided; 0 when this CPU has no kernel for it (then sgemm). */
+int clrt_gemm_narrow(float *c /* [M, ldc] */, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks,
+                     const float *b /* [Kc, ldb] */, int64_t ldb, int64_t M, int Nc, int64_t Kc, int accumulate);
+
 /* ---- gemm_strided.c: the backward products without packing ---------------------------- */
 /* c (+)= a b: a(i, k) at a[i a_rs + k a_ks] (i < M, k < Kc), b [Kc, ldb] row-major (Nc columns
    used), c [M, ldc]; accumulate: add onto c, else overwrite. 1 when computed, 0 when this CPU
@@ -199,7 +208,9 @@ void clrt_residual_backward(float *da, float *db, const float *dout, int64_t n);
    wp: w packed by clrt_linear_pack (the logits then run through linear_packed.c), or NULL. */
 void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NULL */,
                                     const float *x /* [N, C] */, const float *w /* [V, C] */,
-                                    const float *wp /* [V * C] packed, or NULL */, const int32_t *target /* [N] */, int64_t N, int C, int V,
+                                    const float *wp /* [V * C] packed, or NULL */,
+                                    int fast /* without wp: the logits through gemm_strided.c's forward where the CPU has it */,
+                                    const int32_t *target /* [N] */, int64_t N, int C, int V,
                                     float *scratch /* [chunk, V] */, int chunk);
 /* dlogits = dlp * (onehot(target) - softmax); dx =, dw +=. logits_ready: scratch still holds
    forward's logits of all N rows (chunk >= N), so the recompute is skipped. */

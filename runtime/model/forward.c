@@ -206,7 +206,7 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
   PROF(CLRT_K_OTHER, op->gather_rows(a.tmp, xl, a.rowidx, nv, C));
   PROF(CLRT_K_RMSNORM, op->rmsnorm(a.xn, a.rstdf, a.tmp, PW(m, m->norm), nv, C, c->rms_norm_eps));
   PROF(CLRT_K_OUT_F, op->output(a.lpv, a.lsef, a.xn, PW(m, m->head), model_packed_weight(m, m->head),
-                                a.target, nv, C, V, a.logits, a.chunk));
+                                model_fast_kernels(m), a.target, nv, C, V, a.logits, a.chunk));
   if (unstage_logprobs(m, &a, lp, B, T, nv)) return -1;
   m->saved = keep;
   m->B = B;

@@ -183,7 +183,7 @@ struct model_ops {
   void (*embedding)(float *out, const int32_t *tok, const float *wte, int64_t N, int C);
   void (*embedding_backward)(float *dwte, const float *dout, const int32_t *tok, int64_t N, int C);
   /* wp: the head packed for the CPU's kernels (model_packed_weight), or NULL */
-  void (*output)(float *lp, float *lse, const float *x, const float *w, const float *wp,
+  void (*output)(float *lp, float *lse, const float *x, const float *w, const float *wp, int fast,
                  const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk);
   void (*output_backward)(float *dx, float *dw, const float *dlp, const float *x, const float *w,
                           const float *wp, int fast, const int32_t *target, const float *lse, int64_t N, int C, int V,

@@ -67,9 +67,9 @@ static int cuda_download(void *dst, const void *src, size_t bytes) {
 }
 
 /* The packed head is the CPU kernels' (always NULL here). */
-static void cuda_output(float *lp, float *lse, const float *x, const float *w, const float *wp,
+static void cuda_output(float *lp, float *lse, const float *x, const float *w, const float *wp, int fast,
                         const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk) {
-  (void)wp;
+  (void)wp, (void)fast;
   clrt_cuda_logsoftmax_gather_forward(lp, lse, x, w, target, N, C, V, scratch, chunk);
 }
 

@@ -9,6 +9,7 @@
 #endif
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -163,9 +164,13 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
     const clrt_param_info *p = &ps.p[i];
     float decay = o->decay[i] ? lr * weight_decay : 0.0f;
     float *pp = P + p->offset, *gg = G + p->offset, *m1 = M1 + p->offset, *m2 = M2 + p->offset;
-#pragma omp for schedule(static) nowait
-    for (int64_t k = 0; k < p->numel; k++)
-      clrt_adamw_update(&pp[k], &m1[k], &m2[k], gg[k] * gscale, lr, beta1, beta2, eps, decay, bc1, bc2_sqrt);
+    /* this thread's share, 16-aligned (kernels/cpu/adamw.c: 16 lanes, clrt_adamw_update's bits) */
+    int64_t nth = omp_get_num_threads(), th = omp_get_thread_num(), blocks = (p->numel + 15) / 16;
+    int64_t k0 = 16 * (blocks * th / nth), k1 = 16 * (blocks * (th + 1) / nth);
+    if (k1 > p->numel) k1 = p->numel;
+    if (k1 > k0)
+      clrt_adamw_span(pp + k0, m1 + k0, m2 + k0, gg + k0, k1 - k0, gscale, lr, beta1, beta2, eps, decay, bc1,
+                      bc2_sqrt);
   }
   if (!o->lora) clrt_model_params_changed(m);   /* adapters: the base and its copies stand */
   return 0;

@@ -234,7 +234,7 @@ static void test_logsoftmax_gather(int chunk) {
         *d_lse = upf(lse, N), *d_dx = upf(dx, N * C), *d_dw = upf(dw, V * C);
   float *d_scr = clrt_cuda_malloc(sizeof(float) * (size_t)chunk * V, "scratch");
   int32_t *d_tg = up(tg, sizeof tg);
-  clrt_logsoftmax_gather_forward(lp, lse, x, w, NULL, tg, N, C, V, scr, chunk);
+  clrt_logsoftmax_gather_forward(lp, lse, x, w, NULL, 0, tg, N, C, V, scr, chunk);
   clrt_cuda_logsoftmax_gather_forward(d_lp, d_lse, d_x, d_w, d_tg, N, C, V, d_scr, chunk);
   cmp_dev("logsoftmax_gather forward lp", d_lp, lp, N, 1e-5);
   cmp_dev("logsoftmax_gather forward lse", d_lse, lse, N, 1e-5);

@@ -473,7 +473,7 @@ enum { LN = 7, LC = 6, LV = 11 };
 typedef struct { float *x, *w, *lp, *lse, *R, *scratch; int32_t *tgt; } ls_ctx;
 static double ls_loss(void *p) {
   ls_ctx *c = p;
-  clrt_logsoftmax_gather_forward(c->lp, c->lse, c->x, c->w, NULL, c->tgt, LN, LC, LV, c->scratch, 3);
+  clrt_logsoftmax_gather_forward(c->lp, c->lse, c->x, c->w, NULL, 0, c->tgt, LN, LC, LV, c->scratch, 3);
   return dotv(c->lp, c->R, LN);
 }
 static void test_logsoftmax_gather(void) {
@@ -497,7 +497,7 @@ static void test_logsoftmax_gather(void) {
   fd_check("logsoftmax_gather dw", ls_loss, &c, c.w, dw, LV * LC, 1, 1e-2f, 1e-3);
   /* all rows in one chunk, logits kept from forward: the same gradients without a recompute */
   float *dx2 = zerov(LN * LC), *dw2 = zerov(LV * LC);
-  clrt_logsoftmax_gather_forward(c.lp, c.lse, c.x, c.w, NULL, tgt, LN, LC, LV, c.scratch, LN);
+  clrt_logsoftmax_gather_forward(c.lp, c.lse, c.x, c.w, NULL, 0, tgt, LN, LC, LV, c.scratch, LN);
   clrt_logsoftmax_gather_backward(dx2, dw2, c.R, c.x, c.w, NULL, 1, tgt, c.lse, LN, LC, LV, c.scratch, LN, 1);
   for (int i = 0; i < LN * LC; i++) CHECK_NEAR(dx2[i], dx[i], 1e-5);
   for (int i = 0; i < LV * LC; i++) CHECK_NEAR(dw2[i], dw[i], 1e-5);
@@ -508,7 +508,8 @@ static void test_logsoftmax_gather(void) {
 
 /* The output layer's blocks at a shape with several 48-aligned vocabulary blocks (N = 300 rows
    past one 256-row block, V = 1000 in blocks of 240 from a 64-row scratch), with the logits
-   through sgemm and through the packed head (dx, dw through gemm_strided.c), against one
+   through sgemm, through the packed head and through gemm_strided.c's forward (dx, dw
+   through gemm_strided.c), against one
    block holding all logits, all through sgemm: the same lp, lse, dx, dw. */
 static void test_logsoftmax_gather_blocks(void) {
   enum { N = 300, C = 40, V = 1000 };
@@ -517,16 +518,16 @@ static void test_logsoftmax_gather_blocks(void) {
   clrt_linear_pack(wp, w, C, V);
   int32_t tgt[N];
   for (int n = 0; n < N; n++) tgt[n] = (n * 337) % V;
-  float *lp[3], *lse[3], *dx[3], *dw[3];
-  for (int run = 0; run < 3; run++) {
+  float *lp[4], *lse[4], *dx[4], *dw[4];
+  for (int run = 0; run < 4; run++) {
     lp[run] = zerov(N), lse[run] = zerov(N), dx[run] = zerov(N * C), dw[run] = zerov((size_t)V * C);
     const float *pk = run == 2 ? wp : NULL;
     float *scr = run == 0 ? big : small;
     int chunk = run == 0 ? N : 64;
-    clrt_logsoftmax_gather_forward(lp[run], lse[run], x, w, pk, tgt, N, C, V, scr, chunk);
+    clrt_logsoftmax_gather_forward(lp[run], lse[run], x, w, pk, run == 3, tgt, N, C, V, scr, chunk);
     clrt_logsoftmax_gather_backward(dx[run], dw[run], dlp, x, w, pk, run > 0, tgt, lse[run], N, C, V, scr, chunk, 0);
   }
-  for (int run = 1; run < 3; run++) {
+  for (int run = 1; run < 4; run++) {
     double worst = 0;
     for (int i = 0; i < N; i++) worst = fmax(worst, fabs(lp[run][i] - lp[0][i]) + fabs(lse[run][i] - lse[0][i]));
     for (int i = 0; i < N * C; i++) worst = fmax(worst, fabs(dx[run][i] - dx[0][i]));
@@ -534,11 +535,29 @@ static void test_logsoftmax_gather_blocks(void) {
     if (worst <= 1e-3) check_passed++;
     else {
       check_failed++;
-      fprintf(stderr, "logsoftmax_gather blocks (%s): off by %.3g\n", run == 2 ? "packed" : "sgemm logits", worst);
+      fprintf(stderr, "logsoftmax_gather blocks (%s): off by %.3g\n", run == 3 ? "strided logits" : run == 2 ? "packed" : "sgemm logits", worst);
     }
   }
-  for (int run = 0; run < 3; run++) free(lp[run]), free(lse[run]), free(dx[run]), free(dw[run]);
+  for (int run = 0; run < 4; run++) free(lp[run]), free(lse[run]), free(dx[run]), free(dw[run]);
   free(x); free(w); free(dlp); free(wp); free(big); free(small);
+}
+
+/* The 16-lane AdamW span (optim.c's update) equals clrt_adamw_update element by element, bit
+   for bit, over full vectors and a tail (n = 37), with decay and a clip scale. */
+static void test_adamw_span(void) {
+  enum { n = 37 };
+  float p[n], m[n], v[n], g[n], p2[n], m2[n], v2[n];
+  for (int i = 0; i < n; i++) {
+    p[i] = p2[i] = 0.3f * sinf((float)i), m[i] = m2[i] = 0.01f * cosf(3.0f * i);
+    v[i] = v2[i] = 1e-4f * (1 + i % 5), g[i] = 0.2f * cosf(1.7f * i);
+  }
+  clrt_adamw_span(p, m, v, g, n, 0.5f, 1e-3f, 0.9f, 0.95f, 1e-8f, 1e-4f, 0.271f, 0.3f);
+  int same = 1;
+  for (int i = 0; i < n; i++) {
+    clrt_adamw_update(&p2[i], &m2[i], &v2[i], g[i] * 0.5f, 1e-3f, 0.9f, 0.95f, 1e-8f, 1e-4f, 0.271f, 0.3f);
+    same &= memcmp(&p[i], &p2[i], 4) == 0 && memcmp(&m[i], &m2[i], 4) == 0 && memcmp(&v[i], &v2[i], 4) == 0;
+  }
+  CHECK(same);
 }
 
 /* ---- shared math ------------------------------------------------------------------------------ */
@@ -644,5 +663,6 @@ int main(void) {
   test_linear_backward_strided();
   test_linear_bf16_weights();
   test_math();
+  test_adamw_span();
   return check_summary();
 }

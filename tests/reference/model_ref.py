@@ -128,8 +128,10 @@ def rmsnorm(x, w, eps):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def logprobs(cfg, P, tokens, lengths):
-    """tokens: long [B, T]; lengths: list. Returns lp [B, T-1] with padded positions 0."""
+def logprobs(cfg, P, tokens, lengths, linear=None):
+    """tokens: long [B, T]; lengths: list. Returns lp [B, T-1] with padded positions 0.
+    linear(name, inp), when given, computes the blocks' projections instead (name without
+    ".weight"; bench/train_step_torch.py's LoRA peer)."""
     arch = arch_of(cfg)
     B, T = tokens.shape
     H, KV, D = dims(cfg)
@@ -143,6 +145,8 @@ def logprobs(cfg, P, tokens, lengths):
         h = rmsnorm(x, P[p + "input_layernorm.weight"], eps)
 
         def proj(name, inp):
+            if linear is not None:
+                return linear(p + name, inp)
             y = inp @ P[p + name + ".weight"].T
             b = P.get(p + name + ".bias")
             return y + b if b is not None else y
