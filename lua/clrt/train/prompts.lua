@@ -20,9 +20,23 @@ function M.world_config_path()
 end
 function M.world_config() return config.read_file(M.world_config_path()) end
 
--- The built-in world's SFT warm start, trained once and cached.
+-- 8 hex digits of FNV-1a over s: names a cache folder after the settings that made it.
+local function short_hash(s)
+  local bit = require("bit")
+  local h = 0x811c9dc5
+  for i = 1, #s do
+    h = bit.bxor(h, s:byte(i))
+    h = bit.tobit(bit.lshift(h, 24) + (h % 4294967296) * 403)   -- h * 16777619 mod 2^32
+  end
+  return bit.tohex(h)
+end
+
+-- The built-in world's SFT warm start, trained once and cached. The folder's name carries a
+-- hash of the `sft` settings, so a cache trained with other settings (an older world config,
+-- an sft.* override) is never taken for this one.
 function M.world_start(cfg, world)
-  local dir = ("%s/world%d-seed%d"):format(cfg.sft_cache, world.version, cfg.seed)
+  local key = short_hash(require("clrt.json").encode(cfg.sft or {}))
+  local dir = ("%s/world%d-%s-seed%d"):format(cfg.sft_cache, world.version, key, cfg.seed)
   -- rank 0 decides for all data-parallel ranks (they would race on the folder); the warm start
   -- itself runs on all of them (collabllm_sft is data-parallel)
   local dist = require("clrt.dist")
