@@ -309,4 +309,18 @@ T.case("collabllm_user: a non-string response is its text; the marker comes from
   T.eq(su.respond({ { role = "assistant", content = "Done." } }, { value = "x" }, { terminate_marker = "DONE!" }), "DONE!")
 end)
 
+T.case("the warm start's cache folder is named by its sft settings, so other settings never reuse it", function()
+  local config = require("clrt.config")
+  local recipe = require("recipes.collabllm_rl")
+  local prompts = require("clrt.train.prompts")
+  local function dir(args) return prompts.world_start_dir(config.parse(recipe.defaults, args, config.read_file(recipe.world_config_path())), world) end
+  local base = dir({})
+  T.eq(dir({}), base, "the same settings, the same folder")
+  T.ok(base:find("^runs/collab_world_sft/world" .. world.version .. "%-%x%x%x%x%x%x%x%x%-seed1$"), base)
+  T.ok(dir({ "sft.train.steps=999" }) ~= base, "another step count, another folder")
+  T.ok(dir({ "sft.arch.hidden_size=64" }) ~= base, "another architecture, another folder")
+  T.eq(dir({ "seed=2" }):match("seed(%d+)$"), "2")
+  T.eq(dir({ "seed=2" }):gsub("seed2$", "seed1"), base, "the seed is its own part of the name")
+end)
+
 T.run()

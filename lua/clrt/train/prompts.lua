@@ -34,9 +34,13 @@ end
 -- The built-in world's SFT warm start, trained once and cached. The folder's name carries a
 -- hash of the `sft` settings, so a cache trained with other settings (an older world config,
 -- an sft.* override) is never taken for this one.
-function M.world_start(cfg, world)
+function M.world_start_dir(cfg, world)
   local key = short_hash(require("clrt.json").encode(cfg.sft or {}))
-  local dir = ("%s/world%d-%s-seed%d"):format(cfg.sft_cache, world.version, key, cfg.seed)
+  return ("%s/world%d-%s-seed%d"):format(cfg.sft_cache, world.version, key, cfg.seed)
+end
+
+function M.world_start(cfg, world)
+  local dir = M.world_start_dir(cfg, world)
   -- rank 0 decides for all data-parallel ranks (they would race on the folder); the warm start
   -- itself runs on all of them (collabllm_sft is data-parallel)
   local dist = require("clrt.dist")
