@@ -115,6 +115,21 @@ static int step_check(clrt_adamw *o, param_set *ps, float lr, float beta1, float
   return 0;
 }
 
+/* Once a host step knows the gradient norm: a non-finite one skips the step (an error),
+   else the step is counted and its clip scale and bias corrections are given. */
+static int begin_host_step(clrt_adamw *o, double norm, float grad_clip, float beta1, float beta2,
+                           float *gscale, float *bc1, float *bc2_sqrt) {
+  if (!isfinite(norm)) {
+    clrt_set_error("adamw: gradient norm is %g; the step was skipped", norm);
+    return -1;
+  }
+  *gscale = clrt_clip_scale(norm, grad_clip);
+  o->step++;
+  *bc1 = (float)(1.0 - pow(beta1, (double)o->step));
+  *bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)o->step));
+  return 0;
+}
+
 int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps,
                     float weight_decay, float grad_clip, double *grad_norm) {
   clrt_model *m = o->m;
@@ -149,14 +164,8 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
   for (int64_t k = 0; k < ps.total; k++) ss += (double)G[k] * G[k];
   double norm = sqrt(ss);
   if (grad_norm) *grad_norm = norm;
-  if (!isfinite(norm)) {
-    clrt_set_error("adamw: gradient norm is %g; the step was skipped", norm);
-    return -1;
-  }
-  float gscale = clrt_clip_scale(norm, grad_clip);
-  o->step++;
-  float bc1 = (float)(1.0 - pow(beta1, (double)o->step));
-  float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)o->step));
+  float gscale, bc1, bc2_sqrt;
+  if (begin_host_step(o, norm, grad_clip, beta1, beta2, &gscale, &bc1, &bc2_sqrt)) return -1;
   /* One parallel region for all tensors: many are tiny (norms, biases), and a fork/join per
      tensor costs more than their update. */
 #pragma omp parallel
@@ -189,14 +198,8 @@ int clrt_adamw_step_range(clrt_adamw *o, int64_t lo, int64_t hi, double grad_nor
                    (long long)ps.total);
     return -1;
   }
-  if (!isfinite(grad_norm)) {
-    clrt_set_error("adamw: gradient norm is %g; the step was skipped", grad_norm);
-    return -1;
-  }
-  float gscale = clrt_clip_scale(grad_norm, grad_clip);
-  o->step++;
-  float bc1 = (float)(1.0 - pow(beta1, (double)o->step));
-  float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)o->step));
+  float gscale, bc1, bc2_sqrt;
+  if (begin_host_step(o, grad_norm, grad_clip, beta1, beta2, &gscale, &bc1, &bc2_sqrt)) return -1;
   float *P = ps.params->data, *G = ps.grads->data, *M1 = o->m1->data, *M2 = o->m2->data;
   /* the tensors' parts inside [lo, hi): the same update, element by element, as the whole step */
 #pragma omp parallel
