@@ -11,13 +11,7 @@ for _, a in ipairs(arg or {}) do
   if k then args[k] = v end
 end
 
-local function now()
-  local ffi = require("ffi")
-  pcall(ffi.cdef, "typedef struct { long tv_sec, tv_nsec; } clrt_bench_ts; int clock_gettime(int, clrt_bench_ts *);")
-  local ts = ffi.new("clrt_bench_ts")
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + 1e-9 * tonumber(ts.tv_nsec)
-end
+local now = require("clrt.log").now   -- the monotonic clock
 
 local dist = require("clrt.dist")
 if args.worker then

@@ -18,13 +18,7 @@ end
 
 local SIZES = dofile((debug.getinfo(1, "S").source:sub(2):match("^(.*)/") or ".") .. "/shapes.lua")
 
-local function now()
-  local ffi = require("ffi")
-  pcall(ffi.cdef, "typedef struct { long tv_sec, tv_nsec; } clrt_bench_ts; int clock_gettime(int, clrt_bench_ts *);")
-  local ts = ffi.new("clrt_bench_ts")
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + 1e-9 * tonumber(ts.tv_nsec)
-end
+local now = require("clrt.log").now   -- the monotonic clock
 
 local function median(list)
   local s = {}

@@ -36,13 +36,7 @@ local function peak_rss_mb()
   return tonumber(s:match("VmHWM:%s+(%d+)")) / 1024
 end
 
-local function now()
-  local ffi = require("ffi")
-  pcall(ffi.cdef, "typedef struct { long tv_sec, tv_nsec; } clrt_bench_ts; int clock_gettime(int, clrt_bench_ts *);")
-  local ts = ffi.new("clrt_bench_ts")
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + 1e-9 * tonumber(ts.tv_nsec)
-end
+local now = require("clrt.log").now   -- the monotonic clock
 
 -- The clrt side, in a child process: `clrt bench/train_step.lua worker=5M ...`.
 if args.worker then

@@ -232,6 +232,23 @@ static double sum_squares(const float *x, int64_t n) {
   return ss;
 }
 
+#ifdef CLRT_HAVE_MPI
+/* Between machines, slice by slice in CHUNK pieces, one owner after another: sum = 1 sums
+   each slice at its owner (MPI_Reduce), sum = 0 sends each owner's slice to all (MPI_Bcast). */
+static void by_owner_over_mpi(float *data, int64_t count, int sum) {
+  for (int q = 0; q < dist_size; q++) {
+    int64_t qlo, qhi;
+    clrt_dist_slice(count, q, &qlo, &qhi);
+    for (int64_t at = qlo; at < qhi; at += CHUNK) {
+      int n = (int)(qhi - at < CHUNK ? qhi - at : CHUNK);
+      if (!sum) MPI_Bcast(data + at, n, MPI_FLOAT, q, MPI_COMM_WORLD);
+      else if (q == dist_rank) MPI_Reduce(MPI_IN_PLACE, data + at, n, MPI_FLOAT, MPI_SUM, q, MPI_COMM_WORLD);
+      else MPI_Reduce(data + at, NULL, n, MPI_FLOAT, MPI_SUM, q, MPI_COMM_WORLD);
+    }
+  }
+}
+#endif
+
 int clrt_dist_reduce_scatter(float *data, int64_t count, double *sum_sq) {
   if (check_args(data, count, CLRT_DIST_F32, "reduce_scatter") || !sum_sq) return -1;
   int64_t lo, hi;
@@ -240,16 +257,7 @@ int clrt_dist_reduce_scatter(float *data, int64_t count, double *sum_sq) {
   if (dist_size > 1 && count > 0) {
     int shm = dist_shm_reduce_scatter(data, count, sum_sq);
     if (shm <= 0) return shm;
-    /* between machines: each slice summed at its owner, one owner after another */
-    for (int q = 0; q < dist_size; q++) {
-      int64_t qlo, qhi;
-      clrt_dist_slice(count, q, &qlo, &qhi);
-      for (int64_t at = qlo; at < qhi; at += CHUNK) {
-        int n = (int)(qhi - at < CHUNK ? qhi - at : CHUNK);
-        if (q == dist_rank) MPI_Reduce(MPI_IN_PLACE, data + at, n, MPI_FLOAT, MPI_SUM, q, MPI_COMM_WORLD);
-        else MPI_Reduce(data + at, NULL, n, MPI_FLOAT, MPI_SUM, q, MPI_COMM_WORLD);
-      }
-    }
+    by_owner_over_mpi(data, count, 1);
   }
 #endif
   *sum_sq = sum_squares(data + lo, hi - lo);
@@ -262,14 +270,7 @@ int clrt_dist_all_gather(float *data, int64_t count) {
 #ifdef CLRT_HAVE_MPI
   int shm = dist_shm_all_gather(data, count);
   if (shm <= 0) return shm;
-  for (int q = 0; q < dist_size; q++) {
-    int64_t qlo, qhi;
-    clrt_dist_slice(count, q, &qlo, &qhi);
-    for (int64_t at = qlo; at < qhi; at += CHUNK) {
-      int n = (int)(qhi - at < CHUNK ? qhi - at : CHUNK);
-      MPI_Bcast(data + at, n, MPI_FLOAT, q, MPI_COMM_WORLD);
-    }
-  }
+  by_owner_over_mpi(data, count, 0);
 #endif
   return 0;
 }

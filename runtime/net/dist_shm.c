@@ -383,6 +383,16 @@ static int cma_all_gather(float *data, int64_t count) {
   return failed ? -1 : 0;
 }
 
+/* The most floats any rank of this machine owns of a buffer of count: the rounds to run. */
+static int64_t largest_local_slice(int64_t count) {
+  int64_t lo, hi, most = 0;
+  for (int q = 0; q < local_size; q++) {
+    clrt_dist_slice(count, q, &lo, &hi);
+    if (hi - lo > most) most = hi - lo;
+  }
+  return most;
+}
+
 /* Round j moves the j-th piece (sub floats) of every rank's slice: each rank stages the
    pieces the others own in its area (half j % 2), barrier, and each sums the staged copies of
    its own piece into its buffer. So every rank copies and sums alike in every round (no rank
@@ -393,11 +403,7 @@ int dist_shm_reduce_scatter(float *data, int64_t count, double *sum_sq) {
   if (!sharded_ok()) return 1;
   if (cma) return cma_reduce_scatter(data, count, sum_sq);
   size_t sub = piece_floats();
-  int64_t lo, hi, most = 0;
-  for (int q = 0; q < local_size; q++) {
-    clrt_dist_slice(count, q, &lo, &hi);
-    if (hi - lo > most) most = hi - lo;
-  }
+  int64_t lo, hi, most = largest_local_slice(count);
   int64_t mlo, mhi;
   clrt_dist_slice(count, local_rank, &mlo, &mhi);
   double ss = 0;
@@ -432,11 +438,7 @@ int dist_shm_all_gather(float *data, int64_t count) {
   if (!sharded_ok()) return 1;
   if (cma) return cma_all_gather(data, count);
   size_t sub = chunk / sizeof(float);
-  int64_t lo, hi, most = 0;
-  for (int q = 0; q < local_size; q++) {
-    clrt_dist_slice(count, q, &lo, &hi);
-    if (hi - lo > most) most = hi - lo;
-  }
+  int64_t lo, hi, most = largest_local_slice(count);
   int64_t mlo, mhi;
   clrt_dist_slice(count, local_rank, &mlo, &mhi);
   node_sync();
