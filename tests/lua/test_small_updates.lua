@@ -26,27 +26,19 @@ local function items_of(n, seed)
   return out
 end
 
-local function grads_copy(m)
+-- name -> Lua array of every value of each tensor in a name -> tensor table
+local function values_of(tensors)
   local out = {}
-  for name, g in pairs(m:grads()) do
-    local x = g:contiguous():reshape({ -1 })
+  for name, t in pairs(tensors) do
+    local x = t:contiguous():reshape({ -1 })
     local c = {}
     for i = 1, x:numel() do c[i] = x:get(i) end
     out[name] = c
   end
   return out
 end
-
-local function params_copy(m)
-  local out = {}
-  for name, p in pairs(m:params()) do
-    local x = p:contiguous():reshape({ -1 })
-    local c = {}
-    for i = 1, x:numel() do c[i] = x:get(i) end
-    out[name] = c
-  end
-  return out
-end
+local function grads_copy(m) return values_of(m:grads()) end
+local function params_copy(m) return values_of(m:params()) end
 
 local function max_diff(a, b)
   local d, scale = 0, 0
