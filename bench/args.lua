@@ -6,7 +6,7 @@ local M = {}
 
 function M.parse(defaults, argv)
   for _, a in ipairs(argv or {}) do
-    local k, v = a:match("^(%w+)=(.*)$")
+    local k, v = a:match("^([%w_]+)=(.*)$")
     if k and defaults[k] ~= nil then defaults[k] = tonumber(v) or v end
   end
   return defaults
