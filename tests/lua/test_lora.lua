@@ -342,6 +342,20 @@ T.case("bad adapters and settings are refused with the reason", function()
   refused(function() clrt.model.new(TINY):load_adapter(dir .. "/b") end, "'peft_type' must be \"LORA\"")
   refused(function() clrt.model.new(TINY):load_adapter(dir .. "/none") end, "no adapter_config.json")
   refused(function() m:set_adapters(false) end, "no LoRA adapters")
+  -- PEFT's save_embedding_layers copies of the base: accepted when they are the base's own
+  local sides = tiny({ r = 2, targets = { "lm_head", "embed_tokens" } })
+  sides:save_adapter(dir .. "/c")
+  local ts = clrt.safetensors.load(dir .. "/c/adapter_model.safetensors")
+  local E = clrt.model.new(TINY, { seed = 7 }):params()["model.embed_tokens.weight"]
+  ts["base_model.model.model.embed_tokens.base_layer.weight"] = E:clone()
+  ts["base_model.model.lm_head.base_layer.weight"] = E:clone()   -- tied: the head is E
+  clrt.safetensors.save(dir .. "/c/adapter_model.safetensors", ts)
+  local okl, errl = pcall(function() clrt.model.new(TINY, { seed = 7 }):load_adapter(dir .. "/c") end)
+  T.ok(okl, "the base's own embedding copies load: " .. tostring(errl))
+  ts["base_model.model.lm_head.base_layer.weight"] = E * 1.5
+  clrt.safetensors.save(dir .. "/c/adapter_model.safetensors", ts)
+  refused(function() clrt.model.new(TINY, { seed = 7 }):load_adapter(dir .. "/c") end,
+    "'base_model.model.lm_head.base_layer.weight' differs from the base's weights")
 end)
 
 T.case("the threaded LoRA products (split over the team) equal one thread's, dropout on", function()

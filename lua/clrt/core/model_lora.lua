@@ -46,6 +46,27 @@ local function target_list(bits)
   return out
 end
 
+-- PEFT saves the embedding's and the output layer's base weights beside their adapters when
+-- they are targets (save_embedding_layers="auto"): accepted when they are the base's own (a
+-- tied head reads the embedding), refused when training or resizing changed them.
+local BASE_COPIES = { ["base_model.model.model.embed_tokens.base_layer.weight"] = "model.embed_tokens.weight",
+  ["base_model.model.lm_head.base_layer.weight"] = "lm_head.weight" }
+
+local function check_base_copy(m, wpath, name, t)
+  local params = m:params()
+  local base = params[BASE_COPIES[name]] or params["model.embed_tokens.weight"]
+  if base:device() ~= "cpu" then base = base:to("cpu") end
+  if tensor.shape_str(t) ~= tensor.shape_str(base) then
+    error(("%s: '%s' has shape %s but the base's is %s (a resized vocabulary is not supported)"):format(
+      wpath, name, tensor.shape_str(t), tensor.shape_str(base)), 3)
+  end
+  local d = (t:to("f32") - base):abs():max()
+  if d > 0 then
+    error(("%s: '%s' differs from the base's weights (by up to %g): clrt loads adapters over an unchanged base"):format(
+      wpath, name, d), 3)
+  end
+end
+
 function M.install(Model)
   local function live(m)
     if m.ptr == nil then error("model: used after free()", 3) end
@@ -159,7 +180,12 @@ function M.install(Model)
     local ts, meta = st.load(wpath, { "clrt_dropout_step", "clrt_dropout_seed" })
     local mine = self:lora_params()
     for name, t in pairs(ts) do
-      if not mine[name] then error(("%s: tensor '%s' is not an adapter of this model and its targets"):format(wpath, name), 2) end
+      if BASE_COPIES[name] then
+        check_base_copy(self, wpath, name, t)
+        ts[name] = nil
+      elseif not mine[name] then
+        error(("%s: tensor '%s' is not an adapter of this model and its targets"):format(wpath, name), 2)
+      end
     end
     for _, name in ipairs(self.lora_names) do
       local src = ts[name]
