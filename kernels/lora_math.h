@@ -50,4 +50,17 @@ CLRT_HD uint64_t clrt_lora_key(uint64_t seed, uint64_t step, int layer, int targ
   return clrt_lora_mix(seed ^ clrt_lora_mix(step * 0x100000001B3ull + (uint64_t)layer * 16u + (uint64_t)target));
 }
 
+/* The output layer's adapter as the fused log-softmax kernels see it (CPU and CUDA, one block
+   of logits z [rows, vb] at a time, so the [N, V] logits never exist): z += scale xa B_b^T;
+   backward, with z turned into dz: dxa (=, then +=) scale dz B_b, dB_b += scale dz^T xa. The
+   rest (xa = drop(x) A^T before, dA and dx from dxa after) runs outside the fused loop. */
+typedef struct clrt_head_lora {
+  const float *xa;   /* [N, r] */
+  const float *B;    /* [V, r] */
+  float *dxa;        /* [N, r] (backward) */
+  float *dB;         /* [V, r] += (backward) */
+  int r;
+  float scale;
+} clrt_head_lora;
+
 #endif

@@ -209,9 +209,10 @@ int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int T
                               float *const *kcache, float *const *vcache, int cache_T,
                               float *logits);
 /* -- LoRA adapters (model/lora.c) -- */
-/* Adds adapters of rank r beside the targets (bits: q, k, v, o, gate, up, down projections):
-   y += alpha/r * (dropout(x) A^T) B^T, A [r, in] uniform in +-1/sqrt(in) from seed, B [out, r]
-   zero. The base is frozen from then on (no gradients; the optimizer walks the adapters only).
+/* Adds adapters of rank r beside the targets (bits: q, k, v, o, gate, up, down projections,
+   then lm_head and embed_tokens): y += alpha/r * (dropout(x) A^T) B^T, A [r, in] uniform in
+   +-1/sqrt(in) from seed, B [out, r] zero; embed_tokens is PEFT's Embedding adapter (out =
+   E[x] + alpha/r B A[:, x], A [r, vocab] zero, B [hidden, r] standard normal, no dropout). The base is frozen from then on (no gradients; the optimizer walks the adapters only).
    Dropout applies in kept (training) forwards only; its masks are a function of seed and the
    count of kept forwards (dropout_step, saved with a checkpoint for bit-identical resume). */
 int clrt_model_lora_add(clrt_model *m, int r, float alpha, float dropout, unsigned targets, uint64_t seed);
@@ -225,7 +226,8 @@ clrt_tensor *clrt_model_lora_grad(clrt_model *m, int i);
 /* The dropout masks' state: which 0 the seed, 1 the count of kept forwards. */
 uint64_t clrt_model_lora_dropout_state(const clrt_model *m, int which);
 int clrt_model_lora_set_dropout_state(clrt_model *m, uint64_t seed, uint64_t step);
-/* W += alpha/r B A into every target, then the adapters go (model on the cpu). */
+/* W += alpha/r B A into every target, then the adapters go (model on the cpu). A tied model
+   with an lm_head or embed_tokens adapter is untied first (lm_head.weight of its own). */
 int clrt_model_lora_merge(clrt_model *m);
 
 /* -- placement and precision (model/device.c, model/weights.c, flops.c) -- */

@@ -9,12 +9,15 @@
    share into dx = dlogits w and dw += dlogits^T x (gemm_strided.c, ~1.3-2x sgemm here, when
    the caller asks for the fast kernels; else sgemm). The logits run over the packed head
    (linear_packed.c, ~2x sgemm) when the caller has a current one, else sgemm. A forward whose caller kept all logits (chunk = N, see
-   logits_ready) is one block: backward reuses them without a recompute. */
+   logits_ready) is one block: backward reuses them without a recompute. With a LoRA adapter
+   beside the output layer (clrt_head_lora, lora_math.h) each block also gains its rank-r
+   share, and backward takes the adapter's share of each block's dz, still per block. */
 /* GCC may vectorize clrt_expf's clamps only without trapping math (FP exceptions, unused). */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
 #endif
 #include "model_kernels.h"
+#include "lora_math.h"
 #include "model_math.h"
 #include "rowops.h"
 
@@ -50,11 +53,38 @@ static void block_logits(float *z, const float *x, const float *w, const float *
               0.0f, z, vb);
 }
 
-void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NULL */,
-                                    const float *x /* [N, C] */, const float *w /* [V, C] */,
-                                    const float *wp /* w packed by clrt_linear_pack, or NULL */, int fast,
-                                    const int32_t *target /* [N] */, int64_t N, int C, int V,
-                                    float *scratch /* [chunk, V] */, int chunk) {
+/* z [rows, vb] += s xa[n0 ..] B[v0 ..]^T: the adapter's share of the block. */
+static void head_block_forward(float *z, const clrt_head_lora *hl, int64_t n0, int rows, int v0, int vb) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, vb, hl->r, hl->scale, hl->xa + n0 * hl->r, hl->r,
+              hl->B + (int64_t)v0 * hl->r, hl->r, 1.0f, z, vb);
+}
+
+/* dxa[n0 ..] (= at v0 = 0, else +=) s dz B_b; dB_b += s dz^T xa[n0 ..]. */
+static void head_block_backward(const float *dz, const clrt_head_lora *hl, int64_t n0, int rows, int v0, int vb) {
+  int r = hl->r;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, r, vb, hl->scale, dz, vb, hl->B + (int64_t)v0 * r, r,
+              v0 > 0 ? 1.0f : 0.0f, hl->dxa + n0 * r, r);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, vb, r, rows, hl->scale, dz, vb, hl->xa + n0 * r, r, 1.0f,
+              hl->dB + (int64_t)v0 * r, r);
+}
+
+void clrt_logsoftmax_gather_forward(float *lp, float *lse, const float *x, const float *w, const float *wp, int fast,
+                                    const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk) {
+  clrt_logsoftmax_gather_forward_lora(lp, lse, x, w, wp, fast, target, N, C, V, scratch, chunk, NULL);
+}
+
+void clrt_logsoftmax_gather_backward(float *dx, float *dw, const float *dlp, const float *x, const float *w,
+                                     const float *wp, int fast, const int32_t *target, const float *lse, int64_t N,
+                                     int C, int V, float *scratch, int chunk, int logits_ready) {
+  clrt_logsoftmax_gather_backward_lora(dx, dw, dlp, x, w, wp, fast, target, lse, N, C, V, scratch, chunk,
+                                       logits_ready, NULL);
+}
+
+void clrt_logsoftmax_gather_forward_lora(float *lp /* [N] */, float *lse /* [N] or NULL */,
+                                         const float *x /* [N, C] */, const float *w /* [V, C] */,
+                                         const float *wp /* w packed by clrt_linear_pack, or NULL */, int fast,
+                                         const int32_t *target /* [N] */, int64_t N, int C, int V,
+                                         float *scratch /* [chunk, V] */, int chunk, const clrt_head_lora *hl) {
   int R, Vb;
   block_shape(N, V, chunk, &R, &Vb);
   for (int64_t n0 = 0; n0 < N; n0 += R) {
@@ -66,6 +96,7 @@ void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NU
     for (int v0 = 0; v0 < V; v0 += Vb) {
       int vb = V - v0 < Vb ? V - v0 : Vb;
       block_logits(scratch, x + n0 * C, w, wp, fast, rows, C, V, v0, vb);
+      if (hl) head_block_forward(scratch, hl, n0, rows, v0, vb);
 #pragma omp parallel for schedule(static)
       for (int r = 0; r < rows; r++) {
         const float *z = scratch + (int64_t)r * vb;
@@ -90,11 +121,12 @@ void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NU
   }
 }
 
-void clrt_logsoftmax_gather_backward(float *dx /* [N, C] = */, float *dw /* [V, C] += */,
-                                     const float *dlp /* [N] */, const float *x /* [N, C] */,
-                                     const float *w /* [V, C] */, const float *wp /* packed w or NULL */,
-                                     int fast, const int32_t *target /* [N] */, const float *lse /* [N] */, int64_t N, int C, int V,
-                                     float *scratch /* [chunk, V] */, int chunk, int logits_ready) {
+void clrt_logsoftmax_gather_backward_lora(float *dx /* [N, C] = */, float *dw /* [V, C] += */,
+                                          const float *dlp /* [N] */, const float *x /* [N, C] */,
+                                          const float *w /* [V, C] */, const float *wp /* packed w or NULL */,
+                                          int fast, const int32_t *target /* [N] */, const float *lse /* [N] */,
+                                          int64_t N, int C, int V, float *scratch /* [chunk, V] */, int chunk,
+                                          int logits_ready, const clrt_head_lora *hl) {
   int R, Vb;
   block_shape(N, V, chunk, &R, &Vb);
   if (logits_ready && (R < N || Vb < V)) logits_ready = 0;
@@ -104,7 +136,10 @@ void clrt_logsoftmax_gather_backward(float *dx /* [N, C] = */, float *dw /* [V, 
     float *dxc = dx + n0 * C;
     for (int v0 = 0; v0 < V; v0 += Vb) {
       int vb = V - v0 < Vb ? V - v0 : Vb;
-      if (!logits_ready) block_logits(scratch, xc, w, wp, fast, rows, C, V, v0, vb);
+      if (!logits_ready) {
+        block_logits(scratch, xc, w, wp, fast, rows, C, V, v0, vb);
+        if (hl) head_block_forward(scratch, hl, n0, rows, v0, vb);
+      }
 #pragma omp parallel for schedule(static)
       for (int r = 0; r < rows; r++) {
         float *z = scratch + (int64_t)r * vb;
@@ -113,6 +148,7 @@ void clrt_logsoftmax_gather_backward(float *dx /* [N, C] = */, float *dw /* [V, 
         int t = target[n0 + r];
         if (t >= v0 && t < v0 + vb) z[t - v0] += g;
       }
+      if (hl) head_block_backward(scratch, hl, n0, rows, v0, vb);
       const float *wb = w + (int64_t)v0 * C;
       float *dwb = dw ? dw + (int64_t)v0 * C : NULL;   /* NULL: a frozen output layer (LoRA) */
       /* dx [rows, C] (+)= dz [rows, vb] w_b [vb, C]; dw_b [vb, C] += dz^T x [rows, C] */

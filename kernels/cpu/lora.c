@@ -159,3 +159,49 @@ void clrt_lora_merge(float *W /* [O, K] += */, const float *A /* [r, K] */, cons
                      int K, int O, int r, float scale) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, O, K, r, scale, B, r, A, K, 1.0f, W, K);
 }
+
+void clrt_lora_xa(float *xa, const float *xd, const float *A, int64_t N, int K, int r) {
+  if (N > 0) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, r, K, 1.0f, xd, K, A, K, 0.0f, xa, r);
+}
+
+void clrt_lora_input_backward(float *dx, float *dA, const float *dxa, float *xd, const float *A, int64_t N, int K,
+                              int r, uint64_t key, float p) {
+  if (N == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, K, (int)N, 1.0f, dxa, r, xd, K, 1.0f, dA, K);
+  if (p <= 0) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, K, r, 1.0f, dxa, r, A, K, 1.0f, dx, K);
+    return;
+  }
+  /* through the dropout: xd (spent) takes dxa A first */
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, K, r, 1.0f, dxa, r, A, K, 0.0f, xd, K);
+#pragma omp parallel if (N * K > CLRT_OMP_MIN_WORK)
+  {
+    int64_t a, b;
+    share(N * K, &a, &b);
+    mask_span(dx, xd, a, b, key, p, 1);
+  }
+}
+
+/* ---- the embedding's adapter (PEFT's lora_embedding_A [r, V], lora_embedding_B [C, r]) ---- */
+
+void clrt_lora_embed_forward(float *y, float *ea, const int32_t *tok, const float *A, const float *B, int64_t N,
+                             int V, int C, int r, float scale) {
+  if (N == 0) return;
+  for (int64_t n = 0; n < N; n++)
+    for (int k = 0; k < r; k++) ea[n * r + k] = A[(int64_t)k * V + tok[n]];
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, C, r, scale, ea, r, B, r, 1.0f, y, C);
+}
+
+void clrt_lora_embed_backward(float *dA, float *dB, float *dea, const float *dy, const float *ea,
+                              const int32_t *tok, const float *B, int64_t N, int V, int C, int r, float scale) {
+  if (N == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, r, (int)N, scale, dy, C, ea, r, 1.0f, dB, r);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, r, C, scale, dy, C, B, r, 0.0f, dea, r);
+  /* The scatter in row order (a token may repeat): the same sums in the same order every run. */
+  for (int64_t n = 0; n < N; n++)
+    for (int k = 0; k < r; k++) dA[(int64_t)k * V + tok[n]] += dea[n * r + k];
+}
+
+void clrt_lora_merge_embed(float *E, const float *A, const float *B, int V, int C, int r, float scale) {
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasTrans, V, C, r, scale, A, V, B, r, 1.0f, E, C);
+}

@@ -51,6 +51,29 @@ void clrt_lora_backward(float *dx /* [N, K] += */, float *dA /* [r, K] += */, fl
 /* W [O, K] += scale * B [O, r] A [r, K] (merging an adapter into its base). */
 void clrt_lora_merge(float *W, const float *A, const float *B, int K, int O, int r, float scale);
 
+/* xa = xd A^T (the output layer's adapter: the first of lora_forward's products alone). */
+void clrt_lora_xa(float *xa /* [N, r] = */, const float *xd /* [N, K] */, const float *A /* [r, K] */, int64_t N,
+                  int K, int r);
+/* The tail of an adapter's backward once dxa [N, r] (scale included) is known (the output
+   layer's adapter gets it from the fused log-softmax): dA += dxa^T xd; dx += dxa A through the
+   dropout of (key, p) (p 0: none; xd is overwritten when p > 0). */
+void clrt_lora_input_backward(float *dx /* [N, K] += */, float *dA /* [r, K] += */, const float *dxa /* [N, r] */,
+                              float *xd /* [N, K] */, const float *A /* [r, K] */, int64_t N, int K, int r,
+                              uint64_t key, float p);
+/* PEFT's embedding adapter: y[n] += scale B A[:, tok[n]], A [r, V], B [C, r]; ea [N, r] =
+   A[:, tok[n]] kept for backward. No dropout (PEFT's Embedding applies none). */
+void clrt_lora_embed_forward(float *y /* [N, C] += */, float *ea /* [N, r] = */, const int32_t *tok /* [N] */,
+                             const float *A /* [r, V] */, const float *B /* [C, r] */, int64_t N, int V, int C,
+                             int r, float scale);
+/* dB += scale dy^T ea; dA[:, tok[n]] += scale (dy B)[n] (dea [N, r] scratch). */
+void clrt_lora_embed_backward(float *dA /* [r, V] += */, float *dB /* [C, r] += */, float *dea /* [N, r] */,
+                              const float *dy /* [N, C] */, const float *ea /* [N, r] */,
+                              const int32_t *tok /* [N] */, const float *B /* [C, r] */, int64_t N, int V,
+                              int C, int r, float scale);
+/* E [V, C] += scale A^T B^T, i.e. row v of E gains scale B A[:, v] (merging an embedding adapter). */
+void clrt_lora_merge_embed(float *E, const float *A /* [r, V] */, const float *B /* [C, r] */, int V, int C, int r,
+                           float scale);
+
 /* ---- linear_skinny.c ------------------------------------------------------------------ */
 /* The forward of few rows (N <= CLRT_SKINNY_MAX_ROWS), reading w without packing it. Returns 1
    when it computed y, 0 when this CPU has no kernel for it (then use clrt_linear_forward). */
@@ -220,6 +243,16 @@ void clrt_logsoftmax_gather_backward(float *dx /* [N, C] */, float *dw /* [V, C]
                                      int fast /* dx, dw through gemm_strided.c where the CPU has it */,
                                      const int32_t *target /* [N] */, const float *lse /* [N] */, int64_t N,
                                      int C, int V, float *scratch /* [chunk, V] */, int chunk, int logits_ready);
+/* The same with a LoRA adapter beside the output layer (hl: lora_math.h; NULL: none): each
+   block's logits gain the adapter's share, and backward fills hl->dxa and adds into hl->dB. */
+struct clrt_head_lora;
+void clrt_logsoftmax_gather_forward_lora(float *lp, float *lse, const float *x, const float *w, const float *wp,
+                                         int fast, const int32_t *target, int64_t N, int C, int V, float *scratch,
+                                         int chunk, const struct clrt_head_lora *hl);
+void clrt_logsoftmax_gather_backward_lora(float *dx, float *dw, const float *dlp, const float *x, const float *w,
+                                          const float *wp, int fast, const int32_t *target, const float *lse,
+                                          int64_t N, int C, int V, float *scratch, int chunk, int logits_ready,
+                                          const struct clrt_head_lora *hl);
 
 /* ---- sample.c ----------------------------------------------------------------------------- */
 /* One token of a row from temperature / top-k / top-p (temperature <= 0: greedy), u one

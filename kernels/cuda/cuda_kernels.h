@@ -75,6 +75,19 @@ void clrt_cuda_lora_forward(float *y, float *xa, const float *xd, const float *A
 void clrt_cuda_lora_backward(float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
                              const float *xa, const float *A, const float *B, int64_t N, int K,
                              int O, int r, float scale, uint64_t key, float p);
+void clrt_cuda_lora_xa(float *xa, const float *xd, const float *A, int64_t N, int K, int r);
+void clrt_cuda_lora_input_backward(float *dx, float *dA, const float *dxa, float *xd, const float *A, int64_t N,
+                                   int K, int r, uint64_t key, float p);
+void clrt_cuda_lora_embed_forward(float *y, float *ea, const int32_t *tok, const float *A, const float *B,
+                                  int64_t N, int V, int C, int r, float scale);
+void clrt_cuda_lora_embed_backward(float *dA, float *dB, float *dea, const float *dy, const float *ea,
+                                   const int32_t *tok, const float *B, int64_t N, int V, int C, int r, float scale);
+/* The output layer's adapter inside the fused log-softmax (lora_math.h's clrt_head_lora, a
+   host struct of device pointers): z [rows, V] += its share of rows n0 ..; backward from dz. */
+struct clrt_head_lora;
+void clrt_cuda_lora_head_block(float *z, const struct clrt_head_lora *hl, int64_t n0, int rows, int V);
+void clrt_cuda_lora_head_block_backward(const float *dz, const struct clrt_head_lora *hl, int64_t n0, int rows,
+                                        int V);
 void clrt_cuda_linear_forward_bf16(float *y /* [N, O] */, const uint16_t *x /* [N, K] */,
                                    const uint16_t *w /* [O, K] */, const float *b /* [O] or NULL */,
                                    int64_t N, int K, int O);
@@ -124,6 +137,14 @@ void clrt_cuda_logsoftmax_gather_backward(float *dx /* [N, C] = */, float *dw /*
                                           const float *w /* [V, C] */, const int32_t *target /* [N] */,
                                           const float *lse /* [N] */, int64_t N, int C, int V,
                                           float *scratch /* [chunk, V] */, int chunk, int logits_ready);
+/* The same with a LoRA adapter beside the output layer (NULL: none). */
+void clrt_cuda_logsoftmax_gather_forward_lora(float *lp, float *lse, const float *x, const float *w,
+                                              const int32_t *target, int64_t N, int C, int V, float *scratch,
+                                              int chunk, const struct clrt_head_lora *hl);
+void clrt_cuda_logsoftmax_gather_backward_lora(float *dx, float *dw, const float *dlp, const float *x,
+                                               const float *w, const int32_t *target, const float *lse, int64_t N,
+                                               int C, int V, float *scratch, int chunk, int logits_ready,
+                                               const struct clrt_head_lora *hl);
 
 /* ---- adamw.cu ----------------------------------------------------------------------------- */
 /* One tensor of the arena: offset/numel in floats, decay 0/1. */

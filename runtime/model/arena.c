@@ -71,8 +71,10 @@ void model_layout(const clrt_model *m, acts *a, char *base, int B, int T, int Tk
     a->x16 = (uint16_t *)take(a, base, (N * widest + 1) / 2);
     a->dy16 = (uint16_t *)take(a, base, (N * widest + 1) / 2);
   }
-  a->lxd = a->ldxa = NULL;
+  a->lxd = a->ldxa = a->lhxa = a->lexa = NULL;
   if (m->lora) {
+    if (m->lora->head[0] >= 0) a->lhxa = take(a, base, N * (size_t)m->lora->r);
+    if (m->lora->emb[0] >= 0) a->lexa = take(a, base, N * (size_t)m->lora->r);
     if (m->lora->dropout > 0 && keep) a->lxd = take(a, base, N * model_lora_widest(m));
     if (keep) a->ldxa = take(a, base, N * (size_t)m->lora->r);
   }

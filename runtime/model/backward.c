@@ -2,6 +2,7 @@
    (clrt_model_logprobs with keep): gradients += dL/dparams for dL/dlogp. Each layer recomputes
    its normalised inputs and h instead of reading them (see forward.c). */
 #include "model_internal.h"
+#include "lora_math.h"
 
 #include <stdlib.h>
 
@@ -101,10 +102,13 @@ int clrt_model_backward(clrt_model *m, const float *dlogp) {
   /* Output layer and final norm over the rows with a target (compacted, as in forward). */
   PROF(CLRT_K_OTHER, op->gather_rows(a.tmp, a.res[L], a.rowidx, nv, C));
   PROF(CLRT_K_RMSNORM, op->rmsnorm(a.xn, a.rstdf, a.tmp, PW(m, m->norm), nv, C, c->rms_norm_eps));
+  clrt_head_lora hl;
+  const clrt_head_lora *hla = model_lora_head_backward(m, &a, &hl);
   PROF(CLRT_K_OUT_B, op->output_backward(a.dxn, GW(m, m->head), a.dlpv, a.xn, PW(m, m->head),
                                          model_packed_weight(m, m->head), model_fast_kernels(m), a.target,
                                          a.lsef, nv, C, V,
-                                         a.logits, a.chunk, a.logits_kept));
+                                         a.logits, a.chunk, a.logits_kept, hla));
+  PROF(CLRT_K_LORA, model_lora_head_backward_end(m, &a, a.dxn, a.xn, nv));
   op->zero(a.dxc, (size_t)(nv * C));
   PROF(CLRT_K_RMSNORM, op->rmsnorm_backward(a.dxc, GW(m, m->norm), a.dxn, a.tmp, PW(m, m->norm), a.rstdf, nv, C));
   op->zero(a.dres, (size_t)(N * C));
@@ -117,5 +121,6 @@ int clrt_model_backward(clrt_model *m, const float *dlogp) {
     layer_backward(m, &a, l, a.res[l], B, T);
   }
   if (!m->lora) PROF(CLRT_K_EMBED, op->embedding_backward(GW(m, m->wte), a.dres, a.tok, N, C));
+  else PROF(CLRT_K_LORA, model_lora_embed_backward(m, &a, a.dres, N));
   return op->sync();   /* the end of the step: report any kernel failure */
 }

@@ -12,6 +12,7 @@
    and h are recomputed in backward instead of stored. Which kernel, device and precision run
    each op is the ops table's business (device.c). */
 #include "model_internal.h"
+#include "lora_math.h"
 
 #include <omp.h>
 #include <stdlib.h>
@@ -87,6 +88,7 @@ static void layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, cons
 static float *run_layers(clrt_model *m, acts *a, const fwd_step *s, const char *who) {
   int L = m->cfg.num_hidden_layers, C = m->cfg.hidden_size;
   PROF(CLRT_K_EMBED, m->ops->embedding(a->res[0], a->tok, PW(m, m->wte), (int64_t)s->B * s->T, C));
+  PROF(CLRT_K_LORA, model_lora_embed_forward(m, a, a->res[0], (int64_t)s->B * s->T));
   for (int l = 0; l < L; l++) {
     if (clrt_interrupted()) {
       clrt_set_error("%s: interrupted", who);
@@ -205,8 +207,11 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
   const model_ops *op = m->ops;
   PROF(CLRT_K_OTHER, op->gather_rows(a.tmp, xl, a.rowidx, nv, C));
   PROF(CLRT_K_RMSNORM, op->rmsnorm(a.xn, a.rstdf, a.tmp, PW(m, m->norm), nv, C, c->rms_norm_eps));
+  clrt_head_lora hl;
+  const clrt_head_lora *hla;
+  PROF(CLRT_K_LORA, hla = model_lora_head_forward(m, &a, &hl, a.xn, nv, keep));
   PROF(CLRT_K_OUT_F, op->output(a.lpv, a.lsef, a.xn, PW(m, m->head), model_packed_weight(m, m->head),
-                                model_fast_kernels(m), a.target, nv, C, V, a.logits, a.chunk));
+                                model_fast_kernels(m), a.target, nv, C, V, a.logits, a.chunk, hla));
   if (unstage_logprobs(m, &a, lp, B, T, nv)) return -1;
   m->saved = keep;
   m->B = B;

@@ -1,8 +1,10 @@
 /* lora.c — LoRA adapters beside the linear layers: their own arena (params + grads, PEFT's
    tensor names, so the optimizer and the adapter file see only them), PEFT's initialisation
-   (A uniform in +-1/sqrt(in), B zero), the layer hooks forward.c and backward.c call next to
-   each target linear, the switch that runs the bare base (the RL reference) and the merge into
-   the base weights. With adapters the base is frozen: no base gradient arena. */
+   (A uniform in +-1/sqrt(in), B zero; the embedding's the other way round: A zero, B normal),
+   the layer hooks forward.c and backward.c call next to each target linear (and beside the
+   embedding and the fused output layer), the switch that runs the bare base (the RL
+   reference) and the merge into the base weights (untying a tied head when the output or
+   the embedding has an adapter). With adapters the base is frozen: no base gradient arena. */
 #include "model_internal.h"
 #include "lora_math.h"
 
@@ -45,7 +47,7 @@ int clrt_model_lora_add(clrt_model *m, int r, float alpha, float dropout, unsign
     clrt_set_error("lora: the model already has adapters");
     return -1;
   }
-  if (r <= 0 || !(alpha > 0) || !(dropout >= 0 && dropout < 1) || !targets || targets >= (1u << LORA_NT)) {
+  if (r <= 0 || !(alpha > 0) || !(dropout >= 0 && dropout < 1) || !targets || targets >= (1u << LORA_NALL)) {
     clrt_set_error("lora: need r > 0 (got %d), alpha > 0 (got %g), 0 <= dropout < 1 (got %g) and "
                    "at least one target", r, alpha, dropout);
     return -1;
@@ -53,7 +55,7 @@ int clrt_model_lora_add(clrt_model *m, int r, float alpha, float dropout, unsign
   int L = m->cfg.num_hidden_layers, nt = 0;
   for (int t = 0; t < LORA_NT; t++) nt += (targets >> t) & 1;
   model_lora *lo = calloc(1, sizeof *lo);
-  if (!lo || !(lo->p = calloc((size_t)(2 * nt * L), sizeof *lo->p)) ||
+  if (!lo || !(lo->p = calloc((size_t)(2 * nt * L + 4), sizeof *lo->p)) ||
       !(lo->ab = calloc((size_t)L, sizeof *lo->ab))) {
     model_lora_free(lo);
     clrt_set_error("lora: out of memory");
@@ -86,6 +88,27 @@ int clrt_model_lora_add(clrt_model *m, int r, float alpha, float dropout, unsign
         lo->ab[l][t][k] = p->offset;
       }
     }
+  /* The output layer and the embedding, after the blocks' (so that the blocks' adapters draw
+     the same initial values with or without them). */
+  int C = m->cfg.hidden_size, V = m->cfg.vocab_size;
+  lo->head[0] = lo->head[1] = lo->emb[0] = lo->emb[1] = -1;
+  for (int t = LORA_HEAD; t < LORA_NALL; t++) {
+    if (!((targets >> t) & 1)) continue;
+    for (int k = 0; k < 2; k++) {
+      clrt_param_info *p = &lo->p[lo->np++];
+      int64_t in = t == LORA_HEAD ? C : V, out = t == LORA_HEAD ? V : C;
+      if (t == LORA_HEAD) snprintf(p->name, sizeof p->name, "base_model.model.lm_head.lora_%c.weight", k ? 'B' : 'A');
+      else snprintf(p->name, sizeof p->name, "base_model.model.model.embed_tokens.lora_embedding_%c", k ? 'B' : 'A');
+      p->ndim = 2;
+      p->shape[0] = k ? out : r;
+      p->shape[1] = k ? r : in;
+      p->numel = p->shape[0] * p->shape[1];
+      p->offset = lo->total;
+      p->loaded = 1;
+      lo->total += (p->numel + 15) & ~(int64_t)15;
+      (t == LORA_HEAD ? lo->head : lo->emb)[k] = p->offset;
+    }
+  }
   size_t bytes = sizeof(float) * (size_t)lo->total;
   float *host = calloc((size_t)lo->total, sizeof(float));
   if (!host || !(lo->params = clrt_storage_new(bytes, m->device)) || !(lo->grads = clrt_storage_new(bytes, m->device))) {
@@ -100,6 +123,11 @@ int clrt_model_lora_add(clrt_model *m, int r, float alpha, float dropout, unsign
   clrt_rng_seed(&g, seed);
   for (int i = 0; i < lo->np; i += 2) {
     const clrt_param_info *A = &lo->p[i];
+    if (A->offset == lo->emb[0]) {   /* PEFT's Embedding: A zero, B standard normal */
+      const clrt_param_info *B = &lo->p[i + 1];
+      for (int64_t k = 0; k < B->numel; k++) host[B->offset + k] = (float)clrt_rng_normal(&g);
+      continue;
+    }
     double bound = 1.0 / sqrt((double)A->shape[1]);
     for (int64_t k = 0; k < A->numel; k++) host[A->offset + k] = (float)((2 * clrt_rng_uniform(&g) - 1) * bound);
   }
@@ -162,6 +190,44 @@ int clrt_model_lora_set_dropout_state(clrt_model *m, uint64_t seed, uint64_t ste
   return 0;
 }
 
+/* The head becomes a parameter of its own, lm_head.weight (a copy of the embedding, at the end
+   of a larger params arena), and the config says untied: what a merge of an adapter on the
+   output layer or the embedding of a tied model writes. On the cpu, f32 base. */
+static int untie_head(clrt_model *m) {
+  int V = m->cfg.vocab_size, C = m->cfg.hidden_size;
+  int64_t numel = (int64_t)V * C, off = m->total, total = m->total + ((numel + 15) & ~(int64_t)15);
+  clrt_storage *np = clrt_storage_new(sizeof(float) * (size_t)total, CLRT_CPU);
+  clrt_param_info *p = realloc(m->p, sizeof *m->p * (size_t)(m->np + 1));
+  if (p) m->p = p;
+  if (!np || !p) {
+    clrt_storage_release(np);
+    if (np || !p) clrt_set_error("lora merge: out of memory untying the output layer");
+    return -1;
+  }
+  memcpy(np->data, m->params->data, sizeof(float) * (size_t)m->total);
+  memcpy((float *)np->data + off, PW(m, m->wte), sizeof(float) * (size_t)numel);
+  p = &m->p[m->np++];
+  memset(p, 0, sizeof *p);
+  snprintf(p->name, sizeof p->name, "lm_head.weight");
+  p->ndim = 2;
+  p->shape[0] = V;
+  p->shape[1] = C;
+  p->numel = numel;
+  p->offset = off;
+  p->loaded = 1;
+  clrt_storage_release(m->params);
+  m->params = np;
+  m->total = total;
+  m->head = off;
+  m->cfg.tie_word_embeddings = 0;
+  /* the copies made from the old arena have its size and offsets */
+  clrt_storage_release(m->wpk);
+  clrt_storage_release(m->wbf);
+  m->wpk = m->wbf = NULL;
+  m->wpk_ver = m->wbf_ver = COPY_STALE;
+  return 0;
+}
+
 int clrt_model_lora_merge(clrt_model *m) {
   model_lora *lo = need_lora(m, "lora merge");
   if (!lo || model_refuse_base16(m, "lora merge")) return -1;
@@ -169,6 +235,8 @@ int clrt_model_lora_merge(clrt_model *m) {
     clrt_set_error("lora merge: move the model to the cpu first");
     return -1;
   }
+  /* A tied head shares the embedding: an adapter on either side changes one side only. */
+  if ((lo->head[0] >= 0 || lo->emb[0] >= 0) && m->head == m->wte && untie_head(m)) return -1;
   const float *P = lo->params->data;
   for (int l = 0; l < m->cfg.num_hidden_layers; l++)
     for (int t = 0; t < LORA_NT; t++) {
@@ -178,6 +246,10 @@ int clrt_model_lora_merge(clrt_model *m) {
       clrt_lora_merge(PW(m, target_weight(m, l, t)), P + lo->ab[l][t][0], P + lo->ab[l][t][1], in,
                       out, lo->r, lo->scale);
     }
+  int C = m->cfg.hidden_size, V = m->cfg.vocab_size;
+  if (lo->head[0] >= 0)
+    clrt_lora_merge(PW(m, m->head), P + lo->head[0], P + lo->head[1], C, V, lo->r, lo->scale);
+  if (lo->emb[0] >= 0) clrt_lora_merge_embed(PW(m, m->wte), P + lo->emb[0], P + lo->emb[1], V, C, lo->r, lo->scale);
   model_lora_free(lo);
   m->lora = NULL;
   m->saved = 0;
@@ -236,4 +308,78 @@ void model_lora_backward(clrt_model *m, acts *a, const layer_acts *A, int l, int
   int64_t oa = lo->ab[l][t][0], ob = lo->ab[l][t][1];
   m->ops->lora_backward(dx, G + oa, G + ob, a->ldxa, xd, dy, A->lxa[t], P + oa, P + ob, N, K, O,
                         lo->r, lo->scale, key, p);
+}
+
+/* ---- the embedding's and the output layer's adapters ------------------------------------------ */
+
+void model_lora_embed_forward(clrt_model *m, acts *a, float *y, int64_t N) {
+  model_lora *lo = m->lora;
+  if (!lo || !lo->enabled || lo->emb[0] < 0) return;
+  const float *P = lo->params->data;
+  m->ops->lora_embed_forward(y, a->lexa, a->tok, P + lo->emb[0], P + lo->emb[1], N, m->cfg.vocab_size,
+                             m->cfg.hidden_size, lo->r, lo->scale);
+}
+
+void model_lora_embed_backward(clrt_model *m, acts *a, const float *dy, int64_t N) {
+  model_lora *lo = m->lora;
+  if (!lo || !lo->fwd_enabled || lo->emb[0] < 0) return;
+  const float *P = lo->params->data;
+  float *G = lo->grads->data;
+  m->ops->lora_embed_backward(G + lo->emb[0], G + lo->emb[1], a->ldxa, dy, a->lexa, a->tok, P + lo->emb[1], N,
+                              m->cfg.vocab_size, m->cfg.hidden_size, lo->r, lo->scale);
+}
+
+static uint64_t head_key(const clrt_model *m) {
+  return clrt_lora_key(m->lora->seed, m->lora->fwd_step, m->cfg.num_hidden_layers, LORA_HEAD);
+}
+
+/* xa [nv, r] = drop(xn) A^T. */
+static void head_xa(clrt_model *m, acts *a, const float *xn, int64_t nv, int dropout) {
+  model_lora *lo = m->lora;
+  const float *P = lo->params->data, *xd = xn;
+  int C = m->cfg.hidden_size;
+  if (dropout) {
+    m->ops->lora_dropout(a->lxd, xn, nv * C, head_key(m), lo->dropout);
+    xd = a->lxd;
+  }
+  m->ops->lora_xa(a->lhxa, xd, P + lo->head[0], nv, C, lo->r);
+}
+
+const clrt_head_lora *model_lora_head_forward(clrt_model *m, acts *a, clrt_head_lora *hl, const float *xn,
+                                              int64_t nv, int keep) {
+  model_lora *lo = m->lora;
+  if (!lo || !lo->enabled || lo->head[0] < 0) return NULL;
+  head_xa(m, a, xn, nv, keep && lo->dropout > 0);
+  *hl = (clrt_head_lora){a->lhxa, (const float *)lo->params->data + lo->head[1], NULL, NULL, lo->r, lo->scale};
+  return hl;
+}
+
+const clrt_head_lora *model_lora_head_backward(clrt_model *m, acts *a, clrt_head_lora *hl) {
+  model_lora *lo = m->lora;
+  if (!lo || !lo->fwd_enabled || lo->head[0] < 0) return NULL;
+  *hl = (clrt_head_lora){a->lhxa, (const float *)lo->params->data + lo->head[1], a->ldxa,
+                         (float *)lo->grads->data + lo->head[1], lo->r, lo->scale};
+  return hl;
+}
+
+void model_lora_head_backward_end(clrt_model *m, acts *a, float *dx, const float *xn, int64_t nv) {
+  model_lora *lo = m->lora;
+  if (!lo || !lo->fwd_enabled || lo->head[0] < 0) return;
+  int C = m->cfg.hidden_size;
+  float p = lo->fwd_dropout ? lo->dropout : 0.0f, *xd = (float *)xn;
+  uint64_t key = head_key(m);
+  if (p > 0) {   /* the forward's mask again, from its key */
+    m->ops->lora_dropout(a->lxd, xn, nv * C, key, p);
+    xd = a->lxd;
+  }
+  m->ops->lora_input_backward(dx, (float *)lo->grads->data + lo->head[0], a->ldxa, xd,
+                              (const float *)lo->params->data + lo->head[0], nv, C, lo->r, key, p);
+}
+
+void model_lora_head_decode(clrt_model *m, acts *a, float *logits, const float *xn, int B) {
+  model_lora *lo = m->lora;
+  if (!lo || !lo->enabled || lo->head[0] < 0) return;
+  const float *P = lo->params->data;
+  m->ops->lora_forward(logits, a->lhxa, xn, P + lo->head[0], P + lo->head[1], B, m->cfg.hidden_size,
+                       m->cfg.vocab_size, lo->r, lo->scale);
 }

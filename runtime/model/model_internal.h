@@ -33,8 +33,10 @@ typedef struct clrt_layer_offsets {
 
 typedef struct model_ops model_ops;
 
-/* LoRA: the linear layers an adapter can sit beside (bit t of model_lora.targets). */
+/* LoRA: the linear layers an adapter can sit beside (bit t of model_lora.targets): the seven
+   of every block, then the output layer and the embedding (one each, off by default). */
 enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_NT };
+enum { LORA_HEAD = LORA_NT, LORA_EMBED, LORA_NALL };
 
 /* The adapters: their own params/grads arena (the optimizer's when they exist), the base is
    then frozen (no base gradients). y += scale (drop(x) A^T) B^T beside each target. */
@@ -48,6 +50,8 @@ typedef struct model_lora {
   int64_t total;
   clrt_storage *params, *grads;
   int64_t (*ab)[LORA_NT][2];   /* [L]: offsets of A [r, in] and B [out, r]; -1 without */
+  int64_t head[2];             /* lm_head: A [r, C], B [V, r]; -1 without */
+  int64_t emb[2];              /* embed_tokens: A [r, V], B [C, r] (PEFT's Embedding); -1 without */
   /* Dropout masks of a training forward are hash(seed, step, layer, target); step counts
      kept forwards (saved with a checkpoint), fwd_step is the one the kept forward used. */
   uint64_t seed, step, fwd_step;
@@ -120,6 +124,7 @@ typedef struct acts {
   float *logits;                 /* [chunk, V] */
   float *attn;                   /* attention scratch */
   float *lxd, *ldxa;             /* LoRA scratch: a dropped input [N, widest], dxa [N, r] */
+  float *lhxa, *lexa;            /* LoRA: the output layer's xa, the embedding's A[:, tok] [N, r] */
   int chunk, logits_kept;
   size_t floats;
 } acts;
@@ -182,12 +187,14 @@ struct model_ops {
   void (*add)(float *out, const float *a, const float *b, int64_t n);
   void (*embedding)(float *out, const int32_t *tok, const float *wte, int64_t N, int C);
   void (*embedding_backward)(float *dwte, const float *dout, const int32_t *tok, int64_t N, int C);
-  /* wp: the head packed for the CPU's kernels (model_packed_weight), or NULL */
+  /* wp: the head packed for the CPU's kernels (model_packed_weight), or NULL; hl: its LoRA
+     adapter (lora_math.h), or NULL */
   void (*output)(float *lp, float *lse, const float *x, const float *w, const float *wp, int fast,
-                 const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk);
+                 const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk,
+                 const struct clrt_head_lora *hl);
   void (*output_backward)(float *dx, float *dw, const float *dlp, const float *x, const float *w,
                           const float *wp, int fast, const int32_t *target, const float *lse, int64_t N, int C, int V,
-                          float *scratch, int chunk, int logits_ready);
+                          float *scratch, int chunk, int logits_ready, const struct clrt_head_lora *hl);
   /* LoRA adapters (kernels/cpu/lora.c's contracts) */
   void (*lora_dropout)(float *out, const float *x, int64_t n, uint64_t key, float p);
   void (*lora_forward)(float *y, float *xa, const float *xd, const float *A, const float *B,
@@ -195,6 +202,13 @@ struct model_ops {
   void (*lora_backward)(float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
                         const float *xa, const float *A, const float *B, int64_t N, int K, int O,
                         int r, float scale, uint64_t key, float p);
+  void (*lora_xa)(float *xa, const float *xd, const float *A, int64_t N, int K, int r);
+  void (*lora_input_backward)(float *dx, float *dA, const float *dxa, float *xd, const float *A, int64_t N,
+                              int K, int r, uint64_t key, float p);
+  void (*lora_embed_forward)(float *y, float *ea, const int32_t *tok, const float *A, const float *B,
+                             int64_t N, int V, int C, int r, float scale);
+  void (*lora_embed_backward)(float *dA, float *dB, float *dea, const float *dy, const float *ea,
+                              const int32_t *tok, const float *B, int64_t N, int V, int C, int r, float scale);
   void (*gather_rows)(float *dst, const float *src, const int32_t *rowidx, int64_t nv, int C);
   void (*scatter_rows)(float *dst, const float *src, const int32_t *rowidx, int64_t nv, int C);
   /* memory: zero, host -> model, model -> host (waits and reports a failed kernel), end of step */
@@ -270,6 +284,20 @@ void model_lora_forward(clrt_model *m, acts *a, layer_acts *A, int l, int t, flo
 /* The adapter's gradients and dx [N, K] += its input gradient, for dy [N, O]. */
 void model_lora_backward(clrt_model *m, acts *a, const layer_acts *A, int l, int t, float *dx,
                          const float *dy, const float *x, int64_t N, int K, int O);
+/* The embedding's adapter: y [N, C] (the embedded tokens a->tok) += its share; backward: its
+   gradients from dy = dL/dy. */
+void model_lora_embed_forward(clrt_model *m, acts *a, float *y, int64_t N);
+void model_lora_embed_backward(clrt_model *m, acts *a, const float *dy, int64_t N);
+/* The output layer's adapter for the fused output op over xn [nv, C]: fills *hl (xa computed,
+   dropout in a kept forward) and returns it, or NULL without an active one. */
+const struct clrt_head_lora *model_lora_head_forward(clrt_model *m, acts *a, struct clrt_head_lora *hl,
+                                                     const float *xn, int64_t nv, int keep);
+/* Backward: *hl for output_backward (the forward's xa, dxa and dB to fill), or NULL; after
+   it, model_lora_head_backward_end adds dA and dx [nv, C] += the adapter's input gradient. */
+const struct clrt_head_lora *model_lora_head_backward(clrt_model *m, acts *a, struct clrt_head_lora *hl);
+void model_lora_head_backward_end(clrt_model *m, acts *a, float *dx, const float *xn, int64_t nv);
+/* A decode step's logits [B, V] (model memory) += the output adapter's share over xn [B, C]. */
+void model_lora_head_decode(clrt_model *m, acts *a, float *logits, const float *xn, int B);
 void model_lora_free(model_lora *lo);
 /* The parameter set an optimizer walks: the adapters' when lora, else the model's. */
 typedef struct param_set {

@@ -8,6 +8,7 @@
    decode reads its bf16 copy, an f32 one its packed copy), straight into the caller's memory. */
 static int cpu_decode_logits(clrt_model *m, acts *a, float *logits, const float *xn, int B) {
   m->ops->linear(m, a, logits, xn, m->head, NULL, B, m->cfg.hidden_size, m->cfg.vocab_size);
+  model_lora_head_decode(m, a, logits, xn, B);
   return 0;
 }
 
@@ -65,6 +66,7 @@ static int cpu_sync(void) { return 0; }
    take the f32 policy directly. */
 static int base16_decode_logits(clrt_model *m, acts *a, float *logits, const float *xn, int B) {
   model_cpu_linear(m, a, logits, xn, m->head, NULL, B, m->cfg.hidden_size, m->cfg.vocab_size);
+  model_lora_head_decode(m, a, logits, xn, B);
   return 0;
 }
 
@@ -78,10 +80,12 @@ static int base16_decode_logits(clrt_model *m, acts *a, float *logits, const flo
     .attention_scratch = cpu_attention_scratch, .kv_write = cpu_kv_write,                     \
     .swiglu = clrt_swiglu_forward, .swiglu_backward = clrt_swiglu_backward,                   \
     .add = clrt_residual_forward, .embedding = clrt_embedding_forward,                        \
-    .embedding_backward = clrt_embedding_backward, .output = clrt_logsoftmax_gather_forward,  \
-    .output_backward = clrt_logsoftmax_gather_backward, .gather_rows = cpu_gather_rows,       \
+    .embedding_backward = clrt_embedding_backward, .output = clrt_logsoftmax_gather_forward_lora, \
+    .output_backward = clrt_logsoftmax_gather_backward_lora, .gather_rows = cpu_gather_rows,       \
     .scatter_rows = cpu_scatter_rows, .lora_dropout = clrt_lora_dropout,                       \
-    .lora_forward = clrt_lora_forward, .lora_backward = clrt_lora_backward, .zero = cpu_zero, .upload = cpu_copy,                   \
+    .lora_forward = clrt_lora_forward, .lora_backward = clrt_lora_backward,                \
+    .lora_xa = clrt_lora_xa, .lora_input_backward = clrt_lora_input_backward, .lora_embed_forward = clrt_lora_embed_forward,   \
+    .lora_embed_backward = clrt_lora_embed_backward, .zero = cpu_zero, .upload = cpu_copy,                   \
     .download = cpu_copy, .sync = cpu_sync,                                                   \
   }
 

@@ -2,6 +2,7 @@
    memory, all launched in order on the one clrt stream (clrt_cuda_sync reports a failed launch
    at the end of a step). The only model file that knows CUDA. */
 #include "model_internal.h"
+#include "lora_math.h"
 
 #ifdef CLRT_HAVE_CUDA
 #include "cuda/cuda_kernels.h"
@@ -41,6 +42,7 @@ static void cuda_linear_backward_bf16(clrt_model *m, acts *a, float *dx, int64_t
 static int cuda_decode_logits(clrt_model *m, acts *a, float *logits, const float *xn, int B) {
   int C = m->cfg.hidden_size, V = m->cfg.vocab_size;
   clrt_cuda_linear_forward(a->logits, xn, PW(m, m->head), NULL, B, C, V);
+  model_lora_head_decode(m, a, a->logits, xn, B);
   return m->ops->download(logits, a->logits, sizeof(float) * (size_t)B * V);
 }
 
@@ -68,16 +70,18 @@ static int cuda_download(void *dst, const void *src, size_t bytes) {
 
 /* The packed head is the CPU kernels' (always NULL here). */
 static void cuda_output(float *lp, float *lse, const float *x, const float *w, const float *wp, int fast,
-                        const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk) {
+                        const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk,
+                        const clrt_head_lora *hl) {
   (void)wp, (void)fast;
-  clrt_cuda_logsoftmax_gather_forward(lp, lse, x, w, target, N, C, V, scratch, chunk);
+  clrt_cuda_logsoftmax_gather_forward_lora(lp, lse, x, w, target, N, C, V, scratch, chunk, hl);
 }
 
 static void cuda_output_backward(float *dx, float *dw, const float *dlp, const float *x, const float *w,
                                  const float *wp, int fast, const int32_t *target, const float *lse, int64_t N,
-                                 int C, int V, float *scratch, int chunk, int logits_ready) {
+                                 int C, int V, float *scratch, int chunk, int logits_ready, const clrt_head_lora *hl) {
   (void)wp, (void)fast;
-  clrt_cuda_logsoftmax_gather_backward(dx, dw, dlp, x, w, target, lse, N, C, V, scratch, chunk, logits_ready);
+  clrt_cuda_logsoftmax_gather_backward_lora(dx, dw, dlp, x, w, target, lse, N, C, V, scratch, chunk, logits_ready,
+                                            hl);
 }
 
 #define CUDA_OPS(lin, lin_back, to16, bf16, label)                                                      \
@@ -93,7 +97,10 @@ static void cuda_output_backward(float *dx, float *dw, const float *dlp, const f
     .output = cuda_output, .output_backward = cuda_output_backward,                               \
     .gather_rows = clrt_cuda_gather_rows, .scatter_rows = clrt_cuda_scatter_rows,                 \
     .lora_dropout = clrt_cuda_lora_dropout, .lora_forward = clrt_cuda_lora_forward,               \
-    .lora_backward = clrt_cuda_lora_backward,                                                     \
+    .lora_backward = clrt_cuda_lora_backward, .lora_xa = clrt_cuda_lora_xa,                        \
+    .lora_input_backward = clrt_cuda_lora_input_backward,                                         \
+    .lora_embed_forward = clrt_cuda_lora_embed_forward,                                           \
+    .lora_embed_backward = clrt_cuda_lora_embed_backward,                                         \
     .zero = cuda_zero, .upload = cuda_upload, .download = cuda_download, .sync = clrt_cuda_sync,  \
     .to_bf16 = to16, .bf16_scratch = bf16, .logits_staged = 1,                            \
   }

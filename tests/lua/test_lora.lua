@@ -1,7 +1,8 @@
 -- test_lora.lua — LoRA adapters against the independent PyTorch LoRA
 -- (tests/reference/lora_ref.py): log-probs and every adapter gradient, a PEFT folder written by
 -- Python loaded by clrt, finite differences through the dropout, adapters-off = the base, a
--- frozen base, PEFT's names/shapes/config fields on save, `clrt merge`, and bad input.
+-- frozen base, PEFT's names/shapes/config fields on save, `clrt merge`, and bad input; the
+-- output layer's and the embedding's adapters (lm_head, embed_tokens) included, tied and untied.
 local T = require("clrt.test")
 local ffi = require("ffi")
 local tensor = clrt.tensor
@@ -9,7 +10,9 @@ local json = require("clrt.json")
 local src = T.source_dir()
 package.path = src .. "/tests/?.lua;" .. package.path
 local fixtures = src .. "/tests/fixtures"
-local CASES = { qwen2_all = "qwen2_tied", qwen3_some = "qwen3_qknorm" }
+local CASES = { qwen2_all = "qwen2_tied", qwen3_some = "qwen3_qknorm",
+  -- lm_head and embed_tokens (with a block target), over a tied base and an untied one
+  qwen2_head_embed = "qwen2_tied", qwen3_head_embed = "qwen3_qknorm" }
 local bin = os.getenv("CLRT_BIN") or arg[-1]
 
 local function flat(t)
@@ -102,6 +105,15 @@ for case, base in pairs(CASES) do
     local m = load(case)
     local lpa = m:logprobs(e.tokens, { lengths = e.lengths, grad = false })
     T.ok(max_diff(lp, lpa) < 2e-5, "merged vs base+adapter in clrt: " .. max_diff(lp, lpa))
+    -- an adapter beside the output layer or the embedding of a tied base unties the merge
+    local acfg = json.decode(clrt.files.read(fixtures .. "/lora/" .. case .. "/adapter_config.json"))
+    local sides = false
+    for _, t in ipairs(acfg.target_modules) do sides = sides or t == "lm_head" or t == "embed_tokens" end
+    local tied = json.decode(clrt.files.read(fixtures .. "/model/" .. base .. "/config.json")).tie_word_embeddings
+    local mcfg = json.decode(clrt.files.read(out .. "/config.json"))
+    T.eq(mcfg.tie_word_embeddings, tied and not sides, "tie_word_embeddings of the merged model")
+    T.eq(clrt.safetensors.info(out .. "/model.safetensors")["lm_head.weight"] ~= nil, not (tied and not sides),
+      "lm_head.weight written when the merged model is untied")
   end)
 end
 
@@ -110,12 +122,18 @@ local TINY = { architectures = { "Qwen2ForCausalLM" }, vocab_size = 40, hidden_s
   rms_norm_eps = 1e-6, tie_word_embeddings = true }
 local TOKS = { { 1, 5, 9, 3, 7, 2, 8 }, { 4, 6, 11, 30, 2, 1, 0 } }
 
-local function tiny(lora)
-  local m = clrt.model.new(TINY, { seed = 7 })
+local UNTIED = {}
+for k, v in pairs(TINY) do UNTIED[k] = v end
+UNTIED.tie_word_embeddings = false
+
+-- B random (and the embedding's A, which PEFT starts at zero), so every gradient is exercised.
+local function tiny(lora, cfg)
+  local m = clrt.model.new(cfg or TINY, { seed = 7 })
   m:add_lora(lora)
   local g = tensor.generator(99)
-  for name, t in pairs(m:lora_params()) do
-    if name:find("lora_B") then t:copy_(tensor.randn(t:shape(), { generator = g }) * 0.2) end
+  for _, name in ipairs(m.lora_names) do   -- in order: the same values every run
+    local t = m:lora_params()[name]
+    if name:find("lora_B") or name:find("lora_embedding_A") then t:copy_(tensor.randn(t:shape(), { generator = g }) * 0.2) end
   end
   return m
 end
@@ -159,6 +177,89 @@ T.case("finite differences agree with the adapter gradients, dropout on (masks f
   T.eq(checked, 12)
   local _ = lp
 end)
+
+local SIDES = { "q_proj", "lm_head", "embed_tokens" }
+for label, cfg in pairs({ tied = TINY, untied = UNTIED }) do
+  T.case(label .. ": finite differences agree with the lm_head and embed_tokens adapters' gradients, dropout on", function()
+    local m = tiny({ r = 3, alpha = 6, dropout = 0.25, seed = 3, targets = SIDES }, cfg)
+    local w = tensor.randn({ 2, 6 }, { seed = 5 })
+    m:set_lora_dropout_step(17)
+    m:logprobs(TOKS)
+    m:zero_grad()
+    m:backward(w)
+    local g, P = m:lora_grads(), m:lora_params()
+    local checked, eps = 0, 1e-2
+    -- embedding_A [3, 40]: columns of tokens that have a target (1, 5, 9, 11), rows 0 and 2
+    for name, idx in pairs({ ["base_model.model.lm_head.lora_A.weight"] = { 0, 7, 20 },
+      ["base_model.model.lm_head.lora_B.weight"] = { 2, 16, 100 },
+      ["base_model.model.model.embed_tokens.lora_embedding_A"] = { 1, 5, 80 + 9, 80 + 11 },
+      ["base_model.model.model.embed_tokens.lora_embedding_B"] = { 0, 13, 50 } }) do
+      local p = ffi.cast("float *", P[name]:data_ptr())
+      local gp = flat(g[name])
+      for _, i in ipairs(idx) do
+        local x0 = p[i]
+        p[i] = x0 + eps; m:set_lora_dropout_step(17)
+        local up = objective(m:logprobs(TOKS), w)
+        p[i] = x0 - eps; m:set_lora_dropout_step(17)
+        local dn = objective(m:logprobs(TOKS), w)
+        p[i] = x0
+        local fd = (up - dn) / (2 * eps)
+        T.ok(math.abs(fd) > 1e-5, ("%s[%d]: the objective moves (else the check is blind)"):format(name, i))
+        T.ok(math.abs(fd - gp[i + 1]) <= 2e-2 * math.max(1e-2, math.abs(fd)) + 2e-4,
+          ("%s[%d]: finite difference %.6g, backward %.6g"):format(name, i, fd, gp[i + 1]))
+        checked = checked + 1
+      end
+    end
+    T.eq(checked, 13)
+  end)
+
+  T.case(label .. ": lm_head and embed_tokens adapters: PEFT names and shapes, save -> load -> merge, decode", function()
+    local m = tiny({ r = 3, alpha = 6, targets = SIDES }, cfg)
+    local dir = T.tmpdir() .. "/adapter"
+    m:save_adapter(dir)
+    local acfg = json.decode(clrt.files.read(dir .. "/adapter_config.json"))
+    T.eq(table.concat(acfg.target_modules, ","), "q_proj,lm_head,embed_tokens")
+    -- PEFT's layout (peft/tuners/lora/layer.py): Linear lora_A.weight [r, in], lora_B.weight
+    -- [out, r]; Embedding lora_embedding_A [r, num_embeddings], lora_embedding_B [dim, r]
+    local info = clrt.safetensors.info(dir .. "/adapter_model.safetensors")
+    local want = { ["base_model.model.lm_head.lora_A.weight"] = "3x24", ["base_model.model.lm_head.lora_B.weight"] = "40x3",
+      ["base_model.model.model.embed_tokens.lora_embedding_A"] = "3x40",
+      ["base_model.model.model.embed_tokens.lora_embedding_B"] = "24x3" }
+    local n = 0
+    for _ in pairs(info) do n = n + 1 end
+    T.eq(n, 4 + 2 * 2, "q_proj's A and B in 2 layers, and the four above")
+    for name, shape in pairs(want) do
+      T.ok(info[name], name .. " saved")
+      T.eq(info[name] and table.concat(info[name].shape, "x"), shape, name)
+    end
+    local lp = m:logprobs(TOKS, { grad = false })
+    local bare = clrt.model.new(cfg, { seed = 7 })
+    T.ok(max_diff(lp, bare:logprobs(TOKS, { grad = false })) > 1e-3, "the adapters change the model")
+    local m2 = clrt.model.new(cfg, { seed = 7 })
+    m2:load_adapter(dir)
+    T.ok(same_bits(m2:logprobs(TOKS, { grad = false }), lp), "load round-trips")
+    m2:merge_adapter()
+    T.eq(m2.config.tie_word_embeddings, false, "the merge unties")
+    T.ok(m2:params()["lm_head.weight"] ~= nil, "lm_head.weight of its own")
+    local out = T.tmpdir() .. "/merged"
+    m2:save(out)
+    local merged = clrt.model.load(out)
+    T.ok(max_diff(merged:logprobs(TOKS, { grad = false }), lp) < 2e-5, "merged = base + adapter: " ..
+      max_diff(merged:logprobs(TOKS, { grad = false }), lp))
+    -- decode (the KV-cache path) runs both adapters too: its temperature-1 log-probs are the
+    -- training forward's
+    local prompt = { 1, 5, 9, 3 }
+    local r = m:generate({ prompt }, { temperature = 1, max_new_tokens = 4, seed = 2 })[1]
+    local row = {}
+    for _, t in ipairs(prompt) do row[#row + 1] = t end
+    for _, t in ipairs(r.tokens) do row[#row + 1] = t end
+    local full = flat(m:logprobs({ row }, { grad = false }))
+    T.eq(#r.logprobs, 4)
+    for i, l in ipairs(r.logprobs) do
+      T.ok(math.abs(l - full[#prompt + i - 1]) < 1e-4, ("decode lp %d: %.6g vs %.6g"):format(i, l, full[#prompt + i - 1]))
+    end
+  end)
+end
 
 T.case("dropout: training forwards draw masks from (seed, step); scoring forwards use none", function()
   local m = tiny({ r = 2, alpha = 4, dropout = 0.3, seed = 1 })
@@ -229,7 +330,7 @@ T.case("bad adapters and settings are refused with the reason", function()
   end
   refused(function() m:add_lora({ r = 0 }) end, "r must be a positive integer")
   refused(function() m:add_lora({ dropout = 1 }) end, "dropout must be in [0, 1)")
-  refused(function() m:add_lora({ targets = { "lm_head" } }) end, "'lm_head' is not supported")
+  refused(function() m:add_lora({ targets = { "lm_head.weight" } }) end, "unknown target 'lm_head.weight'")
   refused(function() m:add_lora({ targets = { "qproj" } }) end, "unknown target 'qproj'")
   local dir = T.tmpdir()
   local good = tiny({ r = 2 })
@@ -241,6 +342,20 @@ T.case("bad adapters and settings are refused with the reason", function()
   refused(function() clrt.model.new(TINY):load_adapter(dir .. "/b") end, "'peft_type' must be \"LORA\"")
   refused(function() clrt.model.new(TINY):load_adapter(dir .. "/none") end, "no adapter_config.json")
   refused(function() m:set_adapters(false) end, "no LoRA adapters")
+  -- PEFT's save_embedding_layers copies of the base: accepted when they are the base's own
+  local sides = tiny({ r = 2, targets = { "lm_head", "embed_tokens" } })
+  sides:save_adapter(dir .. "/c")
+  local ts = clrt.safetensors.load(dir .. "/c/adapter_model.safetensors")
+  local E = clrt.model.new(TINY, { seed = 7 }):params()["model.embed_tokens.weight"]
+  ts["base_model.model.model.embed_tokens.base_layer.weight"] = E:clone()
+  ts["base_model.model.lm_head.base_layer.weight"] = E:clone()   -- tied: the head is E
+  clrt.safetensors.save(dir .. "/c/adapter_model.safetensors", ts)
+  local okl, errl = pcall(function() clrt.model.new(TINY, { seed = 7 }):load_adapter(dir .. "/c") end)
+  T.ok(okl, "the base's own embedding copies load: " .. tostring(errl))
+  ts["base_model.model.lm_head.base_layer.weight"] = E * 1.5
+  clrt.safetensors.save(dir .. "/c/adapter_model.safetensors", ts)
+  refused(function() clrt.model.new(TINY, { seed = 7 }):load_adapter(dir .. "/c") end,
+    "'base_model.model.lm_head.base_layer.weight' differs from the base's weights")
 end)
 
 T.case("the threaded LoRA products (split over the team) equal one thread's, dropout on", function()
@@ -267,6 +382,38 @@ T.case("the threaded LoRA products (split over the team) equal one thread's, dro
   local lp1, g1 = run(1)
   local lp2, g2 = run(2)
   clrt.set_num_threads(2)
+  T.ok(max_diff(lp1, lp2) < 1e-5, "lp: " .. max_diff(lp1, lp2))
+  for name, t in pairs(g1) do
+    local scale = t:abs():max()
+    T.ok(scale > 0 and max_diff(t, g2[name]) <= 1e-4 * scale, name .. ": " .. max_diff(t, g2[name]) .. " of " .. scale)
+  end
+end)
+
+T.case("the output layer's adapter over blocks of rows and of the vocabulary equals one block", function()
+  -- V = 20000 without kept logits: 209-row chunks, so blocks of 256 rows (then 4) by two
+  -- vocabulary blocks; with them kept (the default at this size), one block of all rows.
+  local cfg = { architectures = { "Qwen2ForCausalLM" }, vocab_size = 20000, hidden_size = 24, intermediate_size = 40,
+    num_hidden_layers = 1, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
+    rms_norm_eps = 1e-6, tie_word_embeddings = true }
+  local toks = (tensor.rand({ 2, 131 }, { seed = 3 }) * 19999):to("i32")
+  local w = tensor.randn({ 2, 130 }, { seed = 4 })
+  local function run(keep_mb)
+    local m = clrt.model.new(cfg, { seed = 5, keep_logits_mb = keep_mb })
+    m:add_lora({ r = 4, alpha = 8, dropout = 0.1, seed = 6, targets = { "lm_head", "embed_tokens" } })
+    local g = tensor.generator(7)
+    for _, name in ipairs(m.lora_names) do
+      local t = m:lora_params()[name]
+      if name:find("lora_B") or name:find("lora_embedding_A") then t:copy_(tensor.randn(t:shape(), { generator = g }) * 0.1) end
+    end
+    local lp = m:logprobs(toks)
+    m:zero_grad()
+    m:backward(w)
+    local grads = {}
+    for name, t in pairs(m:lora_grads()) do grads[name] = t:clone() end
+    return lp, grads
+  end
+  local lp1, g1 = run(0)
+  local lp2, g2 = run(nil)
   T.ok(max_diff(lp1, lp2) < 1e-5, "lp: " .. max_diff(lp1, lp2))
   for name, t in pairs(g1) do
     local scale = t:abs():max()

@@ -1,7 +1,7 @@
 -- test_lora_cuda.lua — LoRA on the GPU (kernels/cuda/lora.cu) against the PyTorch fixtures of
 -- tests/reference/lora_ref.py and against the CPU: log-probs, adapter gradients, adapters off,
 -- dropout masks (the same lora_math.h on both devices), AdamW over the adapters, and decoding
--- with adapters. Skips (77) without a GPU. Not run here: written for the CUDA validation.
+-- with adapters (lm_head and embed_tokens included). Skips (77) without a GPU. Not run here: written for the CUDA validation.
 if not clrt.cuda_available() then
   print("skipped: " .. clrt.cuda_status())
   os.exit(77)
@@ -36,7 +36,8 @@ local function max_diff(a, b)
   return d
 end
 
-for case, base in pairs({ qwen2_all = "qwen2_tied", qwen3_some = "qwen3_qknorm" }) do
+for case, base in pairs({ qwen2_all = "qwen2_tied", qwen3_some = "qwen3_qknorm",
+  qwen2_head_embed = "qwen2_tied", qwen3_head_embed = "qwen3_qknorm" }) do
   T.case(case .. ": lp and adapter gradients on cuda match PyTorch; adapters off = base", function()
     local e = clrt.safetensors.load(fixtures .. "/lora/" .. case .. "/expected.safetensors")
     local m = clrt.model.load(fixtures .. "/model/" .. base, { adapter = fixtures .. "/lora/" .. case, device = "cuda" })
@@ -67,10 +68,14 @@ T.case("dropout masks, AdamW over the adapters and decoding agree with the CPU",
   local toks = { { 1, 5, 9, 3, 7, 2, 8 }, { 4, 6, 11, 30, 2, 1, 0 } }
   local function make(device)
     local m = clrt.model.new(cfg, { seed = 7 })
-    m:add_lora({ r = 4, alpha = 8, dropout = 0.2, seed = 3 })
+    m:add_lora({ r = 4, alpha = 8, dropout = 0.2, seed = 3, targets = { "q_proj", "k_proj", "v_proj", "o_proj",
+      "gate_proj", "up_proj", "down_proj", "lm_head", "embed_tokens" } })
     local g = clrt.tensor.generator(9)
-    for name, t in pairs(m:lora_params()) do
-      if name:find("lora_B") then t:copy_(clrt.tensor.randn(t:shape(), { generator = g }) * 0.2) end
+    for _, name in ipairs(m.lora_names) do
+      local t = m:lora_params()[name]
+      if name:find("lora_B") or name:find("lora_embedding_A") then
+        t:copy_(clrt.tensor.randn(t:shape(), { generator = g }) * 0.2)
+      end
     end
     if device == "cuda" then m:to("cuda") end
     return m, clrt.optim.adamw(m, { lr = 1e-2 })

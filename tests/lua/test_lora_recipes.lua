@@ -3,6 +3,8 @@
 -- checkpoint the adapter in PEFT's format with the optimizer state, and a run stopped and
 -- resumed logs the same metrics, bit for bit, as one that never stopped (dropout on, so the
 -- masks' counter must resume too). In RL the reference is the policy with its adapters off.
+-- The RL runs also put adapters beside the output layer and the embedding (lm_head,
+-- embed_tokens: off by default), so resume and the reference cover those too.
 local T = require("clrt.test")
 local data = require("clrt.data")
 local config = require("clrt.config")
@@ -75,7 +77,8 @@ end)
 local function rl_args(run_dir, extra)
   local a = { "config=" .. rl.world_config_path(), "model=" .. base, "run_dir=" .. run_dir, "steps=4", "prompts_per_step=4",
     "rollout.n=4", "rollout.num_repeat_rollouts=2", "rollout.max_new_tokens=12", "seed=3", "eval.before=false",
-    "eval.after=false", "save_every=2", "sample_every=2", "train.lr=1e-2", "train.kl_coef=0.1" }
+    "eval.after=false", "save_every=2", "sample_every=2", "train.lr=1e-2", "train.kl_coef=0.1",
+    "train.lora.targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head,embed_tokens" }
   for _, x in ipairs(LORA) do a[#a + 1] = x end
   for _, x in ipairs(extra or {}) do a[#a + 1] = x end
   return a
@@ -91,6 +94,9 @@ T.case("LoRA RL: the reference is the base (adapters off), PEFT checkpoints, bit
   local ck = root .. "/rl_straight/checkpoint-4"
   T.ok(files.exists(ck .. "/adapter_model.safetensors") and not files.exists(ck .. "/model.safetensors"))
   T.ok(files.exists(ck .. "/optimizer.safetensors"))
+  local trained = clrt.safetensors.load(ck .. "/adapter_model.safetensors")
+  T.ok(trained["base_model.model.lm_head.lora_B.weight"]:abs():max() > 0, "lm_head's B trained")
+  T.ok(trained["base_model.model.model.embed_tokens.lora_embedding_A"]:abs():max() > 0, "embed_tokens' A trained")
   rl.main(config.parse(rl.defaults, rl_args(root .. "/rl_stopped", { "stop_after=2" })))
   rl.main(rl.parse_args({ "resume=" .. root .. "/rl_stopped" }))
   local b = comparable(root .. "/rl_stopped")

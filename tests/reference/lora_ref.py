@@ -5,11 +5,20 @@ the base of tests/fixtures/model/<base>/, and expected.safetensors with the toke
 adapted model's log-probs, a dlogp and the gradient of sum(lp * dlogp) for every adapter
 tensor (lora_A [r, in], lora_B [out, r]), plus the base's log-probs.
 
+Targets: the blocks' projections, and the output layer and the embedding (names and shapes as
+PEFT's LoRA layers hold them, read from peft/tuners/lora/layer.py: a Linear's lora_A.weight
+[r, in] / lora_B.weight [out, r], so base_model.model.lm_head.lora_A.weight [r, hidden] and
+lora_B.weight [vocab, r]; an Embedding's lora_embedding_A [r, vocab] and lora_embedding_B
+[hidden, r], no ".weight", out = E[x] + scale (A^T[x]) B^T, no dropout).
+
 LoRA here is the adapted weight W + (alpha / r) B A (no dropout: dropout is checked in clrt by
 determinism and finite differences), differentiated by autograd in float64 — a different
-computation from clrt's two products beside the frozen layer, with the same answer.
+computation from clrt's two products beside the frozen layer, with the same answer. The
+embedding's adapted table is E + scale A^T B^T; with a tied base an adapter on either side
+unties it (the other side keeps the base's E), as a merged model does.
 
-Run: /usr/bin/python3 tests/reference/lora_ref.py   (from the source root)
+Run: /usr/bin/python3 tests/reference/lora_ref.py [case ...]   (from the source root; all
+cases without arguments)
 """
 import json
 import os
@@ -28,6 +37,9 @@ CASES = {
     "qwen2_all": ("qwen2_tied", 4, 8.0, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                          "up_proj", "down_proj"], 31),
     "qwen3_some": ("qwen3_qknorm", 3, 5.0, ["q_proj", "v_proj", "down_proj"], 32),
+    # the output layer and the embedding: over a tied base and an untied one
+    "qwen2_head_embed": ("qwen2_tied", 4, 8.0, ["v_proj", "lm_head", "embed_tokens"], 33),
+    "qwen3_head_embed": ("qwen3_qknorm", 3, 5.0, ["lm_head", "embed_tokens", "down_proj"], 34),
 }
 GROUP = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
          "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
@@ -57,11 +69,20 @@ def adapter_tensors(cfg, P, r, targets, seed):
     out = {}
     for l in range(cfg["num_hidden_layers"]):
         for t in targets:
+            if t not in GROUP:
+                continue
             w = P[f"model.layers.{l}.{GROUP[t]}.{t}.weight"]
             o, i = w.shape
             pre = f"base_model.model.model.layers.{l}.{GROUP[t]}.{t}"
             out[pre + ".lora_A.weight"] = (torch.rand(r, i, generator=g, dtype=torch.float64) * 2 - 1) / i ** 0.5
             out[pre + ".lora_B.weight"] = torch.randn(o, r, generator=g, dtype=torch.float64) * 0.05
+    V, C = cfg["vocab_size"], cfg["hidden_size"]
+    if "lm_head" in targets:
+        out["base_model.model.lm_head.lora_A.weight"] = (torch.rand(r, C, generator=g, dtype=torch.float64) * 2 - 1) / C ** 0.5
+        out["base_model.model.lm_head.lora_B.weight"] = torch.randn(V, r, generator=g, dtype=torch.float64) * 0.5
+    if "embed_tokens" in targets:
+        out["base_model.model.model.embed_tokens.lora_embedding_A"] = torch.randn(r, V, generator=g, dtype=torch.float64) * 0.5
+        out["base_model.model.model.embed_tokens.lora_embedding_B"] = torch.randn(C, r, generator=g, dtype=torch.float64) * 0.05
     # f32 on disk: the reference computes with exactly the values clrt reads
     return {n: t.to(torch.float32).to(torch.float64) for n, t in out.items()}
 
@@ -69,8 +90,17 @@ def adapter_tensors(cfg, P, r, targets, seed):
 def adapted(P, A, scale):
     """The base with each target weight replaced by W + scale * B A."""
     Q = dict(P)
+    E = P["model.embed_tokens.weight"]
+    head = P.get("lm_head.weight", E)
+    EMB = "base_model.model.model.embed_tokens.lora_embedding_"
+    if "base_model.model.lm_head.lora_A.weight" in A:
+        Q["lm_head.weight"] = head + scale * (A["base_model.model.lm_head.lora_B.weight"]
+                                              @ A["base_model.model.lm_head.lora_A.weight"])
+    if EMB + "A" in A:
+        Q["lm_head.weight"] = Q.get("lm_head.weight", head)   # a tied head keeps the base's E
+        Q["model.embed_tokens.weight"] = E + scale * (A[EMB + "A"].T @ A[EMB + "B"].T)
     for n in A:
-        if n.endswith(".lora_A.weight"):
+        if n.endswith(".lora_A.weight") and ".layers." in n:
             pre = n[: -len(".lora_A.weight")]
             base = "model." + pre[len("base_model.model.model."):] + ".weight"
             Q[base] = P[base] + scale * (A[pre + ".lora_B.weight"] @ A[n])
@@ -112,5 +142,5 @@ def make(name, base, r, alpha, targets, seed):
 
 if __name__ == "__main__":
     torch.set_num_threads(2)
-    for name, (base, r, alpha, targets, seed) in CASES.items():
-        make(name, base, r, alpha, targets, seed)
+    for name in sys.argv[1:] or list(CASES):
+        make(name, *CASES[name])

@@ -6,6 +6,10 @@
 --   m:save_adapter(dir, {base = "path or hub id"})   -- adapter_config.json + adapter_model.safetensors
 --   m:load_adapter(dir)            -- adds the adapters a PEFT folder describes, with its weights
 --   m:merge_adapter()              -- W += alpha/r B A into the base, adapters removed
+-- Targets: the blocks' seven linear layers (the default), and on request "lm_head" (beside the
+-- output layer, inside its fused log-softmax) and "embed_tokens" (PEFT's Embedding adapter:
+-- lora_embedding_A [r, vocab], lora_embedding_B [hidden, r], no dropout). A merge of either
+-- into a tied model unties it (lm_head.weight of its own, tie_word_embeddings = false).
 -- With adapters the base is frozen: m:grads() fails, optimizers walk the adapters only.
 local ffi = require("ffi")
 local core = require("clrt.core.ffi")
@@ -18,8 +22,8 @@ local C, ok = core.C, core.ok
 local M = {}
 
 -- Bit order of clrt_model_lora_add's targets.
-M.TARGETS = { "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj" }
-M.DEFAULT_TARGETS = M.TARGETS
+M.TARGETS = { "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head", "embed_tokens" }
+M.DEFAULT_TARGETS = { "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj" }
 local bit_of = {}
 for i, n in ipairs(M.TARGETS) do bit_of[n] = i - 1 end
 
@@ -27,10 +31,6 @@ local function target_bits(targets, who)
   if type(targets) ~= "table" or #targets == 0 then error(who .. ": targets must be a non-empty list of module names", 3) end
   local bits, seen = 0, {}
   for _, n in ipairs(targets) do
-    if n == "lm_head" or n == "embed_tokens" then
-      error(("%s: target '%s' is not supported (adapters sit beside the blocks' linear layers: %s)"):format(
-        who, n, table.concat(M.TARGETS, ", ")), 3)
-    end
     local b = bit_of[n]
     if not b then error(("%s: unknown target '%s' (%s)"):format(who, tostring(n), table.concat(M.TARGETS, ", ")), 3) end
     if not seen[n] then bits = bits + 2 ^ b; seen[n] = true end
@@ -44,6 +44,27 @@ local function target_list(bits)
     if math.floor(bits / 2 ^ (i - 1)) % 2 == 1 then out[#out + 1] = n end
   end
   return out
+end
+
+-- PEFT saves the embedding's and the output layer's base weights beside their adapters when
+-- they are targets (save_embedding_layers="auto"): accepted when they are the base's own (a
+-- tied head reads the embedding), refused when training or resizing changed them.
+local BASE_COPIES = { ["base_model.model.model.embed_tokens.base_layer.weight"] = "model.embed_tokens.weight",
+  ["base_model.model.lm_head.base_layer.weight"] = "lm_head.weight" }
+
+local function check_base_copy(m, wpath, name, t)
+  local params = m:params()
+  local base = params[BASE_COPIES[name]] or params["model.embed_tokens.weight"]
+  if base:device() ~= "cpu" then base = base:to("cpu") end
+  if tensor.shape_str(t) ~= tensor.shape_str(base) then
+    error(("%s: '%s' has shape %s but the base's is %s (a resized vocabulary is not supported)"):format(
+      wpath, name, tensor.shape_str(t), tensor.shape_str(base)), 3)
+  end
+  local d = (t:to("f32") - base):abs():max()
+  if d > 0 then
+    error(("%s: '%s' differs from the base's weights (by up to %g): clrt loads adapters over an unchanged base"):format(
+      wpath, name, d), 3)
+  end
 end
 
 function M.install(Model)
@@ -159,7 +180,12 @@ function M.install(Model)
     local ts, meta = st.load(wpath, { "clrt_dropout_step", "clrt_dropout_seed" })
     local mine = self:lora_params()
     for name, t in pairs(ts) do
-      if not mine[name] then error(("%s: tensor '%s' is not an adapter of this model and its targets"):format(wpath, name), 2) end
+      if BASE_COPIES[name] then
+        check_base_copy(self, wpath, name, t)
+        ts[name] = nil
+      elseif not mine[name] then
+        error(("%s: tensor '%s' is not an adapter of this model and its targets"):format(wpath, name), 2)
+      end
     end
     for _, name in ipairs(self.lora_names) do
       local src = ts[name]
@@ -180,6 +206,15 @@ function M.install(Model)
     if dev ~= "cpu" then self:to("cpu") end
     ok(C.clrt_model_lora_merge(live(self)), 2)
     if dev ~= "cpu" then self:to(dev) end
+    -- an adapter on the output layer or the embedding of a tied model untied it
+    local names = {}
+    for i = 0, C.clrt_model_num_tensors(self.ptr) - 1 do names[i + 1] = ffi.string(C.clrt_model_tensor_name(self.ptr, i)) end
+    if #names ~= #self.names then
+      self.names = names
+      self.config.tie_word_embeddings = false
+      self._c.tie_word_embeddings = false
+      self._params = nil
+    end
     self.lora, self.lora_names, self._lora_params, self._lora_grads, self._grads = nil, nil, nil, nil, nil
     return self
   end

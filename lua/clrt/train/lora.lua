@@ -7,7 +7,8 @@
 local config = require("clrt.config")
 local M = {}
 
--- A recipe's `train.lora` defaults (a fresh table per call): off.
+-- A recipe's `train.lora` defaults (a fresh table per call): off. `targets` may also name
+-- lm_head and embed_tokens (not by default).
 function M.config()
   return { r = 0, alpha = config.optional("number"), dropout = 0.0,
     targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj" }
