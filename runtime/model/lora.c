@@ -42,6 +42,19 @@ void model_lora_free(model_lora *lo) {
   free(lo);
 }
 
+/* The next adapter tensor, [rows, cols], at the end of the arena (16-float aligned). */
+static clrt_param_info *next_param(model_lora *lo, int64_t rows, int64_t cols) {
+  clrt_param_info *p = &lo->p[lo->np++];
+  p->ndim = 2;
+  p->shape[0] = rows;
+  p->shape[1] = cols;
+  p->numel = rows * cols;
+  p->offset = lo->total;
+  p->loaded = 1;
+  lo->total += (p->numel + 15) & ~(int64_t)15;
+  return p;
+}
+
 int clrt_model_lora_add(clrt_model *m, int r, float alpha, float dropout, unsigned targets, uint64_t seed) {
   if (m->lora) {
     clrt_set_error("lora: the model already has adapters");
@@ -75,16 +88,9 @@ int clrt_model_lora_add(clrt_model *m, int r, float alpha, float dropout, unsign
       int in, out;
       target_dims(m, t, &in, &out);
       for (int k = 0; k < 2; k++) {
-        clrt_param_info *p = &lo->p[lo->np++];
+        clrt_param_info *p = next_param(lo, k ? out : r, k ? r : in);
         snprintf(p->name, sizeof p->name, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l,
                  t < LORA_GATE ? "self_attn" : "mlp", target_name[t], k ? 'B' : 'A');
-        p->ndim = 2;
-        p->shape[0] = k ? out : r;
-        p->shape[1] = k ? r : in;
-        p->numel = p->shape[0] * p->shape[1];
-        p->offset = lo->total;
-        p->loaded = 1;
-        lo->total += (p->numel + 15) & ~(int64_t)15;
         lo->ab[l][t][k] = p->offset;
       }
     }
@@ -95,17 +101,10 @@ int clrt_model_lora_add(clrt_model *m, int r, float alpha, float dropout, unsign
   for (int t = LORA_HEAD; t < LORA_NALL; t++) {
     if (!((targets >> t) & 1)) continue;
     for (int k = 0; k < 2; k++) {
-      clrt_param_info *p = &lo->p[lo->np++];
       int64_t in = t == LORA_HEAD ? C : V, out = t == LORA_HEAD ? V : C;
+      clrt_param_info *p = next_param(lo, k ? out : r, k ? r : in);
       if (t == LORA_HEAD) snprintf(p->name, sizeof p->name, "base_model.model.lm_head.lora_%c.weight", k ? 'B' : 'A');
       else snprintf(p->name, sizeof p->name, "base_model.model.model.embed_tokens.lora_embedding_%c", k ? 'B' : 'A');
-      p->ndim = 2;
-      p->shape[0] = k ? out : r;
-      p->shape[1] = k ? r : in;
-      p->numel = p->shape[0] * p->shape[1];
-      p->offset = lo->total;
-      p->loaded = 1;
-      lo->total += (p->numel + 15) & ~(int64_t)15;
       (t == LORA_HEAD ? lo->head : lo->emb)[k] = p->offset;
     }
   }

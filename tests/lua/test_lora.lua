@@ -358,6 +358,29 @@ T.case("bad adapters and settings are refused with the reason", function()
     "'base_model.model.lm_head.base_layer.weight' differs from the base's weights")
 end)
 
+-- The log-probs and adapter gradients of m (its lora_B and lora_embedding_A set nonzero from
+-- a seeded generator), and a check that two such runs agree.
+local function lora_lp_grads(m, toks, w)
+  local g = tensor.generator(7)
+  for _, name in ipairs(m.lora_names) do
+    local t = m:lora_params()[name]
+    if name:find("lora_B") or name:find("lora_embedding_A") then t:copy_(tensor.randn(t:shape(), { generator = g }) * 0.1) end
+  end
+  local lp = m:logprobs(toks)
+  m:zero_grad()
+  m:backward(w)
+  local grads = {}
+  for name, t in pairs(m:lora_grads()) do grads[name] = t:clone() end
+  return lp, grads
+end
+local function same_lp_grads(lp1, g1, lp2, g2)
+  T.ok(max_diff(lp1, lp2) < 1e-5, "lp: " .. max_diff(lp1, lp2))
+  for name, t in pairs(g1) do
+    local scale = t:abs():max()
+    T.ok(scale > 0 and max_diff(t, g2[name]) <= 1e-4 * scale, name .. ": " .. max_diff(t, g2[name]) .. " of " .. scale)
+  end
+end
+
 T.case("the threaded LoRA products (split over the team) equal one thread's, dropout on", function()
   local cfg = { architectures = { "Qwen2ForCausalLM" }, vocab_size = 64, hidden_size = 64, intermediate_size = 160,
     num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
@@ -368,25 +391,30 @@ T.case("the threaded LoRA products (split over the team) equal one thread's, dro
     clrt.set_num_threads(threads)
     local m = clrt.model.new(cfg, { seed = 5 })
     m:add_lora({ r = 8, alpha = 16, dropout = 0.1, seed = 6 })
-    local g = tensor.generator(7)
-    for name, t in pairs(m:lora_params()) do
-      if name:find("lora_B") then t:copy_(tensor.randn(t:shape(), { generator = g }) * 0.1) end
-    end
-    local lp = m:logprobs(toks)
-    m:zero_grad()
-    m:backward(w)
-    local grads = {}
-    for name, t in pairs(m:lora_grads()) do grads[name] = t:clone() end
-    return lp, grads
+    return lora_lp_grads(m, toks, w)
   end
   local lp1, g1 = run(1)
   local lp2, g2 = run(2)
   clrt.set_num_threads(2)
-  T.ok(max_diff(lp1, lp2) < 1e-5, "lp: " .. max_diff(lp1, lp2))
-  for name, t in pairs(g1) do
-    local scale = t:abs():max()
-    T.ok(scale > 0 and max_diff(t, g2[name]) <= 1e-4 * scale, name .. ": " .. max_diff(t, g2[name]) .. " of " .. scale)
+  same_lp_grads(lp1, g1, lp2, g2)
+end)
+
+T.case("the output layer's adapter over blocks of rows and of the vocabulary equals one block", function()
+  -- V = 20000 without kept logits: 209-row chunks, so blocks of 256 rows (then 4) by two
+  -- vocabulary blocks; with them kept (the default at this size), one block of all rows.
+  local cfg = { architectures = { "Qwen2ForCausalLM" }, vocab_size = 20000, hidden_size = 24, intermediate_size = 40,
+    num_hidden_layers = 1, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
+    rms_norm_eps = 1e-6, tie_word_embeddings = true }
+  local toks = (tensor.rand({ 2, 131 }, { seed = 3 }) * 19999):to("i32")
+  local w = tensor.randn({ 2, 130 }, { seed = 4 })
+  local function run(keep_mb)
+    local m = clrt.model.new(cfg, { seed = 5, keep_logits_mb = keep_mb })
+    m:add_lora({ r = 4, alpha = 8, dropout = 0.1, seed = 6, targets = { "lm_head", "embed_tokens" } })
+    return lora_lp_grads(m, toks, w)
   end
+  local lp1, g1 = run(0)
+  local lp2, g2 = run(nil)
+  same_lp_grads(lp1, g1, lp2, g2)
 end)
 
 T.case("the output layer's adapter over blocks of rows and of the vocabulary equals one block", function()
