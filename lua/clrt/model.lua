@@ -199,7 +199,11 @@ function M.new(cfg, opts)
   return m
 end
 
--- load(dir[, opts]): a Hugging Face model folder.
+-- load(dir[, opts]): a Hugging Face model folder. opts.adapter: a PEFT LoRA folder to load on
+-- top (opts.lora_seed seeds its dropout); opts.base_dtype = "bf16" with opts.adapter or
+-- opts.lora (add_lora's table): the base's block linear weights are converted to bf16 as they
+-- are read (what set_base_dtype("bf16") after loading gives, without the whole f32 copy first).
+-- opts.device, opts.matmul as in new.
 function M.load(dir, opts)
   local cpath = dir .. "/config.json"
   local text = read_file(cpath)
@@ -208,6 +212,22 @@ function M.load(dir, opts)
   if not okj then error(("%s: not valid JSON: %s"):format(cpath, tostring(cfg)), 2) end
   local parsed = parse_config(cfg, cpath)
   local ptr = ffi.gc(check(C.clrt_model_new(to_struct(parsed, opts)), 2), C.clrt_model_free)
+  local base16 = opts and opts.base_dtype == "bf16"
+  if opts and opts.base_dtype and opts.base_dtype ~= "f32" and not base16 then
+    error(("model.load: base_dtype '%s' (bf16, f32)"):format(tostring(opts.base_dtype)), 2)
+  end
+  local m
+  if base16 then
+    -- the frozen base read straight into bf16: the adapters first (they need only the shapes),
+    -- then the conversion of the still empty model, then the file, one f32 tensor at a time
+    if not opts.adapter and type(opts.lora) ~= "table" then
+      error("model.load: base_dtype = \"bf16\" needs adapters: opts.adapter (a PEFT folder) or opts.lora (add_lora's table)", 2)
+    end
+    if opts.device and opts.device ~= "cpu" then error("model.load: base_dtype = \"bf16\" runs on the cpu only", 2) end
+    m = wrap_model(ptr, cfg, parsed)
+    if opts.adapter then m:load_adapter(opts.adapter, { seed = opts.lora_seed }) else m:add_lora(opts.lora) end
+    m:set_base_dtype("bf16")
+  end
   local index = dir .. "/model.safetensors.index.json"
   local itext = read_file(index)
   if itext then
@@ -230,8 +250,12 @@ function M.load(dir, opts)
     error(("model.load: %s has neither model.safetensors nor model.safetensors.index.json"):format(dir), 2)
   end
   ok(C.clrt_model_check_loaded(ptr, dir), 2)
+  if base16 then
+    if opts.matmul then m:set_matmul(opts.matmul) end
+    return m
+  end
   ffi.gc(ptr, nil)
-  local m = wrap_model(ptr, cfg, parsed)
+  m = wrap_model(ptr, cfg, parsed)
   -- weights are read on the host, then the arenas move as a whole
   if opts and opts.adapter then m:load_adapter(opts.adapter, { seed = opts.lora_seed }) end
   if opts and opts.device and opts.device ~= "cpu" then m:to(opts.device) end

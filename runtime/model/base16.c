@@ -94,6 +94,10 @@ int clrt_model_set_base_bf16(clrt_model *m) {
     return -1;
   }
   const float *src = m->params->data;
+  /* A model not yet loaded nor initialised (clrt.model.load with base_dtype = "bf16" converts
+     before reading the file, which then fills the new arenas directly): nothing to copy. */
+  int blank = m->params->version == 0;
+  for (int i = 0; blank && i < m->np; i++) blank = !m->p[i].loaded;
   /* The old arena is given back behind the copy when the params lie in it in order. */
   int in_order = 1;
   for (int i = 1; i < m->np; i++) in_order &= old_off[i] > old_off[i - 1];
@@ -104,8 +108,12 @@ int clrt_model_set_base_bf16(clrt_model *m) {
     const float *from = src + old_off[i];
     if ((p->in16 = is_block_linear(m, p))) {
       p->offset = n16;
-      clrt_linear_pack_bf16((uint16_t *)p16->data + n16, from, (int)p->shape[1], (int)p->shape[0]);
+      if (!blank) clrt_linear_pack_bf16((uint16_t *)p16->data + n16, from, (int)p->shape[1], (int)p->shape[0]);
       n16 += (p->numel + 15) & ~(int64_t)15;
+    } else if (blank) {
+      p->offset = n32;
+      n32 += (p->numel + 15) & ~(int64_t)15;
+      continue;
     } else {
       p->offset = n32;
       /* in chunks: a 545 MB embedding copied whole would sit twice in memory */
@@ -136,6 +144,7 @@ int clrt_model_set_base_bf16(clrt_model *m) {
   m->total = n32;
   m->b16 = p16;
   m->base16 = 1;
+  m->base16_blank = blank;
   m->saved = 0;
   model_choose_ops(m);
   return 0;

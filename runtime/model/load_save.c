@@ -20,8 +20,36 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
   if (k < n) snprintf(buf + k, n - k, "]");
 }
 
+/* A bf16 base converted before its first tensor was read (clrt.model.load with base_dtype =
+   "bf16") takes its files (one, or the shards) here until every tensor is in. */
+static int loading_into_base16(const clrt_model *m) {
+  if (!m->base16 || !m->base16_blank) return 0;
+  for (int i = 0; i < m->np; i++)
+    if (!m->p[i].loaded) return 1;
+  return 0;
+}
+
+/* A block linear weight of a bf16 base: read as f32 into a buffer the size of the largest such
+   weight (kept across the file's tensors: *buf, *cap), then packed into the bf16 arena, so the
+   f32 copy of the weights exists one tensor at a time. */
+static int read_into_base16(clrt_model *m, clrt_safetensors *st, int i, const clrt_param_info *p, float **buf,
+                            int64_t *cap) {
+  if (p->numel > *cap) {
+    free(*buf);
+    if (!(*buf = malloc(sizeof(float) * (size_t)p->numel))) {
+      *cap = 0;
+      clrt_set_error("safetensors: out of memory reading '%s' for the bf16 base", p->name);
+      return -1;
+    }
+    *cap = p->numel;
+  }
+  if (clrt_safetensors_read_f32(st, i, *buf, p->numel)) return -1;
+  clrt_linear_pack_bf16((uint16_t *)m->b16->data + p->offset, *buf, (int)p->shape[1], (int)p->shape[0]);
+  return 0;
+}
+
 int clrt_model_load_safetensors(clrt_model *m, const char *path) {
-  if (model_refuse_base16(m, "model load")) return -1;
+  if (!loading_into_base16(m) && model_refuse_base16(m, "model load")) return -1;
   if (m->device != CLRT_CPU) {
     clrt_set_error("safetensors %s: load the model on the cpu, then move it with to(\"cuda\")", path);
     return -1;
@@ -29,6 +57,8 @@ int clrt_model_load_safetensors(clrt_model *m, const char *path) {
   clrt_safetensors *st = clrt_safetensors_open(path);
   if (!st) return -1;
   int n = clrt_safetensors_count(st), rc = -1;
+  float *buf16 = NULL;   /* read_into_base16's buffer */
+  int64_t cap16 = 0;
   for (int i = 0; i < n; i++) {
     const char *name = clrt_safetensors_name(st, i);
     int j = find_param(m, name);
@@ -60,12 +90,15 @@ int clrt_model_load_safetensors(clrt_model *m, const char *path) {
                      name, have, want);
       goto done;
     }
-    if (clrt_safetensors_read_f32(st, i, PW(m, p->offset), p->numel)) goto done;
+    if (p->in16 ? read_into_base16(m, st, i, p, &buf16, &cap16)
+                : clrt_safetensors_read_f32(st, i, PW(m, p->offset), p->numel))
+      goto done;
     p->loaded = 1;
   }
   clrt_model_params_changed(m);
   rc = 0;
 done:
+  free(buf16);
   clrt_safetensors_close(st);
   return rc;
 }

@@ -100,6 +100,7 @@ struct clrt_model {
      clrt_linear_pack_bf16's panels; their offsets (layer[], p[].in16) index b16 in uint16s,
      the rest of the params (embeddings, norms, biases) stay f32 in params. */
   int base16;
+  int base16_blank;   /* converted before any weight was in: clrt_model_load_safetensors fills it */
   clrt_storage *b16;
 };
 

@@ -45,6 +45,11 @@ end
 function M.policy(base_dir, ckpt_dir, l, seed, adapter_dir, base_dtype)
   base_dtype = M.check_base_dtype(base_dtype, l, adapter_dir, "train.lora")
   if not M.enabled(l) and not adapter_dir then return clrt.model.load(ckpt_dir or base_dir) end
+  if base_dtype == "bf16" then   -- converted as it is read: no whole f32 copy of the base
+    local adapter = ckpt_dir or adapter_dir
+    return clrt.model.load(base_dir, { base_dtype = "bf16", adapter = adapter, lora = not adapter and
+      { r = l.r, alpha = l.alpha or 2 * l.r, dropout = l.dropout or 0, targets = targets(l.targets), seed = seed } or nil })
+  end
   local m = clrt.model.load(base_dir)
   if ckpt_dir or adapter_dir then m:load_adapter(ckpt_dir or adapter_dir)
   else
