@@ -34,7 +34,8 @@ CLRT_WIDE static void rope_token(float *x /* [nh, D] */, const float *cs /* [D/2
 static void rope_apply(float *x, const float *cos_t, const float *sin_t, const int32_t *pos0,
                        int B, int T, int nh, int D, int backward) {
   int half = D / 2;
-#pragma omp parallel for collapse(2) schedule(static) if ((int64_t)B * T * nh * D > CLRT_OMP_MIN_WORK / 8)
+  /* A rotation per pair: one thread up to ~32K elements (2 cores: 16K took 3.8 us on one, 4.8 on two). */
+#pragma omp parallel for collapse(2) schedule(static) if ((int64_t)B * T * nh * D > CLRT_OMP_MIN_WORK)
   for (int b = 0; b < B; b++)
     for (int t = 0; t < T; t++) {
       int64_t pos = (pos0 ? pos0[b] : 0) + t;

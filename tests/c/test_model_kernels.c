@@ -460,6 +460,26 @@ static void test_swiglu_residual(void) {
   CHECK_NEAR(clrt_swiglu(1.5f, 2.0f), 1.5 / (1 + exp(-1.5)) * 2.0, 1e-6);
   free(c.g); free(c.u); free(c.h); free(c.R); free(dg); free(du);
 
+  /* The backward in spans, on two threads: every element of two whole spans and a tail
+     against the derivative in double (dg = dh u s (1 + g (1 - s)), du = dh g s). */
+  {
+    int n = 2 * CLRT_SPAN + 100;
+    float *g = randv((size_t)n, 3), *u = randv((size_t)n, 1), *dh = randv((size_t)n, 1);
+    float *dg2 = zerov((size_t)n), *du2 = zerov((size_t)n);
+    clrt_set_num_threads(2);
+    clrt_swiglu_backward(dg2, du2, dh, g, u, n);
+    clrt_set_num_threads(1);
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+      double s = 1 / (1 + exp(-(double)g[i]));
+      double eg = fabs(dg2[i] - dh[i] * (double)u[i] * s * (1 + g[i] * (1 - s)));
+      double eu = fabs(du2[i] - dh[i] * (double)g[i] * s);
+      worst = fmax(worst, fmax(eg, eu));
+    }
+    CHECK_NEAR(worst, 0, 1e-5);
+    free(g); free(u); free(dh); free(dg2); free(du2);
+  }
+
   float a[3] = {1, 2, 3}, b[3] = {10, 20, 30}, o[3], da[3] = {1, 1, 1}, db[3] = {0}, d[3] = {0.5f, -1, 2};
   clrt_residual_forward(o, a, b, 3);
   CHECK_NEAR(o[2], 33, 0);

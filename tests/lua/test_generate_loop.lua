@@ -126,6 +126,30 @@ T.case("prompts added between two steps are prefilled in one batched call, then 
   T.eq(eng:free_slots(), 8)
 end)
 
+T.case("rows added together with the same prompt share one prefill and sample as if alone", function()
+  local d = fake_decoder(8, 64)
+  local eng = gen.engine(d)
+  local o = gen.options({ temperature = 1, max_new_tokens = 6, seed = 2 }, V)
+  local greedy = gen.options({ temperature = 0, max_new_tokens = 6 }, V)
+  local a = eng:add({ 4, 5, 6 }, o, nil, 1)
+  local b = eng:add({ 4, 5, 6 }, o, nil, 2)
+  local c = eng:add({ 4, 5, 7 }, o, nil, 3)   -- as long, other tokens: a prefill of its own
+  local g = eng:add({ 4, 5, 6 }, greedy, nil, 4)
+  eng:step()
+  T.eq(d.prefills, 2)
+  while eng:busy() do eng:step() end
+  local function alone(prompt, opts, tag)
+    local e = gen.engine(fake_decoder(8, 64))
+    local rows = e:add(prompt, opts, nil, tag)
+    while e:busy() do e:step() end
+    return rows[1].tokens
+  end
+  T.eq({ a[1].tokens, b[1].tokens, c[1].tokens, g[1].tokens },
+    { alone({ 4, 5, 6 }, o, 1), alone({ 4, 5, 6 }, o, 2), alone({ 4, 5, 7 }, o, 3), greedy_reference({ 4, 5, 6 }, 6) })
+  T.ok(not T.deep_eq(a[1].tokens, b[1].tokens), "two rows of one prompt draw from their own streams")
+  T.eq(eng:free_slots(), 8)
+end)
+
 T.case("a row's random stream is chosen by the caller, not by its tag or its batch", function()
   local o = gen.options({ temperature = 1, max_new_tokens = 8, n = 2, seed = 4 }, V)
   local eng = gen.engine(fake_decoder(8, 64))

@@ -174,8 +174,22 @@ function Engine:prefill()
   local pending = self.pending
   if #pending == 0 then return end
   self.pending = {}
-  local firsts = {}
-  for _, row in ipairs(pending) do if row.prompt then firsts[#firsts + 1] = row end end
+  -- A row whose prompt equals an earlier pending row's copies that row's cache as a request's
+  -- n samples do: an RL step's futures of one response reach the same context turn after
+  -- turn (the world's user answers alike), and prefills were most of its generation time.
+  local firsts, seen = {}, {}
+  for _, row in ipairs(pending) do
+    if row.prompt then
+      local key = table.concat(row.prompt, ",")
+      local same = seen[key]
+      if same then
+        row.prompt, row.copy_of = nil, same
+      else
+        seen[key] = row
+        firsts[#firsts + 1] = row
+      end
+    end
+  end
   local dec, i = self.dec, 1
   while i <= #firsts do
     local j, width = i, 0
