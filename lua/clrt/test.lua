@@ -147,4 +147,13 @@ function M.read(path)
   return s
 end
 
+-- An f32 tensor's values as a Lua list (from the GPU too), for comparisons value by value.
+function M.floats(t)
+  if t:device() == "cuda" then t = t:to("cpu") end
+  local n, p = t:numel(), require("ffi").cast("float *", t:contiguous():data_ptr())
+  local out = {}
+  for i = 0, n - 1 do out[i + 1] = p[i] end
+  return out
+end
+
 return M

@@ -28,12 +28,7 @@ local CFG = { architectures = { "Qwen2ForCausalLM" }, vocab_size = 96, hidden_si
   rms_norm_eps = 1e-6, tie_word_embeddings = true }
 local LIN = { "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj" }
 
-local function flat(t)
-  local n, p = t:numel(), ffi.cast("float *", t:contiguous():data_ptr())
-  local out = {}
-  for i = 0, n - 1 do out[i + 1] = p[i] end
-  return out
-end
+local flat = T.floats
 
 local function max_diff(a, b)
   local fa, fb, d = flat(a), flat(b), 0

@@ -17,12 +17,7 @@ local CFG = { architectures = { "Qwen2ForCausalLM" }, vocab_size = 96, hidden_si
   rms_norm_eps = 1e-6, tie_word_embeddings = true }
 local LORA = { r = 4, alpha = 8, seed = 3 }
 
-local function flat(t)
-  local n, p = t:numel(), ffi.cast("float *", t:contiguous():data_ptr())
-  local out = {}
-  for i = 0, n - 1 do out[i + 1] = p[i] end
-  return out
-end
+local flat = T.floats
 
 local function same_bits(a, b, what)
   local fa, fb = flat(a), flat(b)

@@ -7,7 +7,6 @@ if not clrt.cuda_available() then
 end
 
 local T = require("clrt.test")
-local ffi = require("ffi")
 local tensor = clrt.tensor
 local fixtures = T.source_dir() .. "/tests/fixtures/model"
 
@@ -15,13 +14,7 @@ local function expected(name)
   return clrt.safetensors.load(fixtures .. "/" .. name .. "/expected.safetensors", { "adamw" })
 end
 
-local function flat(t)
-  if t:device() == "cuda" then t = t:to("cpu") end
-  local n, p = t:numel(), ffi.cast("float *", t:contiguous():data_ptr())
-  local out = {}
-  for i = 0, n - 1 do out[i + 1] = p[i] end
-  return out
-end
+local flat = T.floats
 
 -- |a - e| <= rtol * max|e| elementwise (and no NaN)
 local function close(a, e, rtol, what)

@@ -8,16 +8,9 @@ if not clrt.cuda_available() then
 end
 
 local T = require("clrt.test")
-local ffi = require("ffi")
 local fixtures = T.source_dir() .. "/tests/fixtures"
 
-local function flat(t)
-  if t:device() == "cuda" then t = t:to("cpu") end
-  local n, p = t:numel(), ffi.cast("float *", t:contiguous():data_ptr())
-  local out = {}
-  for i = 0, n - 1 do out[i + 1] = p[i] end
-  return out
-end
+local flat = T.floats
 
 local function rel_err(a, e)
   local fa, fe, dn, en = flat(a), flat(e), 0, 0

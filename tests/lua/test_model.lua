@@ -11,12 +11,7 @@ local function expected(name)
   return clrt.safetensors.load(fixtures .. "/" .. name .. "/expected.safetensors", { "adamw" })
 end
 
-local function flat(t)
-  local n, p = t:numel(), ffi.cast("float *", t:contiguous():data_ptr())
-  local out = {}
-  for i = 0, n - 1 do out[i + 1] = p[i] end
-  return out
-end
+local flat = T.floats
 
 local function near_tensor(a, e, atol, what)
   local fa, fe = flat(a), flat(e)
