@@ -47,16 +47,11 @@ if args.worker then
     device = args.device })
   if args.pack == "0" then m:set_decode_pack(false) end   -- sgemm throughout: the old path
   local flops = m:train_flops(B, T)
-  local n_mult = m:num_params() - (cfg.tie_word_embeddings and 0 or cfg.vocab_size * cfg.hidden_size)
   local r = tonumber(args.lora or 0)
   if r > 0 then
     m:add_lora({ r = r, alpha = 2 * r, seed = 0 })
     if args.base_dtype == "bf16" then m:set_base_dtype("bf16") end
-    -- the FLOPs LoRA needs: no weight gradients for the frozen weights (2 of the 6 per
-    -- parameter and token), the adapters' 6 per adapter parameter and token
-    local n_adapter = 0
-    for _, t in pairs(m:lora_params()) do n_adapter = n_adapter + t:numel() end
-    flops = flops - 2 * n_mult * B * T + 6 * n_adapter * B * T
+    flops = m:train_flops(B, T)   -- with adapters: no weight gradients of the frozen base
   end
   local opt = clrt.optim.adamw(m, { lr = 1e-4, weight_decay = 0.1, grad_clip = 1.0 })
   local gen = clrt.tensor.generator(1)

@@ -12,7 +12,14 @@ double clrt_model_train_flops(const clrt_model *m, int B, int T) {
   if (!c->tie_word_embeddings) n -= (double)c->vocab_size * c->hidden_size;
   double tokens = (double)B * T;
   double attn = 6.0 * c->num_hidden_layers * (double)c->num_attention_heads * c->head_dim * (double)T * T * B;
-  return 6.0 * n * tokens + attn;
+  const model_lora *lo = m->lora;
+  if (!lo || !lo->enabled) return 6.0 * n * tokens + attn;
+  /* LoRA: a frozen weight needs its forward and input-gradient products (4 per parameter and
+     token), never its weight gradient; an adapter's parameters need all 6, except the
+     embedding adapter's A, which is a lookup. */
+  double adapters = (double)lo->total;
+  if (lo->emb[0] >= 0) adapters -= (double)lo->r * c->vocab_size;
+  return 4.0 * n * tokens + 6.0 * adapters * tokens + attn;
 }
 
 /* Dense bf16 tensor-core peaks (no sparsity), TFLOP/s, matched by name; first match wins. */

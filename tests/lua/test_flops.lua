@@ -23,6 +23,21 @@ T.case("train_flops: 6 per matmul parameter per token plus causal attention", fu
   T.eq(mfu, nil, "no MFU for a model on the cpu")
 end)
 
+T.case("train_flops with LoRA: 4 per frozen parameter and token, 6 per adapter parameter (the embedding's A is a lookup)", function()
+  local C, I, L, V, H, KV, D, r = 32, 48, 3, 100, 4, 2, 8, 4
+  local B, Tn = 2, 10
+  local attn = 6 * L * H * D * Tn * Tn * B
+  local m = clrt.model.new(cfg)
+  local matmul = m:num_params() - V * C
+  m:add_lora({ r = r, alpha = 8, targets = { "q_proj", "down_proj", "lm_head", "embed_tokens" } })
+  -- q: A [r, C], B [H*D, r]; down: A [r, I], B [C, r]; lm_head: A [r, C], B [V, r];
+  -- embedding: A [r, V] (looked up, no FLOPs), B [C, r]
+  local adapters = L * (r * C + H * D * r + r * I + C * r) + (r * C + V * r) + C * r
+  T.near(m:train_flops(B, Tn), 4 * matmul * B * Tn + 6 * adapters * B * Tn + attn, { rtol = 1e-12 }, "flops")
+  m:set_adapters(false)   -- adapters off: the base alone, as the full step counts it
+  T.near(m:train_flops(B, Tn), 6 * matmul * B * Tn + attn, { rtol = 1e-12 }, "adapters off")
+end)
+
 T.case("the peak comes from CLRT_PEAK_TFLOPS when set", function()
   ffi.C.setenv("CLRT_PEAK_TFLOPS", "123.5", 1)
   T.eq(clrt.cuda_peak_tflops(), 123.5)
