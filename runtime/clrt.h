@@ -67,6 +67,11 @@ const char *clrt_dtype_name(int dtype);
 clrt_storage *clrt_storage_new(size_t bytes, int device);
 void clrt_storage_retain(clrt_storage *s);
 void clrt_storage_release(clrt_storage *s);
+/* Gives back the whole 2 MiB pages of host memory inside [a, b) (large storages sit on
+   transparent huge pages, and a huge page given back only in part is freed under memory
+   pressure only): they read zero again and become resident as they are written. Returns
+   where it stopped (b rounded down to a page, or a when no whole page lies inside). */
+const void *clrt_give_back_pages(const void *a, const void *b);
 
 /* New contiguous tensor, zero-filled. */
 clrt_tensor *clrt_tensor_new(int dtype, int ndim, const int64_t *shape, int device);
@@ -286,6 +291,10 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
    Host memory only. */
 int clrt_adamw_step_range(clrt_adamw *o, int64_t lo, int64_t hi, double grad_norm, float lr, float beta1,
                           float beta2, float eps, float weight_decay, float grad_clip);
+/* After a gather (a checkpoint's save or load) every rank holds both moments whole; a rank
+   of the sharded step reads only its slice [lo, hi) until the next gather, so the rest is
+   given back (whole 2 MiB pages: reads zero). Host memory only. */
+int clrt_adamw_keep_slice(clrt_adamw *o, int64_t lo, int64_t hi);
 int64_t clrt_adamw_numel(clrt_adamw *o);   /* floats in the arena (moments and parameters alike) */
 int64_t clrt_adamw_get_step(const clrt_adamw *o);
 void clrt_adamw_set_step(clrt_adamw *o, int64_t step);

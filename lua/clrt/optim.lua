@@ -5,7 +5,7 @@
 --   local norm = opt:step{lr = 3e-4}   -- clips, updates, returns the gradient norm before clipping
 --   opt:save("out/optimizer.safetensors"); opt:load("out/optimizer.safetensors")
 --   sd = opt:state_dict(); opt:load_state_dict(sd)
---   opt:step_sharded{lr =}, opt:gather_state()   -- N data-parallel ranks on the host (ZeRO-1)
+--   opt:step_sharded{lr =}, opt:gather_state(), opt:release_gathered()   -- N data-parallel ranks on the host (ZeRO-1)
 -- Weight decay is decoupled (AdamW) and by default applies to matrices only, not to norms
 -- and biases. A model with LoRA adapters trains its adapters only (m:trainable_names()):
 -- create the optimizer after add_lora.
@@ -103,6 +103,15 @@ function AdamW:gather_state()
   for which = 0, 1 do ok(C.clrt_dist_all_gather(arena(C.clrt_adamw_moment(self.ptr, which, 0)), n), 2) end
 end
 
+-- The other side of gather_state: a sharded rank reads only its slice of the moments between
+-- gathers, so once the whole state has been saved or loaded the rest is given back (whole
+-- 2 MiB pages; they read zero). With one rank, or unsharded, it does nothing.
+function AdamW:release_gathered()
+  if not self:sharded() or self.ptr == nil then return end
+  local lo, hi = require("clrt.dist").slice(tonumber(C.clrt_adamw_numel(self.ptr)))
+  ok(C.clrt_adamw_keep_slice(self.ptr, lo, hi), 2)
+end
+
 function AdamW:free()
   if self.ptr ~= nil then
     C.clrt_adamw_free(ffi.gc(self.ptr, nil))
@@ -141,6 +150,7 @@ function AdamW:load_state_dict(sd)
     end
   end
   C.clrt_adamw_set_step(self.ptr, sd.step or 0)
+  self:release_gathered()
 end
 
 -- optimizer.safetensors: "exp_avg.<name>" and "exp_avg_sq.<name>" plus the step in metadata.

@@ -66,6 +66,13 @@ oom:
   return NULL;
 }
 
+const void *clrt_give_back_pages(const void *a, const void *b) {
+  uintptr_t hp = (uintptr_t)2 << 20, lo = ((uintptr_t)a + hp - 1) & ~(hp - 1), hi = (uintptr_t)b & ~(hp - 1);
+  if (hi <= lo) return a;
+  madvise((void *)lo, hi - lo, MADV_DONTNEED);
+  return (const void *)hi;
+}
+
 void clrt_storage_written(clrt_storage *s) {
   if (s) s->version++;
 }

@@ -13,7 +13,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 int model_refuse_base16(const clrt_model *m, const char *who) {
@@ -35,19 +34,10 @@ static int is_block_linear(const clrt_model *m, const clrt_param_info *p) {
   return 0;
 }
 
-/* Gives back the whole 2 MiB pages of [a, b) (the arenas sit on transparent huge pages, and a
-   huge page given back only in part is freed under memory pressure only): they read zero again
-   and fill as they are written. The conversion walks the old f32 arena in order and gives back
-   what it has copied, and the new arenas fill as they are written (clrt_storage_new does not
-   touch a large arena's pages): it then peaks at about the f32 arena, not the f32 arena plus
-   the new ones. */
-static const void *give_back(const void *a, const void *b) {   /* returns where it stopped */
-  uintptr_t hp = (uintptr_t)2 << 20, lo = ((uintptr_t)a + hp - 1) & ~(hp - 1), hi = (uintptr_t)b & ~(hp - 1);
-  if (hi <= lo) return a;
-  madvise((void *)lo, hi - lo, MADV_DONTNEED);
-  return (const void *)hi;
-}
-
+/* The conversion walks the old f32 arena in order and gives back what it has copied
+   (clrt_give_back_pages), and the new arenas fill as they are written (clrt_storage_new does
+   not touch a large arena's pages): it then peaks at about the f32 arena, not the f32 arena
+   plus the new ones. */
 /* old offsets -> new ones: the param that started at `old` (-1 stays -1). */
 static int64_t remap(const clrt_model *m, const int64_t *old_off, int64_t old) {
   if (old < 0) return old;
@@ -120,11 +110,11 @@ int clrt_model_set_base_bf16(clrt_model *m) {
       for (int64_t k = 0; k < p->numel; k += (int64_t)1 << 22) {
         int64_t len = p->numel - k < ((int64_t)1 << 22) ? p->numel - k : (int64_t)1 << 22;
         memcpy((float *)p32->data + n32 + k, from + k, sizeof(float) * (size_t)len);
-        if (in_order) done = give_back(done, from + k + len);
+        if (in_order) done = clrt_give_back_pages(done, from + k + len);
       }
       n32 += (p->numel + 15) & ~(int64_t)15;
     }
-    if (in_order) done = give_back(done, from + p->numel);
+    if (in_order) done = clrt_give_back_pages(done, from + p->numel);
   }
   for (int l = 0; l < c->num_hidden_layers; l++) {
     int64_t *f = &m->layer[l].ln1;   /* the struct is int64_t fields only */

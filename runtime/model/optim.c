@@ -216,4 +216,24 @@ int clrt_adamw_step_range(clrt_adamw *o, int64_t lo, int64_t hi, double grad_nor
   return 0;
 }
 
+int clrt_adamw_keep_slice(clrt_adamw *o, int64_t lo, int64_t hi) {
+  int64_t n = model_param_set(o->m, o->lora).total;
+  if (o->device != CLRT_CPU) {
+    clrt_set_error("adamw: keep_slice runs in host memory only");
+    return -1;
+  }
+  if (lo < 0 || hi < lo || hi > n) {
+    clrt_set_error("adamw: slice [%lld, %lld) is outside the %lld parameters", (long long)lo, (long long)hi,
+                   (long long)n);
+    return -1;
+  }
+  clrt_storage *ms[2] = {o->m1, o->m2};
+  for (int i = 0; i < 2; i++) {
+    const float *d = ms[i]->data;
+    clrt_give_back_pages(d, d + lo);
+    clrt_give_back_pages(d + hi, d + n);
+  }
+  return 0;
+}
+
 int64_t clrt_adamw_numel(clrt_adamw *o) { return model_param_set(o->m, o->lora).total; }

@@ -38,9 +38,11 @@ end
 function M.save(run_dir, c)
   -- every rank holds the same parameters, and, once gathered, the same optimizer state:
   -- rank 0 writes them
-  if c.optimizer and c.optimizer.gather_state then c.optimizer:gather_state() end
-  if not require("clrt.dist").is_main() then return nil end
-  local ok, err = pcall(M._save, run_dir, c)
+  local opt = c.optimizer
+  if opt and opt.gather_state then opt:gather_state() end
+  local ok, err = true, nil
+  if require("clrt.dist").is_main() then ok, err = pcall(M._save, run_dir, c) end
+  if opt and opt.release_gathered then opt:release_gathered() end   -- each rank back to its slice
   if not ok then error("checkpoint: " .. tostring(err):gsub("^[^:\n]*%.lua:%d+: ", ""), 0) end
   return err
 end
