@@ -25,8 +25,19 @@ static void interrupt_hook(lua_State *L, lua_Debug *ar) {
   luaL_error(L, "interrupted");
 }
 
+/* How long a rank other than 0 of a data-parallel job waits after Ctrl-C before it stops on
+   its own (seconds). Every rank gets the signal, but only rank 0 says how to resume: a rank
+   that stopped first would end the job (MPI_Abort) while rank 0 may still wait in a
+   collective for it, and rank 0's message would be lost. So the other ranks keep going (they
+   reach the collective rank 0 waits in) and rank 0 ends the job; they stop by themselves only
+   if it has not within this time. */
+enum { FOLLOWER_GRACE_S = 10 };
+
 static void on_sigint(int sig) {
-  (void)sig;
+  if (evaluating && sig != SIGALRM && clrt_dist_size() > 1 && clrt_dist_rank() != 0) {
+    alarm(FOLLOWER_GRACE_S);   /* async-signal-safe; a second Ctrl-C restarts the wait */
+    return;
+  }
   if (evaluating) {
     clrt_set_interrupt(1);
     lua_sethook(globalL, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
@@ -304,7 +315,10 @@ int main(int argc, char **argv) {
   globalL = L;
   signal(SIGINT, on_sigint);
   /* mpirun turns Ctrl-C into SIGTERM to every rank: stop as Ctrl-C does, saying how to resume */
-  if (clrt_dist_size() > 1) signal(SIGTERM, on_sigint);
+  if (clrt_dist_size() > 1) {
+    signal(SIGTERM, on_sigint);
+    signal(SIGALRM, on_sigint);   /* a follower rank's grace ran out */
+  }
   int rc = 0;
   if (setup_state(L, argv, argc, script_index ? script_index : (code ? i : 0))) {
     rc = 1;
