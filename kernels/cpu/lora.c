@@ -82,19 +82,10 @@ static int lora_backward_fast(float *dx, float *dA, float *dB, float *dxa, float
   /* dxa = s dy B; dB += dy^T (s xa); dA += dxa^T xd */
   int done = clrt_gemm_narrow(dxa, r, dy, O, 1, B, r, N, r, O, 0);
   for (int64_t i = 0; done && i < N * r; i++) dxa[i] *= scale;
-  done = done && clrt_gemm_narrow(dB, r, dy, 1, O, xas, r, O, r, N, 1) &&
-         clrt_gemm_strided(dA, K, dxa, 1, r, xd, K, r, K, N, 1);
+  done = done && clrt_gemm_narrow(dB, r, dy, 1, O, xas, r, O, r, N, 1);
   free(xas);
-  if (!done) return 0;   /* unreachable with AVX-512: both kernels take any shape */
-  /* dx += dxa A; through the dropout, xd (spent) takes dxa A first */
-  if (p <= 0) return clrt_gemm_strided(dx, K, dxa, r, 1, A, K, N, K, r, 1);
-  if (!clrt_gemm_strided(xd, K, dxa, r, 1, A, K, N, K, r, 0)) return 0;
-#pragma omp parallel if (N * K > CLRT_OMP_MIN_WORK)
-  {
-    int64_t a, b;
-    share(N * K, &a, &b);
-    mask_span(dx, xd, a, b, key, p, 1);
-  }
+  if (!done) return 0;   /* unreachable with AVX-512: the kernel takes any shape */
+  clrt_lora_input_backward(dx, dA, dxa, xd, A, N, K, r, key, p);
   return 1;
 }
 
@@ -164,16 +155,19 @@ void clrt_lora_xa(float *xa, const float *xd, const float *A, int64_t N, int K, 
   if (N > 0) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, r, K, 1.0f, xd, K, A, K, 0.0f, xa, r);
 }
 
+/* Also the tail of lora_backward_fast; each product on clrt_gemm_strided where the CPU has
+   it, else sgemm. */
 void clrt_lora_input_backward(float *dx, float *dA, const float *dxa, float *xd, const float *A, int64_t N, int K,
                               int r, uint64_t key, float p) {
   if (N == 0) return;
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, K, (int)N, 1.0f, dxa, r, xd, K, 1.0f, dA, K);
-  if (p <= 0) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, K, r, 1.0f, dxa, r, A, K, 1.0f, dx, K);
-    return;
-  }
-  /* through the dropout: xd (spent) takes dxa A first */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, K, r, 1.0f, dxa, r, A, K, 0.0f, xd, K);
+  if (!clrt_gemm_strided(dA, K, dxa, 1, r, xd, K, r, K, N, 1))
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, K, (int)N, 1.0f, dxa, r, xd, K, 1.0f, dA, K);
+  /* dx += dxa A; through the dropout, xd (spent) takes dxa A first */
+  float *to = p > 0 ? xd : dx;
+  int acc = p <= 0;
+  if (!clrt_gemm_strided(to, K, dxa, r, 1, A, K, N, K, r, acc))
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, K, r, 1.0f, dxa, r, A, K, acc ? 1.0f : 0.0f, to, K);
+  if (p <= 0) return;
 #pragma omp parallel if (N * K > CLRT_OMP_MIN_WORK)
   {
     int64_t a, b;

@@ -43,15 +43,7 @@ extern "C" void clrt_cuda_lora_backward(float *dx, float *dA, float *dB, float *
   if (N <= 0) return;
   gemm_rm("lora_backward dxa", false, false, (int)N, r, O, scale, dy, O, B, r, 0.0f, dxa, r);
   gemm_rm("lora_backward dB", true, false, O, r, (int)N, scale, dy, O, xa, r, 1.0f, dB, r);
-  gemm_rm("lora_backward dA", true, false, r, K, (int)N, 1.0f, dxa, r, xd, K, 1.0f, dA, K);
-  if (p <= 0) {
-    gemm_rm("lora_backward dx", false, false, (int)N, K, r, 1.0f, dxa, r, A, K, 1.0f, dx, K);
-    return;
-  }
-  gemm_rm("lora_backward dx", false, false, (int)N, K, r, 1.0f, dxa, r, A, K, 0.0f, xd, K);
-  int64_t n = N * (int64_t)K;
-  drop_acc_kernel<<<clrt_blocks(n, 256), 256, 0, clrt_cuda_cstream()>>>(dx, xd, n, key, p);
-  CLRT_LAUNCHED("lora_backward dropout");
+  clrt_cuda_lora_input_backward(dx, dA, dxa, xd, A, N, K, r, key, p);
 }
 
 extern "C" void clrt_cuda_lora_xa(float *xa, const float *xd, const float *A, int64_t N, int K, int r) {
