@@ -34,10 +34,6 @@ static int is_block_linear(const clrt_model *m, const clrt_param_info *p) {
   return 0;
 }
 
-/* The conversion walks the old f32 arena in order and gives back what it has copied
-   (clrt_give_back_pages), and the new arenas fill as they are written (clrt_storage_new does
-   not touch a large arena's pages): it then peaks at about the f32 arena, not the f32 arena
-   plus the new ones. */
 /* old offsets -> new ones: the param that started at `old` (-1 stays -1). */
 static int64_t remap(const clrt_model *m, const int64_t *old_off, int64_t old) {
   if (old < 0) return old;
@@ -88,7 +84,10 @@ int clrt_model_set_base_bf16(clrt_model *m) {
      before reading the file, which then fills the new arenas directly): nothing to copy. */
   int blank = m->params->version == 0;
   for (int i = 0; blank && i < m->np; i++) blank = !m->p[i].loaded;
-  /* The old arena is given back behind the copy when the params lie in it in order. */
+  /* The old arena is given back behind the copy (clrt_give_back_pages) when the params lie in
+     it in order, and the new arenas fill as they are written (clrt_storage_new does not touch
+     a large arena's pages): the conversion then peaks at about the f32 arena, not the f32
+     arena plus the new ones. */
   int in_order = 1;
   for (int i = 1; i < m->np; i++) in_order &= old_off[i] > old_off[i - 1];
   const void *done = src;   /* given back from its 2 MiB page up to here */
