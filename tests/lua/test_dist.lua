@@ -389,6 +389,7 @@ for w = 1, 2 do
 end
 -- a resume loads the whole state and keeps its slice (the ranks check their slices of one file)
 ckpt.save(dir, { step = 2, model = m, optimizer = opt })
+dist.barrier()   -- rank 0 writes the file; the other ranks return from save before it is there
 local m3, opt3 = model()
 opt3:load(dir .. "/checkpoint-2/optimizer.safetensors")
 local kept3 = outside(opt3)
