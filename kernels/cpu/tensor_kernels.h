@@ -1,10 +1,16 @@
 /* tensor_kernels.h — CPU kernels behind runtime/core/tensor_ops.c, on raw buffers.
    Elementwise kernels do one strided row; reductions and softmax do a block of columns of
    one [n, inner] slab; the runtime splits work into these units, runs them under OpenMP and
-   polls for Ctrl-C between them. Strides are in elements. Op codes are clrt.h's enums. */
+   polls for Ctrl-C between them. Strides are in elements. Kernels include no runtime header,
+   so the op codes are their own; they have clrt.h's values (the runtime checks each at
+   compile time in tensor_ops.c), so a code passes through unchanged. */
 #ifndef CLRT_TENSOR_KERNELS_H
 #define CLRT_TENSOR_KERNELS_H
 #include <stdint.h>
+
+enum { K_ADD = 0, K_SUB, K_MUL, K_DIV, K_POW, K_MAXIMUM, K_MINIMUM, K_EQ, K_NE, K_LT, K_LE, K_GT, K_GE };
+enum { K_NEG = 0, K_ABS, K_EXP, K_LOG, K_SQRT, K_TANH, K_SIGMOID, K_RELU };
+enum { K_RED_SUM = 0, K_RED_MEAN, K_RED_MAX, K_RED_MIN, K_RED_ARGMAX, K_RED_ARGMIN };
 
 /* out[i*so] = a[i*sa] op b[i*sb] for i < n; comparisons store 0/1. */
 void clrt_k_binary_f32(int op, int64_t n, float *out, int64_t so, const float *a, int64_t sa,

@@ -13,7 +13,7 @@
 extern "C" {
 #endif
 
-/* ---- context.cu: device, stream, cuBLAS, memory ----------------------------------------- */
+/* ---- runtime/core/cuda_context.cu: device, stream, cuBLAS, memory ------------------------------------- */
 int clrt_cuda_device_count(void);
 /* Creates the stream and cuBLAS handle on first use; -1 with a message if no GPU. */
 int clrt_cuda_init(void);

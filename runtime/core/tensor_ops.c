@@ -6,6 +6,39 @@
 #include "clrt.h"
 #include "cpu/tensor_kernels.h"
 
+/* The kernels' op codes are clrt.h's (tensor_kernels.h keeps its own copy, being pure). */
+#define SAME_CODE(a, b) _Static_assert((int)(a) == (int)(b), #a " differs from " #b)
+SAME_CODE(CLRT_OP_ADD, K_ADD);
+SAME_CODE(CLRT_OP_SUB, K_SUB);
+SAME_CODE(CLRT_OP_MUL, K_MUL);
+SAME_CODE(CLRT_OP_DIV, K_DIV);
+SAME_CODE(CLRT_OP_POW, K_POW);
+SAME_CODE(CLRT_OP_MAXIMUM, K_MAXIMUM);
+SAME_CODE(CLRT_OP_MINIMUM, K_MINIMUM);
+SAME_CODE(CLRT_OP_EQ, K_EQ);
+SAME_CODE(CLRT_OP_NE, K_NE);
+SAME_CODE(CLRT_OP_LT, K_LT);
+SAME_CODE(CLRT_OP_LE, K_LE);
+SAME_CODE(CLRT_OP_GT, K_GT);
+SAME_CODE(CLRT_OP_GE, K_GE);
+SAME_CODE(CLRT_OP_NEG, K_NEG);
+SAME_CODE(CLRT_OP_ABS, K_ABS);
+SAME_CODE(CLRT_OP_EXP, K_EXP);
+SAME_CODE(CLRT_OP_LOG, K_LOG);
+SAME_CODE(CLRT_OP_SQRT, K_SQRT);
+SAME_CODE(CLRT_OP_TANH, K_TANH);
+SAME_CODE(CLRT_OP_SIGMOID, K_SIGMOID);
+SAME_CODE(CLRT_OP_RELU, K_RELU);
+SAME_CODE(CLRT_RED_SUM, K_RED_SUM);
+SAME_CODE(CLRT_RED_MEAN, K_RED_MEAN);
+SAME_CODE(CLRT_RED_MAX, K_RED_MAX);
+SAME_CODE(CLRT_RED_MIN, K_RED_MIN);
+SAME_CODE(CLRT_RED_ARGMAX, K_RED_ARGMAX);
+SAME_CODE(CLRT_RED_ARGMIN, K_RED_ARGMIN);
+_Static_assert(CLRT_OP_BINARY_COUNT == K_GE + 1 && CLRT_OP_UNARY_COUNT == K_RELU + 1 &&
+                   CLRT_RED_COUNT == K_RED_ARGMIN + 1, "an op code without its kernel copy");
+#undef SAME_CODE
+
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>

@@ -19,22 +19,14 @@ static void layer_backward(clrt_model *m, acts *a, int l, const float *x, int B,
   /* MLP: x' = xmid + (silu(g) * u) Wd^T; dres becomes dL/dxmid. */
   PROF(CLRT_K_RMSNORM, op->rmsnorm(a->xn, A->rstd2, A->xmid, PW(m, o->ln2), N, C, eps));
   PROF(CLRT_K_SWIGLU, op->swiglu(a->h, A->g, A->u, N * I));
-  PROF(CLRT_K_LINEAR_B, op->linear_backward(m, a, a->dA, o->wd, NULL, a->dres, a->h, N, I, C, 0));
-  PROF(CLRT_K_LORA, model_lora_backward(m, a, A, l, LORA_DOWN, a->dA, a->dres, a->h, N, I, C));
+  model_linear_backward(m, a, A, l, LORA_DOWN, a->dA, o->wd, NULL, a->dres, a->h, N, I, C, 0);
   float *du = a->h;   /* h is spent: its buffer takes du */
   PROF(CLRT_K_SWIGLU, op->swiglu_backward(a->dA, du, a->dA, A->g, A->u, N * I));
-  PROF(CLRT_K_LINEAR_B, {
-    op->linear_backward(m, a, a->dxn, o->wg, NULL, a->dA, a->xn, N, C, I, 0);
-    op->linear_backward(m, a, a->dxn, o->wu, NULL, du, a->xn, N, C, I, 1);
-  });
-  PROF(CLRT_K_LORA, {
-    model_lora_backward(m, a, A, l, LORA_GATE, a->dxn, a->dA, a->xn, N, C, I);
-    model_lora_backward(m, a, A, l, LORA_UP, a->dxn, du, a->xn, N, C, I);
-  });
+  model_linear_backward(m, a, A, l, LORA_GATE, a->dxn, o->wg, NULL, a->dA, a->xn, N, C, I, 0);
+  model_linear_backward(m, a, A, l, LORA_UP, a->dxn, o->wu, NULL, du, a->xn, N, C, I, 1);
   PROF(CLRT_K_RMSNORM, op->rmsnorm_backward(a->dres, GW(m, o->ln2), a->dxn, A->xmid, PW(m, o->ln2), A->rstd2, N, C));
   /* Attention: xmid = x + att Wo^T; the residual passes dres to x unchanged. */
-  PROF(CLRT_K_LINEAR_B, op->linear_backward(m, a, a->datt, o->wo, GW(m, o->bo), a->dres, A->att, N, H * D, C, 0));
-  PROF(CLRT_K_LORA, model_lora_backward(m, a, A, l, LORA_O, a->datt, a->dres, A->att, N, H * D, C));
+  model_linear_backward(m, a, A, l, LORA_O, a->datt, o->wo, GW(m, o->bo), a->dres, A->att, N, H * D, C, 0);
   PROF(CLRT_K_ATTN_B, op->attention_backward(m, a, A, B, T));
   PROF(CLRT_K_ROPE, {
     op->rope_backward(a->dq, m->rope_kc, m->rope_ks, NULL, B, T, H, D);
@@ -53,16 +45,9 @@ static void layer_backward(clrt_model *m, acts *a, int l, const float *x, int B,
     dk = a->dk2;
   }
   PROF(CLRT_K_RMSNORM, op->rmsnorm(a->xn, A->rstd1, x, PW(m, o->ln1), N, C, eps));
-  PROF(CLRT_K_LINEAR_B, {
-    op->linear_backward(m, a, a->dxn, o->wq, GW(m, o->bq), dq, a->xn, N, C, H * D, 0);
-    op->linear_backward(m, a, a->dxn, o->wk, GW(m, o->bk), dk, a->xn, N, C, KV * D, 1);
-    op->linear_backward(m, a, a->dxn, o->wv, GW(m, o->bv), a->dv, a->xn, N, C, KV * D, 1);
-  });
-  PROF(CLRT_K_LORA, {
-    model_lora_backward(m, a, A, l, LORA_Q, a->dxn, dq, a->xn, N, C, H * D);
-    model_lora_backward(m, a, A, l, LORA_K, a->dxn, dk, a->xn, N, C, KV * D);
-    model_lora_backward(m, a, A, l, LORA_V, a->dxn, a->dv, a->xn, N, C, KV * D);
-  });
+  model_linear_backward(m, a, A, l, LORA_Q, a->dxn, o->wq, GW(m, o->bq), dq, a->xn, N, C, H * D, 0);
+  model_linear_backward(m, a, A, l, LORA_K, a->dxn, o->wk, GW(m, o->bk), dk, a->xn, N, C, KV * D, 1);
+  model_linear_backward(m, a, A, l, LORA_V, a->dxn, o->wv, GW(m, o->bv), a->dv, a->xn, N, C, KV * D, 1);
   PROF(CLRT_K_RMSNORM, op->rmsnorm_backward(a->dres, GW(m, o->ln1), a->dxn, x, PW(m, o->ln1), A->rstd1, N, C));
 }
 

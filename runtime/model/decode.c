@@ -8,9 +8,6 @@
 #include "clrt.h"
 #include "model_internal.h"
 
-#ifdef CLRT_HAVE_CUDA
-#include "cuda/cuda_kernels.h"
-#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,18 +108,11 @@ int clrt_decoder_copy_slot(clrt_decoder *d, int src, int dst) {
   const clrt_model_config *c = &d->m->cfg;
   size_t row = (size_t)c->num_key_value_heads * c->head_dim, stride = (size_t)d->max_len * row;
   size_t n = (size_t)d->len[src] * row * sizeof(float);
-  for (int l = 0; l < c->num_hidden_layers; l++) {
-#ifdef CLRT_HAVE_CUDA
-    if (d->cache->device == CLRT_CUDA) {
-      if (clrt_cuda_memcpy(d->k[l] + dst * stride, d->k[l] + src * stride, n, 2) ||
-          clrt_cuda_memcpy(d->v[l] + dst * stride, d->v[l] + src * stride, n, 2))
-        return -1;
-      continue;
-    }
-#endif
-    memcpy(d->k[l] + dst * stride, d->k[l] + src * stride, n);
-    memcpy(d->v[l] + dst * stride, d->v[l] + src * stride, n);
-  }
+  const model_ops *op = d->m->ops;
+  for (int l = 0; l < c->num_hidden_layers; l++)
+    if (op->copy(d->k[l] + dst * stride, d->k[l] + src * stride, n) ||
+        op->copy(d->v[l] + dst * stride, d->v[l] + src * stride, n))
+      return -1;
   d->len[dst] = d->len[src];
   return 0;
 }

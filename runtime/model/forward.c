@@ -39,14 +39,10 @@ static void layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, cons
   /* Attention: xmid = x + attention(rope(q), rope(k), v) Wo^T over q, k, v of rmsnorm(x). */
   PROF(CLRT_K_RMSNORM, op->rmsnorm(a->xn, A->rstd1, x, PW(m, o->ln1), N, C, eps));
   float *qd = c->qk_norm ? A->qpre : A->q, *kd = c->qk_norm ? A->kpre : A->k;
-  lin_part qkv[3] = {{qd, o->wq, PW(m, o->bq), H * D}, {kd, o->wk, PW(m, o->bk), KV * D},
-                     {A->v, o->wv, PW(m, o->bv), KV * D}};
-  PROF(CLRT_K_LINEAR_F, op->linear_parts(m, a, a->xn, N, C, qkv, 3));
-  PROF(CLRT_K_LORA, {
-    model_lora_forward(m, a, A, l, LORA_Q, qd, a->xn, N, C, H * D, s->keep);
-    model_lora_forward(m, a, A, l, LORA_K, kd, a->xn, N, C, KV * D, s->keep);
-    model_lora_forward(m, a, A, l, LORA_V, A->v, a->xn, N, C, KV * D, s->keep);
-  });
+  lin_part qkv[3] = {{qd, o->wq, PW(m, o->bq), H * D, LORA_Q},
+                     {kd, o->wk, PW(m, o->bk), KV * D, LORA_K},
+                     {A->v, o->wv, PW(m, o->bv), KV * D, LORA_V}};
+  model_linear(m, a, A, l, s->keep, a->xn, N, C, qkv, 3);
   if (c->qk_norm)
     PROF(CLRT_K_RMSNORM, {
       op->rmsnorm(A->q, A->qrstd, A->qpre, PW(m, o->qn), N * H, D, eps);
@@ -67,20 +63,16 @@ static void layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, cons
     vals = vc;
   }
   PROF(CLRT_K_ATTN_F, op->attention(m, a, A->att, s->keep ? A->lse : NULL, A->q, keys, vals, &at));
-  PROF(CLRT_K_LINEAR_F, op->linear(m, a, a->tmp, A->att, o->wo, PW(m, o->bo), N, H * D, C));
-  PROF(CLRT_K_LORA, model_lora_forward(m, a, A, l, LORA_O, a->tmp, A->att, N, H * D, C, s->keep));
+  lin_part proj = {a->tmp, o->wo, PW(m, o->bo), C, LORA_O};
+  model_linear(m, a, A, l, s->keep, A->att, N, H * D, &proj, 1);
   PROF(CLRT_K_RESIDUAL, op->add(A->xmid, x, a->tmp, N * C));
   /* MLP: out = xmid + swiglu(xn Wg^T, xn Wu^T) Wd^T over xn = rmsnorm(xmid). */
   PROF(CLRT_K_RMSNORM, op->rmsnorm(a->xn, A->rstd2, A->xmid, PW(m, o->ln2), N, C, eps));
-  lin_part gate_up[2] = {{A->g, o->wg, NULL, I}, {A->u, o->wu, NULL, I}};
-  PROF(CLRT_K_LINEAR_F, op->linear_parts(m, a, a->xn, N, C, gate_up, 2));
-  PROF(CLRT_K_LORA, {
-    model_lora_forward(m, a, A, l, LORA_GATE, A->g, a->xn, N, C, I, s->keep);
-    model_lora_forward(m, a, A, l, LORA_UP, A->u, a->xn, N, C, I, s->keep);
-  });
+  lin_part gate_up[2] = {{A->g, o->wg, NULL, I, LORA_GATE}, {A->u, o->wu, NULL, I, LORA_UP}};
+  model_linear(m, a, A, l, s->keep, a->xn, N, C, gate_up, 2);
   PROF(CLRT_K_SWIGLU, op->swiglu(a->h, A->g, A->u, N * I));
-  PROF(CLRT_K_LINEAR_F, op->linear(m, a, a->tmp, a->h, o->wd, NULL, N, I, C));
-  PROF(CLRT_K_LORA, model_lora_forward(m, a, A, l, LORA_DOWN, a->tmp, a->h, N, I, C, s->keep));
+  lin_part down = {a->tmp, o->wd, NULL, C, LORA_DOWN};
+  model_linear(m, a, A, l, s->keep, a->h, N, I, &down, 1);
   PROF(CLRT_K_RESIDUAL, op->add(out, A->xmid, a->tmp, N * C));
 }
 

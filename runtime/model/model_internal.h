@@ -10,6 +10,7 @@
      forward.c    the layer forward and the entry points logprobs and forward_cached
      backward.c   the layer backward and clrt_model_backward
      profile.c    per-kernel timing (CLRT_PROFILE=1)
+     linear.c     the layer code's one call per product: the base product, then its adapter
      lora.c       LoRA adapters: their arena, names (PEFT's), init, merge, and the layer hooks
      base16.c     base_dtype=bf16: a frozen base's linear weights only in bf16, and their products */
 #ifndef CLRT_MODEL_INTERNAL_H
@@ -142,12 +143,14 @@ int32_t *model_host_ints(clrt_model *m, size_t n);
 
 /* ---- the ops one device and precision run (ops_cpu.c, ops_cuda.c) -------------------------- */
 
-/* One product of a linear layer: y = x W^T (+ b), W at offset w of the params. */
+/* One product of a linear layer: y = x W^T (+ b), W at offset w of the params; lora names
+   the adapter that may sit beside it (LORA_Q ... LORA_DOWN), which model_linear applies. */
 typedef struct lin_part {
   float *y;
   int64_t w;
   const float *b;
   int O;
+  int lora;
 } lin_part;
 
 /* One attention call: q/out rows [B, T, H, D], keys/values with batch stride kv_bstride. */
@@ -212,10 +215,12 @@ struct model_ops {
                               const int32_t *tok, const float *B, int64_t N, int V, int C, int r, float scale);
   void (*gather_rows)(float *dst, const float *src, const int32_t *rowidx, int64_t nv, int C);
   void (*scatter_rows)(float *dst, const float *src, const int32_t *rowidx, int64_t nv, int C);
-  /* memory: zero, host -> model, model -> host (waits and reports a failed kernel), end of step */
+  /* memory: zero, host -> model, model -> host (waits and reports a failed kernel), model ->
+     model (queued in order with the kernels), end of step */
   void (*zero)(float *p, size_t n);
   int (*upload)(void *dst, const void *src, size_t bytes);
   int (*download)(void *dst, const void *src, size_t bytes);
+  int (*copy)(void *dst, const void *src, size_t bytes);
   int (*sync)(void);
   /* The whole bf16 weight copy in one conversion (NULL: weights.c packs or converts on the host). */
   void (*to_bf16)(uint16_t *dst, const float *src, int64_t n);
@@ -271,6 +276,18 @@ static inline float *GW(const clrt_model *m, int64_t off) { return off < 0 || m-
 int model_ensure_grads(clrt_model *m);
 /* A tensor over one parameter's place in an arena (params, grads). */
 clrt_tensor *model_param_view(clrt_storage *s, const clrt_param_info *p);
+
+/* ---- the layer code's products (linear.c) ------------------------------------------------------ */
+
+/* parts[i].y [N, O_i] = x [N, K] W_i^T (+ b_i) (+ its adapter): one call per product (or per
+   group of products over the same input), whatever copy, device or adapter runs underneath.
+   A: the layer's kept activations; keep: a training forward. */
+void model_linear(clrt_model *m, acts *a, layer_acts *A, int l, int keep, const float *x, int64_t N,
+                  int K, const lin_part *parts, int count);
+/* dx [N, K] (+)= dy [N, O] W, the weight's (and bias's) gradients, and the adapter's. */
+void model_linear_backward(clrt_model *m, acts *a, const layer_acts *A, int l, int target, float *dx,
+                           int64_t w, float *db, const float *dy, const float *x, int64_t N, int K,
+                           int O, int acc);
 
 /* ---- LoRA (lora.c) ---------------------------------------------------------------------------- */
 

@@ -86,7 +86,7 @@ static int base16_decode_logits(clrt_model *m, acts *a, float *logits, const flo
     .lora_forward = clrt_lora_forward, .lora_backward = clrt_lora_backward,                \
     .lora_xa = clrt_lora_xa, .lora_input_backward = clrt_lora_input_backward, .lora_embed_forward = clrt_lora_embed_forward,   \
     .lora_embed_backward = clrt_lora_embed_backward, .zero = cpu_zero, .upload = cpu_copy,                   \
-    .download = cpu_copy, .sync = cpu_sync,                                                   \
+    .download = cpu_copy, .copy = cpu_copy, .sync = cpu_sync,                                     \
   }
 
 const model_ops model_cpu_ops = CPU_OPS(model_cpu_linear, model_cpu_linear_parts, model_cpu_linear_backward,

@@ -64,6 +64,7 @@ static size_t cuda_attention_scratch(const clrt_model *m, int B, int T, int Tk) 
 
 static void cuda_zero(float *p, size_t n) { clrt_cuda_memset0(p, sizeof(float) * n); }
 static int cuda_upload(void *dst, const void *src, size_t bytes) { return clrt_cuda_memcpy(dst, src, bytes, 0); }
+static int cuda_copy(void *dst, const void *src, size_t bytes) { return clrt_cuda_memcpy(dst, src, bytes, 2); }
 static int cuda_download(void *dst, const void *src, size_t bytes) {
   return clrt_cuda_sync() || clrt_cuda_memcpy(dst, src, bytes, 1) ? -1 : 0;
 }
@@ -101,7 +102,8 @@ static void cuda_output_backward(float *dx, float *dw, const float *dlp, const f
     .lora_input_backward = clrt_cuda_lora_input_backward,                                         \
     .lora_embed_forward = clrt_cuda_lora_embed_forward,                                           \
     .lora_embed_backward = clrt_cuda_lora_embed_backward,                                         \
-    .zero = cuda_zero, .upload = cuda_upload, .download = cuda_download, .sync = clrt_cuda_sync,  \
+    .zero = cuda_zero, .upload = cuda_upload, .download = cuda_download, .copy = cuda_copy,        \
+    .sync = clrt_cuda_sync,                                                                       \
     .to_bf16 = to16, .bf16_scratch = bf16, .logits_staged = 1,                            \
   }
 

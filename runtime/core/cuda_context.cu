@@ -1,11 +1,15 @@
-// context.cu — the process's CUDA context for clrt: one stream, one cuBLAS handle, device
-// memory with clear out-of-memory errors, and the first asynchronous error of a step.
-#include "common.cuh"
+// cuda_context.cu — the process's CUDA context for clrt: one stream, one cuBLAS handle, device
+// memory with clear out-of-memory errors, and the first asynchronous error of a step. It is
+// the runtime's device layer (it sets the runtime's errors), so it lives here and not among
+// the kernels, which only record a launch failure for clrt_cuda_sync() to report.
+#include "cuda/common.cuh"
 
 #include <stdio.h>
 #include <string.h>
 
-extern "C" void clrt_set_error(const char *fmt, ...);
+extern "C" {
+#include "clrt.h"
+}
 
 static cudaStream_t g_stream;
 static cublasHandle_t g_blas;
