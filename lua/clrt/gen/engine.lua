@@ -19,9 +19,42 @@ local C = core.C
 
 local M = {}
 
+-- The options generate takes (anything else is a mistake worth naming: max_tokens for
+-- max_new_tokens would otherwise be ignored without a word).
+local KNOWN_OPTIONS = { "n", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "tokenizer",
+  "top_logprobs", "logit_bias", "stream_text", "mask", "json_schema", "json", "json_whitespace", "on_step" }
+local known_option = {}
+for _, k in ipairs(KNOWN_OPTIONS) do known_option[k] = true end
+
+-- logit_bias {[token id] = bias in [-100, 100]} -> parallel arrays, ids in increasing order.
+local function parse_logit_bias(lb, vocab, bad)
+  if type(lb) ~= "table" then bad("logit_bias", "must be a table {[token id] = bias}") end
+  local ids = {}
+  for id, b in pairs(lb) do
+    if type(id) ~= "number" or id ~= math.floor(id) or id < 0 or id >= vocab then
+      bad("logit_bias", ("has key %s, not a token id in [0, %d)"):format(tostring(id), vocab))
+    end
+    if type(b) ~= "number" or not (b >= -100 and b <= 100) then
+      bad("logit_bias", ("[%d] = %s is not a number in [-100, 100]"):format(id, tostring(b)))
+    end
+    ids[#ids + 1] = id
+  end
+  if #ids == 0 then return nil end
+  table.sort(ids)
+  local vals = {}
+  for i, id in ipairs(ids) do vals[i] = lb[id] end
+  return { ids = ids, vals = vals }
+end
+
 -- Validate options once per request; returns the normalised copy rows keep.
 function M.options(opts, vocab)
   opts = opts or {}
+  if type(opts) ~= "table" then error(("generate: opts must be a table of options, got a %s"):format(type(opts)), 0) end
+  for k in pairs(opts) do
+    if not known_option[k] then
+      error(("generate: unknown option '%s' (the options are: %s)"):format(tostring(k), table.concat(KNOWN_OPTIONS, ", ")), 0)
+    end
+  end
   local o = {
     n = opts.n or 1,
     max_new_tokens = opts.max_new_tokens or 64,
@@ -58,6 +91,7 @@ function M.options(opts, vocab)
     if type(k) ~= "number" or k < 0 or k > 64 or k ~= math.floor(k) then bad("top_logprobs", "must be an integer in [0, 64]") end
     o.top_logprobs = math.min(k, vocab)
   end
+  if opts.logit_bias ~= nil then o.logit_bias = parse_logit_bias(opts.logit_bias, vocab, bad) end
   o.tokenizer = opts.tokenizer
   if (#o.stop_strings > 0 or opts.stream_text) and not o.tokenizer then
     bad("stop", "has strings but no tokenizer was given (opts.tokenizer) to decode with")
@@ -321,8 +355,28 @@ function Engine:step()
     self.params[k - 1].top_p = o.top_p
     self.uniforms[k - 1] = C.clrt_rng_uniform(row.rng)
   end
+  -- logit_bias is added to the row's own logits for sampling only: the model's log-probabilities
+  -- (top_logprobs) are read after the saved values are put back
+  local saved = nil
+  for k, row in ipairs(self.active) do
+    local lb = row.o.logit_bias
+    if lb then
+      local at = gathered + (k - 1) * V
+      local keep = {}
+      for i, id in ipairs(lb.ids) do
+        keep[i] = at[id]
+        at[id] = at[id] + lb.vals[i]
+      end
+      saved = saved or {}
+      saved[k] = keep
+    end
+  end
   if C.clrt_sample(gathered, A, V, self.params, self.uniforms, masks, self.out_tok, self.out_lp) ~= 0 then
     core.fail(2)
+  end
+  for k, keep in pairs(saved or {}) do
+    local at, ids = gathered + (k - 1) * V, self.active[k].o.logit_bias.ids
+    for i, id in ipairs(ids) do at[id] = keep[i] end
   end
   local still = {}
   for k, row in ipairs(self.active) do
