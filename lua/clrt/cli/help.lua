@@ -50,13 +50,14 @@ end
 function M.summary(doc, width)
   width = width or 96
   local text = table.concat(doc or {}, " "):gsub("%s+", " "):gsub("^ ", "")
-  local depth, cut = 0, #text
+  local depth, cut, words = 0, #text, false
   for i = 1, #text do
     local c = text:sub(i, i)
     if c == "(" or c == "[" or c == "{" then depth = depth + 1
     elseif (c == ")" or c == "]" or c == "}") and depth > 0 then depth = depth - 1
+    elseif depth == 0 and c == " " then words = true
     elseif depth == 0 and (c == ":" or c == ";" or c == ".") and (i == #text or text:sub(i + 1, i + 1) == " ")
-      and text:sub(1, i - 1):find(" ") then   -- "path: a folder ..." names what follows: go on
+      and words then   -- "path: a folder ...", "load(dir): ..." name what follows: go on
       cut = c == "." and i or i - 1
       break
     end
