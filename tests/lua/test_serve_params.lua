@@ -108,10 +108,27 @@ T.case("a bias on one row leaves the rows decoded beside it unchanged (one engin
   local biased = { temperature = 1, seed = 7, max_new_tokens = 10, logit_bias = { [greedy.tokens[1]] = -100, [17] = 5 } }
   local alone = rows_of({ { prompt, plain } })[1].tokens
   local alone_b = rows_of({ { prompt, biased } })[1].tokens
-  local together = rows_of({ { prompt, biased }, { prompt, plain }, { { 3, 4, 5 }, plain } })
-  T.eq(together[2].tokens, alone, "the unbiased row beside a biased one")
-  T.eq(together[1].tokens, alone_b, "the biased row is the same as alone")
+  for _, order in ipairs({ { 1, 2 }, { 2, 1 } }) do   -- the biased row second in the batch, then first
+    local list = {}
+    list[order[1]], list[order[2]] = { prompt, plain }, { prompt, biased }
+    list[3] = { { 3, 4, 5 }, plain }
+    local together = rows_of(list)
+    T.eq(together[order[1]].tokens, alone, "the unbiased row beside a biased one")
+    T.eq(together[order[2]].tokens, alone_b, "the biased row is the same as alone")
+  end
   T.ok(table.concat(alone, ",") ~= table.concat(alone_b, ","), "the bias changed its row")
+  -- top_logprobs report the model's own log-probabilities, not the biased ones
+  local forced = { temperature = 0, max_new_tokens = 4, logit_bias = { [40] = 100 }, top_logprobs = 0 }
+  local row = rows_of({ { prompt, forced } })[1]
+  local seq = {}
+  for _, id in ipairs(prompt) do seq[#seq + 1] = id end
+  for _, id in ipairs(row.tokens) do seq[#seq + 1] = id end
+  local lp = m:logprobs({ seq }, { grad = false })
+  for i, id in ipairs(row.tokens) do
+    T.eq(id, 40)
+    T.near(row.model_logprobs[i].lp, lp:get(1, #prompt + i - 1), 1e-3, "token " .. i)
+  end
+  T.ok(row.model_logprobs[1].lp < -1, "a forced token the model finds unlikely keeps its low log-probability")
   T.raises(function() gen.options({ logit_bias = { [V] = 1 } }, V) end, "logit_bias")
   T.raises(function() gen.options({ logit_bias = { [1] = 101 } }, V) end, "logit_bias")
 end)
