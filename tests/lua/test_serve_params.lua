@@ -21,14 +21,14 @@ local V = m.config.vocab_size
 
 -- POST a raw body; returns the HTTP status and the body.
 local n_posts = 0
-local function post(body)
+local function post(body, path)
   n_posts = n_posts + 1
   local base = ("%s/p%d"):format(dir, n_posts)
   local f = assert(io.open(base .. ".json", "wb"))
   f:write(body)
   f:close()
-  local p = io.popen(("curl -s -N -m 60 -o %s.out -w '%%{http_code}' --data-binary @%s.json -H 'Content-Type: application/json' http://127.0.0.1:%d/v1/chat/completions")
-    :format(base, base, srv.port))
+  local p = io.popen(("curl -s -N -m 60 -o %s.out -w '%%{http_code}' --data-binary @%s.json -H 'Content-Type: application/json' http://127.0.0.1:%d%s")
+    :format(base, base, srv.port, path or "/v1/chat/completions"))
   local status = tonumber(p:read("*a"))
   p:close()
   return status, T.read(base .. ".out") or ""
@@ -45,14 +45,15 @@ local function reply(body)
   T.eq(status, 200, out)
   return cjson.decode(out).choices[1].message.content
 end
-local function streamed(body)
-  local status, out = post(body)
+local function streamed(body, path)
+  local status, out = post(body, path)
   T.eq(status, 200, out)
   local text = {}
   for data in out:gmatch("data: ([^\n]+)") do
     if data ~= "[DONE]" then
       local c = cjson.decode(data).choices[1]
-      if c and c.delta.content then text[#text + 1] = c.delta.content end
+      local piece = c and (c.delta and c.delta.content or c.text)
+      if piece then text[#text + 1] = piece end
     end
   end
   return table.concat(text)
@@ -133,9 +134,44 @@ T.case("a bias on one row leaves the rows decoded beside it unchanged (one engin
   T.raises(function() gen.options({ logit_bias = { [1] = 101 } }, V) end, "logit_bias")
 end)
 
+T.case("/v1/completions continues a plain prompt; logit_bias applies there too, streamed and not", function()
+  local text_prompt = "plan a trip for my"
+  local ids = tok:encode(text_prompt)
+  local function complete(opts)
+    local o = { temperature = 0, max_new_tokens = 10, stop = stop, tokenizer = tok }
+    for k, v in pairs(opts or {}) do o[k] = v end
+    return m:generate({ ids }, o)[1]
+  end
+  local plain = complete()
+  local function body(extra)
+    local b = { prompt = text_prompt, temperature = 0, max_tokens = 10 }
+    for k, v in pairs(extra or {}) do b[k] = v end
+    return cjson.encode(b)
+  end
+  local status, out = post(body(), "/v1/completions")
+  T.eq(status, 200, out)
+  local r = cjson.decode(out)
+  T.eq(r.object, "text_completion")
+  T.eq(r.choices[1].text, plain.text, "the greedy continuation, as in-process")
+  T.eq(r.usage.prompt_tokens, #ids)
+  T.eq(streamed(body({ stream = true }), "/v1/completions"), plain.text, "streamed")
+  local status_ids, out_ids = post(cjson.encode({ prompt = ids, temperature = 0, max_tokens = 10 }), "/v1/completions")
+  T.eq({ status_ids, cjson.decode(out_ids).choices[1].text }, { 200, plain.text }, "a prompt of token ids")
+  local biased = complete({ logit_bias = { [plain.tokens[1]] = -100 } })
+  local lb = { [tostring(plain.tokens[1])] = -100 }
+  local _, out_b = post(body({ logit_bias = lb }), "/v1/completions")
+  T.ok(biased.text ~= plain.text, "the bias changes the continuation")
+  T.eq(cjson.decode(out_b).choices[1].text, biased.text, "-100 on the greedy token, as in-process")
+  T.eq(streamed(body({ logit_bias = lb, stream = true }), "/v1/completions"), biased.text, "streamed")
+  local _, out_f = post(body({ logit_bias = { ["40"] = 100 }, temperature = 1, seed = 2 }), "/v1/completions")
+  local forty = {}
+  for i = 1, 10 do forty[i] = 40 end
+  T.eq(cjson.decode(out_f).choices[1].text, tok:decode(forty, { skip_special_tokens = true }), "+100 forces a token")
+end)
+
 -- Every error body: a 400 whose param and message name `field`, and no source path.
-local function expect_400(body, field, what)
-  local status, out = post(body)
+local function expect_400(body, field, what, path)
+  local status, out = post(body, path)
   T.eq(status, 400, what .. ": " .. out)
   local ok, e = pcall(cjson.decode, out)
   T.ok(ok and type(e.error) == "table", what .. ": an OpenAI error object")
@@ -152,6 +188,7 @@ T.case("bad logit_bias values are 400s naming logit_bias", function()
     local body = chat_body():gsub("}$", ', "logit_bias": ' .. lb .. "}")
     expect_400(body, "logit_bias", "logit_bias " .. lb)
   end
+  expect_400('{"prompt": "hi", "logit_bias": {"x": 1}}', "logit_bias", "on /v1/completions", "/v1/completions")
   local many = {}
   for i = 0, 300 do many[tostring(i)] = 1 end
   expect_400(chat_body({ logit_bias = many }), "logit_bias", "301 entries")
@@ -182,6 +219,17 @@ T.case("parameters the server does not apply are refused with a 400 naming them"
   expect_400(cjson.encode({ messages = { { role = "user", content = "hi", name = "ann" } } }), "messages[0].name", "a message's name")
   expect_400(chat_body({ parallel_tool_calls = "no" }), "parallel_tool_calls", "parallel_tool_calls")
   expect_400(chat_body({ user = 5 }), "user", "user")
+  local C = "/v1/completions"
+  expect_400('{"prompt": "hi", "echo": true}', "echo", "echo", C)
+  expect_400('{"prompt": "hi", "suffix": "x"}', "suffix", "suffix", C)
+  expect_400('{"prompt": "hi", "logprobs": 2}', "logprobs", "logprobs on completions", C)
+  expect_400('{"prompt": "hi", "best_of": 3}', "best_of", "best_of", C)
+  expect_400('{"prompt": ["a", "b"]}', "prompt", "several prompts", C)
+  expect_400('{"prompt": [1, 99999]}', "prompt[1]", "a token id past the vocabulary", C)
+  expect_400('{"prompt": ""}', "prompt", "an empty prompt", C)
+  expect_400('{"prompt": "caf\xe9"}', "prompt", "a prompt that is not UTF-8", C)
+  expect_400('{"prompt": "hi", "messages": []}', "messages", "a chat parameter on completions", C)
+  expect_400('{"prompt": "hi", "frequency_penalty": 1}', "frequency_penalty", "a penalty on completions", C)
   -- the no-op values clients send by default are accepted
   T.eq(reply(chat_body({ frequency_penalty = 0, presence_penalty = 0, user = "u1", parallel_tool_calls = true })), greedy.text)
 end)

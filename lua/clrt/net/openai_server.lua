@@ -1,5 +1,6 @@
 -- clrt.net.openai_server — an OpenAI-compatible chat server over one model: POST /v1/chat/completions
--- (JSON or server-sent events; logprobs; tools through the chat template), GET /v1/models,
+-- (JSON or server-sent events; logprobs; tools through the chat template), POST /v1/completions
+-- (a plain prompt continued; no chat template), GET /v1/models,
 -- GET /v1/models/{id}, GET /health (open without the key). Every request's rows join the
 -- same generation engine, so requests that arrive together decode in the same batched
 -- steps, and a request that arrives mid-way joins at the next step.
@@ -75,12 +76,16 @@ M.without_source = without_source
 
 -- The request parameters this server reads; any other is a 400 naming it (OpenAI's answer
 -- to an unknown argument), so no parameter is accepted and then ignored.
-local PARAMETERS = {}
-for _, k in ipairs({ "messages", "model", "stream", "stream_options", "temperature", "top_p", "max_tokens",
-  "max_completion_tokens", "n", "seed", "stop", "logprobs", "top_logprobs", "tools", "tool_choice",
-  "parallel_tool_calls", "response_format", "logit_bias", "frequency_penalty", "presence_penalty", "user" }) do
-  PARAMETERS[k] = true
+local function set(list)
+  local t = {}
+  for _, k in ipairs(list) do t[k] = true end
+  return t
 end
+local SHARED = { "model", "stream", "stream_options", "temperature", "top_p", "max_tokens", "n", "seed", "stop",
+  "logit_bias", "frequency_penalty", "presence_penalty", "user" }
+local CHAT_PARAMETERS = set({ "messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+  "parallel_tool_calls", "response_format", unpack(SHARED) })
+local COMPLETION_PARAMETERS = set({ "prompt", "echo", "suffix", "best_of", "logprobs", unpack(SHARED) })
 -- The fields of a message; others (name, ...) would be dropped by the chat template.
 local MESSAGE_FIELDS = { role = true, content = true, tool_calls = true, tool_call_id = true, refusal = true }
 local MAX_LOGIT_BIAS = 300   -- OpenAI's limit on logit_bias entries
@@ -107,60 +112,27 @@ local function parse_logit_bias(lb, vocab)
   return out
 end
 
--- Validate a chat-completions body. Returns the request table or (nil, status, body).
-function M.parse_chat_request(body, limits)
+-- A 400 naming a field: nil, status, body.
+local function bad(field, why) return nil, json_error(400, ("'%s' %s"):format(field, why), field) end
+
+-- A request body as a JSON object whose strings are UTF-8 and whose keys are all `known`
+-- parameters. Returns it or (nil, status, body).
+local function decode_body(body, known)
   local req, err = cjson.decode(body)
   if type(req) ~= "table" or (next(req) ~= nil and type(next(req)) ~= "string") then
     return nil, json_error(400, "request body is not valid JSON: " .. tostring(err or "not an object"))
   end
-  local function bad(field, why) return nil, json_error(400, ("'%s' %s"):format(field, why), field) end
   local not_utf8 = bad_utf8_field(req, "")
   if not_utf8 then return bad(not_utf8, "is not valid UTF-8") end
   for k in pairs(req) do
-    if not PARAMETERS[k] then return bad(tostring(k), "is not a parameter this server supports") end
+    if not known[k] then return bad(tostring(k), "is not a parameter this server supports") end
   end
-  if type(req.messages) ~= "table" or #req.messages == 0 then return bad("messages", "must be a non-empty array") end
-  local msgs, out_uses_tools = {}, false
-  for i, m in ipairs(req.messages) do
-    local f = ("messages[%d]"):format(i - 1)
-    if type(m) ~= "table" then return bad(f, "must be an object") end
-    for k in pairs(m) do
-      if not MESSAGE_FIELDS[k] then return bad(f .. "." .. tostring(k), "is not supported (the chat template has no place for it)") end
-    end
-    if m.refusal ~= nil and m.refusal ~= cjson.null then return bad(f .. ".refusal", "must be null (a refusal is not rendered)") end
-    local role = m.role == "developer" and "system" or m.role   -- OpenAI's newer name for system
-    if role ~= "system" and role ~= "user" and role ~= "assistant" and role ~= "tool" then
-      return bad(f .. ".role", "must be 'system', 'developer', 'user', 'assistant' or 'tool'")
-    end
-    local content = m.content
-    local calls = m.tool_calls
-    if calls == cjson.null then calls = nil end
-    if calls ~= nil then
-      if role ~= "assistant" or type(calls) ~= "table" then return bad(f .. ".tool_calls", "must be an array on an assistant message") end
-      for j, c in ipairs(calls) do
-        local fn = type(c) == "table" and c["function"]
-        if type(fn) ~= "table" or type(fn.name) ~= "string" or type(fn.arguments) ~= "string" then
-          return bad(("%s.tool_calls[%d]"):format(f, j - 1), "must be {id, type: 'function', function: {name, arguments (a JSON string)}}")
-        end
-      end
-      if content == nil or content == cjson.null then content = "" end
-    end
-    if role == "tool" and type(m.tool_call_id) ~= "string" then return bad(f .. ".tool_call_id", "must be a string") end
-    if type(content) == "table" then   -- the array-of-parts form: text parts only
-      local parts = {}
-      for j, part in ipairs(content) do
-        if type(part) ~= "table" or part.type ~= "text" or type(part.text) ~= "string" then
-          return bad(("%s.content[%d]"):format(f, j - 1), "must be a text part ({type: 'text', text: ...})")
-        end
-        parts[#parts + 1] = part.text
-      end
-      content = table.concat(parts)
-    end
-    if type(content) ~= "string" then return bad(f .. ".content", "must be a string") end
-    msgs[i] = { role = role, content = content, tool_calls = calls, tool_call_id = m.tool_call_id }
-    if calls or role == "tool" then out_uses_tools = true end
-  end
-  local out = { messages = msgs, stream = false, n = 1 }
+  return req
+end
+
+-- The parameters both endpoints share (model, stream, sampling, length, stop, logit_bias)
+-- into `out`. Returns true or (nil, status, body).
+local function parse_sampling(req, out, limits)
   if req.model ~= nil and req.model ~= cjson.null then
     if type(req.model) ~= "string" then return bad("model", "must be a string") end
     out.model = req.model
@@ -213,6 +185,70 @@ function M.parse_chat_request(body, limits)
     end
     out.stop = stop
   end
+  for _, k in ipairs({ "frequency_penalty", "presence_penalty" }) do
+    local v = req[k]
+    if v ~= nil and v ~= cjson.null and v ~= 0 then
+      return bad(k, "is not supported by this server (only 0, no penalty)")
+    end
+  end
+  if req.user ~= nil and req.user ~= cjson.null and type(req.user) ~= "string" then return bad("user", "must be a string") end
+  local lb = req.logit_bias
+  if lb ~= nil and lb ~= cjson.null then
+    local bias, why = parse_logit_bias(lb, limits.vocab_size)
+    if not bias then return bad("logit_bias", why) end
+    out.logit_bias = bias
+  end
+  return true
+end
+
+-- Validate a chat-completions body. Returns the request table or (nil, status, body).
+function M.parse_chat_request(body, limits)
+  local req, status, err = decode_body(body, CHAT_PARAMETERS)
+  if not req then return nil, status, err end
+  if type(req.messages) ~= "table" or #req.messages == 0 then return bad("messages", "must be a non-empty array") end
+  local msgs, out_uses_tools = {}, false
+  for i, m in ipairs(req.messages) do
+    local f = ("messages[%d]"):format(i - 1)
+    if type(m) ~= "table" then return bad(f, "must be an object") end
+    for k in pairs(m) do
+      if not MESSAGE_FIELDS[k] then return bad(f .. "." .. tostring(k), "is not supported (the chat template has no place for it)") end
+    end
+    if m.refusal ~= nil and m.refusal ~= cjson.null then return bad(f .. ".refusal", "must be null (a refusal is not rendered)") end
+    local role = m.role == "developer" and "system" or m.role   -- OpenAI's newer name for system
+    if role ~= "system" and role ~= "user" and role ~= "assistant" and role ~= "tool" then
+      return bad(f .. ".role", "must be 'system', 'developer', 'user', 'assistant' or 'tool'")
+    end
+    local content = m.content
+    local calls = m.tool_calls
+    if calls == cjson.null then calls = nil end
+    if calls ~= nil then
+      if role ~= "assistant" or type(calls) ~= "table" then return bad(f .. ".tool_calls", "must be an array on an assistant message") end
+      for j, c in ipairs(calls) do
+        local fn = type(c) == "table" and c["function"]
+        if type(fn) ~= "table" or type(fn.name) ~= "string" or type(fn.arguments) ~= "string" then
+          return bad(("%s.tool_calls[%d]"):format(f, j - 1), "must be {id, type: 'function', function: {name, arguments (a JSON string)}}")
+        end
+      end
+      if content == nil or content == cjson.null then content = "" end
+    end
+    if role == "tool" and type(m.tool_call_id) ~= "string" then return bad(f .. ".tool_call_id", "must be a string") end
+    if type(content) == "table" then   -- the array-of-parts form: text parts only
+      local parts = {}
+      for j, part in ipairs(content) do
+        if type(part) ~= "table" or part.type ~= "text" or type(part.text) ~= "string" then
+          return bad(("%s.content[%d]"):format(f, j - 1), "must be a text part ({type: 'text', text: ...})")
+        end
+        parts[#parts + 1] = part.text
+      end
+      content = table.concat(parts)
+    end
+    if type(content) ~= "string" then return bad(f .. ".content", "must be a string") end
+    msgs[i] = { role = role, content = content, tool_calls = calls, tool_call_id = m.tool_call_id }
+    if calls or role == "tool" then out_uses_tools = true end
+  end
+  local out = { messages = msgs, stream = false, n = 1 }
+  local ok, status2, err2 = parse_sampling(req, out, limits)
+  if not ok then return nil, status2, err2 end
   local lp, top = req.logprobs, req.top_logprobs
   if lp ~= nil and lp ~= cjson.null then
     if type(lp) ~= "boolean" then return bad("logprobs", "must be a boolean") end
@@ -268,18 +304,42 @@ function M.parse_chat_request(body, limits)
     if type(ptc) ~= "boolean" then return bad("parallel_tool_calls", "must be a boolean") end
     out.single_tool_call = ptc == false
   end
-  for _, k in ipairs({ "frequency_penalty", "presence_penalty" }) do
-    local v = req[k]
-    if v ~= nil and v ~= cjson.null and v ~= 0 then
-      return bad(k, "is not supported by this server (only 0, no penalty)")
-    end
+  return out
+end
+
+-- Validate a (legacy) completions body: one prompt, a string or an array of token ids (or an
+-- array holding one of those). Returns the request table or (nil, status, body).
+function M.parse_completion_request(body, limits)
+  local req, status, err = decode_body(body, COMPLETION_PARAMETERS)
+  if not req then return nil, status, err end
+  local prompt = req.prompt
+  if type(prompt) == "table" and #prompt > 1 and type(prompt[1]) ~= "number" then
+    return bad("prompt", "holds several prompts: this server takes one prompt per request")
   end
-  if req.user ~= nil and req.user ~= cjson.null and type(req.user) ~= "string" then return bad("user", "must be a string") end
-  local lb = req.logit_bias
-  if lb ~= nil and lb ~= cjson.null then
-    local bias, why = parse_logit_bias(lb, limits.vocab_size)
-    if not bias then return bad("logit_bias", why) end
-    out.logit_bias = bias
+  if type(prompt) == "table" and #prompt == 1 and type(prompt[1]) ~= "number" then prompt = prompt[1] end
+  local out = { kind = "completion", stream = false, n = 1 }
+  if type(prompt) == "string" and prompt ~= "" then
+    out.prompt_text = prompt
+  elseif type(prompt) == "table" and #prompt > 0 then
+    for i, id in ipairs(prompt) do
+      if not is_int(id) or id < 0 or id >= limits.vocab_size then
+        return bad(("prompt[%d]"):format(i - 1), ("must be a token id in [0, %d)"):format(limits.vocab_size))
+      end
+    end
+    out.prompt_ids = prompt
+  else
+    return bad("prompt", "must be a non-empty string or a non-empty array of token ids")
+  end
+  local ok, status2, err2 = parse_sampling(req, out, limits)
+  if not ok then return nil, status2, err2 end
+  -- what this server does not do is refused rather than ignored
+  if req.echo ~= nil and req.echo ~= cjson.null and req.echo ~= false then return bad("echo", "is not supported (only false)") end
+  if req.suffix ~= nil and req.suffix ~= cjson.null then return bad("suffix", "is not supported (no fill-in-the-middle)") end
+  if req.logprobs ~= nil and req.logprobs ~= cjson.null then
+    return bad("logprobs", "is not supported on /v1/completions (/v1/chat/completions has logprobs)")
+  end
+  if req.best_of ~= nil and req.best_of ~= cjson.null and req.best_of ~= out.n then
+    return bad("best_of", "is not supported (only equal to n: every sample is returned)")
   end
   return out
 end
@@ -629,11 +689,86 @@ end
 -- Start a request; a failure the checks did not foresee is the server's: a 500 whose message
 -- carries no source path (the log has the whole error).
 function Server:start_or_fail(r, req)
-  local ok, err = pcall(self.start_request, self, r, req)
+  local ok, err = pcall(req.kind == "completion" and self.start_completion or self.start_request, self, r, req)
   if not ok then
     self.log("request failed: " .. tostring(err))
     pcall(self.respond, self, r.id, json_error(500, "internal error: " .. without_source(err), nil, "server_error"))
   end
+end
+
+-- A /v1/completions request: the prompt continued as plain text (no chat template), until
+-- max_tokens (16 by default, as OpenAI's), a stop string, or the end-of-text/turn token.
+function Server:start_completion(r, req)
+  if not self.tok then return self:respond(r.id, json_error(404, "/v1/completions needs the model's tokenizer", "prompt")) end
+  local ids = req.prompt_ids or self.tok:encode(req.prompt_text)
+  local stop = {}
+  for _, id in ipairs(self.end_of_turn) do stop[#stop + 1] = id end
+  for _, s in ipairs(req.stop or {}) do stop[#stop + 1] = s end
+  local max_new = req.max_tokens or 16
+  if #ids + max_new > self.dec.max_len then
+    return self:respond(r.id, json_error(400, ("the prompt has %d tokens and max_tokens is %d: more than the context of %d")
+      :format(#ids, max_new, self.dec.max_len), "prompt", nil, "context_length_exceeded"))
+  end
+  local o = gen.options({ n = req.n, max_new_tokens = max_new, temperature = req.temperature or 1.0, top_p = req.top_p or 1.0,
+    seed = req.seed or math.random(0, 2 ^ 31), stop = stop, tokenizer = self.tok, logit_bias = req.logit_bias }, self.dec.vocab_size)
+  self.counter = self.counter + 1
+  local cid, created, http = ("cmpl-%d-%d"):format(self.created, self.counter), os.time(), self.http
+  local remaining, rows = o.n, nil
+  local function usage()
+    local c = 0
+    for _, row in ipairs(rows) do c = c + #row.tokens end
+    return { prompt_tokens = #ids, completion_tokens = c, total_tokens = #ids + c }
+  end
+  local function body(choices, extra)
+    local b = { id = cid, object = "text_completion", created = created, model = self.name, choices = choices }
+    for k, v in pairs(extra or {}) do b[k] = v end
+    return b
+  end
+  local cb = {}
+  if req.stream then
+    http:stream_begin(r.id, 200, "text/event-stream")
+    local open, sent = true, {}
+    local function send(obj)
+      if open and not http:write(r.id, sse(obj)) then
+        open = false
+        for _, row in ipairs(rows or {}) do row.cancelled = true end
+      end
+    end
+    local function flush(row, limit, finish)
+      local from = sent[row] or 0
+      if limit > from or finish then
+        send(body(json.array({ { index = row.sample - 1, text = row.text:sub(from + 1, limit), logprobs = json.null,
+          finish_reason = finish or json.null } })))
+        sent[row] = math.max(from, limit)
+      end
+    end
+    cb.on_token = function(row)
+      if not row.text_cut then flush(row, #row.text - M.stop_holdback(row.text, o.stop_strings)) end
+    end
+    cb.on_done = function(row)
+      remaining = remaining - 1
+      if row.finish_reason ~= "cancelled" then flush(row, #row.text, row.finish_reason) end
+      if remaining == 0 then
+        if open and req.include_usage then send(body(json.array(), { usage = usage() })) end
+        if open then http:write(r.id, "data: [DONE]\n\n") end
+        http:stream_end(r.id)
+      end
+    end
+  else
+    cb.on_token = function(row)
+      if not http:is_open(r.id) then row.cancelled = true end
+    end
+    cb.on_done = function()
+      remaining = remaining - 1
+      if remaining > 0 then return end
+      local choices = json.array()
+      for i, row in ipairs(rows) do
+        choices[i] = { index = i - 1, text = row.text, logprobs = json.null, finish_reason = row.finish_reason }
+      end
+      if http:is_open(r.id) then self:respond(r.id, 200, json.encode(body(choices, { usage = usage() }))) end
+    end
+  end
+  rows = self.engine:add(ids, o, cb, 1)
 end
 
 function Server:model_object()
@@ -663,9 +798,10 @@ function Server:handle(r)
     model_id = model_id:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
     if model_id ~= self.name then return self:respond(r.id, model_not_found(model_id)) end
     return self:respond(r.id, 200, json.encode(self:model_object()))
-  elseif path == "/v1/chat/completions" then
-    if r.method ~= "POST" then return self:respond(r.id, json_error(405, "use POST for /v1/chat/completions")) end
-    local parsed, req, status, body = pcall(M.parse_chat_request, r.body, self.limits)
+  elseif path == "/v1/chat/completions" or path == "/v1/completions" then
+    if r.method ~= "POST" then return self:respond(r.id, json_error(405, "use POST for " .. path)) end
+    local parse = path == "/v1/completions" and M.parse_completion_request or M.parse_chat_request
+    local parsed, req, status, body = pcall(parse, r.body, self.limits)
     if not parsed then   -- a case the checks above missed: the request's fault, not the server's
       self.log("request not understood: " .. tostring(req))
       return self:respond(r.id, json_error(400, "request not understood: " .. without_source(req)))
