@@ -329,14 +329,14 @@ local function clean_up(s)
   return s
 end
 
-local function to_cids(self, ids)
+local function to_cids(ids)
   if type(ids) == "table" then
     local n = #ids
     local a = ffi.new("int32_t[?]", math.max(n, 1))
     for i = 1, n do
       local id = ids[i]
-      if type(id) ~= "number" or id ~= math.floor(id) or id < 0 or id >= self.n_vocab then
-        error(("tok:decode(ids, opts): ids[%d] = %s is not a token id in [0, %d)"):format(i, tostring(id), self.n_vocab), 3)
+      if type(id) ~= "number" or id ~= math.floor(id) then   -- (the range is checked in C)
+        error(("tok:decode(ids, opts): ids[%d] = %s is not a token id"):format(i, tostring(id)), 3)
       end
       a[i - 1] = id
     end
@@ -350,7 +350,7 @@ end
 function Tokenizer:decode(ids, opts)
   check_opts("tok:decode(ids, opts)", opts)
   opts = opts or {}
-  local a, n = to_cids(self, ids)
+  local a, n = to_cids(ids)
   local len = ffi.new("size_t[1]")
   local p = C.clrt_tokenizer_decode(self.h, a, n, opts.skip_special_tokens and 1 or 0, len)
   if p == nil then core.fail(2) end
