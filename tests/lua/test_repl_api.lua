@@ -91,6 +91,8 @@ T.case("help(x) prints the doc comments of modules, objects, methods and names",
   T.ok(obj:find("one entry per", 1, true) == nil, "one line each, not the whole comment")
   local t = help_text(tok)
   T.ok(t:find("tok:encode(text, opts)", 1, true) and t:find("tok:decode(ids, opts)", 1, true), t)
+  local tt = help_text(clrt.tensor.ones({ 2 }))
+  T.ok(tt:find("Tensor (clrt.tensor.Tensor)", 1, true) and tt:find("t:sum(", 1, true), "help(a tensor)\n" .. tt)
   local g = help_text(m.generate)
   T.ok(g:find("Model:generate(prompts, opts)", 1, true) and g:find("prompt-major", 1, true), g)
   T.eq(help_text("model.generate"), g, "by name, the same")

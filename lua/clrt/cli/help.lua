@@ -148,6 +148,10 @@ end
 
 -- A class: the table holding the methods of an object (its metatable's __index).
 local function class_of(x)
+  if type(x) == "cdata" then   -- getmetatable says only "ffi"; tensors' methods are clrt.tensor.Tensor
+    local ok, tensor = pcall(require, "clrt.tensor")
+    return ok and tensor.is_tensor(x) and tensor.Tensor or nil
+  end
   local mt = getmetatable(x)
   if type(mt) ~= "table" then return nil end
   if type(mt.__index) == "table" then return mt.__index end
@@ -182,9 +186,9 @@ local function help_object(x)
   out[1] = ("%s — %s"):format(label, doc and M.summary(doc) or tostring(x))
   out[#out + 1] = "methods (help(obj.NAME) for one):"
   local var = key and key:sub(1, 1):lower() or "obj"
-  if key == "Tokenizer" then var = "tok" end
+  if key == "Tokenizer" then var = "tok" elseif key == "Tensor" then var = "t" end
   function_lines(cls, var, ":", out)
-  local fields = sorted_keys(x, function(v) return type(v) ~= "function" end)
+  local fields = type(x) == "table" and sorted_keys(x, function(v) return type(v) ~= "function" end) or {}
   if #fields > 0 then
     local shown = {}
     for i = 1, math.min(#fields, 12) do shown[i] = fields[i] end
