@@ -156,9 +156,9 @@ test("openai: logit_bias +100 forces a token, streamed and not, on chat and lega
   assert.equal(cs, c.choices[0].text);
 });
 
-test("openai: what the server does not apply is a BadRequestError naming the parameter", async () => {
+test("openai: a parameter the server does not take, or out of range, is a BadRequestError naming it", async () => {
   for (const [extra, param] of [[{ logit_bias: { abc: 1 } }, "logit_bias"], [{ logit_bias: { 5: 200 } }, "logit_bias"],
-    [{ frequency_penalty: 1 }, "frequency_penalty"], [{ presence_penalty: 0.5 }, "presence_penalty"]]) {
+    [{ frequency_penalty: 3 }, "frequency_penalty"], [{ presence_penalty: -2.5 }, "presence_penalty"], [{ top_k: 5 }, "top_k"]]) {
     await assert.rejects(client.chat.completions.create({ model, messages, max_tokens: 2, ...extra }), (e) =>
       e instanceof BadRequestError && e.param === param && e.message.includes(param) && !e.message.includes(".lua"));
   }

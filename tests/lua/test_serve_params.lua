@@ -134,6 +134,17 @@ T.case("a bias on one row leaves the rows decoded beside it unchanged (one engin
   T.raises(function() gen.options({ logit_bias = { [1] = 101 } }, V) end, "logit_bias")
 end)
 
+T.case("frequency_penalty and presence_penalty: the reply equals in-process generation with them", function()
+  for _, c in ipairs({ { frequency_penalty = 1.5 }, { presence_penalty = 2 }, { frequency_penalty = -1, presence_penalty = 0.5 } }) do
+    local want = local_gen({ frequency_penalty = c.frequency_penalty, presence_penalty = c.presence_penalty, max_new_tokens = 12 })
+    local got = reply(chat_body(c))
+    T.eq(got, want.text, cjson.encode(c))
+    if (c.presence_penalty or 0) > 0 and (c.frequency_penalty or 0) >= 0 then
+      T.ok(got ~= greedy.text, "a positive penalty changes this repetitive greedy reply: " .. cjson.encode(c))
+    end
+  end
+end)
+
 T.case("/v1/completions continues a plain prompt; logit_bias applies there too, streamed and not", function()
   local text_prompt = "plan a trip for my"
   local ids = tok:encode(text_prompt)
@@ -211,9 +222,9 @@ T.case("text that is not UTF-8 is a 400 naming its field, never a 500 with a sou
   T.eq(status, 200)
 end)
 
-T.case("parameters the server does not apply are refused with a 400 naming them", function()
-  expect_400(chat_body({ frequency_penalty = 0.5 }), "frequency_penalty", "frequency_penalty")
-  expect_400(chat_body({ presence_penalty = -1 }), "presence_penalty", "presence_penalty")
+T.case("parameters the server does not apply, or out of range, are refused with a 400 naming them", function()
+  expect_400(chat_body({ frequency_penalty = 2.5 }), "frequency_penalty", "frequency_penalty out of range")
+  expect_400(chat_body({ presence_penalty = "1" }), "presence_penalty", "presence_penalty not a number")
   expect_400(chat_body({ top_k = 5 }), "top_k", "an unknown parameter")
   expect_400(chat_body({ functions = { { name = "f" } } }), "functions", "the old functions parameter")
   expect_400(cjson.encode({ messages = { { role = "user", content = "hi", name = "ann" } } }), "messages[0].name", "a message's name")
@@ -229,7 +240,7 @@ T.case("parameters the server does not apply are refused with a 400 naming them"
   expect_400('{"prompt": ""}', "prompt", "an empty prompt", C)
   expect_400('{"prompt": "caf\xe9"}', "prompt", "a prompt that is not UTF-8", C)
   expect_400('{"prompt": "hi", "messages": []}', "messages", "a chat parameter on completions", C)
-  expect_400('{"prompt": "hi", "frequency_penalty": 1}', "frequency_penalty", "a penalty on completions", C)
+  expect_400('{"prompt": "hi", "frequency_penalty": -3}', "frequency_penalty", "a penalty out of range on completions", C)
   -- the no-op values clients send by default are accepted
   T.eq(reply(chat_body({ frequency_penalty = 0, presence_penalty = 0, user = "u1", parallel_tool_calls = true })), greedy.text)
 end)

@@ -22,7 +22,7 @@ local M = {}
 -- The options generate takes (anything else is a mistake worth naming: max_tokens for
 -- max_new_tokens would otherwise be ignored without a word).
 local KNOWN_OPTIONS = { "n", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "tokenizer",
-  "top_logprobs", "logit_bias", "stream_text", "mask", "json_schema", "json", "json_whitespace", "on_step" }
+  "top_logprobs", "logit_bias", "frequency_penalty", "presence_penalty", "stream_text", "mask", "json_schema", "json", "json_whitespace", "on_step" }
 local known_option = {}
 for _, k in ipairs(KNOWN_OPTIONS) do known_option[k] = true end
 
@@ -92,6 +92,12 @@ function M.options(opts, vocab)
     o.top_logprobs = math.min(k, vocab)
   end
   if opts.logit_bias ~= nil then o.logit_bias = parse_logit_bias(opts.logit_bias, vocab, bad) end
+  -- OpenAI's penalties: a token's logit drops by count * frequency_penalty + presence_penalty
+  -- once the row has sampled it count (> 0) times
+  o.frequency_penalty, o.presence_penalty = opts.frequency_penalty or 0, opts.presence_penalty or 0
+  for _, k in ipairs({ "frequency_penalty", "presence_penalty" }) do
+    if type(o[k]) ~= "number" or not (o[k] >= -2 and o[k] <= 2) then bad(k, "must be a number in [-2, 2]") end
+  end
   o.tokenizer = opts.tokenizer
   if (#o.stop_strings > 0 or opts.stream_text) and not o.tokenizer then
     bad("stop", "has strings but no tokenizer was given (opts.tokenizer) to decode with")
@@ -180,6 +186,7 @@ function Engine:add(prompt, o, cb, tag, stream)
   local rows = {}
   for s = 1, o.n do
     local row = { o = o, cb = cb, tokens = {}, logprobs = {}, sample = s, tag = tag }
+    if o.frequency_penalty ~= 0 or o.presence_penalty ~= 0 then row.counts = {} end   -- token id -> times sampled
     row.rng = ffi.new("clrt_rng")
     C.clrt_rng_seed(row.rng, o.seed * 1000003 + (stream or (tag or 1) - 1) * o.n + s)
     if o.tokenizer then row.text, row.stream = "", o.tokenizer:stream() end
@@ -355,17 +362,20 @@ function Engine:step()
     self.params[k - 1].top_p = o.top_p
     self.uniforms[k - 1] = C.clrt_rng_uniform(row.rng)
   end
-  -- logit_bias is added to the row's own logits for sampling only: the model's log-probabilities
-  -- (top_logprobs) are read after the saved values are put back
+  -- logit_bias, then the penalties, change the row's own logits for sampling only: the
+  -- model's log-probabilities (top_logprobs) are read after the saved values are put back
   local saved = nil
   for k, row in ipairs(self.active) do
-    local lb = row.o.logit_bias
-    if lb then
-      local at = gathered + (k - 1) * V
-      local keep = {}
-      for i, id in ipairs(lb.ids) do
-        keep[i] = at[id]
+    local o, lb, counts = row.o, row.o.logit_bias, row.counts
+    if lb or counts then
+      local at, keep = gathered + (k - 1) * V, {}
+      for i, id in ipairs(lb and lb.ids or {}) do
+        keep[id] = at[id]
         at[id] = at[id] + lb.vals[i]
+      end
+      for id, c in pairs(counts or {}) do
+        if keep[id] == nil then keep[id] = at[id] end
+        at[id] = at[id] - (c * o.frequency_penalty + o.presence_penalty)
       end
       saved = saved or {}
       saved[k] = keep
@@ -375,13 +385,14 @@ function Engine:step()
     core.fail(2)
   end
   for k, keep in pairs(saved or {}) do
-    local at, ids = gathered + (k - 1) * V, self.active[k].o.logit_bias.ids
-    for i, id in ipairs(ids) do at[id] = keep[i] end
+    local at = gathered + (k - 1) * V
+    for id, v in pairs(keep) do at[id] = v end
   end
   local still = {}
   for k, row in ipairs(self.active) do
     local o, tok = row.o, self.out_tok[k - 1]
     row.tokens[#row.tokens + 1] = tok
+    if row.counts then row.counts[tok] = (row.counts[tok] or 0) + 1 end
     row.logprobs[#row.logprobs + 1] = self.out_lp[k - 1]
     if o.top_logprobs then self:model_logprobs(row, gathered + (k - 1) * V, tok) end
     local piece, done = nil, nil

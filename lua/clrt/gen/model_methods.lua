@@ -80,7 +80,8 @@ function M.install(Model)
   end
 
   -- generate(prompts, {n, max_new_tokens, temperature, top_p, top_k, stop, seed, tokenizer,
-  -- logit_bias, on_step}) -> one entry per (prompt, sample), prompt-major:
+  -- logit_bias, frequency_penalty, presence_penalty, on_step}) -> one entry per (prompt,
+  -- sample), prompt-major:
   -- {tokens = {...}, logprobs = {...}, finish_reason = "stop" | "length", text = ...}.
   -- The decoder is kept on the model and grows to the largest request seen.
   function Model:generate(prompts, opts)

@@ -187,8 +187,9 @@ local function parse_sampling(req, out, limits)
   end
   for _, k in ipairs({ "frequency_penalty", "presence_penalty" }) do
     local v = req[k]
-    if v ~= nil and v ~= cjson.null and v ~= 0 then
-      return bad(k, "is not supported by this server (only 0, no penalty)")
+    if v ~= nil and v ~= cjson.null then
+      if type(v) ~= "number" or v < -2 or v > 2 then return bad(k, "must be a number in [-2, 2]") end
+      out[k] = v
     end
   end
   if req.user ~= nil and req.user ~= cjson.null and type(req.user) ~= "string" then return bad("user", "must be a string") end
@@ -545,7 +546,7 @@ function Server:start_request(r, req)
     n = req.n, max_new_tokens = req.max_tokens or math.min(self.limits.max_tokens, self.dec.max_len - #ids),
     temperature = req.temperature or 1.0, top_p = req.top_p or 1.0, seed = req.seed or math.random(0, 2 ^ 31),
     stop = stop, tokenizer = self.tok, top_logprobs = req.logprobs and (req.top_logprobs or 0) or nil,
-    logit_bias = req.logit_bias,
+    logit_bias = req.logit_bias, frequency_penalty = req.frequency_penalty, presence_penalty = req.presence_penalty,
   }
   if req.response_format then
     if not self.on_response_format then
@@ -710,7 +711,8 @@ function Server:start_completion(r, req)
       :format(#ids, max_new, self.dec.max_len), "prompt", nil, "context_length_exceeded"))
   end
   local o = gen.options({ n = req.n, max_new_tokens = max_new, temperature = req.temperature or 1.0, top_p = req.top_p or 1.0,
-    seed = req.seed or math.random(0, 2 ^ 31), stop = stop, tokenizer = self.tok, logit_bias = req.logit_bias }, self.dec.vocab_size)
+    seed = req.seed or math.random(0, 2 ^ 31), stop = stop, tokenizer = self.tok, logit_bias = req.logit_bias,
+    frequency_penalty = req.frequency_penalty, presence_penalty = req.presence_penalty }, self.dec.vocab_size)
   self.counter = self.counter + 1
   local cid, created, http = ("cmpl-%d-%d"):format(self.created, self.counter), os.time(), self.http
   local remaining, rows = o.n, nil
