@@ -99,6 +99,10 @@ T.case("help(x) prints the doc comments of modules, objects, methods and names",
   T.ok(help_text("clrt.chat.generate"):find("One assistant reply as text", 1, true))
   T.ok(help_text("tokenizer.load"):find("tokenizer_config.json beside it", 1, true))
   T.ok(help_text("model.nope"):find("clrt.model has no 'nope'", 1, true))
+  rawset(_G, "mm", m)   -- a global object by name, as typed at the prompt
+  T.ok(help_text("mm:chat"):find("chat([tok,] text or messages", 1, true), "help(\"mm:chat\")")
+  T.ok(help_text("mm"):find("m:generate(prompts, opts)", 1, true), "help(\"mm\")")
+  rawset(_G, "mm", nil)
   T.ok(help_text(42):find("a number has no doc", 1, true))
 end)
 

@@ -178,6 +178,7 @@ end
 
 local function help_object(x)
   local cls = class_of(x)
+  if type(cls) ~= "table" then return { ("help: %s has no methods or doc; help() lists the modules"):format(tostring(x)) } end
   local mod, key = class_home(cls)
   local out = {}
   local label = key and ("%s (%s.%s)"):format(key, mod, key) or "object"
@@ -219,6 +220,8 @@ local function resolve(name)
   local cur, at
   if ok and type(mod) == "table" then
     cur, at = mod, "clrt." .. parts[1]
+  elseif not name:match("^clrt%.") and (type(rawget(_G, parts[1])) == "table" or type(rawget(_G, parts[1])) == "cdata") then
+    cur, at = rawget(_G, parts[1]), parts[1]   -- a global object: "m:generate", "tok.encode"
   else
     for mname, m in pairs(package.loaded) do   -- a class name: Model, Tokenizer, Tensor
       if type(m) == "table" and type(mname) == "string" and mname:match("^clrt") and type(m[parts[1]]) == "table" then
@@ -230,6 +233,8 @@ local function resolve(name)
   end
   for i = 2, #parts do
     local v = type(cur) == "table" and rawget(cur, parts[i]) or nil
+    local cls = v == nil and class_of(cur)
+    if type(cls) == "table" then v = cls[parts[i]] end   -- an object's method
     if v == nil and type(cur) == "table" then   -- a method of one of the module's classes
       for _, k in ipairs(sorted_keys(cur, is_class)) do
         if type(cur[k][parts[i]]) == "function" then v = cur[k][parts[i]]; break end
