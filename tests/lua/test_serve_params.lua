@@ -222,6 +222,14 @@ T.case("text that is not UTF-8 is a 400 naming its field, never a 500 with a sou
   T.eq(status, 200)
 end)
 
+T.case("an error message sent to a client carries no source position", function()
+  local clean = require("clrt.net.openai_server").without_source
+  T.eq(clean("internal error: /opt/clrt/lua/clrt/chat.lua:493: tokenizer: input is not valid UTF-8"),
+    "internal error: tokenizer: input is not valid UTF-8")
+  T.eq(clean('x.lua:1: [string "chunk"]:3: boom'), "boom")
+  T.eq(clean("a plain message: nothing to cut"), "a plain message: nothing to cut")
+end)
+
 T.case("parameters the server does not apply, or out of range, are refused with a 400 naming them", function()
   expect_400(chat_body({ frequency_penalty = 2.5 }), "frequency_penalty", "frequency_penalty out of range")
   expect_400(chat_body({ presence_penalty = "1" }), "presence_penalty", "presence_penalty not a number")
