@@ -22,7 +22,8 @@ local M = {}
 -- The options generate takes (anything else is a mistake worth naming: max_tokens for
 -- max_new_tokens would otherwise be ignored without a word).
 local KNOWN_OPTIONS = { "n", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "tokenizer",
-  "top_logprobs", "logit_bias", "frequency_penalty", "presence_penalty", "stream_text", "mask", "json_schema", "json", "json_whitespace", "on_step" }
+  "top_logprobs", "logit_bias", "frequency_penalty", "presence_penalty", "stream_text", "mask", "json_schema", "json",
+  "json_whitespace", "on_step" }
 local known_option = {}
 for _, k in ipairs(KNOWN_OPTIONS) do known_option[k] = true end
 
