@@ -537,6 +537,18 @@ end
 -- the turn, decode. opts go to m:generate (temperature, top_p, max_new_tokens, seed, stop,
 -- n: with n > 1 a list of replies is returned). Also returns the raw generate entries.
 function M.generate(m, tok, messages, opts)
+  local usage = "clrt.chat.generate(m, tok, messages, opts)"
+  if type(m) ~= "table" or type(m.generate) ~= "function" then
+    error(("%s: m must be a model (clrt.model.load(dir)), got a %s"):format(usage, type(m)), 2)
+  end
+  if type(tok) ~= "table" or type(tok.encode) ~= "function" then
+    error(("%s: tok must be a tokenizer (clrt.tokenizer.load(dir)), got a %s"):format(usage, type(tok)), 2)
+  end
+  if type(messages) ~= "table" or #messages == 0 then
+    error(("%s: messages must be a non-empty list of {role =, content =} tables, got %s (for a text: m:chat(tok, text))")
+      :format(usage, type(messages) == "table" and "an empty table" or "a " .. type(messages)), 2)
+  end
+  if opts ~= nil and type(opts) ~= "table" then error(("%s: opts must be a table, got a %s"):format(usage, type(opts)), 2) end
   opts = opts or {}
   local ids = M.render(tok, messages, { add_generation_prompt = true })
   local g = {}

@@ -6,6 +6,7 @@
 --   m:params(), m:grads()                          -- Hugging Face name -> tensor view (no copies)
 --   m:save(dir), m:memory(), m:num_params(), m:zero_grad(), m.config
 --   m:set_matmul("bf16"|"f32"), m:set_decode_pack(bool)  -- how decode steps read the weights
+--   m:generate({ids, ...}, {max_new_tokens =, ...}), m:chat([tok,] "text")  -- decoding, a chat reply
 --   m:add_lora{...}, m:set_adapters(bool), m:save_adapter(dir), load(dir, {adapter = DIR})
 --                                                  -- LoRA (lua/clrt/core/model_lora.lua)
 -- config.json is parsed and checked here; C gets a plain clrt_model_config.
@@ -189,6 +190,10 @@ end
 -- backward instead of recomputing them; 0 always recomputes, chunk by chunk).
 -- new(cfg, {seed =, ...}): a randomly initialised model.
 function M.new(cfg, opts)
+  if type(cfg) ~= "table" then
+    error(("model.new(cfg, opts): cfg must be a table of config.json's keys (vocab_size, hidden_size, ...), got a %s"):format(type(cfg)), 2)
+  end
+  if opts ~= nil and type(opts) ~= "table" then error(("model.new(cfg, opts): opts must be a table, got a %s"):format(type(opts)), 2) end
   opts = opts or {}
   local parsed = parse_config(cfg, "model config")
   local ptr = check(C.clrt_model_new(to_struct(parsed, opts)), 2)
@@ -205,6 +210,10 @@ end
 -- are read (what set_base_dtype("bf16") after loading gives, without the whole f32 copy first).
 -- opts.device, opts.matmul as in new.
 function M.load(dir, opts)
+  if type(dir) ~= "string" then
+    error(("model.load(dir, opts): dir must be the path of a Hugging Face model folder (a string), got a %s"):format(type(dir)), 2)
+  end
+  if opts ~= nil and type(opts) ~= "table" then error(("model.load(dir, opts): opts must be a table, got a %s"):format(type(opts)), 2) end
   local cpath = dir .. "/config.json"
   local text = read_file(cpath)
   if not text then error(("model.load: no config.json in %s"):format(dir), 2) end
@@ -227,6 +236,7 @@ function M.load(dir, opts)
     m = wrap_model(ptr, cfg, parsed)
     if opts.adapter then m:load_adapter(opts.adapter, { seed = opts.lora_seed }) else m:add_lora(opts.lora) end
     m:set_base_dtype("bf16")
+    m.dir = dir
   end
   local index = dir .. "/model.safetensors.index.json"
   local itext = read_file(index)
@@ -256,6 +266,7 @@ function M.load(dir, opts)
   end
   ffi.gc(ptr, nil)
   m = wrap_model(ptr, cfg, parsed)
+  m.dir = dir   -- where m:tokenizer() looks
   -- weights are read on the host, then the arenas move as a whole
   if opts and opts.adapter then m:load_adapter(opts.adapter, { seed = opts.lora_seed }) end
   if opts and opts.device and opts.device ~= "cpu" then m:to(opts.device) end
@@ -344,6 +355,7 @@ end
 
 -- save(dir): config.json + model.safetensors, each written atomically.
 function Model:save(dir)
+  if type(dir) ~= "string" then error(("m:save(dir): dir must be a folder path (a string), got a %s"):format(type(dir)), 2) end
   files.mkdir_p(dir)
   ok(C.clrt_model_save_safetensors(live(self), dir .. "/model.safetensors"), 2)
   os.remove(dir .. "/model.safetensors.index.json")   -- a stale index would shadow the new file
@@ -464,6 +476,63 @@ function Model:backward(dlogp)
   if dlogp:dtype() ~= "f32" or not dlogp:is_contiguous() then dlogp = dlogp:to("f32") end
   local p = dlogp:numel() > 0 and ffi.cast("float *", dlogp:data_ptr()) or ffi.new("float[1]")
   ok(C.clrt_model_backward(live(self), p), 2)
+end
+
+-- tokenizer(): the tokenizer of the folder the model was loaded from, read on first use
+-- (m.tokenizer_obj = tok sets another one).
+function Model:tokenizer()
+  if self.tokenizer_obj then return self.tokenizer_obj end
+  if not self.dir then
+    error("m:tokenizer(): this model was not loaded from a folder (clrt.model.new): pass a tokenizer, "
+      .. "m:chat(tok, text), with tok = clrt.tokenizer.load(dir)", 2)
+  end
+  local okt, tok = pcall(require("clrt.tokenizer").load, self.dir)
+  if not okt then error(("m:tokenizer(): %s"):format(tostring(tok)), 2) end
+  self.tokenizer_obj = tok
+  return tok
+end
+
+-- chat([tok,] text or messages[, opts]) -> the assistant's reply as text (and the generate
+-- entry): a text is one user message; messages a list of {role =, content =}. Rendered
+-- with the model's chat template (clrt.chat.generate). Without tok, m:tokenizer(). opts as
+-- m:generate's; by default temperature 0.7 and up to 512 new tokens (what `clrt chat` uses).
+function Model:chat(tok, input, opts)
+  local usage = "m:chat([tok,] text or messages[, opts])"
+  if not (type(tok) == "table" and type(tok.encode) == "function") then
+    if tok ~= nil and type(tok) ~= "string" and type(tok) ~= "table" then
+      error(("%s: the first argument must be a tokenizer, a text or a list of messages, got a %s"):format(usage, type(tok)), 2)
+    end
+    tok, input, opts = nil, tok, input
+  end
+  local messages = input
+  if type(input) == "string" then
+    messages = { { role = "user", content = input } }
+  elseif type(input) ~= "table" or #input == 0 then
+    error(("%s: give a text or a non-empty list of {role =, content =} messages, got %s"):format(usage,
+      type(input) == "table" and "an empty table" or "a " .. type(input)), 2)
+  else
+    for i, msg in ipairs(input) do
+      if type(msg) ~= "table" or type(msg.role) ~= "string" or type(msg.content) ~= "string" then
+        error(("%s: message %d must be {role = \"user\"|\"assistant\"|\"system\", content = text}"):format(usage, i), 2)
+      end
+    end
+  end
+  if opts ~= nil and type(opts) ~= "table" then error(("%s: opts must be a table, got a %s"):format(usage, type(opts)), 2) end
+  if not tok then
+    local okt, t = pcall(self.tokenizer, self)
+    if not okt then error(("%s: %s"):format(usage, tostring(t)), 2) end
+    tok = t
+  end
+  local o = { temperature = 0.7 }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  local chat = require("clrt.chat")
+  if o.max_new_tokens == nil then
+    local room = (self.config.max_position_embeddings or 4096) - #chat.render(tok, messages, { add_generation_prompt = true })
+    o.max_new_tokens = math.max(1, math.min(512, room))
+  end
+  local okg, text, raw = pcall(chat.generate, self, tok, messages, o)
+  if not okg then error(text, 2) end
+  return text, raw
 end
 
 -- Per-kernel seconds accumulated while CLRT_PROFILE=1 (reset = true clears them).

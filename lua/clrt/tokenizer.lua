@@ -228,6 +228,9 @@ end
 
 -- path: a model folder or a tokenizer.json file; tokenizer_config.json beside it is read too.
 function M.load(path)
+  if type(path) ~= "string" then
+    error(("tokenizer.load(path): path must be a model folder or a tokenizer.json (a string), got a %s"):format(type(path)), 2)
+  end
   local file, dir = path, nil
   local probe = io.open(path .. "/tokenizer.json", "rb")
   if probe then
@@ -252,6 +255,17 @@ function M.load(path)
   return tok
 end
 
+local function check_opts(where, opts)
+  if opts ~= nil and type(opts) ~= "table" then error(("%s: opts must be a table, got a %s"):format(where, type(opts)), 3) end
+end
+
+-- A token id of this vocabulary (an error naming `where` otherwise).
+local function check_id(self, where, id)
+  if type(id) ~= "number" or id ~= math.floor(id) or id < 0 or id >= self.n_vocab then
+    error(("%s: %s is not a token id in [0, %d)"):format(where, tostring(id), self.n_vocab), 3)
+  end
+end
+
 local function want_special(opts)
   if opts and opts.add_special_tokens == false then return 0 end
   return 1
@@ -259,7 +273,8 @@ end
 
 -- ids as a Lua array (1-based positions, 0-based token ids as in Hugging Face).
 function Tokenizer:encode(text, opts)
-  assert(type(text) == "string", "tokenizer:encode expects a string")
+  if type(text) ~= "string" then error(("tok:encode(text, opts): text must be a string, got a %s"):format(type(text)), 2) end
+  check_opts("tok:encode(text, opts)", opts)
   local n = ffi.new("int64_t[1]")
   local p = C.clrt_tokenizer_encode(self.h, text, #text, want_special(opts), n)
   if p == nil then core.fail(2) end
@@ -271,11 +286,15 @@ end
 -- Encode many texts on all cores. opts.raw = true returns the flat C result instead:
 -- { ids = int32_t*, offsets = int64_t[n+1], n = count } (freed when collected).
 function Tokenizer:encode_batch(texts, opts)
+  if type(texts) ~= "table" then error(("tok:encode_batch(texts, opts): texts must be a list of strings, got a %s"):format(type(texts)), 2) end
+  check_opts("tok:encode_batch(texts, opts)", opts)
   local n = #texts
   local ptrs = ffi.new("const char *[?]", math.max(n, 1))
   local lens = ffi.new("size_t[?]", math.max(n, 1))
   for i = 1, n do
-    assert(type(texts[i]) == "string", "tokenizer:encode_batch expects a list of strings")
+    if type(texts[i]) ~= "string" then
+      error(("tok:encode_batch(texts, opts): texts[%d] is a %s, not a string"):format(i, type(texts[i])), 2)
+    end
     ptrs[i - 1] = texts[i]
     lens[i - 1] = #texts[i]
   end
@@ -314,15 +333,22 @@ local function to_cids(ids)
   if type(ids) == "table" then
     local n = #ids
     local a = ffi.new("int32_t[?]", math.max(n, 1))
-    for i = 1, n do a[i - 1] = ids[i] end
+    for i = 1, n do
+      local id = ids[i]
+      if type(id) ~= "number" or id ~= math.floor(id) then   -- (the range is checked in C)
+        error(("tok:decode(ids, opts): ids[%d] = %s is not a token id"):format(i, tostring(id)), 3)
+      end
+      a[i - 1] = id
+    end
     return a, n
   end
-  error("tokenizer:decode expects a table of ids", 3)
+  error(("tok:decode(ids, opts): ids must be a list of token ids, got a %s"):format(type(ids)), 3)
 end
 
 -- ids -> text. opts.skip_special_tokens (default false); opts.clean_up_tokenization_spaces
 -- (default: tokenizer_config.json's value, else false). Invalid UTF-8 becomes U+FFFD.
 function Tokenizer:decode(ids, opts)
+  check_opts("tok:decode(ids, opts)", opts)
   opts = opts or {}
   local a, n = to_cids(ids)
   local len = ffi.new("size_t[1]")
@@ -337,6 +363,7 @@ end
 
 -- The raw bytes of one token (an added token's text, a vocab token's bytes).
 function Tokenizer:token_bytes(id)
+  check_id(self, "tok:token_bytes(id)", id)
   local len = ffi.new("size_t[1]")
   local p = C.clrt_tokenizer_token_bytes(self.h, id, len)
   if p == nil then core.fail(2) end
@@ -357,12 +384,14 @@ end
 
 -- The token as tokenizer.json spells it (byte-level form for vocab tokens).
 function Tokenizer:token(id)
+  check_id(self, "tok:token(id)", id)
   if self.added[id] then return self.added[id] end
   return (self:token_bytes(id):gsub(".", function(c) return byte_level[c:byte()] end))
 end
 
 -- Id of a token spelled as in tokenizer.json (or an added token's text); nil if none.
 function Tokenizer:id(token)
+  if type(token) ~= "string" then error(("tok:id(token): token must be a string, got a %s"):format(type(token)), 2) end
   local id = C.clrt_tokenizer_id(self.h, token, #token)
   if id < 0 then return nil end
   return id

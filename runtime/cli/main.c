@@ -56,11 +56,23 @@ static void usage(FILE *f) {
           "       clrt COMMAND [args]      (chat, serve, ... from lua/clrt/cli/commands)\n"
           "  -e CODE        run CODE (clrt is preloaded as a global)\n"
           "  -v, --version  print the version\n"
-          "  -h, --help     this help\n"
+          "  -h, --help     this help, then the commands and recipes\n"
           "With no script, clrt starts an interactive REPL (or runs stdin when it is not a\n"
           "terminal; '-' as the script reads stdin too).\n"
           "A script path that does not exist here is looked up under the installed Lua dir,\n"
           "so 'clrt recipes/collabllm_rl.lua' runs the shipped recipe.\n");
+}
+
+/* After the options, `clrt --help` lists the subcommands and recipes from their files' doc
+   comments (lua/clrt/cli/help.lua), so the list follows what is installed. */
+static int print_catalogue(lua_State *L) {
+  lua_getglobal(L, "require");
+  lua_pushstring(L, "clrt.cli.help");
+  if (lua_pcall(L, 1, 1, 0)) return 1;
+  lua_getfield(L, -1, "catalogue");
+  int st = lua_pcall(L, 0, 0, 0);
+  if (st) fprintf(stderr, "clrt: %s\n", lua_tostring(L, -1));
+  return st;
 }
 
 /* An error raised with a position ("x.lua:12: ...", "(command line):1: ...") comes from code
@@ -284,7 +296,11 @@ int main(int argc, char **argv) {
     const char *a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout);
-      return 0;
+      lua_State *L = luaL_newstate();
+      if (!L) return 0;
+      int rc = setup_state(L, argv, argc, 0) || print_catalogue(L);
+      lua_close(L);
+      return rc;
     } else if (!strcmp(a, "-v") || !strcmp(a, "--version")) {
       printf("clrt %s (%s)\n", clrt_version(), LUAJIT_VERSION);
       return 0;

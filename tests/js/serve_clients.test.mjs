@@ -132,6 +132,42 @@ test("openai: errors are the SDK's typed exceptions", async () => {
     e instanceof BadRequestError && e.param === "temperature" && typeof e.code === "string");
 });
 
+test("openai: logit_bias +100 forces a token, streamed and not, on chat and legacy completions", async () => {
+  // the same token over and over: every logprobs entry names it, and another id gives other text
+  const forced = async (id, extra = {}) => client.chat.completions.create({ model, messages, max_tokens: 8, temperature: 1, seed: 5,
+    logprobs: true, logit_bias: { [id]: 100 }, ...extra });
+  const a = await forced(40);
+  const tokens = a.choices[0].logprobs.content.map((e) => e.token);
+  assert.equal(tokens.length, 8);
+  assert.ok(tokens.every((t) => t === tokens[0]), `one token repeated: ${JSON.stringify(tokens)}`);
+  assert.equal(a.choices[0].message.content, tokens[0].repeat(8));
+  const b = await forced(41);
+  assert.notEqual(b.choices[0].message.content, a.choices[0].message.content);
+  let streamed = "";
+  for await (const chunk of await forced(40, { stream: true })) streamed += chunk.choices[0]?.delta?.content ?? "";
+  assert.equal(streamed, a.choices[0].message.content);
+  const c = await client.completions.create({ model, prompt: "plan a trip", max_tokens: 8, logit_bias: { 40: 100 } });
+  assert.equal(c.object, "text_completion");
+  assert.equal(c.choices[0].text, a.choices[0].message.content);
+  let cs = "";
+  for await (const chunk of await client.completions.create({ model, prompt: "plan a trip", max_tokens: 8, logit_bias: { 40: 100 }, stream: true })) {
+    cs += chunk.choices[0]?.text ?? "";
+  }
+  assert.equal(cs, c.choices[0].text);
+});
+
+test("openai: a parameter the server does not take, or out of range, is a BadRequestError naming it", async () => {
+  for (const [extra, param] of [[{ logit_bias: { abc: 1 } }, "logit_bias"], [{ logit_bias: { 5: 200 } }, "logit_bias"],
+    [{ frequency_penalty: 3 }, "frequency_penalty"], [{ presence_penalty: -2.5 }, "presence_penalty"], [{ top_k: 5 }, "top_k"]]) {
+    await assert.rejects(client.chat.completions.create({ model, messages, max_tokens: 2, ...extra }), (e) =>
+      e instanceof BadRequestError && e.param === param && e.message.includes(param) && !e.message.includes(".lua"));
+  }
+  await assert.rejects(client.completions.create({ model, prompt: "hi", echo: true }), (e) =>
+    e instanceof BadRequestError && e.param === "echo");
+  await assert.rejects(client.chat.completions.create({ model, messages: [{ role: "user", content: "caf\udce9" }] }), (e) =>
+    e instanceof BadRequestError && !e.message.includes(".lua"));
+});
+
 // the AI SDK takes the system prompt apart (the server takes "developer" as "system")
 const plainMessages = [messages[1]];
 const provider = createOpenAICompatible({ name: "clrt", baseURL, apiKey, supportsStructuredOutputs: true, includeUsage: true });

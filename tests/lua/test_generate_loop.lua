@@ -51,6 +51,53 @@ T.case("max_new_tokens 0 and 1", function()
   T.eq(r1[1].tokens, greedy_reference({ 1 }, 1))
 end)
 
+T.case("logit_bias and the frequency/presence penalties follow OpenAI's formula, per row", function()
+  -- greedy by hand: logit + bias, then - (count * frequency + (count > 0) * presence), in f32
+  local ffi = require("ffi")
+  local function f32(x) return tonumber(ffi.new("float", x)) end
+  local function reference(prompt, steps, o)
+    local last, pos, out, counts = prompt[#prompt], #prompt, {}, {}
+    for _ = 1, steps do
+      local best, arg = -math.huge, 0
+      for v = 0, V - 1 do
+        local l = f32(fake.logit(last, pos, v))
+        if o.logit_bias and o.logit_bias[v] then l = f32(l + o.logit_bias[v]) end
+        local c = counts[v] or 0
+        if c > 0 then l = f32(l - (c * (o.frequency_penalty or 0) + (o.presence_penalty or 0))) end
+        if l > best then best, arg = l, v end
+      end
+      out[#out + 1] = arg
+      counts[arg] = (counts[arg] or 0) + 1
+      last, pos = arg, pos + 1
+    end
+    return out
+  end
+  local cases = {
+    { logit_bias = { [3] = 2.5, [7] = -1 } },
+    { frequency_penalty = 0.8 },
+    { presence_penalty = 1.5 },
+    { frequency_penalty = -0.5, presence_penalty = 2, logit_bias = { [1] = 1 } },
+  }
+  local plain = greedy_reference({ 2, 5 }, 14)
+  for i, c in ipairs(cases) do
+    local want = reference({ 2, 5 }, 14, c)
+    T.ok(not T.deep_eq(want, plain), "case " .. i .. " changes greedy output (else it tests nothing)")
+    local eng = gen.engine(fake_decoder(4, 64))
+    local o = { temperature = 0, max_new_tokens = 14 }
+    for k, v in pairs(c) do o[k] = v end
+    -- beside a row without options, which must stay the plain greedy output
+    local rows_plain = eng:add({ 2, 5 }, gen.options({ temperature = 0, max_new_tokens = 14 }, V), nil, 1)
+    local rows = eng:add({ 2, 5 }, gen.options(o, V), nil, 2)
+    while eng:busy() do eng:step() end
+    T.eq(rows[1].tokens, want, "case " .. i)
+    T.eq(rows_plain[1].tokens, plain, "case " .. i .. ": the row beside it")
+  end
+  T.raises(function() gen.options({ frequency_penalty = 2.5 }, V) end, "frequency_penalty must be a number in [-2, 2]")
+  T.raises(function() gen.options({ presence_penalty = "1" }, V) end, "presence_penalty must be a number in [-2, 2]")
+  T.raises(function() gen.options({ logit_bias = { [V] = 1 } }, V) end, "not a token id in [0, 11)")
+  T.raises(function() gen.options({ max_tokens = 3 }, V) end, "unknown option 'max_tokens'")
+end)
+
 -- A tokenizer where id v is the letter ('a' + v); multi-letter stop strings straddle tokens.
 local fake_tok = {}
 function fake_tok:stream()

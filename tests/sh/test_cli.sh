@@ -25,6 +25,19 @@ run "$bin" -v
 [ "$rc" -eq 0 ] && has "clrt " && ok "-v" || bad "-v" "$out"
 run "$bin" --help
 [ "$rc" -eq 0 ] && has "usage: clrt" && has "-e CODE" && ok "--help" || bad "--help" "rc=$rc out=$out"
+# --help goes on with every subcommand and shipped recipe, one line each from its file's doc
+src="${CLRT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
+missing=""
+for f in "$src"/lua/clrt/cli/commands/*.lua; do
+  c="$(basename "$f" .lua)"
+  printf '%s\n' "$out" | grep -qE "^  $c +[A-Z][a-z]" || missing="$missing command:$c"
+done
+for f in "$src"/lua/recipes/*.lua; do
+  r="$(basename "$f")"
+  printf '%s\n' "$out" | grep -qE "^  $r +[[:alnum:]]" || missing="$missing recipe:$r"
+done
+[ -z "$missing" ] && has "  serve    An OpenAI-compatible server" && has "  train_tokenizer.lua  train a byte-level BPE tokenizer" &&
+  ok "--help lists the commands and recipes with their doc line" || bad "--help catalogue" "missing:$missing" "$out"
 run "$bin" --bogus
 [ "$rc" -eq 2 ] && has "unknown option '--bogus'" && ok "an unknown option exits 2" || bad "unknown option" "rc=$rc out=$out"
 run "$bin" -e

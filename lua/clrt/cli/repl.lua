@@ -140,4 +140,12 @@ function M.complete(text)
   return names
 end
 
+-- help(x) at the prompt: the doc comments of modules, objects and functions (clrt.cli.help).
+function M.install_help()
+  if rawget(_G, "help") == nil then
+    rawset(_G, "help", function(...) return require("clrt.cli.help").help(...) end)
+  end
+end
+M.install_help()
+
 return M

@@ -19,9 +19,43 @@ local C = core.C
 
 local M = {}
 
+-- The options generate takes (anything else is a mistake worth naming: max_tokens for
+-- max_new_tokens would otherwise be ignored without a word).
+local KNOWN_OPTIONS = { "n", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "tokenizer",
+  "top_logprobs", "logit_bias", "frequency_penalty", "presence_penalty", "stream_text", "mask", "json_schema", "json",
+  "json_whitespace", "on_step" }
+local known_option = {}
+for _, k in ipairs(KNOWN_OPTIONS) do known_option[k] = true end
+
+-- logit_bias {[token id] = bias in [-100, 100]} -> parallel arrays, ids in increasing order.
+local function parse_logit_bias(lb, vocab, bad)
+  if type(lb) ~= "table" then bad("logit_bias", "must be a table {[token id] = bias}") end
+  local ids = {}
+  for id, b in pairs(lb) do
+    if type(id) ~= "number" or id ~= math.floor(id) or id < 0 or id >= vocab then
+      bad("logit_bias", ("has key %s, not a token id in [0, %d)"):format(tostring(id), vocab))
+    end
+    if type(b) ~= "number" or not (b >= -100 and b <= 100) then
+      bad("logit_bias", ("[%d] = %s is not a number in [-100, 100]"):format(id, tostring(b)))
+    end
+    ids[#ids + 1] = id
+  end
+  if #ids == 0 then return nil end
+  table.sort(ids)
+  local vals = {}
+  for i, id in ipairs(ids) do vals[i] = lb[id] end
+  return { ids = ids, vals = vals }
+end
+
 -- Validate options once per request; returns the normalised copy rows keep.
 function M.options(opts, vocab)
   opts = opts or {}
+  if type(opts) ~= "table" then error(("generate: opts must be a table of options, got a %s"):format(type(opts)), 0) end
+  for k in pairs(opts) do
+    if not known_option[k] then
+      error(("generate: unknown option '%s' (the options are: %s)"):format(tostring(k), table.concat(KNOWN_OPTIONS, ", ")), 0)
+    end
+  end
   local o = {
     n = opts.n or 1,
     max_new_tokens = opts.max_new_tokens or 64,
@@ -57,6 +91,13 @@ function M.options(opts, vocab)
     local k = opts.top_logprobs
     if type(k) ~= "number" or k < 0 or k > 64 or k ~= math.floor(k) then bad("top_logprobs", "must be an integer in [0, 64]") end
     o.top_logprobs = math.min(k, vocab)
+  end
+  if opts.logit_bias ~= nil then o.logit_bias = parse_logit_bias(opts.logit_bias, vocab, bad) end
+  -- OpenAI's penalties: a token's logit drops by count * frequency_penalty + presence_penalty
+  -- once the row has sampled it count (> 0) times
+  o.frequency_penalty, o.presence_penalty = opts.frequency_penalty or 0, opts.presence_penalty or 0
+  for _, k in ipairs({ "frequency_penalty", "presence_penalty" }) do
+    if type(o[k]) ~= "number" or not (o[k] >= -2 and o[k] <= 2) then bad(k, "must be a number in [-2, 2]") end
   end
   o.tokenizer = opts.tokenizer
   if (#o.stop_strings > 0 or opts.stream_text) and not o.tokenizer then
@@ -146,6 +187,7 @@ function Engine:add(prompt, o, cb, tag, stream)
   local rows = {}
   for s = 1, o.n do
     local row = { o = o, cb = cb, tokens = {}, logprobs = {}, sample = s, tag = tag }
+    if o.frequency_penalty ~= 0 or o.presence_penalty ~= 0 then row.counts = {} end   -- token id -> times sampled
     row.rng = ffi.new("clrt_rng")
     C.clrt_rng_seed(row.rng, o.seed * 1000003 + (stream or (tag or 1) - 1) * o.n + s)
     if o.tokenizer then row.text, row.stream = "", o.tokenizer:stream() end
@@ -321,13 +363,37 @@ function Engine:step()
     self.params[k - 1].top_p = o.top_p
     self.uniforms[k - 1] = C.clrt_rng_uniform(row.rng)
   end
+  -- logit_bias, then the penalties, change the row's own logits for sampling only: the
+  -- model's log-probabilities (top_logprobs) are read after the saved values are put back
+  local saved = nil
+  for k, row in ipairs(self.active) do
+    local o, lb, counts = row.o, row.o.logit_bias, row.counts
+    if lb or counts then
+      local at, keep = gathered + (k - 1) * V, {}
+      for i, id in ipairs(lb and lb.ids or {}) do
+        keep[id] = at[id]
+        at[id] = at[id] + lb.vals[i]
+      end
+      for id, c in pairs(counts or {}) do
+        if keep[id] == nil then keep[id] = at[id] end
+        at[id] = at[id] - (c * o.frequency_penalty + o.presence_penalty)
+      end
+      saved = saved or {}
+      saved[k] = keep
+    end
+  end
   if C.clrt_sample(gathered, A, V, self.params, self.uniforms, masks, self.out_tok, self.out_lp) ~= 0 then
     core.fail(2)
+  end
+  for k, keep in pairs(saved or {}) do
+    local at = gathered + (k - 1) * V
+    for id, v in pairs(keep) do at[id] = v end
   end
   local still = {}
   for k, row in ipairs(self.active) do
     local o, tok = row.o, self.out_tok[k - 1]
     row.tokens[#row.tokens + 1] = tok
+    if row.counts then row.counts[tok] = (row.counts[tok] or 0) + 1 end
     row.logprobs[#row.logprobs + 1] = self.out_lp[k - 1]
     if o.top_logprobs then self:model_logprobs(row, gathered + (k - 1) * V, tok) end
     local piece, done = nil, nil

@@ -36,20 +36,59 @@ local function new_decoder(m, slots, max_len)
   }, Decoder)
 end
 
+local function is_tokenizer(x) return type(x) == "table" and type(x.encode) == "function" and type(x.decode) == "function" end
+
+-- What m:generate was given, checked before any cache is sized from it: the usual slips
+-- (a tokenizer, a text, one token list) get an error that says what to write instead.
+local function check_prompts(prompts, opts)
+  local usage = "m:generate(prompts, opts): prompts must be a list of token lists ({{id, id, ...}, ...})"
+  if is_tokenizer(prompts) then
+    error(usage .. ", and the first argument is a tokenizer: for a chat reply to a text use m:chat(tok, text) "
+      .. "or clrt.chat.generate(m, tok, messages, opts); to continue a text, m:generate({tok:encode(text)}, opts)", 3)
+  end
+  if type(prompts) == "string" then
+    error(usage .. ", not a string: m:generate({tok:encode(text)}, opts), or m:chat(tok, text) for a chat reply", 3)
+  end
+  if type(prompts) ~= "table" then error(("%s, got a %s"):format(usage, type(prompts)), 3) end
+  if #prompts == 0 then error(usage .. ", and this list is empty", 3) end
+  if type(prompts[1]) == "number" then
+    error(usage .. ", and this is one token list: wrap it, m:generate({ids}, opts)", 3)
+  end
+  for i, p in ipairs(prompts) do
+    if type(p) ~= "table" then error(("%s; prompts[%d] is a %s"):format(usage, i, type(p)), 3) end
+  end
+  if opts ~= nil and type(opts) ~= "table" then
+    error(("m:generate(prompts, opts): opts must be a table {max_new_tokens =, temperature =, ...}, got a %s"):format(type(opts)), 3)
+  end
+end
+
+local function check_count(name, v, what)
+  if type(v) ~= "number" or v < 1 or v ~= math.floor(v) then
+    error(("m:decoder(slots, max_len): %s must be a positive integer (%s), got %s"):format(name, what, tostring(v)), 3)
+  end
+end
+
 function M.install(Model)
   -- A KV cache for `slots` sequences of up to max_len tokens (the parameters are shared
   -- with the model: train, then decode with the updated weights, no copy).
   function Model:decoder(slots, max_len)
-    return new_decoder(self, slots or 1, max_len or math.min(self.config.max_position_embeddings or 2048, 2048))
+    slots = slots or 1
+    max_len = max_len or math.min(self.config.max_position_embeddings or 2048, 2048)
+    check_count("slots", slots, "sequences decoded at once")
+    check_count("max_len", max_len, "tokens per sequence, prompt included")
+    return new_decoder(self, slots, max_len)
   end
 
   -- generate(prompts, {n, max_new_tokens, temperature, top_p, top_k, stop, seed, tokenizer,
-  -- on_step}) -> one entry per (prompt, sample), prompt-major:
+  -- logit_bias, frequency_penalty, presence_penalty, on_step}) -> one entry per (prompt,
+  -- sample), prompt-major:
   -- {tokens = {...}, logprobs = {...}, finish_reason = "stop" | "length", text = ...}.
   -- The decoder is kept on the model and grows to the largest request seen.
   function Model:generate(prompts, opts)
+    check_prompts(prompts, opts)
     opts = opts or {}
-    if type(prompts) ~= "table" then error("generate: prompts must be a list of token rows", 2) end
+    local checked, err = pcall(gen.options, opts, self.config.vocab_size)
+    if not checked then error(err, 2) end
     local rows = #prompts * (opts.n or 1)
     local longest = 0
     for _, p in ipairs(prompts) do if type(p) == "table" and #p > longest then longest = #p end end

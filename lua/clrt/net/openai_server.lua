@@ -1,5 +1,6 @@
 -- clrt.net.openai_server — an OpenAI-compatible chat server over one model: POST /v1/chat/completions
--- (JSON or server-sent events; logprobs; tools through the chat template), GET /v1/models,
+-- (JSON or server-sent events; logprobs; tools through the chat template), POST /v1/completions
+-- (a plain prompt continued; no chat template), GET /v1/models,
 -- GET /v1/models/{id}, GET /health (open without the key). Every request's rows join the
 -- same generation engine, so requests that arrive together decode in the same batched
 -- steps, and a request that arrives mid-way joins at the next step.
@@ -23,51 +24,115 @@ M.json_error = json_error
 
 local function is_int(x) return type(x) == "number" and x == math.floor(x) end
 
--- Validate a chat-completions body. Returns the request table or (nil, status, body).
-function M.parse_chat_request(body, limits)
+-- Is s well-formed UTF-8 (RFC 3629: no overlong forms, surrogates or code points past
+-- U+10FFFF), so it can go into a JSON string as it is and the tokenizer takes it?
+local function is_utf8(s)
+  if not s:find("[\128-\255]") then return true end
+  local i, n = 1, #s
+  while i <= n do
+    local c = s:byte(i)
+    local len, lo, hi = 1, 0x80, 0xBF   -- lo, hi: the range of the second byte
+    if c < 0x80 then len = 1
+    elseif c >= 0xC2 and c <= 0xDF then len = 2
+    elseif c >= 0xE0 and c <= 0xEF then len = 3; lo = c == 0xE0 and 0xA0 or 0x80; hi = c == 0xED and 0x9F or 0xBF
+    elseif c >= 0xF0 and c <= 0xF4 then len = 4; lo = c == 0xF0 and 0x90 or 0x80; hi = c == 0xF4 and 0x8F or 0xBF
+    else return false end
+    if i + len - 1 > n then return false end
+    for j = i + 1, i + len - 1 do
+      local b = s:byte(j)
+      if b < (j == i + 1 and lo or 0x80) or b > (j == i + 1 and hi or 0xBF) then return false end
+    end
+    i = i + len
+  end
+  return true
+end
+
+-- The first string (key or value) in a decoded request that is not UTF-8, as a field path
+-- like "messages[0].content"; nil when all are. Stop strings are left out: they are matched
+-- byte for byte against the reply and go neither to the tokenizer nor into a response.
+local function bad_utf8_field(v, path)
+  if type(v) == "string" then return not is_utf8(v) and path or nil end
+  if type(v) ~= "table" then return nil end
+  for k, x in pairs(v) do
+    local sub
+    if type(k) == "number" then
+      sub = ("%s[%d]"):format(path, k - 1)
+    else
+      if type(k) == "string" and not is_utf8(k) then return path ~= "" and path or "(a key)" end
+      sub = path == "" and tostring(k) or path .. "." .. tostring(k)
+    end
+    local bad = sub ~= "stop" and bad_utf8_field(x, sub)
+    if bad then return bad end
+  end
+  return nil
+end
+
+-- An error message as a client may see it: no source positions ("/path/x.lua:12: "), which
+-- say nothing to a client and tell it where the server is installed.
+local function without_source(msg)
+  return (tostring(msg):gsub("[^%s:]*%.lua:%d+: ", ""):gsub("%[string [^%]]*%]:%d+: ", ""))
+end
+M.without_source = without_source
+
+-- The request parameters this server reads; any other is a 400 naming it (OpenAI's answer
+-- to an unknown argument), so no parameter is accepted and then ignored.
+local function set(list)
+  local t = {}
+  for _, k in ipairs(list) do t[k] = true end
+  return t
+end
+local SHARED = { "model", "stream", "stream_options", "temperature", "top_p", "max_tokens", "n", "seed", "stop",
+  "logit_bias", "frequency_penalty", "presence_penalty", "user" }
+local CHAT_PARAMETERS = set({ "messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+  "parallel_tool_calls", "response_format", unpack(SHARED) })
+local COMPLETION_PARAMETERS = set({ "prompt", "echo", "suffix", "best_of", "logprobs", unpack(SHARED) })
+-- The fields of a message; others (name, ...) would be dropped by the chat template.
+local MESSAGE_FIELDS = { role = true, content = true, tool_calls = true, tool_call_id = true, refusal = true }
+local MAX_LOGIT_BIAS = 300   -- OpenAI's limit on logit_bias entries
+
+-- logit_bias {"token id": bias in [-100, 100]} -> {[id] = bias}, or nil and the reason.
+local function parse_logit_bias(lb, vocab)
+  if type(lb) ~= "table" or (next(lb) ~= nil and type(next(lb)) ~= "string") then
+    return nil, "must be an object mapping token ids (strings of digits) to biases in [-100, 100]"
+  end
+  local out, count = {}, 0
+  for k, v in pairs(lb) do
+    count = count + 1
+    if count > MAX_LOGIT_BIAS then return nil, ("has more than %d entries"):format(MAX_LOGIT_BIAS) end
+    if type(k) ~= "string" or not k:match("^%d+$") or #k > 9 then
+      return nil, ("has key '%s', which is not a token id (a non-negative integer)"):format(tostring(k))
+    end
+    local id = tonumber(k)
+    if vocab and id >= vocab then return nil, ("has token id %d, outside the vocabulary of %d"):format(id, vocab) end
+    if type(v) ~= "number" or not (v >= -100 and v <= 100) then
+      return nil, ("['%s'] must be a number in [-100, 100]"):format(k)
+    end
+    out[id] = v
+  end
+  return out
+end
+
+-- A 400 naming a field: nil, status, body.
+local function bad(field, why) return nil, json_error(400, ("'%s' %s"):format(field, why), field) end
+
+-- A request body as a JSON object whose strings are UTF-8 and whose keys are all `known`
+-- parameters. Returns it or (nil, status, body).
+local function decode_body(body, known)
   local req, err = cjson.decode(body)
-  if type(req) ~= "table" then
+  if type(req) ~= "table" or (next(req) ~= nil and type(next(req)) ~= "string") then
     return nil, json_error(400, "request body is not valid JSON: " .. tostring(err or "not an object"))
   end
-  local function bad(field, why) return nil, json_error(400, ("'%s' %s"):format(field, why), field) end
-  if type(req.messages) ~= "table" or #req.messages == 0 then return bad("messages", "must be a non-empty array") end
-  local msgs, out_uses_tools = {}, false
-  for i, m in ipairs(req.messages) do
-    local f = ("messages[%d]"):format(i - 1)
-    if type(m) ~= "table" then return bad(f, "must be an object") end
-    local role = m.role == "developer" and "system" or m.role   -- OpenAI's newer name for system
-    if role ~= "system" and role ~= "user" and role ~= "assistant" and role ~= "tool" then
-      return bad(f .. ".role", "must be 'system', 'developer', 'user', 'assistant' or 'tool'")
-    end
-    local content = m.content
-    local calls = m.tool_calls
-    if calls == cjson.null then calls = nil end
-    if calls ~= nil then
-      if role ~= "assistant" or type(calls) ~= "table" then return bad(f .. ".tool_calls", "must be an array on an assistant message") end
-      for j, c in ipairs(calls) do
-        local fn = type(c) == "table" and c["function"]
-        if type(fn) ~= "table" or type(fn.name) ~= "string" or type(fn.arguments) ~= "string" then
-          return bad(("%s.tool_calls[%d]"):format(f, j - 1), "must be {id, type: 'function', function: {name, arguments (a JSON string)}}")
-        end
-      end
-      if content == nil or content == cjson.null then content = "" end
-    end
-    if role == "tool" and type(m.tool_call_id) ~= "string" then return bad(f .. ".tool_call_id", "must be a string") end
-    if type(content) == "table" then   -- the array-of-parts form: text parts only
-      local parts = {}
-      for j, part in ipairs(content) do
-        if type(part) ~= "table" or part.type ~= "text" or type(part.text) ~= "string" then
-          return bad(("%s.content[%d]"):format(f, j - 1), "must be a text part ({type: 'text', text: ...})")
-        end
-        parts[#parts + 1] = part.text
-      end
-      content = table.concat(parts)
-    end
-    if type(content) ~= "string" then return bad(f .. ".content", "must be a string") end
-    msgs[i] = { role = role, content = content, tool_calls = calls, tool_call_id = m.tool_call_id }
-    if calls or role == "tool" then out_uses_tools = true end
+  local not_utf8 = bad_utf8_field(req, "")
+  if not_utf8 then return bad(not_utf8, "is not valid UTF-8") end
+  for k in pairs(req) do
+    if not known[k] then return bad(tostring(k), "is not a parameter this server supports") end
   end
-  local out = { messages = msgs, stream = false, n = 1 }
+  return req
+end
+
+-- The parameters both endpoints share (model, stream, sampling, length, stop, logit_bias)
+-- into `out`. Returns true or (nil, status, body).
+local function parse_sampling(req, out, limits)
   if req.model ~= nil and req.model ~= cjson.null then
     if type(req.model) ~= "string" then return bad("model", "must be a string") end
     out.model = req.model
@@ -120,6 +185,71 @@ function M.parse_chat_request(body, limits)
     end
     out.stop = stop
   end
+  for _, k in ipairs({ "frequency_penalty", "presence_penalty" }) do
+    local v = req[k]
+    if v ~= nil and v ~= cjson.null then
+      if type(v) ~= "number" or v < -2 or v > 2 then return bad(k, "must be a number in [-2, 2]") end
+      out[k] = v
+    end
+  end
+  if req.user ~= nil and req.user ~= cjson.null and type(req.user) ~= "string" then return bad("user", "must be a string") end
+  local lb = req.logit_bias
+  if lb ~= nil and lb ~= cjson.null then
+    local bias, why = parse_logit_bias(lb, limits.vocab_size)
+    if not bias then return bad("logit_bias", why) end
+    out.logit_bias = bias
+  end
+  return true
+end
+
+-- Validate a chat-completions body. Returns the request table or (nil, status, body).
+function M.parse_chat_request(body, limits)
+  local req, status, err = decode_body(body, CHAT_PARAMETERS)
+  if not req then return nil, status, err end
+  if type(req.messages) ~= "table" or #req.messages == 0 then return bad("messages", "must be a non-empty array") end
+  local msgs, out_uses_tools = {}, false
+  for i, m in ipairs(req.messages) do
+    local f = ("messages[%d]"):format(i - 1)
+    if type(m) ~= "table" then return bad(f, "must be an object") end
+    for k in pairs(m) do
+      if not MESSAGE_FIELDS[k] then return bad(f .. "." .. tostring(k), "is not supported (the chat template has no place for it)") end
+    end
+    if m.refusal ~= nil and m.refusal ~= cjson.null then return bad(f .. ".refusal", "must be null (a refusal is not rendered)") end
+    local role = m.role == "developer" and "system" or m.role   -- OpenAI's newer name for system
+    if role ~= "system" and role ~= "user" and role ~= "assistant" and role ~= "tool" then
+      return bad(f .. ".role", "must be 'system', 'developer', 'user', 'assistant' or 'tool'")
+    end
+    local content = m.content
+    local calls = m.tool_calls
+    if calls == cjson.null then calls = nil end
+    if calls ~= nil then
+      if role ~= "assistant" or type(calls) ~= "table" then return bad(f .. ".tool_calls", "must be an array on an assistant message") end
+      for j, c in ipairs(calls) do
+        local fn = type(c) == "table" and c["function"]
+        if type(fn) ~= "table" or type(fn.name) ~= "string" or type(fn.arguments) ~= "string" then
+          return bad(("%s.tool_calls[%d]"):format(f, j - 1), "must be {id, type: 'function', function: {name, arguments (a JSON string)}}")
+        end
+      end
+      if content == nil or content == cjson.null then content = "" end
+    end
+    if role == "tool" and type(m.tool_call_id) ~= "string" then return bad(f .. ".tool_call_id", "must be a string") end
+    if type(content) == "table" then   -- the array-of-parts form: text parts only
+      local parts = {}
+      for j, part in ipairs(content) do
+        if type(part) ~= "table" or part.type ~= "text" or type(part.text) ~= "string" then
+          return bad(("%s.content[%d]"):format(f, j - 1), "must be a text part ({type: 'text', text: ...})")
+        end
+        parts[#parts + 1] = part.text
+      end
+      content = table.concat(parts)
+    end
+    if type(content) ~= "string" then return bad(f .. ".content", "must be a string") end
+    msgs[i] = { role = role, content = content, tool_calls = calls, tool_call_id = m.tool_call_id }
+    if calls or role == "tool" then out_uses_tools = true end
+  end
+  local out = { messages = msgs, stream = false, n = 1 }
+  local ok, status2, err2 = parse_sampling(req, out, limits)
+  if not ok then return nil, status2, err2 end
   local lp, top = req.logprobs, req.top_logprobs
   if lp ~= nil and lp ~= cjson.null then
     if type(lp) ~= "boolean" then return bad("logprobs", "must be a boolean") end
@@ -170,6 +300,48 @@ function M.parse_chat_request(body, limits)
   if req.response_format ~= nil and req.response_format ~= cjson.null then
     out.response_format = req.response_format
   end
+  local ptc = req.parallel_tool_calls
+  if ptc ~= nil and ptc ~= cjson.null then
+    if type(ptc) ~= "boolean" then return bad("parallel_tool_calls", "must be a boolean") end
+    out.single_tool_call = ptc == false
+  end
+  return out
+end
+
+-- Validate a (legacy) completions body: one prompt, a string or an array of token ids (or an
+-- array holding one of those). Returns the request table or (nil, status, body).
+function M.parse_completion_request(body, limits)
+  local req, status, err = decode_body(body, COMPLETION_PARAMETERS)
+  if not req then return nil, status, err end
+  local prompt = req.prompt
+  if type(prompt) == "table" and #prompt > 1 and type(prompt[1]) ~= "number" then
+    return bad("prompt", "holds several prompts: this server takes one prompt per request")
+  end
+  if type(prompt) == "table" and #prompt == 1 and type(prompt[1]) ~= "number" then prompt = prompt[1] end
+  local out = { kind = "completion", stream = false, n = 1 }
+  if type(prompt) == "string" and prompt ~= "" then
+    out.prompt_text = prompt
+  elseif type(prompt) == "table" and #prompt > 0 then
+    for i, id in ipairs(prompt) do
+      if not is_int(id) or id < 0 or id >= limits.vocab_size then
+        return bad(("prompt[%d]"):format(i - 1), ("must be a token id in [0, %d)"):format(limits.vocab_size))
+      end
+    end
+    out.prompt_ids = prompt
+  else
+    return bad("prompt", "must be a non-empty string or a non-empty array of token ids")
+  end
+  local ok, status2, err2 = parse_sampling(req, out, limits)
+  if not ok then return nil, status2, err2 end
+  -- what this server does not do is refused rather than ignored
+  if req.echo ~= nil and req.echo ~= cjson.null and req.echo ~= false then return bad("echo", "is not supported (only false)") end
+  if req.suffix ~= nil and req.suffix ~= cjson.null then return bad("suffix", "is not supported (no fill-in-the-middle)") end
+  if req.logprobs ~= nil and req.logprobs ~= cjson.null then
+    return bad("logprobs", "is not supported on /v1/completions (/v1/chat/completions has logprobs)")
+  end
+  if req.best_of ~= nil and req.best_of ~= cjson.null and req.best_of ~= out.n then
+    return bad("best_of", "is not supported (only equal to n: every sample is returned)")
+  end
   return out
 end
 
@@ -204,6 +376,7 @@ function M.new(opts)
   self.api_key = opts.api_key
   self.limits = { max_tokens = opts.max_tokens or 4096, max_n = math.min(opts.slots or 32, 16) }
   self.dec = opts.decoder or self.model:decoder(opts.slots or 32, opts.max_len or 2048)
+  self.limits.vocab_size = self.dec.vocab_size
   self.engine = gen.engine(self.dec)
   self.http = require("clrt.net.httpd").start({ host = opts.host or "127.0.0.1", port = opts.port or 8000, max_body = opts.max_body or 4 * 1024 * 1024 })
   self.waiting = {}        -- requests accepted but not started: no free slots yet
@@ -234,23 +407,6 @@ end
 function Server:port() return self.http:port() end
 
 function Server:respond(id, status, body) self.http:respond(id, status, body, "application/json") end
-
--- Is s well-formed UTF-8 (so it can go into a JSON string as it is)?
-local function is_utf8(s)
-  local i, n = 1, #s
-  while i <= n do
-    local c = s:byte(i)
-    local len = c < 0x80 and 1 or (c >= 0xC2 and c < 0xE0) and 2 or (c >= 0xE0 and c < 0xF0) and 3
-      or (c >= 0xF0 and c < 0xF5) and 4 or nil
-    if not len or i + len - 1 > n then return false end
-    for j = i + 1, i + len - 1 do
-      local b = s:byte(j)
-      if b < 0x80 or b > 0xBF then return false end
-    end
-    i = i + len
-  end
-  return true
-end
 
 -- OpenAI's logprob entry of one token: its text (a token that splits a UTF-8 character is
 -- written "bytes:\xNN..." as OpenAI does), log-probability and bytes.
@@ -379,7 +535,10 @@ function Server:start_request(r, req)
   -- JSON is decoded under the call's schema
   local forced = tools_on and (req.tool_choice == "required" or type(req.tool_choice) == "table")
   local fmt = self.tool_format
-  local ids = self.render(req.messages, { tools = req.tools, prefix = forced and fmt.prefix or nil })
+  local rendered, ids = pcall(self.render, req.messages, { tools = req.tools, prefix = forced and fmt.prefix or nil })
+  if not rendered then   -- the chat template refused these messages
+    return self:respond(r.id, json_error(400, "messages could not be rendered: " .. without_source(ids), "messages"))
+  end
   local stop = {}
   for _, id in ipairs(self.end_of_turn) do stop[#stop + 1] = id end
   for _, s in ipairs(req.stop or {}) do stop[#stop + 1] = s end
@@ -387,6 +546,7 @@ function Server:start_request(r, req)
     n = req.n, max_new_tokens = req.max_tokens or math.min(self.limits.max_tokens, self.dec.max_len - #ids),
     temperature = req.temperature or 1.0, top_p = req.top_p or 1.0, seed = req.seed or math.random(0, 2 ^ 31),
     stop = stop, tokenizer = self.tok, top_logprobs = req.logprobs and (req.top_logprobs or 0) or nil,
+    logit_bias = req.logit_bias, frequency_penalty = req.frequency_penalty, presence_penalty = req.presence_penalty,
   }
   if req.response_format then
     if not self.on_response_format then
@@ -424,6 +584,7 @@ function Server:start_request(r, req)
     if not tools_on then return nil, row.text end
     local calls, content = M.parse_tool_calls(row.text, forced, fmt)
     if not calls then return nil, row.text end
+    if req.single_tool_call then calls = { calls[1] } end   -- parallel_tool_calls: false
     local out = json.array()
     for j, c in ipairs(calls) do
       out[j] = { id = ("call_%s_%d_%d"):format(cid:match("%d+%-%d+$"), row.sample, j), type = "function",
@@ -526,6 +687,92 @@ function Server:start_request(r, req)
   rows = self.engine:add(ids, o, cb, 1)
 end
 
+-- Start a request; a failure the checks did not foresee is the server's: a 500 whose message
+-- carries no source path (the log has the whole error).
+function Server:start_or_fail(r, req)
+  local ok, err = pcall(req.kind == "completion" and self.start_completion or self.start_request, self, r, req)
+  if not ok then
+    self.log("request failed: " .. tostring(err))
+    pcall(self.respond, self, r.id, json_error(500, "internal error: " .. without_source(err), nil, "server_error"))
+  end
+end
+
+-- A /v1/completions request: the prompt continued as plain text (no chat template), until
+-- max_tokens (16 by default, as OpenAI's), a stop string, or the end-of-text/turn token.
+function Server:start_completion(r, req)
+  if not self.tok then return self:respond(r.id, json_error(404, "/v1/completions needs the model's tokenizer", "prompt")) end
+  local ids = req.prompt_ids or self.tok:encode(req.prompt_text)
+  local stop = {}
+  for _, id in ipairs(self.end_of_turn) do stop[#stop + 1] = id end
+  for _, s in ipairs(req.stop or {}) do stop[#stop + 1] = s end
+  local max_new = req.max_tokens or 16
+  if #ids + max_new > self.dec.max_len then
+    return self:respond(r.id, json_error(400, ("the prompt has %d tokens and max_tokens is %d: more than the context of %d")
+      :format(#ids, max_new, self.dec.max_len), "prompt", nil, "context_length_exceeded"))
+  end
+  local o = gen.options({ n = req.n, max_new_tokens = max_new, temperature = req.temperature or 1.0, top_p = req.top_p or 1.0,
+    seed = req.seed or math.random(0, 2 ^ 31), stop = stop, tokenizer = self.tok, logit_bias = req.logit_bias,
+    frequency_penalty = req.frequency_penalty, presence_penalty = req.presence_penalty }, self.dec.vocab_size)
+  self.counter = self.counter + 1
+  local cid, created, http = ("cmpl-%d-%d"):format(self.created, self.counter), os.time(), self.http
+  local remaining, rows = o.n, nil
+  local function usage()
+    local c = 0
+    for _, row in ipairs(rows) do c = c + #row.tokens end
+    return { prompt_tokens = #ids, completion_tokens = c, total_tokens = #ids + c }
+  end
+  local function body(choices, extra)
+    local b = { id = cid, object = "text_completion", created = created, model = self.name, choices = choices }
+    for k, v in pairs(extra or {}) do b[k] = v end
+    return b
+  end
+  local cb = {}
+  if req.stream then
+    http:stream_begin(r.id, 200, "text/event-stream")
+    local open, sent = true, {}
+    local function send(obj)
+      if open and not http:write(r.id, sse(obj)) then
+        open = false
+        for _, row in ipairs(rows or {}) do row.cancelled = true end
+      end
+    end
+    local function flush(row, limit, finish)
+      local from = sent[row] or 0
+      if limit > from or finish then
+        send(body(json.array({ { index = row.sample - 1, text = row.text:sub(from + 1, limit), logprobs = json.null,
+          finish_reason = finish or json.null } })))
+        sent[row] = math.max(from, limit)
+      end
+    end
+    cb.on_token = function(row)
+      if not row.text_cut then flush(row, #row.text - M.stop_holdback(row.text, o.stop_strings)) end
+    end
+    cb.on_done = function(row)
+      remaining = remaining - 1
+      if row.finish_reason ~= "cancelled" then flush(row, #row.text, row.finish_reason) end
+      if remaining == 0 then
+        if open and req.include_usage then send(body(json.array(), { usage = usage() })) end
+        if open then http:write(r.id, "data: [DONE]\n\n") end
+        http:stream_end(r.id)
+      end
+    end
+  else
+    cb.on_token = function(row)
+      if not http:is_open(r.id) then row.cancelled = true end
+    end
+    cb.on_done = function()
+      remaining = remaining - 1
+      if remaining > 0 then return end
+      local choices = json.array()
+      for i, row in ipairs(rows) do
+        choices[i] = { index = i - 1, text = row.text, logprobs = json.null, finish_reason = row.finish_reason }
+      end
+      if http:is_open(r.id) then self:respond(r.id, 200, json.encode(body(choices, { usage = usage() }))) end
+    end
+  end
+  rows = self.engine:add(ids, o, cb, 1)
+end
+
 function Server:model_object()
   return { id = self.name, object = "model", created = self.created, owned_by = "clrt" }
 end
@@ -553,11 +800,13 @@ function Server:handle(r)
     model_id = model_id:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
     if model_id ~= self.name then return self:respond(r.id, model_not_found(model_id)) end
     return self:respond(r.id, 200, json.encode(self:model_object()))
-  elseif path == "/v1/chat/completions" then
-    if r.method ~= "POST" then return self:respond(r.id, json_error(405, "use POST for /v1/chat/completions")) end
-    local parsed, req, status, body = pcall(M.parse_chat_request, r.body, self.limits)
+  elseif path == "/v1/chat/completions" or path == "/v1/completions" then
+    if r.method ~= "POST" then return self:respond(r.id, json_error(405, "use POST for " .. path)) end
+    local parse = path == "/v1/completions" and M.parse_completion_request or M.parse_chat_request
+    local parsed, req, status, body = pcall(parse, r.body, self.limits)
     if not parsed then   -- a case the checks above missed: the request's fault, not the server's
-      return self:respond(r.id, json_error(400, "request not understood: " .. tostring(req)))
+      self.log("request not understood: " .. tostring(req))
+      return self:respond(r.id, json_error(400, "request not understood: " .. without_source(req)))
     end
     if not req then return self:respond(r.id, status, body) end
     if req.model and req.model ~= self.name then return self:respond(r.id, model_not_found(req.model)) end
@@ -565,11 +814,7 @@ function Server:handle(r)
       self.waiting[#self.waiting + 1] = { r = r, req = req }
       return
     end
-    local ok, err = pcall(self.start_request, self, r, req)
-    if not ok then
-      self.log("request failed: " .. tostring(err))
-      pcall(self.respond, self, r.id, json_error(500, "internal error: " .. tostring(err), nil, "server_error"))
-    end
+    self:start_or_fail(r, req)
   else
     return self:respond(r.id, json_error(404, ("no route for %s %s"):format(r.method, r.path)))
   end
@@ -580,8 +825,7 @@ end
 function Server:tick(idle_ms)
   while #self.waiting > 0 and self.waiting[1].req.n <= self.engine:free_slots() do
     local w = table.remove(self.waiting, 1)
-    local ok, err = pcall(self.start_request, self, w.r, w.req)
-    if not ok then pcall(self.respond, self, w.r.id, json_error(500, "internal error: " .. tostring(err), nil, "server_error")) end
+    self:start_or_fail(w.r, w.req)
   end
   local wait = self.engine:busy() and 0 or (idle_ms or 50)
   while true do
