@@ -55,8 +55,6 @@ function M.world_config()
   return require("clrt.train.prompts").world_config().sft
 end
 
-local sh_quote = require("clrt.util.shell").quote
-
 M.rules = {
   { "seed", "count0" }, { "scored_top", "count" }, { "scored_min", "finite" }, { "max_len", "count" }, { "val_fraction", "prob" }, { "save_every", "count0" },
   { "stop_after", "count" }, { "train.epochs", "count" }, { "train.steps", "count" }, { "train.batch_size", "count" },
@@ -106,17 +104,11 @@ function M.build_world_model(dir, cfg)
 end
 
 function M.build_world_tokenizer(dir, cfg, world)
-  files.mkdir_p(dir)
-  local corpus = dir .. "/corpus.txt"
-  files.write_atomic(corpus, world.corpus())
-  local bin = arg and arg[-1] or "clrt"
-  local cmd = ("%s recipes/train_tokenizer.lua input=%s vocab_size=%d out=%s min_frequency=1 > %s/tokenizer.log 2>&1")
-    :format(sh_quote(bin), sh_quote(corpus), cfg.world.vocab_size, sh_quote(dir), sh_quote(dir))
-  local rc = os.execute(cmd)
-  clrt.check_interrupt()
-  if rc ~= 0 then
-    error("collabllm_sft: training the world's tokenizer failed; see " .. dir .. "/tokenizer.log", 0)
-  end
+  local train = require("clrt.tokenizer_train")
+  local info = train.folder(train.split_text(world.corpus()), {
+    vocab_size = cfg.world.vocab_size, min_frequency = 1 }, dir)
+  io.stderr:write(("collabllm_sft: the world's tokenizer: %d merges, vocab %d in %.2fs -> %s\n")
+    :format(info.merges, info.vocab_size, info.seconds, dir))
 end
 
 function M.main(cfg)

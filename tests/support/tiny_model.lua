@@ -4,20 +4,14 @@
 --   local dir = require("support.tiny_model")(T.tmpdir(), {seed = 1})
 return function(dir, opts)
   opts = opts or {}
-  local T = require("clrt.test")
-  local bin = os.getenv("CLRT_BIN") or arg[-1] or "clrt"
-  os.execute("mkdir -p '" .. dir .. "'")
-  local corpus = dir .. "/corpus.txt"
-  local f = assert(io.open(corpus, "w"))
   local words = { "hello", "there", "how", "are", "you", "today", "fine", "thanks", "what", "is",
     "your", "name", "city", "trip", "plan", "write", "a", "card", "for", "my", "friend", "{", "}", ":", "\"" }
+  local lines = {}
   for i = 1, 400 do
-    f:write(words[i % #words + 1], " ", words[(i * 7) % #words + 1], " ", words[(i * 13) % #words + 1], ". ", i, "\n")
+    lines[i] = table.concat({ words[i % #words + 1], " ", words[(i * 7) % #words + 1], " ",
+      words[(i * 13) % #words + 1], ". ", i, "\n" })
   end
-  f:close()
-  local rc = os.execute(("%s %s/lua/recipes/train_tokenizer.lua input=%s vocab_size=%d out=%s > /dev/null")
-    :format(bin, T.source_dir(), corpus, opts.vocab_size or 320, dir))
-  assert(rc == 0, "tiny_model: training the tokenizer failed")
+  require("clrt.tokenizer_train").folder({ table.concat(lines) }, { vocab_size = opts.vocab_size or 320 }, dir)
   local tok = clrt.tokenizer.load(dir)
   local m = clrt.model.new({
     architectures = { "Qwen2ForCausalLM" }, vocab_size = tok:vocab_size(), hidden_size = opts.hidden_size or 32,
