@@ -19,9 +19,9 @@
 -- The mask (docs/chat_templates.md): an assistant message's trained text starts where the
 -- rendering of the messages before it with add_generation_prompt ends (their longest common
 -- prefix with the whole rendering) and runs through the first end-of-turn marker after it
--- (the tokenizer's end-of-turn and EOS tokens: <|im_end|>, <|eot_id|>, <end_of_turn>, ...),
--- within the message's own rendering where that can be told (the messages through it render
--- as a prefix of the whole); without a marker, to the end of that rendering.
+-- (the tokenizer's end-of-turn and EOS tokens: <|im_end|>, <|eot_id|>, <end_of_turn>, ...)
+-- before the next assistant message starts; without one, to the end of the message's own
+-- rendering (where the messages through it render as a prefix of the whole).
 local jinja = require("clrt.jinja")
 local values = require("clrt.jinja.values")
 local json = require("clrt.json")
@@ -236,28 +236,33 @@ end
 -- Trained byte ranges [a, b) of the rendering `full`, one per assistant message.
 local function trained_ranges(tok, t, ctx, msgs, full)
   local markers = end_markers(tok)
-  local ranges, floor_at = {}, 0
+  local turns = {}
   for i = 1, #msgs do
     local m = msgs[i]
     if values.is_attrs(m) and m.map.role == "assistant" then
       local before = render_with(t, ctx, msgs, i - 1, true) or render_with(t, ctx, msgs, i - 1, false)
-      local a = before and common_prefix(full, before) or floor_at
-      if a < floor_at then a = floor_at end
-      -- where the next message's rendering starts, when the messages through this one
-      -- render as a prefix of the whole (templates that rewrite history, as Qwen3 drops old
-      -- reasoning, do not)
-      local upto = render_with(t, ctx, msgs, i, false)
-      local limit = #full
-      if upto and #upto > a and full:sub(1, #upto) == upto then limit = #upto end
-      local b
-      for _, mk in ipairs(markers) do
-        local s, e = full:find(mk, a + 1, true)
-        if s and e <= limit and (not b or e < b) then b = e end
-      end
-      b = b or limit
-      if b > a then ranges[#ranges + 1] = { a, b } end
-      floor_at = b
+      turns[#turns + 1] = { i = i, a = before and common_prefix(full, before) }
     end
+  end
+  local ranges, floor_at = {}, 0
+  for k, turn in ipairs(turns) do
+    local a = math.max(turn.a or floor_at, floor_at)
+    -- the first end marker after the start, before the next assistant message starts
+    local nxt = turns[k + 1] and turns[k + 1].a or #full
+    local b
+    for _, mk in ipairs(markers) do
+      local s, e = full:find(mk, a + 1, true)
+      if s and e <= nxt and (not b or e < b) then b = e end
+    end
+    if not b then
+      -- no marker of its own (DeepSeek V3's tool call): the turn runs to where the next
+      -- message's rendering starts, known when the messages through this one render as a
+      -- prefix of the whole
+      local upto = render_with(t, ctx, msgs, turn.i, false)
+      if upto and #upto > a and #upto <= nxt and full:sub(1, #upto) == upto then b = #upto else b = nxt end
+    end
+    if b > a then ranges[#ranges + 1] = { a, b } end
+    floor_at = b
   end
   return ranges
 end

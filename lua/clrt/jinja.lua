@@ -29,9 +29,12 @@ function M.compile(source)
   return t
 end
 
+local globals = builtins.globals()      -- read-only: renders set names in their own scopes
+local globals_mt = { __index = globals }
+
 -- ctx: name -> Lua value or template value.
 function Template:render(ctx)
-  local vars = setmetatable({}, { __index = builtins.globals() })
+  local vars = setmetatable({}, globals_mt)
   for k, v in pairs(ctx or {}) do vars[k] = values.from_lua(v) end
   return evaluator.run(self.program, vars)
 end
