@@ -18,14 +18,19 @@ local M = { values = values }
 local Template = {}
 Template.__index = Template
 
-local cache = setmetatable({}, { __mode = "v" })
+-- Parsed templates by source text; a process uses a handful, the bound only guards against
+-- a caller that makes templates on the fly.
+local cache, cached = {}, 0
+local CACHE_MAX = 64
 
 function M.compile(source)
   if type(source) ~= "string" then error("clrt.jinja.compile: the template must be a string", 2) end
   local t = cache[source]
   if t then return t end
   t = setmetatable({ source = source, program = parser.parse(lexer.tokenize(source)) }, Template)
+  if cached >= CACHE_MAX then cache, cached = {}, 0 end
   cache[source] = t
+  cached = cached + 1
   return t
 end
 
