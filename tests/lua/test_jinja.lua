@@ -36,6 +36,8 @@ local C = {
   { "{{ s|trim }}|{{ s.strip() }}|{{ s.strip('\\n') }}|{{ s.rstrip() }}|{{ s.lstrip() }}|{{ s|length }}", { s = "\194\160 \227\128\128hi there\t\226\128\131\n" } },
   { "{{ s.split() }}{{ s.split(' ') }}{{ s.split(' ', 1) }}{{ s.split(none, 1) }}{{ s.startswith('a') }}{{ s.endswith(('z', 'c ')) }}", { s = "  a b  c " } },
   { "{{ s.upper() }} {{ s.lower() }} {{ s.title() }} {{ s|capitalize }} {{ s|title }} {{ s.replace('o', '0', 1) }} {{ s|replace('l', 'L') }}", { s = "hello wOrld-it's ok" } },
+  { "{{ s|upper }}|{{ s|lower }}|{{ s|title }}|{{ s|capitalize }}|{{ s is lower }}|{{ s.lower() is lower }}",
+    { s = "àéîõüÿß Ææ ĀāĞğİıŁłŒœŸŽž ΑαΣσ ΆάЁёЖжЯяІі µ élan ÉCOLE" } },
   { "{{ d|tojson }}|{{ d|tojson(indent=2) }}|{{ d|tojson(ensure_ascii=true) }}|{{ d|tojson(separators=(',', ':')) }}|{{ d|tojson(sort_keys=true) }}",
     { d = json.decode('{"z": [1, {"é": "ü\\n"}, [], {}], "a": null, "m": "🙂\\u0001", "f": 1.5, "t": true}', "d", { key_order = true }) } },
   { "{{ xs|tojson(indent=4) }}{{ xs|length }}{{ xs|first }}{{ xs|last }}{{ xs|join(', ') }}{{ xs|join }}{{ xs|reverse|list }}{{ xs[1:] }}{{ xs[::-1] }}{{ xs[-2:] }}{{ xs[0:3:2] }}{{ 'héllo'[1:3] }}", { xs = { 3, 1, 2 } } },

@@ -101,14 +101,14 @@ end
 function M.string_attr(s, name)
   if name == "length" then return text.js_length(s) end
   local f
-  if name == "upper" then f = function() return s:upper() end
-  elseif name == "lower" then f = function() return s:lower() end
+  if name == "upper" then f = function() return text.upper(s) end
+  elseif name == "lower" then f = function() return text.lower(s) end
   elseif name == "strip" then f = function() return text.trim(s) end
   elseif name == "rstrip" then f = function() return text.trim_end(s) end
   elseif name == "lstrip" then f = function() return text.trim_start(s) end
   elseif name == "title" then f = function() return title(s) end
   elseif name == "capitalize" then
-    f = function() local c = text.chars(s); if c[1] then c[1] = c[1]:upper() end; return table.concat(c) end
+    f = function() local c = text.chars(s); if c[1] then c[1] = text.upper(c[1]) end; return table.concat(c) end
   elseif name == "startswith" or name == "endswith" then
     f = function(args)
       if #args == 0 then fail(name .. "() requires at least one argument") end
@@ -153,7 +153,7 @@ local function compare(a, b, case_sensitive)
   end
   if kind(a) ~= kind(b) then fail(("Cannot compare different types: %s and %s"):format(kind(a), kind(b))) end
   if type(a) == "string" then
-    if not case_sensitive then a, b = a:lower(), b:lower() end
+    if not case_sensitive then a, b = text.lower(a), text.lower(b) end
     return a < b and -1 or a > b and 1 or 0
   end
   fail("Cannot compare type: " .. kind(a))
@@ -247,8 +247,8 @@ M.tests = {
   iterable = function(x) return getmetatable(x) == V.LIST or type(x) == "string" end,
   mapping = function(x) return V.is_dict(x) end,
   sequence = function(x) return V.is_list(x) or V.is_dict(x) or type(x) == "string" end,
-  lower = function(x) return type(x) == "string" and x == x:lower() end,
-  upper = function(x) return type(x) == "string" and x == x:upper() end,
+  lower = function(x) return type(x) == "string" and x == text.lower(x) end,
+  upper = function(x) return type(x) == "string" and x == text.upper(x) end,
   defined = function(x) return x ~= UNDEF end,
   undefined = function(x) return x == UNDEF end,
   equalto = function(a, b) return V.strict_eq(a, b == nil and UNDEF or b) end,
