@@ -77,6 +77,13 @@ local C = {
   { "{{ strftime_now('%Y-%m-%d') | length }}" },
   { "{% if a %}A{% elif b %}B{% elif c %}C{% else %}D{% endif %}", { c = 1 } },
   { "{{ 'a' + 1 }}{{ 'b' + [1, 2] }}{{ [1] + [2] }}{{ (1, 2) }}{{ {'t': (1, 'a')}|tojson }}" },
+  { "{% macro walk(n, depth=0) %}{% if n is mapping %}{% for k, v in n.items() %}{{ '  ' * depth if false else '' }}{{ k }}:{{ walk(v, depth + 1) }};{% endfor %}{% else %}{{ n|tojson }}{% endif %}{% endmacro %}{{ walk(d) }}",
+    { d = json.decode('{"a": {"b": [1, "x"], "c": {"d": null}}, "e": true}', "d", { key_order = true }) } },
+  { "{% for a in xs %}{% for b in xs %}{{ loop.index }}{{ a }}{{ b }},{% endfor %}{{ loop.last }}|{% endfor %}{{ 'b' in ('a', 'b') }}{{ xs[-1] }}{{ -xs[0] }}{{ not xs is none }}", { xs = { 1, 2 } } },
+  { "{% set x = u|default(none) %}{{ x is none }}{{ m.content is none }}{{ m.content is defined }}{{ m.get('a', {}).get('b', 'deep') }}{{ m['role']|upper }}", { m = { role = "tool" } } },
+  { "{{ 'a' * 3 }}" }, { "{{ ', '.join(['a']) }}" }, { "{{ messages[0]['content'] }}", { messages = {} } },
+  { "text \t\n\194\160 {%- if true %} kept \n\t{% endif -%} \194\160 tail {{- ' x' }}\n\t  {% if true %}y{% endif %}\n  {# c #}\n" },
+  { "a {%+ if true %}y{% endif %}" },
 }
 
 T.case("every construct renders as @huggingface/jinja renders it (text, or an error where it errs)", function()

@@ -166,4 +166,40 @@ function M.parse_float(s)
   return num and tonumber(num) or nil
 end
 
+-- toUpperCase / toLowerCase for the scripts chat text mostly carries: ASCII, Latin-1,
+-- Latin Extended-A, basic Greek and Cyrillic (ß upper-cases to SS, İ lower-cases to i + U+0307;
+-- Greek final sigma and letters outside these blocks are left as they are).
+local UPPER, LOWER = {}, {}
+do
+  local function pair(lo, up) UPPER[lo] = UPPER[lo] or up; LOWER[up] = LOWER[up] or lo end
+  for c = 0xE0, 0xFE do if c ~= 0xF7 then pair(c, c - 0x20) end end
+  for c = 0x100, 0x137, 2 do if c ~= 0x130 then pair(c + 1, c) end end
+  for c = 0x139, 0x148, 2 do pair(c + 1, c) end
+  for c = 0x14A, 0x177, 2 do pair(c + 1, c) end
+  for c = 0x179, 0x17E, 2 do pair(c + 1, c) end
+  pair(0xFF, 0x178)
+  for c = 0x3B1, 0x3C9 do if c ~= 0x3C2 then pair(c, c - 0x20) end end
+  pair(0x3AC, 0x386); pair(0x3AD, 0x388); pair(0x3AE, 0x389); pair(0x3AF, 0x38A)
+  pair(0x3CC, 0x38C); pair(0x3CD, 0x38E); pair(0x3CE, 0x38F)
+  for c = 0x430, 0x44F do pair(c, c - 0x20) end
+  for c = 0x450, 0x45F do pair(c, c - 0x50) end
+  UPPER[0x3C2] = 0x3A3; UPPER[0xB5] = 0x39C; UPPER[0x131] = 0x49; UPPER[0x17F] = 0x53
+  UPPER[0xDF] = "SS"
+  LOWER[0x130] = "i\204\135"
+end
+
+local function map_case(s, tbl, ascii)
+  if not s:find("[\128-\255]") then return ascii(s) end
+  local out = {}
+  for i, c in ipairs(M.chars(s)) do
+    if #c == 1 then out[i] = ascii(c) else
+      local m = tbl[M.codepoint(c)]
+      out[i] = m == nil and c or (type(m) == "string" and m or M.utf8(m))
+    end
+  end
+  return table.concat(out)
+end
+function M.upper(s) return map_case(s, UPPER, string.upper) end
+function M.lower(s) return map_case(s, LOWER, string.lower) end
+
 return M
