@@ -84,6 +84,7 @@ local C = {
   { "{{ 'a' * 3 }}" }, { "{{ ', '.join(['a']) }}" }, { "{{ messages[0]['content'] }}", { messages = {} } },
   { "text \t\n\194\160 {%- if true %} kept \n\t{% endif -%} \194\160 tail {{- ' x' }}\n\t  {% if true %}y{% endif %}\n  {# c #}\n" },
   { "a {%+ if true %}y{% endif %}" },
+  { "{{ '\\ud83d\\ude00 \\u00e9\\x41' }}{{ '\\ud83d\\ude00'|length }}{{ '😀'|tojson(ensure_ascii=true) }}" },
 }
 
 T.case("every construct renders as @huggingface/jinja renders it (text, or an error where it errs)", function()

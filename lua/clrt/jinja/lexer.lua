@@ -195,8 +195,15 @@ function M.tokenize(source)
               if #hex ~= (e == "x" and 2 or 4) or hex:find("[^%x]") then
                 fail(line_at(at), "invalid escape \\" .. e .. hex)
               end
-              buf[#buf + 1] = text.utf8(tonumber(hex, 16))
+              local cp = tonumber(hex, 16)
               i = i + #hex
+              -- a UTF-16 surrogate pair written as two \u escapes is one character
+              local lo = e == "u" and cp >= 0xD800 and cp <= 0xDBFF and sub(src, i, i + 1) == "\\u" and tonumber(sub(src, i + 2, i + 5), 16)
+              if lo and lo >= 0xDC00 and lo <= 0xDFFF then
+                cp = 0x10000 + (cp - 0xD800) * 1024 + (lo - 0xDC00)
+                i = i + 6
+              end
+              buf[#buf + 1] = text.utf8(cp)
             else
               if not ESCAPES[e] then fail(line_at(at), "unknown escape \\" .. e .. " in a string") end
               buf[#buf + 1] = ESCAPES[e]
