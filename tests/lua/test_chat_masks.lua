@@ -121,6 +121,16 @@ T.case("Gemma 3 and DeepSeek V3: the trained text is each assistant turn through
   end
   check("gemma3", "<start_of_turn>model\n", "<end_of_turn>", 1)
   check("deepseek_v3", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", 2)
+  -- DeepSeek-R1's distills: the generation prompt "<｜Assistant｜><think>\n" is longer than what
+  -- a past reply renders after the header (its reasoning is cut at </think>)
+  local r1 = { config = { chat_template = read(src .. "/tests/fixtures/chat/deepseek_r1_distill.jinja"),
+    bos_token = "<｜begin▁of▁sentence｜>", eos_token = "<｜end▁of▁sentence｜>" } }
+  local conv = { { role = "user", content = "2+2?" }, { role = "assistant", content = "<think>\nadd\n</think>\n\n4" },
+    { role = "user", content = "3+3?" }, { role = "assistant", content = "6" } }
+  local rtext, rranges = clrt.chat.spans(r1, conv, {})
+  local rgot = {}
+  for _, r in ipairs(rranges) do rgot[#rgot + 1] = rtext:sub(r[1] + 1, r[2]) end
+  T.eq(rgot, { "\n\n4<｜end▁of▁sentence｜>", "6<｜end▁of▁sentence｜>" }, rtext)
   -- DeepSeek V3's single tool call has no end marker: its turn runs to the tool outputs; the
   -- reply after them follows "<｜tool▁outputs▁end｜>", not a header
   local config = json.decode(read(model("deepseek_v3") .. "/tokenizer_config.json"), "ds", { key_order = true })

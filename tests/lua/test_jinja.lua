@@ -128,11 +128,14 @@ local function real_templates()
       out[#out + 1] = { name = name, source = config.chat_template, bos = content(config.bos_token), eos = content(config.eos_token) }
     end
   end
-  for _, f in ipairs({ "qwen2.5.jinja", "qwen2.5_tools.jinja", "llama3.1.jinja", "llama3.1_tools.jinja", "llama3.2_tools.jinja" }) do
-    if exists(src .. "/tests/fixtures/chat/" .. f) then
-      local bos = f:find("llama") and "<|begin_of_text|>" or nil
-      out[#out + 1] = { name = f, source = read(src .. "/tests/fixtures/chat/" .. f), bos = bos, eos = bos and "<|eot_id|>" or "<|im_end|>" }
-    end
+  local specials = {
+    llama = { "<|begin_of_text|>", "<|eot_id|>" }, qwen = { nil, "<|im_end|>" },
+    deepseek = { "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>" },
+  }
+  for _, f in ipairs({ "qwen2.5.jinja", "qwen2.5_tools.jinja", "llama3.1.jinja", "llama3.1_tools.jinja", "llama3.2_tools.jinja",
+    "deepseek_r1_distill.jinja" }) do
+    local sp = specials[f:match("^(%a+)")]
+    out[#out + 1] = { name = f, source = read(src .. "/tests/fixtures/chat/" .. f), bos = sp[1], eos = sp[2] }
   end
   out[#out + 1] = { name = "clrt chatml", source = clrt.chat.CHATML_JINJA, eos = "<|im_end|>" }
   return out
@@ -141,7 +144,7 @@ end
 T.case("real chat templates x seeded conversations: clrt.chat.format equals @huggingface/jinja", function()
   local cases_of = require("support.chat_cases")
   local tpls = real_templates()
-  T.ok(#tpls >= 11, "templates found: " .. #tpls)
+  T.ok(#tpls >= 13, "templates found: " .. #tpls)
   local sources, ref_cases, mine = {}, {}, {}
   for ti, t in ipairs(tpls) do
     sources[ti] = t.source
