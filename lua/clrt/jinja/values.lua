@@ -91,14 +91,17 @@ function M.tojson(v, o, depth, undef_as_null)
   local t = type(v)
   if v == M.NULL then return "null" end
   if v == M.UNDEF then return undef_as_null and "null" or "undefined" end
-  if t == "number" then return text.js_number(v) end
+  if t == "number" or getmetatable(v) == FLOAT then     -- JSON has no NaN or Infinity: null
+    local x = t == "number" and v or v.v
+    if x ~= x or x == math.huge or x == -math.huge then return "null" end
+    return text.js_number(x)
+  end
   if t == "boolean" then return tostring(v) end
   if t == "string" then
     local s = text.json_quote(v)
     return o.ensure_ascii and text.ascii_safe(s) or s
   end
   local mt = getmetatable(v)
-  if mt == FLOAT then return text.js_number(v.v) end
   local pad = indent and (" "):rep(indent) or ""
   local base = "\n" .. pad:rep(depth)
   local child = base .. pad
