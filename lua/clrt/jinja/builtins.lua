@@ -77,7 +77,6 @@ local function split(s, sep, maxsplit)
       out[maxsplit + 1] = table.concat(rest, sep)
     end
   end
-  for k = 1, #out do out[k] = out[k] end
   return V.list(out)
 end
 

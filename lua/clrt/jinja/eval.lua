@@ -4,6 +4,7 @@
 -- nothing. Errors name the template line being evaluated.
 local V = require("clrt.jinja.values")
 local B = require("clrt.jinja.builtins")
+local text = require("clrt.jinja.text")
 
 local M = {}
 local NULL, UNDEF = V.NULL, V.UNDEF
@@ -154,14 +155,12 @@ local function member(node, env)
         return v
       end
       local a, b, c = part(p.start), part(p.stop), part(p.step)
-      if type(obj) == "string" then return concat(slice(require("clrt.jinja.text").chars(obj), a, b, c)) end
+      if type(obj) == "string" then return concat(slice(text.chars(obj), a, b, c)) end
       return V.list(slice(obj, a, b, c))
     end
     prop = eval(p, env)
-  elseif p.k == "Int" then
-    prop = p.v
   else
-    prop = p.v
+    prop = p.v          -- .name or .0
   end
   local value
   if V.is_attrs(obj) then
@@ -171,7 +170,7 @@ local function member(node, env)
   elseif V.is_list(obj) or type(obj) == "string" then
     if type(prop) == "number" then
       if type(obj) == "string" then
-        local chars = require("clrt.jinja.text").chars(obj)
+        local chars = text.chars(obj)
         local i = prop < 0 and #chars + prop or prop
         value = chars[i + 1]
       else
