@@ -222,15 +222,17 @@ local function end_markers(tok)
   return out
 end
 
+local ffi = require("ffi")
+local bytes = ffi.typeof("const uint8_t *")
+
+-- Length of the longest common prefix of strings a and b.
 local function common_prefix(a, b)
   local n = math.min(#a, #b)
-  if a:sub(1, n) == b:sub(1, n) then return n end
-  local lo, hi = 0, n          -- a[1..lo] == b[1..lo], a[1..hi] ~= b[1..hi]
-  while hi - lo > 1 do
-    local mid = math.floor((lo + hi) / 2)
-    if a:sub(1, mid) == b:sub(1, mid) then lo = mid else hi = mid end
+  local pa, pb = ffi.cast(bytes, a), ffi.cast(bytes, b)
+  for i = 0, n - 1 do
+    if pa[i] ~= pb[i] then return i end
   end
-  return lo
+  return n
 end
 
 -- Trained byte ranges [a, b) of the rendering `full`, one per assistant message.
