@@ -1,108 +1,35 @@
--- clrt.chat — chat templates written in Lua: a conversation becomes the text the model's own
--- Jinja chat_template would produce, its ids, and a loss mask.
+-- clrt.chat — a conversation as the model's own chat template renders it (its Jinja, run by
+-- clrt.jinja exactly as @huggingface/jinja runs it), its ids, and a loss mask.
 --   local ids, mask = clrt.chat.render(tok, {
 --     { role = "system", content = "Be brief." },
 --     { role = "user", content = "Hi" },
 --     { role = "assistant", content = "Hello!" },
 --   }, { add_generation_prompt = false })
 --   -- mask[i] == 1 on assistant content and the assistant's end-of-turn token, 0 elsewhere
---   local text = clrt.chat.format(tok, messages, { add_generation_prompt = true })
+--   local text = clrt.chat.format(tok, messages, { add_generation_prompt = true, tools = tools })
 --
--- The template is picked from tokenizer_config.json's chat_template by the `detect` function
--- of each entry in M.templates (first match wins), or forced with opts.template = "name".
--- Adding a template: M.register("name", { detect = function(jinja) return bool end,
---   segments = function(messages, opts, tok) return { {text, train}, ... } end }) where the
--- segments, concatenated, are the rendered text and `train` marks what the model learns to
--- produce (assistant content and its end-of-turn marker).
+-- The template: opts.template (Jinja source, or a name in the tokenizer's list of named
+-- templates, or "chatml"), else the model folder's chat_template.jinja, else
+-- tokenizer_config.json's chat_template (a string, or a list of {name, template}: "tool_use"
+-- when tools are given and it has one, else "default"). Parsed once per template text.
+-- The template sees: messages, add_generation_prompt, tools and documents (none unless
+-- given), the tokenizer's special tokens (bos_token, eos_token, ...), and every other opts key
+-- as a template kwarg (enable_thinking, reasoning_effort, date_string, ...).
 --
--- Reasoning (Qwen3): an assistant message may carry `reasoning_content`, or put it inline as
--- "<think>...</think>" at the start of `content`; as in Qwen3's Jinja template the reasoning
--- is kept only for assistant turns after the last user message (the last turn always gets a
--- "<think>\n...\n</think>\n\n" block, empty when there is no reasoning) and dropped from
--- earlier turns. The think block is part of the assistant's trained segment.
+-- The mask (docs/chat_templates.md): an assistant message's trained text starts where the
+-- rendering of the messages before it with add_generation_prompt ends (their longest common
+-- prefix with the whole rendering) and runs through the first end-of-turn marker after it
+-- (the tokenizer's end-of-turn and EOS tokens: <|im_end|>, <|eot_id|>, <end_of_turn>, ...)
+-- before the next assistant message starts; without one, to the end of the message's own
+-- rendering (where the messages through it render as a prefix of the whole).
+local jinja = require("clrt.jinja")
+local values = require("clrt.jinja.values")
+local json = require("clrt.json")
+
 local M = {}
-M.templates = {}
 
-function M.register(name, spec)
-  assert(type(spec.detect) == "function" and type(spec.segments) == "function",
-    "chat.register: a template needs detect(jinja) and segments(messages, opts, tok)")
-  spec.name = name
-  for i, t in ipairs(M.templates) do
-    if t.name == name then M.templates[i] = spec; return spec end
-  end
-  M.templates[#M.templates + 1] = spec
-  return spec
-end
-
-local function check_messages(messages)
-  assert(type(messages) == "table", "chat: messages must be a list of {role=, content=}")
-  local tools = false
-  for i, m in ipairs(messages) do
-    if type(m) ~= "table" or type(m.role) ~= "string" or type(m.content) ~= "string" then
-      error(("chat: message %d needs a string role and a string content"):format(i), 3)
-    end
-    if m.tool_calls ~= nil then
-      tools = true
-      if type(m.tool_calls) ~= "table" then error(("chat: message %d: tool_calls must be a list"):format(i), 3) end
-      for j, c in ipairs(m.tool_calls) do
-        local f = type(c) == "table" and (c["function"] or c) or nil
-        if type(f) ~= "table" or type(f.name) ~= "string" or (type(f.arguments) ~= "string" and type(f.arguments) ~= "table") then
-          error(("chat: message %d tool_calls[%d] needs a name and arguments (a string or an object)"):format(i, j), 3)
-        end
-      end
-    end
-    if m.role == "tool" then tools = true end
-  end
-  return tools
-end
-
--- Jinja's `tojson` as transformers and @huggingface/jinja write it: ", " and ": " between
--- items, keys in the order they came in (clrt.json.decode with key_order), non-ASCII raw.
-function M.tojson(v) return require("clrt.json").encode(v, { separators = { ", ", ": " } }) end
-
-local function strip_chars(s, chars, left, right)
-  local set = "[" .. chars .. "]"
-  if left then s = s:gsub("^" .. set .. "+", "") end
-  if right then s = s:gsub(set .. "+$", "") end
-  return s
-end
-
--- Jinja's |trim and Python's str.strip() (ASCII whitespace is what chat text carries).
-local function trim(s) return (s:gsub("^%s+", ""):gsub("%s+$", "")) end
-
-local function plain_split_last(s, sep)    -- Python s.split(sep)[-1]
-  local last, i = s, 1
-  while true do
-    local a, b = s:find(sep, i, true)
-    if not a then break end
-    last = s:sub(b + 1)
-    i = b + 1
-  end
-  return last
-end
-
-local function plain_split_first(s, sep)   -- Python s.split(sep)[0]
-  local a = s:find(sep, 1, true)
-  return a and s:sub(1, a - 1) or s
-end
-
----------------------------------------------------------------------------------------------
--- Qwen3 (ChatML with <think> handling) and its tool format: opts.tools (OpenAI's tool
--- objects) are listed as JSON in the system turn; an assistant's tool_calls follow its
--- content as <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>; a run of `tool`
--- messages becomes one user turn of <tool_response> blocks.
-local QWEN3_TOOLS_HEAD = "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n" ..
-  "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-local QWEN3_TOOLS_TAIL = "\n</tools>\n\nFor each function call, return a json object with function name and " ..
-  "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, " ..
-  "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
-
--- One tool call as Qwen's templates write it (arguments: a JSON string as is, else tojson).
-local function qwen_tool_call(call)
-  local f = call["function"] or call
-  local args = type(f.arguments) == "string" and f.arguments or M.tojson(f.arguments)
-  return '<tool_call>\n{"name": "' .. f.name .. '", "arguments": ' .. args .. "}\n</tool_call>"
-end
+-- The ChatML template clrt writes into the tokenizers it trains (recipes/train_tokenizer.lua).
+M.CHATML_JINJA = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 
 -- How a template writes tool calls, for the server: `prefix` is the text a reply starts with
 -- when a call is required (the call's JSON follows it), `args_key` the JSON key of the
@@ -115,411 +42,265 @@ M.TOOL_FORMATS = {
   llama31 = { prefix = "", args_key = "parameters", args_object = true, style = "json" },
 }
 
-M.register("qwen3", {
-  tools = M.TOOL_FORMATS.qwen3,
-  detect = function(j)
-    return j:find("<|im_start|>", 1, true) and j:find("<think>", 1, true) and j:find("reasoning_content", 1, true)
-  end,
-  segments = function(messages, opts)
-    local seg = {}
-    local function add(text, train) seg[#seg + 1] = { text, train } end
-    local first = 1
-    local has_system = messages[1] and messages[1].role == "system"
-    if opts.tools and #opts.tools > 0 then
-      local t = { "<|im_start|>system\n", has_system and messages[1].content .. "\n\n" or "", QWEN3_TOOLS_HEAD }
-      for _, tool in ipairs(opts.tools) do t[#t + 1] = "\n" .. M.tojson(tool) end
-      t[#t + 1] = QWEN3_TOOLS_TAIL
-      add(table.concat(t), false)
-    elseif has_system then
-      add("<|im_start|>system\n" .. messages[1].content .. "<|im_end|>\n", false)
-    end
-    if has_system then first = 2 end
-    -- the last user message that is not a tool response
-    local last_query = #messages
-    for i = #messages, 1, -1 do
-      local m = messages[i]
-      if m.role == "user" and not (m.content:sub(1, 15) == "<tool_response>" and m.content:sub(-16) == "</tool_response>") then
-        last_query = i
-        break
-      end
-    end
-    for i = first, #messages do
-      local m = messages[i]
-      if m.role == "user" or m.role == "system" then
-        add("<|im_start|>" .. m.role .. "\n" .. m.content .. "<|im_end|>\n", false)
-      elseif m.role == "assistant" then
-        local content, reasoning = m.content, ""
-        if m.reasoning_content ~= nil then
-          reasoning = m.reasoning_content
-        elseif content:find("</think>", 1, true) then
-          reasoning = plain_split_first(content, "</think>")
-          reasoning = strip_chars(reasoning, "\n", false, true)
-          reasoning = strip_chars(plain_split_last(reasoning, "<think>"), "\n", true, false)
-          content = strip_chars(plain_split_last(content, "</think>"), "\n", true, false)
-        end
-        add("<|im_start|>assistant\n", false)
-        if i > last_query and (i == #messages or reasoning ~= "") then
-          add("<think>\n" .. strip_chars(reasoning, "\n", true, true) .. "\n</think>\n\n" ..
-            strip_chars(content, "\n", true, false), true)
-        else
-          add(content, true)
-        end
-        for j, call in ipairs(m.tool_calls or {}) do
-          add(((j == 1 and content ~= "") or j > 1) and "\n" .. qwen_tool_call(call) or qwen_tool_call(call), true)
-        end
-        add("<|im_end|>", true)
-        add("\n", false)
-      elseif m.role == "tool" then
-        local prev, nxt = messages[i - 1], messages[i + 1]
-        add(((i == 1 or prev.role ~= "tool") and "<|im_start|>user" or "") .. "\n<tool_response>\n" .. m.content ..
-          "\n</tool_response>" .. ((not nxt or nxt.role ~= "tool") and "<|im_end|>\n" or ""), false)
-      else
-        error(("chat: qwen3 template has no role %q (message %d)"):format(m.role, i), 3)
-      end
-    end
-    if opts.add_generation_prompt then
-      add("<|im_start|>assistant\n", false)
-      if opts.enable_thinking == false then add("<think>\n\n</think>\n\n", false) end
-    end
-    return seg
-  end,
-})
+local function has(j, s) return j:find(s, 1, true) ~= nil end
 
----------------------------------------------------------------------------------------------
--- Llama 3 Instruct: BOS, then a header per message, content trimmed, <|eot_id|>. Its
--- template always ends with the assistant header (whatever add_generation_prompt says) unless
--- the Jinja guards it with `if add_generation_prompt`, which detect() records.
-local function llama3_segments(always_prompt)
-  return function(messages, opts, tok)
-    local seg = {}
-    local function add(text, train) seg[#seg + 1] = { text, train } end
-    for i, m in ipairs(messages) do
-      local head = "<|start_header_id|>" .. m.role .. "<|end_header_id|>\n\n"
-      if i == 1 then head = (tok and tok.bos_token or "<|begin_of_text|>") .. head end
-      add(head, false)
-      local is_asst = m.role == "assistant"
-      add(trim(m.content), is_asst)
-      add("<|eot_id|>", is_asst)
-    end
-    if always_prompt or opts.add_generation_prompt then
-      add("<|start_header_id|>assistant<|end_header_id|>\n\n", false)
-    end
-    return seg
+-- The family a template belongs to, read from its text (for the server's tool-call parsing
+-- and for logs; rendering never depends on it).
+local function family_of(j)
+  if has(j, "<|im_start|>") then
+    if has(j, "<think>") and has(j, "reasoning_content") then return "qwen3" end
+    if has(j, "<tool_call>") and has(j, "tool_calls") and has(j, "<tool_response>") then return "qwen2.5" end
+    return "chatml"
+  end
+  if has(j, "<|start_header_id|>") and has(j, "<|eot_id|>") then
+    return has(j, "Cutting Knowledge Date") and "llama3.1" or "llama3"
+  end
+  if has(j, "<start_of_turn>") then return "gemma" end
+  if has(j, "<｜Assistant｜>") then return "deepseek" end
+  if has(j, "<|channel|>") then return "gpt-oss" end
+  if has(j, "[INST]") then return "llama2" end
+  return "jinja"
+end
+
+local function tool_format_of(family, j)
+  if family == "qwen3" then return M.TOOL_FORMATS.qwen3 end
+  if family == "qwen2.5" then return M.TOOL_FORMATS.qwen25 end
+  if family == "llama3.1" and has(j, '"parameters": ') and has(j, "tool_calls") and has(j, "ipython") then
+    return M.TOOL_FORMATS.llama31
+  end
+  return nil
+end
+
+local file_cache = setmetatable({}, { __mode = "k" })    -- tok -> chat_template.jinja text or false
+
+local function read_template_file(tok)
+  local cached = file_cache[tok]
+  if cached ~= nil then return cached or nil end
+  local text = false
+  if type(tok.dir) == "string" then
+    local f = io.open(tok.dir .. "/chat_template.jinja", "rb")
+    if f then text = f:read("*a"); f:close() end
+  end
+  file_cache[tok] = text
+  return text or nil
+end
+
+local function named(list, name)
+  for _, t in ipairs(list) do
+    if type(t) == "table" and t.name == name and type(t.template) == "string" then return t.template end
   end
 end
 
-M.register("llama3", {
-  detect = function(j)
-    if not (j:find("<|start_header_id|>", 1, true) and j:find("<|eot_id|>", 1, true)) then return false end
-    if j:find("Cutting Knowledge Date", 1, true) or j:find("tools", 1, true) then return false end  -- 3.1+: not yet
-    return true
-  end,
-  segments = function(messages, opts, tok)
-    return llama3_segments(not M._current_jinja or not M._current_jinja:find("add_generation_prompt", 1, true))(messages, opts, tok)
-  end,
-})
-
----------------------------------------------------------------------------------------------
--- Llama 3.1 / 3.2 / 3.3 Instruct: BOS, a system turn that always carries the knowledge
--- cut-off and today's date before the (trimmed) system message, then Llama 3 turns. The date
--- is opts.date_string, else today when the template calls strftime_now (3.2), else the
--- template's default.
--- Tools (when the template has its JSON tool-call format): "Environment: ipython" opens the
--- system turn; the tools, as tojson(indent=4), go into the first user message (or, with
--- opts.tools_in_user_message == false, the system turn); an assistant's single tool call is
--- {"name": ..., "parameters": <tojson>}; `tool`/`ipython` messages become ipython turns whose
--- content goes through tojson (a string is iterable to Jinja, so it is written quoted).
-local LLAMA_TOOLS_ASK = 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' ..
-  "Do not use variables.\n\n"
-
--- Jinja's tojson(indent=4) (Python's json.dumps with indent: "," ends a line, ": " after keys).
-local function tojson_indent(v, pad)
-  local json = require("clrt.json")
-  pad = pad or ""
-  if type(v) ~= "table" or v == json.null then return json.encode(v) end
-  local inner = pad .. "    "
-  local parts = {}
-  if json.is_array(v) or (next(v) == nil and getmetatable(v) ~= getmetatable(json.object())) then
-    if #v == 0 then return "[]" end
-    for i = 1, #v do parts[i] = inner .. tojson_indent(v[i], inner) end
-    return "[\n" .. table.concat(parts, ",\n") .. "\n" .. pad .. "]"
+-- The Jinja source of this tokenizer's template (error if it has none).
+function M.template_source(tok, opts)
+  opts = opts or {}
+  local ct = type(tok) == "table" and type(tok.config) == "table" and tok.config.chat_template or nil
+  local want = opts.template
+  if want ~= nil then
+    if type(want) ~= "string" then error("chat: opts.template must be a string (Jinja source or a template name)", 3) end
+    if want:find("{[{%%]") then return want end
+    if type(ct) == "table" and named(ct, want) then return named(ct, want) end
+    if want == "chatml" then return M.CHATML_JINJA end
+    error(("chat: no template named %q (the tokenizer's: %s; or pass Jinja source)"):format(want,
+      type(ct) == "table" and table.concat((function() local n = {}; for _, t in ipairs(ct) do n[#n + 1] = tostring(t.name) end; return n end)(), ", ") or "none"), 3)
   end
-  for _, k in ipairs(json.keys_of(v, "$")) do
-    parts[#parts + 1] = inner .. json.quote(tostring(k)) .. ": " .. tojson_indent(v[k], inner)
+  local file = tok and read_template_file(tok)
+  if file then return file end
+  if type(ct) == "table" then
+    local tools = opts.tools ~= nil and opts.tools ~= json.null
+    local src = (tools and named(ct, "tool_use")) or named(ct, "default")
+    if not src then
+      error("chat: tokenizer_config.json's chat_template is a list without a \"default\" template; pass opts.template = <name>", 3)
+    end
+    return src
   end
-  if #parts == 0 then return "{}" end
-  return "{\n" .. table.concat(parts, ",\n") .. "\n" .. pad .. "}"
-end
-M.tojson_indent = tojson_indent
-
-local function llama31_has_tools(j)
-  return j:find('"parameters": ', 1, true) ~= nil and j:find("tool_calls", 1, true) ~= nil
-    and j:find("ipython", 1, true) ~= nil
+  if type(ct) == "string" then return ct end
+  error("chat: the tokenizer has no chat template (no chat_template.jinja beside it, no chat_template in " ..
+    "tokenizer_config.json); pass opts.template (Jinja source, or \"chatml\")", 3)
 end
 
-M.register("llama3.1", {
-  tools = function(j) return llama31_has_tools(j) and M.TOOL_FORMATS.llama31 or nil end,
-  detect = function(j)
-    return j:find("<|start_header_id|>", 1, true) and j:find("<|eot_id|>", 1, true)
-      and j:find("Cutting Knowledge Date", 1, true)
-  end,
-  segments = function(messages, opts, tok)
-    local j = M._current_jinja or ""
-    local cutoff = j:match("Cutting Knowledge Date: ([^\\\"']-)\\n") or "December 2023"
-    local date = opts.date_string
-    if not date and j:find("strftime_now", 1, true) then date = os.date("%d %b %Y") end
-    date = date or j:match("set date_string = [\"']([^\"']+)[\"']") or "26 Jul 2024"
-    local tools = opts.tools   -- Jinja's `tools is not none`: an empty list still counts
-    local in_user = opts.tools_in_user_message ~= false
-    local seg = {}
-    local function add(text, train) seg[#seg + 1] = { text, train } end
-    local function tool_list()
-      local t = {}
-      for _, tool in ipairs(tools) do t[#t + 1] = tojson_indent(tool) .. "\n\n" end
-      return table.concat(t)
-    end
-    local first, system = 1, ""
-    if messages[1] and messages[1].role == "system" then system = trim(messages[1].content); first = 2 end
-    add((tok and tok.bos_token or "<|begin_of_text|>") .. "<|start_header_id|>system<|end_header_id|>\n\n" ..
-      (tools and "Environment: ipython\n" or "") ..
-      "Cutting Knowledge Date: " .. cutoff .. "\nToday Date: " .. date .. "\n\n" ..
-      ((tools and not in_user) and ("You have access to the following functions. To call a function, please respond " ..
-        "with JSON for a function call." .. LLAMA_TOOLS_ASK .. tool_list()) or "") ..
-      system .. "<|eot_id|>", false)
-    if tools and in_user then
-      local m = messages[first]
-      if not m then error("chat: llama3.1 puts the tools in the first user message, and there is none", 0) end
-      add("<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON " ..
-        "for a function call with its proper arguments that best answers the given prompt.\n\n" .. LLAMA_TOOLS_ASK ..
-        tool_list() .. trim(m.content) .. "<|eot_id|>", false)
-      first = first + 1
-    end
-    for i = first, #messages do
-      local m = messages[i]
-      if m.tool_calls ~= nil then
-        if #m.tool_calls ~= 1 then
-          error(("chat: llama3.1 takes one tool call per assistant message (message %d has %d)"):format(i, #m.tool_calls), 0)
-        end
-        local f = m.tool_calls[1]["function"]
-        if type(f) ~= "table" then error(("chat: message %d tool_calls[1] needs a function"):format(i), 0) end
-        add("<|start_header_id|>assistant<|end_header_id|>\n\n", false)
-        add('{"name": "' .. f.name .. '", "parameters": ' .. M.tojson(f.arguments) .. "}<|eot_id|>", true)
-      elseif m.role == "tool" or m.role == "ipython" then
-        add("<|start_header_id|>ipython<|end_header_id|>\n\n" .. M.tojson(m.content) .. "<|eot_id|>", false)
-      else
-        local is_asst = m.role == "assistant"
-        add("<|start_header_id|>" .. m.role .. "<|end_header_id|>\n\n", false)
-        add(trim(m.content), is_asst)
-        add("<|eot_id|>", is_asst)
-      end
-    end
-    if opts.add_generation_prompt then add("<|start_header_id|>assistant<|end_header_id|>\n\n", false) end
-    return seg
-  end,
-})
-
----------------------------------------------------------------------------------------------
--- Qwen2.5 Instruct: ChatML with a default system message ("You are Qwen, created by Alibaba
--- Cloud. ..."), and Qwen's <tool_call> format: with tools the system turn is the system
--- message (or that default) followed by the tool list; an assistant's tool calls follow its
--- content as <tool_call> blocks whose arguments go through tojson; a run of `tool` messages
--- is one user turn of <tool_response> blocks. Detected by its tool branch; a ChatML template
--- without one falls through to "chatml" below.
-M.register("qwen2.5", {
-  tools = M.TOOL_FORMATS.qwen25,
-  detect = function(j)
-    return j:find("<|im_start|>", 1, true) and j:find("<|im_end|>", 1, true) and not j:find("<think>", 1, true)
-      and j:find("<tool_call>", 1, true) and j:find("tool_calls", 1, true) and j:find("<tool_response>", 1, true)
-  end,
-  segments = function(messages, opts)
-    local seg = {}
-    local function add(text, train) seg[#seg + 1] = { text, train } end
-    local j = M._current_jinja or ""
-    local default = j:match("<|im_start|>system\\n([^'\"{}]-)<|im_end|>") or ""
-    local has_system = messages[1] and messages[1].role == "system"
-    if opts.tools and #opts.tools > 0 then
-      local t = { "<|im_start|>system\n", has_system and messages[1].content or default, "\n\n", QWEN3_TOOLS_HEAD }
-      for _, tool in ipairs(opts.tools) do t[#t + 1] = "\n" .. M.tojson(tool) end
-      t[#t + 1] = QWEN3_TOOLS_TAIL
-      add(table.concat(t), false)
-    else
-      add("<|im_start|>system\n" .. (has_system and messages[1].content or default) .. "<|im_end|>\n", false)
-    end
-    for i, m in ipairs(messages) do
-      if m.role == "user" or (m.role == "system" and i > 1) or (m.role == "assistant" and not (m.tool_calls and #m.tool_calls > 0)) then
-        local asst = m.role == "assistant"
-        add("<|im_start|>" .. m.role .. "\n", false)
-        add(m.content, asst)
-        add("<|im_end|>", asst)
-        add("\n", false)
-      elseif m.role == "assistant" then
-        add("<|im_start|>assistant", false)
-        local body = m.content ~= "" and "\n" .. m.content or ""
-        for _, call in ipairs(m.tool_calls) do
-          local f = call["function"] or call
-          body = body .. '\n<tool_call>\n{"name": "' .. f.name .. '", "arguments": ' .. M.tojson(f.arguments) .. "}\n</tool_call>"
-        end
-        add(body .. "<|im_end|>", true)
-        add("\n", false)
-      elseif m.role == "tool" then
-        local prev, nxt = messages[i - 1], messages[i + 1]
-        add(((i == 1 or prev.role ~= "tool") and "<|im_start|>user" or "") .. "\n<tool_response>\n" .. m.content ..
-          "\n</tool_response>" .. ((not nxt or nxt.role ~= "tool") and "<|im_end|>\n" or ""), false)
-      elseif m.role ~= "system" then
-        error(("chat: qwen2.5 template has no role %q (message %d)"):format(m.role, i), 0)
-      end
-    end
-    if opts.add_generation_prompt then add("<|im_start|>assistant\n", false) end
-    return seg
-  end,
-})
-
----------------------------------------------------------------------------------------------
--- Plain ChatML (<|im_start|>role\ncontent<|im_end|>\n), optionally with the default system
--- message the template inserts when the conversation has none (Qwen2/2.5, SmolLM2, clrt's
--- trained tokenizers). Tool calls are not rendered (messages using them are an error).
-local function chatml_default_system(j)
-  -- the system turn written out literally in the Jinja source ("\n" escaped inside a string)
-  return j:match("<|im_start|>system\\n([^'\"{}]-)<|im_end|>")
-end
-
-M.register("chatml", {
-  detect = function(j)
-    return j:find("<|im_start|>", 1, true) and j:find("<|im_end|>", 1, true) and not j:find("<think>", 1, true)
-  end,
-  segments = function(messages, opts)
-    local seg = {}
-    local function add(text, train) seg[#seg + 1] = { text, train } end
-    local default = M._current_jinja and chatml_default_system(M._current_jinja)
-    if default and (not messages[1] or messages[1].role ~= "system") and #messages > 0 then
-      add("<|im_start|>system\n" .. default .. "<|im_end|>\n", false)
-    end
-    for _, m in ipairs(messages) do
-      local asst = m.role == "assistant"
-      add("<|im_start|>" .. m.role .. "\n", false)
-      add(m.content, asst)
-      add("<|im_end|>", asst)
-      add("\n", false)
-    end
-    if opts.add_generation_prompt then add("<|im_start|>assistant\n", false) end
-    return seg
-  end,
-})
-
--- The ChatML template clrt writes into the tokenizers it trains (recipes/train_tokenizer.lua).
-M.CHATML_JINJA = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-
-local function jinja_of(tok)
-  local ct = tok and tok.config and tok.config.chat_template
-  if type(ct) == "table" then    -- a list of named templates: take "default"
-    local found
-    for _, t in ipairs(ct) do if t.name == "default" then found = t.template end end
-    ct = found or (ct[1] and ct[1].template)
-  end
-  return type(ct) == "string" and ct or nil
-end
-
--- The template entry used for this tokenizer (error if none fits).
+-- {name = family, source = Jinja} of this tokenizer's template.
 function M.template_for(tok, opts)
-  if opts and opts.template then
-    for _, t in ipairs(M.templates) do if t.name == opts.template then return t end end
-    error(("chat: no template named %q (have: %s)"):format(opts.template, M.names()), 3)
-  end
-  local j = jinja_of(tok)
-  if not j then
-    error("chat: the tokenizer has no chat_template (tokenizer_config.json); pass opts.template = " ..
-      "\"chatml\" or \"llama3\", or add one with clrt.chat.register", 3)
-  end
-  for _, t in ipairs(M.templates) do
-    if t.detect(j) then return t, j end
-  end
-  error(("chat: no Lua template matches this model's chat_template (%s...). Add one with " ..
-    "clrt.chat.register(name, {detect = function(jinja) ... end, segments = function(messages, opts, tok) " ..
-    "return {{text, train}, ...} end}) reproducing what the Jinja renders (see lua/clrt/chat.lua); have: %s")
-    :format(j:sub(1, 80):gsub("\n", " "), M.names()), 3)
+  local src = M.template_source(tok, opts)
+  return { name = family_of(src), source = src }
 end
 
-function M.names()
-  local n = {}
-  for _, t in ipairs(M.templates) do n[#n + 1] = t.name end
-  return table.concat(n, ", ")
-end
-
--- The tool format of a template entry for this Jinja source (nil: it has none).
-local function tool_format_of(t, j)
-  if type(t.tools) == "function" then return t.tools(j or "") end
-  return t.tools or nil
-end
-
--- The tool format (M.TOOL_FORMATS) of this tokenizer's chat template; nil when it has none.
+-- The tool format (M.TOOL_FORMATS) of this tokenizer's chat template; nil when it has none
+-- the server can parse replies in.
 function M.tool_format(tok, opts)
-  local ok, t, j = pcall(M.template_for, tok, opts)
+  local ok, src = pcall(M.template_source, tok, opts)
   if not ok then return nil end
-  return tool_format_of(t, j)
+  return tool_format_of(family_of(src), src)
 end
 
--- Does this tokenizer's chat template have a tool format clrt renders?
 function M.supports_tools(tok, opts) return M.tool_format(tok, opts) ~= nil end
 
-local function segments(tok, messages, opts)
+local function check_messages(messages)
+  if type(messages) ~= "table" then error("chat: messages must be a list of {role=, content=}", 3) end
+  for i, m in ipairs(messages) do
+    if type(m) ~= "table" or type(m.role) ~= "string" then
+      error(("chat: message %d needs a string role"):format(i), 3)
+    end
+    local c = m.content
+    if c ~= nil and c ~= json.null and type(c) ~= "string" and type(c) ~= "table" then
+      error(("chat: message %d: content must be a string, a list of parts, or absent"):format(i), 3)
+    end
+    if (c == nil or c == json.null) and m.tool_calls == nil then
+      error(("chat: message %d needs a content (or tool_calls)"):format(i), 3)
+    end
+    if m.tool_calls ~= nil and type(m.tool_calls) ~= "table" then
+      error(("chat: message %d: tool_calls must be a list"):format(i), 3)
+    end
+  end
+end
+
+local SPECIAL = { "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token" }
+local OURS = { template = true }
+
+local function special_content(v)
+  if type(v) == "string" then return v end
+  if type(v) == "table" and type(v.content) == "string" then return v.content end
+end
+
+-- The template and the context shared by every rendering of one call.
+local function prepare(tok, messages, opts)
   opts = opts or {}
-  local uses_tools = check_messages(messages) or (opts.tools ~= nil and #opts.tools > 0)
-  local t, j = M.template_for(tok, opts)
-  if uses_tools and not tool_format_of(t, j) then
-    error(("chat: the %s template has no tool format (tools, tool_calls or tool messages)"):format(t.name), 3)
+  check_messages(messages)
+  local src = M.template_source(tok, opts)
+  local ok, t = pcall(jinja.compile, src)
+  if not ok then error("chat: " .. t, 3) end
+  local ctx = {}
+  local config = type(tok) == "table" and type(tok.config) == "table" and tok.config or {}
+  for _, name in ipairs(SPECIAL) do
+    local c = special_content(config[name]) or (type(tok) == "table" and type(tok[name]) == "string" and tok[name]) or nil
+    if c then ctx[name] = c end
   end
-  M._current_jinja = j
-  local ok, seg = pcall(t.segments, messages, opts, tok)
-  M._current_jinja = nil
-  if not ok then error(seg, 0) end
-  return seg
+  for k, v in pairs(opts) do
+    if not OURS[k] then ctx[k] = values.from_lua(v) end
+  end
+  ctx.tools = opts.tools ~= nil and values.from_lua(opts.tools) or values.NULL
+  ctx.documents = opts.documents ~= nil and values.from_lua(opts.documents) or values.NULL
+  return t, ctx, values.from_lua(messages), opts.add_generation_prompt == true
 end
 
--- The conversation as text (what the Jinja chat_template renders).
+local function render_with(t, ctx, msgs, n, agp)
+  local list = msgs
+  if n < #msgs then
+    list = values.list({})
+    for i = 1, n do list[i] = msgs[i] end
+  end
+  ctx.messages = list
+  ctx.add_generation_prompt = agp
+  local ok, text = pcall(t.render, t, ctx)
+  if not ok then return nil, text end
+  return text
+end
+
+-- The conversation as text (what the model's Jinja chat_template renders).
 function M.format(tok, messages, opts)
-  local seg = segments(tok, messages, opts)
-  local parts = {}
-  for i, s in ipairs(seg) do parts[i] = s[1] end
-  return table.concat(parts)
+  local t, ctx, msgs, agp = prepare(tok, messages, opts)
+  local text, err = render_with(t, ctx, msgs, #msgs, agp)
+  if not text then error("chat: " .. err, 2) end
+  return text
 end
 
--- ids of the rendered text (exactly tok:encode(text) without extra special tokens) and a
--- mask: 1 for tokens overlapping a trained segment, 0 otherwise.
+local MARKERS = { "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "<|return|>", "<|call|>",
+  "<｜end▁of▁sentence｜>", "</s>", "<|endoftext|>" }
+
+-- The texts that end an assistant turn: the tokenizer's end-of-turn and EOS tokens, and the
+-- known end markers its vocabulary has as added tokens.
+local function end_markers(tok)
+  local out, seen = {}, {}
+  local function add(s) if s and s ~= "" and not seen[s] then seen[s] = true; out[#out + 1] = s end end
+  local added = tok.added or {}
+  add(added[tok.eot]); add(added[tok.eos])
+  add(special_content(type(tok.config) == "table" and tok.config.eos_token or nil))
+  for _, m in ipairs(MARKERS) do
+    local id = tok.id and tok:id(m)
+    if id and added[id] == m then add(m) end
+  end
+  return out
+end
+
+local ffi = require("ffi")
+local bytes = ffi.typeof("const uint8_t *")
+
+-- Length of the longest common prefix of strings a and b.
+local function common_prefix(a, b)
+  local n = math.min(#a, #b)
+  local pa, pb = ffi.cast(bytes, a), ffi.cast(bytes, b)
+  for i = 0, n - 1 do
+    if pa[i] ~= pb[i] then return i end
+  end
+  return n
+end
+
+-- Trained byte ranges [a, b) of the rendering `full`, one per assistant message.
+local function trained_ranges(tok, t, ctx, msgs, full)
+  local markers = end_markers(tok)
+  local turns = {}
+  for i = 1, #msgs do
+    local m = msgs[i]
+    if values.is_attrs(m) and m.map.role == "assistant" then
+      local before = render_with(t, ctx, msgs, i - 1, true) or render_with(t, ctx, msgs, i - 1, false)
+      turns[#turns + 1] = { i = i, a = before and common_prefix(full, before) }
+    end
+  end
+  local ranges, floor_at = {}, 0
+  for k, turn in ipairs(turns) do
+    local a = math.max(turn.a or floor_at, floor_at)
+    -- the first end marker after the start, before the next assistant message starts
+    local nxt = turns[k + 1] and turns[k + 1].a or #full
+    local b
+    for _, mk in ipairs(markers) do
+      local s, e = full:find(mk, a + 1, true)
+      if s and e <= nxt and (not b or e < b) then b = e end
+    end
+    if not b then
+      -- no marker of its own (DeepSeek V3's tool call): the turn runs to where the next
+      -- message's rendering starts, known when the messages through this one render as a
+      -- prefix of the whole
+      local upto = render_with(t, ctx, msgs, turn.i, false)
+      if upto and #upto > a and #upto <= nxt and full:sub(1, #upto) == upto then b = #upto else b = nxt end
+    end
+    if b > a then ranges[#ranges + 1] = { a, b } end
+    floor_at = b
+  end
+  return ranges
+end
+
+-- The rendered text and its trained byte ranges {{a, b}, ...} (0-based, end exclusive), one
+-- per assistant message: what render's mask marks, before tokenization.
+function M.spans(tok, messages, opts)
+  local t, ctx, msgs, agp = prepare(tok, messages, opts)
+  local text, err = render_with(t, ctx, msgs, #msgs, agp)
+  if not text then error("chat: " .. err, 2) end
+  return text, trained_ranges(tok, t, ctx, msgs, text)
+end
+
+-- ids of the rendered text (exactly tok:encode(text) without extra special tokens), a mask
+-- (1 for tokens overlapping an assistant message's trained text), and the text.
 function M.render(tok, messages, opts)
-  local seg = segments(tok, messages, opts)
-  local parts = {}
-  for i, s in ipairs(seg) do parts[i] = s[1] end
-  local text = table.concat(parts)
+  local text, ranges = M.spans(tok, messages, opts)
   local ids = tok:encode(text, { add_special_tokens = false })
-  -- trained byte ranges [a, b)
-  local ranges, pos = {}, 0
-  for _, s in ipairs(seg) do
-    if s[2] and #s[1] > 0 then ranges[#ranges + 1] = { pos, pos + #s[1] } end
-    pos = pos + #s[1]
-  end
-  local lens, total = {}, 0
-  for i, id in ipairs(ids) do
-    lens[i] = #tok:token_bytes(id)
-    total = total + lens[i]
-  end
   local mask = {}
-  if total == #text then
-    local at, r = 0, 1
-    for i = 1, #ids do
-      local a, b = at, at + lens[i]
-      while ranges[r] and ranges[r][2] <= a do r = r + 1 end
-      mask[i] = (ranges[r] and ranges[r][1] < b and a < ranges[r][2]) and 1 or 0
-      at = b
+  local at, r = 0, 1
+  for i, id in ipairs(ids) do
+    local a = at
+    local b = a + #tok:token_bytes(id)
+    while ranges[r] and ranges[r][2] <= a do r = r + 1 end
+    mask[i] = (ranges[r] and ranges[r][1] < b and a < ranges[r][2]) and 1 or 0
+    at = b
+  end
+  if at ~= #text then
+    -- the normalizer changes the text's length (SentencePiece-style "▁"): place each range
+    -- by the token counts of the text before its ends (exact at special-token boundaries)
+    for i = 1, #ids do mask[i] = 0 end
+    for _, rg in ipairs(ranges) do
+      local a = rg[1] > 0 and #tok:encode(text:sub(1, rg[1]), { add_special_tokens = false }) or 0
+      local b = #tok:encode(text:sub(1, rg[2]), { add_special_tokens = false })
+      for i = a + 1, math.min(b, #ids) do mask[i] = 1 end
     end
-  else
-    -- the normalizer changed the text's length: fall back to per-segment encoding for the mask
-    local k = 0
-    for _, s in ipairs(seg) do
-      local n = #tok:encode(s[1], { add_special_tokens = false })
-      for _ = 1, n do k = k + 1; mask[k] = s[2] and 1 or 0 end
-    end
-    for i = k + 1, #ids do mask[i] = 0 end
-    while #mask > #ids do mask[#mask] = nil end
   end
   return ids, mask, text
 end

@@ -10,8 +10,9 @@ const [inPath, outPath] = process.argv.slice(2);
 const spec = JSON.parse(readFileSync(inPath, "utf8"));
 const tpl = new Template(spec.template);
 const out = spec.cases.map((c) => {
+  // as transformers.js's apply_chat_template: tools and documents are null unless given
   const ctx = { messages: c.messages, add_generation_prompt: !!c.add_generation_prompt,
-    bos_token: spec.bos_token ?? "", eos_token: spec.eos_token ?? "" };
+    tools: null, documents: null, bos_token: spec.bos_token ?? "", eos_token: spec.eos_token ?? "" };
   if (c.enable_thinking !== undefined) ctx.enable_thinking = c.enable_thinking;
   if (c.date_string !== undefined) ctx.date_string = c.date_string;
   if (c.tools !== undefined) ctx.tools = c.tools;

@@ -1,6 +1,8 @@
--- Chat rendering: the Lua templates produce exactly the text @huggingface/jinja renders from
--- the models' own chat_template (Qwen3, Llama 3, and the ChatML template clrt's trainer
--- writes), and render()'s mask covers exactly the assistant content and end-of-turn tokens.
+-- Chat rendering: clrt.chat renders exactly the text @huggingface/jinja renders from the
+-- models' own chat_template (Qwen3, Llama 3, Llama 3.1, Qwen2.5, and the ChatML template
+-- clrt's trainer writes), and render()'s mask covers exactly the assistant content and
+-- end-of-turn tokens. (tests/lua/test_jinja.lua covers the engine and every template over
+-- seeded conversations; test_chat_masks.lua the masks against the former Lua templates.)
 local T = require("clrt.test")
 local cjson = require("cjson")
 
@@ -133,7 +135,8 @@ T.case("Qwen3 with tools: tools in the system turn, tool_calls and tool response
   T.ok(clrt.chat.supports_tools(tok))
   local plain = { config = { chat_template = clrt.chat.CHATML_JINJA } }
   T.ok(not clrt.chat.supports_tools(plain))
-  T.ok(not pcall(clrt.chat.format, plain, { TU, TOOLS.r1 }), "a template with no tool format refuses tool messages")
+  T.eq(clrt.chat.format(plain, { TU, TOOLS.r1 }), "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>tool\n{\"temp\": 21}<|im_end|>\n",
+    "a template without a tool format renders tool messages as its Jinja says")
 end)
 
 T.case("Llama 3: Lua template equals its Jinja; mask = trimmed content + <|eot_id|>", function()
@@ -215,7 +218,7 @@ T.case("Llama 3.1 with tools (its published template): tools in the first user t
   T.ok(ref[3]:find('<|start_header_id|>ipython<|end_header_id|>\n\n"{\\"temp\\": 21}"<|eot_id|>', 1, true), ref[3])
   local t = setmetatable({ config = { chat_template = template } }, { __index = tok })
   T.eq(clrt.chat.tool_format(t), clrt.chat.TOOL_FORMATS.llama31)
-  T.raises(function() clrt.chat.format(t, { TU, TOOLS.call }) end, "one tool call per assistant message")
+  T.raises(function() clrt.chat.format(t, { TU, TOOLS.call }) end, "This model only supports single tool-calls at once!")
   T.raises(function() clrt.chat.format(t, { S }, { tools = TOOLS.tools }) end, "first user message")
   -- the trained part of a tool call is the call and its <|eot_id|>
   local ids, mask = clrt.chat.render(t, { TU, TOOLS.one }, { tools = TOOLS.tools })
@@ -245,18 +248,34 @@ T.case("a ChatML default system message is taken from the Jinja source", functio
   end
 end)
 
-T.case("unknown templates and bad messages are clear errors", function()
+T.case("any template renders; bad messages, a missing template and a bad name are clear errors", function()
   local tok = clrt.tokenizer.load(model("qwen3"))
-  local other = setmetatable({ config = { chat_template = "{% for m in messages %}[{{ m.content }}]{% endfor %}" } }, { __index = tok })
-  T.raises(function() clrt.chat.render(other, { U1 }) end, "clrt.chat.register")
-  T.raises(function() clrt.chat.render(tok, { { role = "user" } }) end, "message 1 needs a string role and a string content")
-  T.raises(function() clrt.chat.format(tok, { U1 }, { template = "nope" }) end, "no template named \"nope\"")
-  -- a registered template is used when it matches
-  clrt.chat.register("brackets", {
-    detect = function(j) return j:find("[{{ m.content }}]", 1, true) ~= nil end,
-    segments = function(messages) local s = {}; for _, m in ipairs(messages) do s[#s + 1] = { "[" .. m.content .. "]", m.role == "assistant" } end; return s end,
-  })
-  T.eq(clrt.chat.format(other, { U1, A1 }), "[What is 2+2?][4.]")
+  local src_other = "{% for m in messages %}[{{ m.content }}]{% endfor %}"
+  local other = setmetatable({ config = { chat_template = src_other } }, { __index = tok })
+  T.eq(clrt.chat.format(other, { U1, A1 }), jinja(src_other, tok, { { messages = { U1, A1 } } })[1])
+  T.eq(clrt.chat.template_for(other).name, "jinja")
+  T.raises(function() clrt.chat.render(tok, { { role = "user" } }) end, "message 1 needs a content (or tool_calls)")
+  T.raises(function() clrt.chat.render(tok, { { content = "hi" } }) end, "message 1 needs a string role")
+  T.raises(function() clrt.chat.format(tok, { U1 }, { template = "nope" }) end, 'no template named "nope"')
+  T.raises(function() clrt.chat.format({ config = {} }, { U1 }) end, "the tokenizer has no chat template")
+  T.eq(clrt.chat.format({ config = {} }, { U1 }, { template = "chatml" }), "<|im_start|>user\nWhat is 2+2?<|im_end|>\n")
+  -- a template's raise_exception and a construct it lacks come back with the template's line
+  local strict = setmetatable({ config = { chat_template = "{% for m in messages %}\n{% if m.role == 'system' %}" ..
+    "{{ raise_exception('no system') }}{% endif %}{% endfor %}" } }, { __index = tok })
+  T.raises(function() clrt.chat.format(strict, { S, U1 }) end, "chat: chat template line 2: raise_exception: no system")
+end)
+
+T.case("a named template list picks tool_use with tools, default without; chat_template.jinja beside the tokenizer wins", function()
+  local tok = clrt.tokenizer.load(model("qwen3"))
+  local list = { { name = "default", template = "D{{ messages|length }}" }, { name = "tool_use", template = "T{{ tools|length }}" } }
+  local t = setmetatable({ config = { chat_template = list } }, { __index = tok })
+  T.eq(clrt.chat.format(t, { U1 }), "D1")
+  T.eq(clrt.chat.format(t, { U1 }, { tools = TOOLS.tools }), "T2")
+  T.eq(clrt.chat.format(t, { U1 }, { template = "tool_use", tools = TOOLS.none }), "T0")
+  local dir = T.tmpdir()
+  local f = io.open(dir .. "/chat_template.jinja", "wb"); f:write("F{{ bos_token }}{{ messages[0].content }}\n"); f:close()
+  local filed = setmetatable({ dir = dir, config = { chat_template = list, bos_token = "<s>" } }, { __index = tok })
+  T.eq(clrt.chat.format(filed, { U1 }), "F<s>What is 2+2?")
 end)
 
 T.run()
