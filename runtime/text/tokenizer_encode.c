@@ -378,7 +378,7 @@ static int metaspace(const clrt_tokenizer *t, tok_ctx *c, const char *s, size_t 
   size_t spaces = 0, r = (size_t)t->meta_len;
   for (size_t i = 0; i < n; i++) spaces += s[i] == ' ';
   int prepend = (t->meta_prepend == 2 || (t->meta_prepend == 1 && first)) &&
-                !(n >= r && memcmp(s, t->meta_rep, r) == 0);
+                s[0] != ' ' && !(n >= r && memcmp(s, t->meta_rep, r) == 0);
   size_t m = n + spaces * (r - 1) + (prepend ? r : 0), o = 0;
   char *buf = malloc(m + 1);
   if (!buf) { clrt_set_error("tokenizer: out of memory"); return -1; }
