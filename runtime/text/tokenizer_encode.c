@@ -409,8 +409,10 @@ static int encode_section(const clrt_tokenizer *t, tok_ctx *c, const char *s, si
   if (n == 0) return 0;
   char *norm = NULL;
   if (t->n_norm) {
-    if (!(norm = tok_normalize(t, s, n, &n))) return -1;
-    s = norm;
+    const char *r = tok_normalize(t, s, n, &n);
+    if (!r) return -1;
+    if (r != s) norm = (char *)r;
+    s = r;
     if (n == 0) { free(norm); return 0; }
   }
   int rc;

@@ -129,7 +129,8 @@ int tok_cp_to_byte(uint32_t cp);      /* -1 if cp is not in the alphabet */
 /* Decode one UTF-8 char at s (n bytes left); returns its length, or 0 if invalid/incomplete. */
 int tok_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp);
 int tok_is_white_space(uint32_t cp);
-/* Normalizer steps of t over s; returns a malloc'd string (*out_len) or NULL with the error set. */
+/* Normalizer steps of t over s: s itself when no step changed it, else a malloc'd string
+   (*out_len); NULL with the error set on failure. */
 char *tok_normalize(const clrt_tokenizer *t, const char *s, size_t n, size_t *out_len);
 /* Per-token decoder steps over a token's text -> malloc'd bytes; NULL on OOM. */
 char *tok_decode_token(const clrt_tokenizer *t, const char *s, size_t n, size_t *out_len);

@@ -190,8 +190,9 @@ static size_t strip_white(const char *s, size_t n, int left, int right, size_t *
 }
 
 char *tok_normalize(const clrt_tokenizer *t, const char *s, size_t n, size_t *out_len) {
-  char *cur = dup_bytes(s, n);
-  if (!cur) { clrt_set_error("tokenizer: out of memory"); return NULL; }
+  /* cur is the caller's text until a step changes it (NFC on ASCII text copies nothing) */
+  char *cur = (char *)s;
+  int owned = 0;
   for (int i = 0; i < t->n_norm; i++) {
     const tok_norm *st = &t->norm[i];
     char *next = NULL;
@@ -210,7 +211,7 @@ char *tok_normalize(const clrt_tokenizer *t, const char *s, size_t n, size_t *ou
       utf8proc_uint8_t *r = NULL;
       utf8proc_ssize_t k = utf8proc_map((const utf8proc_uint8_t *)cur, (utf8proc_ssize_t)n, &r, (utf8proc_option_t)flags);
       if (k < 0) {
-        free(cur);
+        if (owned) free(cur);
         clrt_set_error("tokenizer: Unicode normalization failed: %s", utf8proc_errmsg(k));
         return NULL;
       }
@@ -238,9 +239,14 @@ char *tok_normalize(const clrt_tokenizer *t, const char *s, size_t n, size_t *ou
       break;
     }
     }
-    if (!next) { free(cur); clrt_set_error("tokenizer: out of memory normalizing %zu bytes", n); return NULL; }
-    free(cur);
+    if (!next) {
+      if (owned) free(cur);
+      clrt_set_error("tokenizer: out of memory normalizing %zu bytes", n);
+      return NULL;
+    }
+    if (owned) free(cur);
     cur = next;
+    owned = 1;
     n = m;
   }
   *out_len = n;
