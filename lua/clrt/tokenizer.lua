@@ -1,5 +1,6 @@
--- clrt.tokenizer — Hugging Face tokenizer.json (byte-level BPE) in C: load a model folder,
--- encode/decode with the same ids as the Hugging Face tokenizers, stream-decode.
+-- clrt.tokenizer — Hugging Face tokenizer.json (BPE, byte-level or SentencePiece-style) in C:
+-- load a model folder, encode/decode with the same ids as the Hugging Face tokenizers,
+-- stream-decode. Supported families and components: docs/models.md.
 --   local tok = clrt.tokenizer.load("models/Qwen3-0.6B")      -- folder or tokenizer.json
 --   local ids = tok:encode("Hello", {add_special_tokens = false})
 --   print(tok:decode(ids), tok:vocab_size(), tok.eos, tok.eot)
