@@ -357,21 +357,46 @@ void clrt_free_string(char *s);
 
 /* ==== tokenizer (text/tokenizer*.c, text/bpe_train.c) ==================================== */
 
-/* A byte-level BPE tokenizer (Hugging Face tokenizer.json semantics). Lua's clrt.tokenizer
-   parses the file and builds it with these calls: vocab tokens and merges are given in their
-   byte-level spelling (as in the file), added tokens as plain text. */
+/* A BPE tokenizer (Hugging Face tokenizer.json semantics), byte-level (GPT-2 alphabet) or
+   SentencePiece-style (tokens are their own text, byte fallback). Lua's clrt.tokenizer parses
+   the file and builds it with these calls: vocab tokens and merges are given as in the file
+   (byte-level spelling for a byte-level model), added tokens as plain text. */
 typedef struct clrt_tokenizer clrt_tokenizer;
 clrt_tokenizer *clrt_tokenizer_new(void);
 void clrt_tokenizer_free(clrt_tokenizer *t);
+/* Before any vocab: byte_level = 0 makes a SentencePiece-style model (symbols are characters;
+   with byte_fallback a character outside the vocab becomes its <0xNN> tokens, else unk, runs
+   of unk fused into one when fuse_unk). Default: byte-level. */
+int clrt_tokenizer_set_model(clrt_tokenizer *t, int byte_level, int byte_fallback, int fuse_unk, int32_t unk_id);
+/* Normalizer steps, applied in order to the text between added tokens. kind: "nfc", "nfd",
+   "nfkc", "nfkd", "prepend" (a), "replace" (literal a -> b), "strip" (left, right). */
+int clrt_tokenizer_add_normalizer(clrt_tokenizer *t, const char *kind, const char *a, size_t a_len,
+                                  const char *b, size_t b_len, int left, int right);
+/* Metaspace pre-tokenizer (must come before any split): ' ' -> replacement; prepend_scheme
+   0 never, 1 first (only the text's first section), 2 always; split: cut before each
+   replacement character. */
+int clrt_tokenizer_set_metaspace(clrt_tokenizer *t, const char *replacement, size_t len, int prepend_scheme,
+                                 int split);
+/* Decoder steps in order. kind: "replace" (a -> b on each token), "byte_fallback", "fuse",
+   "strip" (a: one character; start/stop: how many to cut), "metaspace" (a: replacement;
+   start: drop the first token's leading space), "byte_level". */
+int clrt_tokenizer_add_decoder(clrt_tokenizer *t, const char *kind, const char *a, size_t a_len,
+                               const char *b, size_t b_len, int start, int stop);
 int clrt_tokenizer_add_vocab(clrt_tokenizer *t, const char *token, size_t len, int32_t id);
 /* Merges rank in the order they are added (first = merged first). */
 int clrt_tokenizer_add_merge(clrt_tokenizer *t, const char *left, size_t left_len, const char *right,
                              size_t right_len);
 int clrt_tokenizer_add_added(clrt_tokenizer *t, const char *content, size_t len, int32_t id, int special,
                              int lstrip, int rstrip, int normalized);
+/* The same; single_word: the token is only matched where no word character (letter, mark,
+   digit, connector) touches it on either side, as Hugging Face does. */
+int clrt_tokenizer_add_added_word(clrt_tokenizer *t, const char *content, size_t len, int32_t id, int special,
+                                  int lstrip, int rstrip, int normalized, int single_word);
 /* One Split pre-tokenizer stage (behavior Isolated), applied in the order added; the pattern
    has Hugging Face (Oniguruma) meaning. */
 int clrt_tokenizer_add_split(clrt_tokenizer *t, const char *regex, size_t len);
+/* The same with a Split behavior: 0 Isolated, 1 Removed, 2 MergedWithPrevious, 3 MergedWithNext. */
+int clrt_tokenizer_add_split_behavior(clrt_tokenizer *t, const char *regex, size_t len, int behavior);
 int clrt_tokenizer_set_flags(clrt_tokenizer *t, int nfc, int ignore_merges, int add_prefix_space);
 /* Ids the post-processor puts around a sequence when special tokens are added (BOS/EOS). */
 int clrt_tokenizer_set_template(clrt_tokenizer *t, const int32_t *prefix, int n_prefix, const int32_t *suffix,
@@ -387,7 +412,12 @@ int32_t *clrt_tokenizer_encode_batch(clrt_tokenizer *t, const char *const *texts
 void clrt_tokenizer_free_ids(int32_t *ids);
 /* The raw bytes of the ids (may end inside a UTF-8 character); valid until the next decode. */
 const char *clrt_tokenizer_decode(clrt_tokenizer *t, const int32_t *ids, int64_t n, int skip_special, size_t *len);
+/* What the id contributes to decoded text (the decoder's per-token steps applied). */
 const char *clrt_tokenizer_token_bytes(const clrt_tokenizer *t, int32_t id, size_t *len);
+/* A SentencePiece-style token's text as in tokenizer.json; NULL for a byte-level model. */
+const char *clrt_tokenizer_token_text(const clrt_tokenizer *t, int32_t id, size_t *len);
+/* How many leading/trailing copies of ch the decoder's Strip removes from the decoded text. */
+int clrt_tokenizer_decode_strip(const clrt_tokenizer *t, char *ch, int *start, int *stop);
 int32_t clrt_tokenizer_vocab_size(const clrt_tokenizer *t);
 /* 0: model token, 1: added token, 2: special added token. */
 int clrt_tokenizer_is_added(const clrt_tokenizer *t, int32_t id);

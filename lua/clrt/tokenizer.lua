@@ -1,5 +1,6 @@
--- clrt.tokenizer — Hugging Face tokenizer.json (byte-level BPE) in C: load a model folder,
--- encode/decode with the same ids as the Hugging Face tokenizers, stream-decode.
+-- clrt.tokenizer — Hugging Face tokenizer.json (BPE, byte-level or SentencePiece-style) in C:
+-- load a model folder, encode/decode with the same ids as the Hugging Face tokenizers,
+-- stream-decode. Supported families and components: docs/models.md.
 --   local tok = clrt.tokenizer.load("models/Qwen3-0.6B")      -- folder or tokenizer.json
 --   local ids = tok:encode("Hello", {add_special_tokens = false})
 --   print(tok:decode(ids), tok:vocab_size(), tok.eos, tok.eot)
@@ -41,93 +42,174 @@ end
 -- Escape a literal for a regex (Split with a String pattern).
 local function regex_escape(s) return (s:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?%{%}|\\/]", "\\%0")) end
 
--- Walk the pre_tokenizer tree into a flat list of split regexes plus the ByteLevel flags.
-local function flatten_pretok(pt, where, out)
+-- Errors name the component and where it sits in the file: "normalizer.normalizers[2]".
+local function fail(where, path, msg, ...)
+  error(("tokenizer: %s: %s: " .. msg):format(where, path, ...), 0)
+end
+
+local function want_string(v, where, path, field)
+  if type(v) ~= "string" then fail(where, path, "%s must be a string, got %s", field, v == null and "null" or type(v)) end
+  return v
+end
+
+local function want_list(v, where, path, field)
+  if type(v) ~= "table" then fail(where, path, "%s must be a list", field) end
+  return v
+end
+
+-- A Split/Replace pattern that must be a literal String; Regex patterns are named as unsupported.
+local function literal_pattern(p, where, path)
+  if type(p) ~= "table" then fail(where, path, "pattern must be an object with String or Regex") end
+  if type(p.String) == "string" then return p.String end
+  if type(p.Regex) == "string" then fail(where, path, "a Regex pattern is not supported here (only String)") end
+  fail(where, path, "pattern must be an object with String or Regex")
+end
+
+local SPLIT_BEHAVIOR = { Isolated = 0, Removed = 1, MergedWithPrevious = 2, MergedWithNext = 3 }
+local PREPEND_SCHEME = { never = 0, first = 1, always = 2 }
+
+-- Metaspace's prepend scheme; files before tokenizers 0.19 say add_prefix_space instead.
+local function metaspace_scheme(pt, where, path)
+  if pt.add_prefix_space == false then return 0 end
+  if isnull(pt.prepend_scheme) then return 2 end
+  local s = PREPEND_SCHEME[pt.prepend_scheme]
+  if not s then fail(where, path, "unknown Metaspace prepend_scheme %q (first, always, never)", tostring(pt.prepend_scheme)) end
+  return s
+end
+
+-- Walk the pre_tokenizer tree into a flat list of stages plus the ByteLevel/Metaspace settings.
+local function flatten_pretok(pt, where, path, out)
   if isnull(pt) then return end
+  if type(pt) ~= "table" then fail(where, path, "must be an object") end
   local ty = pt.type
   if ty == "Sequence" then
-    if type(pt.pretokenizers) ~= "table" then
-      error(("tokenizer: %s: pre_tokenizer Sequence has no pretokenizers list"):format(where), 0)
+    for i, p in ipairs(want_list(pt.pretokenizers, where, path, "pretokenizers")) do
+      flatten_pretok(p, where, ("%s.pretokenizers[%d]"):format(path, i), out)
     end
-    for _, p in ipairs(pt.pretokenizers) do flatten_pretok(p, where, out) end
   elseif ty == "Split" then
     local pat = pt.pattern
-    if type(pat) ~= "table" then error(("tokenizer: %s: Split pre_tokenizer has no pattern"):format(where), 0) end
+    if type(pat) ~= "table" then fail(where, path, "Split pre_tokenizer has no pattern") end
     local rx
     if type(pat.Regex) == "string" then rx = pat.Regex
     elseif type(pat.String) == "string" then rx = regex_escape(pat.String)
-    else error(("tokenizer: %s: Split pattern must be Regex or String"):format(where), 0) end
-    if pt.behavior ~= "Isolated" then
-      error(("tokenizer: %s: unsupported Split behavior %q (only Isolated)"):format(where, tostring(pt.behavior)), 0)
+    else fail(where, path, "Split pattern must be Regex or String") end
+    local behavior = SPLIT_BEHAVIOR[pt.behavior]
+    if not behavior then
+      fail(where, path, "unsupported Split behavior %q (supported: Isolated, Removed, MergedWithPrevious, MergedWithNext)",
+        tostring(pt.behavior))
     end
-    if pt.invert == true then error(("tokenizer: %s: unsupported Split with invert = true"):format(where), 0) end
-    out.splits[#out.splits + 1] = rx
+    if pt.invert == true then fail(where, path, "unsupported Split with invert = true") end
+    out.splits[#out.splits + 1] = { rx = rx, behavior = behavior, path = path }
   elseif ty == "ByteLevel" then
-    if out.byte_level then error(("tokenizer: %s: more than one ByteLevel pre_tokenizer"):format(where), 0) end
+    if out.byte_level then fail(where, path, "more than one ByteLevel pre_tokenizer") end
     out.byte_level = true
     if pt.add_prefix_space == true then
-      if #out.splits > 0 then
-        error(("tokenizer: %s: unsupported ByteLevel add_prefix_space after a Split"):format(where), 0)
-      end
+      if #out.splits > 0 then fail(where, path, "unsupported ByteLevel add_prefix_space after a Split") end
       out.add_prefix_space = true
     end
-    if pt.use_regex ~= false then out.splits[#out.splits + 1] = M.GPT2_SPLIT end
+    if pt.use_regex ~= false then out.splits[#out.splits + 1] = { rx = M.GPT2_SPLIT, behavior = 0, path = path } end
   elseif ty == "Digits" then
-    out.splits[#out.splits + 1] = pt.individual_digits and [[\p{N}]] or [[\p{N}+]]
+    out.splits[#out.splits + 1] = { rx = pt.individual_digits and [[\p{N}]] or [[\p{N}+]], behavior = 0, path = path }
+  elseif ty == "Metaspace" then
+    if out.metaspace then fail(where, path, "more than one Metaspace pre_tokenizer") end
+    if #out.splits > 0 then fail(where, path, "a Metaspace after a Split is not supported") end
+    local rep = want_string(pt.replacement, where, path, "replacement")
+    out.metaspace = { rep = rep, scheme = metaspace_scheme(pt, where, path), split = pt.split ~= false, path = path }
   else
-    error(("tokenizer: %s: unsupported pre_tokenizer type %q"):format(where, tostring(ty)), 0)
+    fail(where, path, "unsupported pre_tokenizer type %q (supported: Sequence, Split, ByteLevel, Digits, Metaspace)",
+      tostring(ty))
   end
 end
 
-local function parse_normalizer(n, where)
-  if isnull(n) then return false end
-  if n.type == "NFC" then return true end
-  if n.type == "Sequence" then
-    local nfc = false
-    for _, x in ipairs(n.normalizers or {}) do nfc = parse_normalizer(x, where) or nfc end
-    return nfc
+local UNICODE_FORMS = { NFC = "nfc", NFD = "nfd", NFKC = "nfkc", NFKD = "nfkd" }
+
+-- The normalizer tree -> a flat list of steps { kind, a, b, left, right, path }.
+local function flatten_normalizer(n, where, path, out)
+  if isnull(n) then return out end
+  if type(n) ~= "table" then fail(where, path, "must be an object") end
+  local ty = n.type
+  if ty == "Sequence" then
+    for i, x in ipairs(want_list(n.normalizers, where, path, "normalizers")) do
+      flatten_normalizer(x, where, ("%s.normalizers[%d]"):format(path, i), out)
+    end
+  elseif UNICODE_FORMS[ty] then
+    out[#out + 1] = { kind = UNICODE_FORMS[ty], path = path }
+  elseif ty == "Prepend" then
+    out[#out + 1] = { kind = "prepend", a = want_string(n.prepend, where, path, "prepend"), path = path }
+  elseif ty == "Replace" then
+    out[#out + 1] = { kind = "replace", a = literal_pattern(n.pattern, where, path),
+      b = want_string(n.content, where, path, "content"), path = path }
+  elseif ty == "Strip" then
+    out[#out + 1] = { kind = "strip", left = n.strip_left ~= false, right = n.strip_right ~= false, path = path }
+  else
+    fail(where, path, "unsupported normalizer type %q (supported: Sequence, NFC, NFD, NFKC, NFKD, Prepend, Replace, Strip)",
+      tostring(ty))
   end
-  error(("tokenizer: %s: unsupported normalizer type %q (supported: NFC)"):format(where, tostring(n.type)), 0)
+  return out
 end
 
-local function check_decoder(d, where)
-  if isnull(d) then return end
-  if d.type == "ByteLevel" then return end
-  if d.type == "Sequence" then
-    for _, x in ipairs(d.decoders or {}) do check_decoder(x, where) end
-    return
+-- The decoder tree -> a flat list of steps { kind, a, b, start, stop, path }.
+local function flatten_decoder(d, where, path, out)
+  if isnull(d) then return out end
+  if type(d) ~= "table" then fail(where, path, "must be an object") end
+  local ty = d.type
+  if ty == "Sequence" then
+    for i, x in ipairs(want_list(d.decoders, where, path, "decoders")) do
+      flatten_decoder(x, where, ("%s.decoders[%d]"):format(path, i), out)
+    end
+  elseif ty == "ByteLevel" then
+    out[#out + 1] = { kind = "byte_level", path = path }
+  elseif ty == "Replace" then
+    out[#out + 1] = { kind = "replace", a = literal_pattern(d.pattern, where, path),
+      b = want_string(d.content, where, path, "content"), path = path }
+  elseif ty == "ByteFallback" then
+    out[#out + 1] = { kind = "byte_fallback", path = path }
+  elseif ty == "Fuse" then
+    out[#out + 1] = { kind = "fuse", path = path }
+  elseif ty == "Strip" then
+    local content = want_string(d.content, where, path, "content")
+    if type(d.start) ~= "number" or type(d.stop) ~= "number" then fail(where, path, "Strip needs numbers start and stop") end
+    out[#out + 1] = { kind = "strip", a = content, start = d.start, stop = d.stop, path = path }
+  elseif ty == "Metaspace" then
+    out[#out + 1] = { kind = "metaspace", a = want_string(d.replacement, where, path, "replacement"),
+      start = metaspace_scheme(d, where, path) ~= 0 and 1 or 0, path = path }
+  else
+    fail(where, path, "unsupported decoder type %q (supported: Sequence, ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace)",
+      tostring(ty))
   end
-  error(("tokenizer: %s: unsupported decoder type %q (supported: ByteLevel)"):format(where, tostring(d.type)), 0)
+  return out
 end
 
 -- TemplateProcessing's "single" template -> ids before and after the sequence.
-local function parse_post(p, where, out)
+local function parse_post(p, where, path, out)
   if isnull(p) then return end
+  if type(p) ~= "table" then fail(where, path, "must be an object") end
   if p.type == "ByteLevel" then return end
   if p.type == "Sequence" then
-    for _, x in ipairs(p.processors or {}) do parse_post(x, where, out) end
+    for i, x in ipairs(want_list(p.processors, where, path, "processors")) do
+      parse_post(x, where, ("%s.processors[%d]"):format(path, i), out)
+    end
     return
   end
   if p.type ~= "TemplateProcessing" then
-    error(("tokenizer: %s: unsupported post_processor type %q (supported: TemplateProcessing, ByteLevel)")
-      :format(where, tostring(p.type)), 0)
+    fail(where, path, "unsupported post_processor type %q (supported: TemplateProcessing, ByteLevel, Sequence)", tostring(p.type))
   end
   local prefix, suffix, seen_seq = {}, {}, false
-  for _, piece in ipairs(p.single or {}) do
-    if piece.Sequence then
+  for i, piece in ipairs(want_list(p.single, where, path, "single")) do
+    if type(piece) == "table" and piece.Sequence then
       seen_seq = true
-    elseif piece.SpecialToken then
+    elseif type(piece) == "table" and type(piece.SpecialToken) == "table" then
       local name = piece.SpecialToken.id
-      local st = p.special_tokens and p.special_tokens[name]
-      if not st or type(st.ids) ~= "table" then
-        error(("tokenizer: %s: post_processor template names special token %q with no ids"):format(where, tostring(name)), 0)
+      local st = type(p.special_tokens) == "table" and p.special_tokens[name]
+      if type(st) ~= "table" or type(st.ids) ~= "table" then
+        fail(where, ("%s.single[%d]"):format(path, i), "template names special token %q with no ids", tostring(name))
       end
       for _, id in ipairs(st.ids) do
         local list = seen_seq and suffix or prefix
         list[#list + 1] = id
       end
     else
-      error(("tokenizer: %s: post_processor template has an unknown piece"):format(where), 0)
+      fail(where, ("%s.single[%d]"):format(path, i), "template piece is neither Sequence nor SpecialToken")
     end
   end
   out.prefix, out.suffix = prefix, suffix
@@ -146,70 +228,103 @@ function M.from_json(tj, config, where)
   local model = tj.model
   if type(model) ~= "table" then error(("tokenizer: %s: missing \"model\""):format(where), 0) end
   if model.type ~= nil and model.type ~= "BPE" then
-    error(("tokenizer: %s: unsupported model type %q (supported: BPE)"):format(where, tostring(model.type)), 0)
+    fail(where, "model", "unsupported model type %q (supported: BPE)", tostring(model.type))
   end
-  if type(model.vocab) ~= "table" then error(("tokenizer: %s: model has no \"vocab\" object"):format(where), 0) end
-  if type(model.merges) ~= "table" then error(("tokenizer: %s: model has no \"merges\" list"):format(where), 0) end
+  if type(model.vocab) ~= "table" then fail(where, "model", "has no \"vocab\" object") end
+  if type(model.merges) ~= "table" then fail(where, "model", "has no \"merges\" list") end
   if not isnull(model.dropout) and model.dropout ~= 0 then
-    error(("tokenizer: %s: unsupported BPE dropout %s"):format(where, tostring(model.dropout)), 0)
+    fail(where, "model.dropout", "unsupported BPE dropout %s", tostring(model.dropout))
   end
-  if model.byte_fallback == true then error(("tokenizer: %s: unsupported BPE byte_fallback"):format(where), 0) end
   for _, k in ipairs({ "continuing_subword_prefix", "end_of_word_suffix" }) do
     if not isnull(model[k]) and model[k] ~= "" then
-      error(("tokenizer: %s: unsupported BPE %s %q"):format(where, k, tostring(model[k])), 0)
+      fail(where, "model." .. k, "unsupported BPE %s %q", k, tostring(model[k]))
     end
   end
   local pre = { splits = {} }
-  flatten_pretok(tj.pre_tokenizer, where, pre)
-  if not pre.byte_level then
-    error(("tokenizer: %s: pre_tokenizer has no ByteLevel step; only byte-level BPE is supported"):format(where), 0)
+  flatten_pretok(tj.pre_tokenizer, where, "pre_tokenizer", pre)
+  local norm = flatten_normalizer(tj.normalizer, where, "normalizer", {})
+  local dec = flatten_decoder(tj.decoder, where, "decoder", {})
+  -- Byte-level when the pre-tokenizer or decoder says ByteLevel; otherwise SentencePiece-style
+  -- (vocab tokens are their own text, ▁ for spaces, byte fallback).
+  local byte_level = pre.byte_level or false
+  for _, d in ipairs(dec) do
+    if d.kind == "byte_level" and not byte_level then
+      fail(where, d.path, "a ByteLevel decoder without a ByteLevel pre_tokenizer is not supported")
+    end
   end
-  local nfc = parse_normalizer(tj.normalizer, where)
-  check_decoder(tj.decoder, where)
+  if byte_level and pre.metaspace then fail(where, pre.metaspace.path, "Metaspace together with ByteLevel is not supported") end
+  if byte_level and model.byte_fallback == true then fail(where, "model.byte_fallback", "byte_fallback with a ByteLevel model") end
   local post = { prefix = {}, suffix = {} }
-  parse_post(tj.post_processor, where, post)
+  parse_post(tj.post_processor, where, "post_processor", post)
 
   local h = core.check(C.clrt_tokenizer_new())
   h = ffi.gc(h, C.clrt_tokenizer_free)
-  local function ok(status, what)
-    if status ~= 0 then error(("%s: %s%s"):format(where, ffi.string(C.clrt_last_error()), what or ""), 0) end
+  local function ok(status, path)
+    if status ~= 0 then
+      error(("tokenizer: %s: %s%s"):format(where, path and (path .. ": ") or "",
+        (ffi.string(C.clrt_last_error()):gsub("^tokenizer: ", ""))), 0)
+    end
   end
+  local unk_id = -1
+  if not isnull(model.unk_token) then
+    local u = want_string(model.unk_token, where, "model", "unk_token")
+    unk_id = model.vocab[u]
+    if type(unk_id) ~= "number" then fail(where, "model.unk_token", "%q is not in the vocab", u) end
+  end
+  ok(C.clrt_tokenizer_set_model(h, byte_level and 1 or 0, model.byte_fallback == true and 1 or 0,
+    model.fuse_unk == true and 1 or 0, unk_id), "model")
   for tokstr, id in pairs(model.vocab) do
-    if type(id) ~= "number" then error(("tokenizer: %s: vocab entry %q has a non-number id"):format(where, tokstr), 0) end
-    ok(C.clrt_tokenizer_add_vocab(h, tokstr, #tokstr, id))
+    if type(id) ~= "number" then fail(where, "model.vocab", "entry %q has a non-number id", tokstr) end
+    ok(C.clrt_tokenizer_add_vocab(h, tokstr, #tokstr, id), "model.vocab")
   end
   for i, m in ipairs(model.merges) do
     local a, b
     if type(m) == "string" then a, b = m:match("^([^ ]+) ([^ ]+)$")
     elseif type(m) == "table" then a, b = m[1], m[2] end
     if type(a) ~= "string" or type(b) ~= "string" then
-      error(("tokenizer: %s: model.merges[%d] is not a pair of tokens"):format(where, i), 0)
+      fail(where, ("model.merges[%d]"):format(i), "is not a pair of tokens")
     end
-    ok(C.clrt_tokenizer_add_merge(h, a, #a, b, #b), (" (model.merges[%d])"):format(i))
+    ok(C.clrt_tokenizer_add_merge(h, a, #a, b, #b), ("model.merges[%d]"):format(i))
   end
   local added, by_content = {}, {}
   for i, a in ipairs(tj.added_tokens or {}) do
-    if type(a.content) ~= "string" or type(a.id) ~= "number" then
-      error(("tokenizer: %s: added_tokens[%d] needs content and id"):format(where, i), 0)
+    local path = ("added_tokens[%d]"):format(i)
+    if type(a) ~= "table" or type(a.content) ~= "string" or type(a.id) ~= "number" then
+      fail(where, path, "needs content (a string) and id (a number)")
     end
-    if a.single_word == true then
-      error(("tokenizer: %s: unsupported added token option single_word (added_tokens[%d] %q)"):format(where, i, a.content), 0)
-    end
-    ok(C.clrt_tokenizer_add_added(h, a.content, #a.content, a.id, a.special and 1 or 0, a.lstrip and 1 or 0,
-      a.rstrip and 1 or 0, a.normalized and 1 or 0))
+    ok(C.clrt_tokenizer_add_added_word(h, a.content, #a.content, a.id, a.special and 1 or 0, a.lstrip and 1 or 0,
+      a.rstrip and 1 or 0, a.normalized and 1 or 0, a.single_word and 1 or 0), path)
     added[a.id] = a.content
     by_content[a.content] = a.id
   end
-  for _, rx in ipairs(pre.splits) do ok(C.clrt_tokenizer_add_split(h, rx, #rx)) end
-  ok(C.clrt_tokenizer_set_flags(h, nfc and 1 or 0, model.ignore_merges == true and 1 or 0,
-    pre.add_prefix_space and 1 or 0))
+  for _, st in ipairs(norm) do
+    local a, b = st.a or "", st.b or ""
+    ok(C.clrt_tokenizer_add_normalizer(h, st.kind, a, #a, b, #b, st.left and 1 or 0, st.right and 1 or 0), st.path)
+  end
+  if pre.metaspace then
+    local m = pre.metaspace
+    ok(C.clrt_tokenizer_set_metaspace(h, m.rep, #m.rep, m.scheme, m.split and 1 or 0), m.path)
+  end
+  for _, sp in ipairs(pre.splits) do ok(C.clrt_tokenizer_add_split_behavior(h, sp.rx, #sp.rx, sp.behavior), sp.path) end
+  for _, st in ipairs(dec) do
+    local a, b = st.a or "", st.b or ""
+    ok(C.clrt_tokenizer_add_decoder(h, st.kind, a, #a, b, #b, st.start or 0, st.stop or 0), st.path)
+  end
+  ok(C.clrt_tokenizer_set_flags(h, 0, model.ignore_merges == true and 1 or 0, pre.add_prefix_space and 1 or 0))
   local pa = ffi.new("int32_t[?]", math.max(#post.prefix, 1), post.prefix)
   local sa = ffi.new("int32_t[?]", math.max(#post.suffix, 1), post.suffix)
-  ok(C.clrt_tokenizer_set_template(h, pa, #post.prefix, sa, #post.suffix))
+  ok(C.clrt_tokenizer_set_template(h, pa, #post.prefix, sa, #post.suffix), "post_processor")
   ok(C.clrt_tokenizer_finish(h))
 
+  local nfc = false
+  for _, st in ipairs(norm) do if st.kind == "nfc" then nfc = true end end
+  local splits = {}
+  for i, sp in ipairs(pre.splits) do splits[i] = sp.rx end
+  local strip_ch, strip_start, strip_stop = ffi.new("char[1]"), ffi.new("int[1]"), ffi.new("int[1]")
+  C.clrt_tokenizer_decode_strip(h, strip_ch, strip_start, strip_stop)
   local self = setmetatable({ h = h, config = config, added = added, where = where,
-    splits = pre.splits, nfc = nfc }, Tokenizer)
+    splits = splits, nfc = nfc, byte_level = byte_level,
+    strip_char = string.char(strip_ch[0] % 256), strip_start = strip_start[0] }, Tokenizer)
   self.n_vocab = C.clrt_tokenizer_vocab_size(h)
   local function special(name)
     local c = token_content(config[name])
@@ -386,6 +501,12 @@ end
 function Tokenizer:token(id)
   check_id(self, "tok:token(id)", id)
   if self.added[id] then return self.added[id] end
+  if not self.byte_level then
+    local len = ffi.new("size_t[1]")
+    local p = C.clrt_tokenizer_token_text(self.h, id, len)
+    if p == nil then error(("tokenizer: id %s is not in the vocabulary"):format(tostring(id)), 2) end
+    return ffi.string(p, len[0])
+  end
   return (self:token_bytes(id):gsub(".", function(c) return byte_level[c:byte()] end))
 end
 
@@ -409,10 +530,23 @@ function Tokenizer:stream(opts)
 end
 Tokenizer.decoder = Tokenizer.stream
 
+-- The decoder's Strip (a SentencePiece tokenizer drops the text's first space) at the start
+-- of the stream, as decode does for the whole text.
+local function strip_front(self, s)
+  local tok = self.tok
+  while (self.stripped or 0) < tok.strip_start and #s > 0 do
+    if s:sub(1, 1) ~= tok.strip_char then self.stripped = tok.strip_start; break end
+    s = s:sub(2)
+    self.stripped = (self.stripped or 0) + 1
+  end
+  return s
+end
+
 function Stream:push(id)
   local tok = self.tok
   if self.skip and tok:is_special(id) then return "" end
   local s = self.pending .. tok:token_bytes(id)
+  if tok.strip_start > 0 then s = strip_front(self, s) end
   local k = tonumber(C.clrt_utf8_complete_prefix(s, #s))
   self.pending = s:sub(k + 1)
   return lossy(s:sub(1, k))

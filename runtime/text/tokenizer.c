@@ -1,5 +1,6 @@
-/* tokenizer.c — the byte-level BPE tokenizer object: building it from parsed tokenizer.json
-   parts (lua/clrt/tokenizer.lua does the parsing), encode, batch encode, decode. */
+/* tokenizer.c — the BPE tokenizer object (byte-level or SentencePiece-style): building it
+   from parsed tokenizer.json parts (lua/clrt/tokenizer.lua does the parsing), encode, batch
+   encode, decode. */
 #include "tokenizer_internal.h"
 
 #include <omp.h>
@@ -10,7 +11,9 @@
 clrt_tokenizer *clrt_tokenizer_new(void) {
   clrt_tokenizer *t = calloc(1, sizeof *t);
   if (!t) { clrt_set_error("tokenizer: out of memory"); return NULL; }
-  for (int i = 0; i < 256; i++) t->byte_id[i] = -1;
+  for (int i = 0; i < 256; i++) t->byte_id[i] = t->fallback_id[i] = -1;
+  t->byte_level = 1;
+  t->unk_id = -1;
   return t;
 }
 
@@ -29,6 +32,7 @@ void clrt_tokenizer_free(clrt_tokenizer *t) {
   for (int i = 0; i < t->n_pool; i++) tok_ctx_free(t->pool[i]);
   free(t->pool);
   free(t->out); free(t->dec);
+  tok_pipeline_free(t);
   free(t);
 }
 
@@ -43,6 +47,14 @@ static int ensure_ids(clrt_tokenizer *t, int32_t id) {
   uint8_t *s = realloc(t->id_special, (size_t)nc);
   if (s) t->id_special = s;
   if (!b || !l || !s) { clrt_set_error("tokenizer: out of memory for id %d", id); return -1; }
+  if (!t->byte_level) {
+    char **tx = realloc(t->id_text, (size_t)nc * sizeof *tx);
+    if (tx) t->id_text = tx;
+    uint32_t *tl = realloc(t->id_text_len, (size_t)nc * sizeof *tl);
+    if (tl) t->id_text_len = tl;
+    if (!tx || !tl) { clrt_set_error("tokenizer: out of memory for id %d", id); return -1; }
+    for (int32_t i = t->n_ids; i < nc; i++) { tx[i] = NULL; tl[i] = 0; }
+  }
   for (int32_t i = t->n_ids; i < nc; i++) { b[i] = NULL; l[i] = 0; s[i] = 0; }
   t->n_ids = nc;
   return 0;
@@ -74,15 +86,53 @@ static int set_id_bytes(clrt_tokenizer *t, int32_t id, const char *raw, size_t n
   return 0;
 }
 
+static int set_id_text(clrt_tokenizer *t, int32_t id, const char *s, size_t n) {
+  char *p = malloc(n + 1);
+  if (!p) { clrt_set_error("tokenizer: out of memory"); return -1; }
+  memcpy(p, s, n);
+  p[n] = 0;
+  free(t->id_text[id]);
+  t->id_text[id] = p;
+  t->id_text_len[id] = (uint32_t)n;
+  return 0;
+}
+
+/* A SentencePiece-style token is its own text; one-character tokens and <0xNN> byte tokens
+   are also indexed for building a piece's first symbols. */
+static int add_text_vocab(clrt_tokenizer *t, const char *token, size_t len, int32_t id) {
+  uint32_t cp;
+  for (size_t i = 0; i < len;) {
+    int k = tok_utf8_decode((const unsigned char *)token + i, len - i, &cp);
+    if (!k) { clrt_set_error("tokenizer: vocab token %d is not valid UTF-8", id); return -1; }
+    i += (size_t)k;
+  }
+  if (len == 0) { clrt_set_error("tokenizer: vocab has an empty token (id %d)", id); return -1; }
+  if (ensure_ids(t, id) || set_id_bytes(t, id, token, len) || set_id_text(t, id, token, len)) return -1;
+  if (tok_strmap_put(&t->vocab, token, len, id)) { clrt_set_error("tokenizer: out of memory"); return -1; }
+  if (tok_utf8_decode((const unsigned char *)token, len, &cp) == (int)len && cp < 65536) t->char_id[cp] = id;
+  /* byte fallback looks up <0xNN> with upper-case hex, as Hugging Face spells it */
+  if (len == 6 && memcmp(token, "<0x", 3) == 0 && token[5] == '>') {
+    const char *hex = "0123456789ABCDEF";
+    const char *hi = memchr(hex, token[3], 16), *lo = memchr(hex, token[4], 16);
+    if (hi && lo && token[3] && token[4]) t->fallback_id[(hi - hex) * 16 + (lo - hex)] = id;
+  }
+  return 0;
+}
+
 int clrt_tokenizer_add_vocab(clrt_tokenizer *t, const char *token, size_t len, int32_t id) {
   if (id < 0) { clrt_set_error("tokenizer: vocab token %.*s has negative id %d", (int)len, token, id); return -1; }
+  if (!t->byte_level) return add_text_vocab(t, token, len, id);
   char stackbuf[256], *raw = len <= sizeof stackbuf ? stackbuf : malloc(len);
   if (!raw) { clrt_set_error("tokenizer: out of memory"); return -1; }
   int64_t n = from_byte_level(token, len, raw);
   int rc = -1;
   if (n < 0) {
-    clrt_set_error("tokenizer: vocab token \"%.*s\" (id %d) is not in the byte-level alphabet; only byte-level BPE "
-                   "vocabularies are supported", (int)(len > 80 ? 80 : len), token, id);
+    /* A token outside the alphabet (DeepSeek V3 keeps its special tokens in the vocab) is
+       its own text: BPE over bytes never builds it, an added token with that text names it. */
+    if (ensure_ids(t, id) == 0 && set_id_bytes(t, id, token, len) == 0) {
+      if (tok_strmap_put(&t->vocab, token, len, id)) clrt_set_error("tokenizer: out of memory");
+      else rc = 0;
+    }
   } else if (n == 0) {
     clrt_set_error("tokenizer: vocab has an empty token (id %d)", id);
   } else if (ensure_ids(t, id) == 0 && set_id_bytes(t, id, raw, (size_t)n) == 0) {
@@ -96,11 +146,14 @@ int clrt_tokenizer_add_vocab(clrt_tokenizer *t, const char *token, size_t len, i
   return rc;
 }
 
+/* A vocab token as tokenizer.json spells it -> id (byte-level spelling for a byte-level model,
+   where a token outside the alphabet is its own text). */
 static int lookup_byte_level(const clrt_tokenizer *t, const char *s, size_t len, int32_t *id) {
+  if (!t->byte_level) return tok_strmap_get(&t->vocab, s, len, id);
   char stackbuf[256], *raw = len <= sizeof stackbuf ? stackbuf : malloc(len);
   if (!raw) return 0;
   int64_t n = from_byte_level(s, len, raw);
-  int ok = n > 0 && tok_strmap_get(&t->vocab, raw, (size_t)n, id);
+  int ok = n > 0 ? tok_strmap_get(&t->vocab, raw, (size_t)n, id) : n < 0 && tok_strmap_get(&t->vocab, s, len, id);
   if (raw != stackbuf) free(raw);
   return ok;
 }
@@ -136,6 +189,11 @@ int clrt_tokenizer_add_merge(clrt_tokenizer *t, const char *left, size_t left_le
 
 int clrt_tokenizer_add_added(clrt_tokenizer *t, const char *content, size_t len, int32_t id, int special,
                              int lstrip, int rstrip, int normalized) {
+  return clrt_tokenizer_add_added_word(t, content, len, id, special, lstrip, rstrip, normalized, 0);
+}
+
+int clrt_tokenizer_add_added_word(clrt_tokenizer *t, const char *content, size_t len, int32_t id, int special,
+                                  int lstrip, int rstrip, int normalized, int single_word) {
   if (len == 0) { clrt_set_error("tokenizer: added token %d has empty content", id); return -1; }
   if (id < 0) { clrt_set_error("tokenizer: added token \"%.*s\" has negative id", (int)len, content); return -1; }
   uint32_t cp;
@@ -157,9 +215,11 @@ int clrt_tokenizer_add_added(clrt_tokenizer *t, const char *content, size_t len,
   memcpy(a->content, content, len);
   a->content[len] = 0;
   a->len = len; a->id = id; a->special = special; a->lstrip = lstrip; a->rstrip = rstrip;
-  a->normalized = normalized;
+  a->normalized = normalized; a->single_word = single_word;
   t->n_added++;
   t->added_first[(unsigned char)content[0]] = 1;
+  t->id_special[id] = special ? 2 : 1;
+  if (!t->byte_level) return set_id_bytes(t, id, content, len) || set_id_text(t, id, content, len) ? -1 : 0;
   /* Decoding spells an added token through the byte-level decoder like Hugging Face does:
      its characters map back to bytes when all are in the alphabet, else its text stays. */
   char *raw = malloc(len);
@@ -167,11 +227,18 @@ int clrt_tokenizer_add_added(clrt_tokenizer *t, const char *content, size_t len,
   int64_t n = from_byte_level(content, len, raw);
   int rc = n > 0 ? set_id_bytes(t, id, raw, (size_t)n) : set_id_bytes(t, id, content, len);
   free(raw);
-  t->id_special[id] = special ? 2 : 1;
   return rc;
 }
 
 int clrt_tokenizer_add_split(clrt_tokenizer *t, const char *regex, size_t len) {
+  return clrt_tokenizer_add_split_behavior(t, regex, len, TOK_ISOLATED);
+}
+
+int clrt_tokenizer_add_split_behavior(clrt_tokenizer *t, const char *regex, size_t len, int behavior) {
+  if (behavior < TOK_ISOLATED || behavior > TOK_MERGED_NEXT) {
+    clrt_set_error("tokenizer: unknown Split behavior %d", behavior);
+    return -1;
+  }
   if (t->n_stages == TOK_MAX_STAGES) { clrt_set_error("tokenizer: more than %d pre-tokenizer stages", TOK_MAX_STAGES); return -1; }
   char what[64];
   snprintf(what, sizeof what, "tokenizer: pre-tokenizer %d", t->n_stages);
@@ -179,11 +246,14 @@ int clrt_tokenizer_add_split(clrt_tokenizer *t, const char *regex, size_t len) {
   if (!re) return -1;
   size_t jit_size = 0;
   t->jit[t->n_stages] = pcre2_pattern_info(re, PCRE2_INFO_JITSIZE, &jit_size) == 0 && jit_size > 0;
+  t->behavior[t->n_stages] = behavior;
   t->stage[t->n_stages++] = re;
   return 0;
 }
 
+/* nfc: an NFC normalizer step (for callers that predate clrt_tokenizer_add_normalizer). */
 int clrt_tokenizer_set_flags(clrt_tokenizer *t, int nfc, int ignore_merges, int add_prefix_space) {
+  if (nfc && !t->nfc && clrt_tokenizer_add_normalizer(t, "nfc", NULL, 0, NULL, 0, 0, 0)) return -1;
   t->nfc = nfc; t->ignore_merges = ignore_merges; t->add_prefix_space = add_prefix_space;
   return 0;
 }
@@ -227,12 +297,85 @@ static int build_trie(clrt_tokenizer *t) {
   return 0;
 }
 
+static int cmp_u32(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Cutting a SentencePiece-style piece before a ▁ that follows character c gives the same BPE
+   result as the whole piece unless a merge could join across the cut, i.e. unless some
+   token holds c directly followed by ▁ (▁ itself is never cut from a preceding ▁: runs stay
+   whole). Collect those c. */
+static int find_sp_joins(clrt_tokenizer *t) {
+  size_t cap = 16, n = 0;
+  uint32_t *set = malloc(cap * sizeof *set);
+  if (!set) { clrt_set_error("tokenizer: out of memory"); return -1; }
+  for (int32_t id = 0; id < t->n_ids; id++) {
+    const unsigned char *s = (const unsigned char *)t->id_text[id];
+    if (!s || t->id_special[id]) continue;
+    size_t len = t->id_text_len[id];
+    uint32_t prev = 0, cp;
+    for (size_t i = 0; i < len;) {
+      int k = tok_utf8_decode(s + i, len - i, &cp);
+      if (!k) break;
+      if (cp == 0x2581 && i > 0 && prev != 0x2581) {
+        if (n == cap) {
+          uint32_t *p = realloc(set, (cap *= 2) * sizeof *set);
+          if (!p) { free(set); clrt_set_error("tokenizer: out of memory"); return -1; }
+          set = p;
+        }
+        set[n++] = prev;
+      }
+      prev = cp;
+      i += (size_t)k;
+    }
+  }
+  qsort(set, n, sizeof *set, cmp_u32);
+  size_t u = 0;
+  for (size_t i = 0; i < n; i++)
+    if (u == 0 || set[u - 1] != set[i]) set[u++] = set[i];
+  free(t->sp_join);
+  t->sp_join = set;
+  t->n_sp_join = (int)u;
+  t->sp_split = !t->ignore_merges && !t->meta_split;
+  return 0;
+}
+
+/* What each token contributes to decoded text: the decoder's per-token steps over its text. */
+static int finish_text_model(clrt_tokenizer *t) {
+  if (!t->n_dec) { clrt_set_error("tokenizer: a SentencePiece-style tokenizer needs a decoder"); return -1; }
+  if (t->dec_byte_level) { clrt_set_error("tokenizer: a ByteLevel decoder does not fit a SentencePiece-style model"); return -1; }
+  if (t->unk_id >= 0 && (t->unk_id >= t->n_ids || !t->id_bytes[t->unk_id])) {
+    clrt_set_error("tokenizer: the unk token (id %d) is not in the vocab", t->unk_id);
+    return -1;
+  }
+  for (int32_t id = 0; id < t->n_ids; id++) {
+    if (!t->id_text[id]) continue;
+    size_t m;
+    char *d = tok_decode_token(t, t->id_text[id], t->id_text_len[id], &m);
+    if (!d) { clrt_set_error("tokenizer: out of memory"); return -1; }
+    free(t->id_bytes[id]);
+    t->id_bytes[id] = d;
+    t->id_len[id] = (uint32_t)m;
+  }
+  return find_sp_joins(t);
+}
+
 int clrt_tokenizer_finish(clrt_tokenizer *t) {
-  for (int b = 0; b < 256; b++)
-    if (t->byte_id[b] < 0) {
-      clrt_set_error("tokenizer: the vocab has no token for byte 0x%02x; a byte-level BPE needs all 256", b);
+  if (t->byte_level) {
+    for (int b = 0; b < 256; b++)
+      if (t->byte_id[b] < 0) {
+        clrt_set_error("tokenizer: the vocab has no token for byte 0x%02x; a byte-level BPE needs all 256", b);
+        return -1;
+      }
+    if (t->n_dec_replace || t->dec_byte_fallback || t->strip_start || t->strip_stop) {
+      clrt_set_error("tokenizer: Replace/ByteFallback/Strip decoders do not fit a byte-level model");
       return -1;
     }
+    if (t->meta_len) { clrt_set_error("tokenizer: a Metaspace pre-tokenizer does not fit a byte-level model"); return -1; }
+  } else if (finish_text_model(t)) {
+    return -1;
+  }
   for (int i = 0; i < t->n_prefix; i++)
     if (t->prefix[i] < 0 || t->prefix[i] >= t->n_ids || !t->id_bytes[t->prefix[i]]) {
       clrt_set_error("tokenizer: post-processor adds unknown id %d", t->prefix[i]);
@@ -363,6 +506,12 @@ const char *clrt_tokenizer_decode(clrt_tokenizer *t, const int32_t *ids, int64_t
     o += k;
   }
   if (!t->dec && !(t->dec = malloc(t->dec_cap = 16))) { clrt_set_error("tokenizer: out of memory"); return NULL; }
+  /* the decoder's Strip, after Fuse: on the whole text */
+  size_t from = 0;
+  for (int i = 0; i < t->strip_start && from < o && t->dec[from] == t->strip_char; i++) from++;
+  for (int i = 0; i < t->strip_stop && o > from && t->dec[o - 1] == t->strip_char; i++) o--;
+  if (from) memmove(t->dec, t->dec + from, o - from);
+  o -= from;
   t->dec[o] = 0;
   *len = o;
   return t->dec;
@@ -375,6 +524,12 @@ const char *clrt_tokenizer_token_bytes(const clrt_tokenizer *t, int32_t id, size
   }
   *len = t->id_len[id];
   return t->id_bytes[id];
+}
+
+const char *clrt_tokenizer_token_text(const clrt_tokenizer *t, int32_t id, size_t *len) {
+  if (!t || t->byte_level || id < 0 || id >= t->n_ids || !t->id_text[id]) return NULL;
+  *len = t->id_text_len[id];
+  return t->id_text[id];
 }
 
 int32_t clrt_tokenizer_vocab_size(const clrt_tokenizer *t) {

@@ -1,5 +1,7 @@
-/* tokenizer_encode.c — text to ids: added-token split, NFC, regex pre-tokenization (PCRE2 JIT)
-   and byte-level BPE merging over a heap of ranks, with a per-thread piece cache. */
+/* tokenizer_encode.c — text to ids: added-token split, normalizers, Metaspace and regex
+   pre-tokenization (PCRE2 JIT), BPE merging over a heap of ranks (symbols are bytes for a
+   byte-level model, characters with byte fallback for a SentencePiece-style one), with a
+   per-thread piece cache. */
 #include "tokenizer_internal.h"
 
 #include <stdint.h>
@@ -30,6 +32,8 @@ struct tok_ctx {
   heap_item *heap;                 /* [sym_cap] */
   size_t sym_cap;
   int32_t small[SMALL_PIECE];      /* ids of a short piece */
+  int32_t *exp;                    /* [exp_cap] a piece's ids after byte fallback */
+  size_t exp_cap;
   char *buf;                       /* prefix-space scratch */
   size_t buf_cap;
 };
@@ -56,7 +60,7 @@ void tok_ctx_free(tok_ctx *c) {
   if (c->mctx) pcre2_match_context_free(c->mctx);
   if (c->jstack) pcre2_jit_stack_free(c->jstack);
   free(c->cache); free(c->ckeys); free(c->cids);
-  free(c->sym); free(c->prev); free(c->next); free(c->heap); free(c->buf);
+  free(c->sym); free(c->prev); free(c->next); free(c->heap); free(c->buf); free(c->exp);
   free(c);
 }
 
@@ -163,12 +167,30 @@ static inline void consider(const clrt_tokenizer *t, tok_ctx *c, size_t *hn, int
   heap_push(c->heap, hn, it);
 }
 
+/* A piece's first symbols: its bytes (byte-level) or its characters (SentencePiece-style),
+   where a character outside the vocab is -1 - its byte offset, an id no merge names. */
+static int32_t first_symbols(const clrt_tokenizer *t, const unsigned char *u, size_t n, int32_t *sym) {
+  if (t->byte_level) {
+    for (size_t i = 0; i < n; i++) sym[i] = t->byte_id[u[i]];
+    return (int32_t)n;
+  }
+  int32_t m = 0;
+  for (size_t i = 0; i < n;) {
+    uint32_t cp;
+    int k = tok_utf8_decode(u + i, n - i, &cp);   /* the text was validated */
+    int32_t id = -1;
+    if (cp < 65536) id = t->char_id[cp];
+    else if (!tok_strmap_get(&t->vocab, (const char *)u + i, (size_t)k, &id)) id = -1;
+    sym[m++] = id >= 0 ? id : -1 - (int32_t)i;
+    i += (size_t)k;
+  }
+  return m;
+}
+
 /* Short pieces (nearly all): the same rule as the heap below — lowest rank first, leftmost on
    ties — by scanning an array of pair ranks, which beats heap upkeep at this size. */
-static int32_t bpe_small(const clrt_tokenizer *t, const unsigned char *u, size_t n, int32_t *sym) {
+static int32_t bpe_small(const clrt_tokenizer *t, int32_t m, int32_t *sym) {
   int32_t rank[SMALL_PIECE], merged[SMALL_PIECE];
-  int32_t m = (int32_t)n;
-  for (int32_t i = 0; i < m; i++) sym[i] = t->byte_id[u[i]];
   for (int32_t i = 0; i + 1 < m; i++)
     if (!tok_pairmap_get(&t->merges, sym[i], sym[i + 1], &rank[i], &merged[i])) rank[i] = INT32_MAX;
   while (m > 1) {
@@ -187,11 +209,53 @@ static int32_t bpe_small(const clrt_tokenizer *t, const unsigned char *u, size_t
   return m;
 }
 
+/* SentencePiece-style: a character left outside the vocab becomes its <0xNN> byte tokens
+   (byte fallback, when the vocab has them all) or unk (consecutive unks fused when asked).
+   Returns the ids to emit (ids itself when nothing needed expanding), *k their count. */
+static const int32_t *expand_unknown(const clrt_tokenizer *t, tok_ctx *c, const unsigned char *u, size_t n,
+                                     const int32_t *ids, size_t *k) {
+  size_t m = *k, i;
+  for (i = 0; i < m && ids[i] >= 0; i++) {}
+  if (i == m) return ids;
+  if (m * 4 > c->exp_cap) {
+    size_t nc = m * 4 < 256 ? 256 : m * 4;
+    int32_t *p = realloc(c->exp, nc * sizeof *p);
+    if (!p) { clrt_set_error("tokenizer: out of memory"); return NULL; }
+    c->exp = p; c->exp_cap = nc;
+  }
+  size_t o = 0;
+  for (i = 0; i < m; i++) {
+    if (ids[i] >= 0) { c->exp[o++] = ids[i]; continue; }
+    size_t at = (size_t)(-1 - ids[i]);
+    uint32_t cp;
+    int len = tok_utf8_decode(u + at, n - at, &cp), all = t->byte_fallback;
+    for (int b = 0; b < len && all; b++) all = t->fallback_id[u[at + b]] >= 0;
+    if (all) {
+      for (int b = 0; b < len; b++) c->exp[o++] = t->fallback_id[u[at + b]];
+    } else if (t->unk_id < 0) {
+      clrt_set_error("tokenizer: character U+%04X is not in the vocabulary, which has no byte fallback for it "
+                     "and no unk token", (unsigned)cp);
+      return NULL;
+    } else if (!(t->fuse_unk && o > 0 && c->exp[o - 1] == t->unk_id)) {
+      c->exp[o++] = t->unk_id;
+    }
+  }
+  *k = o;
+  return c->exp;
+}
+
+static int emit_piece(const clrt_tokenizer *t, tok_ctx *c, const char *s, size_t n, cache_slot *sl, uint64_t h,
+                      const int32_t *ids, size_t k, int32_t **out, size_t *on, size_t *ocap) {
+  if (!t->byte_level && !(ids = expand_unknown(t, c, (const unsigned char *)s, n, ids, &k))) return -1;
+  if (sl) cache_put(c, sl, h, s, n, ids, k);
+  return push_ids(out, on, ocap, ids, k);
+}
+
 /* Merge the lowest-ranked adjacent pair first, leftmost on ties: O(n log n) per piece. */
 static int bpe_piece(const clrt_tokenizer *t, tok_ctx *c, const char *s, size_t n,
                      int32_t **out, size_t *on, size_t *ocap) {
   const unsigned char *u = (const unsigned char *)s;
-  if (n == 1) return push_ids(out, on, ocap, &t->byte_id[u[0]], 1);
+  if (n == 1 && t->byte_level) return push_ids(out, on, ocap, &t->byte_id[u[0]], 1);
   int32_t whole;
   if (t->ignore_merges && tok_strmap_get(&t->vocab, s, n, &whole)) return push_ids(out, on, ocap, &whole, 1);
   uint64_t h = 0;
@@ -203,18 +267,17 @@ static int bpe_piece(const clrt_tokenizer *t, tok_ctx *c, const char *s, size_t 
     if (sl->hash) return push_ids(out, on, ocap, c->cids + sl->ids_off, sl->ids_n);
   }
   if (n <= SMALL_PIECE) {
-    int32_t k = bpe_small(t, u, n, c->small);
-    if (sl) cache_put(c, sl, h, s, n, c->small, (size_t)k);
-    return push_ids(out, on, ocap, c->small, (size_t)k);
+    int32_t k = bpe_small(t, first_symbols(t, u, n, c->small), c->small);
+    return emit_piece(t, c, s, n, sl, h, c->small, (size_t)k, out, on, ocap);
   }
   if (reserve_symbols(c, n)) return -1;
-  for (size_t i = 0; i < n; i++) {
-    c->sym[i] = t->byte_id[u[i]];
+  size_t m = (size_t)first_symbols(t, u, n, c->sym);
+  for (size_t i = 0; i < m; i++) {
     c->prev[i] = (int32_t)i - 1;
-    c->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    c->next[i] = i + 1 < m ? (int32_t)i + 1 : -1;
   }
   size_t hn = 0;
-  for (size_t i = 0; i + 1 < n; i++) consider(t, c, &hn, (int32_t)i);
+  for (size_t i = 0; i + 1 < m; i++) consider(t, c, &hn, (int32_t)i);
   while (hn) {
     heap_item it = heap_pop(c->heap, &hn);
     int32_t pos = (int32_t)(uint32_t)it.key, nx = c->next[pos];
@@ -228,16 +291,43 @@ static int bpe_piece(const clrt_tokenizer *t, tok_ctx *c, const char *s, size_t 
   }
   size_t k = 0;
   for (int32_t i = 0; i >= 0; i = c->next[i]) c->prev[k++] = c->sym[i];   /* reuse prev[] as output */
-  if (sl) cache_put(c, sl, h, s, n, c->prev, k);
-  return push_ids(out, on, ocap, c->prev, k);
+  return emit_piece(t, c, s, n, sl, h, c->prev, k, out, on, ocap);
 }
 
-/* ---- pre-tokenization: each Split stage (behavior Isolated) cuts a piece into its matches
-   and the gaps between them; the last stage hands pieces to BPE. ---- */
+/* SentencePiece-style pieces are whole sections (no pre-tokenizer splits them); cutting
+   before each ▁ whose predecessor no token joins to it (see find_sp_joins) keeps the result
+   exact and makes pieces word-sized, so the piece cache works. */
+static int bpe_sp_words(const clrt_tokenizer *t, tok_ctx *c, const char *s, size_t n,
+                        int32_t **out, size_t *on, size_t *ocap) {
+  const unsigned char *u = (const unsigned char *)s;
+  size_t start = 0;
+  uint32_t prev = 0x2581;
+  for (size_t i = 0; i < n;) {
+    uint32_t cp;
+    int k = tok_utf8_decode(u + i, n - i, &cp);
+    if (cp == 0x2581 && i > start && prev != 0x2581) {
+      int joined = 0;
+      for (int j = 0; j < t->n_sp_join; j++)
+        if (t->sp_join[j] == prev) { joined = 1; break; }
+      if (!joined) {
+        if (bpe_piece(t, c, s + start, i - start, out, on, ocap)) return -1;
+        start = i;
+      }
+    }
+    prev = cp;
+    i += (size_t)k;
+  }
+  return bpe_piece(t, c, s + start, n - start, out, on, ocap);
+}
+
+/* ---- pre-tokenization: each Split stage cuts a piece at its matches (behavior Isolated:
+   matches and gaps are pieces; Removed: gaps only; MergedWithPrevious/Next: a match joins the
+   gap before/after it); the last stage hands pieces to BPE. ---- */
 static int split_stage(const clrt_tokenizer *t, tok_ctx *c, int k, const char *s, size_t n,
                        int32_t **out, size_t *on, size_t *ocap) {
   if (n == 0) return 0;
-  if (k == t->n_stages) return bpe_piece(t, c, s, n, out, on, ocap);
+  if (k == t->n_stages)
+    return t->sp_split && n > 3 ? bpe_sp_words(t, c, s, n, out, on, ocap) : bpe_piece(t, c, s, n, out, on, ocap);
   pcre2_code *re = t->stage[k];
   size_t pos = 0, from = 0;
   while (from <= n) {
@@ -260,41 +350,79 @@ static int split_stage(const clrt_tokenizer *t, tok_ctx *c, int k, const char *s
       while (from < n && ((unsigned char)s[from] & 0xC0) == 0x80) from++;
       continue;
     }
-    if (ms > pos && split_stage(t, c, k + 1, s + pos, ms - pos, out, on, ocap)) return -1;
-    if (split_stage(t, c, k + 1, s + ms, me - ms, out, on, ocap)) return -1;
-    pos = from = me;
+    switch (t->behavior[k]) {
+    case TOK_MERGED_PREV:
+      if (split_stage(t, c, k + 1, s + pos, me - pos, out, on, ocap)) return -1;
+      pos = me;
+      break;
+    case TOK_MERGED_NEXT:
+      if (ms > pos && split_stage(t, c, k + 1, s + pos, ms - pos, out, on, ocap)) return -1;
+      pos = ms;
+      break;
+    default:
+      if (ms > pos && split_stage(t, c, k + 1, s + pos, ms - pos, out, on, ocap)) return -1;
+      if (t->behavior[k] == TOK_ISOLATED && split_stage(t, c, k + 1, s + ms, me - ms, out, on, ocap)) return -1;
+      pos = me;
+    }
+    from = me;
   }
   if (pos < n && split_stage(t, c, k + 1, s + pos, n - pos, out, on, ocap)) return -1;
   return 0;
 }
 
-static int encode_section(const clrt_tokenizer *t, tok_ctx *c, const char *s, size_t n,
+/* Metaspace: ' ' becomes the replacement, which is also put in front when the scheme asks
+   (first: only for the section at the very start of the text); with split, a piece starts
+   at each replacement character. */
+static int metaspace(const clrt_tokenizer *t, tok_ctx *c, const char *s, size_t n, int first,
+                     int32_t **out, size_t *on, size_t *ocap) {
+  size_t spaces = 0, r = (size_t)t->meta_len;
+  for (size_t i = 0; i < n; i++) spaces += s[i] == ' ';
+  int prepend = (t->meta_prepend == 2 || (t->meta_prepend == 1 && first)) &&
+                s[0] != ' ' && !(n >= r && memcmp(s, t->meta_rep, r) == 0);
+  size_t m = n + spaces * (r - 1) + (prepend ? r : 0), o = 0;
+  char *buf = malloc(m + 1);
+  if (!buf) { clrt_set_error("tokenizer: out of memory"); return -1; }
+  if (prepend) { memcpy(buf, t->meta_rep, r); o = r; }
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] == ' ') { memcpy(buf + o, t->meta_rep, r); o += r; }
+    else buf[o++] = s[i];
+  }
+  int rc = 0;
+  if (!t->meta_split) {
+    rc = split_stage(t, c, 0, buf, m, out, on, ocap);
+  } else {
+    size_t start = 0;
+    for (size_t i = 1; i + r <= m && rc == 0; i++)
+      if (memcmp(buf + i, t->meta_rep, r) == 0) {
+        rc = split_stage(t, c, 0, buf + start, i - start, out, on, ocap);
+        start = i;
+      }
+    if (rc == 0) rc = split_stage(t, c, 0, buf + start, m - start, out, on, ocap);
+  }
+  free(buf);
+  return rc;
+}
+
+/* One section of text between added tokens; first: it starts the text. */
+static int encode_section(const clrt_tokenizer *t, tok_ctx *c, const char *s, size_t n, int first,
                           int32_t **out, size_t *on, size_t *ocap) {
   if (n == 0) return 0;
-  utf8proc_uint8_t *nfc = NULL;
-  if (t->nfc) {
-    /* Every code point below U+0300 is NFC-stable and (lead byte < 0xCC) cannot compose with
-       what precedes it, so ASCII/Latin text skips the normalizer. */
-    int need = 0;
-    for (size_t i = 0; i < n; i++)
-      if ((unsigned char)s[i] >= 0xCC) { need = 1; break; }
-    if (need) {
-      utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &nfc,
-                                        UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-      if (m < 0) {
-        clrt_set_error("tokenizer: NFC normalization failed: %s", utf8proc_errmsg(m));
-        return -1;
-      }
-      s = (const char *)nfc;
-      n = (size_t)m;
-    }
+  char *norm = NULL;
+  if (t->n_norm) {
+    const char *r = tok_normalize(t, s, n, &n);
+    if (!r) return -1;
+    if (r != s) norm = (char *)r;
+    s = r;
+    if (n == 0) { free(norm); return 0; }
   }
   int rc;
-  if (t->add_prefix_space && s[0] != ' ') {
+  if (t->meta_len) {
+    rc = metaspace(t, c, s, n, first, out, on, ocap);
+  } else if (t->add_prefix_space && s[0] != ' ') {
     if (n + 1 > c->buf_cap) {
       size_t nc = (n + 1) * 2;
       char *p = realloc(c->buf, nc);
-      if (!p) { free(nfc); clrt_set_error("tokenizer: out of memory"); return -1; }
+      if (!p) { free(norm); clrt_set_error("tokenizer: out of memory"); return -1; }
       c->buf = p; c->buf_cap = nc;
     }
     c->buf[0] = ' ';
@@ -303,7 +431,7 @@ static int encode_section(const clrt_tokenizer *t, tok_ctx *c, const char *s, si
   } else {
     rc = split_stage(t, c, 0, s, n, out, on, ocap);
   }
-  free(nfc);
+  free(norm);
   return rc;
 }
 
@@ -337,6 +465,23 @@ static size_t valid_utf8_prefix(const unsigned char *s, size_t n) {
   return n;
 }
 
+static int word_char(uint32_t cp) {
+  utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)cp);
+  return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_ND) || k == UTF8PROC_CATEGORY_PC;
+}
+
+/* No word character right before [from, to) nor right after it. */
+static int single_word_at(const unsigned char *u, size_t len, size_t from, size_t to) {
+  uint32_t cp;
+  if (from > 0) {
+    size_t b = from - 1;
+    while (b > 0 && (u[b] & 0xC0) == 0x80) b--;
+    if (tok_utf8_decode(u + b, from - b, &cp) && word_char(cp)) return 0;
+  }
+  if (to < len && tok_utf8_decode(u + to, len - to, &cp) && word_char(cp)) return 0;
+  return 1;
+}
+
 int tok_encode(const clrt_tokenizer *t, tok_ctx *c, const char *text, size_t len, int add_special,
                int32_t **out, size_t *n, size_t *cap) {
   const unsigned char *u = (const unsigned char *)text;
@@ -352,6 +497,7 @@ int tok_encode(const clrt_tokenizer *t, tok_ctx *c, const char *text, size_t len
     size_t m = t->added_first[u[i]] ? match_added(t, u + i, len - i, &which) : 0;
     if (!m) { i++; continue; }
     const tok_added *a = &t->added[which];
+    if (a->single_word && !single_word_at(u, len, i, i + m)) { i += m; continue; }
     size_t sec_end = i, next = i + m;
     if (a->lstrip) {
       while (sec_end > start) {
@@ -367,11 +513,11 @@ int tok_encode(const clrt_tokenizer *t, tok_ctx *c, const char *text, size_t len
       int k;
       while (next < len && (k = tok_utf8_decode(u + next, len - next, &cp)) && tok_is_white_space(cp)) next += (size_t)k;
     }
-    if (encode_section(t, c, text + start, sec_end - start, out, n, cap)) return -1;
+    if (encode_section(t, c, text + start, sec_end - start, start == 0, out, n, cap)) return -1;
     if (push_ids(out, n, cap, &a->id, 1)) return -1;
     start = i = next;
   }
-  if (encode_section(t, c, text + start, len - start, out, n, cap)) return -1;
+  if (encode_section(t, c, text + start, len - start, start == 0, out, n, cap)) return -1;
   if (add_special && t->n_suffix && push_ids(out, n, cap, t->suffix, (size_t)t->n_suffix)) return -1;
   return 0;
 }

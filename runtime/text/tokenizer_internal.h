@@ -46,10 +46,19 @@ typedef struct {
   char *content;
   size_t len;
   int32_t id;
-  int special, lstrip, rstrip, normalized;
+  int special, lstrip, rstrip, normalized, single_word;
 } tok_added;
 
-enum { TOK_MAX_STAGES = 8 };
+enum { TOK_MAX_STAGES = 8, TOK_MAX_NORM = 16, TOK_MAX_DEC_REPLACE = 4 };
+enum { TOK_ISOLATED, TOK_REMOVED, TOK_MERGED_PREV, TOK_MERGED_NEXT };
+enum { TOK_NORM_NFC, TOK_NORM_NFD, TOK_NORM_NFKC, TOK_NORM_NFKD, TOK_NORM_PREPEND, TOK_NORM_REPLACE, TOK_NORM_STRIP };
+
+typedef struct {
+  int kind;
+  char *a, *b;                   /* prepend text; replace pattern -> content */
+  size_t a_len, b_len;
+  int left, right;               /* strip sides */
+} tok_norm;
 
 typedef struct tok_trie_node {
   int32_t child, sibling;        /* first child, next sibling (-1: none) */
@@ -74,7 +83,27 @@ struct clrt_tokenizer {
   pcre2_code *stage[TOK_MAX_STAGES];
   int n_stages;
   int jit[TOK_MAX_STAGES];       /* stage k was JIT-compiled */
+  int behavior[TOK_MAX_STAGES];   /* TOK_ISOLATED ... of stage k */
   int nfc, ignore_merges, add_prefix_space, finished;
+  /* SentencePiece-style model (byte_level == 0): symbols are characters */
+  int byte_level, byte_fallback, fuse_unk;
+  int32_t unk_id;
+  int32_t fallback_id[256];      /* <0xNN> token of each byte, -1 if absent */
+  int32_t *char_id;              /* [65536]: id of each BMP character's one-character token, -1 none */
+  char **id_text;                /* [n_ids] token text as in tokenizer.json (SentencePiece-style only) */
+  uint32_t *id_text_len;
+  uint32_t *sp_join;             /* sorted code points c for which some token holds c followed by ▁ */
+  int n_sp_join, sp_split;       /* sp_split: cutting pieces before ▁ is exact (see tokenizer_encode.c) */
+  tok_norm norm[TOK_MAX_NORM];
+  int n_norm;
+  char meta_rep[8];              /* Metaspace replacement character, meta_len 0: no Metaspace */
+  int meta_len, meta_prepend, meta_split;
+  /* decoder: per-token replaces and byte fallback (before Fuse), then Strip on the whole text */
+  char *dec_from[TOK_MAX_DEC_REPLACE], *dec_to[TOK_MAX_DEC_REPLACE];
+  size_t dec_from_len[TOK_MAX_DEC_REPLACE], dec_to_len[TOK_MAX_DEC_REPLACE];
+  int n_dec_replace, dec_byte_fallback, dec_fused, dec_byte_level, n_dec;
+  char strip_char;
+  int strip_start, strip_stop;
   int32_t prefix[8], suffix[8];
   int n_prefix, n_suffix;
   struct tok_ctx *ctx;           /* for the single-threaded entry points */
@@ -100,6 +129,12 @@ int tok_cp_to_byte(uint32_t cp);      /* -1 if cp is not in the alphabet */
 /* Decode one UTF-8 char at s (n bytes left); returns its length, or 0 if invalid/incomplete. */
 int tok_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp);
 int tok_is_white_space(uint32_t cp);
+/* Normalizer steps of t over s: s itself when no step changed it, else a malloc'd string
+   (*out_len); NULL with the error set on failure. */
+char *tok_normalize(const clrt_tokenizer *t, const char *s, size_t n, size_t *out_len);
+/* Per-token decoder steps over a token's text -> malloc'd bytes; NULL on OOM. */
+char *tok_decode_token(const clrt_tokenizer *t, const char *s, size_t n, size_t *out_len);
+void tok_pipeline_free(clrt_tokenizer *t);
 
 /* Translate a Hugging Face (Oniguruma) pattern into PCRE2 with the same meaning; compiles it.
    NULL with the error set (naming `what`) on failure. */

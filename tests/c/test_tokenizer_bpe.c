@@ -153,8 +153,8 @@ int main(void) {
   CHECK_ERROR("not in the vocab");
   CHECK(clrt_tokenizer_add_split(t, "(", 1) != 0);
   CHECK_ERROR("bad regex");
-  CHECK(clrt_tokenizer_add_vocab(t, "\xe4\xb8\x80", 3, 5) != 0);
-  CHECK_ERROR("not in the byte-level alphabet");
+  CHECK(clrt_tokenizer_add_vocab(t, "", 0, 5) != 0);
+  CHECK_ERROR("empty token");
   clrt_tokenizer_free(t);
 
   clrt_tokenizer *u = clrt_tokenizer_new();

@@ -1,7 +1,9 @@
 /* fuzz_tokenizer_encode.c — arbitrary bytes through the tokenizer built with the C API (no
    files): encode must succeed on valid UTF-8 (and decode back to the input when there is no
    normalizer or stripping) or fail cleanly on invalid UTF-8; the UTF-8 helpers and the BPE
-   trainer must never crash either. */
+   trainer must never crash either. Three SentencePiece-style tokenizers (byte fallback,
+   Prepend/Replace/NFKC/Strip normalizers, Metaspace, Split behaviors, single_word added
+   tokens, unk fusing, the Replace/ByteFallback/Fuse/Strip decoders) take the same bytes. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +65,80 @@ static clrt_tokenizer *build(int nfc) {
   return t;
 }
 
+#define META "\xe2\x96\x81"
+
+/* variant 0: Llama 2's pipeline (Prepend ▁, Replace ' ' -> ▁, byte fallback); 1: NFKC + Strip +
+   Metaspace (first, split); 2: no byte fallback (unk, fused), Split "[.,]" MergedWithPrevious
+   then " " Removed, and a single_word added token */
+static clrt_tokenizer *build_sp(int variant) {
+  clrt_tokenizer *t = clrt_tokenizer_new();
+  if (!t || clrt_tokenizer_set_model(t, 0, variant != 2, variant == 2, 0)) die("sp model");
+  if (clrt_tokenizer_add_vocab(t, "<unk>", 5, 0)) die("sp unk");
+  int32_t id = 1;
+  for (int b = 0; b < 256; b++) {
+    char s[8];
+    snprintf(s, sizeof s, "<0x%02X>", b);
+    if (clrt_tokenizer_add_vocab(t, s, 6, id++)) die("sp byte");
+  }
+  const char *single[] = { "a", "b", "e", "h", "t", " ", ".", META, "\xc3\xa9" };
+  for (size_t k = 0; k < sizeof single / sizeof *single; k++)
+    if (clrt_tokenizer_add_vocab(t, single[k], strlen(single[k]), id++)) die("sp char");
+  const char *merges[][2] = { { META, "t" }, { "h", "e" }, { META "t", "he" }, { META, META }, { "a", META },
+                              { "e", "\xc3\xa9" }, { "a", "b" } };
+  for (size_t k = 0; k < sizeof merges / sizeof *merges; k++) {
+    char cat[32];
+    snprintf(cat, sizeof cat, "%s%s", merges[k][0], merges[k][1]);
+    if (clrt_tokenizer_add_vocab(t, cat, strlen(cat), id++)) die("sp merged");
+    if (clrt_tokenizer_add_merge(t, merges[k][0], strlen(merges[k][0]), merges[k][1], strlen(merges[k][1]))) die("sp merge");
+  }
+  if (clrt_tokenizer_add_added_word(t, "<s>", 3, id++, 1, 0, 0, 0, 0)) die("sp added");
+  if (clrt_tokenizer_add_added_word(t, "<w>", 3, id++, 0, variant == 2, variant == 2, 1, variant == 2)) die("sp word");
+  if (variant == 1) {
+    if (clrt_tokenizer_add_normalizer(t, "nfkc", NULL, 0, NULL, 0, 0, 0) ||
+        clrt_tokenizer_add_normalizer(t, "strip", NULL, 0, NULL, 0, 1, 1) ||
+        clrt_tokenizer_set_metaspace(t, META, 3, 1, 1)) die("sp metaspace");
+  } else {
+    if (clrt_tokenizer_add_normalizer(t, "prepend", META, 3, NULL, 0, 0, 0) ||
+        clrt_tokenizer_add_normalizer(t, "replace", " ", 1, META, 3, 0, 0)) die("sp normalizer");
+  }
+  if (variant == 2 && (clrt_tokenizer_add_split_behavior(t, "[.,]", 4, 2) ||
+                       clrt_tokenizer_add_split_behavior(t, "e", 1, 1))) die("sp split");
+  if (clrt_tokenizer_add_decoder(t, "replace", META, 3, " ", 1, 0, 0) ||
+      clrt_tokenizer_add_decoder(t, "byte_fallback", NULL, 0, NULL, 0, 0, 0) ||
+      clrt_tokenizer_add_decoder(t, "fuse", NULL, 0, NULL, 0, 0, 0) ||
+      clrt_tokenizer_add_decoder(t, "strip", " ", 1, NULL, 0, 1, 0)) die("sp decoder");
+  if (clrt_tokenizer_finish(t)) die("sp finish");
+  return t;
+}
+
+/* The SentencePiece-style tokenizers: valid UTF-8 always encodes (byte fallback or unk covers
+   every character); variant 0 decodes back to the input (a space for each ▁) when no added
+   token text is in it. */
+static void fuzz_sp(const char *s, size_t size) {
+  static clrt_tokenizer *sp[3];
+  if (!sp[0]) for (int v = 0; v < 3; v++) sp[v] = build_sp(v);
+  for (int v = 0; v < 3; v++) {
+    int64_t n = 0;
+    const int32_t *ids = clrt_tokenizer_encode(sp[v], s, size, 1, &n);
+    if (!ids) continue;
+    int32_t *copy = malloc((size_t)(n ? n : 1) * sizeof *copy);
+    memcpy(copy, ids, (size_t)n * sizeof *copy);
+    size_t len = 0;
+    const char *back = clrt_tokenizer_decode(sp[v], copy, n, 0, &len);
+    if (!back) { fprintf(stderr, "sp variant %d: decode failed: %s\n", v, clrt_last_error()); abort(); }
+    if (v == 0 && !memchr(s, '<', size)) {
+      char *want = malloc(size + 1);
+      size_t w = 0;
+      for (size_t i = 0; i < size;) {
+        if (i + 3 <= size && memcmp(s + i, META, 3) == 0) { want[w++] = ' '; i += 3; } else want[w++] = s[i++];
+      }
+      if (len != w || memcmp(back, want, w) != 0) { fprintf(stderr, "sp round trip failed for %zu bytes\n", size); abort(); }
+      free(want);
+    }
+    free(copy);
+  }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static clrt_tokenizer *plain, *norm;
   if (!plain) { plain = build(0); norm = build(1); }
@@ -82,6 +158,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   ids = clrt_tokenizer_encode(norm, s, size, 1, &n);
   if (ids && n > 0 && ids[0] != 401) { fprintf(stderr, "BOS missing\n"); abort(); }
+  fuzz_sp(s, size);
   /* UTF-8 helpers over the raw bytes */
   char *out = malloc(size * 3 + 1);
   size_t m = clrt_utf8_lossy(s, size, out);

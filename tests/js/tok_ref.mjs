@@ -4,6 +4,7 @@
 //       IN is a JSON list of strings; OUT gets {ids, ids_special, decoded, nfc}: ids without and with
 //       special tokens, decode(ids) without clean-up, with the tokenizer's defaults, skipping
 //       special tokens, and each text in NFC
+//   node tok_ref.mjs decode DIR IN.json OUT.json   IN is a JSON list of id lists; OUT gets {plain, skip}
 //   node tok_ref.mjs bench DIR FILE                 encode FILE line by line; prints MB/s
 import { TokenizerLoader } from "@lenml/tokenizers";
 import { readFileSync, writeFileSync, existsSync } from "node:fs";
@@ -30,6 +31,16 @@ if (mode === "encode") {
   }
   const nfc = texts.map((t) => t.normalize("NFC"));
   writeFileSync(b, JSON.stringify({ ids, ids_special, decoded, decoded_default, decoded_skip, nfc }));
+} else if (mode === "decode") {
+  // IN is a JSON list of id lists; OUT gets {plain, skip}: decode without clean-up, and skipping
+  // special tokens
+  const lists = JSON.parse(readFileSync(a, "utf8"));
+  const plain = [], skip = [];
+  for (const ids of lists) {
+    plain.push(ids.length === 0 ? "" : tok.decode(ids, { skip_special_tokens: false, clean_up_tokenization_spaces: false }));
+    skip.push(ids.length === 0 ? "" : tok.decode(ids, { skip_special_tokens: true, clean_up_tokenization_spaces: false }));
+  }
+  writeFileSync(b, JSON.stringify({ plain, skip }));
 } else if (mode === "bench") {
   const text = readFileSync(a, "utf8");
   const lines = text.split("\n");
@@ -40,6 +51,6 @@ if (mode === "encode") {
   const mb = Buffer.byteLength(text, "utf8") / 1e6;
   console.log(JSON.stringify({ seconds: s, mb, mb_per_s: mb / s, tokens: n }));
 } else {
-  console.error("usage: node tok_ref.mjs encode|bench DIR ...");
+  console.error("usage: node tok_ref.mjs encode|decode|bench DIR ...");
   process.exit(2);
 }

@@ -85,6 +85,16 @@ T.case("added tokens: matched before splitting, longest first, lstrip/rstrip, sk
   T.eq(tok:token(302), "[s]")
 end)
 
+T.case("single_word added tokens match only where no word character touches them", function()
+  local tok = tiny({}, { added_tokens = { { id = 300, content = "<w>", special = true, single_word = true } } })
+  T.eq(tok:encode("a <w> b"), { 97, 32, 300, 32, 98 })
+  T.eq(tok:encode("<w>"), { 300 })
+  T.eq(tok:encode("(<w>)"), { 40, 300, 41 })
+  T.eq(tok:encode("a<w>"), { 97, 60, 119, 62 })
+  T.eq(tok:encode("<w>\195\169"), { 60, 119, 62, 195, 169 })   -- é is a letter
+  T.eq(tok:encode("x<w> <w>"), { 120, 60, 119, 62, 32, 300 })
+end)
+
 T.case("TemplateProcessing adds BOS unless add_special_tokens = false", function()
   local tok = tiny({}, {
     added_tokens = { { id = 256, content = "<s>", special = true } },
@@ -207,15 +217,37 @@ T.case("malformed files give clear errors naming the file and the part", functio
 
   tj = base_json(); tj.pre_tokenizer = { type = "Whitespace" }
   p = write(dir, "badpre.json", cjson.encode(tj))
-  T.raises(function() tokenizer.load(p) end, "badpre.json: unsupported pre_tokenizer type \"Whitespace\"")
+  T.raises(function() tokenizer.load(p) end, "badpre.json: pre_tokenizer: unsupported pre_tokenizer type \"Whitespace\"")
 
-  tj = base_json(); tj.normalizer = { type = "Lowercase" }
+  -- errors name the component's path in the file
+  tj = base_json(); tj.normalizer = { type = "Sequence", normalizers = { { type = "NFC" }, { type = "Lowercase" } } }
   p = write(dir, "badnorm.json", cjson.encode(tj))
-  T.raises(function() tokenizer.load(p) end, "unsupported normalizer type \"Lowercase\"")
+  T.raises(function() tokenizer.load(p) end, "badnorm.json: normalizer.normalizers[2]: unsupported normalizer type \"Lowercase\"")
 
-  tj = base_json(); tj.decoder = { type = "WordPiece" }
+  tj = base_json(); tj.normalizer = { type = "Replace", pattern = { Regex = " +" }, content = "_" }
+  p = write(dir, "badrepl.json", cjson.encode(tj))
+  T.raises(function() tokenizer.load(p) end, "normalizer: a Regex pattern is not supported here")
+
+  tj = base_json(); tj.normalizer = { type = "Prepend" }
+  p = write(dir, "badprep.json", cjson.encode(tj))
+  T.raises(function() tokenizer.load(p) end, "normalizer: prepend must be a string, got nil")
+
+  tj = base_json(); tj.decoder = { type = "Sequence", decoders = { { type = "ByteLevel" }, { type = "WordPiece" } } }
   p = write(dir, "baddec.json", cjson.encode(tj))
-  T.raises(function() tokenizer.load(p) end, "unsupported decoder type \"WordPiece\"")
+  T.raises(function() tokenizer.load(p) end, "decoder.decoders[2]: unsupported decoder type \"WordPiece\"")
+
+  tj = base_json(); tj.decoder = { type = "Sequence", decoders = "oops" }
+  p = write(dir, "baddec2.json", cjson.encode(tj))
+  T.raises(function() tokenizer.load(p) end, "decoder: decoders must be a list")
+
+  tj = base_json(); tj.pre_tokenizer = { type = "Sequence", pretokenizers = {
+    { type = "ByteLevel", use_regex = false }, { type = "Metaspace", replacement = "_", prepend_scheme = "sometimes" } } }
+  p = write(dir, "badmeta.json", cjson.encode(tj))
+  T.raises(function() tokenizer.load(p) end, "pre_tokenizer.pretokenizers[2]: unknown Metaspace prepend_scheme \"sometimes\"")
+
+  tj = base_json(); tj.model.merges[1] = 7
+  p = write(dir, "badmerge2.json", cjson.encode(tj))
+  T.raises(function() tokenizer.load(p) end, "model.merges[1]: is not a pair of tokens")
 
   tj = base_json(); tj.model.type = "Unigram"
   p = write(dir, "badmodel.json", cjson.encode(tj))
@@ -234,13 +266,13 @@ T.case("malformed files give clear errors naming the file and the part", functio
   p = write(dir, "badregex.json", cjson.encode(tj))
   T.raises(function() tokenizer.load(p) end, "bad regex (")
 
-  tj = base_json(); tj.pre_tokenizer = { type = "Split", pattern = { Regex = "x" }, behavior = "Removed" }
-  p = write(dir, "removed.json", cjson.encode(tj))
-  T.raises(function() tokenizer.load(p) end, "unsupported Split behavior \"Removed\"")
+  tj = base_json(); tj.pre_tokenizer = { type = "Split", pattern = { Regex = "x" }, behavior = "Contiguous" }
+  p = write(dir, "contig.json", cjson.encode(tj))
+  T.raises(function() tokenizer.load(p) end, "pre_tokenizer: unsupported Split behavior \"Contiguous\"")
 
-  tj = base_json(); tj.added_tokens = { { id = 400, content = "<x>", single_word = true } }
-  p = write(dir, "sw.json", cjson.encode(tj))
-  T.raises(function() tokenizer.load(p) end, "unsupported added token option single_word")
+  tj = base_json(); tj.added_tokens = { { id = "400", content = "<x>" } }
+  p = write(dir, "badadded.json", cjson.encode(tj))
+  T.raises(function() tokenizer.load(p) end, "added_tokens[1]: needs content (a string) and id (a number)")
 
   -- a folder with a good file loads, and reads tokenizer_config.json beside it
   tj = base_json()
