@@ -91,14 +91,29 @@ EOF
   return 0
 }
 
+# dpkg-deb -x; where the image has no dpkg, the .deb's own layout: an ar archive holding data.tar.*.
+extract_deb() {
+  if command -v dpkg-deb >/dev/null; then dpkg-deb -x "$1" "$2"; return; fi
+  local t; t="$(mktemp -d)"
+  (cd "$t" && ar x "$1" && tar -xf data.tar.* -C "$2")
+  local rc=$?; rm -rf "$t"; return $rc
+}
+
 step_unpack() {
   local n=0
   [ -f "$kit/manifest.txt" ] || { echo "no .gpu/manifest.txt: run scripts/gpu/prepare.sh here and carry .gpu"; return 1; }
+  # Unpacked from this manifest already (a second call on a warm machine): kept as it is, so
+  # the headers' times do not make the build start again.
+  if cmp -s "$kit/manifest.txt" "$prefix/.manifest" && [ -x "$prefix/kit-bin/pkg-config" ]; then
+    echo "already unpacked from this manifest in $prefix"
+    echo "FIGURE packages=$(grep -c '^deb=' "$kit/manifest.txt")"
+    return 0
+  fi
   rm -rf "$prefix"
   mkdir -p "$prefix"
   while read -r deb _; do
     [ -s "$kit/debs/$deb" ] || { echo "missing .gpu/debs/$deb (the manifest lists it): run prepare.sh again"; return 1; }
-    dpkg-deb -x "$kit/debs/$deb" "$prefix" || { echo "dpkg-deb -x $deb failed"; return 1; }
+    extract_deb "$kit/debs/$deb" "$prefix" || { echo "unpacking $deb failed"; return 1; }
     n=$((n + 1))
   done < <(sed -n 's/^deb=//p' "$kit/manifest.txt")
   # libmicrohttpd.pc names gnutls as a private requirement (static links only); pkgconf looks
@@ -112,6 +127,7 @@ LD_LIBRARY_PATH="$libdirs" PKG_CONFIG_LIBDIR="$prefix/usr/lib/$multiarch/pkgconf
   PKG_CONFIG_SYSROOT_DIR="$prefix" exec "$prefix/usr/bin/pkgconf" "\$@"
 EOF
   chmod +x "$prefix/kit-bin/pkg-config"
+  cp "$kit/manifest.txt" "$prefix/.manifest"
   echo "unpacked $n packages into $prefix ($(du -sh "$prefix" | cut -f1))"
   echo "FIGURE packages=$n"
 }
@@ -277,13 +293,9 @@ EOF
   return $rc
 }
 
-if [ "${1:-}" = "--step" ]; then
-  mkdir -p "$logs"
-  "step_$2"
-  exit $?
-fi
-
 # ---------------------------------------------------------------------------------- driver
+# In a function, read whole before it runs: a script edited while it runs is not re-read.
+main() {
 OUT="${OUT:-$work/out}"
 mkdir -p "$OUT"
 rm -rf "$logs"; mkdir -p "$logs"
@@ -382,3 +394,12 @@ for s in $steps; do
 done
 cat "$OUT/summary.txt"
 [ "$fails" = 0 ]
+}
+
+if [ "${1:-}" = "--step" ]; then
+  mkdir -p "$logs"
+  "step_$2"
+  exit $?
+fi
+main "$@"
+exit $?
