@@ -204,7 +204,9 @@ need_gpu() {
 ctest_bin() { local c; c="$(find_tool cmake /usr/local/bin/cmake /opt/torch/.venv/bin/cmake)" && echo "$(dirname "$c")/ctest"; }
 
 step_cpu_tests() {
-  local re="${CLRT_GPU_CPU_TESTS:-^(c_test_(tensor_core|tensor_ops|shared_math|safetensors|tokenizer_bpe|http|sample)|lua_test_(tensor_basics|tensor_ops|decode|extract_json|log|tensorboard))\$}"
+  # One quick test or two for each carried library: OpenBLAS (tensor ops), curl and
+  # microhttpd (http), PCRE2 and utf8proc (the tokenizer), LuaJIT and cjson (the Lua ones).
+  local re="${CLRT_GPU_CPU_TESTS:-^(c_test_(tensor_core|tensor_ops|shared_math|safetensors|tokenizer_bpe|http)|lua_test_(tensor_basics|extract_json|log|tensorboard))\$}"
   "$(ctest_bin)" --test-dir "$build" --output-on-failure --timeout 300 -j"$(nproc)" -R "$re"
 }
 
@@ -317,7 +319,7 @@ case "${1:-all}" in
   all)   steps="env unpack build cuda_tests sanitize hf cpu_tests bench_train bench_generate rl" ;;
   *)     steps="$(echo "$1" | tr ',' ' ')" ;;
 esac
-[ "$dry" = 1 ] && want[build]=2400
+[ "$dry" = 1 ] && want[build]=2400 && want[cpu_tests]=900
 for s in $steps; do
   [ -n "${want[$s]:-}" ] || { echo "run.sh: unknown step '$s' (${!want[*]})" >&2; exit 2; }
   v="CLRT_GPU_BUDGET_$s"   # a step's own budget, e.g. CLRT_GPU_BUDGET_rl=400
