@@ -8,7 +8,7 @@
 # figures, the tail of each failing log), summary.json, all.log (every log, in order) and
 # logs.tar.gz (the logs, the RL runs' metrics and summaries). docs/gpu.md says how to run it.
 #   bash scripts/gpu/run.sh [check|perf|all|STEP,...]     (default all)
-#     check: build, cuda_tests, sanitize, hf, cpu_tests    perf: build, bench_train,
+#     check: build, cuda_tests, hf, cpu_tests, sanitize    perf: build, bench_train,
 #     bench_generate, rl     all: both, in that order, as far as the budget goes
 #   CLRT_GPU_DRY=1        here, without a GPU: the same unpacking and clean build (CUDA when
 #                         nvcc is found), the CPU tests; the GPU steps skip with their reason
@@ -314,9 +314,10 @@ declare -A want=(   [env]=30  [unpack]=60 [build]=300 [cpu_tests]=150 [cuda_test
 declare -A needs=(  [unpack]=env [build]=unpack [cpu_tests]=build [cuda_tests]=build [sanitize]=build
                     [hf]=build [bench_train]=build [bench_generate]=build [rl]=build )
 case "${1:-all}" in
-  check) steps="env unpack build cuda_tests sanitize hf cpu_tests" ;;
+  # The sanitizer last in its group: the slowest, it gets what the others leave.
+  check) steps="env unpack build cuda_tests hf cpu_tests sanitize" ;;
   perf)  steps="env unpack build bench_train bench_generate rl" ;;
-  all)   steps="env unpack build cuda_tests sanitize hf cpu_tests bench_train bench_generate rl" ;;
+  all)   steps="env unpack build cuda_tests hf cpu_tests sanitize bench_train bench_generate rl" ;;
   *)     steps="$(echo "$1" | tr ',' ' ')" ;;
 esac
 [ "$dry" = 1 ] && want[build]=2400 && want[cpu_tests]=900
@@ -403,5 +404,4 @@ if [ "${1:-}" = "--step" ]; then
   "step_$2"
   exit $?
 fi
-main "$@"
-exit $?
+main "$@"; exit $?   # one line: nothing after it is read
