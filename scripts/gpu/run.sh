@@ -109,7 +109,9 @@ step_unpack() {
     echo "FIGURE packages=$(grep -c '^deb=' "$kit/manifest.txt")"
     return 0
   fi
-  rm -rf "$prefix"
+  # A new prefix: objects compiled against the old one (their dependency files name its
+  # headers) go too, so the build and its checks see only this one.
+  rm -rf "$prefix" "$build"
   mkdir -p "$prefix"
   while read -r deb _; do
     [ -s "$kit/debs/$deb" ] || { echo "missing .gpu/debs/$deb (the manifest lists it): run prepare.sh again"; return 1; }
