@@ -7,7 +7,8 @@
 -- against the PyTorch model in bfloat16 (same bytes per weight on both sides).
 --   clrt bench/generate.lua [sizes=15m,110m|0.5b] [batches=1,32] [new=64] [prompt=16] [device=cpu|cuda]
 --                           [weights=f32|bf16|f32,bf16] [reps=3]
--- Each figure is the median of reps timed runs (the peer's too).
+-- Each figure is the median of reps timed runs (the peer's too). CLRT_PYTHON names the peer's
+-- Python (default /usr/bin/python3, Debian's).
 local ffi = require("ffi")
 local cjson = require("cjson")
 ffi.cdef [[ struct bench_ts { long tv_sec; long tv_nsec; }; int clock_gettime(int, struct bench_ts *); ]]
@@ -95,8 +96,8 @@ for _, size in ipairs(sizes) do
       end
       table.sort(secs)
       local ours = B * (new_tokens - 1) / secs[math.floor(reps / 2) + 1]
-      local py = io.popen(("OMP_NUM_THREADS=2 BENCH_REPS=%d /usr/bin/python3 %s/generate_ref.py %s %d %d %d %s %s"):format(
-        reps, here, require("clrt.util.shell").quote(cjson.encode(cfg)), B, prompt_len, new_tokens, device, wk))
+      local py = io.popen(("OMP_NUM_THREADS=2 BENCH_REPS=%d %s %s/generate_ref.py %s %d %d %d %s %s"):format(
+        reps, os.getenv("CLRT_PYTHON") or "/usr/bin/python3", here, require("clrt.util.shell").quote(cjson.encode(cfg)), B, prompt_len, new_tokens, device, wk))
       local line = py:read("*a")
       py:close()
       local ok, peer = pcall(cjson.decode, line)

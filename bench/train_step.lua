@@ -7,6 +7,9 @@
 -- is what a busy machine disturbs least).
 -- device=cuda runs both on the GPU (fp32, TF32 off on both sides) and adds achieved TFLOP/s
 -- and MFU against the GPU's dense bf16 peak (clrt.cuda_peak_tflops(), CLRT_PEAK_TFLOPS).
+-- matmul=bf16 (full fine-tune rows): clrt's m:set_matmul("bf16") (bf16 products, f32 master
+-- weights and accumulation) against PyTorch under bf16 autocast. CLRT_PYTHON names the
+-- peer's Python (default /usr/bin/python3, Debian's).
 -- baseline=1 also runs clrt with set_decode_pack(false) (OpenBLAS sgemm for every product, the
 -- path before the AVX-512 training kernels) and prints the ratio of the two in this run.
 -- sizes=0.9M is the built-in world's model at its SFT batch (B=32, T=256).
@@ -46,6 +49,7 @@ if args.worker then
   local m = clrt.model.new(cfg, { seed = 0, max_batch = B, max_seq = T, keep_logits_mb = tonumber(args.keep_logits_mb),
     device = args.device })
   if args.pack == "0" then m:set_decode_pack(false) end   -- sgemm throughout: the old path
+  if args.matmul == "bf16" then m:set_matmul("bf16") end
   local flops = m:train_flops(B, T)
   local r = tonumber(args.lora or 0)
   if r > 0 then
@@ -117,6 +121,9 @@ local here = debug.getinfo(1, "S").source:sub(2):match("^(.*)/bench/[^/]*$") or 
 local src = os.getenv("CLRT_SOURCE_DIR") or here
 local bin = os.getenv("CLRT_BIN") or (arg and arg[-1]) or "clrt"
 local sh_quote = require("clrt.util.shell").quote
+local python = os.getenv("CLRT_PYTHON") or "/usr/bin/python3"
+local matmul = args.matmul or "f32"
+if matmul ~= "f32" and matmul ~= "bf16" then error("matmul=" .. matmul .. " (f32, bf16)") end
 
 local function run(cmd)
   local p = io.popen(cmd .. " 2>&1")
@@ -142,10 +149,11 @@ for size in (args.sizes or "5M,50M"):gmatch("[^,]+") do
   local row = ROWS[row_name]
   if not row then error("unknown row " .. row_name .. " (full, lora, lora_bf16)") end
   local lora_args = row.r > 0 and (" lora=%d base_dtype=%s"):format(row.r, row.base) or ""
-  local c_out = run(("CLRT_PROFILE=1 OMP_NUM_THREADS=%d %s %s/bench/train_step.lua worker=%s B=%d T=%d steps=%d threads=%d device=%s%s"):format(
-    threads, sh_quote(bin), sh_quote(src), size, B, T, steps, threads, device, lora_args))
-  local t_out = run(("OMP_NUM_THREADS=%d /usr/bin/python3 %s/bench/train_step_torch.py %s %d %d %d %d %s %d %s"):format(
-    threads, sh_quote(src), sh_quote(cjson.encode(cfg)), B, T, steps, threads, device, row.r, row.base))
+  local mm = row.r > 0 and "f32" or matmul
+  local c_out = run(("CLRT_PROFILE=1 OMP_NUM_THREADS=%d %s %s/bench/train_step.lua worker=%s B=%d T=%d steps=%d threads=%d device=%s matmul=%s%s"):format(
+    threads, sh_quote(bin), sh_quote(src), size, B, T, steps, threads, device, mm, lora_args))
+  local t_out = run(("OMP_NUM_THREADS=%d %s %s/bench/train_step_torch.py %s %d %d %d %d %s %d %s %s"):format(
+    threads, sh_quote(python), sh_quote(src), sh_quote(cjson.encode(cfg)), B, T, steps, threads, device, row.r, row.base, mm))
   local ctok, crss = c_out:match("clrt tokens_per_s=([%d.]+) peak_rss_mb=([%d.]+)")
   local ttok, trss = t_out:match("torch tokens_per_s=([%d.]+) peak_rss_mb=([%d.]+)")
   if not ctok then error("clrt worker failed:\n" .. c_out) end
@@ -154,7 +162,8 @@ for size in (args.sizes or "5M,50M"):gmatch("[^,]+") do
     ttok, trss = 0 / 0, 0 / 0
   end
   if not ttok then error("torch peer failed:\n" .. t_out) end
-  print(("\n== %s (%s params), B=%d T=%d, %s =="):format(size, c_out:match("params=(%d+)"), B, T, row.label))
+  print(("\n== %s (%s params), B=%d T=%d, %s%s =="):format(size, c_out:match("params=(%d+)"), B, T, row.label,
+    mm == "bf16" and ", bf16 products" or ""))
   local cbest = tonumber(c_out:match("best_tokens_per_s=([%d.]+)"))
   local tbest = tonumber(t_out:match("best_tokens_per_s=([%d.]+)")) or 0 / 0
   print(("clrt : %9.1f tokens/s (median step; best %.1f)  peak RSS %7.1f MB"):format(tonumber(ctok), cbest, tonumber(crss)))

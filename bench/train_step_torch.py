@@ -6,7 +6,10 @@ Optional 7th and 8th: a LoRA rank r (0: full fine-tune) and the base's dtype (f3
 the peer is then a LoRA of its own (no peft here) — the base frozen (no gradients, no optimizer
 state), y = x W^T + b + (2r / r) (x A^T) B^T on the seven projections of every layer, A, B
 trained by AdamW; a bf16 base holds those seven weights in bf16 and multiplies bf16 inputs
-(F.linear in bf16, f32 out), as a bf16 base under peft does; embeddings and head stay f32."""
+(F.linear in bf16, f32 out), as a bf16 base under peft does; embeddings and head stay f32.
+Optional 9th: `bf16` runs forward and backward under bf16 autocast (f32 master weights), the
+peer of clrt's m:set_matmul("bf16")."""
+import contextlib
 import os
 import resource
 import sys
@@ -49,6 +52,8 @@ def main():
     torch.manual_seed(0)
     r = int(sys.argv[7]) if len(sys.argv) > 7 else 0
     base_dtype = sys.argv[8] if len(sys.argv) > 8 else "f32"
+    autocast = (torch.autocast(device_type=dev, dtype=torch.bfloat16)
+                if len(sys.argv) > 9 and sys.argv[9] == "bf16" else contextlib.nullcontext())
     P = {n: t.to(dev).requires_grad_(r == 0) for n, t in R.init_params(cfg, 0, torch.float32).items()}
     linear, trained = None, list(P.values())
     if r > 0:
@@ -78,8 +83,9 @@ def main():
 
     def step():
         opt.zero_grad(set_to_none=False)
-        lp, valid = R.logprobs(cfg, P, tokens, lengths, linear)
-        loss = -lp.sum() / valid.sum()
+        with autocast:
+            lp, valid = R.logprobs(cfg, P, tokens, lengths, linear)
+            loss = -lp.float().sum() / valid.sum()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trained, 1.0)
         opt.step()

@@ -104,7 +104,16 @@ local function parse_config(cfg, src)
   c.max_position_embeddings = int("max_position_embeddings")
   c.rms_norm_eps = num("rms_norm_eps")
   if c.rms_norm_eps <= 0 then bad("rms_norm_eps", "must be positive") end
-  c.rope_theta = num("rope_theta", 10000)
+  -- transformers 5 writes RoPE's settings as rope_parameters {rope_theta, rope_type, ...} in
+  -- place of rope_theta and rope_scaling: either form is read, the top-level keys first.
+  local rp = cfg.rope_parameters
+  if is_null(rp) then rp = nil elseif type(rp) ~= "table" then bad("rope_parameters", "must be an object or null") end
+  if rp and is_null(cfg.rope_theta) then
+    if type(rp.rope_theta) ~= "number" then bad("rope_parameters.rope_theta", "must be a number") end
+    c.rope_theta = rp.rope_theta
+  else
+    c.rope_theta = num("rope_theta", 10000)
+  end
   if c.rope_theta <= 0 then bad("rope_theta", "must be positive") end
   c.tie_word_embeddings = bool("tie_word_embeddings", false)
   local attention_bias = bool("attention_bias", false)
@@ -113,6 +122,7 @@ local function parse_config(cfg, src)
   c.qk_norm = arch == "qwen3"
   c.rope_scaling = C.CLRT_ROPE_DEFAULT
   local rs = cfg.rope_scaling
+  if is_null(rs) then rs = rp end
   if not is_null(rs) then
     if type(rs) ~= "table" then bad("rope_scaling", "must be an object or null") end
     local kind = rs.rope_type or rs.type

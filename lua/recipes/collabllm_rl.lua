@@ -34,6 +34,7 @@ M.defaults = {
   run_dir = config.optional("string"),
   resume = config.optional("string"),       -- a run folder: continue from its latest checkpoint
   seed = 1,
+  device = "cpu",                           -- "cuda": the policy and its reference on the GPU (the world's SFT start is made on the cpu)
   epochs = 20,                              -- verl trainer.total_epochs
   steps = config.optional("number"),        -- optimizer steps; nil: epochs over the data
   stop_after = config.optional("number"),   -- end this run after that step (resume later)
@@ -163,6 +164,7 @@ function M.run(cfg, run_dir)
   local start_dir = cfg.model or prompts.world_start(cfg, world)
   local tok = clrt.tokenizer.load(start_dir)
   local m = train.lora.policy(start_dir, ckpt_dir, cfg.train.lora, cfg.seed, cfg.adapter, cfg.train.base_dtype)
+  if cfg.device ~= "cpu" then m:to(cfg.device) end
   -- prompts without room for a response are left out before anything trains on them
   local dataset, val_set, notes = prompts.load_sets(m, tok, cfg)
   if not cfg.steps then
@@ -177,6 +179,7 @@ function M.run(cfg, run_dir)
     progress_keys = { "reward", "metric/" .. (next(weights)), "kl", "tokens_per_s" } })
   for _, n in ipairs(notes) do lg:print(n) end
   local ref = train.lora.reference(m, start_dir)
+  if cfg.device ~= "cpu" and getmetatable(ref) == getmetatable(m) then ref:to(cfg.device) end
   local opt = clrt.optim.adamw(m, { lr = cfg.train.lr, weight_decay = cfg.train.weight_decay, grad_clip = cfg.train.grad_clip })
   if ckpt_dir then opt:load(ckpt_dir .. "/optimizer.safetensors") end
 
