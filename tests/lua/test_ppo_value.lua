@@ -15,7 +15,7 @@ local value_head = require("clrt.train.value_head")
 local fx = cjson.decode(T.read(T.source_dir() .. "/tests/fixtures/ppo/gae_ref.json"))
 
 local function close(a, b, tol, what)
-  T.ok(math.abs(a - b) <= tol * math.max(1, math.abs(b)), ("%s: %.12g vs PyTorch %.12g"):format(what, a, b))
+  T.ok(math.abs(a - b) <= tol * math.max(1, math.abs(b)), ("%s: %.12g, expected %.12g"):format(what, a, b))
 end
 local function close_rows(a, b, tol, what)
   T.eq(#a, #b, what .. ": rows")
