@@ -80,6 +80,9 @@ function M.main_paper(cfg)
     error("collabllm_eval: max_messages must be a whole number >= 1, got " .. tostring(cfg.max_messages), 0)
   end
   cfg.temperature = cfg.temperature or 0.6
+  if type(cfg.temperature) ~= "number" or cfg.temperature < 0 then
+    error("collabllm_eval: temperature must be a number >= 0, got " .. tostring(cfg.temperature), 0)
+  end
   local system = M.system_text(cfg, world)
   local m, tok = clrt.model.load(cfg.model), clrt.tokenizer.load(cfg.model)
   local user, ctx = rl_recipe.simulator(cfg, tok)

@@ -105,7 +105,12 @@ T.case("protocol=paper on the built-in world: sampled at 0.6, eval.json and the 
   T.ok(pro[1].conversation[1].content:find("clarifying question", 1, true), "the proactive prompt")
   ev.main(ev.parse_args({ "model=" .. start, "prompts=2", "out=" .. root, "rollout.max_new_tokens=4", "system_prompt=none" }))
   T.eq(data.read_jsonl(root .. "/eval_details.jsonl")[1].conversation[1].role, "user", "no system message")
+  -- the earlier evaluation stays as protocol=prefix
+  local pre = ev.main(ev.parse_args({ "model=" .. start, "prompts=4", "out=" .. root, "rollout.max_new_tokens=4", "protocol=prefix" }))
+  T.eq(pre.conversations + pre.dropped, 4); T.eq(type(pre.metrics.exact_match), "number")
+  T.eq(cjson.decode(T.read(root .. "/eval.json")).protocol, nil, "the prefix report keeps its own shape")
   T.raises(function() ev.main(ev.parse_args({ "model=" .. start, "system_prompt=bossy" })) end, "system_prompt must be")
+  T.raises(function() ev.main(ev.parse_args({ "model=" .. start, "temperature=-1" })) end, "temperature must be")
   T.raises(function() ev.main(ev.parse_args({ "model=" .. start, "protocol=papr" })) end, "protocol must be")
 end)
 
