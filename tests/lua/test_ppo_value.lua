@@ -151,10 +151,31 @@ T.case("the value loss's gradient through the hidden states matches finite diffe
     end
   end
   T.ok(checked >= 6, "enough nonzero gradients were compared (" .. checked .. ")")
-  -- the head's own gradient: d L / d b = sum of the coefficients
+  -- the head's own gradient: d L / d b = sum of the coefficients; d L / d w by finite differences
   local sum = 0
   for b, row in ipairs(toks) do for t = 1, #row - 1 do sum = sum + coef(b, t) end end
   close(head.gb, sum, 1e-12, "d L / d bias")
+  local wp = ffi.cast("float *", head.w:data_ptr())
+  for _, i in ipairs({ 0, 5, 15 }) do
+    local keep, eps = wp[i], 1e-2
+    wp[i] = keep + eps
+    local up = loss_of(m)
+    wp[i] = keep - eps
+    local down = loss_of(m)
+    wp[i] = keep
+    close(head.gw[i], (up - down) / (2 * eps), 1e-3, ("d L / d w[%d]"):format(i))
+  end
+  -- Adam's first step moves every parameter by lr against the sign of its gradient
+  local before, grads = {}, {}
+  for i = 0, cfg.hidden_size - 1 do before[i], grads[i] = wp[i], head.gw[i] end
+  local b0 = ffi.cast("float *", head.b:data_ptr())[0]
+  head:step(1e-3)
+  for i = 0, cfg.hidden_size - 1 do
+    local want = before[i] - 1e-3 * grads[i] / (math.abs(grads[i]) + 1e-8)
+    T.ok(math.abs(wp[i] - want) < 1e-7, ("Adam step w[%d]: %.9g, expected %.9g"):format(i, wp[i], want))
+    T.eq(head.gw[i], 0, "gradients zeroed after the step")
+  end
+  T.ok(math.abs(ffi.cast("float *", head.b:data_ptr())[0] - (b0 - 1e-3 * (sum > 0 and 1 or -1))) < 1e-7, "Adam step b")
   m:logprobs(toks, { grad = true })
   T.raises(function() m:backward(clrt.tensor.zeros({ lp:size(1), lp:size(2) }), clrt.tensor.zeros({ 2, 2, 2 })) end, "dhidden has shape")
 end)
