@@ -99,6 +99,7 @@ M.defaults = {
     algorithm = "grpo",                     -- "grpo" (verl's, the default) or "ppo"
     gamma = 1.0, lam = 0.95,                -- TRL gamma, lam
     vf_coef = 0.1, cliprange_value = 0.2,   -- TRL vf_coef, cliprange_value
+    ppo_epochs = 1,                         -- passes over the mini-batches: the authors' ppo.py example (TRL's default 4)
     kl_penalty_coef = 0.2, kl_target = 6, kl_horizon = 10000, -- TRL init_kl_coef, target, horizon (adap_kl_ctrl; kl_target=0: fixed)
     base_dtype = "f32",                     -- bf16 (LoRA only): the frozen base in bf16, shared with the reference
     lora = require("clrt.train.lora").config() },    -- r > 0: train LoRA adapters; the reference is the base
@@ -135,7 +136,7 @@ M.rules = {
   { "train.kl_coef", "nonneg" },
   { "train.algorithm", "one_of", { "grpo", "ppo" } }, { "train.gamma", "prob" }, { "train.lam", "prob" },
   { "train.vf_coef", "nonneg" }, { "train.cliprange_value", "rate" }, { "train.kl_penalty_coef", "nonneg" },
-  { "train.kl_target", "nonneg" }, { "train.kl_horizon", "count" },
+  { "train.kl_target", "nonneg" }, { "train.kl_horizon", "count" }, { "train.ppo_epochs", "count" },
   { "eval.every", "count0" }, { "eval.prompts", "count" }, { "eval.seed", "count0" }, { "eval.temperature", "nonneg" },
   { "judge.extract_max_tokens", "count" }, { "dist.check_every", "count0" },
 }
