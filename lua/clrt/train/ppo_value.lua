@@ -5,7 +5,8 @@
 --   2. per response token the reward -kl_coef (old - ref), plus the conversation's score
 --      (the multiturn-aware reward) on its last token; GAE(train.gamma, train.lam) gives
 --      advantages and returns; the advantages are whitened over the step's tokens;
---   3. train.mini_batches optimizer steps, each over its rows in micro-batches: the PPO-clip
+--   3. train.ppo_epochs passes of train.mini_batches optimizer steps, each over its rows in
+--      micro-batches: the PPO-clip
 --      loss on the advantages (no KL term: the KL is in the reward) plus train.vf_coef times
 --      the clipped value loss; the value's gradient reaches the trunk through the hidden state.
 --   4. the KL coefficient adapts towards train.kl_target (TRL's AdaptiveKLController; 0: fixed).
@@ -106,6 +107,13 @@ function M.part_step(m, head, L, part, t, ntok)
     stats = st }
 end
 
+-- The mini-batches once per PPO epoch, in the same order each time (TRL reshuffles them).
+function M.epoch_order(mbs, epochs)
+  local out = {}
+  for _ = 1, epochs do for _, mb in ipairs(mbs) do out[#out + 1] = mb end end
+  return out
+end
+
 -- Returns the step's statistics and the KL coefficient for the next step.
 function M.update(m, ref, head, opt, rows, t, lr, kl_coef)
   if require("clrt.dist").world_size() > 1 then
@@ -129,8 +137,9 @@ function M.update(m, ref, head, opt, rows, t, lr, kl_coef)
   stats.kl_coef = kl_coef
   local sums = { loss = 0, pg_loss = 0, value_loss = 0, clipfrac = 0, vf_clipfrac = 0, grad_norm = 0, tokens = 0,
     vpred_mean = 0 }
-  local w = 1 / #mbs
-  for _, mb in ipairs(mbs) do
+  local epochs = t.ppo_epochs or 1
+  local w = 1 / (#mbs * epochs)
+  for _, mb in ipairs(M.epoch_order(mbs, epochs)) do
     local vclip, vsum = 0, 0
     for _, part in ipairs(mb.parts) do
       local r = M.part_step(m, head, L, part, t, mb.ntok)
