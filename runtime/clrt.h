@@ -201,8 +201,15 @@ size_t clrt_model_memory(const clrt_model *m, int arena);
    keep != 0 keeps what clrt_model_backward needs. */
 int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
                         const int32_t *lengths, float *lp, int keep);
+/* clrt_model_logprobs that also writes hidden [B, T-1, C]: the final norm's output at each
+   position with a target (what the output layer reads; a value head's input), 0 elsewhere. */
+int clrt_model_logprobs_hidden(clrt_model *m, const int32_t *tokens, int B, int T,
+                               const int32_t *lengths, float *lp, float *hidden, int keep);
 /* dlogp: [B, T-1] of the last kept forward; accumulates into the gradients. */
 int clrt_model_backward(clrt_model *m, const float *dlogp);
+/* As clrt_model_backward, with dhidden [B, T-1, C] (or NULL): dL/d the hidden states that
+   clrt_model_logprobs_hidden wrote, added where the output layer's gradient enters the norm. */
+int clrt_model_backward_hidden(clrt_model *m, const float *dlogp, const float *dhidden);
 int clrt_model_zero_grad(clrt_model *m);
 /* Decode with a KV cache: runs tokens [B, Tn] at positions pos0[b] + t, writing each layer's
    new keys/values into kcache[l] / vcache[l] ([S, cache_T, KV, D] each, the caller's) at

@@ -463,20 +463,31 @@ local function token_batch(tokens, lengths)
 end
 
 -- logprobs(tokens, {lengths =, grad = true}) -> f32 tensor [B, T-1]
+-- With hidden = true also the final norm's output at each position with a target, f32
+-- [B, T-1, hidden_size] (0 elsewhere): what a value head reads (clrt.train.value_head).
 function Model:logprobs(tokens, opts)
   opts = opts or {}
   local buf, B, T, lens, anchor = token_batch(tokens, opts.lengths)
   local lp = tensor.zeros({ B, T - 1 })
   local keep = opts.grad ~= false
   local p = T > 1 and ffi.cast("float *", lp:data_ptr()) or ffi.new("float[1]")
-  ok(C.clrt_model_logprobs(live(self), buf, B, T, lens, p, keep and 1 or 0), 2)
+  local hidden
+  if opts.hidden then
+    hidden = tensor.zeros({ B, T - 1, self.config.hidden_size })
+    local hp = T > 1 and ffi.cast("float *", hidden:data_ptr()) or ffi.new("float[1]")
+    ok(C.clrt_model_logprobs_hidden(live(self), buf, B, T, lens, p, hp, keep and 1 or 0), 2)
+  else
+    ok(C.clrt_model_logprobs(live(self), buf, B, T, lens, p, keep and 1 or 0), 2)
+  end
   local _ = anchor
   self._last = keep and { B, T - 1 } or nil
-  return lp
+  return lp, hidden
 end
 
--- backward(dlogp): dlogp shaped like the last lp (tensor or nested table).
-function Model:backward(dlogp)
+-- backward(dlogp [, dhidden]): dlogp shaped like the last lp (tensor or nested table);
+-- dhidden (optional) an f32 tensor [B, T-1, hidden_size], the loss's gradient on the hidden
+-- states logprobs{hidden = true} returned.
+function Model:backward(dlogp, dhidden)
   if not self._last then error("backward: no forward was kept for it (call logprobs without grad = false first)", 2) end
   if not tensor.is_tensor(dlogp) then dlogp = tensor.from(dlogp) end
   local s = dlogp:shape()
@@ -485,7 +496,15 @@ function Model:backward(dlogp)
   end
   if dlogp:dtype() ~= "f32" or not dlogp:is_contiguous() then dlogp = dlogp:to("f32") end
   local p = dlogp:numel() > 0 and ffi.cast("float *", dlogp:data_ptr()) or ffi.new("float[1]")
-  ok(C.clrt_model_backward(live(self), p), 2)
+  if dhidden == nil then ok(C.clrt_model_backward(live(self), p), 2) return end
+  local hs = dhidden:shape()
+  if #hs ~= 3 or hs[1] ~= s[1] or hs[2] ~= s[2] or hs[3] ~= self.config.hidden_size then
+    error(("backward: dhidden has shape %s, expected [%d, %d, %d]"):format(tensor.shape_str(dhidden), s[1], s[2],
+      self.config.hidden_size), 2)
+  end
+  if dhidden:dtype() ~= "f32" or not dhidden:is_contiguous() then dhidden = dhidden:to("f32") end
+  local hp = dhidden:numel() > 0 and ffi.cast("float *", dhidden:data_ptr()) or ffi.new("float[1]")
+  ok(C.clrt_model_backward_hidden(live(self), p, hp), 2)
 end
 
 -- tokenizer(): the tokenizer of the folder the model was loaded from, read on first use

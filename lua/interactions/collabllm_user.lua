@@ -44,11 +44,15 @@ How to play the person:
 Reply with JSON only, no other text:
 {"current_answer": "<one sentence: the assistant's solution so far, or 'none yet'>", "thought": "<your reasoning as the person about what to say next>", "response": "<your next message to the assistant>"}]]
 
+-- What the chat section says when nothing has been said yet (the paper's evaluation opens
+-- every conversation there): the user writes the first message, as the authors' prompt asks.
+M.EMPTY_CHAT = "(empty: nothing has been said yet, so you open the conversation with your first message)"
+
 function M.messages(conversation, sample, ctx)
+  local chat = conv.transcript(conv.without_system(conversation), { user = "You", assistant = "Assistant" })
+  if chat == "" then chat = M.EMPTY_CHAT end
   local text = M.PROMPT:format(tostring(sample.task_desc or "general assistance"),
-    tostring(sample.single_turn_prompt or ""),
-    conv.transcript(conv.without_system(conversation), { user = "You", assistant = "Assistant" }),
-    conv.marker(ctx, sample))
+    tostring(sample.single_turn_prompt or ""), chat, conv.marker(ctx, sample))
   return { { role = "user", content = text } }
 end
 

@@ -1,6 +1,6 @@
 -- scripted_user — the simulated user of the built-in world (examples/collab_world), in
 -- plain Lua: no API, deterministic. It knows the sample's hidden fact (`sample.value`)
--- and reacts to the assistant's last message:
+-- and reacts to the assistant's last message (an empty chat: it opens with its request):
 --   a question about the missing fact   -> the fact, e.g. "Alice."
 --   a question about a fact already given -> "I already told you." (no new information)
 --   any other question                  -> "That is not relevant."
@@ -37,7 +37,19 @@ function M.reply_to_question(sample, question)
   return sample.value .. "."
 end
 
+-- An empty chat (nothing but a system message; the paper's evaluation starts there): the
+-- user opens with its request, sample.opening (the world's phrasing, under-specified or not),
+-- else sample.single_turn_prompt.
+function M.opening(sample)
+  local text = sample.opening or sample.single_turn_prompt
+  if type(text) ~= "string" or text == "" then
+    error("scripted_user: an empty chat needs sample.opening or sample.single_turn_prompt to open it", 2)
+  end
+  return text
+end
+
 function M.respond(conversation, sample, ctx)
+  if #conv.without_system(conversation) == 0 then return M.opening(sample) end
   local last = conversation[#conversation]
   if not last or last.role ~= "assistant" then
     error("scripted_user: the conversation must end with an assistant message", 2)

@@ -1,11 +1,29 @@
--- collabllm_eval.lua — multi-turn evaluation of a model with a simulated user, as the paper
--- evaluates: a greedy first response, futures with the simulated user as in training, scored
--- by the metrics in `metrics`; reported per metric, with words per conversation and the share
--- of first replies that ask a question. Prints a table and writes eval.json.
---   clrt recipes/collabllm_eval.lua model=HF_DIR data=rl_test.jsonl sim_cfg.base_url=... judge.base_url=...
+-- collabllm_eval.lua — multi-turn evaluation of a model with a simulated user. Two protocols:
+--
+-- protocol=paper (the default): the CollabLLM paper's evaluation, as the authors'
+--   scripts/engine/inference.py runs it (clrt.train.paper_eval): every single-turn task of the
+--   test set (process_dataset's eval_test.jsonl) starts from an empty chat that the simulated
+--   user opens; turns alternate until the user ends the chat or max_messages (14) messages;
+--   the assistant samples at temperature 0.6. Reported per task and overall, mean ± standard
+--   error: task performance (the row's task_metric: BLEU on documents, pass rate on code,
+--   accuracy on math), ITR (itr_metric: the interactivity judge) and tokens read (the
+--   assistant's, by the policy's tokenizer, in thousands). eval.json, eval_details.jsonl (every
+--   conversation) and a printed table. system_prompt= picks the system message: "default"
+--   (process_dataset's, which clrt-trained models saw in training; the world's on the world),
+--   "none" (the authors' base-model runs), "proactive" (the prompted baseline the paper
+--   compares with: lua/prompts/proactive_system.txt) or a prompt file.
+--     clrt recipes/collabllm_eval.lua model=HF_DIR data=eval_test.jsonl sim_cfg.base_url=... judge.base_url=...
+--     clrt recipes/collabllm_eval.lua model=HF_DIR data=eval_test.jsonl system_prompt=proactive ...
+-- protocol=prefix: the RL validation (what data_val= runs during training): rl_test prefixes,
+--   a greedy first response, futures with the simulated user as in training, scored by the
+--   metrics in `metrics`; reported per metric, with words per conversation and the share of
+--   first replies that ask a question. Not the paper's numbers.
+--     clrt recipes/collabllm_eval.lua protocol=prefix model=HF_DIR data=rl_test.jsonl ...
 --   clrt recipes/collabllm_eval.lua model=HF_DIR               # no data=: the built-in world
 -- The defaults are the RL recipe's (simulator, judges, rollout limits, chat); with no data= the
--- built-in world's settings and prompts are used.
+-- built-in world's settings and prompts are used (protocol=paper: its scripted user opens with
+-- the world's request; task performance is exact_match, ITR the share of conversations whose
+-- first reply asks, asks_question: the world has no judge).
 local config = require("clrt.config")
 local rl_recipe = require("recipes.collabllm_rl")
 
@@ -17,8 +35,13 @@ M.defaults = {
   out = config.optional("string"),            -- eval.json goes here (default: the model folder)
   prompts = config.optional("number"),        -- at most this many prompts (nil: all of data=)
   seed = 12345,
-  temperature = 0.0,
-  metrics = { "accuracy", "interactivity", "token_amount" },
+  protocol = "paper",                         -- "paper" or "prefix" (see the header)
+  temperature = config.optional("number"),    -- nil: 0.6 under paper (the authors' inference.py), 0.0 (greedy) under prefix
+  max_messages = 14,                          -- paper: user + assistant messages (inference.py --max_turns 14)
+  system_prompt = "default",                  -- paper: "default" | "none" | "proactive" | a prompt file
+  itr_metric = "interactivity",               -- paper: the metric reported as ITR
+  task_metric = config.optional("string"),    -- paper: overrides every row's task_metric
+  metrics = { "accuracy", "interactivity", "token_amount" },   -- prefix
   sim = R.sim,
   sim_cfg = R.sim_cfg,
   judge = R.judge,
@@ -29,11 +52,72 @@ M.defaults = {
 -- The built-in world's settings for this recipe.
 function M.world_config()
   local w = config.read_file(rl_recipe.world_config_path())
-  return { sim = w.sim, prompts = w.eval.prompts, metrics = { "exact_match", "token_amount" }, rollout = w.rollout }
+  return { sim = w.sim, prompts = w.eval.prompts, metrics = { "exact_match", "token_amount" }, rollout = w.rollout,
+    itr_metric = "asks_question" }
+end
+
+-- The paper protocol's system message (nil: none) from system_prompt=.
+function M.system_text(cfg, world)
+  local v = cfg.system_prompt
+  if v == "none" then return nil end
+  if v == "default" then
+    return cfg.data and require("recipes.process_dataset").SYSTEM_PROMPT or world.system_prompt
+  end
+  local pf = require("clrt.prompt_file")
+  if v == "proactive" then return pf.read("proactive_system") end
+  if type(v) ~= "string" or not v:find("[/.]") then
+    error(("collabllm_eval: system_prompt must be default, none, proactive or a prompt file path, got %s"):format(tostring(v)), 0)
+  end
+  return pf.read(v)
+end
+
+local function reward_failed(v) return require("clrt.train.reward").is_failed(v) end
+
+function M.main_paper(cfg)
+  local paper = require("clrt.train.paper_eval")
+  local world = require("recipes.collabllm_sft").world()
+  if type(cfg.max_messages) ~= "number" or cfg.max_messages < 1 or cfg.max_messages % 1 ~= 0 then
+    error("collabllm_eval: max_messages must be a whole number >= 1, got " .. tostring(cfg.max_messages), 0)
+  end
+  cfg.temperature = cfg.temperature or 0.6
+  if type(cfg.temperature) ~= "number" or cfg.temperature < 0 then
+    error("collabllm_eval: temperature must be a number >= 0, got " .. tostring(cfg.temperature), 0)
+  end
+  local system = M.system_text(cfg, world)
+  local m, tok = clrt.model.load(cfg.model), clrt.tokenizer.load(cfg.model)
+  local user, ctx = rl_recipe.simulator(cfg, tok)
+  local samples = cfg.data and paper.samples(cfg.data, system, cfg.task_metric)
+    or paper.world_samples(world, cfg.prompts or 200, cfg.seed, system)
+  while cfg.prompts and #samples > cfg.prompts do table.remove(samples) end
+  local results = paper.run(m, tok, cfg, samples, user, ctx)
+  local rep = paper.report(results, cfg)
+  rep.model, rep.data, rep.system_prompt, rep.max_messages = cfg.model, cfg.data, cfg.system_prompt, cfg.max_messages
+  rep.temperature, rep.itr_metric = cfg.temperature, cfg.itr_metric
+  if rep.first_drop then io.stderr:write("collabllm_eval: first dropped conversation: ", rep.first_drop, "\n") end
+  paper.print_table(rep, cfg.itr_metric)
+  print(("conversations %d, dropped %d"):format(rep.conversations, rep.dropped))
+  local dir = cfg.out or cfg.model
+  local json, data = require("clrt.json"), require("clrt.data")
+  local details = {}
+  for _, r in ipairs(results) do
+    details[#details + 1] = { id = r.sample.id, task = r.sample.task, task_metric = r.sample.task_metric,
+      dropped = r.dropped, error = r.error and tostring(r.error), ended = r.ended, conversation = r.conversation,
+      task_performance = (not reward_failed(r.task_performance)) and r.task_performance or nil,
+      itr = (not reward_failed(r.itr)) and r.itr or nil, tokens_read_k = r.tokens_read_k }
+  end
+  data.write_jsonl(dir .. "/eval_details.jsonl", details)
+  data.write_atomic(dir .. "/eval.json", json.encode(rep) .. "\n")
+  print("wrote " .. dir .. "/eval.json")
+  return rep
 end
 
 function M.main(cfg)
   if not cfg.model then error("collabllm_eval: model= is required (a Hugging Face model folder)", 0) end
+  if cfg.protocol == "paper" then return M.main_paper(cfg) end
+  if cfg.protocol ~= "prefix" then
+    error(("collabllm_eval: protocol must be paper or prefix, got %s"):format(tostring(cfg.protocol)), 0)
+  end
+  cfg.temperature = cfg.temperature or 0.0
   local rl, conversation = require("clrt.rl"), require("clrt.conversation")
   local world = require("recipes.collabllm_sft").world()
   local m, tok = clrt.model.load(cfg.model), clrt.tokenizer.load(cfg.model)

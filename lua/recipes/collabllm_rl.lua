@@ -1,7 +1,8 @@
 -- collabllm_rl.lua — CollabLLM RL (shared/spec/collabllm.md): each response is rewarded by
 -- the conversations it leads to (the multiturn-aware reward), GRPO advantages within each
 -- prompt's group, a PPO-clip loss with a low-variance KL term to a frozen reference, trained
--- on the first response's tokens only.
+-- on the first response's tokens only. train.algorithm=ppo trains instead as the authors' PPO
+-- does (TRL): a value head, GAE, the KL as a reward penalty (clrt.train.ppo_value).
 --
 --   clrt recipes/collabllm_rl.lua                       # the built-in world, no API key
 --   clrt recipes/collabllm_rl.lua model=HF_DIR data=rl_train.jsonl data_val=rl_test.jsonl \
@@ -93,6 +94,14 @@ M.defaults = {
     mini_batches = 2,                       -- verl ppo_mini_batch_size 8 of 16 prompts
     micro_batch_size = 4,                   -- rows per forward/backward (gradients accumulate)
     clip = 0.2, kl_coef = 0.001, norm_adv_by_std = true,   -- verl kl_loss_coef (low_var_kl), GRPO
+    -- algorithm=ppo: the authors' PPO (TRL PPOTrainer <= 0.10.1, PPOConfig defaults): a value
+    -- head on the final hidden state, GAE, the KL as a per-token reward penalty (kl_coef above
+    -- is then unused), clip as cliprange (clrt.train.ppo_value)
+    algorithm = "grpo",                     -- "grpo" (verl's, the default) or "ppo"
+    gamma = 1.0, lam = 0.95,                -- TRL gamma, lam
+    vf_coef = 0.1, cliprange_value = 0.2,   -- TRL vf_coef, cliprange_value
+    ppo_epochs = 1,                         -- passes over the mini-batches: the authors' ppo.py example (TRL's default 4)
+    kl_penalty_coef = 0.2, kl_target = 6, kl_horizon = 10000, -- TRL init_kl_coef, target, horizon (adap_kl_ctrl; kl_target=0: fixed)
     base_dtype = "f32",                     -- bf16 (LoRA only): the frozen base in bf16, shared with the reference
     lora = require("clrt.train.lora").config() },    -- r > 0: train LoRA adapters; the reference is the base
   eval = { every = 10,                      -- verl trainer.test_freq: validation on data_val
@@ -126,6 +135,9 @@ M.rules = {
   { "train.warmup_steps", "count0" }, { "train.weight_decay", "nonneg" }, { "train.grad_clip", "nonneg" },
   { "train.mini_batches", "count" }, { "train.micro_batch_size", "count" }, { "train.clip", "rate" },
   { "train.kl_coef", "nonneg" },
+  { "train.algorithm", "one_of", { "grpo", "ppo" } }, { "train.gamma", "prob" }, { "train.lam", "prob" },
+  { "train.vf_coef", "nonneg" }, { "train.cliprange_value", "rate" }, { "train.kl_penalty_coef", "nonneg" },
+  { "train.kl_target", "nonneg" }, { "train.kl_horizon", "count" }, { "train.ppo_epochs", "count" },
   { "eval.every", "count0" }, { "eval.prompts", "count" }, { "eval.seed", "count0" }, { "eval.temperature", "nonneg" },
   { "judge.extract_max_tokens", "count" }, { "dist.check_every", "count0" },
 }
@@ -140,7 +152,7 @@ end
 
 -- Settings a resumed run may not change: they define what the run's steps mean.
 M.FIXED_ON_RESUME = { "model", "adapter", "seed", "data", "prompts_per_step", "rollout.n", "single_turn", "sft", "sft_cache",
-  "train.lora.r", "train.lora.alpha", "train.lora.targets", "train.base_dtype" }
+  "train.lora.r", "train.lora.alpha", "train.lora.targets", "train.base_dtype", "train.algorithm" }
 
 function M.main(cfg)
   M.check_config(cfg)
@@ -182,6 +194,7 @@ function M.run(cfg, run_dir)
   if cfg.device ~= "cpu" and getmetatable(ref) == getmetatable(m) then ref:to(cfg.device) end
   local opt = clrt.optim.adamw(m, { lr = cfg.train.lr, weight_decay = cfg.train.weight_decay, grad_clip = cfg.train.grad_clip })
   if ckpt_dir then opt:load(ckpt_dir .. "/optimizer.safetensors") end
+  local ppo = cfg.train.algorithm == "ppo" and M.ppo_state(m, cfg, ckpt_dir, resume_state) or nil
 
   local ctx, user = train.context{ config = cfg, tokenizer = tok }
   local metrics = reward.load_metrics(weights)
@@ -201,24 +214,31 @@ function M.run(cfg, run_dir)
     local R = reward.batch_rewards(entries, weights, cfg.reward.mode)
     local groups = {}
     for i, e in ipairs(entries) do groups[i] = e.group end
-    local A, astats = reward.group_advantages(R.rewards, groups, { scale_by_std = cfg.train.norm_adv_by_std }, #entries)
+    -- GRPO's group advantages (PPO's come from its value: astats stays empty)
+    local A, astats = {}, {}
+    if not ppo then A, astats = reward.group_advantages(R.rewards, groups, { scale_by_std = cfg.train.norm_adv_by_std }, #entries) end
     for i, e in ipairs(entries) do
       e.reward = R.rewards[i]
-      if e.reward ~= nil then e.advantage = A[i] end
+      if e.reward ~= nil and not ppo then e.advantage = A[i] end
     end
     local t1 = clrt.log.now()
     local lr = train.schedule.lr(step - 1, { lr = cfg.train.lr, decay = cfg.train.decay,
       min_lr_ratio = cfg.train.min_lr_ratio, warmup_steps = cfg.train.warmup_steps, total_steps = cfg.steps })
-    local rows = train.ppo.training_rows(entries)
-    local st = #rows > 0 and train.ppo.update(m, ref, opt, rows, cfg.train, lr) or {}
+    local st
+    if ppo then st = M.ppo_update(ppo, m, ref, opt, entries, cfg.train, lr)
+    else
+      local rows = train.ppo.training_rows(entries)
+      st = #rows > 0 and train.ppo.update(m, ref, opt, rows, cfg.train, lr) or {}
+    end
     local t2 = clrt.log.now()
     local row = train.report.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
+    if ppo then M.ppo_row(row, st) end
     failed_steps = rollout.log_step(lg, cfg, step, row, entries, R, failed_steps)
     if lg:sample_due(step) then lg:samples(step, train.report.sample_items(entries, cfg.rollout.n)) end
     ev:at_step(step)
     if cfg.save_every > 0 and (step % cfg.save_every == 0 or step == last_step) then
       train.checkpoint.save(run_dir, { step = step, model = m, tokenizer_dir = start_dir, optimizer = opt, base = start_dir,
-        state = { failed_steps = failed_steps } })
+        value_head = ppo and ppo.head, state = { failed_steps = failed_steps, kl_penalty_coef = ppo and ppo.kl_coef } })
     end
   end
 
@@ -227,6 +247,41 @@ function M.run(cfg, run_dir)
   ev:finish()
   run.print_end(SCRIPT, run_dir, last_step, cfg.steps)
   return run_dir, ev.summary
+end
+
+-- train.algorithm=ppo: the value head (a checkpoint's on resume, else new from the seed)
+-- and the KL penalty's coefficient (the checkpoint's, else train.kl_penalty_coef).
+function M.ppo_state(m, cfg, ckpt_dir, resume_state)
+  local value_head = train.value_head
+  local C = m.config.hidden_size
+  local head
+  if ckpt_dir then
+    local path = ckpt_dir .. "/value_head.safetensors"
+    if not require("clrt.files").exists(path) then
+      error(("collabllm_rl: %s has no value_head.safetensors; it was not saved by a train.algorithm=ppo run"):format(ckpt_dir), 0)
+    end
+    head = value_head.load(path, C)
+  else
+    head = value_head.new(C, cfg.seed)
+  end
+  return { head = head, kl_coef = resume_state and resume_state.kl_penalty_coef or cfg.train.kl_penalty_coef }
+end
+
+function M.ppo_update(ppo, m, ref, opt, entries, t, lr)
+  local rows = train.ppo_value.training_rows(entries)
+  if #rows == 0 then return {} end
+  local st
+  st, ppo.kl_coef = train.ppo_value.update(m, ref, ppo.head, opt, rows, t, lr, ppo.kl_coef)
+  return st
+end
+
+-- PPO's figures on the step's row (value/*, returns, the KL penalty's coefficient).
+function M.ppo_row(row, st)
+  row["value/loss"], row["value/clipfrac"] = st.value_loss, st.vf_clipfrac
+  row["value/explained_variance"], row["value/mean"], row["value/vpred_mean"] = st.explained_variance, st.values_mean, st.vpred_mean
+  row["returns/mean"], row["returns/var"] = st.returns_mean, st.returns_var
+  row.kl_penalty_coef, row.non_score_reward = st.kl_coef, st.non_score_reward
+  return row
 end
 
 -- The command line -> a config: with no model= (and no config=) the built-in world's file

@@ -20,7 +20,9 @@
 -- Our seeded shuffle is not the `datasets` library's permutation.
 --   clrt recipes/process_dataset.lua input=FILE.jsonl out=DIR [task_desc=...] [test_fraction=0.1]
 --        [seed=42] [min_gap=0.1]
--- writes rl_train, rl_test, sft_train, sft_test, dpo_train, dpo_test (.jsonl) and prints counts.
+-- writes rl_train, rl_test, sft_train, sft_test, dpo_train, dpo_test, eval_test (.jsonl: the
+-- test conversations' distinct single-turn tasks, for collabllm_eval.lua protocol=paper) and
+-- prints counts.
 local config = require("clrt.config")
 local data = require("clrt.data")
 
@@ -149,6 +151,29 @@ function M.dpo_rows(rows, min_gap)
   return out
 end
 
+-- The metric of a task's performance in the paper (BLEU on documents, pass rate on code,
+-- accuracy on math), by the task description the simulated user is given.
+M.TASK_METRIC = { ["question answering"] = "accuracy", ["document editing"] = "bleu_score",
+  ["code generation"] = "pass_rate" }
+
+-- The paper's evaluation set (collabllm_eval.lua protocol=paper): one row per distinct
+-- single-turn task of the rows (the first in file order), {single_turn_prompt, ground_truth =
+-- single_turn_completion, single_turn_metadata, task_desc, task_metric, conv_id}. The
+-- simulated user opens each conversation from an empty chat, so no multi-turn prompt is kept.
+function M.eval_rows(rows, task_desc)
+  local out, seen = {}, {}
+  for _, r in ipairs(rows) do
+    local key = r.single_turn_prompt
+    if not seen[key] then
+      seen[key] = true
+      out[#out + 1] = { single_turn_prompt = r.single_turn_prompt, ground_truth = r.single_turn_completion,
+        single_turn_metadata = r.single_turn_metadata, task_desc = task_desc, task_metric = M.TASK_METRIC[task_desc],
+        conv_id = r.conv_id }
+    end
+  end
+  return out
+end
+
 -- Rows -> train, test with no conversation and no prompt on both sides (see the header).
 -- Returns train rows, test rows and the number of conversations on each side.
 function M.split(rows, test_fraction, seed)
@@ -191,7 +216,7 @@ function M.split(rows, test_fraction, seed)
   return train, test, #conv_order - ntest, ntest
 end
 
-M.OUTPUTS = { "rl_train", "rl_test", "sft_train", "sft_test", "dpo_train", "dpo_test" }
+M.OUTPUTS = { "rl_train", "rl_test", "sft_train", "sft_test", "dpo_train", "dpo_test", "eval_test" }
 
 function M.main(cfg)
   if not cfg.input then error("process_dataset: input= is required (a JSONL file)", 0) end
@@ -214,6 +239,7 @@ function M.main(cfg)
     rl_train = M.rl_rows(train, task_desc), rl_test = M.rl_rows(test, task_desc),
     sft_train = M.sft_rows(train), sft_test = M.sft_rows(test),
     dpo_train = M.dpo_rows(train, cfg.min_gap), dpo_test = M.dpo_rows(test, cfg.min_gap),
+    eval_test = M.eval_rows(test, task_desc),
   }
   for _, name in ipairs(M.OUTPUTS) do
     data.write_jsonl(cfg.out .. "/" .. name .. ".jsonl", outs[name])

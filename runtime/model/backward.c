@@ -5,6 +5,7 @@
 #include "lora_math.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* a->dres holds dL/d(layer output) and leaves as dL/dx. */
 static void layer_backward(clrt_model *m, acts *a, int l, const float *x, int B, int T) {
@@ -69,7 +70,32 @@ static int stage_dlogp(clrt_model *m, acts *a, const float *dlogp) {
   return rc;
 }
 
+/* dL/dhidden [B, T-1, C] gathered to the forward's rows with a target, added into dxn (dL/d the
+   final norm's output); dxc, not yet in use, carries it to the device. */
+static int add_dhidden(clrt_model *m, acts *a, const float *dhidden) {
+  int64_t nv = m->nv, T = m->T;
+  int C = m->cfg.hidden_size;
+  float *dhv = malloc(sizeof(float) * (size_t)(nv ? nv * C : 1));
+  if (!dhv) {
+    clrt_set_error("backward: out of host memory for the hidden states' gradient");
+    return -1;
+  }
+  for (int64_t i = 0; i < nv; i++) {
+    int64_t r = m->hidx[i], b = r / T, t = r % T;
+    memcpy(dhv + i * C, dhidden + (b * (T - 1) + t) * C, sizeof(float) * (size_t)C);
+  }
+  int rc = m->ops->upload(a->dxc, dhv, sizeof(float) * (size_t)(nv * C));
+  free(dhv);
+  if (rc) return rc;
+  m->ops->add(a->dxn, a->dxn, a->dxc, nv * C);
+  return 0;
+}
+
 int clrt_model_backward(clrt_model *m, const float *dlogp) {
+  return clrt_model_backward_hidden(m, dlogp, NULL);
+}
+
+int clrt_model_backward_hidden(clrt_model *m, const float *dlogp, const float *dhidden) {
   if (!m->saved) {
     clrt_set_error("backward: no forward pass was kept for it (call logprobs with grad = true first)");
     return -1;
@@ -94,6 +120,7 @@ int clrt_model_backward(clrt_model *m, const float *dlogp) {
                                          a.lsef, nv, C, V,
                                          a.logits, a.chunk, a.logits_kept, hla));
   PROF(CLRT_K_LORA, model_lora_head_backward_end(m, &a, a.dxn, a.xn, nv));
+  if (dhidden && add_dhidden(m, &a, dhidden)) return -1;
   op->zero(a.dxc, (size_t)(nv * C));
   PROF(CLRT_K_RMSNORM, op->rmsnorm_backward(a.dxc, GW(m, m->norm), a.dxn, a.tmp, PW(m, m->norm), a.rstdf, nv, C));
   op->zero(a.dres, (size_t)(N * C));

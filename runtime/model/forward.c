@@ -173,8 +173,34 @@ static int unstage_logprobs(clrt_model *m, const acts *a, float *lp, int B, int 
   return 0;
 }
 
+/* hidden [B, T-1, C] from the nv final-norm rows in the arena, by the same row map as lp. */
+static int unstage_hidden(clrt_model *m, const acts *a, float *hidden, int B, int T, int64_t nv) {
+  int C = m->cfg.hidden_size;
+  memset(hidden, 0, sizeof(float) * (size_t)B * (size_t)(T - 1) * (size_t)C);
+  float *hv = malloc(sizeof(float) * (size_t)(nv ? nv * C : 1));
+  if (!hv) {
+    clrt_set_error("logprobs: out of host memory for the hidden states");
+    return -1;
+  }
+  if (m->ops->download(hv, a->xn, sizeof(float) * (size_t)(nv * C))) {
+    free(hv);
+    return -1;
+  }
+  for (int64_t i = 0; i < nv; i++) {
+    int64_t r = m->hidx[i], b = r / T, t = r % T;
+    memcpy(hidden + (b * (T - 1) + t) * C, hv + i * C, sizeof(float) * (size_t)C);
+  }
+  free(hv);
+  return 0;
+}
+
 int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
                         const int32_t *lengths, float *lp, int keep) {
+  return clrt_model_logprobs_hidden(m, tokens, B, T, lengths, lp, NULL, keep);
+}
+
+int clrt_model_logprobs_hidden(clrt_model *m, const int32_t *tokens, int B, int T,
+                               const int32_t *lengths, float *lp, float *hidden, int keep) {
   const clrt_model_config *c = &m->cfg;
   int L = c->num_hidden_layers, C = c->hidden_size, V = c->vocab_size;
   if (check_batch(m, tokens, B, T, lengths) || model_ensure_rope(m, T) || model_refresh_packed_logprobs(m))
@@ -199,6 +225,7 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
   const model_ops *op = m->ops;
   PROF(CLRT_K_OTHER, op->gather_rows(a.tmp, xl, a.rowidx, nv, C));
   PROF(CLRT_K_RMSNORM, op->rmsnorm(a.xn, a.rstdf, a.tmp, PW(m, m->norm), nv, C, c->rms_norm_eps));
+  if (hidden && unstage_hidden(m, &a, hidden, B, T, nv)) return -1;
   clrt_head_lora hl;
   const clrt_head_lora *hla;
   PROF(CLRT_K_LORA, hla = model_lora_head_forward(m, &a, &hl, a.xn, nv, keep));

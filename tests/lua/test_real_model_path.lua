@@ -274,7 +274,7 @@ T.case("collabllm_eval on the validation file", function()
   local ev = require("recipes.collabllm_eval")
   local ckpt = require("clrt.train.checkpoint").find(run)
   T.ok(ckpt and ckpt:find("checkpoint%-2$"), "the final checkpoint: " .. tostring(ckpt))
-  local rep = ev.main(ev.parse_args({ "model=" .. ckpt, "data=" .. rl_test, "sim=llm",
+  local rep = ev.main(ev.parse_args({ "model=" .. ckpt, "data=" .. rl_test, "protocol=prefix", "sim=llm",
     "sim_cfg.base_url=" .. url, "judge.base_url=" .. url, "out=" .. root }))
   T.ok(rep.conversations > 0, "conversations evaluated")
   T.eq(rep.dropped, 0)

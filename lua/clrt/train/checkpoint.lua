@@ -1,8 +1,9 @@
 -- clrt.train.checkpoint — a run folder's checkpoints, the one implementation both recipes use.
---   checkpoint.save(run_dir, {step =, model =, tokenizer_dir =, optimizer =, state = {...}, base =})
+--   checkpoint.save(run_dir, {step =, model =, tokenizer_dir =, optimizer =, state = {...}, base =,
+--                             value_head = (PPO's, optional)})
 --   local dir, state = checkpoint.find(run_dir)   -- the latest complete one, or nil
 -- Layout: RUN_DIR/checkpoint-<step>/ (config.json, model.safetensors, the tokenizer files,
--- optimizer.safetensors, trainer_state.json) and RUN_DIR/latest, a one-line file naming the
+-- optimizer.safetensors, value_head.safetensors under PPO, trainer_state.json) and RUN_DIR/latest, a one-line file naming the
 -- current one. A model with LoRA adapters saves its adapter instead (adapter_config.json +
 -- adapter_model.safetensors, PEFT's format, base_model_name_or_path = c.base). A save writes checkpoint-<step>/ file by file, each fsynced, trainer_state.json
 -- last; then replaces `latest` by rename(2); only then removes the older checkpoints. So at
@@ -64,6 +65,7 @@ function M._save(run_dir, c)
     end
   end
   if c.optimizer then c.optimizer:save(dir .. "/optimizer.safetensors") end
+  if c.value_head then c.value_head:save(dir .. "/value_head.safetensors") end   -- train.algorithm=ppo
   local state = {}
   for k, v in pairs(c.state or {}) do state[k] = v end
   state.step = c.step
