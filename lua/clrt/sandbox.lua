@@ -1,0 +1,122 @@
+-- clrt.sandbox — run an untrusted program (code a policy wrote) in bubblewrap, as a child
+-- process a clrt.sched task waits on (clrt.proc). docs/sandbox.md has the design.
+--
+--   local argv = sandbox.command{ argv = {"/usr/bin/python3", "/task/x.py"}, binds = {{src, "/opt/x"}},
+--     data = {{4, "/task/x.py"}},    -- the file open as the child's descriptor 4, read-only there
+--     limits = {cpu_s = 60, as_mb = 30720, data_mb = 30720, stack_mb = 10, file_mb = 16, procs = 64,
+--               files = 256}, tmp_mb = 512, bwrap = "bwrap", uid = 2000000000 }
+--   local ok, why = sandbox.check{ bwrap = "bwrap", uid = ... }   -- nil, one line when it cannot work
+--
+-- What the program gets: the system folders (/usr, /etc and the /bin, /lib... links or
+-- folders) read-only and nothing else of the host but `binds` (read-only); a private
+-- writable /tmp and /dev/shm (tmpfs of tmp_mb each, gone with the sandbox); a fresh /proc
+-- and a minimal /dev; new user, PID, network (only a down loopback), IPC, UTS and cgroup
+-- namespaces, no further user namespaces; the environment the caller gives spawn() and
+-- nothing else; the limits, set by prlimit inside the sandbox as hard limits. Run as root,
+-- the program runs as the unprivileged `uid` (setpriv), because the kernel exempts uid 0
+-- from the process limit. The process limit counts per user namespace, so every sandbox,
+-- even on the same uid, has its own. Killing bwrap (clrt.proc kills the process group)
+-- kills the sandbox's PID 1 (--die-with-parent) and with it every process inside.
+local files = require("clrt.files")
+
+local M = {}
+
+M.DEFAULT_UID = 2000000000   -- above systemd's container ranges, below 2^31: no one's files
+M.SYSTEM_DIRS = { "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32" }
+
+local function read_link(path)
+  local ffi = require("ffi")
+  local C = require("clrt.core.ffi").C
+  local p = C.clrt_read_link(path)
+  if p == nil then return nil end
+  local s = ffi.string(p)
+  C.clrt_free_string(p)
+  return s
+end
+
+-- Whether this process runs as root (the program then drops to o.uid).
+function M.is_root() return require("clrt.proc").euid() == 0 end
+
+local function limit_args(l)
+  local mb = 1024 * 1024
+  local out = { "prlimit", "--core=0" }
+  local function add(flag, v) if v then out[#out + 1] = ("--%s=%d"):format(flag, math.floor(v)) end end
+  add("cpu", l.cpu_s and math.ceil(l.cpu_s))
+  add("as", l.as_mb and l.as_mb * mb)
+  add("data", l.data_mb and l.data_mb * mb)
+  add("stack", l.stack_mb and l.stack_mb * mb)
+  add("fsize", l.file_mb and l.file_mb * mb)
+  add("nproc", l.procs)
+  add("nofile", l.files)
+  out[#out + 1] = "--"
+  return out
+end
+
+-- The argv that runs o.argv in the sandbox.
+function M.command(o)
+  local argv = {}
+  local function add(...) for _, a in ipairs({ ... }) do argv[#argv + 1] = tostring(a) end end
+  if M.is_root() then
+    add("setpriv", "--reuid=" .. (o.uid or M.DEFAULT_UID), "--regid=" .. (o.uid or M.DEFAULT_UID), "--clear-groups", "--")
+  end
+  add(o.bwrap or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+    "--new-session", "--hostname", "sandbox")
+  for _, d in ipairs(M.SYSTEM_DIRS) do
+    local target = read_link(d)
+    if target then add("--symlink", target, d)
+    elseif files.is_dir(d) then add("--ro-bind", d, d) end
+  end
+  for _, b in ipairs(o.binds or {}) do add("--ro-bind", b[1], b[2] or b[1]) end
+  -- files handed over as descriptors the caller opens for bwrap: no host path of the run
+  -- needs to be readable by the sandbox's uid
+  for _, d in ipairs(o.data or {}) do add("--ro-bind-data", d[1], d[2]) end
+  local tmp = math.floor((o.tmp_mb or 512) * 1024 * 1024)
+  add("--proc", "/proc", "--dev", "/dev", "--size", tmp, "--tmpfs", "/tmp", "--size", tmp, "--tmpfs", "/dev/shm")
+  -- what bwrap made of / and /dev (tmpfs) becomes read-only: only /tmp and /dev/shm take writes
+  add("--remount-ro", "/dev", "--remount-ro", "/", "--chdir", o.chdir or "/tmp", "--")
+  for _, a in ipairs(limit_args(o.limits or {})) do add(a) end
+  for _, a in ipairs(o.argv) do add(a) end
+  return argv
+end
+
+local checked = {}
+
+-- Whether a sandbox can be made here (bwrap present, namespaces allowed, setpriv as root):
+-- true, or nil and one line naming what is missing and how to allow it. Cached per bwrap
+-- and uid; the probe runs `true` in the real sandbox.
+function M.check(o)
+  o = o or {}
+  local key = tostring(o.bwrap or "bwrap") .. "|" .. tostring(o.uid or M.DEFAULT_UID)
+  if checked[key] then return checked[key][1], checked[key][2] end
+  local proc = require("clrt.proc")
+  local err_path = os.tmpname()
+  local argv = M.command({ bwrap = o.bwrap, uid = o.uid, tmp_mb = 1, argv = { "true" } })
+  local ok, p = pcall(proc.spawn, { argv = argv, env = { "PATH=/usr/bin:/bin" }, fds = { [2] = { path = err_path, write = true } } })
+  local res
+  if not ok then
+    local missing = argv[1]
+    if missing == "setpriv" then
+      res = { nil, "setpriv (util-linux) is not installed: it drops root to the sandbox's own uid (apt-get install util-linux)" }
+    else
+      res = { nil, ("bubblewrap (%s) is not installed or not runnable: %s (apt-get install bubblewrap)")
+        :format(o.bwrap or "bwrap", tostring(p):gsub("^proc: ", "")) }
+    end
+  else
+    local r = p:wait({ timeout = 30 })
+    local err = (files.read(err_path) or ""):gsub("%s+$", ""):gsub("\n", "; ")
+    if r.code == 0 then
+      res = { true }
+    else
+      res = { nil, ("bubblewrap cannot create its namespaces here (%s): allow unprivileged user namespaces " ..
+        "(sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1, on Ubuntu " ..
+        "kernel.apparmor_restrict_unprivileged_userns=0; in a container run it with " ..
+        "--security-opt seccomp=unconfined --security-opt apparmor=unconfined)")
+        :format(err ~= "" and err or (r.timed_out and "timed out" or ("exit " .. tostring(r.code or r.signal)))) }
+    end
+  end
+  os.remove(err_path)
+  checked[key] = res
+  return res[1], res[2]
+end
+
+return M
