@@ -4,19 +4,22 @@
 --   local argv = sandbox.command{ argv = {"/usr/bin/python3", "/task/x.py"}, binds = {{src, "/opt/x"}},
 --     data = {{4, "/task/x.py"}},    -- the file open as the child's descriptor 4, read-only there
 --     limits = {cpu_s = 60, as_mb = 30720, data_mb = 30720, stack_mb = 10, file_mb = 16, procs = 64,
---               files = 256}, tmp_mb = 512, bwrap = "bwrap", uid = 2000000000 }
---   local ok, why = sandbox.check{ bwrap = "bwrap", uid = ... }   -- nil, one line when it cannot work
+--               files = 256}, tmp_mb = 512, bwrap = "bwrap", uid = 2000000000, loopback = false }
+--   local ok, why = sandbox.check{ bwrap =, uid =, loopback = }   -- nil, one line when it cannot work
 --
 -- What the program gets: the system folders (/usr, /etc and the /bin, /lib... links or
--- folders) read-only and nothing else of the host but `binds` (read-only); a private
--- writable /tmp and /dev/shm (tmpfs of tmp_mb each, gone with the sandbox); a fresh /proc
--- and a minimal /dev; new user, PID, network (only a down loopback), IPC, UTS and cgroup
--- namespaces, no further user namespaces; the environment the caller gives spawn() and
--- nothing else; the limits, set by prlimit inside the sandbox as hard limits. Run as root,
--- the program runs as the unprivileged `uid` (setpriv), because the kernel exempts uid 0
--- from the process limit. The process limit counts per user namespace, so every sandbox,
--- even on the same uid, has its own. Killing bwrap (clrt.proc kills the process group)
--- kills the sandbox's PID 1 (--die-with-parent) and with it every process inside.
+-- folders) read-only and nothing else of the host but `binds` and `data` (read-only); a
+-- private writable /tmp and /dev/shm (tmpfs of tmp_mb each, gone with the sandbox); a
+-- fresh /proc and a minimal /dev; new user, PID, network, IPC, UTS and cgroup namespaces,
+-- no further user namespaces; the environment the caller gives spawn() and nothing else;
+-- the limits, set by prlimit inside the sandbox as hard limits. Run as root, the program
+-- runs as the unprivileged `uid` (setpriv), because the kernel exempts uid 0 from the
+-- process limit, and in a network namespace made before bwrap (unshare), whose loopback
+-- stays down; o.loopback = true (and any non-root run) gives bwrap's own namespace
+-- instead, whose loopback is up but reaches only the sandbox. The process limit counts per
+-- user namespace, so every sandbox, even on the same uid, has its own. Killing the process
+-- group (clrt.proc) kills bwrap, and with it (--die-with-parent) the sandbox's PID 1, whose
+-- end the kernel turns into the end of every process inside.
 local files = require("clrt.files")
 
 local M = {}
@@ -32,6 +35,17 @@ local function read_link(path)
   local s = ffi.string(p)
   C.clrt_free_string(p)
   return s
+end
+
+-- The program's path: name itself when it holds a '/', else the first match on PATH; nil
+-- when there is no such file.
+function M.find_program(name)
+  if name:find("/", 1, true) then return files.exists(name) and name or nil end
+  for dir in (os.getenv("PATH") or "/usr/bin:/bin"):gmatch("[^:]+") do
+    local p = dir .. "/" .. name
+    if files.exists(p) and not files.is_dir(p) then return p end
+  end
+  return nil
 end
 
 -- Whether this process runs as root (the program then drops to o.uid).
@@ -56,11 +70,19 @@ end
 function M.command(o)
   local argv = {}
   local function add(...) for _, a in ipairs({ ... }) do argv[#argv + 1] = tostring(a) end end
-  if M.is_root() then
+  local root = M.is_root()
+  local own_netns = root and not o.loopback
+  if own_netns then
+    -- bwrap brings up the loopback of the network namespace it makes; one made here, owned
+    -- by the host's user namespace, keeps it down and the sandbox cannot change that
+    add("unshare", "--net", "--")
+  end
+  if root then
     add("setpriv", "--reuid=" .. (o.uid or M.DEFAULT_UID), "--regid=" .. (o.uid or M.DEFAULT_UID), "--clear-groups", "--")
   end
-  add(o.bwrap or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-    "--new-session", "--hostname", "sandbox")
+  add(o.bwrap or "bwrap", "--unshare-all")
+  if own_netns then add("--share-net") end
+  add("--unshare-user", "--disable-userns", "--die-with-parent", "--new-session", "--hostname", "sandbox")
   for _, d in ipairs(M.SYSTEM_DIRS) do
     local target = read_link(d)
     if target then add("--symlink", target, d)
@@ -86,20 +108,25 @@ local checked = {}
 -- and uid; the probe runs `true` in the real sandbox.
 function M.check(o)
   o = o or {}
-  local key = tostring(o.bwrap or "bwrap") .. "|" .. tostring(o.uid or M.DEFAULT_UID)
+  local key = tostring(o.bwrap or "bwrap") .. "|" .. tostring(o.uid or M.DEFAULT_UID) .. "|" .. tostring(o.loopback)
   if checked[key] then return checked[key][1], checked[key][2] end
+  local bwrap = o.bwrap or "bwrap"
+  if not M.find_program(bwrap) then
+    checked[key] = { nil, ("bubblewrap (%s) is not installed (apt-get install bubblewrap)"):format(bwrap) }
+    return checked[key][1], checked[key][2]
+  end
   local proc = require("clrt.proc")
   local err_path = os.tmpname()
-  local argv = M.command({ bwrap = o.bwrap, uid = o.uid, tmp_mb = 1, argv = { "true" } })
+  local argv = M.command({ bwrap = o.bwrap, uid = o.uid, loopback = o.loopback, tmp_mb = 1, argv = { "true" } })
   local ok, p = pcall(proc.spawn, { argv = argv, env = { "PATH=/usr/bin:/bin" }, fds = { [2] = { path = err_path, write = true } } })
   local res
   if not ok then
-    local missing = argv[1]
-    if missing == "setpriv" then
-      res = { nil, "setpriv (util-linux) is not installed: it drops root to the sandbox's own uid (apt-get install util-linux)" }
+    if argv[1] ~= (o.bwrap or "bwrap") then
+      res = { nil, ("%s (util-linux) cannot be started: %s (apt-get install util-linux)")
+        :format(argv[1], (tostring(p):gsub("^proc: ", ""))) }
     else
-      res = { nil, ("bubblewrap (%s) is not installed or not runnable: %s (apt-get install bubblewrap)")
-        :format(o.bwrap or "bwrap", tostring(p):gsub("^proc: ", "")) }
+      res = { nil, ("bubblewrap (%s) cannot be started: %s (apt-get install bubblewrap)")
+        :format(bwrap, (tostring(p):gsub("^proc: ", ""))) }
     end
   else
     local r = p:wait({ timeout = 30 })

@@ -33,6 +33,9 @@
 --             /usr has its prefix (two levels up: /opt/conda for /opt/conda/bin/python3)
 --             bound read-only
 --   bind      more host paths visible read-only (a list, e.g. ["/opt/conda"])
+--   loopback  true: a loopback of the sandbox's own (reaching nothing outside it) for
+--             tasks that talk to a server they start; default false: no network at all
+--             (as root; a non-root trainer always gives bwrap's private loopback)
 --   parallel  programs at once in this process (default: the processor count)
 --   bwrap     the bubblewrap program (default "bwrap" on PATH)
 --   uid       the uid programs run as when the trainer is root (default 2000000000)
@@ -75,9 +78,9 @@ function M.limits(opts)
       error(("pass_rate: option bind[%d] must be an absolute path, got %s"):format(i, tostring(b)), 0)
     end
   end
-  l.unsafe_no_sandbox = opts.unsafe_no_sandbox == true
-  if opts.unsafe_no_sandbox ~= nil and type(opts.unsafe_no_sandbox) ~= "boolean" then
-    error("pass_rate: option unsafe_no_sandbox must be true or false", 0)
+  for _, k in ipairs({ "unsafe_no_sandbox", "loopback" }) do
+    if opts[k] ~= nil and type(opts[k]) ~= "boolean" then error(("pass_rate: option %s must be true or false"):format(k), 0) end
+    l[k] = opts[k] == true
   end
   return l
 end
@@ -96,7 +99,7 @@ function M.prepare(opts)
     end
     return l
   end
-  local ok, why = sandbox.check({ bwrap = l.bwrap, uid = l.uid })
+  local ok, why = sandbox.check({ bwrap = l.bwrap, uid = l.uid, loopback = l.loopback })
   if not ok then
     error("pass_rate: refusing to run the policy's code without a sandbox: " .. why ..
       "; or set reward.metric_options.pass_rate.unsafe_no_sandbox=true to run it unisolated", 0)
@@ -160,7 +163,7 @@ function M.command(l, dir)
     local prefix = l.python:match("^(/.+)/[^/]+/[^/]+$")
     if not system and prefix then binds[#binds + 1] = { prefix } end
   end
-  local argv = sandbox.command({ bwrap = l.bwrap, uid = math.floor(l.uid), binds = binds, tmp_mb = l.tmp_mb,
+  local argv = sandbox.command({ bwrap = l.bwrap, uid = math.floor(l.uid), loopback = l.loopback, binds = binds, tmp_mb = l.tmp_mb,
     data = { { 4, "/task/solution.py" }, { 5, "/task/tests.py" }, { 6, "/task/harness.py" } },
     limits = limits, chdir = "/tmp",
     argv = { l.python, "-I", "/task/harness.py", "/task/solution.py", "/task/tests.py" } })
