@@ -101,15 +101,26 @@ function M.command(o)
   return argv
 end
 
-local checked = {}
+local checked, probing = {}, {}
+local probe
 
 -- Whether a sandbox can be made here (bwrap present, namespaces allowed, setpriv as root):
 -- true, or nil and one line naming what is missing and how to allow it. Cached per bwrap
 -- and uid; the probe runs `true` in the real sandbox.
 function M.check(o)
   o = o or {}
-  local key = tostring(o.bwrap or "bwrap") .. "|" .. tostring(o.uid or M.DEFAULT_UID) .. "|" .. tostring(o.loopback)
+  local key = tostring(o.bwrap or "bwrap") .. "|" .. tostring(o.uid or M.DEFAULT_UID) .. "|" .. tostring(o.loopback == true)
+  -- tasks asking while the probe runs wait for its answer rather than start their own
+  while probing[key] do require("clrt.sched").sleep(0.01) end
   if checked[key] then return checked[key][1], checked[key][2] end
+  probing[key] = true
+  local ok, a, b = pcall(probe, o, key)
+  probing[key] = nil
+  if not ok then error(a, 0) end
+  return a, b
+end
+
+probe = function(o, key)
   local bwrap = o.bwrap or "bwrap"
   if not M.find_program(bwrap) then
     checked[key] = { nil, ("bubblewrap (%s) is not installed (apt-get install bubblewrap)"):format(bwrap) }
@@ -129,7 +140,7 @@ function M.check(o)
         :format(bwrap, (tostring(p):gsub("^proc: ", ""))) }
     end
   else
-    local r = p:wait({ timeout = 30 })
+    local r = p:wait({ timeout = 30, on_cancel = function() probing[key] = nil os.remove(err_path) end })
     local err = (files.read(err_path) or ""):gsub("%s+$", ""):gsub("\n", "; ")
     if r.code == 0 then
       res = { true }

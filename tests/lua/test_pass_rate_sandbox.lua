@@ -449,6 +449,14 @@ T.case("the scheduler decodes and moves HTTP while programs run, at most `parall
     :format(info.engine_steps_during_procs, info.engine_steps))
   T.eq(ctx.counters.pass_rate_programs, 3)
   T.ok(ctx.counters.pass_rate_seconds >= 9, "three programs of 3 s: " .. ctx.counters.pass_rate_seconds)
+  -- the step's row logs them (and resets the counters for the next step)
+  local timing = { generate_first_s = 0, rollout_s = 0, engine_steps_during_tests = info.engine_steps_during_procs }
+  local row = require("clrt.train.report").step_row({}, { rewards = {}, dropped = 0, truncated = 0 }, {}, {}, 0,
+    timing, 0, 1, 2, ctx)
+  T.eq(row.tests_run, 3)
+  T.ok(row.time_tests_s >= 9, "time in tests: " .. tostring(row.time_tests_s))
+  T.eq(row.engine_steps_during_tests, info.engine_steps_during_procs)
+  T.eq(ctx.counters, {})
   assert_nothing_left("scheduled runs")
 end)
 
