@@ -14,9 +14,9 @@
 -- no further user namespaces; the environment the caller gives spawn() and nothing else;
 -- the limits, set by prlimit inside the sandbox as hard limits. Run as root, the program
 -- runs as the unprivileged `uid` (setpriv), because the kernel exempts uid 0 from the
--- process limit, and in a network namespace made before bwrap (unshare), whose loopback
--- stays down; o.loopback = true (and any non-root run) gives bwrap's own namespace
--- instead, whose loopback is up but reaches only the sandbox. The process limit counts per
+-- process limit. The network namespace is made before bwrap (unshare; without root inside
+-- a user namespace of its own), so its loopback stays down; o.loopback = true gives bwrap's
+-- own namespace instead, whose loopback is up but reaches only the sandbox. The process limit counts per
 -- user namespace, so every sandbox, even on the same uid, has its own. Killing the process
 -- group (clrt.proc) kills bwrap, and with it (--die-with-parent) the sandbox's PID 1, whose
 -- end the kernel turns into the end of every process inside.
@@ -71,11 +71,12 @@ function M.command(o)
   local argv = {}
   local function add(...) for _, a in ipairs({ ... }) do argv[#argv + 1] = tostring(a) end end
   local root = M.is_root()
-  local own_netns = root and not o.loopback
+  local own_netns = not o.loopback
   if own_netns then
-    -- bwrap brings up the loopback of the network namespace it makes; one made here, owned
-    -- by the host's user namespace, keeps it down and the sandbox cannot change that
-    add("unshare", "--net", "--")
+    -- bwrap brings up the loopback of the network namespace it makes; one made here keeps
+    -- it down, and the sandbox, in a user namespace below the one owning it, cannot change
+    -- that. Without root, a user namespace of our own is needed to make it.
+    if root then add("unshare", "--net", "--") else add("unshare", "--user", "--map-root-user", "--net", "--") end
   end
   if root then
     add("setpriv", "--reuid=" .. (o.uid or M.DEFAULT_UID), "--regid=" .. (o.uid or M.DEFAULT_UID), "--clear-groups", "--")

@@ -35,7 +35,6 @@
 --   bind      more host paths visible read-only (a list, e.g. ["/opt/conda"])
 --   loopback  true: a loopback of the sandbox's own (reaching nothing outside it) for
 --             tasks that talk to a server they start; default false: no network at all
---             (as root; a non-root trainer always gives bwrap's private loopback)
 --   parallel  programs at once in this process (default: the processor count)
 --   bwrap     the bubblewrap program (default "bwrap" on PATH)
 --   uid       the uid programs run as when the trainer is root (default 2000000000)
