@@ -330,19 +330,26 @@ end)
 T.case("a test source without TestCase classes is one test: it passes when it runs to its end", function()
   sandbox_or_skip()
   local asserts = "assert task_func(2, 3) == 5\nassert task_func(-1, 1) == 0\n"
-  T.eq(pass_rate.run_tests(RIGHT, asserts, opts()), true)
-  T.eq(pass_rate.run_tests(WRONG, asserts, opts()), false)
-  T.eq(pass_rate.run_tests("import os\nos._exit(0)\n", asserts, opts()), false)
-  T.eq(pass_rate.run_tests(WRONG .. "import sys\nsys.exit(0)\n", asserts, opts()), false)
-  -- the limits: a file over file_mb, memory over mem_mb
-  T.eq(pass_rate.run_tests("open('big', 'wb').write(b'x' * (4 * 1024 * 1024))\n", "", opts({ file_mb = 1 })), false)
-  T.eq(pass_rate.run_tests("open('small', 'wb').write(b'x' * 1024)\n", "", opts({ file_mb = 1 })), true)
-  local okm, dm = pass_rate.run_tests("x = bytearray(600 * 1024 * 1024)\n", "", opts({ mem_mb = 256 }))
-  T.eq(okm, false); T.ok(dm:find("MemoryError", 1, true), dm)
-  -- the network: only a loopback that is down
-  T.eq(pass_rate.run_tests("import socket\nassert [n for _, n in socket.if_nameindex()] == ['lo']\n" ..
-    "s = socket.socket()\ntry:\n    s.bind(('127.0.0.1', 0)); s.listen(); socket.create_connection(s.getsockname(), timeout=2)\n" ..
-    "    raise SystemExit('loopback works')\nexcept OSError:\n    pass\n", "", opts()), true)
+  local cases = {
+    { RIGHT, asserts, true }, { WRONG, asserts, false },
+    { "import os\nos._exit(0)\n", asserts, false }, { WRONG .. "import sys\nsys.exit(0)\n", asserts, false },
+    -- the limits: a file over file_mb, memory over mem_mb
+    { "open('big', 'wb').write(b'x' * (4 * 1024 * 1024))\n", "", false, { file_mb = 1 } },
+    { "open('small', 'wb').write(b'x' * 1024)\n", "", true, { file_mb = 1 } },
+    { "x = bytearray(600 * 1024 * 1024)\n", "", false, { mem_mb = 256 }, "MemoryError" },
+    -- the network: only a loopback that is down
+    { "import socket\nassert [n for _, n in socket.if_nameindex()] == ['lo']\n" ..
+      "s = socket.socket()\ntry:\n    s.bind(('127.0.0.1', 0)); s.listen(); socket.create_connection(s.getsockname(), timeout=2)\n" ..
+      "    raise SystemExit('loopback works')\nexcept OSError:\n    pass\n", "", true },
+  }
+  local fns = {}
+  for i, c in ipairs(cases) do fns[i] = function() return { pass_rate.run_tests(c[1], c[2], opts(c[4])) } end end
+  local results, errors = sched.run(fns)
+  for i, c in ipairs(cases) do
+    T.eq(errors[i], nil)
+    T.eq(results[i][1], c[3], ("case %d: %s"):format(i, results[i][2]))
+    if c[5] then T.ok(results[i][2]:find(c[5], 1, true), results[i][2]) end
+  end
   assert_nothing_left("script tests")
 end)
 
