@@ -251,9 +251,64 @@ def task_func(a, b):
   assert_nothing_left("attacks")
 end)
 
+-- Tests as BigCodeBench writes them: patches started in setUpClass (kept over every test),
+-- mock.patch decorators and mock_open (which change unittest.mock's own globals), temporary
+-- folders; and an asyncio test case. None of it is the code's tampering.
+local MOCKING_TESTS = [[
+import unittest
+from unittest.mock import patch, mock_open
+import os, tempfile, shutil
+
+class TestCases(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.patcher = patch('builtins.print')
+        cls.mock_print = cls.patcher.start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.patcher.stop()
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    @patch('os.listdir')
+    def test_mocked(self, mock_listdir):
+        mock_listdir.return_value = ['a.txt', 'b.csv']
+        self.assertEqual(task_func(self.dir), ['a.txt'])
+
+    def test_real(self):
+        open(os.path.join(self.dir, 'x.txt'), 'w').close()
+        self.assertEqual(task_func(self.dir), ['x.txt'])
+
+    def test_open(self):
+        with patch('builtins.open', mock_open(read_data='hi')):
+            self.assertEqual(open('f').read(), 'hi')
+        self.assertEqual(task_func(self.dir), [])
+]]
+local LIST_TXT = "import os\ndef task_func(d):\n    return sorted(f for f in os.listdir(d) if f.endswith('.txt'))\n"
+local ASYNC_TESTS = [[
+import unittest
+
+class TestCases(unittest.IsolatedAsyncioTestCase):
+    async def test_double(self):
+        self.assertEqual(await task_func(2), 4)
+]]
+
 T.case("right code passes; the program's environment is exactly the harness's variables", function()
   sandbox_or_skip()
-  T.eq(pass_rate.run_tests(RIGHT, TESTS, opts()), true)
+  local fns = {
+    function() return { pass_rate.run_tests(RIGHT, TESTS, opts()) } end,
+    function() return { pass_rate.run_tests(LIST_TXT, MOCKING_TESTS, opts()) } end,
+    function() return { pass_rate.run_tests(LIST_TXT:gsub("%.txt", ".csv"), MOCKING_TESTS, opts()) } end,
+    function() return { pass_rate.run_tests("async def task_func(x):\n    return 2 * x\n", ASYNC_TESTS, opts()) } end,
+  }
+  local results, errors = sched.run(fns)
+  T.eq(errors, {})
+  for i, want in ipairs({ true, true, false, true }) do T.eq(results[i][1], want, results[i][2]) end
   local env = table.concat(pass_rate.environment(pass_rate.limits(opts())), "\n")
   T.ok(not env:find("OPENAI_API_KEY", 1, true))
   local p, detail = pass_rate.run_tests("import os\nprint(sorted(os.environ))\n" .. RIGHT, TESTS, opts())

@@ -132,12 +132,14 @@ def imported_roots(tree):
     return roots
 
 
-def module_state(names):
+def module_state(names, packages=()):
     """(module name, module object, its attributes) for the loaded modules among names and
-    their submodules."""
+    the packages with their submodules (unittest.mock, whose globals change as it is used,
+    is not among them)."""
     out = []
     for name, mod in list(sys.modules.items()):
-        if isinstance(mod, types.ModuleType) and any(name == n or name.startswith(n + ".") for n in names):
+        if isinstance(mod, types.ModuleType) and (
+                name in names or any(name == n or name.startswith(n + ".") for n in packages)):
             out.append((name, mod, dict(vars(mod))))
     return out
 
@@ -216,16 +218,24 @@ def main():
                     __import__(m)
                 except Exception:
                     pass
-    watched = set(MACHINERY)
-    for mods in ASSERTION_MODULES.values():
-        watched.update(mods)
-    modules = module_state(watched)
-    machinery_classes = class_state(module_state(MACHINERY))
+    assertion_packages = [m for mods in ASSERTION_MODULES.values() for m in mods]
+
+    def watched():
+        return module_state(MACHINERY, assertion_packages)
+
+    modules = watched()
+    machinery_modules = module_state(MACHINERY)
+    machinery_classes = class_state(machinery_modules)
     builtins_before = dict(vars(builtins))
 
+    def machinery_changed():
+        """unittest itself: no test has a reason to patch it, so it is checked at any time."""
+        return module_changes(machinery_modules) or class_changes(machinery_classes)
+
     def tampered():
-        return (module_changes(modules) or class_changes(machinery_classes)
-                or builtin_changes(builtins_before))
+        """Everything watched, against the state before the code ran: true between the code
+        and the tests and after the last test (a test's own patches are undone by then)."""
+        return machinery_changed() or module_changes(modules) or builtin_changes(builtins_before)
 
     ns = {"__name__": "__test__", "__file__": "__test__.py", "__builtins__": builtins,
           "__package__": None, "__doc__": None}
@@ -304,11 +314,13 @@ def main():
     class Recorder(TestResult):
         def startTest(self, test):
             TestResult.startTest(self, test)
-            self._before = (class_dicts(test), dict(vars(builtins)), module_state(watched))
+            self._before = (class_dicts(test), dict(vars(builtins)), watched())
 
         def stopTest(self, test):
             classes, bi, mods = self._before
-            why = class_changes(classes) or builtin_changes(bi) or module_changes(mods) or tampered()
+            # builtins and the assertion modules against the test's start: patches a
+            # setUpClass made stay out of it, what the test left behind does not
+            why = class_changes(classes) or builtin_changes(bi) or module_changes(mods) or machinery_changed()
             if why:
                 changed.append("%s: %s" % (key(test), why))
             TestResult.stopTest(self, test)
