@@ -72,6 +72,7 @@ int main(void) {
     if (left) usleep(10 * 1000);
   }
   CHECK(!left);
+  if (left) kill(-p.pid, SIGKILL);   /* a failing run leaves nothing either */
 
   /* errors name what is wrong */
   const char *missing[] = {"/nonexistent/program", NULL};
