@@ -63,10 +63,10 @@ function M.pump(timeout_ms, fds)
   timeout_ms = math.max(0, math.floor(timeout_ms or 0))
   if pending == 0 and timeout_ms == 0 then return 0 end
   local l = get_loop()
-  local n = fds and #fds or 0
-  if n > fd_cap then fd_buf, fd_cap = ffi.new("int[?]", n), n end
-  for i = 1, n do fd_buf[i - 1] = fds[i] end
-  if C.clrt_http_poll_fds(l, timeout_ms, fd_buf, n) < 0 then core.fail(2) end
+  local nfd = fds and #fds or 0
+  if nfd > fd_cap then fd_buf, fd_cap = ffi.new("int[?]", nfd), nfd end
+  for i = 1, nfd do fd_buf[i - 1] = fds[i] end
+  if C.clrt_http_poll_fds(l, timeout_ms, fd_buf, nfd) < 0 then core.fail(2) end
   local n = 0
   while C.clrt_http_next(l, result) == 1 do
     local r = {
