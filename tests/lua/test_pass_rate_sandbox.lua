@@ -318,7 +318,7 @@ T.case("right code passes; the program's environment is exactly the harness's va
   assert_nothing_left("honest runs")
 end)
 
-T.case("honest code: numpy and pandas pass, wrong code, a skipped or missing test and a timeout fail", function()
+T.case("honest code: numpy and pandas pass; wrong code, a skipped test, a failing subtest and a timeout fail", function()
   sandbox_or_skip()
   if not have_numpy_pandas() then T.skip(PYTHON .. " lacks numpy/pandas (python3-numpy, python3-pandas)") end
   local tests = [[
