@@ -89,12 +89,13 @@ function M.command(o)
     if target then add("--symlink", target, d)
     elseif files.is_dir(d) then add("--ro-bind", d, d) end
   end
+  -- the private mounts first: a bind below /tmp goes on top of the tmpfs, not under it
+  local tmp = math.floor((o.tmp_mb or 512) * 1024 * 1024)
+  add("--proc", "/proc", "--dev", "/dev", "--size", tmp, "--tmpfs", "/tmp", "--size", tmp, "--tmpfs", "/dev/shm")
   for _, b in ipairs(o.binds or {}) do add("--ro-bind", b[1], b[2] or b[1]) end
   -- files handed over as descriptors the caller opens for bwrap: no host path of the run
   -- needs to be readable by the sandbox's uid
   for _, d in ipairs(o.data or {}) do add("--ro-bind-data", d[1], d[2]) end
-  local tmp = math.floor((o.tmp_mb or 512) * 1024 * 1024)
-  add("--proc", "/proc", "--dev", "/dev", "--size", tmp, "--tmpfs", "/tmp", "--size", tmp, "--tmpfs", "/dev/shm")
   -- what bwrap made of / and /dev (tmpfs) becomes read-only: only /tmp and /dev/shm take writes
   add("--remount-ro", "/dev", "--remount-ro", "/", "--chdir", o.chdir or "/tmp", "--")
   for _, a in ipairs(limit_args(o.limits or {})) do add(a) end
