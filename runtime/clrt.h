@@ -360,6 +360,47 @@ int clrt_file_copy(const char *from, const char *to);
 /* A folder's entry names, one per line; free with clrt_free_string. */
 char *clrt_list_dir(const char *path);
 void clrt_free_string(char *s);
+/* The target of a symbolic link (free with clrt_free_string); NULL when path is not one. */
+char *clrt_read_link(const char *path);
+/* A new folder $TMPDIR/prefix.XXXXXX (mode 0700; /tmp without TMPDIR); free with
+   clrt_free_string. */
+char *clrt_temp_dir(const char *prefix);
+
+
+/* ==== child processes for the scheduler (core/proc.c) ==================================== */
+
+/* One descriptor of a spawned child: fd opened on path (read-only when write is 0, else
+   created or truncated, mode 0600), or, with path NULL, a copy of the child's descriptor
+   same_as set by an earlier entry. Descriptors 0..2 not given are /dev/null; every other
+   descriptor of this process is closed in the child. */
+typedef struct {
+  int fd;
+  const char *path;
+  int write;
+  int same_as;
+} clrt_proc_redirect;
+/* A child: pidfd is -1 where the kernel has none (then poll on a short period); done,
+   exit_code and term_signal are set once it is reaped. */
+typedef struct {
+  int pid;
+  int pidfd;
+  int done;
+  int exit_code;
+  int term_signal;
+} clrt_proc;
+/* Start argv[0] (searched on this process's PATH) with exactly the environment envp (NULL
+   terminated, like argv), in cwd (NULL: this folder), in a session of its own. */
+int clrt_proc_spawn(const char *const *argv, const char *const *envp, const char *cwd,
+                    const clrt_proc_redirect *redirects, int n_redirects, clrt_proc *out);
+/* Reap the child if it has ended: 1 ended (fields set), 0 still running, -1 error. block
+   waits for the end. */
+int clrt_proc_poll(clrt_proc *p, int block);
+/* Send sig to the child's process group (the child alone if the group is gone). */
+int clrt_proc_kill(clrt_proc *p, int sig);
+/* poll(2) for readability of n descriptors (pidfds) up to timeout_ms: how many are ready. */
+int clrt_proc_wait_fds(const int *fds, int n, int timeout_ms);
+int clrt_cpu_count(void);   /* processors online */
+int clrt_effective_uid(void);
 
 
 /* ==== tokenizer (text/tokenizer*.c, text/bpe_train.c) ==================================== */
@@ -570,6 +611,9 @@ int64_t clrt_http_submit(clrt_http *h, const char *method, const char *url, cons
 /* Drive transfers, waiting up to timeout_ms when none has finished (sleeping that long when
    none is in flight). Returns how many finished results are waiting, or -1. */
 int clrt_http_poll(clrt_http *h, int timeout_ms);
+/* The same, also returning when one of n descriptors (pidfds of clrt_proc children) is
+   readable, so one wait serves transfers and child processes. */
+int clrt_http_poll_fds(clrt_http *h, int timeout_ms, const int *fds, int n);
 /* Pop one finished result into *out (1), or return 0 when none waits. The pointers in *out
    stay valid until the next clrt_http_next, clrt_http_cancel or clrt_http_free. */
 int clrt_http_next(clrt_http *h, clrt_http_result *out);

@@ -8,13 +8,14 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 prefix="${CLRT_PREFIX:-/usr/local}"
 
+# bubblewrap: the sandbox pass_rate runs the policy's code in (docs/sandbox.md).
 # OpenBLAS: the OpenMP flavour. Measured against libopenblas0-pthread (bench/matmul.lua and a
 # matmul + elementwise loop, 2 shared cores): sgemm alone is within noise of each other, but
 # the pthread flavour's thread pool fights clrt's OpenMP loops (4x slower at n=256 when
 # matmuls and elementwise ops alternate, as in training), while the OpenMP one shares them.
 packages=(build-essential cmake pkg-config luajit libluajit-5.1-dev lua-cjson
           libcurl4-openssl-dev libopenblas-openmp-dev libreadline-dev libpcre2-dev libutf8proc-dev
-          libmicrohttpd-dev ca-certificates ${CLRT_EXTRA_PACKAGES:-})
+          libmicrohttpd-dev ca-certificates bubblewrap ${CLRT_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

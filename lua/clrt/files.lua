@@ -7,6 +7,7 @@
 --   files.append(path, text)                -- write(2) with O_APPEND; a failed write raises
 --   files.rename(a, b)                      -- rename(2), then fsync b's folder
 --   files.remove_tree(p) / files.copy(a, b) / files.list(dir) / files.fsync(p)
+--   files.temp_dir(prefix)                  -- a new private folder under $TMPDIR or /tmp
 local ffi = require("ffi")
 local C = require("clrt.core.ffi").C
 local M = {}
@@ -22,6 +23,15 @@ function M.fsync(path) check(C.clrt_fsync_path(path), 2) end
 function M.rename(from, to) check(C.clrt_rename(from, to), 2) end
 function M.remove_tree(path) check(C.clrt_remove_tree(path), 2) end
 function M.copy(from, to) check(C.clrt_file_copy(from, to), 2) end
+
+-- A new private folder $TMPDIR/<prefix>.XXXXXX (mode 0700); the caller removes it.
+function M.temp_dir(prefix)
+  local p = C.clrt_temp_dir(prefix or "clrt")
+  if p == nil then error(ffi.string(C.clrt_last_error()), 2) end
+  local s = ffi.string(p)
+  C.clrt_free_string(p)
+  return s
+end
 
 -- The whole file as a string, or nil when it cannot be opened.
 function M.read(path)

@@ -5,7 +5,8 @@
 -- Each function runs in its own coroutine. Inside one, anything that would wait yields to
 -- the scheduler instead: c:chat(...) (clrt.llm) puts its HTTP request in flight and yields;
 -- clrt.sched.generate(model, tokens, opts) queues a generation request; clrt.sched.sleep(s)
--- waits.
+-- waits; p:wait() on a child process (clrt.proc) waits for it to end, the scheduler
+-- watching its pidfd beside the HTTP sockets, so decoding and HTTP go on meanwhile.
 --
 -- Generation goes through the continuous-batching engine (clrt.gen.engine) that `clrt serve`
 -- uses, one engine per model: a request joins the running batch at the next decode step,
@@ -24,7 +25,8 @@
 -- in fns[i] is caught and reported as errors[i] (a string) for that one only, or raised
 -- after all have finished when opts.raise is set. A third result holds
 -- {generate_calls = batched model:generate calls (models without a decoder),
---  engine_steps = decode steps of the engines, tracebacks = {[i] = traceback of errors[i]}}.
+--  engine_steps = decode steps of the engines, engine_steps_during_procs = those taken
+--  while a task waited on a child process, tracebacks = {[i] = traceback of errors[i]}}.
 -- opts.timeout bounds the whole run: the functions still unfinished then get
 -- errors[i] = "... timed out ..." and their HTTP requests and rows are cancelled.
 --
@@ -85,6 +87,37 @@ function M.sleep(seconds)
       if tm.task == t then table.remove(st.timers, i) break end
     end
   end)
+end
+
+-- Wait, inside a task, until child process p (clrt.proc) has ended ("exited") or http.now()
+-- passes deadline (nil: none; "deadline"); p:wait is the way to call this. on_cancel runs if
+-- the run is abandoned while the task waits.
+function M.wait_proc(p, deadline, on_cancel)
+  local t = M.current()
+  if not t then error("clrt.sched.wait_proc: not inside a clrt.sched.run function", 2) end
+  local st = t.run
+  local w = { p = p, task = t, deadline = deadline }
+  st.procs[#st.procs + 1] = w
+  return M.suspend(function()
+    for i, x in ipairs(st.procs) do
+      if x == w then table.remove(st.procs, i) break end
+    end
+    if on_cancel then on_cancel() end
+  end)
+end
+
+-- Wake the tasks whose child process ended or whose deadline passed.
+local function check_procs(st)
+  if #st.procs == 0 then return end
+  local now, keep = http.now(), {}
+  for _, w in ipairs(st.procs) do
+    local ok, ended = pcall(w.p.poll, w.p)
+    if not ok then M.wake(w.task, "clrt.sched: " .. tostring(ended))
+    elseif ended then M.wake(w.task, "exited")
+    elseif w.deadline and now >= w.deadline then M.wake(w.task, "deadline")
+    else keep[#keep + 1] = w end
+  end
+  st.procs = keep
 end
 
 -- A counting semaphore: acquire() waits (yielding) while n holders are inside. Outside a
@@ -214,6 +247,7 @@ local function step_engines(st)
     local E = x.E
     if E.eng and E.eng:busy() then
       st.engine_steps = st.engine_steps + 1
+      if #st.procs > 0 then st.engine_steps_during_procs = st.engine_steps_during_procs + 1 end
       local ok, err = pcall(E.eng.step, E.eng)
       if not ok then
         for req in pairs(E.live) do M.wake(req.task, { ok = false, err = "generate failed: " .. tostring(err) }) end
@@ -346,6 +380,7 @@ end
 local function on_step(st)
   http.pump(0)
   fire_timers(st)
+  check_procs(st)
   run_ready(st)
 end
 
@@ -405,7 +440,7 @@ local function abandon(st, why)
       st.errors[i] = why
     end
   end
-  st.ready, st.gen_queue, st.timers = {}, {}, {}
+  st.ready, st.gen_queue, st.timers, st.procs = {}, {}, {}, {}
 end
 
 function M.run(fns, opts)
@@ -419,7 +454,7 @@ function M.run(fns, opts)
   local st = {
     n = n, tasks = {}, by_co = {}, ready = {}, timers = {}, gen_queue = {},
     results = {}, errors = {}, tracebacks = {}, done = 0, next_start = 1, generate_calls = 0,
-    engines = {}, engine_set = {}, seen = {}, engine_steps = 0,
+    engines = {}, engine_set = {}, seen = {}, engine_steps = 0, procs = {}, engine_steps_during_procs = 0,
   }
   for i, f in ipairs(fns) do st.tasks[i] = { index = i, fn = f, run = st } end
   local limit = opts.max_concurrency or n
@@ -445,17 +480,26 @@ function M.run(fns, opts)
         http.pump(0)
         step_engines(st)
         fire_timers(st)
+        check_procs(st)
       elseif #st.ready == 0 then
         local wait = 0.05
         for _, tm in ipairs(st.timers) do wait = math.min(wait, tm.at - http.now()) end
         if deadline then wait = math.min(wait, deadline - http.now()) end
-        if http.pending() == 0 and #st.timers == 0 and #st.gen_queue == 0 then
+        if http.pending() == 0 and #st.timers == 0 and #st.gen_queue == 0 and #st.procs == 0 then
           abandon(st, "clrt.sched.run: deadlock: the function waits on something that can never happen " ..
-                      "(no request in flight, no timer, no generation queued)")
+                      "(no request in flight, no timer, no generation queued, no child process)")
           break
         end
-        http.pump(math.max(0, math.ceil(wait * 1000)))
+        -- child processes wake the wait through their pidfds (on a short period without one)
+        local fds = {}
+        for _, w in ipairs(st.procs) do
+          local fd = w.p:fd()
+          if fd then fds[#fds + 1] = fd else wait = math.min(wait, 0.01) end
+          if w.deadline then wait = math.min(wait, w.deadline - http.now()) end
+        end
+        http.pump(math.max(0, math.ceil(wait * 1000)), fds)
         fire_timers(st)
+        check_procs(st)
       end
     end
   end)
@@ -476,7 +520,7 @@ function M.run(fns, opts)
     end
   end
   return st.results, st.errors, { generate_calls = st.generate_calls, engine_steps = st.engine_steps,
-                                  tracebacks = st.tracebacks }
+                                  engine_steps_during_procs = st.engine_steps_during_procs, tracebacks = st.tracebacks }
 end
 
 return M

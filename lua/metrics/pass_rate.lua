@@ -5,62 +5,55 @@
 -- options.extract = false / no judge, the last fenced block of the last assistant message.
 -- The tests: sample.tests, else sample.single_turn_metadata.test (BigCodeBench's
 -- unittest source); a sample without tests is an error (a failed metric, not a 0).
--- The program (code, then tests, then `unittest.main()` when the tests define TestCases
--- and do not call it) runs as `python -I solution.py` in a fresh temporary directory.
+--
+-- The program runs in a bubblewrap sandbox (clrt.sandbox; docs/sandbox.md): an empty
+-- environment but the harness's variables, the system read-only, a private /tmp, no
+-- network, its own PID namespace, an unprivileged uid, limits and a wall-clock timeout
+-- that kills every process it started. It is an asynchronous child: inside a clrt.sched
+-- task the scheduler decodes and moves HTTP while it runs, up to `parallel` at once.
+-- The verdict is the test framework's own, read by lua/metrics/lib/pass_rate_harness.py
+-- and reported on a descriptor with a nonce: every expected test ran and none failed,
+-- errored or was skipped (the exit status means nothing). Where bubblewrap is missing or
+-- cannot create its namespaces, pass_rate refuses with one line saying what to allow.
 -- Options (ctx.metric_options.pass_rate, so `reward.metric_options.pass_rate.timeout=60`
--- on the command line):
---   timeout   wall-clock seconds (default 20); the program is killed after it
---   cpu_s     CPU seconds, ulimit -t (default: timeout)
---   mem_mb    writable memory, ulimit -d (default 4096 MB): heap, anonymous maps and thread
---             stacks — what a program allocates, not the address space it reserves
---   as_mb     address space, ulimit -v (default 32768 MB, BigCodeBench's evaluation uses
---             30 GB); reservations are not memory: numpy on 16 BLAS threads reserves 2.6 GB
---             for 79 MB resident (measured), and under a 1 GB cap it spins until killed
---   file_mb   size of any file written, ulimit -f (default 16 MB)
---   threads   OMP/OpenBLAS/MKL threads (default 1, as BigCodeBench's evaluation sets
---             OMP_NUM_THREADS); each extra BLAS thread takes ~150 MB of mem_mb (measured:
---             `import numpy, pandas` + a 600x600 matmul needs 313 MB at 1 thread, 2.5 GB
---             at 16, under Debian's /usr/bin/python3 with python3-numpy/-pandas)
---   python    the interpreter (default "python3" on PATH)
+-- on the command line); the defaults are BigCodeBench's evaluation's where it sets them:
+--   timeout   wall-clock seconds (default 60, BigCodeBench's time limit per task)
+--   cpu_s     CPU seconds of each process (default: timeout)
+--   mem_mb    writable memory, RLIMIT_DATA (default 30720: BigCodeBench's max_data_limit)
+--   as_mb     address space, RLIMIT_AS (default 30720: BigCodeBench's max_as_limit);
+--             numpy on 16 BLAS threads reserves 2.6 GB for 79 MB resident (measured)
+--   stack_mb  stack, RLIMIT_STACK (default 10: BigCodeBench's max_stack_limit)
+--   file_mb   size of any file written, the output log included (default 16)
+--   procs     processes and threads at once, RLIMIT_NPROC in the sandbox's own user
+--             namespace (default 64): a fork bomb stops there
+--   tmp_mb    size of the private /tmp and of /dev/shm, memory-backed (default 512 each)
+--   threads   OMP/OpenBLAS/MKL threads (default 1, as BigCodeBench sets OMP_NUM_THREADS)
+--   python    the interpreter inside the sandbox (default /usr/bin/python3, Debian's, with
+--             python3-numpy/-pandas for BigCodeBench's tasks); an absolute path outside
+--             /usr has its prefix (two levels up: /opt/conda for /opt/conda/bin/python3)
+--             bound read-only
+--   bind      more host paths visible read-only (a list, e.g. ["/opt/conda"])
+--   loopback  true: a loopback of the sandbox's own (reaching nothing outside it) for
+--             tasks that talk to a server they start; default false: no network at all
+--   parallel  programs at once in this process (default: the processor count)
+--   bwrap     the bubblewrap program (default "bwrap" on PATH)
+--   uid       the uid programs run as when the trainer is root (default 2000000000)
 --   extract   false: no judge call, the last fenced block is the code
---   network   none: the program runs inside `unshare -n` (a new, empty network namespace)
---             when this machine allows it (root, or user namespaces via `unshare -rn`);
---             where neither works it runs WITH network and M.sandbox() says so
--- The environment also gets TZ=UTC (BigCodeBench's tests assume it) and MPLBACKEND=Agg.
--- Exit status 0 = pass; any failure, crash, limit hit or timeout = 0.
+--   unsafe_no_sandbox  true: no bubblewrap (limits, clean environment and the harness
+--             only); a warning goes to stderr once. Never chosen silently.
+-- Per step (ctx.counters, logged by clrt.train.report): pass_rate_programs run and
+-- pass_rate_seconds spent in them (summed; they overlap).
 local judge = require("metrics.lib.judge")
+local files = require("clrt.files")
+local proc = require("clrt.proc")
+local sandbox = require("clrt.sandbox")
 
 local M = { name = "pass_rate" }
 
-local sh_quote = require("clrt.util.shell").quote
+M.DEFAULTS = { timeout = 60, mem_mb = 30720, as_mb = 30720, stack_mb = 10, file_mb = 16, procs = 64,
+  tmp_mb = 512, threads = 1, python = "/usr/bin/python3", bwrap = "bwrap", uid = sandbox.DEFAULT_UID }
 
-local function run(cmd)
-  local ok, how, code = os.execute(cmd)
-  -- Lua 5.1 / LuaJIT without 5.2 compat return a status number
-  if type(ok) == "number" then return ok == 0, ok end
-  return ok == true and code == 0, code
-end
-
-local netns
--- How network isolation is done here: "unshare -n", "unshare -rn" or "none" (cached).
-function M.sandbox()
-  if netns == nil then
-    if run("unshare -n true >/dev/null 2>&1") then netns = "unshare -n"
-    elseif run("unshare -rn true >/dev/null 2>&1") then netns = "unshare -rn"
-    else netns = "none" end
-  end
-  return netns
-end
-
-function M.program(code, tests)
-  local prog = code .. "\n\n" .. tests .. "\n"
-  if tests:find("unittest", 1, true) and not tests:find("unittest.main", 1, true) then
-    prog = prog .. "\nimport unittest\nif __name__ == '__main__':\n    unittest.main(verbosity=0)\n"
-  end
-  return prog
-end
-
-M.DEFAULTS = { timeout = 20, mem_mb = 4096, as_mb = 32768, file_mb = 16, threads = 1, python = "python3" }
+local NUMBERS = { "timeout", "cpu_s", "mem_mb", "as_mb", "stack_mb", "file_mb", "procs", "tmp_mb", "threads", "parallel", "uid" }
 
 -- The limits for one run: options over the defaults, each checked.
 function M.limits(opts)
@@ -68,39 +61,171 @@ function M.limits(opts)
   local l = {}
   for k, v in pairs(M.DEFAULTS) do l[k] = opts[k] == nil and v or opts[k] end
   l.cpu_s = opts.cpu_s == nil and l.timeout or opts.cpu_s
-  for _, k in ipairs({ "timeout", "cpu_s", "mem_mb", "as_mb", "file_mb", "threads" }) do
-    if type(l[k]) ~= "number" or l[k] <= 0 then
+  l.parallel = opts.parallel == nil and proc.cpu_count() or opts.parallel
+  for _, k in ipairs(NUMBERS) do
+    if type(l[k]) ~= "number" or l[k] <= 0 or l[k] ~= l[k] or l[k] == math.huge then
       error(("pass_rate: option %s must be a positive number, got %s"):format(k, tostring(l[k])), 0)
     end
   end
-  if type(l.python) ~= "string" or l.python == "" then error("pass_rate: option python must be a command", 0) end
+  for _, k in ipairs({ "python", "bwrap" }) do
+    if type(l[k]) ~= "string" or l[k] == "" then error(("pass_rate: option %s must be a command"):format(k), 0) end
+  end
+  l.bind = opts.bind == nil and {} or opts.bind
+  if type(l.bind) ~= "table" then error("pass_rate: option bind must be a list of paths", 0) end
+  for i, b in ipairs(l.bind) do
+    if type(b) ~= "string" or b:sub(1, 1) ~= "/" then
+      error(("pass_rate: option bind[%d] must be an absolute path, got %s"):format(i, tostring(b)), 0)
+    end
+  end
+  for _, k in ipairs({ "unsafe_no_sandbox", "loopback" }) do
+    if opts[k] ~= nil and type(opts[k]) ~= "boolean" then error(("pass_rate: option %s must be true or false"):format(k), 0) end
+    l[k] = opts[k] == true
+  end
   return l
 end
 
--- Run code + tests; returns passed (bool), detail (string).
-function M.run_tests(code, tests, opts)
+local warned_unsafe = false
+
+-- Refuse, with one line, where the sandbox cannot be made (checked once per bwrap and
+-- uid); a bad option is an error here too. Called when the metric is loaded and by compute.
+function M.prepare(opts)
   local l = M.limits(opts)
-  local p = io.popen("mktemp -d /tmp/clrt-pass-rate.XXXXXX")
-  local dir = p:read("*l")
-  p:close()
-  if not dir or dir == "" then error("pass_rate: cannot create a temporary directory", 0) end
-  local f = assert(io.open(dir .. "/solution.py", "wb"))
-  f:write(M.program(code, tests))
+  if l.unsafe_no_sandbox then
+    if not warned_unsafe then
+      warned_unsafe = true
+      io.stderr:write("pass_rate: WARNING: unsafe_no_sandbox=true: the policy's code runs WITHOUT a sandbox " ..
+        "(it can read this process's files, use the network and outlive the test)\n")
+    end
+    return l
+  end
+  local ok, why = sandbox.check({ bwrap = l.bwrap, uid = l.uid, loopback = l.loopback })
+  if not ok then
+    error("pass_rate: refusing to run the policy's code without a sandbox: " .. why ..
+      "; or set reward.metric_options.pass_rate.unsafe_no_sandbox=true to run it unisolated", 0)
+  end
+  return l
+end
+
+M.HARNESS = "metrics/lib/pass_rate_harness.py"
+
+local function harness_path()
+  local p = require("clrt").lua_dir .. "/" .. M.HARNESS
+  if not files.exists(p) then error("pass_rate: the harness " .. p .. " is missing from this installation", 0) end
+  return p
+end
+
+-- The sandbox's whole environment: what BigCodeBench's evaluation sets, and a PATH and HOME.
+function M.environment(l)
+  local t = math.floor(l.threads)
+  return { "PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp", "TMPDIR=/tmp", "LANG=C.UTF-8", "TZ=UTC",
+    "MPLBACKEND=Agg", "OMP_NUM_THREADS=" .. t, "OPENBLAS_NUM_THREADS=" .. t, "MKL_NUM_THREADS=" .. t,
+    "TF_CPP_MIN_LOG_LEVEL=3", "TF_ENABLE_ONEDNN_OPTS=0" }
+end
+
+local function nonce()
+  local f = assert(io.open("/dev/urandom", "rb"))
+  local b = f:read(16)
   f:close()
-  local iso = M.sandbox()
-  local threads = math.floor(l.threads)
-  local env = ("TZ=UTC MPLBACKEND=Agg OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d MKL_NUM_THREADS=%d")
-    :format(threads, threads, threads)
-  local inner = ("cd %s && ulimit -t %d && ulimit -d %d && ulimit -v %d && ulimit -f %d && exec env %s timeout -s KILL %s %s -I solution.py > out.txt 2>&1")
-    :format(sh_quote(dir), math.ceil(l.cpu_s), math.floor(l.mem_mb * 1024), math.floor(l.as_mb * 1024),
-      math.floor(l.file_mb * 1024), env, tostring(l.timeout), sh_quote(l.python))
-  local cmd = (iso == "none" and "" or (iso .. " ")) .. "sh -c " .. sh_quote(inner) .. " </dev/null >/dev/null 2>&1"
-  local passed = run(cmd)
-  local out = io.open(dir .. "/out.txt", "rb")
-  local detail = out and out:read("*a") or ""
-  if out then out:close() end
-  pcall(require("clrt.files").remove_tree, dir)
-  return passed, detail:sub(-2000)
+  return (b:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
+end
+
+local function write(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+local SYSTEM_PREFIXES = { "/usr/", "/bin/", "/sbin/", "/lib/", "/lib64/", "/etc/" }
+
+-- The command and descriptors of one program: run_dir holds its files (private to this user).
+function M.command(l, dir)
+  local limits = { cpu_s = l.cpu_s, as_mb = l.as_mb, data_mb = l.mem_mb, stack_mb = l.stack_mb,
+    file_mb = l.file_mb, procs = math.floor(l.procs), files = 1024 }
+  local fds = { [0] = { path = dir .. "/nonce" }, [1] = { path = dir .. "/log", write = true }, [2] = 1,
+    [3] = { path = dir .. "/report", write = true } }
+  if l.unsafe_no_sandbox then
+    files.mkdir_p(dir .. "/work")
+    local argv = { "prlimit", "--core=0", "--cpu=" .. math.ceil(l.cpu_s), "--as=" .. math.floor(l.as_mb * 1048576),
+      "--data=" .. math.floor(l.mem_mb * 1048576), "--stack=" .. math.floor(l.stack_mb * 1048576),
+      "--fsize=" .. math.floor(l.file_mb * 1048576), "--", l.python, "-I", harness_path(),
+      dir .. "/solution.py", dir .. "/tests.py" }
+    return argv, fds, dir .. "/work"
+  end
+  fds[4] = { path = dir .. "/solution.py" }
+  fds[5] = { path = dir .. "/tests.py" }
+  fds[6] = { path = harness_path() }
+  local binds = {}
+  for _, b in ipairs(l.bind) do binds[#binds + 1] = { b } end
+  if l.python:sub(1, 1) == "/" then
+    local system = false
+    for _, p in ipairs(SYSTEM_PREFIXES) do if l.python:sub(1, #p) == p then system = true end end
+    local prefix = l.python:match("^(/.+)/[^/]+/[^/]+$")
+    if not system and prefix then binds[#binds + 1] = { prefix } end
+  end
+  local argv = sandbox.command({ bwrap = l.bwrap, uid = math.floor(l.uid), loopback = l.loopback, binds = binds, tmp_mb = l.tmp_mb,
+    data = { { 4, "/task/solution.py" }, { 5, "/task/tests.py" }, { 6, "/task/harness.py" } },
+    limits = limits, chdir = "/tmp",
+    argv = { l.python, "-I", "/task/harness.py", "/task/solution.py", "/task/tests.py" } })
+  return argv, fds, nil
+end
+
+local slots = {}   -- parallel -> the semaphore every program of this process takes
+
+-- The verdict from the report: exactly one line, with this run's nonce.
+function M.verdict(report, key)
+  if type(report) ~= "string" then return nil end
+  local got, v, counts = report:match("^CLRT%-PASS%-RATE (%x+) (%u+) ([%w=/ ]*)\n$")
+  if got ~= key then return nil end
+  return v, counts
+end
+
+-- Run code + tests; returns passed (bool), detail (the end of the program's output, and
+-- the harness's verdict line or why there is none). ctx (optional): counters.
+function M.run_tests(code, tests, opts, ctx)
+  local l = M.prepare(opts)
+  local sem = slots[l.parallel]
+  if not sem then
+    sem = require("clrt.sched").semaphore(math.floor(l.parallel))
+    slots[l.parallel] = sem
+  end
+  sem.acquire()
+  local dir
+  local function cleanup()
+    if dir then pcall(files.remove_tree, dir) end
+    dir = nil
+  end
+  local released = false
+  local function release()
+    if not released then released = true sem.release() end
+  end
+  local ok, passed, detail = pcall(function()
+    dir = files.temp_dir("clrt-pass-rate")
+    local key = nonce()
+    write(dir .. "/nonce", key .. "\n")
+    write(dir .. "/solution.py", code)
+    write(dir .. "/tests.py", tests)
+    local argv, fds, cwd = M.command(l, dir)
+    local p = proc.spawn({ argv = argv, env = M.environment(l), cwd = cwd, fds = fds })
+    local r = p:wait({ timeout = l.timeout, on_cancel = function() cleanup() release() end })
+    if ctx and ctx.counters then
+      local c = ctx.counters
+      c.pass_rate_programs = (c.pass_rate_programs or 0) + 1
+      c.pass_rate_seconds = (c.pass_rate_seconds or 0) + r.seconds
+    end
+    local out = (files.read(dir .. "/log") or ""):sub(-2000)
+    local report = files.read(dir .. "/report")
+    local v, counts = M.verdict(report, key)
+    local why
+    if r.timed_out then why = ("timed out after %g s"):format(l.timeout)
+    elseif not v then why = report and report ~= "" and "the report was tampered with" or
+      ("no report (exit %s)"):format(tostring(r.code or ("signal " .. tostring(r.signal))))
+    else why = v .. " " .. counts end
+    return v == "PASS" and not r.timed_out, out .. "\n[pass_rate: " .. why .. "]"
+  end)
+  cleanup()
+  release()
+  if not ok then error(passed, 0) end
+  return passed, detail
 end
 
 -- single_turn_metadata as a table (some exports keep it as a JSON string).
@@ -144,11 +269,11 @@ function M.compute(conversation, sample, ctx)
   local tests = M.tests_of(sample)
   if not tests then error("pass_rate: sample has no tests (sample.tests or single_turn_metadata.test)", 0) end
   local opts = judge.options(ctx, "pass_rate")
-  M.limits(opts) -- a bad option is an error before any judge call
+  M.prepare(opts) -- a bad option or a missing sandbox is an error before any judge call
   local code = judge.final_completion(conversation, sample, ctx, "pass_rate", "code",
     { instructions = M.extraction_instructions(sample) })
   if code:find("^%s*$") then return 0 end
-  local passed = M.run_tests(code, tests, opts)
+  local passed = M.run_tests(code, tests, opts, ctx)
   return passed and 1 or 0
 end
 

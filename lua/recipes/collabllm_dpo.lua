@@ -188,7 +188,7 @@ function M.run(cfg, run_dir)
   local ref = train.lora.reference(m, start_dir)   -- the frozen reference (with LoRA: the base, adapters off)
   local ctx, user = train.context{ config = cfg, tokenizer = tok }
   local weights = cfg.reward.metric_weights
-  local metrics = reward.load_metrics(weights)
+  local metrics = reward.load_metrics(weights, cfg.reward.metric_options)
   local t = cfg.train
   local notes = {}
 

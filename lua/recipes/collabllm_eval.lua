@@ -124,7 +124,7 @@ function M.main(cfg)
   local user, ctx = rl_recipe.simulator(cfg, tok)
   local weights = {}
   for _, name in ipairs(cfg.metrics) do weights[name] = 1 end
-  local metrics = rl.load_metrics(weights)
+  local metrics = rl.load_metrics(weights, ctx.metric_options)
   local samples
   if cfg.data then
     samples = rl_recipe.filter_prompts(m, tok, cfg, rl_recipe.dataset_samples(cfg.data), cfg.data)

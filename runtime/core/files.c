@@ -264,3 +264,36 @@ char *clrt_list_dir(const char *path) {
 }
 
 void clrt_free_string(char *s) { free(s); }
+
+char *clrt_read_link(const char *path) {
+  struct stat st;
+  if (lstat(path, &st) != 0 || !S_ISLNK(st.st_mode)) return NULL;
+  size_t cap = (size_t)st.st_size + 1 > 256 ? (size_t)st.st_size + 1 : 256;
+  char *out = malloc(cap);
+  if (!out) return NULL;
+  ssize_t n = readlink(path, out, cap - 1);
+  if (n < 0) {
+    free(out);
+    return NULL;
+  }
+  out[n] = 0;
+  return out;
+}
+
+char *clrt_temp_dir(const char *prefix) {
+  const char *base = getenv("TMPDIR");
+  if (!base || !*base) base = "/tmp";
+  size_t n = strlen(base) + strlen(prefix) + 16;
+  char *out = malloc(n);
+  if (!out) {
+    clrt_set_error("cannot create a temporary folder: out of memory");
+    return NULL;
+  }
+  snprintf(out, n, "%s/%s.XXXXXX", base, prefix);
+  if (!mkdtemp(out)) {
+    clrt_set_error("cannot create a temporary folder %s: %s", out, strerror(errno));
+    free(out);
+    return NULL;
+  }
+  return out;
+}

@@ -364,7 +364,20 @@ static void collect(clrt_http *h) {
   }
 }
 
-int clrt_http_poll(clrt_http *h, int timeout_ms) {
+int clrt_http_poll(clrt_http *h, int timeout_ms) { return clrt_http_poll_fds(h, timeout_ms, NULL, 0); }
+
+int clrt_http_poll_fds(clrt_http *h, int timeout_ms, const int *fds, int nfds) {
+  enum { MAX_EXTRA = 1024 };
+  struct curl_waitfd extra[MAX_EXTRA];
+  if (nfds < 0 || nfds > MAX_EXTRA || (nfds > 0 && !fds)) {
+    clrt_set_error("http: poll can watch 0..%d extra descriptors, got %d", MAX_EXTRA, nfds);
+    return -1;
+  }
+  for (int i = 0; i < nfds; i++) {
+    extra[i].fd = fds[i];
+    extra[i].events = CURL_WAIT_POLLIN;
+    extra[i].revents = 0;
+  }
   if (!h) {
     clrt_set_error("http: poll needs a loop");
     return -1;
@@ -380,7 +393,7 @@ int clrt_http_poll(clrt_http *h, int timeout_ms) {
   if (!h->done_head && timeout_ms > 0) {
     /* With no transfers curl_multi_poll simply sleeps, so this doubles as the back-off
        sleep of a caller that has nothing in flight. */
-    if (mc == CURLM_OK) mc = curl_multi_poll(h->multi, NULL, 0, timeout_ms, NULL);
+    if (mc == CURLM_OK) mc = curl_multi_poll(h->multi, nfds > 0 ? extra : NULL, (unsigned)nfds, timeout_ms, NULL);
     if (mc == CURLM_OK) mc = curl_multi_perform(h->multi, &running);
     collect(h);
   }

@@ -96,10 +96,11 @@ T.case("bleu metric extracts the document through the judge", function()
   T.near(v2, math.exp(0.25 * (math.log(3 / 4) + math.log(2 / 3) + math.log(1 / 2) + math.log(0.1))), 1e-12)
 end)
 
-T.case("pass_rate runs the tests in a limited sandbox", function()
-  local r = os.execute("python3 -c 'pass' >/dev/null 2>&1")
-  if not (r == 0 or r == true) then T.skip("no python3 on PATH") end
+T.case("pass_rate runs the tests in its sandbox (tests/lua/test_pass_rate_sandbox.lua attacks it)", function()
+  if io.open("/usr/bin/python3") == nil then T.skip("no /usr/bin/python3") end
   local m = require("metrics.pass_rate")
+  local ok, why = require("clrt.sandbox").check({})
+  if not ok then T.skip("no sandbox here: " .. why) end
   local code = "Here you go:\n```python\ndef add(a, b):\n    return a + b\n```\nEnjoy."
   local s = { prompt = prompt, tests = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n" }
   T.eq(m.compute(conversation(A(code)), s, {}), 1)
@@ -111,17 +112,8 @@ T.case("pass_rate runs the tests in a limited sandbox", function()
   local ut_bad = ut:gsub("2%)", "3)")
   T.eq(m.compute(conversation(A(code)), { prompt = prompt, single_turn_metadata = { test = ut_bad } }, {}), 0)
   T.raises(function() m.compute(conversation(A(code)), { prompt = prompt }, {}) end, "no tests")
-  -- limits: CPU time (a loop forever is a timeout = fail), memory, file size
-  local ok = m.run_tests("while True:\n    pass\n", "", { cpu_s = 1 })
-  T.eq(ok, false)
-  local okm, detail = m.run_tests("x = bytearray(600 * 1024 * 1024)\n", "", { mem_mb = 256 })
-  T.eq(okm, false); T.ok(detail:find("MemoryError", 1, true), detail)
-  T.eq(m.run_tests("open('big', 'wb').write(b'x' * (4 * 1024 * 1024))\n", "", { file_mb = 1 }), false)
-  T.eq(m.run_tests("open('small', 'wb').write(b'x' * 1024)\n", "", { file_mb = 1 }), true)
-  -- network: only the loopback interface exists inside the sandbox
-  if m.sandbox() ~= "none" then
-    T.eq(m.run_tests("import socket\nassert [n for _, n in socket.if_nameindex()] == ['lo']\n", ""), true)
-  end
+  -- a loop forever is killed at its CPU limit: a failure
+  T.eq(m.run_tests("while True:\n    pass\n", "", { cpu_s = 1 }), false)
 end)
 
 T.case("accuracy judge: prompt, parsing, retries, failure", function()

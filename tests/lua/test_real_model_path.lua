@@ -191,6 +191,8 @@ end)
 
 local rl = require("recipes.collabllm_rl")
 local run = root .. "/rl"
+local sandbox_ok, sandbox_why = require("clrt.sandbox").check({})
+if not sandbox_ok then io.write("note: pass_rate runs unsandboxed here: ", sandbox_why, "\n") end
 local function rl_args(extra)
   local a = { "model=" .. (sft_dir or policy), "data=" .. rl_train, "data_val=" .. rl_test, "run_dir=" .. run,
     "sim_cfg.base_url=" .. url, "judge.base_url=" .. url, "steps=2", "eval.every=1",
@@ -199,6 +201,9 @@ local function rl_args(extra)
     'reward.metric_weights={"accuracy":1,"interactivity":1,"token_amount":-0.0001,"pass_rate":1}',
     -- the tests import numpy: Debian's interpreter has it (the python3 first on PATH here may not)
     "reward.metric_options.pass_rate.python=/usr/bin/python3" }
+  -- pass_rate refuses to run unsandboxed: where this machine cannot make the sandbox
+  -- (tests/lua/test_pass_rate_sandbox.lua skips then), this path runs the programs without
+  if not sandbox_ok then a[#a + 1] = "reward.metric_options.pass_rate.unsafe_no_sandbox=true" end
   for _, x in ipairs(extra or {}) do a[#a + 1] = x end
   return a
 end
@@ -235,6 +240,7 @@ T.case("collabllm_rl at its real defaults: two steps, stopped and resumed", func
     if r["metric/pass_rate"] ~= nil then
       code_steps = code_steps + 1
       best_pass = math.max(best_pass, r["metric/pass_rate"])
+      T.ok((r.tests_run or 0) > 0 and r.time_tests_s > 0, "the step logs its programs and their time")
     end
     T.ok(r.advantage_std and r.advantage_std > 0, "rewards differ within groups")
   end

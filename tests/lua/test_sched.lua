@@ -400,4 +400,60 @@ T.case("engine: HTTP moves and coroutines go on while rows decode", function()
   T.eq(results, { 100, "echo:first [latency:30]|echo:second [latency:30]|2" })
 end)
 
+T.case("child processes: decoding and HTTP go on while a task waits on one; a deadline kills its whole group", function()
+  need_python()
+  local proc = require("clrt.proc")
+  local srv = fake.start({ "--lifetime", "30" })
+  local c = llm.client { base_url = srv.base_url, model = "m", timeout = 10 }
+  local m = engine_model()
+  local dir = T.tmpdir()
+  local flag, marker = dir .. "/go", "clrt-sched-test-" .. tostring(os.time()) .. "-" .. tostring(math.random(1e6))
+  local env = { "PATH=/usr/bin:/bin" }
+  local events = {}
+  local results, errors, info = sched.run({
+    function()
+      -- ends only once the other task has decoded and had its reply: a scheduler that waited
+      -- on this process would never get there (the deadline would end it, out of order)
+      local p = proc.spawn({ argv = { "sh", "-c", 'while [ ! -e "$1" ]; do sleep 0.01; done', "sh", flag }, env = env })
+      local r = p:wait({ timeout = 30 })
+      events[#events + 1] = "child done"
+      return r.code
+    end,
+    function()
+      local out = sched.generate(m, { 1 }, { temperature = 0, max_new_tokens = 30 })
+      local r = c:chat({ { role = "user", content = "hello" } })
+      events[#events + 1] = "decode+http done"
+      assert(io.open(flag, "w")):close()
+      return #out[1].tokens .. "|" .. r.content
+    end,
+    function()
+      local p = proc.spawn({ argv = { "sh", "-c", 'sh -c "sleep 300; :" "$1" & sleep 300; :', "sh", marker }, env = env })
+      local r = p:wait({ timeout = 0.5 })
+      return { r.timed_out, r.signal, r.code }
+    end,
+  })
+  srv.stop()
+  T.eq(errors, {})
+  T.eq(events, { "decode+http done", "child done" })
+  T.eq(results, { 0, "30|echo:hello", { true, 9 } })
+  T.ok(info.engine_steps_during_procs >= 29, ("decode steps while a child ran: %d"):format(info.engine_steps_during_procs))
+  -- the grandchild went with its group
+  local left
+  for _ = 1, 50 do
+    left = {}
+    for _, pid in ipairs(require("clrt.files").list("/proc")) do
+      local cmd = pid:match("^%d+$") and T.read("/proc/" .. pid .. "/cmdline")
+      if cmd and cmd:find(marker, 1, true) then left[#left + 1] = pid end
+    end
+    if #left == 0 then break end
+    http.sleep(0.05)
+  end
+  for _, pid in ipairs(left) do os.execute("kill -9 " .. pid) end
+  T.eq(left, {}, "processes of the killed group")
+  -- outside a scheduler the same wait blocks, with the same deadline
+  local r = proc.spawn({ argv = { "sleep", "5" }, env = env }):wait({ timeout = 0.2 })
+  T.eq({ r.timed_out, r.signal }, { true, 9 })
+  T.raises(function() proc.spawn({ argv = { "/nonexistent/program" } }) end, "cannot start /nonexistent/program")
+end)
+
 T.run()

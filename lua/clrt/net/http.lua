@@ -55,12 +55,18 @@ function M.cancel(id)
 end
 
 -- Drive the loop, waiting up to timeout_ms (0: never wait) when nothing has finished; with
--- nothing in flight this sleeps timeout_ms. Returns how many results were delivered.
-function M.pump(timeout_ms)
+-- nothing in flight this sleeps timeout_ms. fds (optional): a list of descriptors (child
+-- processes' pidfds) whose readability also ends the wait. Returns how many results were
+-- delivered.
+local fd_buf, fd_cap = nil, 0
+function M.pump(timeout_ms, fds)
   timeout_ms = math.max(0, math.floor(timeout_ms or 0))
   if pending == 0 and timeout_ms == 0 then return 0 end
   local l = get_loop()
-  if C.clrt_http_poll(l, timeout_ms) < 0 then core.fail(2) end
+  local nfd = fds and #fds or 0
+  if nfd > fd_cap then fd_buf, fd_cap = ffi.new("int[?]", nfd), nfd end
+  for i = 1, nfd do fd_buf[i - 1] = fds[i] end
+  if C.clrt_http_poll_fds(l, timeout_ms, fd_buf, nfd) < 0 then core.fail(2) end
   local n = 0
   while C.clrt_http_next(l, result) == 1 do
     local r = {

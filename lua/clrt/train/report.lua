@@ -31,6 +31,10 @@ function M.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
   if (cnt.judge_calls or 0) > 0 then row.judge_attempts_per_score = cnt.judge_attempts / cnt.judge_calls end
   if (cnt.user_calls or 0) > 0 then row.user_attempts_per_turn = cnt.user_attempts / cnt.user_calls end
   row.judge_failures, row.user_failures = cnt.judge_failures, cnt.user_failures
+  -- programs the metrics ran (pass_rate's tests) and the seconds they took, summed: they
+  -- run beside decoding, so this can exceed the step's time
+  row.tests_run, row.time_tests_s = cnt.pass_rate_programs, cnt.pass_rate_seconds
+  if cnt.pass_rate_programs then row.engine_steps_during_tests = timing.engine_steps_during_tests end
   for k in pairs(cnt) do cnt[k] = nil end
   local calls = clrt.llm.drain_records and clrt.llm.drain_records() or {}
   if #calls > 0 then

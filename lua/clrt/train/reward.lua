@@ -48,8 +48,10 @@ function M.check_config(rcfg, who)
 end
 
 -- Load lua/metrics/<name>.lua for every metric named in weights (a weight of 0 still loads:
--- the value is logged even when it does not count).
-function M.load_metrics(weights)
+-- the value is logged even when it does not count). A plug-in's prepare(options), when it
+-- has one, runs here with reward.metric_options[name]: a metric that cannot work on this
+-- machine (pass_rate without its sandbox) stops the run before it starts.
+function M.load_metrics(weights, options)
   local out = {}
   local names = {}
   for name in pairs(weights) do names[#names + 1] = name end
@@ -60,6 +62,7 @@ function M.load_metrics(weights)
     if type(m) ~= "table" or type(m.compute) ~= "function" then
       error(("rl: lua/metrics/%s.lua must return {name = ..., compute = function(conversation, sample, ctx)}"):format(name), 2)
     end
+    if type(m.prepare) == "function" then m.prepare((options or {})[name] or {}) end
     out[#out + 1] = { name = name, compute = m.compute, metric = m }
   end
   return out

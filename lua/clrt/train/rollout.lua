@@ -196,7 +196,7 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step)
       end
     end
   end
-  local results, jerrs = sched.run(jobs)
+  local results, jerrs, info = sched.run(jobs)
   M.check_stop()
   for j = 1, #jobs do
     local e = entries[owner[j]]
@@ -209,7 +209,10 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step)
       e.convs[#e.convs + 1] = r.conv
     end
   end
-  return entries, { generate_first_s = t_gen1, rollout_s = clrt.log.now() - t0 - t_gen1 }
+  -- decode steps taken while a metric's program (pass_rate's tests) ran: the engine's work
+  -- that a blocking test run would have held back
+  return entries, { generate_first_s = t_gen1, rollout_s = clrt.log.now() - t0 - t_gen1,
+    engine_steps_during_tests = info and info.engine_steps_during_procs or 0 }
 end
 
 -- Greedy conversations with the world's user on held-out prompts -> world.summarize numbers.
