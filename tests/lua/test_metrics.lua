@@ -63,37 +63,48 @@ T.case("asks_question looks at the first reply only", function()
   T.eq(m.compute(conversation(A("```\nx = a ? b : c\n```\nDone.")), sample, {}), 0)
 end)
 
-T.case("bleu: hand-computed word and char values, brevity, smoothing", function()
+T.case("bleu: hand-computed char (default) and word values, brevity, smoothing", function()
   local m = require("metrics.bleu_score")
+  local W = { level = "word", smoothing = "method1" }   -- clrt's old default, now an option
   -- p1 5/6, p2 3/5, p3 1/4, p4 0 matches -> 0.1/3; BP 1
   local want = math.exp(0.25 * (math.log(5 / 6) + math.log(3 / 5) + math.log(1 / 4) + math.log(0.1 / 3)))
-  T.near(m.bleu("the cat sat on the mat", "the cat is on the mat"), want, 1e-12)
+  T.near(m.bleu("the cat sat on the mat", "the cat is on the mat", W), want, 1e-12)
   T.near(want, 0.254066, 1e-6)
-  -- characters: p 3/4, 2/3, 1/2, 0.1/1
-  T.near(m.bleu("abcd", "abce", "char"), math.exp(0.25 * (math.log(3 / 4) + math.log(2 / 3) + math.log(1 / 2) + math.log(0.1))), 1e-12)
-  -- spaces are characters at char level
-  T.near(m.bleu("a b", "a b", "char"), math.exp(0.25 * math.log(0.1)), 1e-12)
-  -- brevity: c = 2, r = 6 -> exp(1 - 3); p3, p4 have no hypothesis n-grams -> 0.1
-  T.near(m.bleu("the cat", "the cat sat on the mat"), math.exp(-2) * math.sqrt(0.1), 1e-12)
-  T.near(m.bleu("x y z w", "x y z w"), 1, 1e-12)
+  -- characters (the default, unsmoothed): p 3/4, 2/3, 1/2, and no 4-gram match -> DBL_MIN
+  T.near(m.bleu("abcd", "abce"), math.exp(0.25 * (math.log(3 / 4) + math.log(2 / 3) + math.log(1 / 2) + math.log(m.DBL_MIN))), 1e-90)
+  T.ok(m.bleu("abcd", "abce") < 1e-70, "no smoothing: a missing order makes the score tiny")
+  T.near(m.bleu("abcd", "abce", { smoothing = "method1" }),
+    math.exp(0.25 * (math.log(3 / 4) + math.log(2 / 3) + math.log(1 / 2) + math.log(0.1))), 1e-12)
+  -- spaces are characters; a multi-byte character is one token (Python iterates code points)
+  T.eq(m.bleu("a bc", "a bc"), 1)
+  T.eq(m.bleu("éèàç", "éèàç"), 1)
+  T.near(m.bleu("éèàx", "éèày", { smoothing = "method1" }),
+    math.exp(0.25 * (math.log(3 / 4) + math.log(2 / 3) + math.log(1 / 2) + math.log(0.1))), 1e-12)
+  -- brevity at word level: c = 2, r = 6 -> exp(1 - 3); p3, p4 have no hypothesis n-grams -> 0.1
+  T.near(m.bleu("the cat", "the cat sat on the mat", W), math.exp(-2) * math.sqrt(0.1), 1e-12)
+  -- brevity at char level: "abcde" vs "abcdefghij" -> exp(1 - 10/5), precisions 1
+  T.near(m.bleu("abcde", "abcdefghij"), math.exp(-1), 1e-12)
+  T.near(m.bleu("x y z w", "x y z w", W), 1, 1e-12)
   -- clipped counts: "the the the the" vs "the cat": p1 = 1/4
-  T.near(m.bleu("the the the the", "the cat"),
+  T.near(m.bleu("the the the the", "the cat", W),
     math.exp(0.25 * (math.log(1 / 4) + math.log(0.1 / 3) + math.log(0.1 / 2) + math.log(0.1 / 1))), 1e-12)
-  T.eq(m.bleu("", "the cat"), 0)
+  T.eq(m.bleu("", "the cat"), 0); T.eq(m.bleu("", "the cat", W), 0); T.eq(m.bleu("xyz", "abc"), 0)
+  T.raises(function() m.bleu("a", "a", { level = "byte" }) end, "level must be")
+  T.raises(function() m.bleu("a", "a", { smoothing = "method7" }) end, "smoothing must be")
 end)
 
 T.case("bleu metric extracts the document through the judge", function()
   local m = require("metrics.bleu_score")
   local j = fake_judge({ 'Sure: {"thought": "last reply", "final_completion": "the cat sat on the mat"}' })
   local s = { prompt = prompt, ground_truth = "the cat is on the mat", single_turn_prompt = "Write about a cat." }
-  local v = m.compute(conversation(A("Draft: the cat sat on the mat")), s, { judge = j, extract_json = extract_json })
+  local v = m.compute(conversation(A("Draft: the cat sat on the mat")), s, { judge = j, extract_json = extract_json,
+    metric_options = { bleu_score = { level = "word", smoothing = "method1" } } })
   T.near(v, 0.254066, 1e-6)
   T.eq(j.calls[1].opts.temperature, 0)
   T.ok(j.calls[1].messages[1].content:find("Draft: the cat sat on the mat", 1, true))
-  -- without a judge: the last assistant message; char level by option
-  local v2 = m.compute(conversation(A("abcd")), { prompt = prompt, ground_truth = "abce" },
-    { metric_options = { bleu_score = { level = "char" } } })
-  T.near(v2, math.exp(0.25 * (math.log(3 / 4) + math.log(2 / 3) + math.log(1 / 2) + math.log(0.1))), 1e-12)
+  -- without a judge: the last assistant message; the default is characters, unsmoothed
+  local v2 = m.compute(conversation(A("abcde")), { prompt = prompt, ground_truth = "abcdefghij" }, {})
+  T.near(v2, math.exp(-1), 1e-12)
 end)
 
 T.case("pass_rate runs the tests in a limited sandbox", function()
@@ -309,17 +320,17 @@ T.case("judge options reach the request; recipe config reaches ctx", function()
     "judge.max_tokens=300", "judge.top_p=0.9", "judge.parse_retries=0", "judge.extract_max_tokens=5000",
     "judge.max_retries=7", "judge.backoff=2", "judge.max_backoff=9",
     "sim_cfg.terminate_marker=<<BYE>>", "sim_cfg.parse_retries=3",
-    "+reward.metric_options.bleu_score.level=char", "+reward.metric_options.pass_rate.timeout=60" })
+    "+reward.metric_options.bleu_score.level=word", "+reward.metric_options.pass_rate.timeout=60" })
   -- metric_options is a map: its entries are set with or without the "+"
-  T.eq(config.parse(recipe.defaults, { "reward.metric_options.bleu_score.level=char" }).reward.metric_options,
-    { bleu_score = { level = "char" } })
+  T.eq(config.parse(recipe.defaults, { "reward.metric_options.bleu_score.level=word" }).reward.metric_options,
+    { bleu_score = { level = "word" } })
   -- a settings table still refuses a new nested key, with the hint
   T.raises(function() config.parse(recipe.defaults, { "rollout.sampling.top_k=3" }) end, "rollout.sampling")
   local _, ctx = recipe.simulator(cfg, nil)
   T.eq(ctx.judge_options.temperature, 0.25); T.eq(ctx.judge_options.max_tokens, 300)
   T.eq(ctx.judge_options.top_p, 0.9); T.eq(ctx.judge_options.parse_retries, 0)
   T.eq(ctx.judge_options.extract_max_tokens, 5000)
-  T.eq(ctx.metric_options, { bleu_score = { level = "char" }, pass_rate = { timeout = 60 } })
+  T.eq(ctx.metric_options, { bleu_score = { level = "word" }, pass_rate = { timeout = 60 } })
   T.eq(ctx.terminate_marker, "<<BYE>>"); T.eq(ctx.counters, {})
   T.eq(ctx.judge.max_retries, 7); T.eq(ctx.judge.backoff, 2); T.eq(ctx.judge.max_backoff, 9)
   ctx.judge = fake_judge({ ok_reply })
@@ -328,11 +339,11 @@ T.case("judge options reach the request; recipe config reaches ctx", function()
   T.eq(o.temperature, 0.25); T.eq(o.max_tokens, 300); T.eq(o.top_p, 0.9)
   T.ok(o.response_format and o.response_format.json_schema.schema.properties.thought.maxLength == 1500)
   T.eq(ctx.counters.judge_attempts, 1)
-  -- the bleu level from the command line is used
+  -- the bleu level from the command line is used (word here: char is the default)
   local b = require("metrics.bleu_score")
   ctx.judge = nil
-  T.near(b.compute(conversation(A("abcd")), { prompt = prompt, ground_truth = "abce" }, ctx),
-    b.bleu("abcd", "abce", "char"), 1e-12)
+  T.near(b.compute(conversation(A("a b c d e")), { prompt = prompt, ground_truth = "a b c d f" }, ctx),
+    b.bleu("a b c d e", "a b c d f", { level = "word" }), 1e-12)
   -- the JSON form; sim=llm gives the user its options
   local cfg2 = config.parse(recipe.defaults, { 'reward.metric_options={"pass_rate":{"timeout":60}}', "sim=llm",
     "sim_cfg.parse_retries=3", "sim_cfg.top_p=0.8", "judge.top_p=null" })
