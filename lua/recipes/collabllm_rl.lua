@@ -62,6 +62,7 @@ M.defaults = {
     temperature = 1.0, max_tokens = 512, top_p = config.optional("number"),   -- verl: user 1.0 / 512
     timeout = 120, max_retries = 5, backoff = 0.5, max_backoff = 30, max_concurrency = 64, -- verl num_retries 5
     parse_retries = 1, response_format = true, max_chars = 1500,
+    prompt_file = config.optional("string"),     -- nil: lua/prompts/collabllm_user.txt (its header: placeholders)
     terminate_marker = "[[TERMINATE CHAT]]" },   -- the text with which the user ends the chat
   -- judge.top_p=null leaves top_p out of the request (for APIs that refuse it beside a
   -- temperature); max_chars bounds the judge's "thought" only, never an extracted document,

@@ -142,7 +142,7 @@ T.case("accuracy judge: prompt, parsing, retries, failure", function()
   T.eq(m.compute(c, sample, { judge = j, extract_json = extract_json }), 1)
   local p = j.calls[1].messages[1].content
   T.ok(p:find(sample.single_turn_prompt, 1, true)); T.ok(p:find(sample.ground_truth, 1, true))
-  T.ok(p:find("Assistant: What is your friend's name?", 1, true)); T.ok(not p:find("Be helpful.", 1, true))
+  T.ok(p:find("**Assistant**: What is your friend's name?", 1, true)); T.ok(not p:find("Be helpful.", 1, true))
   T.eq(j.calls[1].opts.temperature, 0)
   -- a reply without the key, then a good one: the one parse retry (default) is used
   local j2 = fake_judge({ '{"thought": "hmm"}', '{"thought": "no", "accuracy": false}' })
@@ -167,7 +167,7 @@ T.case("interactivity judge: parts mean, fallback, bad values", function()
   local ctx = { judge = fake_judge({ '{"thought": "good", "understanding": 1.0, "clarification": 0.7, "suggestions": 0.3, "interactivity": 0.9}' }),
                 extract_json = extract_json }
   T.near(m.compute(c, sample, ctx), (1 + 0.7 + 0.3) / 3, 1e-12)
-  T.ok(ctx.judge.calls[1].messages[1].content:find("User: Write a birthday card for my friend.", 1, true))
+  T.ok(ctx.judge.calls[1].messages[1].content:find("**User**: Write a birthday card for my friend.", 1, true))
   -- parts off the scale: the judge's own mean is used
   ctx.judge = fake_judge({ '{"thought": "ok", "understanding": 0.5, "clarification": 0.5, "suggestions": 0.6, "interactivity": 0.55}' })
   T.near(m.compute(c, sample, ctx), 0.55, 1e-12)
@@ -207,12 +207,13 @@ T.case("each judge's JSON schema accepts the reply its prompt asks for", functio
   local cases = {
     { m = require("metrics.interactivity"), values = { understanding = "1.0", clarification = "0.7", suggestions = "0.3", interactivity = "0.6667" } },
     { m = require("metrics.accuracy"), values = { accuracy = "1" } },
-    { prompt = judge.EXTRACT, name = "extract", values = { final_completion = '"def f():\\n    return 1\\n"' } },
+    { prompt = require("clrt.prompt_file").fill(require("clrt.prompt_file").read(judge.EXTRACT_FILE),
+      judge.extract_vars({}, sample, "document")), name = "extract", values = { final_completion = '"def f():\\n    return 1\\n"' } },
   }
   for _, case in ipairs(cases) do
     local name = case.m and case.m.name or case.name
     local ctx = { judge = fake_judge({}), extract_json = extract_json, judge_options = { response_format = true, max_chars = 64 } }
-    local want = template_keys(case.m and case.m.PROMPT or case.prompt)
+    local want = template_keys(case.m and case.m.PROMPT:gsub("{{", "{"):gsub("}}", "}") or case.prompt)
     -- the schema the metric actually sends
     local keys
     if case.m then
@@ -262,10 +263,10 @@ T.case("extraction: whole conversation in, a long document out uncut", function(
   T.eq(req.opts.max_tokens, 4096, "the extraction reply may be long")
   -- the extractor sees the prompt's user turn and every later turn, never the system message
   local p = req.messages[1].content
-  T.ok(p:find("User: Write a birthday card for my friend.", 1, true), "first user turn")
-  T.ok(p:find("Assistant: Draft one: Dear Alice", 1, true)); T.ok(p:find("User: Add a poem.", 1, true))
-  T.ok(p:find("Assistant: Poem: roses", 1, true)); T.ok(not p:find("Be helpful.", 1, true))
-  T.ok(p:find("every revision", 1, true), "asks for the merged final version")
+  T.ok(p:find("**User**: Write a birthday card for my friend.", 1, true), "first user turn")
+  T.ok(p:find("**Assistant**: Draft one: Dear Alice", 1, true)); T.ok(p:find("**User**: Add a poem.", 1, true))
+  T.ok(p:find("**Assistant**: Poem: roses", 1, true)); T.ok(not p:find("Be helpful.", 1, true))
+  T.ok(p:find("Merge the revisions", 1, true), "asks for the merged final version")
   -- instructions for the extractor (e.g. the entry point) reach the prompt
   local j2 = fake_judge({ json.encode({ thought = "t", final_completion = "```python\ndef task_func():\n    pass\n```" }) })
   local code = judge.final_completion(c, sample, { judge = j2, extract_json = extract_json }, "pass_rate", "code",

@@ -42,6 +42,9 @@ function M.check_config(rcfg, who)
       errs[#errs + 1] = ("%s: reward.metric_options: unknown metric '%s'"):format(who, tostring(name))
     elseif type(v) ~= "table" then
       errs[#errs + 1] = ("%s: reward.metric_options.%s must be a table of options, got %s"):format(who, name, tostring(v))
+    elseif v.prompt_file ~= nil then   -- a judge's prompt of one's own: readable before anything runs
+      local ok, err = pcall(require("clrt.prompt_file").read, v.prompt_file)
+      if not ok then errs[#errs + 1] = ("%s: reward.metric_options.%s.prompt_file: %s"):format(who, name, tostring(err)) end
     end
   end
   if #errs > 0 then error(table.concat(errs, "\n"), 0) end
