@@ -47,6 +47,21 @@ T.case("token_amount counts whitespace words after the prompt", function()
   T.eq(m.compute(c, {}, {}), 11)
 end)
 
+T.case("tokens_read: the authors' efficiency, assistant tokens of the whole conversation / 1000", function()
+  local m = require("metrics.tokens_read")
+  -- a byte-level tokenizer with no merges: one token per byte, an independent count
+  local tok = clrt.tokenizer.from_json((clrt.tokenizer.train({ "abc abc" }, { vocab_size = 256 })))
+  T.eq(#tok:encode("héllo", { add_special_tokens = false }), 6)
+  local c = { system, U("Write a card."), A("Which friend?"), U("Alice, please. [[TERMINATE CHAT]]"), A("Happy birthday, Alice!") }
+  -- prompt turns count too (the authors score the whole session); messages joined by one space
+  local want = #("Which friend?" .. " " .. "Happy birthday, Alice!") / 1000
+  T.near(m.compute(c, { prompt = { system, U("Write a card.") } }, { tokenizer = tok }), want, 1e-15)
+  T.eq(m.compute({ system, U("hi") }, {}, { tokenizer = tok }), 0)
+  T.raises(function() m.compute(c, {}, {}) end, "no tokenizer")
+  -- not verl's token_amount, which counts words of every message after the prompt
+  T.eq(require("metrics.token_amount").compute(c, { prompt = { system, U("Write a card.") } }, {}), 2 + 4 + 3)
+end)
+
 T.case("exact_match compares the final answer after trimming", function()
   local m = require("metrics.exact_match")
   T.eq(m.compute(conversation(A("What is your friend's name?"), U("Alice."), A(" Happy birthday, Alice!\n"), U("[[TERMINATE CHAT]]")), sample, {}), 1)
@@ -312,7 +327,7 @@ T.case("judge options reach the request; recipe config reaches ctx", function()
   local ok_reply = '{"thought": "ok", "accuracy": 1}'
   local j = fake_judge({ ok_reply })
   m.compute(c, sample, { judge = j, extract_json = extract_json })
-  T.eq(j.calls[1].opts.temperature, 0); T.eq(j.calls[1].opts.max_tokens, 1024); T.eq(j.calls[1].opts.top_p, nil)
+  T.eq(j.calls[1].opts.temperature, 0); T.eq(j.calls[1].opts.max_tokens, 2048, "verl's judge max_tokens"); T.eq(j.calls[1].opts.top_p, nil)
   T.eq(j.calls[1].opts.response_format, nil)
   -- from the command line through the recipe's ctx
   local config = require("clrt.config")

@@ -13,7 +13,7 @@
 --                      max_chars (bounds every field of the user's JSON reply),
 --                      prompt_file (sim_cfg.prompt_file: another text than lua/prompts/)
 --   judge              (judge.base_url set) client for the LLM judges, as `user`
---   judge_options      judge.*: temperature (0), max_tokens (1024), top_p (nil: not sent),
+--   judge_options      judge.*: temperature (0), max_tokens (2048), top_p (nil: not sent),
 --                      extract_max_tokens (4096: an extraction carries a whole document),
 --                      parse_retries (1), response_format, max_chars (the "thought" only)
 --   metric_options     reward.metric_options: {metric_name = {...}} (see each metric)

@@ -147,11 +147,14 @@ end
 
 -- Rewards for a batch of first responses. Each sample is
 --   {group = prompt id, scores = {per-conversation score tables}, truncated = bool, dropped = reason}
--- truncated (hit the length limit, empty or malformed): reward 0, no futures (spec step 3);
+-- truncated (hit the length limit, empty or malformed): no futures, reward s.cutoff_reward
+-- (the recipe's rollout.cutoff_reward, set on the entry), else M.CUTOFF_REWARD (-1, verl's
+-- stated rule; the recipes' default too);
 -- dropped (the simulator failed after its retries, or every conversation failed a metric):
 -- no reward, excluded from its group's statistics and from the loss.
 -- Returns {rewards = {r or nil}, dropped = n, truncated = n, failed = {metric = count},
 --          metrics = {name = batch mean}, drop_reasons = {reason = count}}.
+M.CUTOFF_REWARD = -1
 function M.batch_rewards(samples, weights, mode)
   local out = { rewards = {}, dropped = 0, truncated = 0, failed = {}, metrics = {}, drop_reasons = {} }
   local msum, mcount = {}, {}
@@ -162,7 +165,7 @@ function M.batch_rewards(samples, weights, mode)
       out.drop_reasons[s.dropped] = (out.drop_reasons[s.dropped] or 0) + 1
     elseif s.truncated then
       out.truncated = out.truncated + 1
-      r = 0
+      r = s.cutoff_reward or M.CUTOFF_REWARD
     else
       r, info = M.reward(s.scores or {}, weights, mode)
       for name, n in pairs(info.failed) do out.failed[name] = (out.failed[name] or 0) + n end

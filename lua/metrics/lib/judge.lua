@@ -14,7 +14,7 @@ local pf = require("clrt.prompt_file")
 local M = {}
 
 -- Used where ctx.judge_options lacks a key; top_p has none (nil: not sent).
-M.DEFAULTS = { temperature = 0, max_tokens = 1024, extract_max_tokens = 4096, parse_retries = 1 }
+M.DEFAULTS = { temperature = 0, max_tokens = 2048, extract_max_tokens = 4096, parse_retries = 1 }   -- verl's judge: 2048
 
 function M.options(ctx, name)
   return (ctx and ctx.metric_options and ctx.metric_options[name]) or {}
