@@ -60,7 +60,7 @@ M.defaults = {
   -- (clrt.llm_reply). Worst case per score or user turn: (1 + parse_retries) * (1 + max_retries).
   sim_cfg = { base_url = OPENAI, model = "gpt-4o-mini", api_key_env = config.optional("string"), -- verl interaction config
     temperature = 1.0, max_tokens = 512, top_p = config.optional("number"),   -- verl: user 1.0 / 512
-    timeout = 120, max_retries = 5, backoff = 0.5, max_backoff = 30, max_concurrency = 64, -- (verl: num_retries 3, config/collabllm_interaction_config.yaml)
+    timeout = 120, max_retries = 5, backoff = 0.5, max_backoff = 30, max_concurrency = 64, -- verl: num_retries 3 = 3 attempts in all, transport and parse (collabllm_interaction_config.yaml)
     parse_retries = 1, response_format = true, max_chars = 1500,
     prompt_file = config.optional("string"),     -- nil: lua/prompts/collabllm_user.txt (its header: placeholders)
     terminate_marker = "[[TERMINATE CHAT]]" },   -- the text with which the user ends the chat
