@@ -145,7 +145,7 @@ local function train_variant(v, seed, start, run_dir)
   if v.kind == "rl" then
     rl.main(config.parse(rl.defaults, concat(base, { "save_every=1000000" }, S.rl, v.args), config.read_file(rl.world_config_path())))
   elseif v.kind == "dpo" then
-    dpo.main(config.parse(dpo.defaults, concat(base, { "save_every=1000000" }, S.dpo, v.args), dpo.world_config()))
+    dpo.main(config.parse(dpo.defaults_for("verl", false), concat(base, { "save_every=1000000" }, S.dpo, v.args), dpo.world_config()))   -- config_dpo.lua's preset (verl)
   elseif v.kind == "sft" then
     local scored = ("%s/seed%d/dpo_offline/scored.jsonl"):format(out, seed)
     if not files.exists(scored) then error("compare: sft_mr needs " .. scored .. " (dpo_offline runs first)", 0) end

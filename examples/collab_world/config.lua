@@ -26,7 +26,8 @@ return {
   reward = { metric_weights = { exact_match = 1, token_amount = -0.02 }, mode = "verl" },
   rollout = { n = 8, num_repeat_rollouts = 3, max_user_turns = 2, max_assistant_turns = 2,
     keep_last_assistant = true, temperature = 1.0, top_p = 1.0, future_temperature = 0.3,
-    max_new_tokens = 32, max_len = 256, max_prompt_len = 224, token_budget = 256 },
+    max_new_tokens = 32, max_len = 256, max_prompt_len = 224, token_budget = 256,
+    cutoff_reward = 0 },    -- the world's figures were measured with a cut-off reply scoring 0 (the recipes' default is verl's -1)
   train = { lr = 5e-4, decay = "cosine", min_lr_ratio = 0.1, warmup_steps = 3, mini_batches = 2,
     clip = 0.2, kl_coef = 0.5, grad_clip = 1.0, weight_decay = 0.0, norm_adv_by_std = false,
     micro_batch_size = 32 },    -- a mini-batch of 64 rows in two forwards of rows of similar length

@@ -10,4 +10,7 @@ return {
   pairs_prompts = 256,        -- offline: 256 training prompts x rollout.n = 8 scored candidates
   train = { lr = 2e-4, decay = "cosine", min_lr_ratio = 0.1, warmup_steps = 3, weight_decay = 0.0, grad_clip = 1.0,
     beta = 0.1, label_smoothing = 0.0, batch_size = 16, micro_batch_size = 32 },
+  -- the world's DPO was measured over the verl-style base (full fine-tuning, LoRA alpha 2r
+  -- when r is given), not the authors' preset (LoRA r 32 / alpha 16, ...)
+  preset = "verl",
 }

@@ -60,6 +60,20 @@ function M.without_system(conversation)
   return out
 end
 
+-- The {chat_history} of a prompt as both references format it (verl's parse_messages, the
+-- authors' collabllm.utils.template.parse_messages): the system message left out, each
+-- message "**Role**: content" with the role capitalised, one newline between messages.
+function M.chat_history(messages)
+  local out = {}
+  for _, m in ipairs(messages) do
+    if m.role ~= "system" then
+      local role = tostring(m.role or "")
+      out[#out + 1] = ("**%s**: %s"):format(role:sub(1, 1):upper() .. role:sub(2):lower(), tostring(m.content or ""))
+    end
+  end
+  return table.concat(out, "\n")
+end
+
 -- A plain-text transcript for judge and simulator prompts.
 function M.transcript(messages, names)
   names = names or { user = "User", assistant = "Assistant", system = "System" }

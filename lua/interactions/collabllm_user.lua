@@ -5,7 +5,9 @@
 -- Both come from the sample of THIS conversation (no shared state between conversations);
 -- the simulator never sees the ground truth.
 -- ctx: the table clrt.train.context builds (fields documented there, once); used here:
--- user (ctx.client is accepted too), extract_json, user_options, terminate_marker, counters.
+-- user (ctx.client is accepted too), extract_json, user_options (prompt_file among them),
+-- terminate_marker, counters. With an empty chat (no message besides a system one) the
+-- user opens the conversation, as the prompt's rules say.
 -- The model answers JSON {"current_answer", "thought", "response"}; only "response" is
 -- sent. A "response" the lenient parser read as a number or boolean ("5" -> 5) is turned
 -- back into its text ("5"). A reply that is not JSON, lacks "response" or has an empty one
@@ -14,45 +16,32 @@
 -- conversation never continues with an empty user turn.
 local conv = require("clrt.conversation")
 local llm_reply = require("clrt.llm_reply")
+local pf = require("clrt.prompt_file")
 
 local M = { name = "collabllm_user" }
 M.TERMINATE = conv.TERMINATE
 
-M.PROMPT = [[
-You are role-playing a person who is working with an AI assistant to get something done. Everything you write goes straight to the assistant, as the person's next chat message.
-
-What kind of task this is: %s
-
-The complete request you have in mind (the assistant has NOT seen this; it only sees the chat):
-<request>
-%s
-</request>
-
-The chat so far:
-<chat>
-%s
-</chat>
-
-How to play the person:
-- Stay in character as the person. Never mention that you are simulated, role-playing, or following instructions, and never act as the assistant.
-- Put in little effort. Do not hand over the whole request at once: start vague and let the assistant find out what it needs by asking. Answer the questions it actually asks, briefly.
-- Show the level of knowledge a real person asking this would have; you may be unsure, imprecise, or make an occasional small mistake.
-- Say what you like and dislike about the assistant's answers, and keep steering it towards the request you have in mind; do not drift to other topics.
-- Keep messages short and casual, as people type in a chat.
-- When the assistant's answer gives you what you wanted, or it is clear the assistant cannot help, end the chat: make your message contain exactly %s (you may add a short goodbye before it).
-
-Reply with JSON only, no other text:
-{"current_answer": "<one sentence: the assistant's solution so far, or 'none yet'>", "thought": "<your reasoning as the person about what to say next>", "response": "<your next message to the assistant>"}]]
+-- The prompt: lua/prompts/collabllm_user.txt (both references' rules in clrt's words; its
+-- header lists them and the placeholders). sim_cfg.prompt_file=PATH runs another text, e.g.
+-- verl's USER_PROMPT_TEMPLATE or the authors' user_simulator.txt as they are.
+M.PROMPT_FILE = "collabllm_user"
+M.PROMPT = pf.read(M.PROMPT_FILE)
 
 -- What the chat section says when nothing has been said yet (the paper's evaluation opens
 -- every conversation there): the user writes the first message, as the authors' prompt asks.
 M.EMPTY_CHAT = "(empty: nothing has been said yet, so you open the conversation with your first message)"
 
 function M.messages(conversation, sample, ctx)
-  local chat = conv.transcript(conv.without_system(conversation), { user = "You", assistant = "Assistant" })
+  local file = (ctx and ctx.user_options and ctx.user_options.prompt_file) or M.PROMPT_FILE
+  local marker = conv.marker(ctx, sample)
+  local chat = conv.chat_history(conversation)
   if chat == "" then chat = M.EMPTY_CHAT end
-  local text = M.PROMPT:format(tostring(sample.task_desc or "general assistance"),
-    tostring(sample.single_turn_prompt or ""), chat, conv.marker(ctx, sample))
+  local text = pf.fill(pf.read(file), {
+    task_desc = tostring(sample.task_desc or "general assistance task"),
+    single_turn_prompt = tostring(sample.single_turn_prompt or ""),
+    chat_history = chat,
+    termination_signal = marker, terminal_signal = marker,
+  }, file)
   return { { role = "user", content = text } }
 end
 

@@ -1,37 +1,22 @@
 -- accuracy — an LLM judge decides whether the conversation's FINAL answer to the target
 -- question (sample.single_turn_prompt) is correct against the ground truth
 -- (sample.ground_truth). JSON reply: {"thought": "...", "accuracy": 0 or 1}.
--- The judge sees the conversation without the system message. true/false and "0"/"1"
+-- The judge sees the conversation without the system message, the question and the
+-- ground truth (as verl's and the authors' accuracy judges do). true/false and "0"/"1"
 -- are accepted; a reply with any other value or a missing key is asked again
 -- ctx.judge_options.parse_retries times (default 1), then the metric raises and the recipe
 -- records it as failed. ctx: see metrics/lib/judge.lua.
 local judge = require("metrics.lib.judge")
 local conv = require("clrt.conversation")
+local pf = require("clrt.prompt_file")
 
 local M = { name = "accuracy" }
 
-M.PROMPT = [[
-You are grading whether an AI assistant ended up giving a correct answer.
-
-The question the user wanted answered:
-<question>
-%s
-</question>
-
-The correct answer:
-<ground_truth>
-%s
-</ground_truth>
-
-The conversation between the user and the assistant:
-<conversation>
-%s
-</conversation>
-
-Look only at the assistant's final answer to the question (the last one it gave, after any clarifying questions). It is correct when it agrees with the correct answer in substance: the same result, value or conclusion; wording, formatting and extra explanation do not matter. It is incorrect when it disagrees, is missing, or the assistant never committed to an answer.
-
-Reply with JSON only, no other text:
-{"thought": "<a short explanation of your decision>", "accuracy": <1 if correct, 0 if not>}]]
+-- The prompt: lua/prompts/judge_accuracy.txt (its header lists what it carries from which
+-- reference and its placeholders); reward.metric_options.accuracy.prompt_file=PATH runs
+-- another text, e.g. verl's or the authors' own.
+M.PROMPT_FILE = "judge_accuracy"
+M.PROMPT = pf.read(M.PROMPT_FILE)
 
 function M.check(obj)
   local v = obj.accuracy
@@ -46,8 +31,11 @@ function M.compute(conversation, sample, ctx)
   if sample.single_turn_prompt == nil or sample.ground_truth == nil then
     error("accuracy: sample needs single_turn_prompt and ground_truth", 0)
   end
-  local text = M.PROMPT:format(tostring(sample.single_turn_prompt), tostring(sample.ground_truth),
-    conv.transcript(conv.without_system(conversation)))
+  local tmpl, file = judge.prompt_text(ctx, "accuracy", M.PROMPT_FILE)
+  local gt = tostring(sample.ground_truth)
+  local text = pf.fill(tmpl, { single_turn_prompt = tostring(sample.single_turn_prompt), ground_truth = gt, groundtruth = gt,
+    chat_history = conv.chat_history(conversation),
+    completion = require("clrt.json").encode(conv.without_system(conversation)) }, file)
   return (judge.ask(ctx, "accuracy", { { role = "user", content = text } }, { "accuracy" }, M.check))
 end
 

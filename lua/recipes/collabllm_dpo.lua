@@ -20,6 +20,15 @@
 -- user), and the best/worst pair of each prompt is kept (RUN_DIR/pairs.jsonl, in
 -- process_dataset's DPO schema). The same pass writes RUN_DIR/scored.jsonl, every scored
 -- conversation (the schema collabllm_sft.lua's scored= reads: MR-selected SFT).
+-- Presets: preset=authors (default) takes the authors' DPO scripts' settings (offline:
+-- min_gap 0.02, lr 5e-6 cosine, 8 epochs, 64 pairs a step, LoRA r 32 / alpha 16; online: 2
+-- responses at temperature 0.6, the better mean MR chosen with no gap filter, MR = mean over
+-- futures of accuracy + interactivity - 0.5 tokens_read, lr 5e-6 cosine, 1 epoch, 32 prompts a
+-- step, LoRA r 32 / alpha 16; each value's source is beside it in M.PRESETS); preset=verl keeps
+-- the RL recipe's verl-style settings (8 responses, best vs worst with min_gap 0.1,
+-- temperature 1.0, lr 1e-6 constant, 3 epochs, 16 pairs, full fine-tuning). Any key on the
+-- command line still wins. process_dataset.lua's own min_gap (0.1, the authors' notebook)
+-- filters the pairs file first: for the offline script's 0.02, build it with min_gap=0.02.
 -- Every other setting (rollout, reward, sim_cfg, judge, eval, chat) is collabllm_rl.lua's.
 -- The run folder is the RL recipe's: config.json, metrics.jsonl (+ TensorBoard, plot.svg),
 -- checkpoint-<step>/ + latest, summary.json; resume=RUN_DIR continues bit for bit.
@@ -38,9 +47,13 @@ local function copy(t)
   return setmetatable(out, getmetatable(t))
 end
 
-M.defaults = copy(rl.defaults)
-local D = M.defaults
+-- The base: collabllm_rl.lua's defaults (verl's recipe) with TRL's DPOConfig defaults (beta
+-- 0.1, sigmoid loss, no label smoothing) at verl's lr for 7B. This is preset=verl; the
+-- default preset=authors lays the authors' settings over it (M.PRESETS below).
+local base = copy(rl.defaults)
+local D = base
 D.name = "collabllm_dpo"
+D.preset = "authors"          -- "authors": the authors' scripts' settings (M.PRESETS); "verl": verl-style, as below
 D.online = false              -- false: pairs from data= (or the world's); true: sampled each step
 D.world = false               -- true: the built-in world's settings even with model= (a start of your own)
 -- offline: process_dataset's DPO pairs (dpo_train.jsonl); online: its RL prompts (rl_train.jsonl)
@@ -52,7 +65,6 @@ D.min_gap = 0.1               -- the authors' notebook's minimum_gap
 D.pairs_prompts = 256         -- built-in world, offline: prompts whose candidates make the pairs
 D.epochs = 3                  -- offline: over the pairs; online: over data= prompts (TRL num_train_epochs)
 D.prompts_per_step = 16       -- online: prompts per step (verl data.train_batch_size)
--- TRL's DPOConfig defaults (beta 0.1, sigmoid loss, no label smoothing) at verl's lr for 7B.
 D.train = { lr = 1e-6, decay = "constant", min_lr_ratio = 0.0, warmup_steps = 0, weight_decay = 0.01,
   grad_clip = 1.0, beta = 0.1, label_smoothing = 0.0,
   batch_size = 16,            -- offline: pairs per optimizer step
@@ -61,7 +73,62 @@ D.train = { lr = 1e-6, decay = "constant", min_lr_ratio = 0.0, warmup_steps = 0,
   lora = require("clrt.train.lora").config() }   -- r > 0: train LoRA adapters; the reference is the start, adapters off
 D.eval.every = 10
 
-M.rules = { { "min_gap", "nonneg" }, { "pairs_prompts", "count" },
+-- preset=authors: Wuyxin/collabllm's scripts, each value with its source there. Both their
+-- DPO scripts run TRL with beta 0.1, loss "sigmoid", max_grad_norm 1.0, adamw_torch,
+-- lr_scheduler_type "cosine" (to 0: min_lr_ratio 0), warmup_ratio 0 and Hugging Face's
+-- weight_decay 0 — the base's beta, loss and grad_clip already agree. Their LoRA: peft_r 32,
+-- peft_alpha 16, no lora_dropout given (PEFT's 0), target_modules q,k,v,o,gate,up,down
+-- (the base's targets); their LoRA init "gaussian" is not clrt's (PEFT's default init).
+M.PRESETS = {
+  authors = {
+    offline = {                                -- scripts/train/offline_dpo.py
+      min_gap = 0.02,                          -- --minimum_gap default 0.02 (to_dpo_dataset)
+      epochs = 8,                              -- --num_train_epochs 8 (both example commands)
+      train = { lr = 5e-6,                     -- --learning_rate 5e-6 (example commands)
+        decay = "cosine", min_lr_ratio = 0.0, warmup_steps = 0, weight_decay = 0.0,   -- DPOConfig
+        batch_size = 64,                       -- 4 GPUs x per_device_train_batch_size 4 x gradient_accumulation_steps 4
+        lora = { r = 32, alpha = 16, dropout = 0.0 } },   -- --peft_r 32, --peft_alpha 16, --use_lora
+    },
+    online = {                                 -- scripts/train/online_dpo.py
+      min_gap = 0.0,                           -- MultiturnRewardJudge: argmax of the two mean MRs, no gap filter
+      epochs = 1,                              -- --num_train_epochs 1 (example command)
+      prompts_per_step = 32,                   -- 8 GPUs x per_device_train_batch_size 1 x gradient_accumulation_steps 4
+      rollout = { n = 2,                       -- _generate_vllm: n = 2 completions per prompt
+        temperature = 0.6, top_p = 1.0 },      -- --assistant_generation_kwargs temperature 0.6; top_p 1.0 (top_k 50 not carried)
+      -- futures: --num_samples 3, --max_new_turns 4 (U A U A after A1) = the base's
+      -- num_repeat_rollouts 3, max_user_turns 2, max_assistant_turns 2
+      reward = { metric_weights = config.map({ accuracy = 1, interactivity = 1, tokens_read = -0.5 }),  -- --metric_names/--metric_weights
+        mode = "mean" },                       -- multiturn_aware_reward: MR = sum w*s per session, np.mean over sessions
+      train = { lr = 5e-6,                     -- --learning_rate 5e-6 (example command)
+        decay = "cosine", min_lr_ratio = 0.0, warmup_steps = 0, weight_decay = 0.0,   -- OnlineDPOConfig
+        lora = { r = 32, alpha = 16, dropout = 0.0 } },   -- --use_lora with peft_r 32, peft_alpha 16
+    },
+  },
+  verl = { offline = {}, online = {} },        -- the base as it stands
+}
+
+-- t with src laid over it: nested settings tables key by key, maps and values replaced.
+local function lay(t, src)
+  for k, v in pairs(src) do
+    local mt = getmetatable(v)
+    if type(v) == "table" and mt == nil and type(t[k]) == "table" and getmetatable(t[k]) == nil then lay(t[k], v)
+    else t[k] = copy(v) end
+  end
+  return t
+end
+
+-- The defaults of a preset ("authors" | "verl") for offline or online DPO.
+function M.defaults_for(preset, online)
+  local p = M.PRESETS[preset]
+  if not p then error(("collabllm_dpo: preset must be 'authors' or 'verl', got '%s'"):format(tostring(preset)), 0) end
+  local d = lay(copy(base), p[online and "online" or "offline"])
+  d.preset, d.online = preset, online and true or false
+  return d
+end
+
+M.defaults = M.defaults_for("authors", false)
+
+M.rules = { { "preset", "one_of", { "authors", "verl" } }, { "min_gap", "nonneg" }, { "pairs_prompts", "count" },
   { "train.beta", "rate" }, { "train.label_smoothing", "prob" }, { "train.batch_size", "count" },
   { "train.micro_batch_size", "count" } }
 for _, r in ipairs(require("clrt.train.lora").rules) do M.rules[#M.rules + 1] = r end
@@ -81,7 +148,7 @@ function M.check_config(cfg)
   end
 end
 
-M.FIXED_ON_RESUME = { "model", "seed", "data", "online", "prompts_per_step", "rollout.n", "single_turn", "sft",
+M.FIXED_ON_RESUME = { "model", "seed", "data", "online", "preset", "prompts_per_step", "rollout.n", "single_turn", "sft",
   "sft_cache", "min_gap", "pairs_prompts", "train.batch_size", "train.lora.r", "train.lora.alpha", "train.lora.targets", "train.base_dtype" }
 
 -- The built-in world's settings: the RL world file (less its RL-only train table) under
@@ -359,13 +426,21 @@ function M.run(cfg, run_dir)
   return run_dir, summary
 end
 
+-- The preset's defaults (preset=, online= from the command line or a config= file), then the
+-- world's settings when it runs, then the command line.
 function M.parse_args(argv)
   if config.arg_value(argv, "resume") then
     return require("clrt.run").resume_config(M.defaults, argv, M.FIXED_ON_RESUME, "collabllm_dpo")
   end
   local world = config.arg_value(argv, "world") == "true"
     or (not config.arg_value(argv, "model") and not config.arg_value(argv, "config"))
-  return config.parse(M.defaults, argv, world and M.world_config() or nil)
+  local over = world and M.world_config() or nil
+  local cfg = config.parse(M.defaults, argv, over)
+  local preset, online = cfg.preset, cfg.online == true
+  if preset ~= "authors" or online then
+    cfg = config.parse(M.defaults_for(preset, online), argv, over)
+  end
+  return cfg
 end
 
 local argv = { ... }

@@ -62,20 +62,25 @@ M.defaults = {
   -- (clrt.llm_reply). Worst case per score or user turn: (1 + parse_retries) * (1 + max_retries).
   sim_cfg = { base_url = OPENAI, model = "gpt-4o-mini", api_key_env = config.optional("string"), -- verl interaction config
     temperature = 1.0, max_tokens = 512, top_p = config.optional("number"),   -- verl: user 1.0 / 512
-    timeout = 120, max_retries = 5, backoff = 0.5, max_backoff = 30, max_concurrency = 64, -- verl num_retries 5
+    timeout = 120, max_retries = 5, backoff = 0.5, max_backoff = 30, max_concurrency = 64, -- verl: num_retries 3 = 3 attempts in all, transport and parse (collabllm_interaction_config.yaml)
     parse_retries = 1, response_format = true, max_chars = 1500,
+    prompt_file = config.optional("string"),     -- nil: lua/prompts/collabllm_user.txt (its header: placeholders)
     terminate_marker = "[[TERMINATE CHAT]]" },   -- the text with which the user ends the chat
   -- judge.top_p=null leaves top_p out of the request (for APIs that refuse it beside a
   -- temperature); max_chars bounds the judge's "thought" only, never an extracted document,
   -- whose reply may take extract_max_tokens (servers refuse a prompt + max_tokens over the
   -- judge's context: lower it for a judge with a small context).
   judge = { base_url = OPENAI, model = "gpt-4o-mini", api_key_env = config.optional("string"), -- verl llm_judge_kwargs
-    temperature = 0, max_tokens = 1024, top_p = 1, extract_max_tokens = 4096,   -- verl: temperature 0, 1024 tokens
+    temperature = 0, max_tokens = 2048, top_p = 1, extract_max_tokens = 4096,   -- verl: temperature 0, max_tokens 2048 (train_rl_collabllm.sh)
     timeout = 120, max_retries = 5, backoff = 0.5, max_backoff = 30, max_concurrency = 64,
     parse_retries = 1, response_format = true, max_chars = 1500 },
   -- metric_options: per-metric options, ctx.metric_options[name] (see each lua/metrics file):
-  -- reward.metric_options.bleu_score.level=char, or the whole table as JSON:
+  -- reward.metric_options.bleu_score.level=word, or the whole table as JSON:
   -- 'reward.metric_options={"pass_rate":{"timeout":60}}'.
+  -- mode "verl": r = sum_m clamp(w_m * mean_k s_m, -1, 1); "mean": r = mean_k sum_m w_m s_m,
+  -- the authors' MR averaged over the futures. verl's token_amount counts words (weight
+  -- -0.0001); the authors' cost is tokens_read (assistant tokens / 1000, weight -0.5), so
+  -- with their weights use tokens_read, not token_amount (docs/method.md).
   reward = { metric_weights = config.map({ accuracy = 1, interactivity = 1, token_amount = -0.0001 }), -- verl
     mode = "verl", metric_options = config.map({}) },
   rollout = {
@@ -88,6 +93,12 @@ M.defaults = {
     max_prompt_len = 8196,                  -- verl data.max_prompt_length; longer prompts are filtered out
     max_len = config.optional("number"),    -- context; nil: max_prompt_len + token_budget, capped by the model
     future_temperature = config.optional("number"), -- the policy's later turns; nil: temperature
+    -- The reward of a first response cut at max_new_tokens, empty or malformed (it gets no
+    -- futures). verl's agent loop says "tell reward manager to score -1 and skip future
+    -- interaction to avoid reward hacking with incompleted message" (collabllm_agent_loop.py;
+    -- its reward manager then scores a batch with no futures 0). -1 keeps a cut-off reply
+    -- below any valid one whose reward is only lowered by a token cost.
+    cutoff_reward = -1,
   },
   train = { lr = 1e-6, decay = "constant", min_lr_ratio = 0.0, warmup_steps = 0, -- verl actor.optim
     weight_decay = 0.01, grad_clip = 1.0,
@@ -131,6 +142,7 @@ M.rules = {
   { "rollout.num_repeat_rollouts", "count" }, { "rollout.max_user_turns", "count0" },
   { "rollout.max_assistant_turns", "count0" }, { "rollout.max_new_tokens", "count" }, { "rollout.token_budget", "count" },
   { "rollout.max_prompt_len", "count" }, { "rollout.max_len", "count" }, { "rollout.future_temperature", "nonneg" },
+  { "rollout.cutoff_reward", "finite" },
   { "train.lr", "rate" }, { "train.decay", "one_of", { "constant", "cosine", "linear" } }, { "train.min_lr_ratio", "prob" },
   { "train.warmup_steps", "count0" }, { "train.weight_decay", "nonneg" }, { "train.grad_clip", "nonneg" },
   { "train.mini_batches", "count" }, { "train.micro_batch_size", "count" }, { "train.clip", "rate" },

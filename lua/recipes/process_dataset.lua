@@ -19,7 +19,7 @@
 -- of one conversation land on both; the published math-hard has ~3 candidates per prompt).
 -- Our seeded shuffle is not the `datasets` library's permutation.
 --   clrt recipes/process_dataset.lua input=FILE.jsonl out=DIR [task_desc=...] [test_fraction=0.1]
---        [seed=42] [min_gap=0.1]
+--        [seed=42] [min_gap=0.1] [sft_min_accuracy=0.5] [system_prompt_file=PATH]
 -- writes rl_train, rl_test, sft_train, sft_test, dpo_train, dpo_test, eval_test (.jsonl: the
 -- test conversations' distinct single-turn tasks, for collabllm_eval.lua protocol=paper) and
 -- prints counts.
@@ -28,12 +28,11 @@ local data = require("clrt.data")
 
 local M = {}
 
-M.SYSTEM_PROMPT = table.concat({
-  "You are a helpful, proactive and collaborative assistant.",
-  "When a request is ambiguous or misses information you need, ask a short clarifying question",
-  "instead of assuming; suggest useful next steps when it helps; keep answers concise; and say so",
-  "plainly when you do not know something.",
-}, " ")
+-- The system prompt before every prompt: lua/prompts/collabllm_system.txt, the authors'
+-- system prompt (which verl's process_dataset uses too) in clrt's words; its header lists
+-- what it carries. system_prompt_file=PATH uses another text as it is (e.g. theirs).
+M.SYSTEM_FILE = "collabllm_system"
+M.SYSTEM_PROMPT = require("clrt.prompt_file").read(M.SYSTEM_FILE)
 
 M.defaults = {
   input = config.optional("string"),
@@ -42,6 +41,12 @@ M.defaults = {
   test_fraction = 0.1,
   seed = 42,
   min_gap = 0.1,   -- DPO: smallest score gap between chosen and rejected (authors' notebook)
+  system_prompt_file = config.optional("string"),   -- nil: lua/prompts/collabllm_system.txt
+  -- SFT: keep a conversation only when the mean of its chosen row's rewards.accuracy is at
+  -- least this (the authors' scripts/train/sft.py --lower_bound_metric rewards.accuracy
+  -- --lower_bound 0.5 for math-hard); a row without rewards.accuracy is left out, as theirs
+  -- is. nil: no filter.
+  sft_min_accuracy = config.optional("number"),
 }
 
 -- The task description the simulated user is told, from the dataset's name when not given.
@@ -71,8 +76,10 @@ local function check_row(r, where)
   if r.single_turn_metadata == data.json.null then r.single_turn_metadata = nil end
 end
 
+local system_prompt = M.SYSTEM_PROMPT
+
 local function with_system(msgs)
-  local out = { { role = "system", content = M.SYSTEM_PROMPT } }
+  local out = { { role = "system", content = system_prompt } }
   for _, m in ipairs(msgs) do out[#out + 1] = { role = m.role, content = m.content } end
   return out
 end
@@ -101,7 +108,22 @@ function M.rl_rows(rows, task_desc)
   return out
 end
 
-function M.sft_rows(rows)
+-- The mean of a row's rewards.accuracy (a list of per-session values, or one number), or nil.
+function M.mean_accuracy(r)
+  local a = type(r.rewards) == "table" and r.rewards.accuracy
+  if type(a) == "number" then return a end
+  if type(a) ~= "table" or #a == 0 then return nil end
+  local sum = 0
+  for _, v in ipairs(a) do
+    if type(v) ~= "number" then return nil end
+    sum = sum + v
+  end
+  return sum / #a
+end
+
+-- SFT rows (see the header); min_accuracy: the authors' filter on the chosen row of each
+-- conversation (nil: none). Returns the rows and how many conversations the filter left out.
+function M.sft_rows(rows, min_accuracy)
   local best, order = {}, {}
   for _, r in ipairs(rows) do
     local id = tostring(r.conv_id)
@@ -111,14 +133,19 @@ function M.sft_rows(rows)
       best[id] = r
     end
   end
-  local out = {}
+  local out, filtered = {}, 0
   for _, id in ipairs(order) do
     local r = best[id]
-    local msgs = with_system(r.prompt)
-    msgs[#msgs + 1] = { role = "assistant", content = r.completion }
-    out[#out + 1] = { messages = msgs, conv_id = r.conv_id, turn_id = r.turn_id, score = r.score }
+    local acc = min_accuracy and M.mean_accuracy(r)
+    if min_accuracy and (acc == nil or acc < min_accuracy) then
+      filtered = filtered + 1
+    else
+      local msgs = with_system(r.prompt)
+      msgs[#msgs + 1] = { role = "assistant", content = r.completion }
+      out[#out + 1] = { messages = msgs, conv_id = r.conv_id, turn_id = r.turn_id, score = r.score }
+    end
   end
-  return out
+  return out, filtered
 end
 
 -- Pairs for DPO (see the header): one per (conv_id, turn_id) group whose score gap is at
@@ -227,6 +254,10 @@ function M.main(cfg)
   if type(cfg.min_gap) ~= "number" or cfg.min_gap < 0 then
     error("process_dataset: min_gap must be a number >= 0, got " .. tostring(cfg.min_gap), 0)
   end
+  if cfg.sft_min_accuracy ~= nil and (type(cfg.sft_min_accuracy) ~= "number" or cfg.sft_min_accuracy ~= cfg.sft_min_accuracy) then
+    error("process_dataset: sft_min_accuracy must be a number, got " .. tostring(cfg.sft_min_accuracy), 0)
+  end
+  system_prompt = cfg.system_prompt_file and require("clrt.prompt_file").read(cfg.system_prompt_file) or M.SYSTEM_PROMPT
   -- every row checked before anything is written; line numbers are the file's own
   local rows, line_of = data.read_dataset(cfg.input)
   for i, r in ipairs(rows) do check_row(r, ("%s line %d"):format(cfg.input, line_of[i])) end
@@ -235,9 +266,15 @@ function M.main(cfg)
   print(("process_dataset: %d rows, %d conversations -> train %d / test %d conversations")
     :format(#rows, ntrain_conv + ntest_conv, ntrain_conv, ntest_conv))
   require("clrt.files").mkdir_p(cfg.out)
+  local sft_train, out_train = M.sft_rows(train, cfg.sft_min_accuracy)
+  local sft_test, out_test = M.sft_rows(test, cfg.sft_min_accuracy)
+  if cfg.sft_min_accuracy then
+    print(("process_dataset: sft_min_accuracy=%g left out %d train / %d test conversations (mean rewards.accuracy below it or missing)")
+      :format(cfg.sft_min_accuracy, out_train, out_test))
+  end
   local outs = {
     rl_train = M.rl_rows(train, task_desc), rl_test = M.rl_rows(test, task_desc),
-    sft_train = M.sft_rows(train), sft_test = M.sft_rows(test),
+    sft_train = sft_train, sft_test = sft_test,
     dpo_train = M.dpo_rows(train, cfg.min_gap), dpo_test = M.dpo_rows(test, cfg.min_gap),
     eval_test = M.eval_rows(test, task_desc),
   }

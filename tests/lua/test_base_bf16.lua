@@ -261,7 +261,7 @@ T.case("offline DPO with LoRA over a bf16 base: the reference is that base, adap
       "save_every=1", "sample_every=2", "pairs_prompts=8", "min_gap=0", "train.batch_size=4", "train.micro_batch_size=2",
       "train.lr=3e-3", "train.lora.r=4", "train.base_dtype=bf16" }
     for _, x in ipairs(extra or {}) do a[#a + 1] = x end
-    return dpo.main(config.parse(dpo.defaults, a, dpo.world_config()))
+    return dpo.main(config.parse(dpo.defaults_for("verl", false), a, dpo.world_config()))   -- the world's preset
   end
   go(root .. "/dpo_straight")
   local a = comparable(root .. "/dpo_straight")

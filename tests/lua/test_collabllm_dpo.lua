@@ -32,7 +32,9 @@ local function args(run_dir, extra)
   for _, x in ipairs(extra or {}) do a[#a + 1] = x end
   return a
 end
-local function run(dir, extra) return dpo_recipe.main(config.parse(dpo_recipe.defaults, args(dir, extra), dpo_recipe.world_config())) end
+-- the world runs on its preset (config_dpo.lua: verl), as parse_args would give it
+local WORLD_DEFAULTS = dpo_recipe.defaults_for("verl", false)
+local function run(dir, extra) return dpo_recipe.main(config.parse(WORLD_DEFAULTS, args(dir, extra), dpo_recipe.world_config())) end
 
 local function comparable(dir)
   local out = {}
@@ -122,12 +124,19 @@ T.case("offline DPO from process_dataset.lua's dpo_train.jsonl", function()
     rows[#rows + 1] = { prompt = p2, completion = "Trip plan: fly to Rome.", conv_id = c, turn_id = 1, score = 0.0 }
   end
   local path = root .. "/dpo_train.jsonl"
-  data.write_jsonl(path, pd.dpo_rows(rows, 0.1))
+  -- the world's model has a 256-token context, shorter than the published system prompt
+  -- (lua/prompts/collabllm_system.txt): a short one of its own stands in for it
+  local pairs_rows = pd.dpo_rows(rows, 0.1)
+  for _, r in ipairs(pairs_rows) do
+    T.eq(r.prompt[1], { role = "system", content = pd.SYSTEM_PROMPT })
+    r.prompt[1] = { role = "system", content = "Ask when a request is unclear." }
+  end
+  data.write_jsonl(path, pairs_rows)
   local kept, below = dpo_recipe.read_pairs(path, 0.8)
   T.eq(#kept, 6, "turn 1's pairs (gap 1.0) stay"); T.eq(below, 6, "turn 0's (gap 0.7) are below min_gap 0.8")
   T.eq(kept[1].chosen, "Trip plan: fly to Oslo."); T.eq(kept[1].rejected, "Trip plan: fly to Rome.")
   local dir = root .. "/fromfile"
-  dpo_recipe.main(config.parse(dpo_recipe.defaults, args(dir, { "data=" .. path, "steps=3", "min_gap=0.3" }), dpo_recipe.world_config()))
+  dpo_recipe.main(config.parse(WORLD_DEFAULTS, args(dir, { "data=" .. path, "steps=3", "min_gap=0.3" }), dpo_recipe.world_config()))
   local m = data.read_jsonl(dir .. "/metrics.jsonl")
   T.eq(#m, 3)
   T.eq(m[1].pairs, 4, "batch_size pairs per step")
@@ -136,7 +145,7 @@ T.case("offline DPO from process_dataset.lua's dpo_train.jsonl", function()
   local bad = root .. "/bad.jsonl"
   require("clrt.files").write_atomic(bad, '{"prompt": [{"role": "user", "content": "x"}], "chosen": "a"}\n')
   T.raises(function()
-    dpo_recipe.main(config.parse(dpo_recipe.defaults, args(root .. "/bad", { "data=" .. bad }), dpo_recipe.world_config()))
+    dpo_recipe.main(config.parse(WORLD_DEFAULTS, args(root .. "/bad", { "data=" .. bad }), dpo_recipe.world_config()))
   end, "bad.jsonl:1: \"chosen\" and \"rejected\" must be strings")
 end)
 
@@ -144,7 +153,7 @@ T.case("the world's settings load without model= or with world=true; a real mode
   local w = dpo_recipe.parse_args({ "model=/some/start", "world=true" })
   T.eq(w.sim, "scripted"); T.eq(w.train.beta, 0.1); T.eq(w.steps, 60)
   local r = dpo_recipe.parse_args({ "model=/some/start" })
-  T.eq(r.sim, "llm"); T.eq(r.train.lr, 1e-6); T.eq(r.steps, nil); T.eq(r.online, false)
+  T.eq(r.sim, "llm"); T.eq(r.train.lr, 5e-6, "preset=authors"); T.eq(r.steps, nil); T.eq(r.online, false)
   T.raises(function() dpo_recipe.check_config(dpo_recipe.parse_args({ "model=/x", "train.label_smoothing=0.5" })) end,
     "label_smoothing")
   T.raises(function() dpo_recipe.parse_args({ "model=/x", "train.betta=0.2" }) end, "train.beta")
@@ -171,6 +180,51 @@ T.case("MR-selected SFT: the best conversation of each group", function()
   T.eq(#data.read_jsonl(dir .. "/metrics.jsonl"), 2)
   require("clrt.files").write_atomic(root .. "/bad_scored.jsonl", '{"messages": [{"role": "user", "content": "x"}]}\n')
   T.raises(function() scored.select(root .. "/bad_scored.jsonl") end, "bad_scored.jsonl:1: a row needs a numeric \"score\"")
+end)
+
+T.case("presets: authors (default) and verl, offline and online; the world keeps its settings", function()
+  local function parse(extra)
+    local argv = { "model=/nonexistent/model" }
+    for _, x in ipairs(extra) do argv[#argv + 1] = x end
+    local cfg = dpo_recipe.parse_args(argv)
+    dpo_recipe.check_config(cfg)
+    return cfg
+  end
+  -- authors, offline: scripts/train/offline_dpo.py
+  local a = parse({})
+  T.eq({ a.preset, a.online, a.min_gap, a.epochs, a.train.lr, a.train.decay, a.train.min_lr_ratio, a.train.warmup_steps,
+    a.train.weight_decay, a.train.batch_size, a.train.lora.r, a.train.lora.alpha, a.train.lora.dropout, a.train.beta, a.train.grad_clip },
+    { "authors", false, 0.02, 8, 5e-6, "cosine", 0, 0, 0, 64, 32, 16, 0, 0.1, 1.0 })
+  T.eq(a.train.lora.targets, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
+  -- authors, online: scripts/train/online_dpo.py
+  local o = parse({ "online=true" })
+  T.eq({ o.preset, o.online, o.min_gap, o.epochs, o.prompts_per_step, o.rollout.n, o.rollout.temperature, o.rollout.top_p,
+    o.train.lr, o.train.decay, o.train.lora.r, o.train.lora.alpha, o.reward.mode, o.rollout.num_repeat_rollouts,
+    o.rollout.max_user_turns, o.rollout.max_assistant_turns },
+    { "authors", true, 0, 1, 32, 2, 0.6, 1.0, 5e-6, "cosine", 32, 16, "mean", 3, 2, 2 })
+  T.eq(o.reward.metric_weights, { accuracy = 1, interactivity = 1, tokens_read = -0.5 })
+  -- verl-style, both ways: the RL recipe's settings
+  for _, extra in ipairs({ { "preset=verl" }, { "preset=verl", "online=true" } }) do
+    local v = parse(extra)
+    T.eq({ v.preset, v.min_gap, v.epochs, v.prompts_per_step, v.rollout.n, v.rollout.temperature, v.train.lr, v.train.decay,
+      v.train.batch_size, v.train.lora.r, v.train.weight_decay, v.reward.mode },
+      { "verl", 0.1, 3, 16, 8, 1.0, 1e-6, "constant", 16, 0, 0.01, "verl" })
+    T.eq(v.reward.metric_weights, { accuracy = 1, interactivity = 1, token_amount = -0.0001 })
+  end
+  -- the command line wins over the preset; a preset from a config= file counts too
+  T.eq(parse({ "online=true", "rollout.n=4", "train.lr=1e-5" }).rollout.n, 4)
+  local dir = T.tmpdir()
+  local f = assert(io.open(dir .. "/c.json", "wb")); f:write('{"preset": "verl", "online": true}'); f:close()
+  local fc = dpo_recipe.parse_args({ "model=/nonexistent/model", "config=" .. dir .. "/c.json" })
+  T.eq({ fc.preset, fc.online, fc.rollout.n, fc.min_gap }, { "verl", true, 8, 0.1 })
+  T.raises(function() parse({ "preset=paper" }) end, "preset must be 'authors' or 'verl'")
+  -- the built-in world runs as it was measured (full fine-tuning, its own settings)
+  for _, extra in ipairs({ {}, { "online=true" } }) do
+    local w = dpo_recipe.parse_args(extra)
+    T.eq({ w.preset, w.train.lora.r, w.train.lora.alpha, w.min_gap, w.epochs, w.rollout.n, w.rollout.temperature, w.train.lr,
+      w.prompts_per_step, w.reward.mode }, { "verl", 0, nil, 0.1, 3, 8, 1.0, 2e-4, 16, "verl" })
+    T.eq(w.reward.metric_weights, { exact_match = 1, token_amount = -0.02 })
+  end
 end)
 
 T.run()

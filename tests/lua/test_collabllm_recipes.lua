@@ -84,4 +84,18 @@ T.case("the single-turn ablation and the before/after evaluation", function()
   T.raises(function() config.parse(rl.defaults, { "rollout.num_repeats=3" }) end, "rollout.num_repeat_rollouts")
 end)
 
+T.case("a cut-off first response earns rollout.cutoff_reward (verl's -1 by default, the world's 0)", function()
+  if not start then T.skip("needs the SFT case") end
+  T.eq(rl.defaults.rollout.cutoff_reward, -1)
+  T.eq(config.parse(rl.defaults, {}, config.read_file(rl.world_config_path())).rollout.cutoff_reward, 0)
+  -- one token per first response: every one is cut, none gets futures
+  local dir = root .. "/cutoff"
+  rl.main(config.parse(rl.defaults, rl_args(dir, { "steps=1", "rollout.max_new_tokens=1", "rollout.cutoff_reward=-0.25",
+    "save_every=0" })))
+  local row = data.read_jsonl(dir .. "/metrics.jsonl")[1]
+  T.eq(row.truncated, 16, "4 prompts x 4 responses, all cut")
+  T.near(row.reward, -0.25, 1e-12)
+  T.raises(function() rl.check_config(config.parse(rl.defaults, { "rollout.cutoff_reward=inf" })) end, "rollout.cutoff_reward")
+end)
+
 T.run()

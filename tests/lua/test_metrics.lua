@@ -47,6 +47,21 @@ T.case("token_amount counts whitespace words after the prompt", function()
   T.eq(m.compute(c, {}, {}), 11)
 end)
 
+T.case("tokens_read: the authors' efficiency, assistant tokens of the whole conversation / 1000", function()
+  local m = require("metrics.tokens_read")
+  -- a byte-level tokenizer with no merges: one token per byte, an independent count
+  local tok = clrt.tokenizer.from_json((clrt.tokenizer.train({ "abc abc" }, { vocab_size = 256 })))
+  T.eq(#tok:encode("héllo", { add_special_tokens = false }), 6)
+  local c = { system, U("Write a card."), A("Which friend?"), U("Alice, please. [[TERMINATE CHAT]]"), A("Happy birthday, Alice!") }
+  -- prompt turns count too (the authors score the whole session); messages joined by one space
+  local want = #("Which friend?" .. " " .. "Happy birthday, Alice!") / 1000
+  T.near(m.compute(c, { prompt = { system, U("Write a card.") } }, { tokenizer = tok }), want, 1e-15)
+  T.eq(m.compute({ system, U("hi") }, {}, { tokenizer = tok }), 0)
+  T.raises(function() m.compute(c, {}, {}) end, "no tokenizer")
+  -- not verl's token_amount, which counts words of every message after the prompt
+  T.eq(require("metrics.token_amount").compute(c, { prompt = { system, U("Write a card.") } }, {}), 2 + 4 + 3)
+end)
+
 T.case("exact_match compares the final answer after trimming", function()
   local m = require("metrics.exact_match")
   T.eq(m.compute(conversation(A("What is your friend's name?"), U("Alice."), A(" Happy birthday, Alice!\n"), U("[[TERMINATE CHAT]]")), sample, {}), 1)
@@ -63,37 +78,48 @@ T.case("asks_question looks at the first reply only", function()
   T.eq(m.compute(conversation(A("```\nx = a ? b : c\n```\nDone.")), sample, {}), 0)
 end)
 
-T.case("bleu: hand-computed word and char values, brevity, smoothing", function()
+T.case("bleu: hand-computed char (default) and word values, brevity, smoothing", function()
   local m = require("metrics.bleu_score")
+  local W = { level = "word", smoothing = "method1" }   -- clrt's old default, now an option
   -- p1 5/6, p2 3/5, p3 1/4, p4 0 matches -> 0.1/3; BP 1
   local want = math.exp(0.25 * (math.log(5 / 6) + math.log(3 / 5) + math.log(1 / 4) + math.log(0.1 / 3)))
-  T.near(m.bleu("the cat sat on the mat", "the cat is on the mat"), want, 1e-12)
+  T.near(m.bleu("the cat sat on the mat", "the cat is on the mat", W), want, 1e-12)
   T.near(want, 0.254066, 1e-6)
-  -- characters: p 3/4, 2/3, 1/2, 0.1/1
-  T.near(m.bleu("abcd", "abce", "char"), math.exp(0.25 * (math.log(3 / 4) + math.log(2 / 3) + math.log(1 / 2) + math.log(0.1))), 1e-12)
-  -- spaces are characters at char level
-  T.near(m.bleu("a b", "a b", "char"), math.exp(0.25 * math.log(0.1)), 1e-12)
-  -- brevity: c = 2, r = 6 -> exp(1 - 3); p3, p4 have no hypothesis n-grams -> 0.1
-  T.near(m.bleu("the cat", "the cat sat on the mat"), math.exp(-2) * math.sqrt(0.1), 1e-12)
-  T.near(m.bleu("x y z w", "x y z w"), 1, 1e-12)
+  -- characters (the default, unsmoothed): p 3/4, 2/3, 1/2, and no 4-gram match -> DBL_MIN
+  T.near(m.bleu("abcd", "abce"), math.exp(0.25 * (math.log(3 / 4) + math.log(2 / 3) + math.log(1 / 2) + math.log(m.DBL_MIN))), 1e-90)
+  T.ok(m.bleu("abcd", "abce") < 1e-70, "no smoothing: a missing order makes the score tiny")
+  T.near(m.bleu("abcd", "abce", { smoothing = "method1" }),
+    math.exp(0.25 * (math.log(3 / 4) + math.log(2 / 3) + math.log(1 / 2) + math.log(0.1))), 1e-12)
+  -- spaces are characters; a multi-byte character is one token (Python iterates code points)
+  T.eq(m.bleu("a bc", "a bc"), 1)
+  T.eq(m.bleu("éèàç", "éèàç"), 1)
+  T.near(m.bleu("éèàx", "éèày", { smoothing = "method1" }),
+    math.exp(0.25 * (math.log(3 / 4) + math.log(2 / 3) + math.log(1 / 2) + math.log(0.1))), 1e-12)
+  -- brevity at word level: c = 2, r = 6 -> exp(1 - 3); p3, p4 have no hypothesis n-grams -> 0.1
+  T.near(m.bleu("the cat", "the cat sat on the mat", W), math.exp(-2) * math.sqrt(0.1), 1e-12)
+  -- brevity at char level: "abcde" vs "abcdefghij" -> exp(1 - 10/5), precisions 1
+  T.near(m.bleu("abcde", "abcdefghij"), math.exp(-1), 1e-12)
+  T.near(m.bleu("x y z w", "x y z w", W), 1, 1e-12)
   -- clipped counts: "the the the the" vs "the cat": p1 = 1/4
-  T.near(m.bleu("the the the the", "the cat"),
+  T.near(m.bleu("the the the the", "the cat", W),
     math.exp(0.25 * (math.log(1 / 4) + math.log(0.1 / 3) + math.log(0.1 / 2) + math.log(0.1 / 1))), 1e-12)
-  T.eq(m.bleu("", "the cat"), 0)
+  T.eq(m.bleu("", "the cat"), 0); T.eq(m.bleu("", "the cat", W), 0); T.eq(m.bleu("xyz", "abc"), 0)
+  T.raises(function() m.bleu("a", "a", { level = "byte" }) end, "level must be")
+  T.raises(function() m.bleu("a", "a", { smoothing = "method7" }) end, "smoothing must be")
 end)
 
 T.case("bleu metric extracts the document through the judge", function()
   local m = require("metrics.bleu_score")
   local j = fake_judge({ 'Sure: {"thought": "last reply", "final_completion": "the cat sat on the mat"}' })
   local s = { prompt = prompt, ground_truth = "the cat is on the mat", single_turn_prompt = "Write about a cat." }
-  local v = m.compute(conversation(A("Draft: the cat sat on the mat")), s, { judge = j, extract_json = extract_json })
+  local v = m.compute(conversation(A("Draft: the cat sat on the mat")), s, { judge = j, extract_json = extract_json,
+    metric_options = { bleu_score = { level = "word", smoothing = "method1" } } })
   T.near(v, 0.254066, 1e-6)
   T.eq(j.calls[1].opts.temperature, 0)
   T.ok(j.calls[1].messages[1].content:find("Draft: the cat sat on the mat", 1, true))
-  -- without a judge: the last assistant message; char level by option
-  local v2 = m.compute(conversation(A("abcd")), { prompt = prompt, ground_truth = "abce" },
-    { metric_options = { bleu_score = { level = "char" } } })
-  T.near(v2, math.exp(0.25 * (math.log(3 / 4) + math.log(2 / 3) + math.log(1 / 2) + math.log(0.1))), 1e-12)
+  -- without a judge: the last assistant message; the default is characters, unsmoothed
+  local v2 = m.compute(conversation(A("abcde")), { prompt = prompt, ground_truth = "abcdefghij" }, {})
+  T.near(v2, math.exp(-1), 1e-12)
 end)
 
 T.case("pass_rate runs the tests in its sandbox (tests/lua/test_pass_rate_sandbox.lua attacks it)", function()
@@ -123,7 +149,7 @@ T.case("accuracy judge: prompt, parsing, retries, failure", function()
   T.eq(m.compute(c, sample, { judge = j, extract_json = extract_json }), 1)
   local p = j.calls[1].messages[1].content
   T.ok(p:find(sample.single_turn_prompt, 1, true)); T.ok(p:find(sample.ground_truth, 1, true))
-  T.ok(p:find("Assistant: What is your friend's name?", 1, true)); T.ok(not p:find("Be helpful.", 1, true))
+  T.ok(p:find("**Assistant**: What is your friend's name?", 1, true)); T.ok(not p:find("Be helpful.", 1, true))
   T.eq(j.calls[1].opts.temperature, 0)
   -- a reply without the key, then a good one: the one parse retry (default) is used
   local j2 = fake_judge({ '{"thought": "hmm"}', '{"thought": "no", "accuracy": false}' })
@@ -148,7 +174,7 @@ T.case("interactivity judge: parts mean, fallback, bad values", function()
   local ctx = { judge = fake_judge({ '{"thought": "good", "understanding": 1.0, "clarification": 0.7, "suggestions": 0.3, "interactivity": 0.9}' }),
                 extract_json = extract_json }
   T.near(m.compute(c, sample, ctx), (1 + 0.7 + 0.3) / 3, 1e-12)
-  T.ok(ctx.judge.calls[1].messages[1].content:find("User: Write a birthday card for my friend.", 1, true))
+  T.ok(ctx.judge.calls[1].messages[1].content:find("**User**: Write a birthday card for my friend.", 1, true))
   -- parts off the scale: the judge's own mean is used
   ctx.judge = fake_judge({ '{"thought": "ok", "understanding": 0.5, "clarification": 0.5, "suggestions": 0.6, "interactivity": 0.55}' })
   T.near(m.compute(c, sample, ctx), 0.55, 1e-12)
@@ -188,12 +214,13 @@ T.case("each judge's JSON schema accepts the reply its prompt asks for", functio
   local cases = {
     { m = require("metrics.interactivity"), values = { understanding = "1.0", clarification = "0.7", suggestions = "0.3", interactivity = "0.6667" } },
     { m = require("metrics.accuracy"), values = { accuracy = "1" } },
-    { prompt = judge.EXTRACT, name = "extract", values = { final_completion = '"def f():\\n    return 1\\n"' } },
+    { prompt = require("clrt.prompt_file").fill(require("clrt.prompt_file").read(judge.EXTRACT_FILE),
+      judge.extract_vars({}, sample, "document")), name = "extract", values = { final_completion = '"def f():\\n    return 1\\n"' } },
   }
   for _, case in ipairs(cases) do
     local name = case.m and case.m.name or case.name
     local ctx = { judge = fake_judge({}), extract_json = extract_json, judge_options = { response_format = true, max_chars = 64 } }
-    local want = template_keys(case.m and case.m.PROMPT or case.prompt)
+    local want = template_keys(case.m and case.m.PROMPT:gsub("{{", "{"):gsub("}}", "}") or case.prompt)
     -- the schema the metric actually sends
     local keys
     if case.m then
@@ -243,10 +270,10 @@ T.case("extraction: whole conversation in, a long document out uncut", function(
   T.eq(req.opts.max_tokens, 4096, "the extraction reply may be long")
   -- the extractor sees the prompt's user turn and every later turn, never the system message
   local p = req.messages[1].content
-  T.ok(p:find("User: Write a birthday card for my friend.", 1, true), "first user turn")
-  T.ok(p:find("Assistant: Draft one: Dear Alice", 1, true)); T.ok(p:find("User: Add a poem.", 1, true))
-  T.ok(p:find("Assistant: Poem: roses", 1, true)); T.ok(not p:find("Be helpful.", 1, true))
-  T.ok(p:find("every revision", 1, true), "asks for the merged final version")
+  T.ok(p:find("**User**: Write a birthday card for my friend.", 1, true), "first user turn")
+  T.ok(p:find("**Assistant**: Draft one: Dear Alice", 1, true)); T.ok(p:find("**User**: Add a poem.", 1, true))
+  T.ok(p:find("**Assistant**: Poem: roses", 1, true)); T.ok(not p:find("Be helpful.", 1, true))
+  T.ok(p:find("Merge the revisions", 1, true), "asks for the merged final version")
   -- instructions for the extractor (e.g. the entry point) reach the prompt
   local j2 = fake_judge({ json.encode({ thought = "t", final_completion = "```python\ndef task_func():\n    pass\n```" }) })
   local code = judge.final_completion(c, sample, { judge = j2, extract_json = extract_json }, "pass_rate", "code",
@@ -292,7 +319,7 @@ T.case("judge options reach the request; recipe config reaches ctx", function()
   local ok_reply = '{"thought": "ok", "accuracy": 1}'
   local j = fake_judge({ ok_reply })
   m.compute(c, sample, { judge = j, extract_json = extract_json })
-  T.eq(j.calls[1].opts.temperature, 0); T.eq(j.calls[1].opts.max_tokens, 1024); T.eq(j.calls[1].opts.top_p, nil)
+  T.eq(j.calls[1].opts.temperature, 0); T.eq(j.calls[1].opts.max_tokens, 2048, "verl's judge max_tokens"); T.eq(j.calls[1].opts.top_p, nil)
   T.eq(j.calls[1].opts.response_format, nil)
   -- from the command line through the recipe's ctx
   local config = require("clrt.config")
@@ -301,17 +328,17 @@ T.case("judge options reach the request; recipe config reaches ctx", function()
     "judge.max_tokens=300", "judge.top_p=0.9", "judge.parse_retries=0", "judge.extract_max_tokens=5000",
     "judge.max_retries=7", "judge.backoff=2", "judge.max_backoff=9",
     "sim_cfg.terminate_marker=<<BYE>>", "sim_cfg.parse_retries=3",
-    "+reward.metric_options.bleu_score.level=char", "+reward.metric_options.pass_rate.timeout=60" })
+    "+reward.metric_options.bleu_score.level=word", "+reward.metric_options.pass_rate.timeout=60" })
   -- metric_options is a map: its entries are set with or without the "+"
-  T.eq(config.parse(recipe.defaults, { "reward.metric_options.bleu_score.level=char" }).reward.metric_options,
-    { bleu_score = { level = "char" } })
+  T.eq(config.parse(recipe.defaults, { "reward.metric_options.bleu_score.level=word" }).reward.metric_options,
+    { bleu_score = { level = "word" } })
   -- a settings table still refuses a new nested key, with the hint
   T.raises(function() config.parse(recipe.defaults, { "rollout.sampling.top_k=3" }) end, "rollout.sampling")
   local _, ctx = recipe.simulator(cfg, nil)
   T.eq(ctx.judge_options.temperature, 0.25); T.eq(ctx.judge_options.max_tokens, 300)
   T.eq(ctx.judge_options.top_p, 0.9); T.eq(ctx.judge_options.parse_retries, 0)
   T.eq(ctx.judge_options.extract_max_tokens, 5000)
-  T.eq(ctx.metric_options, { bleu_score = { level = "char" }, pass_rate = { timeout = 60 } })
+  T.eq(ctx.metric_options, { bleu_score = { level = "word" }, pass_rate = { timeout = 60 } })
   T.eq(ctx.terminate_marker, "<<BYE>>"); T.eq(ctx.counters, {})
   T.eq(ctx.judge.max_retries, 7); T.eq(ctx.judge.backoff, 2); T.eq(ctx.judge.max_backoff, 9)
   ctx.judge = fake_judge({ ok_reply })
@@ -320,11 +347,11 @@ T.case("judge options reach the request; recipe config reaches ctx", function()
   T.eq(o.temperature, 0.25); T.eq(o.max_tokens, 300); T.eq(o.top_p, 0.9)
   T.ok(o.response_format and o.response_format.json_schema.schema.properties.thought.maxLength == 1500)
   T.eq(ctx.counters.judge_attempts, 1)
-  -- the bleu level from the command line is used
+  -- the bleu level from the command line is used (word here: char is the default)
   local b = require("metrics.bleu_score")
   ctx.judge = nil
-  T.near(b.compute(conversation(A("abcd")), { prompt = prompt, ground_truth = "abce" }, ctx),
-    b.bleu("abcd", "abce", "char"), 1e-12)
+  T.near(b.compute(conversation(A("a b c d e")), { prompt = prompt, ground_truth = "a b c d f" }, ctx),
+    b.bleu("a b c d e", "a b c d f", { level = "word" }), 1e-12)
   -- the JSON form; sim=llm gives the user its options
   local cfg2 = config.parse(recipe.defaults, { 'reward.metric_options={"pass_rate":{"timeout":60}}', "sim=llm",
     "sim_cfg.parse_retries=3", "sim_cfg.top_p=0.8", "judge.top_p=null" })

@@ -306,4 +306,51 @@ T.case("bad rows and settings are errors naming what and where", function()
   T.eq(#res.rl_train + #res.rl_test, 1)
 end)
 
+T.case("sft_min_accuracy: the authors' filter on each conversation's chosen row", function()
+  local dir = T.tmpdir()
+  local rows = make_rows()
+  local all = run(write_input(dir, rows), dir .. "/all", { "test_fraction=0" })
+  local res, printed = run(write_input(dir, rows), dir .. "/out", { "test_fraction=0", "sft_min_accuracy=0.5" })
+  -- the chosen row (largest turn, then best score) is picked first, then filtered: its
+  -- rewards.accuracy mean (here its score) must be at least 0.5; conv 7's chosen row has none
+  local want = {}
+  for _, r in ipairs(all.sft_train) do
+    local keep = r.conv_id ~= 7 and r.score >= 0.5
+    if keep then want[#want + 1] = r end
+  end
+  T.ok(#want > 0 and #want < #all.sft_train, "the filter keeps some and drops some")
+  T.eq(res.sft_train, want)
+  T.ok(printed:find(("left out %d train / 0 test"):format(#all.sft_train - #want), 1, true), printed)
+  -- the other files do not change
+  T.eq(res.rl_train, all.rl_train); T.eq(res.dpo_train, all.dpo_train)
+  -- the mean over a row's sessions, >= is kept, a missing or non-numeric value is dropped
+  local function row(id, acc)
+    return { prompt = { msg("user", "q" .. id) }, completion = "a" .. id, conv_id = id, turn_id = 0, score = 1, rewards = acc }
+  end
+  local out, dropped = pd.sft_rows({ row(1, { accuracy = { 0, 1 } }), row(2, { accuracy = { 0, 0.9 } }), row(3, { accuracy = 0.7 }),
+    row(4, {}), row(5, nil), row(6, { accuracy = { "x" } }) }, 0.5)
+  T.eq(dropped, 4)
+  T.eq({ out[1].conv_id, out[2].conv_id }, { 1, 3 })
+  T.eq(#pd.sft_rows({ row(4, {}) }), 1, "no filter: every conversation")
+  T.raises(function() run(write_input(dir, rows), dir .. "/bad", { "sft_min_accuracy='x'" }) end, "sft_min_accuracy expects a number")
+end)
+
+T.case("the system prompt: lua/prompts/collabllm_system.txt, or system_prompt_file=", function()
+  T.eq(pd.SYSTEM_PROMPT, require("clrt.prompt_file").read("collabllm_system"))
+  T.ok(pd.SYSTEM_PROMPT:find("^You are an assistant built to be helpful, proactive and highly interactive%."))
+  local dir = T.tmpdir()
+  local mine = dir .. "/system.txt"
+  local f = assert(io.open(mine, "wb")); f:write("Be {brief}.\n"); f:close()
+  local res = run(write_input(dir, make_rows()), dir .. "/out", { "test_fraction=0", "system_prompt_file=" .. mine })
+  for _, name in ipairs({ "rl_train", "dpo_train" }) do
+    for _, r in ipairs(res[name]) do T.eq(r.prompt[1], msg("system", "Be {brief}.\n"), name) end
+  end
+  for _, r in ipairs(res.sft_train) do T.eq(r.messages[1], msg("system", "Be {brief}.\n")) end
+  -- the next run without it is back to the default
+  local res2 = run(write_input(dir, make_rows()), dir .. "/out2", { "test_fraction=0" })
+  T.eq(res2.rl_train[1].prompt[1].content, pd.SYSTEM_PROMPT)
+  T.raises(function() run(write_input(dir, make_rows()), dir .. "/out3", { "system_prompt_file=" .. dir .. "/none.txt" }) end,
+    "cannot read prompt")
+end)
+
 T.run()

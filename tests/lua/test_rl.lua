@@ -61,11 +61,13 @@ T.case("score_conversation runs each metric once and records failures", function
   T.eq(rl.score_conversation({}, {}, { metrics[1] }, {}).flaky, 0.5); T.eq(calls, 3)
 end)
 
-T.case("batch_rewards: truncated = 0, dropped = nil, counts", function()
+T.case("batch_rewards: truncated = its cutoff_reward (default -1), dropped = nil, counts", function()
   local w = { accuracy = 1 }
+  local R0 = rl.batch_rewards({ { group = 1, truncated = true }, { group = 1, truncated = true, cutoff_reward = 0.5 } }, w, "mean")
+  T.eq(R0.rewards[1], -1, "verl's stated -1 when the entry carries none"); T.eq(R0.rewards[2], 0.5)
   local R = rl.batch_rewards({
     { group = 1, scores = { { accuracy = 1 }, { accuracy = 0 } } },
-    { group = 1, truncated = true },
+    { group = 1, truncated = true, cutoff_reward = 0 },
     { group = 1, dropped = "simulator failed" },
     { group = 2, scores = { { accuracy = rl.failed("x") } } },
     { group = 2, scores = { { accuracy = 1 } } },

@@ -10,9 +10,10 @@
 --   user               (sim=llm) OpenAI-compatible client, :chat(messages, opts) -> {content =}
 --   user_options       (sim=llm) sim_cfg's request options: temperature (1.0), max_tokens
 --                      (512), top_p (nil: not sent), parse_retries (1), response_format,
---                      max_chars (bounds every field of the user's JSON reply)
+--                      max_chars (bounds every field of the user's JSON reply),
+--                      prompt_file (sim_cfg.prompt_file: another text than lua/prompts/)
 --   judge              (judge.base_url set) client for the LLM judges, as `user`
---   judge_options      judge.*: temperature (0), max_tokens (1024), top_p (nil: not sent),
+--   judge_options      judge.*: temperature (0), max_tokens (2048), top_p (nil: not sent),
 --                      extract_max_tokens (4096: an extraction carries a whole document),
 --                      parse_retries (1), response_format, max_chars (the "thought" only)
 --   metric_options     reward.metric_options: {metric_name = {...}} (see each metric)
@@ -56,7 +57,9 @@ function M.build(a)
     user = require("interactions.collabllm_user")
     ctx.user = client(s)
     ctx.user_options = { temperature = s.temperature, max_tokens = s.max_tokens, top_p = s.top_p,
-      parse_retries = s.parse_retries, response_format = s.response_format, max_chars = s.max_chars }
+      parse_retries = s.parse_retries, response_format = s.response_format, max_chars = s.max_chars,
+      prompt_file = s.prompt_file }
+    if s.prompt_file then require("clrt.prompt_file").read(s.prompt_file) end   -- a bad path fails now, not mid-run
   else
     error(("collabllm_rl: sim must be 'scripted' or 'llm', got '%s'"):format(tostring(cfg.sim)), 0)
   end

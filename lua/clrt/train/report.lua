@@ -15,7 +15,7 @@ function M.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
   end
   local row = {
     reward = reward.stats(R.rewards, #entries).mean, advantage_std = astats.std, advantage_max = astats.max,
-    -- truncated: cut at the length limit; invalid: ended but malformed (both reward 0)
+    -- truncated: cut at the length limit; invalid: ended but malformed (both rollout.cutoff_reward)
     dropped = R.dropped, truncated = R.truncated - invalid, invalid = invalid, lr = lr, kl = st.kl, loss = st.loss, pg_loss = st.pg_loss,
     clipfrac = st.clipfrac, grad_norm = st.grad_norm, trained_tokens = st.tokens,
     first_reply_ask_rate = firsts > 0 and asks / firsts or 0,

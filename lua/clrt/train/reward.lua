@@ -42,6 +42,9 @@ function M.check_config(rcfg, who)
       errs[#errs + 1] = ("%s: reward.metric_options: unknown metric '%s'"):format(who, tostring(name))
     elseif type(v) ~= "table" then
       errs[#errs + 1] = ("%s: reward.metric_options.%s must be a table of options, got %s"):format(who, name, tostring(v))
+    elseif v.prompt_file ~= nil then   -- a judge's prompt of one's own: readable before anything runs
+      local ok, err = pcall(require("clrt.prompt_file").read, v.prompt_file)
+      if not ok then errs[#errs + 1] = ("%s: reward.metric_options.%s.prompt_file: %s"):format(who, name, tostring(err)) end
     end
   end
   if #errs > 0 then error(table.concat(errs, "\n"), 0) end
@@ -147,11 +150,14 @@ end
 
 -- Rewards for a batch of first responses. Each sample is
 --   {group = prompt id, scores = {per-conversation score tables}, truncated = bool, dropped = reason}
--- truncated (hit the length limit, empty or malformed): reward 0, no futures (spec step 3);
+-- truncated (hit the length limit, empty or malformed): no futures, reward s.cutoff_reward
+-- (the recipe's rollout.cutoff_reward, set on the entry), else M.CUTOFF_REWARD (-1, verl's
+-- stated rule; the recipes' default too);
 -- dropped (the simulator failed after its retries, or every conversation failed a metric):
 -- no reward, excluded from its group's statistics and from the loss.
 -- Returns {rewards = {r or nil}, dropped = n, truncated = n, failed = {metric = count},
 --          metrics = {name = batch mean}, drop_reasons = {reason = count}}.
+M.CUTOFF_REWARD = -1
 function M.batch_rewards(samples, weights, mode)
   local out = { rewards = {}, dropped = 0, truncated = 0, failed = {}, metrics = {}, drop_reasons = {} }
   local msum, mcount = {}, {}
@@ -162,7 +168,7 @@ function M.batch_rewards(samples, weights, mode)
       out.drop_reasons[s.dropped] = (out.drop_reasons[s.dropped] or 0) + 1
     elseif s.truncated then
       out.truncated = out.truncated + 1
-      r = 0
+      r = s.cutoff_reward or M.CUTOFF_REWARD
     else
       r, info = M.reward(s.scores or {}, weights, mode)
       for name, n in pairs(info.failed) do out.failed[name] = (out.failed[name] or 0) + n end

@@ -169,10 +169,11 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step)
     for _, o in ipairs(firsts[i].outs) do
       local text = o.text or ""
       local msg, valid, why = M.reply_message(cfg, text)
-      -- cut by the length limit, empty or malformed: reward 0 and no futures (spec step 3)
+      -- cut by the length limit, empty or malformed: rollout.cutoff_reward and no futures
       local truncated = o.finish_reason ~= "stop" or not valid
       entries[#entries + 1] = { group = i, sample = s, prompt_ids = firsts[i].ids, tokens = o.tokens,
         text = text, message = msg, logprobs_sampled = o.logprobs, truncated = truncated,
+        cutoff_reward = truncated and R.cutoff_reward or nil,
         invalid = o.finish_reason == "stop" and not valid and why or nil, scores = {}, convs = {} }
     end
   end

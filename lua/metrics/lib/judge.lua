@@ -4,16 +4,17 @@
 --
 -- ctx: the table clrt.train.context builds (its fields are documented there, once); used
 -- here: judge, extract_json, judge_options, counters, and metric_options.<metric>.extract /
--- .extract_max_tokens.
+-- .extract_max_tokens / .prompt_file.
 -- Retries: a reply that is not usable is asked again parse_retries times (clrt.llm_reply);
 -- transport retries are the HTTP client's. After that the metric raises and the recipe
 -- records it as failed (never a silent 0).
 local conv = require("clrt.conversation")
 local llm_reply = require("clrt.llm_reply")
+local pf = require("clrt.prompt_file")
 local M = {}
 
 -- Used where ctx.judge_options lacks a key; top_p has none (nil: not sent).
-M.DEFAULTS = { temperature = 0, max_tokens = 1024, extract_max_tokens = 4096, parse_retries = 1 }
+M.DEFAULTS = { temperature = 0, max_tokens = 2048, extract_max_tokens = 4096, parse_retries = 1 }   -- verl's judge: 2048
 
 function M.options(ctx, name)
   return (ctx and ctx.metric_options and ctx.metric_options[name]) or {}
@@ -72,29 +73,62 @@ function M.ask(ctx, name, messages, keys, check, max_tokens)
   return value, obj
 end
 
-M.KIND_TEXT = { document = "document", code = "piece of code" }
-M.EXTRACT = [[
-Below is a conversation in which a user works with an AI assistant on a %s. Over the turns the user may have added details, asked for changes or corrected the assistant, and the assistant may have written several drafts, sometimes only the part it changed.
+-- Prompts live in lua/prompts/ (clrt.prompt_file: a '#' header naming what each carries
+-- from which reference, then the text with Python str.format placeholders). A metric's
+-- options may name another file: reward.metric_options.<metric>.prompt_file=PATH.
+function M.prompt_text(ctx, name, default_file)
+  local file = M.options(ctx, name).prompt_file or default_file
+  return pf.read(file), file
+end
 
-What the user wanted in the end:
-<request>
-%s
-</request>
+-- single_turn_metadata as a table (some exports keep it as a JSON string).
+function M.metadata(sample)
+  local md = sample and sample.single_turn_metadata
+  if type(md) == "string" then
+    local ok, t = pcall(require("clrt.json").decode, md)
+    if ok and type(t) == "table" then return t end
+  end
+  return type(md) == "table" and md or {}
+end
 
-<conversation>
-%s
-</conversation>
-%s
-Give the final %s the conversation arrived at: start from the assistant's latest full version and apply every revision the user asked for and the assistant agreed to anywhere in the conversation, so that parts written in earlier turns and never changed are kept. Use only what the assistant wrote; do not fix, improve or finish it yourself, and add no commentary. If the assistant never wrote one, give an empty string.
+M.EXTRACT_FILE = "extract_completion"
 
-Reply with JSON only, no other text:
-{"thought": "<one or two sentences: which turns the final version is built from>", "final_completion": "<the complete final %s>"}]]
+-- What the extractor is shown, as placeholders of its prompt: the conversation, and for
+-- code the entry point and the dataset's extraction requirement (what the references show
+-- it). sample.single_turn_prompt only for code (verl's code extractor shows the task, which
+-- holds no solution); never for a document, whose single_turn_prompt in the published
+-- Medium rows carries the reference article itself.
+function M.extract_vars(conversation, sample, kind, instructions)
+  local md = M.metadata(sample)
+  local req = type(md.extraction_requirement) == "string" and md.extraction_requirement or ""
+  local vars = {
+    extract_type = kind,
+    chat_history = conv.chat_history(conversation),
+    entry_point = type(md.entry_point) == "string" and md.entry_point or "",
+    extraction_requirement = req ~= "" and ("Additional requirement:\n" .. req) or "",
+    instructions = "",
+  }
+  if type(instructions) == "string" and instructions ~= "" then vars.instructions = instructions .. "\n"
+  else
+    local lines = {}
+    if vars.entry_point ~= "" then
+      lines[#lines + 1] = ("The tests call `%s`: keep its definition under that exact name and signature."):format(vars.entry_point)
+    end
+    if req ~= "" then lines[#lines + 1] = req end
+    if #lines > 0 then vars.instructions = table.concat(lines, "\n") .. "\n" end
+  end
+  if kind == "code" and sample and sample.single_turn_prompt ~= nil then
+    vars.single_turn_prompt = tostring(sample.single_turn_prompt)
+  end
+  return vars
+end
 
 -- The document ("document") or code ("code") the conversation produced. The extractor sees
--- the whole conversation (prompt turns too) without the system message. opts.instructions:
--- extra text for the extractor (e.g. the function name the code must keep). With
--- metric_options[name].extract == false (or no judge) it is the last assistant message
--- (for code: its last fenced block), which needs no LLM call.
+-- the whole conversation (prompt turns too) without the system message, and what
+-- M.extract_vars gives it. opts.instructions: extra text for the extractor (e.g. the
+-- function name the code must keep). With metric_options[name].extract == false (or no
+-- judge) it is the last assistant message (for code: its last fenced block), which needs
+-- no LLM call.
 function M.final_completion(conversation, sample, ctx, name, kind, opts)
   opts = opts or {}
   local mopts = M.options(ctx, name)
@@ -103,11 +137,8 @@ function M.final_completion(conversation, sample, ctx, name, kind, opts)
     if kind == "code" then return M.code_block(text) end
     return text
   end
-  local extra = ""
-  if type(opts.instructions) == "string" and opts.instructions ~= "" then extra = "\n" .. opts.instructions .. "\n" end
-  local what = M.KIND_TEXT[kind] or tostring(kind)
-  local msgs = { { role = "user", content = M.EXTRACT:format(what, tostring(sample.single_turn_prompt or ""),
-    conv.transcript(conv.without_system(conversation)), extra, what, what) } }
+  local tmpl, file = M.prompt_text(ctx, name, M.EXTRACT_FILE)
+  local msgs = { { role = "user", content = pf.fill(tmpl, M.extract_vars(conversation, sample, kind, opts.instructions), file) } }
   local text = M.ask(ctx, name, msgs, { "final_completion" }, function(o)
     local s = llm_reply.text(o.final_completion)
     if s == nil then return nil, "final_completion is not text" end
