@@ -27,15 +27,12 @@ M.TERMINATE = conv.TERMINATE
 M.PROMPT_FILE = "collabllm_user"
 M.PROMPT = pf.read(M.PROMPT_FILE)
 
--- What the chat section says when nothing has been said yet (the paper's evaluation opens
--- every conversation there): the user writes the first message, as the authors' prompt asks.
-M.EMPTY_CHAT = "(empty: nothing has been said yet, so you open the conversation with your first message)"
-
 function M.messages(conversation, sample, ctx)
   local file = (ctx and ctx.user_options and ctx.user_options.prompt_file) or M.PROMPT_FILE
   local marker = conv.marker(ctx, sample)
+  -- an empty history is left empty, as the references send it: the prompt's own rule says
+  -- the user then opens the conversation (the paper's evaluation starts every chat there)
   local chat = conv.chat_history(conversation)
-  if chat == "" then chat = M.EMPTY_CHAT end
   local text = pf.fill(pf.read(file), {
     task_desc = tostring(sample.task_desc or "general assistance task"),
     single_turn_prompt = tostring(sample.single_turn_prompt or ""),
