@@ -40,8 +40,7 @@
 -- clrt.llm.drain_records() hands them to a run's log and starts afresh.
 local http = require("clrt.net.http")
 local sched = require("clrt.sched")
-local prices = require("clrt.api.prices")
-local rate_limit = require("clrt.api.rate_limit")
+local prices, rate_limit   -- clrt.api.prices / rate_limit, loaded with the first client
 local cjson = require("cjson").new()
 
 local M = {}
@@ -106,6 +105,8 @@ function M.client(cfg)
       error(("clrt.llm.client: %s must be a number > 0, got %s"):format(k, tostring(cfg[k])), 2)
     end
   end
+  prices = prices or require("clrt.api.prices")
+  rate_limit = rate_limit or require("clrt.api.rate_limit")
   local c = setmetatable({
     base_url = cfg.base_url:gsub("/+$", ""),
     model = cfg.model,

@@ -1,6 +1,7 @@
 -- clrt.api.estimate — estimate=true: the calls, tokens and dollars a run will spend on its
 -- simulated user, judges and extractor, printed before anything loads or trains.
 --   local e = estimate.run(cfg, "rl" | "dpo" | "eval")   -- prints; returns the numbers
+--   estimate.run(cfg, kind, {assume = {assistant_turn = 120}})   -- other reply lengths (bench/)
 -- How: the number of calls follows from the config (prompts per step x rollout.n x
 -- num_repeat_rollouts futures, max_user_turns user calls per future, one request per
 -- LLM-judged metric per future, validation every eval.every steps). Their sizes come from
@@ -44,9 +45,9 @@ end
 
 -- The requests of one future of `sample`: the user's turns and the metrics' calls, each
 -- {role =, prompt_tokens =, completion_tokens =}.
-local function future_requests(sample, cfg, user, ctx, metrics, turns, log)
+local function future_requests(sample, cfg, user, ctx, metrics, turns, log, A)
   local R = cfg.rollout
-  local a_tokens = math.min(R.max_new_tokens, M.ASSUME.assistant_turn)
+  local a_tokens = math.min(R.max_new_tokens, A.assistant_turn)
   local conv = copy_messages(sample.prompt)
   conv[#conv + 1] = { role = "assistant", content = filler(a_tokens) }
   local out = {}
@@ -59,16 +60,16 @@ local function future_requests(sample, cfg, user, ctx, metrics, turns, log)
   end
   for _ = 1, turns do
     pcall(user.respond, conv, sample, ctx)
-    take(function() return M.ASSUME.user_reply end)
-    conv[#conv + 1] = { role = "user", content = filler(M.ASSUME.user_message) }
+    take(function() return A.user_reply end)
+    conv[#conv + 1] = { role = "user", content = filler(A.user_message) }
     conv[#conv + 1] = { role = "assistant", content = filler(a_tokens) }
   end
   for _, m in ipairs(metrics) do
     if not (m.metric and m.metric.applies) or m.metric.applies(sample) then
       pcall(m.compute, conv, sample, ctx)
       take(function(role)
-        if role == "extractor" then return a_tokens + M.ASSUME.extractor_extra end
-        return M.ASSUME.judge_reply
+        if role == "extractor" then return a_tokens + A.extractor_extra end
+        return A.judge_reply
       end)
     end
   end
@@ -76,7 +77,7 @@ local function future_requests(sample, cfg, user, ctx, metrics, turns, log)
 end
 
 -- Per future, averaged over the sampled rows: {role = {calls, prompt_tokens, completion_tokens}}.
-local function per_future(cfg, samples, turns)
+local function per_future(cfg, samples, turns, A)
   local log = {}
   local clients = { user = recorder("user", log), judge = cfg.judge and cfg.judge.base_url and recorder("judge", log) or nil }
   local ctx, user = require("clrt.train.context"){ config = cfg, clients = clients }
@@ -90,7 +91,7 @@ local function per_future(cfg, samples, turns)
   local roles = {}
   for i = 1, k do
     local s = samples[math.floor((i - 1) * #samples / k) + 1]
-    for _, r in ipairs(future_requests(s, cfg, user, ctx, metrics, turns, log)) do
+    for _, r in ipairs(future_requests(s, cfg, user, ctx, metrics, turns, log, A)) do
       local t = roles[r.role] or { calls = 0, prompt_tokens = 0, completion_tokens = 0 }
       roles[r.role] = t
       t.calls = t.calls + 1 / k
@@ -150,7 +151,10 @@ local function print_table(title, roles)
   return total
 end
 
-function M.run(cfg, kind)
+function M.run(cfg, kind, opts)
+  local A = {}
+  for k, v in pairs(M.ASSUME) do A[k] = v end
+  for k, v in pairs(opts and opts.assume or {}) do A[k] = v end
   local who = "collabllm_" .. kind
   local R = cfg.rollout
   local e = { kind = kind }
@@ -169,7 +173,7 @@ function M.run(cfg, kind)
   end
   local turns = cfg.single_turn and 0 or R.max_user_turns
   local samples = samples_of(cfg, kind == "eval" and cfg.data or cfg.data)
-  local roles, k = per_future(cfg, samples, turns)
+  local roles, k = per_future(cfg, samples, turns, A)
   local steps, futures_per_step, val_convs, validations
   if kind == "eval" then
     local n = #samples
@@ -196,7 +200,7 @@ function M.run(cfg, kind)
   local run_usd = dollars(cfg, run_roles)
   print(("assumes: %s; rows sampled for the prompts' sizes: %d of %d%s"):format(
     "about 4 characters a token; every first response valid and every future running all its user turns "
-    .. "(an upper bound); no retries; no reply-cache hits; replies of " .. json.encode(M.ASSUME) .. " tokens",
+    .. "(an upper bound); no retries; no reply-cache hits; replies of " .. json.encode(A) .. " tokens",
     k, #samples, cfg.data and (" (" .. cfg.data .. ")") or " (the built-in world's prompts)"))
   if kind == "eval" then
     e.step = print_table(("the evaluation: %d conversations, %d user turns each"):format(futures_per_step, turns), step_roles)
