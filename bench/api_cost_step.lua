@@ -3,7 +3,9 @@
 -- collabllm_rl step against the local endpoint tests/support/fake_billing_endpoint.py, next
 -- to estimate=true for the same config. Token counts, not timings: the figure of
 -- docs/api_cost.md.
---   clrt bench/api_cost_step.lua [steps=1] [per_kind=16] [reply=ok|question]
+--   clrt bench/api_cost_step.lua [steps=1] [per_kind=16] [reply=ok|question] [cache=false|true]
+-- cache=false (default) sends every judge request, as the estimate assumes; the tiny policy's
+-- identical replies make many futures identical, which a real policy's sampled replies do not.
 -- The step: 16 prompts x n=8 x 3 futures, 2 user turns each, max 2048 tokens a turn, the
 -- reward verl's (accuracy, interactivity, token_amount), the user and the judges gpt-4o-mini
 -- at their published prices. What is real: the recipe, its prompts and conversations, every
@@ -18,7 +20,7 @@
 local here = debug.getinfo(1, "S").source:sub(2):match("^(.*)/[^/]+$") or "bench"
 local src = here .. "/.."
 package.path = src .. "/tests/?.lua;" .. package.path
-local opts = dofile(here .. "/args.lua").parse({ steps = 1, per_kind = 16, reply = "question" }, arg)
+local opts = dofile(here .. "/args.lua").parse({ steps = 1, per_kind = 16, reply = "question", cache = "false" }, arg)
 local json, data, config, files = require("clrt.json"), require("clrt.data"), require("clrt.config"), require("clrt.files")
 local rl = require("recipes.collabllm_rl")
 
@@ -65,7 +67,7 @@ end
 local srv = dofile(src .. "/tests/support/fake_billing.lua").start(root, {})
 local args = { "model=" .. policy, "data=" .. data_path, "run_dir=" .. root .. "/rl", "steps=" .. opts.steps, "sim=llm",
   "sim_cfg.base_url=" .. srv.base_url, "judge.base_url=" .. srv.base_url, "eval.before=false", "eval.after=false",
-  "save_every=0", "sample_every=1" }
+  "save_every=0", "sample_every=1", "judge.cache=" .. tostring(opts.cache) }
 local cfg = config.parse(rl.defaults, args)
 local ok, err = pcall(rl.main, cfg)
 srv.stop()
@@ -90,13 +92,13 @@ local tab, tot = {}, { 0, 0, 0, 0, 0 }
 for _, role in ipairs(names) do
   local t = roles[role]
   tab[#tab + 1] = { role, t.calls, t.prompt_tokens, t.cached_tokens, t.completion_tokens, ("$%.4f"):format(t.usd),
-    ("%.0f"):format(t.prompt_tokens / t.calls) }
-  for i, f in ipairs({ "calls", "prompt_tokens", "cached_tokens", "completion_tokens", "usd" }) do tot[i] = tot[i] + t[f] end
+    ("%.0f"):format(t.prompt_tokens / math.max(1, t.calls - (t.cache_hits or 0))) }
+  for i, f in ipairs({ "calls", "prompt_tokens", "cached_tokens", "completion_tokens", "usd", "cache_hits" }) do tot[i] = (tot[i] or 0) + t[f] end
 end
-tab[#tab + 1] = { "total", tot[1], tot[2], tot[3], tot[4], ("$%.4f"):format(tot[5]), ("%.0f"):format(tot[2] / tot[1]) }
+tab[#tab + 1] = { "total", tot[1], tot[2], tot[3], tot[4], ("$%.4f"):format(tot[5]), ("%.0f"):format(tot[2] / math.max(1, tot[1] - tot[6])) }
 print(("\nmeasured: %d step(s) of collabllm_rl at verl's defaults (means per step), gpt-4o-mini prices of %s"):format(#rows_out,
   require("clrt.api.prices").READ_ON))
-io.write(clrt.log.format_table({ "role", "calls", "prompt tok", "cached", "completion tok", "dollars", "prompt tok/call" }, tab))
+io.write(clrt.log.format_table({ "role", "calls", "prompt tok", "cached", "completion tok", "dollars", "prompt tok/sent call" }, tab))
 local r1 = rows_out[1]
 print(("reply cache hits %s, misses %s per step"):format(r1["api/cache_hits"], r1["api/cache_misses"]))
 
@@ -113,6 +115,14 @@ local fake_replies = { assistant_turn = measured_turn, user_message = 12, user_r
 local check = require("clrt.api.estimate").run(cfg, "rl", { assume = fake_replies })
 print("\nestimate=true at its stated reply lengths (a real policy's turns):")
 local real = require("clrt.api.estimate").run(cfg, "rl")
+print("\nprompt tokens per request, measured vs estimated with the measured turn length:")
+for _, role in ipairs(names) do
+  local t, e = roles[role], check.step_roles[role]
+  if e then
+    print(("  %-20s %6.0f  %6.0f  (%+.0f%%)"):format(role, t.prompt_tokens / math.max(1, t.calls - (t.cache_hits or 0)),
+      e.prompt_tokens / e.calls, 100 * ((e.prompt_tokens / e.calls) / (t.prompt_tokens / math.max(1, t.calls - (t.cache_hits or 0))) - 1)))
+  end
+end
 print(("\nsummary: measured $%.4f/step (%d calls); estimate with the measured turns $%.4f/step; "
   .. "estimate with %d-token policy turns $%.4f/step, $%.2f for %d steps"):format(tot[5], tot[1], check.step_usd,
   require("clrt.api.estimate").ASSUME.assistant_turn, real.step_usd, real.run_usd, real.steps))

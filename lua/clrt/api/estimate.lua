@@ -16,7 +16,7 @@ local json = require("clrt.json")
 local prices = require("clrt.api.prices")
 local M = {}
 
-M.SAMPLE_ROWS = 8
+M.SAMPLE_ROWS = 16
 M.CHARS_PER_TOKEN = 4
 -- tokens of: a policy turn (capped by rollout.max_new_tokens), a simulated user's message
 -- inside the conversation, and the replies of the user (its JSON), a judge and an extractor
@@ -88,9 +88,18 @@ local function per_future(cfg, samples, turns, A)
   end
   local metrics = require("clrt.train.reward").load_metrics(weights)
   local k = math.min(M.SAMPLE_ROWS, #samples)
+  -- a seeded random choice (rows evenly spaced would see one kind only in a file that cycles
+  -- through its sets)
+  local order = {}
+  for i = 1, #samples do order[i] = i end
+  local rng = require("clrt.data").rng.new(cfg.seed or 1)
+  for i = 1, k do
+    local j = i + rng:next32() % (#samples - i + 1)
+    order[i], order[j] = order[j], order[i]
+  end
   local roles = {}
   for i = 1, k do
-    local s = samples[math.floor((i - 1) * #samples / k) + 1]
+    local s = samples[order[i]]
     for _, r in ipairs(future_requests(s, cfg, user, ctx, metrics, turns, log, A)) do
       local t = roles[r.role] or { calls = 0, prompt_tokens = 0, completion_tokens = 0 }
       roles[r.role] = t

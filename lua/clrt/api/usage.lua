@@ -93,7 +93,7 @@ end
 -- A step's sums as metrics.jsonl fields: api/usd, api/usd_total, api/prompt_tokens,
 -- api/cached_tokens, api/completion_tokens, api/tokens_total (the run's), api/calls,
 -- api/cache_hits, api/cache_misses, api/rate_wait_s, and per role api/<role>/{usd,
--- prompt_tokens, cached_tokens, completion_tokens, calls}.
+-- prompt_tokens, cached_tokens, completion_tokens, calls, cache_hits}.
 function Ledger:row(s, row)
   local a, tot = s.all, self.total.all
   row["api/usd"], row["api/usd_total"] = a.usd, tot.usd
@@ -105,7 +105,7 @@ function Ledger:row(s, row)
   if a.unpriced_calls > 0 then row["api/unpriced_calls"] = a.unpriced_calls end
   for role, t in pairs(s.roles) do
     local p = "api/" .. role .. "/"
-    row[p .. "usd"], row[p .. "calls"] = t.usd, t.calls
+    row[p .. "usd"], row[p .. "calls"], row[p .. "cache_hits"] = t.usd, t.calls, t.cache_hits
     row[p .. "prompt_tokens"], row[p .. "cached_tokens"], row[p .. "completion_tokens"] = t.prompt_tokens, t.cached_tokens,
       t.completion_tokens
   end
