@@ -31,7 +31,8 @@
 -- key: clrt.api.rate_limit; rate_window, 60 s, is shortened only by tests), cache (a
 -- clrt.api.reply_cache: replies to deterministic requests, temperature 0, are stored and
 -- reused; cache_all = true or a call's opts.cache = true stores every reply, opts.cache =
--- false none). Identical cacheable requests in flight at once are sent once.
+-- false none, opts.cache = "refresh" asks anew and replaces the stored reply: a parse retry's,
+-- since the stored one was unusable). Identical cacheable requests in flight at once are sent once.
 --
 -- Records: every call appends {model, base_url, role, ok, attempts, retries, status, latency,
 -- prompt_tokens, completion_tokens, total_tokens, cached_tokens, cost_usd (nil: no price),
@@ -283,9 +284,10 @@ function Client:chat(messages, opts)
 
   -- a deterministic request (temperature 0) or one asked to be cached: the stored reply, if any
   local ck
-  if self.cache and opts.cache ~= false and (opts.cache == true or self.cache_all or body.temperature == 0) then
+  if self.cache and opts.cache ~= false
+      and (opts.cache == true or opts.cache == "refresh" or self.cache_all or body.temperature == 0) then
     ck = self.cache:key(self.base_url, body.model, body)
-    local text = self.cache:get(ck) or wait_inflight(self, ck)
+    local text = opts.cache ~= "refresh" and (self.cache:get(ck) or wait_inflight(self, ck))
     local res = text and parse_completion(text)
     if res then
       rec.ok, rec.cache, rec.latency, rec.cost_usd = true, "hit", http.now() - t0, 0

@@ -241,6 +241,20 @@ T.case("the reply cache: repeats cost nothing; the key holds base URL, model and
   srv.stop(); other.stop()
 end)
 
+T.case("a parse retry is asked anew, never answered with the cached unusable reply", function()
+  rate_limit.reset()
+  local srv = server({})
+  local c = llm.client { base_url = srv.base_url, model = "gpt-4o-mini", cache = reply_cache.open(root .. "/cache2"),
+    defaults = { temperature = 0 } }
+  -- the endpoint echoes: a JSON object without the key the caller needs
+  local ok, err = pcall(require("clrt.llm_reply").ask_json, c, user('{"thought": "x"}'), {},
+    function(o) return o.score end, { parse_retries = 1, extract_json = llm.extract_json, what = "judge" })
+  T.ok(not ok and tostring(err):find("no usable reply after 2 attempts", 1, true), tostring(err))
+  T.eq(#srv.records(), 2, "the retry reached the endpoint")
+  llm.drain_records()
+  srv.stop()
+end)
+
 T.case("budget: stop when one more step at the last step's rate would pass max_usd", function()
   local budget = require("clrt.api.budget")
   T.eq(budget.exceeded(nil, 100, 100), nil)
