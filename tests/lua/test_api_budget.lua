@@ -85,6 +85,10 @@ T.case("estimate=true prints the expected calls and trains nothing", function()
   local de = require("recipes.collabllm_eval").main(config.parse(ev.defaults, { "model=" .. policy, "data=" .. data_path,
     "sim=llm", "sim_cfg.base_url=" .. srv.base_url, "judge.base_url=" .. srv.base_url, "estimate=true" }))
   T.near(de.step_roles.user.calls, 6 * 2, 1e-9, "six conversations, max_user_turns 2 each")
+  local dpo = require("recipes.collabllm_dpo")
+  local online = dpo.main(config.parse(dpo.defaults, rl_args({ "online=true", "estimate=true" })))
+  T.near(online.step_usd, e.step_usd, 1e-12, "online DPO samples and scores as RL does")
+  T.eq(dpo.main(config.parse(dpo.defaults, rl_args({ "estimate=true" }))).step.calls, 0, "offline DPO on stored pairs calls nothing")
 end)
 
 T.case("budget.max_usd stops after a step, resumably; totals equal the endpoint's records", function()
