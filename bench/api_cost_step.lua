@@ -112,9 +112,9 @@ end
 local measured_turn = math.max(1, math.floor(chars / math.max(1, turns) / 4 + 0.5))
 print(("\nestimate=true with the measured policy turn (%d tokens) and the endpoint's reply sizes:"):format(measured_turn))
 local fake_replies = { assistant_turn = measured_turn, user_message = 12, user_reply = 30, judge_reply = 20 }
-local check = require("clrt.api.estimate").run(cfg, "rl", { assume = fake_replies })
+local check = require("clrt.train.estimate").run(cfg, "rl", { assume = fake_replies })
 print("\nestimate=true at its stated reply lengths (a real policy's turns):")
-local real = require("clrt.api.estimate").run(cfg, "rl")
+local real = require("clrt.train.estimate").run(cfg, "rl")
 print("\nprompt tokens per request, measured vs estimated with the measured turn length:")
 for _, role in ipairs(names) do
   local t, e = roles[role], check.step_roles[role]
@@ -125,5 +125,5 @@ for _, role in ipairs(names) do
 end
 print(("\nsummary: measured $%.4f/step (%d calls); estimate with the measured turns $%.4f/step; "
   .. "estimate with %d-token policy turns $%.4f/step, $%.2f for %d steps"):format(tot[5], tot[1], check.step_usd,
-  require("clrt.api.estimate").ASSUME.assistant_turn, real.step_usd, real.run_usd, real.steps))
+  require("clrt.train.estimate").ASSUME.assistant_turn, real.step_usd, real.run_usd, real.steps))
 files.remove_tree(root)

@@ -167,7 +167,7 @@ end
 
 function M.main(cfg)
   M.check_config(cfg)
-  if cfg.estimate then return require("clrt.api.estimate").run(cfg, "dpo") end
+  if cfg.estimate then return require("clrt.train.estimate").run(cfg, "dpo") end
   local run = require("clrt.run")
   local run_dir = cfg.resume or run.new_dir(cfg, "collabllm_dpo")
   cfg.run_dir = run_dir
@@ -275,7 +275,7 @@ function M.run(cfg, run_dir)
   local first_step = resume_state and resume_state.step + 1 or 1
   local last_step = math.min(cfg.steps, cfg.stop_after or cfg.steps)
   local failed_steps = resume_state and resume_state.failed_steps or 0
-  local budget, SCRIPT = require("clrt.api.budget"), "recipes/collabllm_dpo.lua"
+  local budget, SCRIPT = require("clrt.train.budget"), "recipes/collabllm_dpo.lua"
   budget.check_start(cfg, ctx, SCRIPT, run_dir, "collabllm_dpo")
   for step = first_step, last_step do
     clrt.check_interrupt()

@@ -34,7 +34,7 @@ function M.world_config()
 end
 
 function M.main(cfg)
-  if cfg.estimate then return require("clrt.api.estimate").run(cfg, "eval") end
+  if cfg.estimate then return require("clrt.train.estimate").run(cfg, "eval") end
   if not cfg.model then error("collabllm_eval: model= is required (a Hugging Face model folder)", 0) end
   -- the judges' reply cache: beside eval.json unless judge.cache_dir names one (a training
   -- run's RUN_DIR/llm_cache: the same conversations are then not judged again)

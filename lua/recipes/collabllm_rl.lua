@@ -154,7 +154,7 @@ M.FIXED_ON_RESUME = { "model", "adapter", "seed", "data", "prompts_per_step", "r
 
 function M.main(cfg)
   M.check_config(cfg)
-  if cfg.estimate then return require("clrt.api.estimate").run(cfg, "rl") end
+  if cfg.estimate then return require("clrt.train.estimate").run(cfg, "rl") end
   local run_dir = cfg.resume or run.new_dir(cfg, "collabllm_rl")
   if cfg.resume and cfg.run_dir ~= cfg.resume then
     error("collabllm_rl: resume= needs the run's config: pass the command line through parse_args", 0)
@@ -202,7 +202,7 @@ function M.run(cfg, run_dir)
   local first_step = resume_state and resume_state.step + 1 or 1
   local last_step = math.min(cfg.steps, cfg.stop_after or cfg.steps)
   local failed_steps = resume_state and resume_state.failed_steps or 0
-  local budget = require("clrt.api.budget")
+  local budget = require("clrt.train.budget")
   budget.check_start(cfg, ctx, SCRIPT, run_dir, "collabllm_rl")
   for step = first_step, last_step do
     clrt.check_interrupt()

@@ -256,7 +256,7 @@ T.case("a parse retry is asked anew, never answered with the cached unusable rep
 end)
 
 T.case("budget: stop when one more step at the last step's rate would pass max_usd", function()
-  local budget = require("clrt.api.budget")
+  local budget = require("clrt.train.budget")
   T.eq(budget.exceeded(nil, 100, 100), nil)
   T.eq(budget.exceeded(1, 0.5, 0.4), nil)
   local why = budget.exceeded(1, 0.7, 0.4)

@@ -2,7 +2,7 @@
 -- (lua/metrics/*.lua: compute(conversation, sample, ctx)) and simulated user
 -- (lua/interactions/*.lua: respond(conversation, sample, ctx)) receives.
 --   local ctx, user = clrt.train.context{config = cfg, tokenizer = tok}
--- (clients = {user =, judge =} replaces the HTTP clients: clrt.api.estimate's recorders)
+-- (clients = {user =, judge =} replaces the HTTP clients: clrt.train.estimate's recorders)
 -- config is an RL config (collabllm_rl.lua's defaults: sim, sim_cfg, judge, reward); user is
 -- the simulated-user plug-in that config.sim names. Fields of ctx:
 --   tokenizer          the policy's tokenizer (token_amount counts with it)

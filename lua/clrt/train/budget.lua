@@ -1,4 +1,4 @@
--- clrt.api.budget — budget.max_usd: whether a run may start another step.
+-- clrt.train.budget — budget.max_usd: whether a run may start another step.
 --   local why = budget.exceeded(max_usd, spent_usd, last_step_usd)   -- nil: go on
 -- The next step is expected to cost what the last one did, so a run stops once its total
 -- would pass the limit with one more step (or already has): it never starts a step it cannot

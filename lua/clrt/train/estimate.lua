@@ -1,4 +1,4 @@
--- clrt.api.estimate — estimate=true: the calls, tokens and dollars a run will spend on its
+-- clrt.train.estimate — estimate=true: the calls, tokens and dollars a run will spend on its
 -- simulated user, judges and extractor, printed before anything loads or trains.
 --   local e = estimate.run(cfg, "rl" | "dpo" | "eval")   -- prints; returns the numbers
 --   estimate.run(cfg, kind, {assume = {assistant_turn = 120}})   -- other reply lengths (bench/)
@@ -22,7 +22,7 @@ M.CHARS_PER_TOKEN = 4
 -- inside the conversation, and the replies of the user (its JSON), a judge and an extractor
 M.ASSUME = { assistant_turn = 300, user_message = 40, user_reply = 120, judge_reply = 150, extractor_extra = 40 }
 
-local CAPTURED = setmetatable({}, { __tostring = function() return "clrt.api.estimate: request recorded" end })
+local CAPTURED = setmetatable({}, { __tostring = function() return "clrt.train.estimate: request recorded" end })
 
 local function tokens_of(text) return math.ceil(#text / M.CHARS_PER_TOKEN) end
 
