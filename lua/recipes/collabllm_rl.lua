@@ -146,6 +146,9 @@ for _, r in ipairs(train.context.client_rules("judge")) do M.rules[#M.rules + 1]
 function M.check_config(cfg)
   config.check(cfg, M.rules, "collabllm_rl")
   reward.check_config(cfg.reward, "collabllm_rl")
+  for _, k in ipairs({ "sim_cfg", "judge" }) do
+    if cfg[k].price ~= nil then require("clrt.api.prices").check(cfg[k].price, "collabllm_rl: " .. k .. ".price") end
+  end
 end
 
 -- Settings a resumed run may not change: they define what the run's steps mean.
