@@ -24,13 +24,24 @@
 -- backoff (first wait, 0.5 s; doubles, times a jitter in [0.5, 1]), max_backoff (30 s),
 -- max_retry_after (cap on a server's Retry-After, 300 s), headers (extra, {Name = value}),
 -- ca_file (a PEM bundle to trust instead of the system's CAs; verification is always on).
+-- Spend (docs/api_cost.md): role (what the calls are for, "user" or "judge"; a call's
+-- opts.role wins, e.g. "judge/accuracy"), price ({input, cached_input, output} dollars per
+-- million tokens; default clrt.api.prices' table for the model, none for an unknown model),
+-- rpm / tpm (requests and tokens per minute, shared by every client of the same base URL and
+-- key: clrt.api.rate_limit; rate_window, 60 s, is shortened only by tests), cache (a
+-- clrt.api.reply_cache: replies to deterministic requests, temperature 0, are stored and
+-- reused; cache_all = true or a call's opts.cache = true stores every reply, opts.cache =
+-- false none, opts.cache = "refresh" asks anew and replaces the stored reply: a parse retry's,
+-- since the stored one was unusable). Identical cacheable requests in flight at once are sent once.
 --
--- Records: every call appends {model, base_url, ok, attempts, retries, status, latency,
--- prompt_tokens, completion_tokens, total_tokens, outcomes (one line per failed attempt),
--- error} to c.records and to clrt.llm.records(); c:stats() and clrt.llm.stats() sum them up,
+-- Records: every call appends {model, base_url, role, ok, attempts, retries, status, latency,
+-- prompt_tokens, completion_tokens, total_tokens, cached_tokens, cost_usd (nil: no price),
+-- unpriced, cache ("hit" / "miss" when cacheable), rate_wait_s, outcomes (one line per failed
+-- attempt), error} to c.records and to clrt.llm.records(); c:stats() and clrt.llm.stats() sum them up,
 -- clrt.llm.drain_records() hands them to a run's log and starts afresh.
 local http = require("clrt.net.http")
 local sched = require("clrt.sched")
+local prices, rate_limit   -- clrt.api.prices / rate_limit, loaded with the first client
 local cjson = require("cjson").new()
 
 local M = {}
@@ -50,9 +61,11 @@ end
 local CONFIG_KEYS = {
   base_url = true, model = true, api_key_env = true, timeout = true, max_retries = true,
   max_concurrency = true, defaults = true, backoff = true, max_backoff = true, max_retry_after = true,
-  headers = true, ca_file = true,
+  headers = true, ca_file = true, role = true, price = true, rpm = true, tpm = true, rate_window = true, cache = true,
+  cache_all = true,
 }
-local CALL_KEYS = { timeout = true, max_retries = true }
+local CALL_KEYS = { timeout = true, max_retries = true, role = true, cache = true }
+local inflight = {}   -- cache key hash -> tasks waiting for the same request's reply
 local RETRY_STATUS = { [429] = true, [500] = true, [502] = true, [503] = true, [504] = true }
 
 local function sorted_keys(t)
@@ -88,6 +101,13 @@ function M.client(cfg)
   end
   local max_conc = cfg.max_concurrency or 32
   if type(max_conc) ~= "number" or max_conc < 1 then error("clrt.llm.client: max_concurrency must be >= 1", 2) end
+  for _, k in ipairs({ "rpm", "tpm", "rate_window" }) do
+    if cfg[k] ~= nil and (type(cfg[k]) ~= "number" or cfg[k] <= 0) then
+      error(("clrt.llm.client: %s must be a number > 0, got %s"):format(k, tostring(cfg[k])), 2)
+    end
+  end
+  prices = prices or require("clrt.api.prices")
+  rate_limit = rate_limit or require("clrt.api.rate_limit")
   local c = setmetatable({
     base_url = cfg.base_url:gsub("/+$", ""),
     model = cfg.model,
@@ -101,7 +121,13 @@ function M.client(cfg)
     ca_file = cfg.ca_file,                  -- trust this PEM bundle instead of the system's CAs
     records = {},
     slots = sched.semaphore(max_conc),
+    role = cfg.role,
+    price = prices.lookup(cfg.model, cfg.price),
+    cache = cfg.cache or nil,
+    cache_all = cfg.cache_all,
   }, Client)
+  -- one limiter per endpoint and credential: clients that share both share the provider's limits
+  c.limiter = rate_limit.shared(c.base_url .. "\0" .. (key or ""), { rpm = cfg.rpm, tpm = cfg.tpm, window = cfg.rate_window })
   c.url = c.base_url .. "/chat/completions"
   local headers = { "Content-Type: application/json", "Accept: application/json" }
   for k, v in pairs(cfg.headers or {}) do headers[#headers + 1] = k .. ": " .. v end
@@ -171,6 +197,9 @@ local function parse_completion(body)
   local usage = {}
   if type(obj.usage) == "table" then
     for k, v in pairs(obj.usage) do if type(v) == "number" then usage[k] = v end end
+    -- OpenAI reports the prompt tokens served from its prompt cache here (billed lower)
+    local details = obj.usage.prompt_tokens_details
+    if type(details) == "table" and type(details.cached_tokens) == "number" then usage.cached_tokens = details.cached_tokens end
   end
   return {
     content = content or "",
@@ -200,6 +229,40 @@ local function add_record(c, rec)
   all_records[#all_records + 1] = rec
 end
 
+-- What the provider counts against a tokens-per-minute limit before a reply exists: the
+-- request's size at about four bytes a token plus the reply it may take (OpenAI's rule).
+local function token_estimate(json, body)
+  local reply = body.max_completion_tokens or body.max_tokens
+  return math.ceil(#json / 4) + (type(reply) == "number" and reply or 0)
+end
+
+local function record_usage(c, rec, usage)
+  rec.prompt_tokens = usage.prompt_tokens
+  rec.completion_tokens = usage.completion_tokens
+  rec.total_tokens = usage.total_tokens
+  rec.cached_tokens = usage.cached_tokens
+  if c.price then rec.cost_usd = prices.cost(c.price, usage) else rec.unpriced = true end
+end
+
+-- A reply another call in flight is fetching for the same key: wait for it, then read the
+-- cache again (nil when that call failed: this one then asks itself).
+local function wait_inflight(c, ck)
+  local task = sched.current()
+  local waiters = inflight[ck.hash]
+  if not task or not waiters then return nil end
+  waiters[#waiters + 1] = task
+  sched.suspend(function()
+    for i, w in ipairs(waiters) do if w == task then table.remove(waiters, i) break end end
+  end)
+  return c.cache:get(ck)
+end
+
+local function release_inflight(ck)
+  local waiters = inflight[ck.hash]
+  inflight[ck.hash] = nil
+  for _, t in ipairs(waiters or {}) do sched.wake(t) end
+end
+
 function Client:chat(messages, opts)
   check_messages(messages)
   opts = opts or {}
@@ -215,15 +278,45 @@ function Client:chat(messages, opts)
                 ca_file = self.ca_file }
   local t0 = http.now()
   local outcomes = {}
-  local rec = { model = body.model, base_url = self.base_url, attempts = 0, retries = 0, ok = false }
+  local rec = { model = body.model, base_url = self.base_url, role = opts.role or self.role, attempts = 0, retries = 0,
+                ok = false, rate_wait_s = 0 }
   local slots = self.slots
 
+  -- a deterministic request (temperature 0) or one asked to be cached: the stored reply, if any
+  local ck
+  if self.cache and opts.cache ~= false
+      and (opts.cache == true or opts.cache == "refresh" or self.cache_all or body.temperature == 0) then
+    ck = self.cache:key(self.base_url, body.model, body)
+    local text = opts.cache ~= "refresh" and (self.cache:get(ck) or wait_inflight(self, ck))
+    local res = text and parse_completion(text)
+    if res then
+      rec.ok, rec.cache, rec.latency, rec.cost_usd = true, "hit", http.now() - t0, 0
+      add_record(self, rec)
+      return res
+    end
+    rec.cache = "miss"
+    if inflight[ck.hash] then ck = nil else inflight[ck.hash] = {} end   -- (the leader failed: ask, don't lead)
+  end
+  local function finish_inflight() if ck then release_inflight(ck) end end
+
+  local estimate = token_estimate(json, body)
   for attempt = 1, max_retries + 1 do
     slots.acquire()
+    local ok_rl, ticket, waited = pcall(self.limiter.acquire, self.limiter, estimate)
+    if not ok_rl then
+      slots.release()
+      finish_inflight()
+      error(("clrt.llm: %s at %s: %s"):format(body.model, self.url, tostring(ticket)), 2)
+    end
+    rec.rate_wait_s = rec.rate_wait_s + waited
     local released = false
-    local r = http.request(req, function() if not released then released = true; slots.release() end end)
+    local r = http.request(req, function()
+      if not released then released = true; slots.release(); self.limiter:settle(ticket); finish_inflight() end
+    end)
     released = true
     slots.release()
+    self.limiter:observe(r)
+    self.limiter:settle(ticket)   -- answered now (its tokens corrected below when usage came)
     rec.attempts = attempt
     rec.retries = attempt - 1
     rec.status = r.status
@@ -235,10 +328,14 @@ function Client:chat(messages, opts)
       if res then
         rec.ok = true
         rec.latency = http.now() - t0
-        rec.prompt_tokens = res.usage.prompt_tokens
-        rec.completion_tokens = res.usage.completion_tokens
-        rec.total_tokens = res.usage.total_tokens
+        record_usage(self, rec, res.usage)
+        self.limiter:settle(ticket, res.usage.total_tokens)
         if #outcomes > 0 then rec.outcomes = outcomes end
+        if ck then
+          local put_ok, err = pcall(self.cache.put, self.cache, ck, r.body)
+          if not put_ok then rec.cache_error = tostring(err) end
+          finish_inflight()
+        end
         add_record(self, rec)
         return res
       end
@@ -258,6 +355,7 @@ function Client:chat(messages, opts)
       rec.outcomes = outcomes
       rec.error = why
       add_record(self, rec)
+      finish_inflight()
       error(("clrt.llm: %s at %s: %s"):format(body.model, self.url, why), 2)
     end
     if attempt <= max_retries then
@@ -272,6 +370,7 @@ function Client:chat(messages, opts)
   rec.outcomes = outcomes
   rec.error = "gave up after " .. #outcomes .. " attempts"
   add_record(self, rec)
+  finish_inflight()
   error(("clrt.llm: %s at %s: gave up after %d attempts:\n%s"):format(body.model, self.url, #outcomes,
         table.concat(lines, "\n")), 2)
 end

@@ -60,7 +60,14 @@ function M.ask_json(client, messages, request_opts, validate, opts)
   local last
   for attempt = 1, retries + 1 do
     count(opts, "attempts")
-    local ok, reply = pcall(client.chat, client, messages, request_opts)
+    local o = request_opts
+    if attempt > 1 and type(request_opts) == "table" then
+      -- the same request again: a reply cache (clrt.llm) must not hand back the unusable one
+      o = {}
+      for k, v in pairs(request_opts) do o[k] = v end
+      o.cache = "refresh"
+    end
+    local ok, reply = pcall(client.chat, client, messages, o)
     if not ok then
       count(opts, "failures")
       error(("%s: the request failed: %s"):format(what, tostring(reply)), 0)

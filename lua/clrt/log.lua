@@ -243,6 +243,11 @@ function L:progress_line(step, row)
   for _, k in ipairs(keys) do
     if row[k] ~= nil then parts[#parts + 1] = ("%s %s"):format(k, fmt(row[k])) end
   end
+  -- the API's bill (clrt.api.usage): this step's dollars and tokens, and the run's dollars
+  if type(row["api/usd"]) == "number" then
+    local tokens = (row["api/prompt_tokens"] or 0) + (row["api/completion_tokens"] or 0)
+    parts[#parts + 1] = ("api $%.4f %s tok (run $%.4f)"):format(row["api/usd"], fmt(tokens), row["api/usd_total"] or 0)
+  end
   local el = self:elapsed()
   local per = el / math.max(1, self.steps_timed)
   parts[#parts + 1] = ("%.2fs/step"):format(per)

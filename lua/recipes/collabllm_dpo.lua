@@ -234,6 +234,7 @@ end
 
 function M.main(cfg)
   M.check_config(cfg)
+  if cfg.estimate then return require("clrt.train.estimate").run(cfg, "dpo") end
   local run = require("clrt.run")
   local run_dir = cfg.resume or run.new_dir(cfg, "collabllm_dpo")
   cfg.run_dir = run_dir
@@ -341,6 +342,8 @@ function M.run(cfg, run_dir)
   local first_step = resume_state and resume_state.step + 1 or 1
   local last_step = math.min(cfg.steps, cfg.stop_after or cfg.steps)
   local failed_steps = resume_state and resume_state.failed_steps or 0
+  local budget, SCRIPT = require("clrt.train.budget"), "recipes/collabllm_dpo.lua"
+  budget.check_start(cfg, ctx, SCRIPT, run_dir, "collabllm_dpo")
   for step = first_step, last_step do
     clrt.check_interrupt()
     local t0 = clrt.log.now()
@@ -403,9 +406,15 @@ function M.run(cfg, run_dir)
       if step == cfg.steps and cfg.eval.after then summary.val_after = v end
     end
     lg:log(step, row)
-    if cfg.save_every > 0 and (step % cfg.save_every == 0 or step == last_step) then
+    local over = budget.check_step(cfg, ctx)   -- past budget.max_usd with one more step: stop here, resumable
+    if over or (cfg.save_every > 0 and (step % cfg.save_every == 0 or step == last_step)) then
       train.checkpoint.save(run_dir, { step = step, model = m, tokenizer_dir = start_dir, optimizer = opt, base = start_dir,
         state = { failed_steps = failed_steps } })
+    end
+    if over then
+      summary.api = ctx.spend.total
+      save_summary()
+      budget.stop(over, cfg, ctx, SCRIPT, run_dir, "collabllm_dpo", lg)
     end
   end
 
@@ -414,7 +423,10 @@ function M.run(cfg, run_dir)
     lg:print("after DPO: " .. cjson.encode(summary.after))
   end
   lg:close()
-  if summary.before or summary.after or summary.val_after then
+  local rest = clrt.llm.drain_records()   -- the API spend (clrt.api.usage), the last validation's calls too
+  if #rest > 0 then ctx.spend:add(rest, true) end
+  if ctx.spend.total.all.calls > 0 then summary.api = ctx.spend.total end
+  if summary.before or summary.after or summary.val_after or summary.api then
     save_summary()
     if summary.before or summary.after then require("clrt.train.report").print_summary(summary, cfg, weights) end
   end

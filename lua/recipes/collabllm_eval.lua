@@ -47,6 +47,7 @@ M.defaults = {
   judge = R.judge,
   chat = R.chat,
   rollout = R.rollout,
+  estimate = false,                           -- true: print the expected calls, tokens and dollars, and exit
 }
 
 -- The built-in world's settings for this recipe.
@@ -112,7 +113,11 @@ function M.main_paper(cfg)
 end
 
 function M.main(cfg)
+  if cfg.estimate then return require("clrt.train.estimate").run(cfg, "eval") end
   if not cfg.model then error("collabllm_eval: model= is required (a Hugging Face model folder)", 0) end
+  -- the judges' reply cache: beside eval.json unless judge.cache_dir names one (a training
+  -- run's RUN_DIR/llm_cache: the same conversations are then not judged again)
+  cfg.judge.cache_dir = cfg.judge.cache_dir or ((cfg.out or cfg.model) .. "/llm_cache")
   if cfg.protocol == "paper" then return M.main_paper(cfg) end
   if cfg.protocol ~= "prefix" then
     error(("collabllm_eval: protocol must be paper or prefix, got %s"):format(tostring(cfg.protocol)), 0)
@@ -138,6 +143,8 @@ function M.main(cfg)
   local report = { model = cfg.model, conversations = rep.conversations, dropped = rep.dropped, invalid = rep.invalid,
     failed = rep.failed, first_reply_ask_rate = rep.first_reply_ask_rate,
     tokens_per_conversation = rep.tokens_per_conversation, metrics = rep.metrics }
+  local spend = ctx.spend:add(clrt.llm.drain_records())
+  if spend.all.calls > 0 then report.api = spend end
   if not cfg.data then
     local finished = {}
     for _, r in ipairs(results) do if r.conversation then finished[#finished + 1] = r end end
@@ -155,6 +162,7 @@ function M.main(cfg)
     end
   end
   print(("conversations %d, dropped %d, invalid first replies %d"):format(rep.conversations, rep.dropped, rep.invalid))
+  if report.api then print(require("clrt.api.usage").line(report.api)) end
   local path = (cfg.out or cfg.model) .. "/eval.json"
   require("clrt.data").write_atomic(path, require("clrt.json").encode(report) .. "\n")
   print("wrote " .. path)

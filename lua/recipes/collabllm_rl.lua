@@ -65,7 +65,12 @@ M.defaults = {
     timeout = 120, max_retries = 5, backoff = 0.5, max_backoff = 30, max_concurrency = 64, -- verl: num_retries 3 = 3 attempts in all, transport and parse (collabllm_interaction_config.yaml)
     parse_retries = 1, response_format = true, max_chars = 1500,
     prompt_file = config.optional("string"),     -- nil: lua/prompts/collabllm_user.txt (its header: placeholders)
-    terminate_marker = "[[TERMINATE CHAT]]" },   -- the text with which the user ends the chat
+    terminate_marker = "[[TERMINATE CHAT]]",   -- the text with which the user ends the chat
+    -- spend (docs/api_cost.md): requests / tokens per minute (one limit per base URL + key),
+    -- {input, cached_input, output} $ per million tokens (nil: clrt.api.prices' table),
+    -- cache=true caches the user's replies too (they are sampled: futures would repeat)
+    rpm = config.optional("number"), tpm = config.optional("number"), price = config.optional("table"),
+    cache = config.optional("boolean") },
   -- judge.top_p=null leaves top_p out of the request (for APIs that refuse it beside a
   -- temperature); max_chars bounds the judge's "thought" only, never an extracted document,
   -- whose reply may take extract_max_tokens (servers refuse a prompt + max_tokens over the
@@ -73,7 +78,13 @@ M.defaults = {
   judge = { base_url = OPENAI, model = "gpt-4o-mini", api_key_env = config.optional("string"), -- verl llm_judge_kwargs
     temperature = 0, max_tokens = 2048, top_p = 1, extract_max_tokens = 4096,   -- verl: temperature 0, max_tokens 2048 (train_rl_collabllm.sh)
     timeout = 120, max_retries = 5, backoff = 0.5, max_backoff = 30, max_concurrency = 64,
-    parse_retries = 1, response_format = true, max_chars = 1500 },
+    parse_retries = 1, response_format = true, max_chars = 1500,
+    rpm = config.optional("number"), tpm = config.optional("number"), price = config.optional("table"),
+    -- replies to temperature-0 requests are kept in cache_dir (nil: RUN_DIR/llm_cache; a
+    -- shared folder serves several runs and evaluations); cache=false: none, true: every reply
+    cache = config.optional("boolean"), cache_dir = config.optional("string") },
+  budget = { max_usd = config.optional("number") },  -- stop (resumable) before the API spend passes this
+  estimate = false,                         -- true: print the expected calls, tokens and dollars, and exit
   -- metric_options: per-metric options, ctx.metric_options[name] (see each lua/metrics file):
   -- reward.metric_options.bleu_score.level=word, or the whole table as JSON:
   -- 'reward.metric_options={"pass_rate":{"timeout":60}}'.
@@ -151,7 +162,7 @@ M.rules = {
   { "train.vf_coef", "nonneg" }, { "train.cliprange_value", "rate" }, { "train.kl_penalty_coef", "nonneg" },
   { "train.kl_target", "nonneg" }, { "train.kl_horizon", "count" }, { "train.ppo_epochs", "count" },
   { "eval.every", "count0" }, { "eval.prompts", "count" }, { "eval.seed", "count0" }, { "eval.temperature", "nonneg" },
-  { "judge.extract_max_tokens", "count" }, { "dist.check_every", "count0" },
+  { "judge.extract_max_tokens", "count" }, { "dist.check_every", "count0" }, { "budget.max_usd", "nonneg" },
 }
 for _, r in ipairs(train.context.client_rules("sim_cfg")) do M.rules[#M.rules + 1] = r end
 for _, r in ipairs(train.context.client_rules("judge")) do M.rules[#M.rules + 1] = r end
@@ -160,6 +171,9 @@ for _, r in ipairs(train.context.client_rules("judge")) do M.rules[#M.rules + 1]
 function M.check_config(cfg)
   config.check(cfg, M.rules, "collabllm_rl")
   reward.check_config(cfg.reward, "collabllm_rl")
+  for _, k in ipairs({ "sim_cfg", "judge" }) do
+    if cfg[k].price ~= nil then require("clrt.api.prices").check(cfg[k].price, "collabllm_rl: " .. k .. ".price") end
+  end
 end
 
 -- Settings a resumed run may not change: they define what the run's steps mean.
@@ -168,6 +182,7 @@ M.FIXED_ON_RESUME = { "model", "adapter", "seed", "data", "prompts_per_step", "r
 
 function M.main(cfg)
   M.check_config(cfg)
+  if cfg.estimate then return require("clrt.train.estimate").run(cfg, "rl") end
   local run_dir = cfg.resume or run.new_dir(cfg, "collabllm_rl")
   if cfg.resume and cfg.run_dir ~= cfg.resume then
     error("collabllm_rl: resume= needs the run's config: pass the command line through parse_args", 0)
@@ -218,6 +233,8 @@ function M.run(cfg, run_dir)
   local first_step = resume_state and resume_state.step + 1 or 1
   local last_step = math.min(cfg.steps, cfg.stop_after or cfg.steps)
   local failed_steps = resume_state and resume_state.failed_steps or 0
+  local budget = require("clrt.train.budget")
+  budget.check_start(cfg, ctx, SCRIPT, run_dir, "collabllm_rl")
   for step = first_step, last_step do
     clrt.check_interrupt()
     local t0 = clrt.log.now()
@@ -248,10 +265,12 @@ function M.run(cfg, run_dir)
     failed_steps = rollout.log_step(lg, cfg, step, row, entries, R, failed_steps)
     if lg:sample_due(step) then lg:samples(step, train.report.sample_items(entries, cfg.rollout.n)) end
     ev:at_step(step)
-    if cfg.save_every > 0 and (step % cfg.save_every == 0 or step == last_step) then
+    local over = budget.check_step(cfg, ctx)   -- past budget.max_usd with one more step: stop here, resumable
+    if over or (cfg.save_every > 0 and (step % cfg.save_every == 0 or step == last_step)) then
       train.checkpoint.save(run_dir, { step = step, model = m, tokenizer_dir = start_dir, optimizer = opt, base = start_dir,
         value_head = ppo and ppo.head, state = { failed_steps = failed_steps, kl_penalty_coef = ppo and ppo.kl_coef } })
     end
+    if over then budget.stop(over, cfg, ctx, SCRIPT, run_dir, "collabllm_rl", lg, ev) end
   end
 
   ev:after(last_step)

@@ -2,6 +2,7 @@
 -- (lua/metrics/*.lua: compute(conversation, sample, ctx)) and simulated user
 -- (lua/interactions/*.lua: respond(conversation, sample, ctx)) receives.
 --   local ctx, user = clrt.train.context{config = cfg, tokenizer = tok}
+-- (clients = {user =, judge =} replaces the HTTP clients: clrt.train.estimate's recorders)
 -- config is an RL config (collabllm_rl.lua's defaults: sim, sim_cfg, judge, reward); user is
 -- the simulated-user plug-in that config.sim names. Fields of ctx:
 --   tokenizer          the policy's tokenizer (token_amount counts with it)
@@ -24,6 +25,13 @@
 --                      judge_failures, user_calls, user_attempts, user_failures. Attempts per
 --                      score = judge_attempts / judge_calls; transport retries are in
 --                      clrt.llm's records. Read and reset by the caller (once per step).
+--   spend              (not for plug-ins) the run's clrt.api.usage ledger: tokens and dollars
+--                      per role, per step and in total (RUN_DIR/api_usage.json)
+-- Spend (docs/api_cost.md): each client carries its role ("user"; the judges' calls name
+-- their metric, "judge/<metric>", and extractions "extractor"), its price (sim_cfg.price /
+-- judge.price over clrt.api.prices), its rate limits (rpm, tpm) and the reply cache
+-- (judge.cache_dir, default RUN_DIR/llm_cache; temperature-0 requests, or every request of a
+-- role with cache=true; cache=false: none).
 -- Retries (DESIGN.md): transport in the HTTP client (max_retries, backoff, max_backoff);
 -- a reply that does not parse is asked again parse_retries times in clrt.llm_reply.
 local M = {}
@@ -34,14 +42,24 @@ function M.client_rules(prefix)
   return { { prefix .. ".timeout", "rate" }, { prefix .. ".max_retries", "count0" }, { prefix .. ".backoff", "nonneg" },
     { prefix .. ".max_backoff", "nonneg" }, { prefix .. ".max_concurrency", "count" }, { prefix .. ".parse_retries", "count0" },
     { prefix .. ".temperature", "nonneg" }, { prefix .. ".max_tokens", "count" }, { prefix .. ".top_p", "fraction" },
-    { prefix .. ".max_chars", "count" } }
+    { prefix .. ".max_chars", "count" }, { prefix .. ".rpm", "rate" }, { prefix .. ".tpm", "rate" } }
 end
 
-local function client(c)
+local function client(c, role, cache)
+  local ranks = require("clrt.dist").world_size()
+  -- one endpoint serves every data-parallel rank: each takes its part of the limits
+  local function share(v) return v and math.max(1, math.floor(v / ranks)) end
+  if c.price ~= nil then require("clrt.api.prices").check(c.price, role == "user" and "sim_cfg.price" or "judge.price") end
   return clrt.llm.client({ base_url = c.base_url, model = c.model, api_key_env = c.api_key_env,
     timeout = c.timeout, max_retries = c.max_retries, backoff = c.backoff, max_backoff = c.max_backoff,
-    -- one endpoint serves every data-parallel rank: each takes its part of the limit
-    max_concurrency = c.max_concurrency and math.max(1, math.floor(c.max_concurrency / require("clrt.dist").world_size())) })
+    max_concurrency = share(c.max_concurrency), rpm = share(c.rpm), tpm = share(c.tpm), role = role, price = c.price,
+    cache = c.cache ~= false and cache or nil, cache_all = c.cache == true })
+end
+
+-- The reply cache of a config: judge.cache_dir, else RUN_DIR/llm_cache, else none.
+local function reply_cache(cfg)
+  local dir = (cfg.judge or {}).cache_dir or (cfg.run_dir and cfg.run_dir .. "/llm_cache")
+  return dir and require("clrt.api.reply_cache").open(dir) or nil
 end
 
 function M.build(a)
@@ -51,11 +69,14 @@ function M.build(a)
     metric_options = (cfg.reward and cfg.reward.metric_options) or {}, counters = {} }
   local s, j = cfg.sim_cfg or {}, cfg.judge or {}
   ctx.terminate_marker = s.terminate_marker
+  local cache = reply_cache(cfg)
+  ctx.spend = require("clrt.api.usage").ledger{ path = cfg.run_dir and cfg.run_dir .. "/api_usage.json",
+    resume = cfg.resume ~= nil, warn = function(msg) io.stderr:write(msg, "\n") end }
   if cfg.sim == "scripted" then
     user = require("interactions.scripted_user")
   elseif cfg.sim == "llm" then
     user = require("interactions.collabllm_user")
-    ctx.user = client(s)
+    ctx.user = a.clients and a.clients.user or client(s, "user", cache)
     ctx.user_options = { temperature = s.temperature, max_tokens = s.max_tokens, top_p = s.top_p,
       parse_retries = s.parse_retries, response_format = s.response_format, max_chars = s.max_chars,
       prompt_file = s.prompt_file }
@@ -63,7 +84,7 @@ function M.build(a)
   else
     error(("collabllm_rl: sim must be 'scripted' or 'llm', got '%s'"):format(tostring(cfg.sim)), 0)
   end
-  if j.base_url then ctx.judge = client(j) end
+  if a.clients then ctx.judge = a.clients.judge elseif j.base_url then ctx.judge = client(j, "judge", cache) end
   ctx.judge_options = { temperature = j.temperature, max_tokens = j.max_tokens, top_p = j.top_p,
     extract_max_tokens = j.extract_max_tokens, parse_retries = j.parse_retries,
     response_format = j.response_format, max_chars = j.max_chars }

@@ -5,7 +5,7 @@
 --   local ev = evals.new{ run_dir =, cfg =, model =, tokenizer =, world =, user =, ctx =,
 --     metrics =, val_set =, can_eval =, log =, resume_state = }
 --   ev:before(); ev:at_step(step) (each step); ev:after(last_step); lg:close(); ev:finish()
---   ev.summary   {config =, before =, after =, val_before =, val_after =}
+--   ev.summary   {config =, before =, after =, val_before =, val_after =, api = (clrt.api.usage's total)}
 local files = require("clrt.files")
 local json = require("clrt.json")
 local rollout = require("clrt.train.rollout")
@@ -66,9 +66,17 @@ end
 -- summary.json and the before/after table on stdout, when there is anything to show.
 function M:finish()
   local s = self.summary
-  if s.before or s.after or s.val_before or s.val_after then
+  -- the run's API spend (clrt.api.usage), with the calls since the last step's row
+  local spend = self.ctx and self.ctx.spend
+  if spend then
+    local rest = clrt.llm.drain_records()
+    if #rest > 0 then spend:add(rest, true) end
+    if spend.total.all.calls > 0 then s.api = spend.total end
+  end
+  if s.before or s.after or s.val_before or s.val_after or s.api then
     self:save()
     require("clrt.train.report").print_summary(s, self.cfg, self.cfg.reward.metric_weights)
+    if s.api then print(require("clrt.api.usage").line(s.api)) end
   end
 end
 

@@ -11,6 +11,8 @@
 --   clrt.train.evals      a run's evaluations before/during/after training, summary.json
 --   clrt.train.report     a step's metrics row, sample items, the before/after table
 --   clrt.train.ppo        the PPO update over clrt.train.update (SFT's is clrt.sft)
+--   clrt.train.budget     budget.max_usd: stop a run before its API spend passes the limit
+--   clrt.train.estimate   estimate=true: the calls, tokens and dollars a run will spend
 return setmetatable({}, {
   __index = function(t, k)
     if type(k) ~= "string" or not k:match("^[%a_][%w_]*$") then return nil end

@@ -1,5 +1,5 @@
 -- clrt.train.report — what an RL step and run print and log: the metrics.jsonl row of a
--- step (reward, losses, timings, request counts) and the before/after table at the end.
+-- step (reward, losses, timings, request counts, API tokens and dollars) and the before/after table at the end.
 local M = {}
 
 -- The step's row. timing: generate_first_s, rollout_s; t0/t1/t2: step start, rollouts
@@ -46,6 +46,8 @@ function M.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
     row.http_calls, row.http_attempts, row.http_failed = #calls, attempts, failed
     row.http_latency_mean_s = lat / #calls
   end
+  -- tokens and dollars per role, the step's and the run's (clrt.api.usage)
+  if ctx.spend and (#calls > 0 or ctx.spend.total.all.calls > 0) then ctx.spend:row(ctx.spend:add(calls), row) end
   return row
 end
 

@@ -43,10 +43,11 @@ function M.schema(keys, max_chars)
   return { type = "object", properties = props, required = req, additionalProperties = false, propertyOrdering = order }
 end
 
--- The request options of a judge call: temperature, max_tokens, top_p and the schema.
-function M.request_options(ctx, name, keys, max_tokens)
+-- The request options of a judge call: temperature, max_tokens, top_p and the schema; role
+-- (not sent) names the call in the spend accounting: "judge/<name>" unless given.
+function M.request_options(ctx, name, keys, max_tokens, role)
   local opts = { temperature = judge_option(ctx, "temperature"), max_tokens = max_tokens or judge_option(ctx, "max_tokens"),
-    top_p = judge_option(ctx, "top_p") }
+    top_p = judge_option(ctx, "top_p"), role = role or ("judge/" .. name) }
   if judge_option(ctx, "response_format") then
     opts.response_format = { type = "json_schema",
       json_schema = { name = name, schema = M.schema(keys, judge_option(ctx, "max_chars")) } }
@@ -57,11 +58,11 @@ end
 -- Ask the judge for a reply holding every key in `keys` for which `check(obj)` returns a
 -- value (the metric's number). Returns value, obj. Raises with what was wrong when the
 -- reply is still unusable after parse_retries more requests, or the client raised.
--- max_tokens: this call's own (extraction), else judge_options.max_tokens.
-function M.ask(ctx, name, messages, keys, check, max_tokens)
+-- max_tokens: this call's own (extraction), else judge_options.max_tokens; role: see request_options.
+function M.ask(ctx, name, messages, keys, check, max_tokens, role)
   if not ctx or not ctx.judge then error(name .. ": no judge client in ctx.judge", 0) end
   if not ctx.extract_json then error(name .. ": no JSON parser in ctx.extract_json", 0) end
-  local value, obj = llm_reply.ask_json(ctx.judge, messages, M.request_options(ctx, name, keys, max_tokens),
+  local value, obj = llm_reply.ask_json(ctx.judge, messages, M.request_options(ctx, name, keys, max_tokens, role),
     function(o)
       for _, k in ipairs(keys) do
         if o[k] == nil then return nil, ("reply lacks key '%s'"):format(k) end
@@ -143,7 +144,7 @@ function M.final_completion(conversation, sample, ctx, name, kind, opts)
     local s = llm_reply.text(o.final_completion)
     if s == nil then return nil, "final_completion is not text" end
     return s
-  end, mopts.extract_max_tokens or judge_option(ctx, "extract_max_tokens"))
+  end, mopts.extract_max_tokens or judge_option(ctx, "extract_max_tokens"), "extractor")
   if kind == "code" then return M.code_block(text) end
   return text
 end

@@ -1,0 +1,227 @@
+-- clrt.train.estimate — estimate=true: the calls, tokens and dollars a run will spend on its
+-- simulated user, judges and extractor, printed before anything loads or trains.
+--   local e = estimate.run(cfg, "rl" | "dpo" | "eval")   -- prints; returns the numbers
+--   estimate.run(cfg, kind, {assume = {assistant_turn = 120}})   -- other reply lengths (bench/)
+-- How: the number of calls follows from the config (prompts per step x rollout.n x
+-- num_repeat_rollouts futures, max_user_turns user calls per future, one request per
+-- LLM-judged metric per future, validation every eval.every steps). Their sizes come from
+-- the real prompts: up to SAMPLE_ROWS rows of data= are put through the simulated user and
+-- every metric with clients that record the request they would send (and send nothing), over
+-- conversations whose assistant and user turns have the assumed lengths below. Stated
+-- assumptions (printed with the estimate): about 4 characters a token; every first response
+-- valid and every future running all its user turns (an upper bound: users that end early
+-- cost less); no parse or transport retries; no reply-cache hits; reply lengths as in
+-- ASSUME.
+local json = require("clrt.json")
+local prices = require("clrt.api.prices")
+local M = {}
+
+M.SAMPLE_ROWS = 16
+M.CHARS_PER_TOKEN = 4
+-- tokens of: a policy turn (capped by rollout.max_new_tokens), a simulated user's message
+-- inside the conversation, and the replies of the user (its JSON), a judge and an extractor
+M.ASSUME = { assistant_turn = 300, user_message = 40, user_reply = 120, judge_reply = 150, extractor_extra = 40 }
+
+local CAPTURED = setmetatable({}, { __tostring = function() return "clrt.train.estimate: request recorded" end })
+
+local function tokens_of(text) return math.ceil(#text / M.CHARS_PER_TOKEN) end
+
+-- A client that records the request it is asked to send and raises instead of sending it.
+local function recorder(role, log)
+  return { chat = function(_, messages, opts)
+    opts = opts or {}
+    log[#log + 1] = { role = opts.role or role, prompt_tokens = tokens_of(json.encode(messages)) + 3 }
+    error(CAPTURED, 0)
+  end }
+end
+
+local function filler(n) return ("abc "):rep(n) end   -- n tokens at 4 characters a token
+
+local function copy_messages(list)
+  local out = {}
+  for i, m in ipairs(list) do out[i] = { role = m.role, content = m.content } end
+  return out
+end
+
+-- The requests of one future of `sample`: the user's turns and the metrics' calls, each
+-- {role =, prompt_tokens =, completion_tokens =}.
+local function future_requests(sample, cfg, user, ctx, metrics, turns, log, A)
+  local R = cfg.rollout
+  local a_tokens = math.min(R.max_new_tokens, A.assistant_turn)
+  local conv = copy_messages(sample.prompt)
+  conv[#conv + 1] = { role = "assistant", content = filler(a_tokens) }
+  local out = {}
+  local function take(completion)
+    for _, r in ipairs(log) do
+      r.completion_tokens = completion(r.role)
+      out[#out + 1] = r
+    end
+    for i = #log, 1, -1 do log[i] = nil end
+  end
+  for _ = 1, turns do
+    pcall(user.respond, conv, sample, ctx)
+    take(function() return A.user_reply end)
+    conv[#conv + 1] = { role = "user", content = filler(A.user_message) }
+    conv[#conv + 1] = { role = "assistant", content = filler(a_tokens) }
+  end
+  for _, m in ipairs(metrics) do
+    if not (m.metric and m.metric.applies) or m.metric.applies(sample) then
+      pcall(m.compute, conv, sample, ctx)
+      take(function(role)
+        if role == "extractor" then return a_tokens + A.extractor_extra end
+        return A.judge_reply
+      end)
+    end
+  end
+  return out
+end
+
+-- Per future, averaged over the sampled rows: {role = {calls, prompt_tokens, completion_tokens}}.
+local function per_future(cfg, samples, turns, A)
+  local log = {}
+  local clients = { user = recorder("user", log), judge = cfg.judge and cfg.judge.base_url and recorder("judge", log) or nil }
+  local ctx, user = require("clrt.train.context"){ config = cfg, clients = clients }
+  local weights = cfg.reward and cfg.reward.metric_weights or {}
+  if cfg.metrics then   -- collabllm_eval.lua: a list of names
+    weights = {}
+    for _, name in ipairs(cfg.metrics) do weights[name] = 1 end
+  end
+  local metrics = require("clrt.train.reward").load_metrics(weights)
+  local k = math.min(M.SAMPLE_ROWS, #samples)
+  -- a seeded random choice (rows evenly spaced would see one kind only in a file that cycles
+  -- through its sets)
+  local order = {}
+  for i = 1, #samples do order[i] = i end
+  local rng = require("clrt.data").rng.new(cfg.seed or 1)
+  for i = 1, k do
+    local j = i + rng:next32() % (#samples - i + 1)
+    order[i], order[j] = order[j], order[i]
+  end
+  local roles = {}
+  for i = 1, k do
+    local s = samples[order[i]]
+    for _, r in ipairs(future_requests(s, cfg, user, ctx, metrics, turns, log, A)) do
+      local t = roles[r.role] or { calls = 0, prompt_tokens = 0, completion_tokens = 0 }
+      roles[r.role] = t
+      t.calls = t.calls + 1 / k
+      t.prompt_tokens = t.prompt_tokens + r.prompt_tokens / k
+      t.completion_tokens = t.completion_tokens + r.completion_tokens / k
+    end
+  end
+  return roles, k
+end
+
+local function price_of(cfg, role)
+  local c = role == "user" and cfg.sim_cfg or cfg.judge
+  return prices.lookup(c.model, c.price), c.model
+end
+
+local function scaled(roles, n)
+  local out = {}
+  for role, t in pairs(roles) do
+    out[role] = { calls = t.calls * n, prompt_tokens = t.prompt_tokens * n, completion_tokens = t.completion_tokens * n }
+  end
+  return out
+end
+
+local function dollars(cfg, roles)
+  local sum, unpriced = 0, {}
+  for role, t in pairs(roles) do
+    local p, model = price_of(cfg, role)
+    t.usd = prices.cost(p, t)
+    if t.usd then sum = sum + t.usd else unpriced[model] = true end
+  end
+  return sum, unpriced
+end
+
+local function samples_of(cfg, path)
+  local prompts = require("clrt.train.prompts")
+  if path then return prompts.dataset_samples(path) end
+  local world = prompts.world()
+  return world.rl_prompts(math.max(cfg.prompts_per_step or 16, 8), cfg.seed or 1), world
+end
+
+local function print_table(title, roles)
+  local names = {}
+  for role in pairs(roles) do names[#names + 1] = role end
+  table.sort(names)
+  local rows, total = {}, { calls = 0, prompt_tokens = 0, completion_tokens = 0, usd = 0 }
+  for _, role in ipairs(names) do
+    local t = roles[role]
+    rows[#rows + 1] = { role, math.floor(t.calls + 0.5), math.floor(t.prompt_tokens + 0.5),
+      math.floor(t.completion_tokens + 0.5), t.usd and ("$%.4f"):format(t.usd) or "no price" }
+    for _, f in ipairs({ "calls", "prompt_tokens", "completion_tokens" }) do total[f] = total[f] + t[f] end
+    total.usd = total.usd + (t.usd or 0)
+  end
+  rows[#rows + 1] = { "total", math.floor(total.calls + 0.5), math.floor(total.prompt_tokens + 0.5),
+    math.floor(total.completion_tokens + 0.5), ("$%.4f"):format(total.usd) }
+  print(title)
+  io.write(require("clrt.log").format_table({ "role", "calls", "prompt tokens", "completion tokens", "dollars" }, rows))
+  return total
+end
+
+function M.run(cfg, kind, opts)
+  local A = {}
+  for k, v in pairs(M.ASSUME) do A[k] = v end
+  for k, v in pairs(opts and opts.assume or {}) do A[k] = v end
+  local who = "collabllm_" .. kind
+  local R = cfg.rollout
+  local e = { kind = kind }
+  print(("%s: estimate=true: the API calls, tokens and dollars to expect (nothing is trained or sent)"):format(who))
+  if kind == "dpo" and not cfg.online then
+    if cfg.data or cfg.sim ~= "llm" then
+      print("offline DPO trains on stored pairs: it makes no API calls" .. (cfg.data_val and " (validation is a DPO loss too)" or ""))
+      e.step, e.run = { calls = 0, usd = 0 }, { calls = 0, usd = 0 }
+      return e
+    end
+  end
+  if cfg.sim ~= "llm" and not (cfg.judge and cfg.judge.base_url) then
+    print("the scripted user and no judge endpoint: no API calls")
+    e.step, e.run = { calls = 0, usd = 0 }, { calls = 0, usd = 0 }
+    return e
+  end
+  local turns = cfg.single_turn and 0 or R.max_user_turns
+  local samples = samples_of(cfg, kind == "eval" and cfg.data or cfg.data)
+  local roles, k = per_future(cfg, samples, turns, A)
+  local steps, futures_per_step, val_convs, validations
+  if kind == "eval" then
+    local n = #samples
+    if cfg.prompts then n = math.min(n, cfg.prompts) end
+    steps, futures_per_step, val_convs, validations = 1, n, 0, 0
+  else
+    local P = cfg.prompts_per_step
+    futures_per_step = P * R.n * (cfg.single_turn and 1 or R.num_repeat_rollouts)
+    steps = cfg.steps or cfg.epochs * math.ceil(#samples / P)
+    if cfg.stop_after then steps = math.min(steps, cfg.stop_after) end
+    val_convs = 0
+    if cfg.data_val then
+      val_convs = #require("clrt.train.prompts").dataset_samples(cfg.data_val)
+      if cfg.eval.prompts then val_convs = math.min(val_convs, cfg.eval.prompts) end
+    end
+    local every = cfg.eval.every
+    validations = (every > 0 and math.floor(steps / every) or 0) + ((every == 0 or steps % every ~= 0) and 1 or 0)
+      + (cfg.eval.before and 1 or 0)
+    if val_convs == 0 then validations = 0 end
+  end
+  local step_roles = scaled(roles, futures_per_step)
+  local step_usd, unpriced = dollars(cfg, step_roles)
+  local run_roles = scaled(roles, futures_per_step * steps + val_convs * validations)
+  local run_usd = dollars(cfg, run_roles)
+  print(("assumes: %s; rows sampled for the prompts' sizes: %d of %d%s"):format(
+    "about 4 characters a token; every first response valid and every future running all its user turns "
+    .. "(an upper bound); no retries; no reply-cache hits; replies of " .. json.encode(A) .. " tokens",
+    k, #samples, cfg.data and (" (" .. cfg.data .. ")") or " (the built-in world's prompts)"))
+  if kind == "eval" then
+    e.step = print_table(("the evaluation: %d conversations, %d user turns each"):format(futures_per_step, turns), step_roles)
+    e.run = e.step
+  else
+    e.step = print_table(("per step: %d futures (%d prompts x n=%d x %d), %d user turns each"):format(futures_per_step,
+      cfg.prompts_per_step, R.n, cfg.single_turn and 1 or R.num_repeat_rollouts, turns), step_roles)
+    e.run = print_table(("the run: %d steps + %d validations of %d conversations"):format(steps, validations, val_convs), run_roles)
+  end
+  for model in pairs(unpriced) do print(("no price for model %s: give judge.price / sim_cfg.price for its dollars"):format(model)) end
+  e.steps, e.step_usd, e.run_usd, e.step_roles, e.run_roles = steps, step_usd, run_usd, step_roles, run_roles
+  return e
+end
+
+return M
