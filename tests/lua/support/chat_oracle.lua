@@ -507,32 +507,4 @@ function M.render(tok, messages, opts)
   return ids, mask, text
 end
 
--- The ids that end an assistant turn: the template's end-of-turn token and EOS.
-function M.stop_ids(tok)
-  local ids, seen = {}, {}
-  for _, id in ipairs({ tok.eot, tok.eos }) do
-    if id and not seen[id] then seen[id] = true; ids[#ids + 1] = id end
-  end
-  return ids
-end
-
--- One assistant reply as text: render with the generation prompt, sample until the end of
--- the turn, decode. opts go to m:generate (temperature, top_p, max_new_tokens, seed, stop,
--- n: with n > 1 a list of replies is returned). Also returns the raw generate entries.
-function M.generate(m, tok, messages, opts)
-  opts = opts or {}
-  local ids = M.render(tok, messages, { add_generation_prompt = true })
-  local g = {}
-  for k, v in pairs(opts) do g[k] = v end
-  local stop = {}
-  for _, id in ipairs(M.stop_ids(tok)) do stop[#stop + 1] = id end
-  for _, s in ipairs(type(opts.stop) == "table" and opts.stop or { opts.stop }) do stop[#stop + 1] = s end
-  g.stop, g.tokenizer = stop, tok
-  local res = m:generate({ ids }, g)
-  if (opts.n or 1) == 1 then return res[1].text, res[1] end
-  local texts = {}
-  for i, r in ipairs(res) do texts[i] = r.text end
-  return texts, res
-end
-
 return M
