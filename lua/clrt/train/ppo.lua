@@ -10,16 +10,21 @@ local update = require("clrt.train.update")
 local dp = require("clrt.train.data_parallel")
 local M = {}
 
+-- An entry's training row: its prompt's ids, then its first response's.
+function M.row_ids(e)
+  local ids = {}
+  for i, t in ipairs(e.prompt_ids) do ids[i] = t end
+  for _, t in ipairs(e.tokens) do ids[#ids + 1] = t end
+  return ids
+end
+
 -- Rows prompt..A1 (ids), first = #prompt: logp index t scores token t+1, trained for
 -- first <= t < #ids.
 function M.training_rows(entries)
   local rows = {}
   for _, e in ipairs(entries) do
     if e.advantage ~= nil then
-      local ids = {}
-      for i, t in ipairs(e.prompt_ids) do ids[i] = t end
-      for _, t in ipairs(e.tokens) do ids[#ids + 1] = t end
-      rows[#rows + 1] = { ids = ids, first = #e.prompt_ids, adv = e.advantage }
+      rows[#rows + 1] = { ids = M.row_ids(e), first = #e.prompt_ids, adv = e.advantage }
     end
   end
   return rows

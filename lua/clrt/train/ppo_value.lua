@@ -15,6 +15,7 @@
 local losses = require("clrt.train.losses")
 local update = require("clrt.train.update")
 local gae = require("clrt.train.gae")
+local ppo = require("clrt.train.ppo")
 local tensor = require("clrt.tensor")
 local ffi = require("ffi")
 local M = {}
@@ -25,10 +26,7 @@ function M.training_rows(entries)
   local rows = {}
   for _, e in ipairs(entries) do
     if e.reward ~= nil and #e.tokens > 0 then
-      local ids = {}
-      for i, t in ipairs(e.prompt_ids) do ids[i] = t end
-      for _, t in ipairs(e.tokens) do ids[#ids + 1] = t end
-      rows[#rows + 1] = { ids = ids, first = #e.prompt_ids, score = e.reward }
+      rows[#rows + 1] = { ids = ppo.row_ids(e), first = #e.prompt_ids, score = e.reward }
     end
   end
   return rows
