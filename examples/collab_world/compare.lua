@@ -12,7 +12,7 @@
 -- folder under DIR/seed<S>/<variant>. A variant whose result.json exists is not run again,
 -- so an interrupted comparison continues where it stopped.
 --
--- Variants (the paper's, shared/spec/collabllm.md "Training variants"):
+-- Variants (the paper's; docs/method.md, "Algorithms"):
 --   start         the SFT start itself (collabllm_sft.lua; the RL recipe's cached warm start)
 --   grpo_single   GRPO, single-turn reward (collabllm_rl.lua single_turn=true)
 --   grpo_multi    GRPO, multiturn-aware reward (collabllm_rl.lua, forward window 2)

@@ -1,4 +1,4 @@
--- collabllm_dpo.lua — CollabLLM with DPO (shared/spec/collabllm.md, "Training variants"):
+-- collabllm_dpo.lua — CollabLLM with DPO (docs/method.md, "Algorithms"):
 -- the multiturn-aware reward (MR) ranks candidate responses, and the policy learns to prefer
 -- the best over the worst with the sigmoid DPO loss against a frozen reference (the start).
 --

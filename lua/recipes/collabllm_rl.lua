@@ -1,4 +1,4 @@
--- collabllm_rl.lua — CollabLLM RL (shared/spec/collabllm.md): each response is rewarded by
+-- collabllm_rl.lua — CollabLLM RL (docs/method.md): each response is rewarded by
 -- the conversations it leads to (the multiturn-aware reward), GRPO advantages within each
 -- prompt's group, a PPO-clip loss with a low-variance KL term to a frozen reference, trained
 -- on the first response's tokens only. train.algorithm=ppo trains instead as the authors' PPO

@@ -1,7 +1,7 @@
 -- process_dataset.lua — the published CollabLLM multiturn datasets (JSONL as `datasets`
 -- exports them: one row per (conversation, turn, candidate) with prompt, completion,
 -- conv_id, turn_id, score, single_turn_prompt, single_turn_completion, single_turn_metadata,
--- sessions, rewards) into the files the recipes read (shared/spec/collabllm.md, "Datasets"):
+-- sessions, rewards) into the files the recipes read (docs/method.md, "Datasets"):
 --   RL rows   {prompt = [system] + row.prompt, ground_truth = single_turn_completion,
 --              single_turn_metadata, interaction_kwargs = {single_turn_prompt, task_desc},
 --              conv_id, turn_id}, deduplicated by prompt;
