@@ -83,8 +83,23 @@ T.case("estimate=true prints the expected calls and trains nothing", function()
   T.near(e.step_roles["judge/interactivity"].calls, 8, 1e-9)
   T.ok(e.step_usd > 0 and e.run_usd >= 3 * e.step_usd - 1e-12, "dollars per step and for the run")
   local de = require("recipes.collabllm_eval").main(config.parse(ev.defaults, { "model=" .. policy, "data=" .. data_path,
-    "sim=llm", "sim_cfg.base_url=" .. srv.base_url, "judge.base_url=" .. srv.base_url, "estimate=true" }))
+    "protocol=prefix", "sim=llm", "sim_cfg.base_url=" .. srv.base_url, "judge.base_url=" .. srv.base_url, "estimate=true" }))
   T.near(de.step_roles.user.calls, 6 * 2, 1e-9, "six conversations, max_user_turns 2 each")
+  -- the paper's protocol: the user opens and writes ceil(max_messages / 2) messages; each row
+  -- is judged by its task metric (accuracy here) and the ITR (interactivity) only
+  local eval_rows = {}
+  for i = 1, 5 do
+    eval_rows[i] = { single_turn_prompt = "Compute " .. i .. " + " .. i .. ".", ground_truth = tostring(2 * i),
+      single_turn_metadata = {}, task_desc = "question answering", task_metric = "accuracy", conv_id = i }
+  end
+  local eval_path = root .. "/eval_test.jsonl"
+  data.write_jsonl(eval_path, eval_rows)
+  local pe = require("recipes.collabllm_eval").main(config.parse(ev.defaults, { "model=" .. policy, "data=" .. eval_path,
+    "max_messages=6", "sim=llm", "sim_cfg.base_url=" .. srv.base_url, "judge.base_url=" .. srv.base_url, "estimate=true" }))
+  T.near(pe.step_roles.user.calls, 5 * 3, 1e-9, "five conversations, 3 user messages of max_messages 6 each")
+  T.near(pe.step_roles["judge/accuracy"].calls, 5, 1e-9, "the task metric once a conversation")
+  T.near(pe.step_roles["judge/interactivity"].calls, 5, 1e-9, "the ITR once a conversation")
+  T.eq(#srv.records(), 0, "an estimate sends nothing")
   local dpo = require("recipes.collabllm_dpo")
   local online = dpo.main(config.parse(dpo.defaults, rl_args({ "online=true", "estimate=true" })))
   T.near(online.step_usd, e.step_usd, 1e-12, "online DPO samples and scores as RL does")
@@ -125,7 +140,7 @@ end)
 T.case("a repeated evaluation sends no judge request; an evaluation reads a run's cache", function()
   local function eval_once(out, cache_dir)
     files.mkdir_p(out)
-    local args = { "model=" .. policy, "data=" .. data_path, "out=" .. out, "prompts=4",
+    local args = { "model=" .. policy, "data=" .. data_path, "protocol=prefix", "out=" .. out, "prompts=4",
       "sim=llm", "sim_cfg.base_url=" .. srv.base_url, "judge.base_url=" .. srv.base_url,
       "rollout.max_user_turns=1", "rollout.max_new_tokens=8" }
     if cache_dir then args[#args + 1] = "judge.cache_dir=" .. cache_dir end

@@ -45,11 +45,13 @@ end
 
 -- The requests of one future of `sample`: the user's turns and the metrics' calls, each
 -- {role =, prompt_tokens =, completion_tokens =}.
-local function future_requests(sample, cfg, user, ctx, metrics, turns, log, A)
+-- paper: collabllm_eval's protocol=paper, where the user opens an empty chat (no first
+-- response) and each row is scored by its task_metric and the ITR metric only.
+local function future_requests(sample, cfg, user, ctx, metrics, turns, log, A, paper)
   local R = cfg.rollout
   local a_tokens = math.min(R.max_new_tokens, A.assistant_turn)
   local conv = copy_messages(sample.prompt)
-  conv[#conv + 1] = { role = "assistant", content = filler(a_tokens) }
+  if not paper then conv[#conv + 1] = { role = "assistant", content = filler(a_tokens) } end
   local out = {}
   local function take(completion)
     for _, r in ipairs(log) do
@@ -65,7 +67,8 @@ local function future_requests(sample, cfg, user, ctx, metrics, turns, log, A)
     conv[#conv + 1] = { role = "assistant", content = filler(a_tokens) }
   end
   for _, m in ipairs(metrics) do
-    if not (m.metric and m.metric.applies) or m.metric.applies(sample) then
+    local scored = not paper or m.name == cfg.itr_metric or m.name == sample.task_metric
+    if scored and (not (m.metric and m.metric.applies) or m.metric.applies(sample)) then
       pcall(m.compute, conv, sample, ctx)
       take(function(role)
         if role == "extractor" then return a_tokens + A.extractor_extra end
@@ -77,12 +80,15 @@ local function future_requests(sample, cfg, user, ctx, metrics, turns, log, A)
 end
 
 -- Per future, averaged over the sampled rows: {role = {calls, prompt_tokens, completion_tokens}}.
-local function per_future(cfg, samples, turns, A)
+local function per_future(cfg, samples, turns, A, paper)
   local log = {}
   local clients = { user = recorder("user", log), judge = cfg.judge and cfg.judge.base_url and recorder("judge", log) or nil }
   local ctx, user = require("clrt.train.context"){ config = cfg, clients = clients }
   local weights = cfg.reward and cfg.reward.metric_weights or {}
-  if cfg.metrics then   -- collabllm_eval.lua: a list of names
+  if paper then   -- collabllm_eval.lua protocol=paper: the rows' task metrics and the ITR
+    weights = { [cfg.itr_metric] = 1 }
+    for _, smp in ipairs(samples) do weights[smp.task_metric] = 1 end
+  elseif cfg.metrics then   -- collabllm_eval.lua: a list of names
     weights = {}
     for _, name in ipairs(cfg.metrics) do weights[name] = 1 end
   end
@@ -100,7 +106,7 @@ local function per_future(cfg, samples, turns, A)
   local roles = {}
   for i = 1, k do
     local s = samples[order[i]]
-    for _, r in ipairs(future_requests(s, cfg, user, ctx, metrics, turns, log, A)) do
+    for _, r in ipairs(future_requests(s, cfg, user, ctx, metrics, turns, log, A, paper)) do
       local t = roles[r.role] or { calls = 0, prompt_tokens = 0, completion_tokens = 0 }
       roles[r.role] = t
       t.calls = t.calls + 1 / k
@@ -181,8 +187,17 @@ function M.run(cfg, kind, opts)
     return e
   end
   local turns = cfg.single_turn and 0 or R.max_user_turns
-  local samples = samples_of(cfg, kind == "eval" and cfg.data or cfg.data)
-  local roles, k = per_future(cfg, samples, turns, A)
+  local paper = kind == "eval" and cfg.protocol == "paper"
+  local samples
+  if paper then   -- the user writes every other message from the first: ceil(max_messages / 2) turns
+    local pe = require("clrt.train.paper_eval")
+    turns = pe.turn_limits(cfg.max_messages)
+    samples = cfg.data and pe.samples(cfg.data, nil, cfg.task_metric)
+      or pe.world_samples(require("clrt.train.prompts").world(), cfg.prompts or 200, cfg.seed or 1, nil)
+  else
+    samples = samples_of(cfg, cfg.data)
+  end
+  local roles, k = per_future(cfg, samples, turns, A, paper)
   local steps, futures_per_step, val_convs, validations
   if kind == "eval" then
     local n = #samples
