@@ -76,6 +76,8 @@ end
 -- the traceback of the original error.
 local guarding = 0   -- nested guards (a resumed run's): the outermost one reports
 
+local announced = false   -- a guard has said how to continue (interrupted_early stays quiet)
+
 function M.guard(who, script, run_dir, fn)
   if guarding > 0 then return fn() end
   guarding = guarding + 1
@@ -90,8 +92,24 @@ function M.guard(who, script, run_dir, fn)
   if files.exists(run_dir .. "/config.json") and require("clrt.dist").is_main() then
     io.stderr:write(("\n%s: %s; continue this run with:\n  %s\n"):format(who,
       interrupted and "interrupted" or "stopped", M.resume_command(script, run_dir)))
+    announced = true
   end
   error(interrupted and "interrupted" or err, 0)
+end
+
+-- A Ctrl-C that ended a script before any guard ran (while a recipe's modules were still
+-- loading): with resume=DIR its folder is as it was, so say how to continue it, as the guard
+-- would have. clrt's script runner calls this when a script ends interrupted.
+function M.interrupted_early()
+  local script = arg and arg[0]
+  if announced or type(script) ~= "string" then return end
+  local dir
+  for i = 1, #arg do dir = tostring(arg[i]):match("^resume=(.+)$") or dir end
+  if not dir or not files.exists(dir .. "/config.json") or not require("clrt.dist").is_main() then return end
+  local name = script:match("([^/]+)%.lua$") or script
+  local shown = script:match("recipes/[^/]+%.lua$") or script
+  io.stderr:write(("\n%s: interrupted; continue this run with:\n  %s\n"):format(name, M.resume_command(shown, dir)))
+  announced = true
 end
 
 -- A recipe run from the command line: with resume=DIR the guard covers reading the saved

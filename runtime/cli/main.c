@@ -181,7 +181,19 @@ static int run_script(lua_State *L, const char *path, int nargs_start, int argc,
   if (report(L, st)) return 1;
   int n = 0;
   for (int i = nargs_start; i < argc; i++, n++) lua_pushstring(L, argv[i]);
-  return report(L, pcall_traceback(L, n, 0));
+  st = pcall_traceback(L, n, 0);
+  if (st && lua_isstring(L, -1) && strstr(lua_tostring(L, -1), "interrupted")) {
+    /* Ctrl-C before the recipe's own guard: let Lua say how to resume (clrt.run). */
+    lua_getglobal(L, "require");
+    lua_pushstring(L, "clrt.run");
+    if (lua_pcall(L, 1, 1, 0) == 0) {
+      lua_getfield(L, -1, "interrupted_early");
+      if (lua_isfunction(L, -1) && lua_pcall(L, 0, 0, 0)) lua_pop(L, 1);
+      else if (!lua_isfunction(L, -1)) lua_pop(L, 1);
+    }
+    lua_pop(L, 1);   /* clrt.run or require's error */
+  }
+  return report(L, st);
 }
 
 /* ---- the REPL: readline in C, evaluation in lua/clrt/cli/repl.lua ---- */
