@@ -138,12 +138,19 @@ for c = 1, 6 do
   end
 end
 
+-- The system prompt the data carry: a short one of the test's own (process_dataset's
+-- system_prompt_file=), which the tiny policy is taught under. The published prompt (over a
+-- thousand tokens) is more than this 2-layer model learns to answer behind in 150 steps: with
+-- it, greedy first replies broke their think block on 2 of 7 validation prompts.
+local SYSTEM = "You are a helpful, proactive and collaborative assistant. When a request is ambiguous, ask a short clarifying question."
+local system_file = root .. "/system_prompt.txt"
 do
+  local f = assert(io.open(system_file, "wb")); f:write(SYSTEM); f:close()
   local texts = {}
   for _, kind in ipairs({ "math", "doc", "code" }) do
     for _, r in ipairs(rows[kind]) do texts[#texts + 1] = r.prompt[#r.prompt].content end
   end
-  teach_model(require("recipes.process_dataset").SYSTEM_PROMPT, texts)
+  teach_model(SYSTEM, texts)
 end
 
 local files = { math = "collabllm-multiturn-math-hard.jsonl", doc = "collabllm-multiturn-medium.jsonl",
@@ -153,7 +160,8 @@ local parts = {}
 for kind, name in pairs(files) do
   local path = root .. "/" .. name
   data.write_jsonl(path, rows[kind])
-  pd.main(clrt.config.parse(pd.defaults, { "input=" .. path, "out=" .. root .. "/" .. kind, "test_fraction=0.34" }))
+  pd.main(clrt.config.parse(pd.defaults, { "input=" .. path, "out=" .. root .. "/" .. kind, "test_fraction=0.34",
+    "system_prompt_file=" .. system_file }))
   parts[#parts + 1] = kind
 end
 table.sort(parts)
@@ -266,7 +274,7 @@ T.case("collabllm_rl at its real defaults: two steps, stopped and resumed", func
       n_user = n_user + 1
       for _, msg in ipairs(body.messages) do T.ok(msg.role ~= "system", "no system message to the user") end
       T.ok(not text:find("<think>", 1, true) and not text:find("</think>", 1, true), "no think text to the user")
-      T.ok(not text:find(require("recipes.process_dataset").SYSTEM_PROMPT:sub(1, 40), 1, true), "no system prompt text")
+      T.ok(not text:find(SYSTEM:sub(1, 40), 1, true), "no system prompt text")
       for _, t in ipairs(truths) do
         T.ok(not text:find(t, 1, true), "the user never sees the ground truth")
       end
