@@ -139,9 +139,9 @@ for c = 1, 6 do
 end
 
 -- The system prompt the data carry: a short one of the test's own (process_dataset's
--- system_prompt_file=), which the tiny policy is taught under. The published prompt (over a
--- thousand tokens) is more than this 2-layer model learns to answer behind in 150 steps: with
--- it, greedy first replies broke their think block on 2 of 7 validation prompts.
+-- system_prompt_file=), which the tiny policy is taught under. Behind the published prompt
+-- (277 tokens of Qwen3's tokenizer, about five times the one before) this 2-layer model taught
+-- in 150 steps broke its think block on 2 of 7 validation prompts' greedy first replies.
 local SYSTEM = "You are a helpful, proactive and collaborative assistant. When a request is ambiguous, ask a short clarifying question."
 local system_file = root .. "/system_prompt.txt"
 do
