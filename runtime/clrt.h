@@ -278,6 +278,9 @@ int clrt_profile_count(void);
 const char *clrt_profile_name(int i);
 double clrt_profile_seconds(int i);
 void clrt_profile_reset(void);
+/* On a GPU, kernels run asynchronously and the per-kernel times above are launch times; with
+   on = 1 each timed kernel is waited for before and after (accurate, but slower steps). */
+void clrt_profile_sync(int on);
 
 
 /* ==== optimizer: AdamW over a model's parameters (model/optim.c) ========================= */

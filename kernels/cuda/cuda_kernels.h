@@ -17,6 +17,8 @@ extern "C" {
 int clrt_cuda_device_count(void);
 /* Creates the stream and cuBLAS handle on first use; -1 with a message if no GPU. */
 int clrt_cuda_init(void);
+/* Destroys the stream and cuBLAS handle (clrt_cuda_init makes them again on next use). */
+void clrt_cuda_shutdown(void);
 void *clrt_cuda_stream(void);                       /* cudaStream_t */
 /* Waits for the stream; -1 with the first recorded error ("<kernel>: <cuda error>"). */
 int clrt_cuda_sync(void);

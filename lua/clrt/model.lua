@@ -574,6 +574,10 @@ function M.profile(reset)
   return out
 end
 
+-- profile_sync(true): wait for the GPU around each timed kernel, so a cuda model's profile
+-- gives kernel times rather than launch times (it slows the steps it times).
+function M.profile_sync(on) C.clrt_profile_sync(on and 1 or 0) end
+
 require("clrt.gen.model_methods").install(Model)
 require("clrt.core.model_lora").install(Model)
 

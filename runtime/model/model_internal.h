@@ -329,12 +329,23 @@ param_set model_param_set(clrt_model *m, int lora);
 /* ---- per-kernel timing (profile.c) ------------------------------------------------------------ */
 
 extern int model_prof_on;   /* -1 until the first model reads CLRT_PROFILE */
+/* The device's wait (set by the CUDA ops table), used around each timed kernel while
+   clrt_profile_sync(1) is on: without it a GPU kernel's time is its launch's. */
+extern int (*model_prof_sync)(void);
+extern int model_prof_syncing;
 double model_now(void);
+static inline void model_prof_wait(void) {
+  if (model_prof_syncing && model_prof_sync) model_prof_sync();
+}
 #define PROF(k, stmt)                                                  \
   do {                                                                 \
+    if (model_prof_on > 0) model_prof_wait();                          \
     double t0_ = model_prof_on > 0 ? model_now() : 0;                   \
     stmt;                                                              \
-    if (model_prof_on > 0) clrt_kernel_seconds[k] += model_now() - t0_; \
+    if (model_prof_on > 0) {                                           \
+      model_prof_wait();                                               \
+      clrt_kernel_seconds[k] += model_now() - t0_;                     \
+    }                                                                  \
   } while (0)
 
 #endif

@@ -111,7 +111,10 @@ static const model_ops cuda_ops = CUDA_OPS(cuda_linear, cuda_linear_backward, NU
 static const model_ops cuda_bf16_ops =
     CUDA_OPS(cuda_linear_bf16, cuda_linear_backward_bf16, clrt_cuda_f32_to_bf16, 1, "cuda bf16");
 
-const model_ops *model_cuda_ops(int bf16) { return bf16 ? &cuda_bf16_ops : &cuda_ops; }
+const model_ops *model_cuda_ops(int bf16) {
+  model_prof_sync = clrt_cuda_sync;
+  return bf16 ? &cuda_bf16_ops : &cuda_ops;
+}
 
 #else
 
