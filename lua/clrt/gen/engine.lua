@@ -13,6 +13,10 @@
 -- nothing. Every row has its own options, seeded RNG stream, stop rules and callbacks.
 -- Prompts added between two steps are prefilled together at the start of the next step (one
 -- batched forward, as a server's newly arrived requests are), then join the decode batch.
+-- With a prefix cache (clrt.gen.prefix_cache: the model's own unless opts.prefix_cache is
+-- false), a prompt's longest cached prefix is loaded into its slot and only the rest is
+-- prefilled; the blocks of every prompt and of every finished row go back into the cache.
+-- row.cached_tokens says how many prompt tokens came from the cache.
 local ffi = require("ffi")
 local core = require("clrt.core.ffi")
 local C = core.C
@@ -150,8 +154,9 @@ end
 local Engine = {}
 Engine.__index = Engine
 
-function M.engine(dec)
+function M.engine(dec, eopts)
   local V, S = dec.vocab_size, dec.slots
+  local no_cache = (eopts and eopts.prefix_cache == false) or not (dec.extend_many and dec.model)
   local self = setmetatable({
     dec = dec, V = V,
     logits = ffi.new("float[?]", S * V),     -- [slots, V], row = slot
@@ -165,9 +170,16 @@ function M.engine(dec)
     feed = ffi.new("int32_t[?]", S),
     free = {}, active = {},
     pending = {},                            -- rows added since the last step, not yet prefilled
+    no_cache = no_cache,
   }, Engine)
   for s = S - 1, 0, -1 do self.free[#self.free + 1] = s end
   return self
+end
+
+-- The model's prefix cache as it is now (configure may have changed or turned it off), or nil.
+function Engine:prefix_cache()
+  if self.no_cache then return nil end
+  return require("clrt.gen.prefix_cache").of(self.dec.model)
 end
 
 function Engine:free_slots() return #self.free end
@@ -201,6 +213,7 @@ function Engine:add(prompt, o, cb, tag, stream)
   for s, row in ipairs(rows) do
     row.slot = table.remove(self.free)
     if s == 1 then row.prompt = prompt else row.copy_of = rows[1] end
+    row.full_prompt = prompt
     self.pending[#self.pending + 1] = row
   end
   return rows
@@ -232,7 +245,23 @@ function Engine:prefill()
       end
     end
   end
-  local dec, i = self.dec, 1
+  local dec, i, pc = self.dec, 1, self:prefix_cache()
+  -- the cached prefix of each prompt into its slot; the rest is what the forwards run (at
+  -- least its last token, whose logits the row samples from)
+  for _, row in ipairs(firsts) do
+    row.cached_tokens = 0
+    if pc then
+      local nodes = pc:lookup(row.prompt, #row.prompt - 1)
+      if #nodes > 0 then
+        pc:load(dec, row.slot, nodes)
+        row.cached_tokens = #nodes * pc.bt
+      else
+        dec:reset(row.slot)
+      end
+      pc:release(nodes)
+      pc.prompt_tokens, pc.cached_tokens = pc.prompt_tokens + #row.prompt, pc.cached_tokens + row.cached_tokens
+    end
+  end
   while i <= #firsts do
     local j, width = i, 0
     while j <= #firsts do
@@ -246,10 +275,13 @@ function Engine:prefill()
     local buf, at = ffi.new("int32_t[?]", total), 0
     for k = i, j - 1 do
       local row = firsts[k]
-      slots[k - i], lengths[k - i] = row.slot, #row.prompt
-      for t = 1, #row.prompt do buf[at] = row.prompt[t]; at = at + 1 end
+      local skip = row.cached_tokens or 0
+      slots[k - i], lengths[k - i] = row.slot, #row.prompt - skip
+      for t = skip + 1, #row.prompt do buf[at] = row.prompt[t]; at = at + 1 end
     end
-    if dec.prefill_many then
+    if pc then
+      dec:extend_many(n, slots, buf, lengths, self.logits)
+    elseif dec.prefill_many then
       dec:prefill_many(n, slots, buf, lengths, self.logits)
     else
       at = 0
@@ -261,18 +293,37 @@ function Engine:prefill()
     i = j
   end
   local V = self.V
+  if pc then
+    for _, row in ipairs(firsts) do pc:insert(dec, row.slot, row.prompt) end
+  end
   for _, row in ipairs(pending) do
     if row.copy_of then
       dec:copy_slot(row.copy_of.slot, row.slot)
       ffi.copy(self.logits + row.slot * V, self.logits + row.copy_of.slot * V, V * 4)
+      row.cached_tokens = row.copy_of.cached_tokens
     end
-    row.prompt, row.copy_of = nil, nil
+    row.prompt, row.copy_of, row.prefilled = nil, nil, true
     self.active[#self.active + 1] = row
   end
 end
 
+-- The prompt and the tokens sampled after it, for the prefix cache (the slot holds all but
+-- the last sampled token).
+local function row_tokens(row)
+  local all = {}
+  for i, t in ipairs(row.full_prompt) do all[i] = t end
+  local P = #all
+  for i, t in ipairs(row.tokens) do all[P + i] = t end
+  return all
+end
+
 function Engine:finish(row, reason, no_slot)
   row.finish_reason = reason
+  local pc = row.prefilled and self:prefix_cache()
+  if pc and row.slot and not no_slot and row.prefilled then
+    pc:insert(self.dec, row.slot, row_tokens(row))
+  end
+  row.full_prompt = nil
   if row.slot and not no_slot then
     self.free[#self.free + 1] = row.slot
     row.slot = nil

@@ -1,0 +1,193 @@
+-- The prefix cache (clrt.gen.prefix_cache, docs/prefix_cache.md): conversations of several
+-- turns with shared prefixes and futures, greedy and seeded sampling, give the same tokens and
+-- log-probabilities bit for bit with the cache off, on, and on under a bound so small that it
+-- evicts; a later turn is served its earlier turns; after an optimizer step or an adapter change
+-- the same prompt misses the cache and matches a cache-off run under the new weights.
+local T = require("clrt.test")
+local PC = require("clrt.gen.prefix_cache")
+local ffi = require("ffi")
+local C = require("clrt.core.ffi").C
+
+local function model(seed)
+  return clrt.model.new({ architectures = { "Qwen2ForCausalLM" }, vocab_size = 97, hidden_size = 64,
+    intermediate_size = 96, num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2,
+    max_position_embeddings = 1024, rms_norm_eps = 1e-6, rope_theta = 10000, tie_word_embeddings = true },
+    { seed = seed or 5 })
+end
+
+local function reusable(m)
+  if C.clrt_model_kv_reusable(m.ptr) == 0 then
+    T.skip("this CPU or build has no AVX-512: the model cannot promise bit-identical reuse, the cache stays off")
+  end
+end
+
+local function seq(n, a, b)
+  local t = {}
+  for i = 1, n do t[i] = (i * a + b) % 97 end
+  return t
+end
+
+local function cat(...)
+  local out = {}
+  for _, t in ipairs({ ... }) do for _, x in ipairs(t) do out[#out + 1] = x end end
+  return out
+end
+
+-- Three conversations sharing a system prefix, each answered with three futures that share
+-- the prompt and the first response, every future two more turns; all in one scheduler run,
+-- so their requests batch together. Returns every reply (tokens, log-probabilities) in order.
+local function conversations(m, temperature)
+  local system = seq(40, 7, 3)
+  local fns = {}
+  for c = 1, 3 do
+    fns[c] = function()
+      local opts = { max_new_tokens = 12, temperature = temperature, seed = 11 }
+      local prompt = cat(system, seq(9 + c, 5, c))
+      local first = clrt.sched.generate(m, prompt, opts)[1]
+      local futures = {}
+      for f = 1, 3 do
+        futures[f] = function()
+          local ctx, replies = cat(prompt, first.tokens), {}
+          for turn = 1, 2 do
+            ctx = cat(ctx, seq(5 + f + turn, 3 + f, turn))   -- the user's turn
+            local r = clrt.sched.generate(m, ctx, opts)[1]
+            replies[turn] = r
+            ctx = cat(ctx, r.tokens)
+          end
+          return replies
+        end
+      end
+      return { first = first, futures = futures }
+    end
+  end
+  local firsts = clrt.sched.run(fns, { raise = true })
+  local jobs = {}
+  for c = 1, 3 do for f = 1, 3 do jobs[#jobs + 1] = firsts[c].futures[f] end end
+  local later = clrt.sched.run(jobs, { raise = true })
+  local out = {}
+  for c = 1, 3 do out[#out + 1] = { firsts[c].first.tokens, firsts[c].first.logprobs } end
+  for _, replies in ipairs(later) do
+    for _, r in ipairs(replies) do out[#out + 1] = { r.tokens, r.logprobs } end
+  end
+  return out
+end
+
+local function same_bits(a, b, what)
+  T.eq(#a, #b, what .. ": replies")
+  for i = 1, #a do
+    T.eq(a[i][1], b[i][1], ("%s: reply %d tokens"):format(what, i))
+    for j = 1, #a[i][2] do
+      if a[i][2][j] ~= b[i][2][j] then
+        T.ok(false, ("%s: reply %d token %d log-probability %.9g vs %.9g"):format(what, i, j, a[i][2][j], b[i][2][j]))
+      end
+    end
+  end
+end
+
+for _, temperature in ipairs({ 0, 1 }) do
+  T.case(("turns, futures and shared prefixes are bit-identical with the cache off, on and evicting (temperature %g)")
+    :format(temperature), function()
+    local m = model()
+    reusable(m)
+    PC.configure(m, { mb = 0 })
+    local off = conversations(m, temperature)
+    T.ok(PC.of(m) == nil, "mb = 0 turns the cache off")
+
+    PC.configure(m, { block_tokens = 8 })
+    local on = conversations(m, temperature)
+    local st = PC.of(m):stats()
+    same_bits(on, off, "cache on")
+    -- the futures' prompts start with the prompt and first response: most of what they
+    -- prefill was computed by an earlier turn
+    T.ok(st.cached_tokens > 0.5 * st.prompt_tokens,
+      ("cached %d of %d prompt tokens"):format(st.cached_tokens, st.prompt_tokens))
+    T.eq(st.evictions, 0, "a large bound evicts nothing")
+
+    -- a bound of six blocks of 8 tokens: evictions all along
+    local six = 6 * tonumber(C.clrt_kv_block_bytes(m.ptr, 8)) / 1048576
+    PC.configure(m, { block_tokens = 8, mb = six })
+    local tight = conversations(m, temperature)
+    st = PC.of(m):stats()
+    T.eq(st.capacity, 6, "the bound holds six blocks")
+    T.ok(st.evictions > 0, "the tiny bound evicted")
+    T.ok(st.blocks <= 6, "never more blocks than the bound")
+    same_bits(tight, off, "tiny bound")
+  end)
+end
+
+T.case("a next turn prefills only what is new; m:generate shares the model's cache", function()
+  local m = model()
+  reusable(m)
+  PC.configure(m, { block_tokens = 16 })
+  local prompt = seq(100, 13, 1)
+  local r1 = m:generate({ prompt, prompt }, { max_new_tokens = 20, temperature = 0 })
+  local nxt = cat(prompt, { unpack(r1[1].tokens, 1, 19) }, seq(30, 3, 2))
+  local before = PC.of(m):stats().cached_tokens
+  local r2 = m:generate({ nxt }, { max_new_tokens = 10, temperature = 0 })
+  -- 100 prompt + 19 decoded positions in the slot, two rows decoding together: 7 whole blocks
+  T.eq(PC.of(m):stats().cached_tokens - before, 112, "the prompt and the reply's whole blocks were served")
+  PC.configure(m, { mb = 0 })
+  local r3 = m:generate({ nxt }, { max_new_tokens = 10, temperature = 0 })
+  T.eq(r2[1].tokens, r3[1].tokens, "same continuation without the cache")
+  T.eq(r2[1].logprobs, r3[1].logprobs, "same log-probabilities without the cache")
+end)
+
+-- prompt -> (tokens, logprobs, cached prompt tokens of this request)
+local function once(m, prompt)
+  local pc = PC.of(m)
+  local before = pc and pc:stats().cached_tokens or 0
+  local r = m:generate({ prompt }, { max_new_tokens = 8, temperature = 1, seed = 3 })[1]
+  return r, (pc and pc:stats().cached_tokens or 0) - before
+end
+
+local function check_new_weights(m, change, what)
+  PC.configure(m, { block_tokens = 8 })
+  local prompt = seq(60, 11, 4)
+  local _, c1 = once(m, prompt)
+  T.eq(c1, 0, "first sight: nothing cached")
+  local _, c2 = once(m, prompt)
+  T.eq(c2, 56, "the same prompt again: served from the cache")
+  change()
+  local r, c3 = once(m, prompt)
+  T.eq(c3, 0, what .. ": the same prompt must miss the cache")
+  PC.configure(m, { mb = 0 })
+  local fresh = once(m, prompt)
+  T.eq(r.tokens, fresh.tokens, what .. ": tokens equal a cache-off run under the new weights")
+  T.eq(r.logprobs, fresh.logprobs, what .. ": log-probabilities equal a cache-off run")
+end
+
+T.case("an optimizer step invalidates the cache", function()
+  local m = model()
+  reusable(m)
+  local opt = clrt.optim.adamw(m, { lr = 1e-2 })
+  check_new_weights(m, function()
+    m:zero_grad()
+    local lp = m:logprobs({ seq(20, 3, 1) })
+    m:backward(clrt.tensor.full(lp:shape(), -1))
+    opt:step()
+  end, "after an optimizer step")
+end)
+
+T.case("adapters turned off, changed or added invalidate the cache", function()
+  local m = model()
+  reusable(m)
+  m:add_lora({ r = 4, alpha = 8 })
+  local g = clrt.tensor.generator(7)
+  for _, t in pairs(m:lora_params()) do t:copy_(clrt.tensor.randn(t:shape(), { generator = g })) end
+  check_new_weights(m, function() m:set_adapters(false) end, "adapters off")
+  check_new_weights(m, function() m:set_adapters(true) end, "adapters on again")
+  check_new_weights(m, function()
+    for _, t in pairs(m:lora_params()) do t:copy_(clrt.tensor.randn(t:shape(), { generator = g })) end
+  end, "adapter weights written")
+  local m2 = model(6)
+  reusable(m2)
+  check_new_weights(m2, function() m2:add_lora({ r = 2, alpha = 4 }) end, "adapters added")
+end)
+
+T.case("bad settings are named", function()
+  local m = model()
+  T.raises(function() PC.configure(m, { mb = -1 }) end, "mb must be a number >= 0")
+  T.raises(function() PC.configure(m, { block_tokens = 0 }) end, "block_tokens must be an integer")
+end)
+
+T.run()
