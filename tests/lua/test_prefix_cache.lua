@@ -132,6 +132,21 @@ T.case("a next turn prefills only what is new; m:generate shares the model's cac
   T.eq(r2[1].logprobs, r3[1].logprobs, "same log-probabilities without the cache")
 end)
 
+T.case("a reply decoded alone is not served (its one-row products sum in another order)", function()
+  local m = model()
+  reusable(m)
+  PC.configure(m, { block_tokens = 16 })
+  local prompt = seq(100, 13, 1)
+  local r1 = m:generate({ prompt }, { max_new_tokens = 40, temperature = 0 })
+  local nxt = cat(prompt, { unpack(r1[1].tokens, 1, 39) }, seq(30, 3, 2))
+  local before = PC.of(m):stats().cached_tokens
+  local r2 = m:generate({ nxt, seq(50, 7, 7) }, { max_new_tokens = 10, temperature = 1, seed = 2 })
+  T.eq(PC.of(m):stats().cached_tokens - before, 96, "only the prompt's prefilled blocks were served")
+  PC.configure(m, { mb = 0 })
+  local r3 = m:generate({ nxt, seq(50, 7, 7) }, { max_new_tokens = 10, temperature = 1, seed = 2 })
+  T.eq(r2[1].logprobs, r3[1].logprobs, "same log-probabilities without the cache")
+end)
+
 -- prompt -> (tokens, logprobs, cached prompt tokens of this request)
 local function once(m, prompt)
   local pc = PC.of(m)
