@@ -21,6 +21,12 @@ local function reusable(m)
   end
 end
 
+local function floats(p, n)
+  local out = {}
+  for i = 0, n - 1 do out[i + 1] = p[i] end
+  return out
+end
+
 local function seq(n, a, b)
   local t = {}
   for i = 1, n do t[i] = (i * a + b) % 97 end
@@ -197,6 +203,30 @@ T.case("adapters turned off, changed or added invalidate the cache", function()
   local m2 = model(6)
   reusable(m2)
   check_new_weights(m2, function() m2:add_lora({ r = 2, alpha = 4 }) end, "adapters added")
+end)
+
+T.case("extend_many near the end of the context: a row whose padding would pass it runs alone", function()
+  local m = model()
+  reusable(m)
+  local V, d = m.config.vocab_size, m:decoder(3, 64)
+  local logits = ffi.new("float[?]", 3 * V)
+  local a, b = seq(58, 5, 1), seq(40, 3, 2)
+  -- slot 0: 48 positions already held, then 10 more; slot 1: 40 from empty. Padded to one
+  -- width of 40, slot 0's chunk would reach position 88 of 64.
+  d:prefill(0, ffi.new("int32_t[48]", { unpack(a, 1, 48) }), 48, logits)
+  d:reset(1)
+  local buf = ffi.new("int32_t[50]", cat({ unpack(a, 49, 58) }, b))
+  d:extend_many(2, ffi.new("int32_t[2]", { 0, 1 }), buf, ffi.new("int32_t[2]", { 10, 40 }), logits)
+  T.eq(d:length(0), 58, "slot 0 holds its 58 tokens")
+  T.eq(d:length(1), 40, "slot 1 holds its 40")
+  T.eq(d:exact_length(0), 58, "all exact")
+  local got0, got1 = floats(logits, V), floats(logits + V, V)
+  d:prefill(2, ffi.new("int32_t[58]", a), 58, logits)
+  T.eq(got0, floats(logits + 2 * V, V), "slot 0's logits equal a prefill of all 58 at once")
+  d:prefill(2, ffi.new("int32_t[40]", b), 40, logits)
+  T.eq(got1, floats(logits + 2 * V, V), "slot 1's logits equal its own prefill")
+  T.raises(function() d:extend_many(1, ffi.new("int32_t[1]", { 0 }), buf, ffi.new("int32_t[1]", { 7 }), logits) end,
+    "after the 58 its slot holds")
 end)
 
 T.case("bad settings are named", function()
