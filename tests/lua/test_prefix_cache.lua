@@ -223,6 +223,22 @@ T.case("adapters turned off, changed or added invalidate the cache", function()
   check_new_weights(m2, function() m2:add_lora({ r = 2, alpha = 4 }) end, "adapters added")
 end)
 
+T.case("a row whose weights changed while it decoded puts nothing into the cache", function()
+  local m = model()
+  reusable(m)
+  PC.configure(m, { block_tokens = 8 })
+  local gen = require("clrt.gen.engine")
+  local eng = gen.engine(m:decoder(2, 256))
+  local rows = eng:add(seq(40, 3, 3), gen.options({ n = 2, max_new_tokens = 30, temperature = 0 }, m.config.vocab_size))
+  for _ = 1, 5 do eng:step() end
+  T.eq(PC.of(m):stats().blocks, 5, "the prompt's five blocks are in")
+  local w = m:params()["model.norm.weight"]
+  w:copy_(clrt.tensor.full(w:shape(), 0.5))   -- new weights mid-reply
+  while eng:busy() do eng:step() end
+  T.eq(rows[1].finish_reason, "length")
+  T.eq(PC.of(m):stats().blocks, 0, "the old blocks went and the mixed reply was not added")
+end)
+
 T.case("extend_many near the end of the context: a row whose padding would pass it runs alone", function()
   local m = model()
   reusable(m)

@@ -259,13 +259,14 @@ function Engine:prefill()
         dec:reset(row.slot)
       end
       pc:release(nodes)
+      row.weights = pc.stamp_key   -- the weights its keys and values come from
       pc.prompt_tokens, pc.cached_tokens = pc.prompt_tokens + #row.prompt, pc.cached_tokens + row.cached_tokens
     end
   end
   while i <= #firsts do
     local j, width = i, 0
     while j <= #firsts do
-      local w = math.max(width, math.min(#firsts[j].prompt, 256))
+      local w = math.max(width, math.min(#firsts[j].prompt - firsts[j].cached_tokens, 256))
       if j > i and w * (j - i + 1) > PREFILL_TOKENS then break end
       width, j = w, j + 1
     end
@@ -300,7 +301,7 @@ function Engine:prefill()
     if row.copy_of then
       dec:copy_slot(row.copy_of.slot, row.slot)
       ffi.copy(self.logits + row.slot * V, self.logits + row.copy_of.slot * V, V * 4)
-      row.cached_tokens = row.copy_of.cached_tokens
+      row.cached_tokens, row.weights = row.copy_of.cached_tokens, row.copy_of.weights
     end
     row.prompt, row.copy_of, row.prefilled = nil, nil, true
     self.active[#self.active + 1] = row
@@ -320,9 +321,7 @@ end
 function Engine:finish(row, reason, no_slot)
   row.finish_reason = reason
   local pc = row.prefilled and self:prefix_cache()
-  if pc and row.slot and not no_slot and row.prefilled then
-    pc:insert(self.dec, row.slot, row_tokens(row))
-  end
+  if pc and row.slot and not no_slot then pc:insert(self.dec, row.slot, row_tokens(row), row.weights) end
   row.full_prompt = nil
   if row.slot and not no_slot then
     self.free[#self.free + 1] = row.slot

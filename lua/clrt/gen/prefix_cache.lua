@@ -161,9 +161,11 @@ function Cache:load(dec, slot, nodes)
 end
 
 -- Put the slot's whole blocks that hold tokens[1..] (up to its exact length) into the tree;
--- returns the blocks added.
-function Cache:insert(dec, slot, tokens)
+-- returns the blocks added. weights (optional): the stamp the slot's prefill ran under; a row
+-- whose weights changed while it decoded holds keys and values of both, and adds nothing.
+function Cache:insert(dec, slot, tokens, weights)
   self:check_weights()
+  if weights and weights ~= self.stamp_key then return 0 end
   local bt = self.bt
   local upto = math.min(dec:exact_length(slot), #tokens)
   local n, path, added = self.root, {}, 0
