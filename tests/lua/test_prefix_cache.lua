@@ -171,6 +171,24 @@ T.case("a reply decoded alone is not served (its one-row products sum in another
   T.eq(r2[1].logprobs, r3[1].logprobs, "same log-probabilities without the cache")
 end)
 
+T.case("prompts arriving together that share a system prompt run it once", function()
+  local m = model()
+  reusable(m)
+  local system = seq(43, 7, 3)
+  local prompts = {}
+  for c = 1, 3 do prompts[c] = cat(system, seq(6 + c, 5, c)) end
+  PC.configure(m, { mb = 0 })
+  local off = m:generate(prompts, { max_new_tokens = 8, temperature = 1, seed = 4 })
+  PC.configure(m, { block_tokens = 8 })
+  local on = m:generate(prompts, { max_new_tokens = 8, temperature = 1, seed = 4 })
+  -- the first prompt runs the 40 tokens of whole blocks the three share; the other two are served them
+  T.eq(PC.of(m):stats().cached_tokens, 80, "two prompts served the shared 40 tokens")
+  for c = 1, 3 do
+    T.eq(on[c].tokens, off[c].tokens, "prompt " .. c .. " tokens")
+    T.eq(on[c].logprobs, off[c].logprobs, "prompt " .. c .. " log-probabilities")
+  end
+end)
+
 -- prompt -> (tokens, logprobs, cached prompt tokens of this request)
 local function once(m, prompt)
   local pc = PC.of(m)

@@ -223,6 +223,90 @@ end
 -- 256): bounds the activations and attention scores of a burst of long prompts.
 local PREFILL_TOKENS = 8192
 
+-- Runs each row's prompt tokens (row.held, row.upto] after the row.held its slot holds, all
+-- rows in as few batched forwards as PREFILL_TOKENS allows; extend: slots keep what they hold
+-- (else they are emptied first).
+local function run_batches(dec, rows, logits, extend)
+  local i = 1
+  while i <= #rows do
+    local j, width = i, 0
+    while j <= #rows do
+      local w = math.max(width, math.min(rows[j].upto - rows[j].held, 256))
+      if j > i and w * (j - i + 1) > PREFILL_TOKENS then break end
+      width, j = w, j + 1
+    end
+    local n, total = j - i, 0
+    for k = i, j - 1 do total = total + rows[k].upto - rows[k].held end
+    local slots, lengths = ffi.new("int32_t[?]", n), ffi.new("int32_t[?]", n)
+    local buf, at = ffi.new("int32_t[?]", total), 0
+    for k = i, j - 1 do
+      local row = rows[k]
+      slots[k - i], lengths[k - i] = row.slot, row.upto - row.held
+      for t = row.held + 1, row.upto do buf[at] = row.prompt[t]; at = at + 1 end
+    end
+    if extend then
+      dec:extend_many(n, slots, buf, lengths, logits)
+    elseif dec.prefill_many then
+      dec:prefill_many(n, slots, buf, lengths, logits)
+    else
+      at = 0
+      for k = 0, n - 1 do
+        dec:prefill(slots[k], buf + at, lengths[k], logits)
+        at = at + lengths[k]
+      end
+    end
+    i = j
+  end
+end
+
+-- The rows that share whole blocks with another row of the batch beyond what their slot holds,
+-- each the first row to reach such a block: row.upto becomes the end of the deepest one, which
+-- it runs before the others look the cache up again. Blocks stop before each prompt's last
+-- token, as lookups do.
+local function shared_prefixes(pc, rows)
+  local bt, root, paths = pc.bt, { children = {} }, {}
+  for _, row in ipairs(rows) do
+    local n, path = root, {}
+    for first = 1, #row.prompt - bt, bt do
+      local key = table.concat(row.prompt, ",", first, first + bt - 1)
+      local c = n.children[key]
+      if not c then
+        c = { children = {}, count = 0, first = row }
+        n.children[key] = c
+      end
+      c.count = c.count + 1
+      path[#path + 1] = c
+      n = c
+    end
+    paths[row] = path
+  end
+  local leaders = {}
+  for _, row in ipairs(rows) do
+    local need = 0
+    for d, c in ipairs(paths[row]) do
+      if c.count >= 2 and c.first == row then need = d * bt end
+    end
+    if need > row.held then
+      row.upto = need
+      leaders[#leaders + 1] = row
+    end
+  end
+  return leaders
+end
+
+-- The row's longest cached prefix into its slot, when longer than what the slot holds.
+function Engine:load_cached(pc, row)
+  local nodes = pc:lookup(row.prompt, #row.prompt - 1)
+  local got = #nodes * pc.bt
+  if got > row.held then
+    pc:load(self.dec, row.slot, nodes)
+    row.held, row.cached_tokens = got, got
+  elseif row.held == 0 then
+    self.dec:reset(row.slot)
+  end
+  pc:release(nodes)
+end
+
 -- Prefill the rows added since the last step, all prompts in as few batched forwards as the
 -- budget allows, then let them join the decode batch.
 function Engine:prefill()
@@ -245,57 +329,37 @@ function Engine:prefill()
       end
     end
   end
-  local dec, i, pc = self.dec, 1, self:prefix_cache()
-  -- the cached prefix of each prompt into its slot; the rest is what the forwards run (at
-  -- least its last token, whose logits the row samples from)
-  for _, row in ipairs(firsts) do
-    row.cached_tokens = 0
-    if pc then
-      local nodes = pc:lookup(row.prompt, #row.prompt - 1)
-      if #nodes > 0 then
-        pc:load(dec, row.slot, nodes)
-        row.cached_tokens = #nodes * pc.bt
-      else
-        dec:reset(row.slot)
-      end
-      pc:release(nodes)
+  local dec, pc = self.dec, self:prefix_cache()
+  -- each row runs its prompt's tokens after the `held` its slot holds (at least the last one,
+  -- whose logits the row samples from)
+  for _, row in ipairs(firsts) do row.held, row.upto, row.cached_tokens = 0, #row.prompt, 0 end
+  if pc then
+    for _, row in ipairs(firsts) do
+      self:load_cached(pc, row)
       row.weights = pc.stamp_key   -- the weights its keys and values come from
+    end
+    -- prompts of this batch that share whole blocks the cache lacks (a system prompt): the
+    -- first of each runs the shared part alone first, then the others are served it
+    local leaders = shared_prefixes(pc, firsts)
+    if #leaders > 0 then
+      run_batches(dec, leaders, self.logits, true)
+      for _, row in ipairs(leaders) do
+        pc:insert(dec, row.slot, row.prompt, row.weights)
+        row.held, row.upto, row.leader = row.upto, #row.prompt, true
+      end
+      for _, row in ipairs(firsts) do
+        if not row.leader then self:load_cached(pc, row) end
+        row.leader = nil
+      end
+    end
+    for _, row in ipairs(firsts) do
       pc.prompt_tokens, pc.cached_tokens = pc.prompt_tokens + #row.prompt, pc.cached_tokens + row.cached_tokens
     end
   end
-  while i <= #firsts do
-    local j, width = i, 0
-    while j <= #firsts do
-      local w = math.max(width, math.min(#firsts[j].prompt - firsts[j].cached_tokens, 256))
-      if j > i and w * (j - i + 1) > PREFILL_TOKENS then break end
-      width, j = w, j + 1
-    end
-    local n, total = j - i, 0
-    for k = i, j - 1 do total = total + #firsts[k].prompt end
-    local slots, lengths = ffi.new("int32_t[?]", n), ffi.new("int32_t[?]", n)
-    local buf, at = ffi.new("int32_t[?]", total), 0
-    for k = i, j - 1 do
-      local row = firsts[k]
-      local skip = row.cached_tokens or 0
-      slots[k - i], lengths[k - i] = row.slot, #row.prompt - skip
-      for t = skip + 1, #row.prompt do buf[at] = row.prompt[t]; at = at + 1 end
-    end
-    if pc then
-      dec:extend_many(n, slots, buf, lengths, self.logits)
-    elseif dec.prefill_many then
-      dec:prefill_many(n, slots, buf, lengths, self.logits)
-    else
-      at = 0
-      for k = 0, n - 1 do
-        dec:prefill(slots[k], buf + at, lengths[k], self.logits)
-        at = at + lengths[k]
-      end
-    end
-    i = j
-  end
+  run_batches(dec, firsts, self.logits, pc ~= nil)
   local V = self.V
   if pc then
-    for _, row in ipairs(firsts) do pc:insert(dec, row.slot, row.prompt) end
+    for _, row in ipairs(firsts) do pc:insert(dec, row.slot, row.prompt, row.weights) end
   end
   for _, row in ipairs(pending) do
     if row.copy_of then
