@@ -1,8 +1,9 @@
 -- The prefix cache (clrt.gen.prefix_cache, docs/prefix_cache.md): conversations of several
 -- turns with shared prefixes and futures, greedy and seeded sampling, give the same tokens and
 -- log-probabilities bit for bit with the cache off, on, and on under a bound so small that it
--- evicts; a later turn is served its earlier turns; after an optimizer step or an adapter change
--- the same prompt misses the cache and matches a cache-off run under the new weights.
+-- evicts, on every fixture architecture; a later turn is served its earlier turns, and prompts
+-- arriving together share what they have in common; after an optimizer step or an adapter
+-- change the same prompt misses the cache and matches a cache-off run under the new weights.
 local T = require("clrt.test")
 local PC = require("clrt.gen.prefix_cache")
 local ffi = require("ffi")
@@ -172,21 +173,25 @@ T.case("a reply decoded alone is not served (its one-row products sum in another
 end)
 
 T.case("prompts arriving together that share a system prompt run it once", function()
+  -- (only when that saves enough: two prompts sharing one block are not worth an extra forward)
   local m = model()
   reusable(m)
-  local system = seq(43, 7, 3)
+  local system = seq(83, 7, 3)
   local prompts = {}
   for c = 1, 3 do prompts[c] = cat(system, seq(6 + c, 5, c)) end
   PC.configure(m, { mb = 0 })
   local off = m:generate(prompts, { max_new_tokens = 8, temperature = 1, seed = 4 })
   PC.configure(m, { block_tokens = 8 })
   local on = m:generate(prompts, { max_new_tokens = 8, temperature = 1, seed = 4 })
-  -- the first prompt runs the 40 tokens of whole blocks the three share; the other two are served them
-  T.eq(PC.of(m):stats().cached_tokens, 80, "two prompts served the shared 40 tokens")
+  -- the first prompt runs the 80 tokens of whole blocks the three share; the other two are served them
+  T.eq(PC.of(m):stats().cached_tokens, 160, "two prompts served the shared 80 tokens")
   for c = 1, 3 do
     T.eq(on[c].tokens, off[c].tokens, "prompt " .. c .. " tokens")
     T.eq(on[c].logprobs, off[c].logprobs, "prompt " .. c .. " log-probabilities")
   end
+  PC.configure(m, { block_tokens = 8 })
+  m:generate({ cat(seq(17, 7, 3), seq(9, 5, 1)), cat(seq(17, 7, 3), seq(9, 5, 2)) }, { max_new_tokens = 2 })
+  T.eq(PC.of(m):stats().cached_tokens, 0, "16 shared tokens between two prompts: no extra forward")
 end)
 
 -- prompt -> (tokens, logprobs, cached prompt tokens of this request)

@@ -223,6 +223,11 @@ end
 -- 256): bounds the activations and attention scores of a burst of long prompts.
 local PREFILL_TOKENS = 8192
 
+-- A batch's shared blocks run first only when that saves at least this many prompt tokens: the
+-- extra forward reads every weight once more (a guess to be checked on a quiet machine with
+-- bench/prefix_cache.lua).
+local MIN_SHARED_SAVING = 128
+
 -- Runs each row's prompt tokens (row.held, row.upto] after the row.held its slot holds, all
 -- rows in as few batched forwards as PREFILL_TOKENS allows; extend: slots keep what they hold
 -- (else they are emptied first).
@@ -280,7 +285,14 @@ local function shared_prefixes(pc, rows)
     end
     paths[row] = path
   end
+  local saved = 0
+  for _, row in ipairs(rows) do
+    for d, c in ipairs(paths[row]) do
+      if c.count >= 2 and c.first == row and d * bt > row.held then saved = saved + bt * (c.count - 1) end
+    end
+  end
   local leaders = {}
+  if saved < MIN_SHARED_SAVING then return leaders end
   for _, row in ipairs(rows) do
     local need = 0
     for d, c in ipairs(paths[row]) do
