@@ -46,6 +46,7 @@ typedef struct clrt_storage {
   int refcount;
   int device;
   uint64_t version;   /* counts writes through the tensor API (clrt_storage_written) */
+  uint64_t serial;    /* unique among the process's storages: tells a new arena from an old one */
 } clrt_storage;
 
 /* Every write through the tensor API bumps its storage's version, so copies derived from a
@@ -507,6 +508,41 @@ int clrt_decoder_prefill_many(clrt_decoder *d, int n, const int32_t *slots, cons
 /* One token for each of n distinct slots. */
 int clrt_decoder_decode(clrt_decoder *d, int n, const int32_t *slots, const int32_t *tokens,
                         float *logits);
+/* Like prefill_many, but each prompt goes after what its slot already holds (a prefix loaded
+   from the prefix cache, or nothing). */
+int clrt_decoder_extend_many(clrt_decoder *d, int n, const int32_t *slots, const int32_t *tokens,
+                             const int32_t *lengths, float *logits);
+/* How many leading positions of the slot hold keys and values that a prefill of its tokens from
+   position 0 reproduces bit for bit (0 where the model cannot promise it, clrt_model_kv_reusable):
+   prefills and decode steps of several rows keep it growing; a one-row decode step (its products
+   sum in another order) stops it. Only these positions may go into the prefix cache. */
+int clrt_decoder_exact_length(const clrt_decoder *d, int slot);
+
+/* The prefix cache's storage: `blocks` blocks, each the keys and values of `block_tokens`
+   consecutive positions in every layer, on the model's device. clrt.gen.prefix_cache keeps the
+   tree that says which tokens each block holds. */
+typedef struct clrt_kv_blocks clrt_kv_blocks;
+clrt_kv_blocks *clrt_kv_blocks_new(clrt_model *m, int block_tokens, int blocks);
+void clrt_kv_blocks_free(clrt_kv_blocks *b);
+/* Bytes of one block of block_tokens positions for this model. */
+size_t clrt_kv_block_bytes(const clrt_model *m, int block_tokens);
+/* Positions [first * bt, (first + count) * bt) of the slot into blocks ids[0..count); they must
+   lie within the slot's exact length. */
+int clrt_decoder_save_blocks(clrt_decoder *d, int slot, int first, int count, const int32_t *ids,
+                             clrt_kv_blocks *b);
+/* Blocks ids[0..count) into the slot's positions [0, count * bt): the slot then holds (and its
+   exact length is) count * bt tokens. */
+int clrt_decoder_load_blocks(clrt_decoder *d, int slot, int count, const int32_t *ids,
+                             clrt_kv_blocks *b);
+/* 1 when forward_cached computes a position's keys and values the same bits however the tokens
+   were chunked (CPU f32 over the packed weights with AVX-512); else cached blocks could differ
+   from a fresh prefill, and the prefix cache stays off. */
+int clrt_model_kv_reusable(const clrt_model *m);
+/* What the keys and values depend on besides the tokens: the weights' arenas and their write
+   counts, the adapters and whether they are on, the precision and the device. Blocks computed
+   under another stamp are never served (an optimizer step, a load, an adapter change all
+   change it). */
+void clrt_model_weights_stamp(const clrt_model *m, uint64_t out[8]);
 
 
 /* ==== sampling on the CPU (model/sample.c over kernels/cpu/sample.c) ===================== */

@@ -110,6 +110,9 @@ M.defaults = {
     -- its reward manager then scores a batch with no futures 0). -1 keeps a cut-off reply
     -- below any valid one whose reward is only lowered by a token cost.
     cutoff_reward = -1,
+    -- keys and values of earlier turns kept for the later ones (a response's futures share the
+    -- prompt and the response): MiB of memory, 0 off (docs/prefix_cache.md)
+    prefix_cache_mb = 1024,
   },
   train = { lr = 1e-6, decay = "constant", min_lr_ratio = 0.0, warmup_steps = 0, -- verl actor.optim
     weight_decay = 0.01, grad_clip = 1.0,
@@ -153,7 +156,7 @@ M.rules = {
   { "rollout.num_repeat_rollouts", "count" }, { "rollout.max_user_turns", "count0" },
   { "rollout.max_assistant_turns", "count0" }, { "rollout.max_new_tokens", "count" }, { "rollout.token_budget", "count" },
   { "rollout.max_prompt_len", "count" }, { "rollout.max_len", "count" }, { "rollout.future_temperature", "nonneg" },
-  { "rollout.cutoff_reward", "finite" },
+  { "rollout.cutoff_reward", "finite" }, { "rollout.prefix_cache_mb", "nonneg" },
   { "train.lr", "rate" }, { "train.decay", "one_of", { "constant", "cosine", "linear" } }, { "train.min_lr_ratio", "prob" },
   { "train.warmup_steps", "count0" }, { "train.weight_decay", "nonneg" }, { "train.grad_clip", "nonneg" },
   { "train.mini_batches", "count" }, { "train.micro_batch_size", "count" }, { "train.clip", "rate" },
@@ -204,6 +207,7 @@ function M.run(cfg, run_dir)
   local tok = clrt.tokenizer.load(start_dir)
   local m = train.lora.policy(start_dir, ckpt_dir, cfg.train.lora, cfg.seed, cfg.adapter, cfg.train.base_dtype)
   if cfg.device ~= "cpu" then m:to(cfg.device) end
+  require("clrt.gen.prefix_cache").configure(m, { mb = cfg.rollout.prefix_cache_mb })
   -- prompts without room for a response are left out before anything trains on them
   local dataset, val_set, notes = prompts.load_sets(m, tok, cfg)
   if not cfg.steps then

@@ -2,6 +2,7 @@
    tables differ only in their linear products (weights.c's policy for f32 and bf16). */
 #include "model_internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* The output layer goes through the same linear policy as the blocks' layers (a bf16 model's
@@ -12,8 +13,33 @@ static int cpu_decode_logits(clrt_model *m, acts *a, float *logits, const float 
   return 0;
 }
 
+/* A prefill over the KV cache (forward_cached, no lse kept) runs each query as a decode step's
+   row: its attention then sums in the same order whatever the chunk it came in and equals the
+   decode step's, so keys and values reused from the prefix cache (decode.c) are the ones a
+   prefill from the start would compute, bit for bit. Falls back to the blocked kernel without
+   AVX-512 (clrt_model_kv_reusable says no there). */
+static int cpu_attention_per_query(const clrt_model *m, acts *a, float *out, const float *q,
+                                   const float *k, const float *v, const attn_args *s) {
+  int64_t n = (int64_t)s->B * s->T;
+  int32_t *pos = malloc(sizeof(int32_t) * 2 * (size_t)n), *row = pos ? pos + n : NULL;
+  if (!pos) return 0;
+  int Tk = 0;
+  for (int b = 0; b < s->B; b++)
+    for (int t = 0; t < s->T; t++) {
+      pos[(int64_t)b * s->T + t] = s->pos0[b] + t;
+      row[(int64_t)b * s->T + t] = s->slot ? s->slot[b] : b;
+      if (s->pos0[b] + t + 1 > Tk) Tk = s->pos0[b] + t + 1;
+    }
+  int done = clrt_attention_decode_forward(out, NULL, q, k, v, (int)n, s->H, s->KV, s->D, pos, s->kv_bstride,
+                                           row, a->attn, (int64_t)clrt_attention_scratch_floats(s->T, Tk, 1),
+                                           m->threads);
+  free(pos);
+  return done;
+}
+
 static void cpu_attention(const clrt_model *m, acts *a, float *out, float *lse, const float *q,
                           const float *k, const float *v, const attn_args *s) {
+  if (s->slot && !lse && s->T > 1 && cpu_attention_per_query(m, a, out, q, k, v, s)) return;
   clrt_attention_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
                          s->slot, a->attn, m->threads);
 }

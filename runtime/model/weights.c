@@ -199,3 +199,24 @@ int clrt_model_set_decode_pack(clrt_model *m, int on) {
 }
 
 void clrt_model_params_changed(clrt_model *m) { clrt_storage_written(m->params); }
+
+/* forward_cached's products go through the packed f32 copy for any number of rows, each row
+   summed in the same order (linear_packed.c's tiles), and its attention runs every query as a
+   decode row (ops_cpu.c): a position's keys and values do not depend on how the tokens were
+   chunked. bf16 products switch kernels by row count, and other devices promise nothing. */
+int clrt_model_kv_reusable(const clrt_model *m) {
+  return m->device == CLRT_CPU && !m->bf16 && !m->base16 && m->pack_decode && clrt_linear_packed_available();
+}
+
+void clrt_model_weights_stamp(const clrt_model *m, uint64_t out[8]) {
+  const clrt_storage *lp = m->lora ? m->lora->params : NULL;
+  out[0] = m->params->serial;
+  out[1] = m->params->version;
+  out[2] = m->b16 ? m->b16->serial : 0;
+  out[3] = m->b16 ? m->b16->version : 0;
+  out[4] = lp ? lp->serial : 0;
+  out[5] = lp ? lp->version : 0;
+  out[6] = (uint64_t)(m->lora && m->lora->enabled) | (uint64_t)m->bf16 << 1 | (uint64_t)m->base16 << 2 |
+           (uint64_t)m->pack_decode << 3 | (uint64_t)m->device << 8;
+  out[7] = (uint64_t)(uintptr_t)m;
+}

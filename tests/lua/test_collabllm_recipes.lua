@@ -55,6 +55,14 @@ T.case("RL steps, checkpoints, and a resumed run equal to an uninterrupted one",
   rl.main(config.parse(rl.defaults, rl_args(root .. "/straight")))
   local a = comparable(root .. "/straight")
   T.ok(a[5] and a[5].reward ~= nil, "every step logs its reward")
+  -- the share of prompt tokens the prefix cache served (at this size most first responses are
+  -- cut and get no futures, so it may be 0; test_prefix_cache checks the hits themselves)
+  if require("clrt.core.ffi").C.clrt_model_kv_reusable(clrt.model.load(start).ptr) == 1 then
+    for step = 1, 5 do
+      local h = a[step].prefix_cache_hit_rate
+      T.ok(type(h) == "number" and h >= 0 and h < 1, ("step %d: prefix_cache_hit_rate %s"):format(step, tostring(h)))
+    end
+  end
   -- the steps before the stop must change the model and the optimizer, or resuming proves nothing
   T.ok(a[3].grad_norm > 0 and (a[2].grad_norm > 0 or a[1].grad_norm > 0), "updates happen before step 3")
   T.ok(T.read(root .. "/straight/checkpoint-5/trainer_state.json"), "a checkpoint is written")

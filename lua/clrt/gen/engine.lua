@@ -13,6 +13,10 @@
 -- nothing. Every row has its own options, seeded RNG stream, stop rules and callbacks.
 -- Prompts added between two steps are prefilled together at the start of the next step (one
 -- batched forward, as a server's newly arrived requests are), then join the decode batch.
+-- With a prefix cache (clrt.gen.prefix_cache: the model's own unless opts.prefix_cache is
+-- false), a prompt's longest cached prefix is loaded into its slot and only the rest is
+-- prefilled; the blocks of every prompt and of every finished row go back into the cache.
+-- row.cached_tokens says how many prompt tokens came from the cache.
 local ffi = require("ffi")
 local core = require("clrt.core.ffi")
 local C = core.C
@@ -150,8 +154,9 @@ end
 local Engine = {}
 Engine.__index = Engine
 
-function M.engine(dec)
+function M.engine(dec, eopts)
   local V, S = dec.vocab_size, dec.slots
+  local no_cache = (eopts and eopts.prefix_cache == false) or not (dec.extend_many and dec.model)
   local self = setmetatable({
     dec = dec, V = V,
     logits = ffi.new("float[?]", S * V),     -- [slots, V], row = slot
@@ -165,9 +170,16 @@ function M.engine(dec)
     feed = ffi.new("int32_t[?]", S),
     free = {}, active = {},
     pending = {},                            -- rows added since the last step, not yet prefilled
+    no_cache = no_cache,
   }, Engine)
   for s = S - 1, 0, -1 do self.free[#self.free + 1] = s end
   return self
+end
+
+-- The model's prefix cache as it is now (configure may have changed or turned it off), or nil.
+function Engine:prefix_cache()
+  if self.no_cache then return nil end
+  return require("clrt.gen.prefix_cache").of(self.dec.model)
 end
 
 function Engine:free_slots() return #self.free end
@@ -201,6 +213,7 @@ function Engine:add(prompt, o, cb, tag, stream)
   for s, row in ipairs(rows) do
     row.slot = table.remove(self.free)
     if s == 1 then row.prompt = prompt else row.copy_of = rows[1] end
+    row.full_prompt = prompt
     self.pending[#self.pending + 1] = row
   end
   return rows
@@ -209,6 +222,102 @@ end
 -- Most prompt positions one batched prefill call takes (rows x the longest's chunk of at most
 -- 256): bounds the activations and attention scores of a burst of long prompts.
 local PREFILL_TOKENS = 8192
+
+-- A batch's shared blocks run first only when that saves at least this many prompt tokens: the
+-- extra forward reads every weight once more (a guess to be checked on a quiet machine with
+-- bench/prefix_cache.lua).
+local MIN_SHARED_SAVING = 128
+
+-- Runs each row's prompt tokens (row.held, row.upto] after the row.held its slot holds, all
+-- rows in as few batched forwards as PREFILL_TOKENS allows; extend: slots keep what they hold
+-- (else they are emptied first).
+local function run_batches(dec, rows, logits, extend)
+  local i = 1
+  while i <= #rows do
+    local j, width = i, 0
+    while j <= #rows do
+      local w = math.max(width, math.min(rows[j].upto - rows[j].held, 256))
+      if j > i and w * (j - i + 1) > PREFILL_TOKENS then break end
+      width, j = w, j + 1
+    end
+    local n, total = j - i, 0
+    for k = i, j - 1 do total = total + rows[k].upto - rows[k].held end
+    local slots, lengths = ffi.new("int32_t[?]", n), ffi.new("int32_t[?]", n)
+    local buf, at = ffi.new("int32_t[?]", total), 0
+    for k = i, j - 1 do
+      local row = rows[k]
+      slots[k - i], lengths[k - i] = row.slot, row.upto - row.held
+      for t = row.held + 1, row.upto do buf[at] = row.prompt[t]; at = at + 1 end
+    end
+    if extend then
+      dec:extend_many(n, slots, buf, lengths, logits)
+    elseif dec.prefill_many then
+      dec:prefill_many(n, slots, buf, lengths, logits)
+    else
+      at = 0
+      for k = 0, n - 1 do
+        dec:prefill(slots[k], buf + at, lengths[k], logits)
+        at = at + lengths[k]
+      end
+    end
+    i = j
+  end
+end
+
+-- The rows that share whole blocks with another row of the batch beyond what their slot holds,
+-- each the first row to reach such a block: row.upto becomes the end of the deepest one, which
+-- it runs before the others look the cache up again. Blocks stop before each prompt's last
+-- token, as lookups do.
+local function shared_prefixes(pc, rows)
+  local bt, root, paths = pc.bt, { children = {} }, {}
+  for _, row in ipairs(rows) do
+    local n, path = root, {}
+    for first = 1, #row.prompt - bt, bt do
+      local key = table.concat(row.prompt, ",", first, first + bt - 1)
+      local c = n.children[key]
+      if not c then
+        c = { children = {}, count = 0, first = row }
+        n.children[key] = c
+      end
+      c.count = c.count + 1
+      path[#path + 1] = c
+      n = c
+    end
+    paths[row] = path
+  end
+  local saved = 0
+  for _, row in ipairs(rows) do
+    for d, c in ipairs(paths[row]) do
+      if c.count >= 2 and c.first == row and d * bt > row.held then saved = saved + bt * (c.count - 1) end
+    end
+  end
+  local leaders = {}
+  if saved < MIN_SHARED_SAVING then return leaders end
+  for _, row in ipairs(rows) do
+    local need = 0
+    for d, c in ipairs(paths[row]) do
+      if c.count >= 2 and c.first == row then need = d * bt end
+    end
+    if need > row.held then
+      row.upto = need
+      leaders[#leaders + 1] = row
+    end
+  end
+  return leaders
+end
+
+-- The row's longest cached prefix into its slot, when longer than what the slot holds.
+function Engine:load_cached(pc, row)
+  local nodes = pc:lookup(row.prompt, #row.prompt - 1)
+  local got = #nodes * pc.bt
+  if got > row.held then
+    pc:load(self.dec, row.slot, nodes)
+    row.held, row.cached_tokens = got, got
+  elseif row.held == 0 then
+    self.dec:reset(row.slot)
+  end
+  pc:release(nodes)
+end
 
 -- Prefill the rows added since the last step, all prompts in as few batched forwards as the
 -- budget allows, then let them join the decode batch.
@@ -232,47 +341,64 @@ function Engine:prefill()
       end
     end
   end
-  local dec, i = self.dec, 1
-  while i <= #firsts do
-    local j, width = i, 0
-    while j <= #firsts do
-      local w = math.max(width, math.min(#firsts[j].prompt, 256))
-      if j > i and w * (j - i + 1) > PREFILL_TOKENS then break end
-      width, j = w, j + 1
+  local dec, pc = self.dec, self:prefix_cache()
+  -- each row runs its prompt's tokens after the `held` its slot holds (at least the last one,
+  -- whose logits the row samples from)
+  for _, row in ipairs(firsts) do row.held, row.upto, row.cached_tokens = 0, #row.prompt, 0 end
+  if pc then
+    for _, row in ipairs(firsts) do
+      self:load_cached(pc, row)
+      row.weights = pc.stamp_key   -- the weights its keys and values come from
     end
-    local n, total = j - i, 0
-    for k = i, j - 1 do total = total + #firsts[k].prompt end
-    local slots, lengths = ffi.new("int32_t[?]", n), ffi.new("int32_t[?]", n)
-    local buf, at = ffi.new("int32_t[?]", total), 0
-    for k = i, j - 1 do
-      local row = firsts[k]
-      slots[k - i], lengths[k - i] = row.slot, #row.prompt
-      for t = 1, #row.prompt do buf[at] = row.prompt[t]; at = at + 1 end
-    end
-    if dec.prefill_many then
-      dec:prefill_many(n, slots, buf, lengths, self.logits)
-    else
-      at = 0
-      for k = 0, n - 1 do
-        dec:prefill(slots[k], buf + at, lengths[k], self.logits)
-        at = at + lengths[k]
+    -- prompts of this batch that share whole blocks the cache lacks (a system prompt): the
+    -- first of each runs the shared part alone first, then the others are served it
+    local leaders = shared_prefixes(pc, firsts)
+    if #leaders > 0 then
+      run_batches(dec, leaders, self.logits, true)
+      for _, row in ipairs(leaders) do
+        pc:insert(dec, row.slot, row.prompt, row.weights)
+        row.held, row.upto, row.leader = row.upto, #row.prompt, true
+      end
+      for _, row in ipairs(firsts) do
+        if not row.leader then self:load_cached(pc, row) end
+        row.leader = nil
       end
     end
-    i = j
+    for _, row in ipairs(firsts) do
+      pc.prompt_tokens, pc.cached_tokens = pc.prompt_tokens + #row.prompt, pc.cached_tokens + row.cached_tokens
+    end
   end
+  run_batches(dec, firsts, self.logits, pc ~= nil)
   local V = self.V
+  if pc then
+    for _, row in ipairs(firsts) do pc:insert(dec, row.slot, row.prompt, row.weights) end
+  end
   for _, row in ipairs(pending) do
     if row.copy_of then
       dec:copy_slot(row.copy_of.slot, row.slot)
       ffi.copy(self.logits + row.slot * V, self.logits + row.copy_of.slot * V, V * 4)
+      row.cached_tokens, row.weights = row.copy_of.cached_tokens, row.copy_of.weights
     end
-    row.prompt, row.copy_of = nil, nil
+    row.prompt, row.copy_of, row.prefilled = nil, nil, true
     self.active[#self.active + 1] = row
   end
 end
 
+-- The prompt and the tokens sampled after it, for the prefix cache (the slot holds all but
+-- the last sampled token).
+local function row_tokens(row)
+  local all = {}
+  for i, t in ipairs(row.full_prompt) do all[i] = t end
+  local P = #all
+  for i, t in ipairs(row.tokens) do all[P + i] = t end
+  return all
+end
+
 function Engine:finish(row, reason, no_slot)
   row.finish_reason = reason
+  local pc = row.prefilled and self:prefix_cache()
+  if pc and row.slot and not no_slot then pc:insert(self.dec, row.slot, row_tokens(row), row.weights) end
+  row.full_prompt = nil
   if row.slot and not no_slot then
     self.free[#self.free + 1] = row.slot
     row.slot = nil

@@ -18,6 +18,16 @@ end
 function Decoder:prefill_many(n, slots, tokens, lengths, logits)
   core.ok(C.clrt_decoder_prefill_many(self.ptr, n, slots, tokens, lengths, logits), 2)
 end
+-- n prompts, each after what its slot holds (a prefix loaded from the prefix cache).
+function Decoder:extend_many(n, slots, tokens, lengths, logits)
+  core.ok(C.clrt_decoder_extend_many(self.ptr, n, slots, tokens, lengths, logits), 2)
+end
+function Decoder:reset(slot) core.ok(C.clrt_decoder_reset(self.ptr, slot), 2) end
+function Decoder:exact_length(slot) return C.clrt_decoder_exact_length(self.ptr, slot) end
+function Decoder:load_blocks(slot, count, ids, blocks) core.ok(C.clrt_decoder_load_blocks(self.ptr, slot, count, ids, blocks), 2) end
+function Decoder:save_blocks(slot, first, count, ids, blocks)
+  core.ok(C.clrt_decoder_save_blocks(self.ptr, slot, first, count, ids, blocks), 2)
+end
 function Decoder:copy_slot(src, dst) core.ok(C.clrt_decoder_copy_slot(self.ptr, src, dst), 2) end
 function Decoder:decode(n, slots, tokens, logits) core.ok(C.clrt_decoder_decode(self.ptr, n, slots, tokens, logits), 2) end
 function Decoder:length(slot) return C.clrt_decoder_length(self.ptr, slot) end

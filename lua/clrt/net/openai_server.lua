@@ -375,6 +375,8 @@ function M.new(opts)
   self.name = opts.name or "clrt"
   self.api_key = opts.api_key
   self.limits = { max_tokens = opts.max_tokens or 4096, max_n = math.min(opts.slots or 32, 16) }
+  -- prompt caching across requests (clrt.gen.prefix_cache, docs/prefix_cache.md): MiB, 0 off
+  if opts.prefix_cache_mb ~= nil then require("clrt.gen.prefix_cache").configure(self.model, { mb = opts.prefix_cache_mb }) end
   self.dec = opts.decoder or self.model:decoder(opts.slots or 32, opts.max_len or 2048)
   self.limits.vocab_size = self.dec.vocab_size
   self.engine = gen.engine(self.dec)
@@ -577,7 +579,10 @@ function Server:start_request(r, req)
   local function usage()
     local c = 0
     for _, row in ipairs(rows) do c = c + #row.tokens end
-    return { prompt_tokens = #ids, completion_tokens = c, total_tokens = #ids + c }
+    -- OpenAI's prompt caching field: the prompt tokens served from the prefix cache
+    local cached = rows[1] and rows[1].cached_tokens or 0
+    return { prompt_tokens = #ids, completion_tokens = c, total_tokens = #ids + c,
+             prompt_tokens_details = { cached_tokens = cached } }
   end
   -- a finished row's tool calls (OpenAI's shape) and content, when tools are on
   local function tool_result(row)
@@ -719,7 +724,10 @@ function Server:start_completion(r, req)
   local function usage()
     local c = 0
     for _, row in ipairs(rows) do c = c + #row.tokens end
-    return { prompt_tokens = #ids, completion_tokens = c, total_tokens = #ids + c }
+    -- OpenAI's prompt caching field: the prompt tokens served from the prefix cache
+    local cached = rows[1] and rows[1].cached_tokens or 0
+    return { prompt_tokens = #ids, completion_tokens = c, total_tokens = #ids + c,
+             prompt_tokens_details = { cached_tokens = cached } }
   end
   local function body(choices, extra)
     local b = { id = cid, object = "text_completion", created = created, model = self.name, choices = choices }

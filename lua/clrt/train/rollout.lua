@@ -149,6 +149,7 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step)
   local ctx_len = M.context_len(m, R)
   local ropts = M.render_opts(cfg)
   local t0 = clrt.log.now()
+  local cache0 = M.prefix_cache_totals(m)
   -- Phase 1: first responses, all prompts in one batched generate.
   local fns = {}
   for i, s in ipairs(samples) do
@@ -212,8 +213,21 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step)
   end
   -- decode steps taken while a metric's program (pass_rate's tests) ran: the engine's work
   -- that a blocking test run would have held back
+  local cache1 = M.prefix_cache_totals(m)
+  local prompt_tokens = cache1.prompt_tokens - cache0.prompt_tokens
   return entries, { generate_first_s = t_gen1, rollout_s = clrt.log.now() - t0 - t_gen1,
-    engine_steps_during_tests = info and info.engine_steps_during_procs or 0 }
+    engine_steps_during_tests = info and info.engine_steps_during_procs or 0,
+    -- the share of the step's prompt tokens served from the prefix cache (nil: cache off)
+    prefix_cache_hit_rate = cache1.on and prompt_tokens > 0
+      and (cache1.cached_tokens - cache0.cached_tokens) / prompt_tokens or nil }
+end
+
+-- The prefix cache's running totals of prompt tokens asked for and served (clrt.gen.prefix_cache);
+-- on = false when the model has none (off, or a model that cannot reuse keys and values).
+function M.prefix_cache_totals(m)
+  local pc = require("clrt.gen.prefix_cache").of(m)
+  if not pc then return { on = false, prompt_tokens = 0, cached_tokens = 0 } end
+  return { on = true, prompt_tokens = pc.prompt_tokens, cached_tokens = pc.cached_tokens }
 end
 
 -- Greedy conversations with the world's user on held-out prompts -> world.summarize numbers.

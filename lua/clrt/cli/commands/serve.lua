@@ -1,6 +1,6 @@
 -- clrt serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--slots 32]
 --                      [--max-len 2048] [--max-tokens 4096] [--max-body BYTES] [--served-model-name NAME]
---                      [--adapter DIR]
+--                      [--adapter DIR] [--prefix-cache-mb MB]
 -- An OpenAI-compatible server for one model folder (see lua/clrt/net/openai_server.lua).
 local args = { ... }
 local usage = [[
@@ -13,6 +13,9 @@ usage: clrt serve MODEL_DIR [options]
   --max-tokens N     largest max_tokens a request may ask for (default 4096)
   --max-body BYTES   largest request body (default 4 MiB)
   --adapter DIR      a PEFT LoRA folder applied over MODEL_DIR
+  --prefix-cache-mb MB
+                     memory for prompt caching: requests that start like an earlier one
+                     prefill only the rest (default 1024; 0 turns it off; docs/prefix_cache.md)
   --served-model-name NAME
                      the model's name in /v1/models; requests naming another model get a
                      404 model_not_found (default: the folder's name; --name is the same)]]
@@ -40,6 +43,7 @@ while i <= #args do
   elseif a == "--max-len" then opts.max_len = number(a)
   elseif a == "--max-tokens" then opts.max_tokens = number(a)
   elseif a == "--max-body" then opts.max_body = number(a)
+  elseif a == "--prefix-cache-mb" then opts.prefix_cache_mb = number(a)
   elseif a == "--adapter" then opts.adapter = value(a)
   elseif a == "--served-model-name" or a == "--name" then opts.name = value(a)
   elseif a:sub(1, 2) == "--" then error(("clrt serve: unknown option %s\n%s"):format(a, usage), 0)
