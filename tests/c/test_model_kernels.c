@@ -327,7 +327,7 @@ typedef struct { float *q, *k, *v, *out, *lse, *R, *scratch; } att_ctx;
 static double att_loss(void *p) {
   att_ctx *c = p;
   clrt_attention_forward(c->out, c->lse, c->q, c->k, c->v, AB, AT, AH, AKV, AD, NULL,
-                         (int64_t)AT * AKV * AD, NULL, c->scratch, 2);
+                         (int64_t)AT * AKV * AD, NULL, 0, c->scratch, 2);
   return dotv(c->out, c->R, AB * AT * AH * AD);
 }
 
@@ -364,7 +364,7 @@ static void test_attention(void) {
         for (int e = 0; e < AD; e++) CHECK_NEAR(c.out[(((int64_t)b * AT + t) * AH + h) * AD + e], o[e], 2e-5);
       }
   float *dq = zerov((size_t)nq), *dk = zerov((size_t)nk), *dv = zerov((size_t)nk);
-  clrt_attention_backward(dq, dk, dv, c.R, c.q, c.k, c.v, c.out, c.lse, AB, AT, AH, AKV, AD, c.scratch, 2);
+  clrt_attention_backward(dq, dk, dv, c.R, c.q, c.k, c.v, c.out, c.lse, AB, AT, AH, AKV, AD, 0, c.scratch, 2);
   fd_check("attention dq", att_loss, &c, c.q, dq, (size_t)nq, 7, 1e-2f, 2e-3);
   fd_check("attention dk", att_loss, &c, c.k, dk, (size_t)nk, 5, 1e-2f, 2e-3);
   fd_check("attention dv", att_loss, &c, c.v, dv, (size_t)nk, 5, 1e-2f, 2e-3);
@@ -377,7 +377,7 @@ static void test_attention(void) {
   float *kc = randv((size_t)(AB * cbs), 1), *vc = randv((size_t)(AB * cbs), 1);
   float *q2 = randv((size_t)AB * Tq * AH * AD, 1), *o2 = zerov((size_t)AB * Tq * AH * AD);
   float *scr = zerov(clrt_attention_scratch_floats(Tq, maxT, 3));
-  clrt_attention_forward(o2, NULL, q2, kc, vc, AB, Tq, AH, AKV, AD, pos0, cbs, NULL, scr, 3);
+  clrt_attention_forward(o2, NULL, q2, kc, vc, AB, Tq, AH, AKV, AD, pos0, cbs, NULL, 0, scr, 3);
   for (int b = 0; b < AB; b++)
     for (int t = 0; t < Tq; t++)
       for (int h = 0; h < AH; h++) {
@@ -390,8 +390,8 @@ static void test_attention(void) {
   float *dq2 = zerov((size_t)nq), *dk2 = zerov((size_t)nk), *dv2 = zerov((size_t)nk);
   float *scr2 = zerov(clrt_attention_scratch_floats(AT, AT, 3));
   clrt_set_num_threads(3);
-  clrt_attention_forward(out2, lse2, c.q, c.k, c.v, AB, AT, AH, AKV, AD, NULL, (int64_t)AT * AKV * AD, NULL, scr2, 3);
-  clrt_attention_backward(dq2, dk2, dv2, c.R, c.q, c.k, c.v, out2, lse2, AB, AT, AH, AKV, AD, scr2, 3);
+  clrt_attention_forward(out2, lse2, c.q, c.k, c.v, AB, AT, AH, AKV, AD, NULL, (int64_t)AT * AKV * AD, NULL, 0, scr2, 3);
+  clrt_attention_backward(dq2, dk2, dv2, c.R, c.q, c.k, c.v, out2, lse2, AB, AT, AH, AKV, AD, 0, scr2, 3);
   clrt_set_num_threads(1);
   int same = 1;
   for (int i = 0; i < nq; i++) same &= out2[i] == c.out[i] && dq2[i] == dq[i];
@@ -419,7 +419,7 @@ static void test_attention_decode(void) {
       float *q = randv((size_t)B * H * D, 2), *o = zerov((size_t)B * H * D), *lse = zerov((size_t)B * H);
       float *scr = zerov(clrt_attention_scratch_floats(1, maxT, threads));
       clrt_set_num_threads(threads);
-      clrt_attention_forward(o, lse, q, kc, vc, B, 1, H, KV, D, pos0, cbs, slot_of, scr, threads);
+      clrt_attention_forward(o, lse, q, kc, vc, B, 1, H, KV, D, pos0, cbs, slot_of, 0, scr, threads);
       clrt_set_num_threads(1);
       double ref[128];
       for (int b = 0; b < B; b++)
