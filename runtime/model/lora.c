@@ -104,9 +104,10 @@ int clrt_model_lora_add(clrt_model *m, int r, float alpha, float dropout, unsign
   lo->targets = targets;
   lo->enabled = 1;
   lo->seed = seed;
+  for (int l = 0; l < L; l++)   /* first: a fused adapter sets its later blocks' entries */
+    for (int t = 0; t < LORA_NT; t++) lo->ab[l][t][0] = lo->ab[l][t][1] = -1;
   for (int l = 0; l < L; l++)
     for (int t = 0; t < LORA_NT; t++) {
-      lo->ab[l][t][0] = lo->ab[l][t][1] = -1;
       if (!((targets >> t) & 1) || fused_lead(m, t) != t) continue;
       if (m->cfg.fused_qkv_gate_up && (t == LORA_Q || t == LORA_GATE)) {
         add_fused_adapter(m, lo, l, t, r);
