@@ -108,8 +108,9 @@ int clrt_model_set_base_bf16(clrt_model *m) {
     clrt_param_info *p = &m->p[i];
     const float *from = src + old_off[i];
     if ((p->in16 = is_block_linear(m, p))) {
-      p->offset = n16;
+      /* packed while p and the layer offsets still agree (fused blocks are found by them) */
       if (!blank) model_base16_pack(m, p, (uint16_t *)p16->data + n16, from);
+      p->offset = n16;
       n16 += (p->numel + 15) & ~(int64_t)15;
     } else if (blank) {
       p->offset = n32;
