@@ -1,4 +1,4 @@
--- clrt.model — the Llama-family transformer (Llama 2/3, Qwen2, Qwen3) over C arenas.
+-- clrt.model — the Llama-family transformer (Llama 2/3, Qwen2, Qwen3, Mistral, Phi-3) over C arenas.
 --   m = clrt.model.load("path/to/hf_dir")          -- config.json + model.safetensors (or shards)
 --   m = clrt.model.new(cfg_table, {seed = 1})      -- random init from config.json's keys
 --   lp = m:logprobs(tokens, {lengths = {...}})     -- f32 [B, T-1]: log p(tok[t+1] | tok[..t])

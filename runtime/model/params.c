@@ -1,6 +1,7 @@
-/* params.c — the Llama-family transformer's parameters (Llama 2/3, Qwen2, Qwen3): the config's
-   checks, the layout of one f32 arena under Hugging Face names (16-float aligned), RoPE's
-   inverse frequencies, random initialisation and introspection. */
+/* params.c — the Llama-family transformer's parameters (Llama 2/3, Qwen2, Qwen3, Mistral,
+   Phi-3): the config's checks, the layout of one f32 arena under Hugging Face names (16-float
+   aligned; Phi-3's fused tensors whole), RoPE's inverse frequencies, random initialisation and
+   introspection. */
 #include "model_internal.h"
 
 #include <math.h>
