@@ -218,6 +218,15 @@ T.case("config.json: Phi-3-mini-4k's own keys load; rope_scaling it does not run
   T.eq(clrt.model.parse_config(qwen, "q").sliding_window, nil)
 end)
 
+T.case("train_flops counts a query's keys up to the window (T x W rather than T x T)", function()
+  local m = clrt.model.load(fixtures .. "/mistral_window")   -- W = 4, 2 layers, 4 heads of 8
+  local cfg = config_of("mistral_window")
+  local matmul = m:num_params() - cfg.vocab_size * cfg.hidden_size
+  local B, Tn = 3, 20
+  T.near(m:train_flops(B, Tn), 6 * matmul * B * Tn + 6 * 2 * 4 * 8 * Tn * 4 * B, { rtol = 1e-12 }, "past the window")
+  T.near(m:train_flops(B, 3), 6 * matmul * B * 3 + 6 * 2 * 4 * 8 * 3 * 3 * B, { rtol = 1e-12 }, "within it")
+end)
+
 T.case("log-probs of one-token rows (no targets) are an empty tensor, not a crash", function()
   local m = clrt.model.load(fixtures .. "/mistral_window")
   local lp = m:logprobs({ { 9 }, { 4 } })
