@@ -11,6 +11,7 @@
 -- lora_embedding_A [r, vocab], lora_embedding_B [hidden, r], no dropout). A merge of either
 -- into a tied model unties it (lm_head.weight of its own, tie_word_embeddings = false).
 -- With adapters the base is frozen: m:grads() fails, optimizers walk the adapters only.
+-- Phi-3 (fused qkv_proj, gate_up_proj) takes those names, one adapter beside each fused layer.
 local ffi = require("ffi")
 local core = require("clrt.core.ffi")
 local tensor = require("clrt.tensor")
