@@ -133,6 +133,49 @@ T.case("Phi-3: LoRA on the fused layers: PEFT's names and targets, the recipes' 
     "fused layer of Phi-3", "a fused name on a model with the parts")
 end)
 
+T.case("Phi-3: fused adapters with dropout: finite differences agree with the gradients (shared A, each B block)", function()
+  local m = clrt.model.load(fixtures .. "/phi3_fused")
+  m:add_lora({ r = 2, alpha = 4, dropout = 0.3, seed = 9 })
+  local g = clrt.tensor.generator(3)
+  for _, n in ipairs(m.lora_names) do
+    if n:find("lora_B") then m:lora_params()[n]:copy_(clrt.tensor.randn(m:lora_params()[n]:shape(), { generator = g }) * 0.3) end
+  end
+  local toks = { { 5, 9, 17, 3, 40, 2, 8, 11, 60, 7 }, { 4, 4, 30, 21, 1, 90, 6, 12, 13, 14 } }
+  local w = clrt.tensor.randn({ 2, 9 }, { seed = 5 })
+  local function objective()
+    m:set_lora_dropout_step(17)   -- the same masks every forward
+    local lp, s = flat(m:logprobs(toks)), 0
+    local fw = flat(w)
+    for i = 1, #lp do s = s + lp[i] * fw[i] end
+    return s
+  end
+  objective()
+  m:zero_grad()
+  m:backward(w)
+  local qkv = "base_model.model.model.layers.0.self_attn.qkv_proj.lora_"
+  local gu = "base_model.model.model.layers.1.mlp.gate_up_proj.lora_"
+  -- A (shared by q, k, v), B's q, k and v rows (96 rows of 2: q 0-47, k 48-71, v 72-95); gate_up's A and up rows
+  local probes = { { qkv .. "A.weight", { 0, 37, 95 } }, { qkv .. "B.weight", { 3, 100, 150 } },
+    { gu .. "A.weight", { 1, 50 } }, { gu .. "B.weight", { 90, 150 } } }
+  local eps = 1e-2
+  for _, pr in ipairs(probes) do
+    local name = pr[1]
+    local gp = flat(m:lora_grads()[name])
+    local p = ffi.cast("float *", m:lora_params()[name]:data_ptr())
+    for _, i in ipairs(pr[2]) do
+      local x0 = p[i]
+      p[i] = x0 + eps
+      local up = objective()
+      p[i] = x0 - eps
+      local dn = objective()
+      p[i] = x0
+      local fd = (up - dn) / (2 * eps)
+      T.ok(math.abs(fd - gp[i + 1]) <= 2e-2 * math.max(1e-2, math.abs(fd)) + 2e-4,
+        ("%s[%d]: finite difference %.6g, backward %.6g"):format(name, i, fd, gp[i + 1]))
+    end
+  end
+end)
+
 T.case("Phi-3: a bf16 base packs each block of a fused tensor as its own weight", function()
   local e = expected("phi3_fused")
   local adapter = T.tmpdir() .. "/adapter"
