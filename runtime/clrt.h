@@ -170,6 +170,11 @@ typedef struct clrt_model_config {
   int qkv_bias;                     /* q/k/v projections carry biases (Qwen2; attention_bias) */
   int o_bias;                       /* o_proj carries a bias (Llama/Qwen3 attention_bias) */
   int qk_norm;                      /* per-head RMSNorm of q and k before RoPE (Qwen3) */
+  /* Mistral, Phi-3: config.json's sliding_window (0: none): position p attends keys
+     p - sliding_window < j <= p. Phi-3: q/k/v and gate/up live fused in one tensor each
+     (qkv_proj, gate_up_proj), the layout and names of its checkpoints. */
+  int sliding_window;
+  int fused_qkv_gate_up;
   int max_batch, max_seq;           /* activation arena's first size; it grows past them */
   double keep_logits_mb;            /* backward reuses forward's logits when they fit (0: recompute) */
 } clrt_model_config;

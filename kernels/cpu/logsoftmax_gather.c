@@ -31,6 +31,7 @@ static void block_shape(int64_t N, int V, int chunk, int *R, int *Vb) {
   int64_t cap = (int64_t)chunk * V;
   int64_t r = N < ROWS ? N : ROWS;
   if (chunk > r) r = N < chunk ? N : chunk;   /* the caller's chunk is bigger: all of it */
+  if (r < 1) r = 1;   /* no rows (every row one token long): nothing to do, no division by 0 */
   int64_t vb = cap / r;
   if (vb >= V) vb = V;
   else if (vb >= VALIGN) vb -= vb % VALIGN;

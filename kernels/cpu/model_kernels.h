@@ -187,7 +187,8 @@ void clrt_rope_backward(float *dx /* [B, T, nh, D] */, const float *cos_t, const
    read from k/v whose rows are positions (batch stride kv_bstride elements, row stride KV*D).
    Training passes the freshly projected K/V with pos0 = NULL; a KV-cache decode passes the
    cache [slots, maxT, KV, D] after writing the new positions into it, with kv_row[b] the
-   cache slot of row b (NULL: slot b). lse may be NULL (inference).
+   cache slot of row b (NULL: slot b). lse may be NULL (inference). window > 0: sliding-window
+   attention, the query at position p sees only keys p - window < j <= p (0: all of them).
    scratch: clrt_attention_scratch_floats(Tq, Tk, nthreads) floats; the kernels use at most
    nthreads OpenMP threads (each its own slice of scratch). */
 size_t clrt_attention_scratch_floats(int Tq, int Tk, int nthreads);
@@ -195,7 +196,8 @@ void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H,
                             const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
                             const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
                             int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
-                            const int32_t *kv_row /* [B] or NULL */, float *scratch, int nthreads);
+                            const int32_t *kv_row /* [B] or NULL */, int window, float *scratch,
+                            int nthreads);
 /* attention_decode.c: the forward for Tq = 1 (a decode step) without sgemm; q/out rows are
    [B, H, D] and scratch holds scratch_stride floats per thread (>= the longest key range).
    Returns 1 when it computed out (and lse), 0 when this CPU has no kernel for it. */
@@ -203,14 +205,15 @@ int clrt_attention_decode_forward(float *out /* [B, H, D] */, float *lse /* [B, 
                                   const float *q /* [B, H, D] */, const float *k /* [B, Tk, KV, D] */,
                                   const float *v /* [B, Tk, KV, D] */, int B, int H, int KV, int D,
                                   const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
-                                  const int32_t *kv_row /* [B] or NULL */, float *scratch,
+                                  const int32_t *kv_row /* [B] or NULL */, int window, float *scratch,
                                   int64_t scratch_stride, int nthreads);
 /* Training only (pos0 = 0, Tk = T). dq =, dk =, dv = */
 void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
                              float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,
                              const float *q, const float *k, const float *v,
                              const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
-                             int B, int T, int H, int KV, int D, float *scratch, int nthreads);
+                             int B, int T, int H, int KV, int D, int window, float *scratch,
+                             int nthreads);
 
 /* ---- swiglu.c: h = silu(g) * u -------------------------------------------------------- */
 void clrt_swiglu_forward(float *h /* [N, I] */, const float *g /* [N, I] */, const float *u /* [N, I] */,

@@ -1,4 +1,4 @@
--- clrt.model — the Llama-family transformer (Llama 2/3, Qwen2, Qwen3) over C arenas.
+-- clrt.model — the Llama-family transformer (Llama 2/3, Qwen2, Qwen3, Mistral, Phi-3) over C arenas.
 --   m = clrt.model.load("path/to/hf_dir")          -- config.json + model.safetensors (or shards)
 --   m = clrt.model.new(cfg_table, {seed = 1})      -- random init from config.json's keys
 --   lp = m:logprobs(tokens, {lengths = {...}})     -- f32 [B, T-1]: log p(tok[t+1] | tok[..t])
@@ -34,6 +34,33 @@ local supported = {
   LlamaForCausalLM = "llama", Qwen2ForCausalLM = "qwen2", Qwen3ForCausalLM = "qwen3",
 }
 local by_model_type = { llama = "llama", qwen2 = "qwen2", qwen3 = "qwen3" }
+local arch_names = { llama = "LlamaForCausalLM", qwen2 = "Qwen2ForCausalLM", qwen3 = "Qwen3ForCausalLM" }
+
+-- ---- Mistral and Phi-3: Llama's layers with a sliding window; Phi-3's fused projections ----
+supported.MistralForCausalLM, by_model_type.mistral, arch_names.mistral = "mistral", "mistral", "MistralForCausalLM"
+supported.Phi3ForCausalLM, by_model_type.phi3, arch_names.phi3 = "phi3", "phi3", "Phi3ForCausalLM"
+
+-- Their keys beyond Llama's, into c: sliding_window (an integer or null; both architectures
+-- read it, transformers masks keys more than sliding_window - 1 positions back), and for
+-- Phi-3 the fused qkv_proj / gate_up_proj layout. bad(key, msg) raises.
+local function mistral_phi3_keys(cfg, arch, c, bad)
+  if arch ~= "mistral" and arch ~= "phi3" then return end
+  local w = cfg.sliding_window
+  if not is_null(w) then
+    if type(w) ~= "number" or w ~= math.floor(w) or w <= 0 then
+      bad("sliding_window", ("must be a positive integer or null, got %s"):format(tostring(w)))
+    end
+    -- a window that covers every position changes nothing
+    if w < c.max_position_embeddings then c.sliding_window = w end
+  end
+  if arch == "phi3" then
+    c.fused_qkv_gate_up = true
+    local f = cfg.partial_rotary_factor
+    if not is_null(f) and f ~= 1 then
+      bad("partial_rotary_factor", ("is %s; clrt rotates the whole head (1.0) only"):format(tostring(f)))
+    end
+  end
+end
 
 -- Checks a config table (as config.json decodes) and returns the C struct's fields.
 -- `src` names the file in errors.
@@ -72,12 +99,20 @@ local function parse_config(cfg, src)
     end
     arch = supported[cfg.architectures[1]]
     if not arch then
-      bad("architectures", ("names '%s'; supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):format(cfg.architectures[1]))
+      local names = {}
+      for name in pairs(supported) do names[#names + 1] = name end
+      table.sort(names)
+      bad("architectures", ("names '%s'; supported: %s"):format(cfg.architectures[1], table.concat(names, ", ")))
     end
   elseif not is_null(cfg.model_type) then
     if type(cfg.model_type) ~= "string" then bad("model_type", "must be a string") end
     arch = by_model_type[cfg.model_type]
-    if not arch then bad("model_type", ("is '%s'; supported: llama, qwen2, qwen3"):format(cfg.model_type)) end
+    if not arch then
+      local names = {}
+      for name in pairs(by_model_type) do names[#names + 1] = name end
+      table.sort(names)
+      bad("model_type", ("is '%s'; supported: %s"):format(cfg.model_type, table.concat(names, ", ")))
+    end
   else
     arch = "llama"
   end
@@ -146,6 +181,7 @@ local function parse_config(cfg, src)
       bad("rope_scaling", ("has type '%s', which clrt does not support (supported: default, linear, llama3)"):format(tostring(kind)))
     end
   end
+  mistral_phi3_keys(cfg, arch, c, bad)
   c.arch = arch
   return c
 end
@@ -156,20 +192,19 @@ local function to_struct(c, opts)
   for _, k in ipairs({ "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
     "rms_norm_eps", "rope_theta", "rope_scaling", "rope_factor", "rope_low_freq_factor",
-    "rope_high_freq_factor", "rope_original_max_position" }) do
+    "rope_high_freq_factor", "rope_original_max_position", "sliding_window" }) do
     if c[k] ~= nil then s[k] = c[k] end
   end
   s.tie_word_embeddings = c.tie_word_embeddings and 1 or 0
   s.qkv_bias = c.qkv_bias and 1 or 0
   s.o_bias = c.o_bias and 1 or 0
   s.qk_norm = c.qk_norm and 1 or 0
+  s.fused_qkv_gate_up = c.fused_qkv_gate_up and 1 or 0
   s.max_batch = opts and opts.max_batch or 0
   s.max_seq = opts and opts.max_seq or 0
   s.keep_logits_mb = opts and opts.keep_logits_mb or 256
   return s
 end
-
-local arch_names = { llama = "LlamaForCausalLM", qwen2 = "Qwen2ForCausalLM", qwen3 = "Qwen3ForCausalLM" }
 
 local function wrap_model(ptr, cfg, parsed)
   local m = setmetatable({ ptr = ffi.gc(ptr, C.clrt_model_free), config = cfg, _c = parsed }, Model)

@@ -28,7 +28,7 @@ static void layer_backward(clrt_model *m, acts *a, int l, const float *x, int B,
   PROF(CLRT_K_RMSNORM, op->rmsnorm_backward(a->dres, GW(m, o->ln2), a->dxn, A->xmid, PW(m, o->ln2), A->rstd2, N, C));
   /* Attention: xmid = x + att Wo^T; the residual passes dres to x unchanged. */
   model_linear_backward(m, a, A, l, LORA_O, a->datt, o->wo, GW(m, o->bo), a->dres, A->att, N, H * D, C, 0);
-  PROF(CLRT_K_ATTN_B, op->attention_backward(m, a, A, B, T));
+  PROF(CLRT_K_ATTN_B, op->attention_backward(m, a, A, B, T, model_layer_window(m, l)));
   PROF(CLRT_K_ROPE, {
     op->rope_backward(a->dq, m->rope_kc, m->rope_ks, NULL, B, T, H, D);
     op->rope_backward(a->dk, m->rope_kc, m->rope_ks, NULL, B, T, KV, D);

@@ -52,7 +52,7 @@ static void layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, cons
     op->rope(A->q, m->rope_kc, m->rope_ks, s->pos0, B, T, H, D);
     op->rope(A->k, m->rope_kc, m->rope_ks, s->pos0, B, T, KV, D);
   });
-  attn_args at = {B, T, H, KV, D, s->pos0, NULL, (int64_t)T * KV * D};
+  attn_args at = {B, T, H, KV, D, model_layer_window(m, l), s->pos0, NULL, (int64_t)T * KV * D};
   const float *keys = A->k, *vals = A->v;
   if (s->kcache) {   /* decode: the new keys/values join the cache and attention reads it */
     float *kc = s->kcache[l], *vc = s->vcache[l];

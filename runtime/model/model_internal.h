@@ -156,6 +156,7 @@ typedef struct lin_part {
 /* One attention call: q/out rows [B, T, H, D], keys/values with batch stride kv_bstride. */
 typedef struct attn_args {
   int B, T, H, KV, D;
+  int window;                    /* sliding window (model_layer_window), 0: none */
   const int32_t *pos0, *slot;    /* model memory, or NULL */
   int64_t kv_bstride;
 } attn_args;
@@ -182,7 +183,7 @@ struct model_ops {
                         int B, int T, int nh, int D);
   void (*attention)(const clrt_model *m, acts *a, float *out, float *lse, const float *q,
                     const float *k, const float *v, const attn_args *s);
-  void (*attention_backward)(const clrt_model *m, acts *a, const layer_acts *A, int B, int T);
+  void (*attention_backward)(const clrt_model *m, acts *a, const layer_acts *A, int B, int T, int window);
   size_t (*attention_scratch)(const clrt_model *m, int B, int T, int Tk);
   void (*kv_write)(float *kc, float *vc, const float *k, const float *v, const int32_t *pos0,
                    const int32_t *slot, int B, int T, int row, int64_t bstride);
@@ -265,6 +266,9 @@ void model_base16_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N
                                const lin_part *parts, int count);
 void model_base16_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
                                   const float *x, int64_t N, int K, int O, int acc);
+/* A block linear weight p [rows, K] (f32 src) into bf16 panels at dst, a fused tensor's row
+   blocks each on their own (model_param_row_blocks). */
+void model_base16_pack(const clrt_model *m, const clrt_param_info *p, uint16_t *dst, const float *src);
 /* An error naming `who` when the model's base is held in bf16 (no f32 weights to read or write). */
 int model_refuse_base16(const clrt_model *m, const char *who);
 
@@ -325,6 +329,14 @@ typedef struct param_set {
   int64_t total;
 } param_set;
 param_set model_param_set(clrt_model *m, int lora);
+
+/* ---- architecture variants (params.c) -------------------------------------------------------- */
+
+/* The attention window of layer l (0: the whole causal prefix). */
+int model_layer_window(const clrt_model *m, int l);
+/* The row blocks a parameter holds, each its own linear weight: 3 for a fused qkv_proj (q,
+   k, v rows), 2 for a fused gate_up_proj, else 1 (the whole tensor); rows[i] their heights. */
+int model_param_row_blocks(const clrt_model *m, const clrt_param_info *p, int64_t rows[3]);
 
 /* ---- per-kernel timing (profile.c) ------------------------------------------------------------ */
 

@@ -41,13 +41,13 @@ static void cpu_attention(const clrt_model *m, acts *a, float *out, float *lse, 
                           const float *k, const float *v, const attn_args *s) {
   if (s->slot && !lse && s->T > 1 && cpu_attention_per_query(m, a, out, q, k, v, s)) return;
   clrt_attention_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
-                         s->slot, a->attn, m->threads);
+                         s->slot, s->window, a->attn, m->threads);
 }
 
-static void cpu_attention_backward(const clrt_model *m, acts *a, const layer_acts *A, int B, int T) {
+static void cpu_attention_backward(const clrt_model *m, acts *a, const layer_acts *A, int B, int T, int window) {
   const clrt_model_config *c = &m->cfg;
   clrt_attention_backward(a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, B, T,
-                          c->num_attention_heads, c->num_key_value_heads, c->head_dim, a->attn,
+                          c->num_attention_heads, c->num_key_value_heads, c->head_dim, window, a->attn,
                           m->threads);
 }
 

@@ -1,6 +1,7 @@
-/* params.c — the Llama-family transformer's parameters (Llama 2/3, Qwen2, Qwen3): the config's
-   checks, the layout of one f32 arena under Hugging Face names (16-float aligned), RoPE's
-   inverse frequencies, random initialisation and introspection. */
+/* params.c — the Llama-family transformer's parameters (Llama 2/3, Qwen2, Qwen3, Mistral,
+   Phi-3): the config's checks, the layout of one f32 arena under Hugging Face names (16-float
+   aligned; Phi-3's fused tensors whole), RoPE's inverse frequencies, random initialisation and
+   introspection. */
 #include "model_internal.h"
 
 #include <math.h>
@@ -42,6 +43,10 @@ static int validate_config(const clrt_model_config *c) {
   }
   if (!(c->rms_norm_eps > 0) || !(c->rope_theta > 0)) {
     clrt_set_error("model: config.json: rms_norm_eps and rope_theta must be positive");
+    return -1;
+  }
+  if (c->sliding_window < 0) {
+    clrt_set_error("model: config.json: sliding_window must be positive or absent (got %d)", c->sliding_window);
     return -1;
   }
   if (c->rope_scaling < CLRT_ROPE_DEFAULT || c->rope_scaling > CLRT_ROPE_LLAMA3) {
@@ -111,9 +116,15 @@ clrt_model *clrt_model_new(const clrt_model_config *cfg) {
   snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);          \
   o->field = add_param(m, cap, name, nd, a, b);
     P(ln1, "input_layernorm.weight", 1, C, 0)
-    P(wq, "self_attn.q_proj.weight", 2, HD, C)
-    P(wk, "self_attn.k_proj.weight", 2, KVD, C)
-    P(wv, "self_attn.v_proj.weight", 2, KVD, C)
+    if (c->fused_qkv_gate_up) {   /* Phi-3: q, k, v are row blocks of one tensor */
+      P(wq, "self_attn.qkv_proj.weight", 2, HD + 2 * KVD, C)
+      o->wk = o->wq + HD * C;
+      o->wv = o->wk + KVD * C;
+    } else {
+      P(wq, "self_attn.q_proj.weight", 2, HD, C)
+      P(wk, "self_attn.k_proj.weight", 2, KVD, C)
+      P(wv, "self_attn.v_proj.weight", 2, KVD, C)
+    }
     o->bq = o->bk = o->bv = o->bo = o->qn = o->kn = -1;
     if (c->qkv_bias) {
       P(bq, "self_attn.q_proj.bias", 1, HD, 0)
@@ -127,8 +138,13 @@ clrt_model *clrt_model_new(const clrt_model_config *cfg) {
       P(kn, "self_attn.k_norm.weight", 1, c->head_dim, 0)
     }
     P(ln2, "post_attention_layernorm.weight", 1, C, 0)
-    P(wg, "mlp.gate_proj.weight", 2, I, C)
-    P(wu, "mlp.up_proj.weight", 2, I, C)
+    if (c->fused_qkv_gate_up) {   /* Phi-3: gate rows, then up rows */
+      P(wg, "mlp.gate_up_proj.weight", 2, 2 * (int64_t)I, C)
+      o->wu = o->wg + (int64_t)I * C;
+    } else {
+      P(wg, "mlp.gate_proj.weight", 2, I, C)
+      P(wu, "mlp.up_proj.weight", 2, I, C)
+    }
     P(wd, "mlp.down_proj.weight", 2, C, I)
 #undef P
   }
@@ -276,3 +292,29 @@ int clrt_model_zero_grad(clrt_model *m) {
   return 0;
 }
 
+
+/* ---- architecture variants: sliding window (Mistral, Phi-3), fused projections (Phi-3) ---- */
+
+int model_layer_window(const clrt_model *m, int l) {
+  (void)l;   /* one window for every layer */
+  return m->cfg.sliding_window;
+}
+
+int model_param_row_blocks(const clrt_model *m, const clrt_param_info *p, int64_t rows[3]) {
+  rows[0] = p->ndim == 2 ? p->shape[0] : p->numel;
+  if (!m->cfg.fused_qkv_gate_up || p->ndim != 2) return 1;
+  const clrt_model_config *c = &m->cfg;
+  int64_t HD = (int64_t)c->num_attention_heads * c->head_dim, KVD = (int64_t)c->num_key_value_heads * c->head_dim;
+  for (int l = 0; l < c->num_hidden_layers; l++) {
+    if (p->offset == m->layer[l].wq) {
+      rows[0] = HD;
+      rows[1] = rows[2] = KVD;
+      return 3;
+    }
+    if (p->offset == m->layer[l].wg) {
+      rows[0] = rows[1] = c->intermediate_size;
+      return 2;
+    }
+  }
+  return 1;
+}

@@ -196,13 +196,13 @@ static void test_attention(int B, int T, int H, int KV, int D) {
   float *d_q = upf(q, nq), *d_k = upf(k, nk), *d_v = upf(v, nk), *d_dout = upf(dout, nq), *d_out = upf(out, nq),
         *d_lse = upf(lse, B * H * T), *d_dq = upf(dq, nq), *d_dk = upf(dk, nk), *d_dv = upf(dv, nk);
   float *d_scr = dev_alloc(sizeof(float) * clrt_cuda_attention_scratch_floats(B, T, H), "scratch");
-  clrt_attention_forward(out, lse, q, k, v, B, T, H, KV, D, NULL, (int64_t)T * KV * D, NULL, scr, 2);
-  clrt_cuda_attention_forward(d_out, d_lse, d_q, d_k, d_v, B, T, H, KV, D, NULL, (int64_t)T * KV * D, NULL);
+  clrt_attention_forward(out, lse, q, k, v, B, T, H, KV, D, NULL, (int64_t)T * KV * D, NULL, 0, scr, 2);
+  clrt_cuda_attention_forward(d_out, d_lse, d_q, d_k, d_v, B, T, H, KV, D, NULL, (int64_t)T * KV * D, NULL, 0);
   snprintf(name, sizeof name, "attention forward B%d T%d H%d KV%d D%d", B, T, H, KV, D);
   cmp_dev(name, d_out, out, nq, 1e-5);
   cmp_dev("attention lse", d_lse, lse, (size_t)B * H * T, 1e-5);
-  clrt_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, scr, 2);
-  clrt_cuda_attention_backward(d_dq, d_dk, d_dv, d_dout, d_q, d_k, d_v, d_out, d_lse, B, T, H, KV, D, d_scr);
+  clrt_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, 0, scr, 2);
+  clrt_cuda_attention_backward(d_dq, d_dk, d_dv, d_dout, d_q, d_k, d_v, d_out, d_lse, B, T, H, KV, D, 0, d_scr);
   snprintf(name, sizeof name, "attention backward B%d T%d H%d KV%d D%d", B, T, H, KV, D);
   cmp_dev(name, d_dq, dq, nq, 1e-4);
   cmp_dev("attention backward dk", d_dk, dk, nk, 1e-4);
@@ -219,8 +219,8 @@ static void test_attention_cached(int Tq) {
   float *d_q = upf(q, nq), *d_k = upf(cache_k, nc), *d_v = upf(cache_v, nc), *d_out = upf(out, nq);
   int32_t *d_pos = up(pos0, sizeof pos0), *d_row = up(row, sizeof row);
   int64_t bs = (int64_t)maxT * KV * D;
-  clrt_attention_forward(out, NULL, q, cache_k, cache_v, B, Tq, H, KV, D, pos0, bs, row, scr, 1);
-  clrt_cuda_attention_forward(d_out, NULL, d_q, d_k, d_v, B, Tq, H, KV, D, d_pos, bs, d_row);
+  clrt_attention_forward(out, NULL, q, cache_k, cache_v, B, Tq, H, KV, D, pos0, bs, row, 0, scr, 1);
+  clrt_cuda_attention_forward(d_out, NULL, d_q, d_k, d_v, B, Tq, H, KV, D, d_pos, bs, d_row, 0);
   cmp_dev(Tq == 1 ? "attention cached Tq=1" : "attention cached Tq=3", d_out, out, nq, 1e-5);
 }
 
@@ -368,7 +368,7 @@ int main(void) {
   test_adamw(0.5f);
   test_sample();
   /* the error path: an impossible head dim is reported by clrt_cuda_sync, not a crash */
-  clrt_cuda_attention_forward(NULL, NULL, NULL, NULL, NULL, 1, 1, 1, 1, 300, NULL, 0, NULL);
+  clrt_cuda_attention_forward(NULL, NULL, NULL, NULL, NULL, 1, 1, 1, 1, 300, NULL, 0, NULL, 0);
   CHECK(clrt_cuda_sync() == -1);
   CHECK_ERROR("D <= 256");
   free_uploads();

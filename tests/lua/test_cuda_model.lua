@@ -63,7 +63,7 @@ T.case("tensors go to cuda and back; copy_ across devices; cuda tensors refuse h
   close(a:t():to("cuda"):to("cpu"), a:t():contiguous(), 0, "a strided host view is made contiguous")
 end)
 
-for _, name in ipairs({ "llama_gqa", "qwen2_tied", "qwen3_qknorm" }) do
+for _, name in ipairs({ "llama_gqa", "qwen2_tied", "qwen3_qknorm", "mistral_window", "phi3_fused" }) do
   T.case(name .. ": log-probs, gradients and 3 AdamW steps on cuda match the cpu and PyTorch", function()
     local e, meta = expected(name)
     local hp = require("cjson").decode(meta.adamw)
@@ -132,6 +132,15 @@ T.case("greedy generation on cuda gives the cpu's tokens (batched, KV cache)", f
   local rg = gpu:generate(prompts, { temperature = 0, max_new_tokens = 12 })
   for i = 1, #prompts do
     T.eq(table.concat(rg[i].tokens, ","), table.concat(rc[i].tokens, ","), "prompt " .. i)
+  end
+end)
+
+T.case("sliding window on cuda: greedy decode of Mistral and Phi-3 gives PyTorch's tokens past the window", function()
+  for _, name in ipairs({ "mistral_window", "phi3_fused" }) do
+    local e = expected(name)
+    local gpu = clrt.model.load(fixtures .. "/" .. name, { device = "cuda" })
+    local r = gpu:generate({ e.greedy_prompt:totable() }, { temperature = 0, max_new_tokens = e.greedy:numel() })
+    T.eq(table.concat(r[1].tokens, ","), table.concat(e.greedy:totable(), ","), name .. " greedy on cuda")
   end
 end)
 
