@@ -31,7 +31,7 @@ static int cpu_attention_per_query(const clrt_model *m, acts *a, float *out, con
       if (s->pos0[b] + t + 1 > Tk) Tk = s->pos0[b] + t + 1;
     }
   int done = clrt_attention_decode_forward(out, NULL, q, k, v, (int)n, s->H, s->KV, s->D, pos, s->kv_bstride,
-                                           row, a->attn, (int64_t)clrt_attention_scratch_floats(s->T, Tk, 1),
+                                           row, s->window, a->attn, (int64_t)clrt_attention_scratch_floats(s->T, Tk, 1),
                                            m->threads);
   free(pos);
   return done;
