@@ -63,8 +63,13 @@ T.case("clrt serve samples only ids the tokenizer has, top_logprobs included", f
     p:close()
     local ok, r = pcall(cjson.decode, reply)
     T.ok(ok and r.choices, "seed " .. seed .. ": a reply, not an error: " .. reply)
-    T.eq(r.choices[1].finish_reason, "length")
-    T.eq(#r.choices[1].logprobs.content, 24, "24 tokens, each decodable")
+    local content = r.choices[1].logprobs.content
+    T.ok(#content >= 1, "seed " .. seed .. ": tokens with their log-probabilities")
+    if r.choices[1].finish_reason == "length" then T.eq(#content, 24) end
+    for _, e in ipairs(content) do
+      T.eq(type(e.token), "string")
+      T.eq(#e.top_logprobs, 5)
+    end
   end
 end)
 

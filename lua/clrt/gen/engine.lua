@@ -226,10 +226,11 @@ function M.stream_name(prompt, key)
   return "prompt:" .. table.concat(prompt, ",")
 end
 
--- The seed of sample s (1..n) of a request: a pure function of (seed, stream name, s).
-function M.row_seed(seed, name, s)
-  return fnv64(("%.17g|%s|%d"):format(seed, name, s))
-end
+-- The seed of sample s (1..n) of a request: a pure function of (seed, stream name, s). The
+-- name (a long prompt's tokens) is hashed once per request, then with each s.
+local function stream_hash(seed, name) return fnv64(("%.17g|%s"):format(seed, name)) end
+local function sample_seed(h, s) return fnv64(("%s|%d"):format(tostring(h), s)) end
+function M.row_seed(seed, name, s) return sample_seed(stream_hash(seed, name), s) end
 
 -- Start n = o.n rows for one prompt (o from M.options). cb.on_token(row, id, text_piece)
 -- and cb.on_done(row) are optional. Returns the rows; each ends with row.finish_reason set.
@@ -244,13 +245,13 @@ function Engine:add(prompt, o, cb, tag, key)
   end
   if key == nil then key = o.seed_key end
   if type(key) == "table" then error("generate: a list of seed_key is one key per prompt of m:generate; a request takes one", 0) end
-  local name = M.stream_name(prompt, key)
+  local h = stream_hash(o.seed, M.stream_name(prompt, key))
   local rows = {}
   for s = 1, o.n do
     local row = { o = o, cb = cb, tokens = {}, logprobs = {}, sample = s, tag = tag }
     if o.frequency_penalty ~= 0 or o.presence_penalty ~= 0 then row.counts = {} end   -- token id -> times sampled
     row.rng = ffi.new("clrt_rng")
-    C.clrt_rng_seed(row.rng, M.row_seed(o.seed, name, s))
+    C.clrt_rng_seed(row.rng, sample_seed(h, s))
     if o.tokenizer then
       local lack = M.undecodable(o.tokenizer, self.V)
       if lack.n > 0 then row.undecodable = lack end
