@@ -267,6 +267,12 @@ function M.generate(model, prompt_tokens, opts)
       if errs[1] then error(errs[1], 2) end
       return res[1]
     end
+    if opts.seed_key ~= nil and type(opts.seed_key) ~= "table" then
+      local o = {}
+      for k, v in pairs(opts) do o[k] = v end
+      o.seed_key = { opts.seed_key }   -- model:generate takes one key per prompt
+      opts = o
+    end
     local outs = model:generate({ prompt_tokens }, opts)
     local n = opts.n or 1
     local mine = {}

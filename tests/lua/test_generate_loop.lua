@@ -214,6 +214,7 @@ T.case("a row's random stream is chosen by the caller, not by its tag or its bat
   local plain = gen.run(fake_decoder(8, 64), { { 2 }, { 1, 5 }, { 2 } }, { temperature = 1, max_new_tokens = 8, n = 2, seed = 4 })
   T.eq({ plain[1].tokens, plain[2].tokens }, { plain[5].tokens, plain[6].tokens })
   T.raises(function() gen.run(fake_decoder(8, 64), { { 2 }, { 1 } }, { seed_key = { "only one" } }) end, "2 prompts")
+  T.raises(function() gen.run(fake_decoder(8, 64), { { 2 }, { 1 } }, { seed_key = "one for both" }) end, "one per prompt")
 end)
 
 T.case("a cancelled row that was to prefill a prompt for its samples hands the prompt on", function()

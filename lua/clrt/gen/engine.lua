@@ -513,9 +513,10 @@ function M.run(dec, prompts, opts)
   if #prompts * o.n > dec.slots then
     error(("generate: %d rows (prompts x n) but the decoder has %d slots"):format(#prompts * o.n, dec.slots), 2)
   end
-  local keys = type(o.seed_key) == "table" and o.seed_key or nil
+  local keys = o.seed_key
+  if keys ~= nil and type(keys) ~= "table" then keys = { keys } end
   if keys and #keys ~= #prompts then
-    error(("generate: seed_key lists %d keys for %d prompts"):format(#keys, #prompts), 2)
+    error(("generate: seed_key lists %d keys for %d prompts (one per prompt)"):format(#keys, #prompts), 2)
   end
   local eng = M.engine(dec)
   local all = {}
