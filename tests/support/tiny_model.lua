@@ -2,6 +2,8 @@
 -- a byte-level BPE trained here on a short corpus (ChatML specials and template) and a
 -- randomly initialised Qwen2-style model over its vocabulary.
 --   local dir = require("support.tiny_model")(T.tmpdir(), {seed = 1})
+-- opts.extra_rows: embedding rows beyond the tokenizer's ids (as Qwen2.5 has 151,936 rows
+-- for 151,665 ids), ids the tokenizer cannot decode.
 return function(dir, opts)
   opts = opts or {}
   local words = { "hello", "there", "how", "are", "you", "today", "fine", "thanks", "what", "is",
@@ -14,7 +16,7 @@ return function(dir, opts)
   require("clrt.tokenizer_train").folder({ table.concat(lines) }, { vocab_size = opts.vocab_size or 320 }, dir)
   local tok = clrt.tokenizer.load(dir)
   local m = clrt.model.new({
-    architectures = { "Qwen2ForCausalLM" }, vocab_size = tok:vocab_size(), hidden_size = opts.hidden_size or 32,
+    architectures = { "Qwen2ForCausalLM" }, vocab_size = tok:vocab_size() + (opts.extra_rows or 0), hidden_size = opts.hidden_size or 32,
     intermediate_size = 64, num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2,
     max_position_embeddings = opts.max_position or 512, rms_norm_eps = 1e-6, rope_theta = 10000, tie_word_embeddings = true,
   }, { seed = opts.seed or 1 })

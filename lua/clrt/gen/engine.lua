@@ -18,6 +18,7 @@
 -- prefilled; the blocks of every prompt and of every finished row go back into the cache.
 -- row.cached_tokens says how many prompt tokens came from the cache.
 local ffi = require("ffi")
+local bit = require("bit")
 local core = require("clrt.core.ffi")
 local C = core.C
 
@@ -25,7 +26,7 @@ local M = {}
 
 -- The options generate takes (anything else is a mistake worth naming: max_tokens for
 -- max_new_tokens would otherwise be ignored without a word).
-local KNOWN_OPTIONS = { "n", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "tokenizer",
+local KNOWN_OPTIONS = { "n", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "seed_key", "stop", "tokenizer",
   "top_logprobs", "logit_bias", "frequency_penalty", "presence_penalty", "stream_text", "mask", "json_schema", "json",
   "json_whitespace", "on_step" }
 local known_option = {}
@@ -75,6 +76,18 @@ function M.options(opts, vocab)
   if type(o.top_p) ~= "number" or o.top_p <= 0 or o.top_p > 1 then bad("top_p", "must be in (0, 1]") end
   if type(o.top_k) ~= "number" or o.top_k < 0 then bad("top_k", "must be >= 0") end
   if type(o.seed) ~= "number" then bad("seed", "must be a number") end
+  -- who asks (clrt.sched: "rl/step 3/prompt 2/future 1/turn 2"): with the seed it names the
+  -- request's random stream; a list gives m:generate one key per prompt
+  local key = opts.seed_key
+  if key ~= nil then
+    local ok = type(key) == "string" or type(key) == "number"
+    if type(key) == "table" then
+      ok = #key > 0
+      for _, k in ipairs(key) do ok = ok and (type(k) == "string" or type(k) == "number" or k == false) end
+    end
+    if not ok then bad("seed_key", "must be a string or number naming the request (or, for m:generate, a list of them, one per prompt)") end
+    o.seed_key = key
+  end
   local stop = opts.stop
   if stop ~= nil and type(stop) ~= "table" then stop = { stop } end
   o.stop_ids, o.stop_strings = {}, {}
@@ -151,6 +164,31 @@ local function find_stop(text, new_from, stops)
   return best
 end
 
+-- The ids in [0, V) that `tok` cannot decode, as {n =, ids = int32_t[n]}: a model's
+-- embedding often has rows beyond its tokenizer (Qwen2.5: 151,936 rows, 151,665 ids), and a
+-- sampled one would end the request with "id ... is not in the vocabulary". Computed once
+-- per tokenizer and V. A tokenizer without the C handle (a test's own) is taken as whole
+-- up to its vocab_size().
+local lacking_cache = setmetatable({}, { __mode = "k" })
+function M.undecodable(tok, V)
+  local per = lacking_cache[tok]
+  if not per then per = {}; lacking_cache[tok] = per end
+  if per[V] then return per[V] end
+  local ids = {}
+  local n_tok = type(tok.vocab_size) == "function" and tok:vocab_size() or V
+  if tok.h then
+    local len = ffi.new("size_t[1]")
+    for id = 0, math.min(n_tok, V) - 1 do
+      if C.clrt_tokenizer_token_bytes(tok.h, id, len) == nil then ids[#ids + 1] = id end
+    end
+  end
+  for id = n_tok, V - 1 do ids[#ids + 1] = id end
+  local out = { n = #ids, ids = ffi.new("int32_t[?]", math.max(#ids, 1)) }
+  for i, id in ipairs(ids) do out.ids[i - 1] = id end
+  per[V] = out
+  return out
+end
+
 local Engine = {}
 Engine.__index = Engine
 
@@ -185,23 +223,51 @@ end
 function Engine:free_slots() return #self.free end
 function Engine:busy() return #self.active > 0 or #self.pending > 0 end
 
+-- FNV-1a (64 bits) of a string: the seed of a row's xoshiro stream (clrt_rng_seed mixes it
+-- further through splitmix64).
+local function fnv64(str)
+  local h = 0xcbf29ce484222325ULL
+  for i = 1, #str do h = bit.bxor(h, str:byte(i)) * 0x100000001b3ULL end
+  return h
+end
+
+-- The name of a request's random stream: its seed_key when the caller says who asks, else
+-- its prompt's tokens (the fallback: identical requests without a key draw alike).
+function M.stream_name(prompt, key)
+  if key ~= nil and key ~= false then return "key:" .. tostring(key) end
+  return "prompt:" .. table.concat(prompt, ",")
+end
+
+-- The seed of sample s (1..n) of a request: a pure function of (seed, stream name, s). The
+-- name (a long prompt's tokens) is hashed once per request, then with each s.
+local function stream_hash(seed, name) return fnv64(("%.17g|%s"):format(seed, name)) end
+local function sample_seed(h, s) return fnv64(("%s|%d"):format(tostring(h), s)) end
+function M.row_seed(seed, name, s) return sample_seed(stream_hash(seed, name), s) end
+
 -- Start n = o.n rows for one prompt (o from M.options). cb.on_token(row, id, text_piece)
 -- and cb.on_done(row) are optional. Returns the rows; each ends with row.finish_reason set.
--- Sample s of the request draws its random numbers from stream
--- o.seed * 1000003 + stream * o.n + s, stream = tag - 1 unless given: a row's tokens depend
--- on its seed, prompt and stream only, never on which rows it shares a step with.
-function Engine:add(prompt, o, cb, tag, stream)
+-- Sample s of the request draws its random numbers from the stream M.row_seed(o.seed, name,
+-- s), name = M.stream_name(prompt, key or o.seed_key): a row's tokens depend on its seed,
+-- its key (or prompt) and s only, never on which rows it shares a step with or when it came.
+function Engine:add(prompt, o, cb, tag, key)
   cb = cb or {}
   check_prompt(tag or 1, prompt, self.V, o, self.dec.max_len)
   if o.n > #self.free then
     error(("generate: %d rows need slots but the decoder has %d free of %d"):format(o.n, #self.free, self.dec.slots), 0)
   end
+  if key == nil then key = o.seed_key end
+  if type(key) == "table" then error("generate: a list of seed_key is one key per prompt of m:generate; a request takes one", 0) end
+  local h = stream_hash(o.seed, M.stream_name(prompt, key))
   local rows = {}
   for s = 1, o.n do
     local row = { o = o, cb = cb, tokens = {}, logprobs = {}, sample = s, tag = tag }
     if o.frequency_penalty ~= 0 or o.presence_penalty ~= 0 then row.counts = {} end   -- token id -> times sampled
     row.rng = ffi.new("clrt_rng")
-    C.clrt_rng_seed(row.rng, o.seed * 1000003 + (stream or (tag or 1) - 1) * o.n + s)
+    C.clrt_rng_seed(row.rng, sample_seed(h, s))
+    if o.tokenizer then
+      local lack = M.undecodable(o.tokenizer, self.V)
+      if lack.n > 0 then row.undecodable = lack end
+    end
     if o.tokenizer then row.text, row.stream = "", o.tokenizer:stream() end
     rows[s] = row
   end
@@ -508,6 +574,14 @@ function Engine:step()
       saved[k] = keep
     end
   end
+  -- ids the row's tokenizer cannot decode are never sampled (nor listed in top_logprobs)
+  for k, row in ipairs(self.active) do
+    local lack = row.undecodable
+    if lack then
+      local at = gathered + (k - 1) * V
+      for i = 0, lack.n - 1 do at[lack.ids[i]] = -math.huge end
+    end
+  end
   if C.clrt_sample(gathered, A, V, self.params, self.uniforms, masks, self.out_tok, self.out_lp) ~= 0 then
     core.fail(2)
   end
@@ -565,10 +639,15 @@ function M.run(dec, prompts, opts)
   if #prompts * o.n > dec.slots then
     error(("generate: %d rows (prompts x n) but the decoder has %d slots"):format(#prompts * o.n, dec.slots), 2)
   end
+  local keys = o.seed_key
+  if keys ~= nil and type(keys) ~= "table" then keys = { keys } end
+  if keys and #keys ~= #prompts then
+    error(("generate: seed_key lists %d keys for %d prompts (one per prompt)"):format(#keys, #prompts), 2)
+  end
   local eng = M.engine(dec)
   local all = {}
   for p, prompt in ipairs(prompts) do
-    local ok2, rows = pcall(eng.add, eng, prompt, o, nil, p)
+    local ok2, rows = pcall(eng.add, eng, prompt, o, nil, p, keys and keys[p])
     if not ok2 then error(rows, 2) end
     for _, r in ipairs(rows) do all[#all + 1] = r end
   end

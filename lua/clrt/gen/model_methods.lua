@@ -89,11 +89,14 @@ function M.install(Model)
     return new_decoder(self, slots, max_len)
   end
 
-  -- generate(prompts, {n, max_new_tokens, temperature, top_p, top_k, stop, seed, tokenizer,
+  -- generate(prompts, {n, max_new_tokens, temperature, top_p, top_k, stop, seed, seed_key, tokenizer,
   -- logit_bias, frequency_penalty, presence_penalty, on_step}) -> one entry per (prompt,
   -- sample), prompt-major:
   -- {tokens = {...}, logprobs = {...}, finish_reason = "stop" | "length", text = ...}.
-  -- The decoder is kept on the model and grows to the largest request seen.
+  -- A prompt's samples draw from the stream of (seed, its prompt's tokens), or of (seed, key)
+  -- with seed_key = {key per prompt} (clrt.gen.engine.row_seed); with a tokenizer, ids it
+  -- cannot decode are never sampled. The decoder is kept on the model and grows to the
+  -- largest request seen.
   function Model:generate(prompts, opts)
     check_prompts(prompts, opts)
     opts = opts or {}

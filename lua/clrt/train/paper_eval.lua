@@ -99,7 +99,8 @@ function M.run(m, tok, cfg, samples, user, ctx, policy)
   for i, s in ipairs(samples) do
     fns[i] = function()
       local c, info = rollout.conversation(s.prompt, policy, user, s, ctx,
-        { max_user_turns = max_user, max_assistant_turns = max_asst, keep_last_assistant = true })
+        { max_user_turns = max_user, max_assistant_turns = max_asst, keep_last_assistant = true,
+          seed_key = ("paper/prompt %d"):format(i) })
       if not c then return { sample = s, dropped = info.dropped, error = info.error } end
       local scores = reward.score_conversation(c, s, { by_name[s.task_metric], by_name[cfg.itr_metric] }, ctx)
       return { sample = s, conversation = c, ended = info.ended, messages = #c - #s.prompt,

@@ -4,7 +4,7 @@
 -- built-in world and validation on dataset prompts. Everything runs inside clrt.sched tasks,
 -- so policy turns of all conversations share batched generate calls while simulator and
 -- judge requests are in flight.
---   local policy = rollout.policy(m, tok, cfg, seed)                  -- conv -> reply, ntok, finish
+--   local policy = rollout.policy(m, tok, cfg, seed)         -- (conv, sample, key) -> reply, ntok, finish
 --   local conv, info = rollout.conversation(conv, policy, user, sample, ctx, opts)
 --   local entries, timing = rollout.step(m, tok, cfg, samples, ctx, user, metrics, step)
 --   local rep = rollout.validate(m, tok, cfg, samples, user, ctx, metrics)
@@ -16,15 +16,19 @@ local M = {}
 -- Roll one conversation forward after the first response (spec step 4). Plain sequential
 -- code: run it inside a clrt.sched coroutine and `policy` / `user.respond` may yield.
 --   conversation  messages ending with A1 (copied; the input is not modified)
---   policy(conv, sample) -> reply text (or a message table {content=, reasoning_content=}),
---                 tokens generated, finish_reason; nil when the context has no room left
+--   policy(conv, sample, key) -> reply text (or a message table {content=, reasoning_content=}),
+--                 tokens generated, finish_reason; nil when the context has no room left;
+--                 key names the turn's random stream (clrt.sched's seed_key)
 --   user          a lua/interactions plug-in: user.respond(conv, sample, ctx) -> text
 -- opts: max_user_turns (2), max_assistant_turns (= max_user_turns: future assistant
 --   turns), keep_last_assistant (true: the authors' A1 U1 A2 U2 A3; false: verl's
 --   A1 U1 A2 U2 — the last assistant turn is then never generated at all),
 --   token_budget (nil = none) with verl's rule: first_tokens (A1's tokens) + every user
 --   turn's tokens (count_tokens(text)) + every later assistant turn's tokens; the turn that
---   would cross the budget is discarded and the conversation ends there.
+--   would cross the budget is discarded and the conversation ends there; seed_key: who
+--   asks (e.g. "rl/step 3/prompt 2/response 1/future 2"), the policy's turn t then samples
+--   from the stream seed_key .. "/turn t", whatever order the conversations' turns reach the
+--   engine in (nil: the engine's fallback, the rendered prompt).
 -- A full context (policy returns nil) ends the conversation; no empty turn is added.
 -- The simulated user's message with the termination marker stays in the conversation.
 -- Returns conv, info {ended = "marker" | "max_user_turns" | "max_assistant_turns" |
@@ -55,7 +59,8 @@ function M.conversation(conversation, policy, user, sample, ctx, opts)
     if conv.has_marker(text, conv.marker(ctx, sample)) then info.ended = "marker" break end
     if info.assistant_turns >= max_asst then info.ended = "max_assistant_turns" break end
     if not keep_last and info.user_turns >= max_user then info.ended = "max_user_turns" break end
-    local reply, ntok = policy(c, sample)
+    local key = opts.seed_key and ("%s/turn %d"):format(opts.seed_key, info.assistant_turns + 1) or nil
+    local reply, ntok = policy(c, sample, key)
     if reply == nil then info.ended = "context_full" break end
     if over(ntok or 0) then info.ended = "token_budget" break end
     local msg = type(reply) == "table" and reply or { content = reply }
@@ -98,12 +103,12 @@ function M.policy(m, tok, cfg, seed)
   local temperature = R.future_temperature or R.temperature
   local ctx_len = M.context_len(m, R)
   local ropts = M.render_opts(cfg)
-  return function(conv)
+  return function(conv, _, key)
     local ids = clrt.chat.render(tok, conv, ropts)
     local room = ctx_len - #ids
     if room < 1 then return nil, 0 end
     local out = clrt.sched.generate(m, ids, { n = 1, temperature = temperature, top_p = R.top_p,
-      max_new_tokens = math.min(R.max_new_tokens, room), stop = stop, tokenizer = tok, seed = seed })[1]
+      max_new_tokens = math.min(R.max_new_tokens, room), stop = stop, tokenizer = tok, seed = seed, seed_key = key })[1]
     return (M.reply_message(cfg, out.text or "")), #out.tokens, out.finish_reason
   end
 end
@@ -121,10 +126,11 @@ function M.copy_conv(prompt, reply)
 end
 
 -- Options of rollout.conversation from the config (the token budget counts user turns with `tok`).
-function M.rollout_opts(cfg, tok, first_tokens)
+function M.rollout_opts(cfg, tok, first_tokens, seed_key)
   local R = cfg.rollout
   return { max_user_turns = R.max_user_turns, max_assistant_turns = R.max_assistant_turns,
     keep_last_assistant = R.keep_last_assistant, token_budget = R.token_budget, first_tokens = first_tokens,
+    seed_key = seed_key,
     count_tokens = function(text) return #tok:encode(text, { add_special_tokens = false }) end }
 end
 
@@ -137,15 +143,19 @@ function M.step(m, tok, cfg, samples, ctx, user, metrics, step)
   dp.check_params(m, step - 1, cfg.dist and cfg.dist.check_every)
   local all_samples, first = samples, nil
   samples, first = dp.my_prompts(all_samples)
-  local entries, timing = M.step_local(m, tok, cfg, samples, ctx, user, metrics, step)
+  local entries, timing = M.step_local(m, tok, cfg, samples, ctx, user, metrics, step, first)
   return dp.gather_entries(entries, all_samples, first, ctx), timing
 end
 
-function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step)
+-- Every sampling request names who asks (clrt.sched's seed_key): step, prompt (its index in
+-- the step's prompts on all ranks: `first` is this rank's first), response, future and turn,
+-- so a rerun with the same seed samples the same tokens whatever the HTTP timing.
+function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step, first)
   local sched = require("clrt.sched")
   local stop = clrt.chat.stop_ids(tok)
   local R = cfg.rollout
-  local seed = cfg.seed * 1000003 + step * 101
+  local seed = cfg.seed
+  first = first or 1
   local ctx_len = M.context_len(m, R)
   local ropts = M.render_opts(cfg)
   local t0 = clrt.log.now()
@@ -157,7 +167,8 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step)
       local ids = clrt.chat.render(tok, s.prompt, ropts)
       local room = math.max(1, math.min(R.max_new_tokens, ctx_len - #ids))
       local outs = sched.generate(m, ids, { n = R.n, temperature = R.temperature, top_p = R.top_p,
-        max_new_tokens = room, stop = stop, tokenizer = tok, seed = seed })
+        max_new_tokens = room, stop = stop, tokenizer = tok, seed = seed,
+        seed_key = ("rl/step %d/prompt %d"):format(step, first + i - 1) })
       return { ids = ids, outs = outs }
     end
   end
@@ -167,28 +178,29 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step)
   local t_gen1 = clrt.log.now() - t0
   local entries = {}
   for i, s in ipairs(samples) do
-    for _, o in ipairs(firsts[i].outs) do
+    for r, o in ipairs(firsts[i].outs) do
       local text = o.text or ""
       local msg, valid, why = M.reply_message(cfg, text)
       -- cut by the length limit, empty or malformed: rollout.cutoff_reward and no futures
       local truncated = o.finish_reason ~= "stop" or not valid
-      entries[#entries + 1] = { group = i, sample = s, prompt_ids = firsts[i].ids, tokens = o.tokens,
+      entries[#entries + 1] = { group = i, response = r, sample = s, prompt_ids = firsts[i].ids, tokens = o.tokens,
         text = text, message = msg, logprobs_sampled = o.logprobs, truncated = truncated,
         cutoff_reward = truncated and R.cutoff_reward or nil,
         invalid = o.finish_reason == "stop" and not valid and why or nil, scores = {}, convs = {} }
     end
   end
   -- Phase 2: futures (or the single turn) and their scores, every conversation its own task.
-  local policy = M.policy(m, tok, cfg, seed + 1)
+  local policy = M.policy(m, tok, cfg, seed)
   local jobs, owner = {}, {}
   for ei, e in ipairs(entries) do
     if not e.truncated then
       local K = cfg.single_turn and 1 or R.num_repeat_rollouts
-      for _ = 1, K do
+      for k = 1, K do
+        local key = ("rl/step %d/prompt %d/response %d/future %d"):format(step, first + e.group - 1, e.response, k)
         jobs[#jobs + 1] = function()
           local conv = M.copy_conv(e.sample.prompt, e.message)
           if not cfg.single_turn then
-            local c, info = M.conversation(conv, policy, user, e.sample, ctx, M.rollout_opts(cfg, tok, #e.tokens))
+            local c, info = M.conversation(conv, policy, user, e.sample, ctx, M.rollout_opts(cfg, tok, #e.tokens, key))
             if not c then return { dropped = info.dropped, error = info.error } end
             conv = c
           end
@@ -242,10 +254,11 @@ function M.evaluate(m, tok, cfg, world, user, ctx)
   local fns = {}
   for i, s in ipairs(samples) do
     fns[i] = function()
-      local first = policy(s.prompt)
+      local key = ("eval/prompt %d"):format(i)
+      local first = policy(s.prompt, s, key .. "/first")
       local conv = M.copy_conv(s.prompt, first or "")
       local c = M.conversation(conv, policy, user, s, ctx, { max_user_turns = cfg.rollout.max_user_turns,
-        max_assistant_turns = cfg.rollout.max_assistant_turns, keep_last_assistant = true })
+        max_assistant_turns = cfg.rollout.max_assistant_turns, keep_last_assistant = true, seed_key = key })
       return { sample = s, conversation = c or conv }
     end
   end
@@ -268,14 +281,15 @@ function M.validate(m, tok, cfg, samples, user, ctx, metrics)
   local fns = {}
   for i, s in ipairs(samples) do
     fns[i] = function()
-      local first, ntok, finish = policy(s.prompt)
+      local key = ("val/prompt %d"):format(i)
+      local first, ntok, finish = policy(s.prompt, s, key .. "/first")
       if first == nil then return { sample = s, invalid = "prompt leaves no room for a reply" } end
       local _, ok, why = M.reply_message(ecfg, first.content or "")
       local conv = M.copy_conv(s.prompt, first)
       if finish ~= "stop" or not ok then
         return { sample = s, conversation = conv, invalid = (finish ~= "stop") and "first reply cut at the length limit" or why }
       end
-      local c, info = M.conversation(conv, policy, user, s, ctx, M.rollout_opts(ecfg, tok, ntok))
+      local c, info = M.conversation(conv, policy, user, s, ctx, M.rollout_opts(ecfg, tok, ntok, key))
       if not c then return { sample = s, dropped = info.dropped, error = info.error } end
       return { sample = s, conversation = c, scores = reward.score_conversation(c, s, metrics, ctx) }
     end
