@@ -348,8 +348,9 @@ function Client:chat(messages, opts)
     outcomes[#outcomes + 1] = why
     if not retry then
       if r.status == 401 or r.status == 403 then
-        -- a refused key fails every later call too: a run checks take_auth_error() and stops
-        M.auth_error = M.auth_error or ("%s at %s refused the request: %s"):format(body.model, self.url, why)
+        -- a refused key fails every later call too: the run that owns this client asks
+        -- c:take_auth_error() between phases and stops
+        self.auth_error = self.auth_error or ("%s at %s refused the request: %s"):format(body.model, self.url, why)
       end
       rec.latency = http.now() - t0
       rec.outcomes = outcomes
@@ -404,6 +405,13 @@ end
 -- This client's calls so far, summed up: calls, ok, failed, retries, tokens, latency.
 function Client:stats() return summarize(self.records) end
 function Client:reset_stats() self.records = {} end
+-- The first 401/403 answer this client got since the last call ("MODEL at URL refused the
+-- request: HTTP 401: ..."), or nil; taking it clears it.
+function Client:take_auth_error()
+  local e = self.auth_error
+  self.auth_error = nil
+  return e
+end
 
 -- Every call of every client in this process: {model, base_url, ok, attempts, retries,
 -- status, latency (s), prompt_tokens, completion_tokens, total_tokens, outcomes, error}.
@@ -421,13 +429,6 @@ function M.drain_records()
   return r
 end
 
--- The first 401/403 answer since the last call ("MODEL at URL refused the request: HTTP 401:
--- ..."), or nil; taking it clears it.
-function M.take_auth_error()
-  local e = M.auth_error
-  M.auth_error = nil
-  return e
-end
 
 M.extract_json = require("clrt.net.llm_json").extract_json
 M.json = cjson

@@ -276,15 +276,15 @@ T.case("a judge over HTTP: transport retries in the client, one parse retry, not
   -- The fake server answers "echo:" + the prompt, which is no verdict: the judge asks once
   -- more (parse_retries = 1) and gives up. The first request also meets two 500s, which the
   -- client retries on its own. Requests: 2 judge attempts, 3 + 1 HTTP attempts.
-  local rl = require("clrt.rl")
+  local reward = require("clrt.train.reward")
   local c = llm.client { base_url = srv.base_url, model = "judge", max_retries = 4, backoff = 0.01 }
   local ctx = { judge = c, extract_json = llm.extract_json, counters = {},
     judge_options = { temperature = 0, max_tokens = 64, top_p = 1 } }
   local conv = { { role = "user", content = "Is 2 + 2 four? [fault:500x2]" }, { role = "assistant", content = "Yes." } }
   local sample = { prompt = { conv[1] }, single_turn_prompt = "Is 2 + 2 four?", ground_truth = "yes" }
   local before = #c.records
-  local s = rl.score_conversation(conv, sample, rl.load_metrics({ accuracy = 1 }), ctx)
-  T.ok(rl.is_failed(s.accuracy)); T.ok(tostring(s.accuracy.error):find("no usable reply after 2 attempts", 1, true), tostring(s.accuracy.error))
+  local s = reward.score_conversation(conv, sample, reward.load_metrics({ accuracy = 1 }), ctx)
+  T.ok(reward.is_failed(s.accuracy)); T.ok(tostring(s.accuracy.error):find("no usable reply after 2 attempts", 1, true), tostring(s.accuracy.error))
   T.eq(ctx.counters, { judge_calls = 1, judge_attempts = 2, judge_failures = 1 })
   T.eq(#c.records - before, 2)
   T.eq(c.records[before + 1].attempts, 3); T.eq(c.records[before + 2].attempts, 1)

@@ -40,7 +40,7 @@ function M.select(entries, rewards, min_gap)
   return out
 end
 
--- A sampled entry (clrt.train.rollout.step) as a token row.
+-- A sampled entry (clrt.train.entry, from clrt.train.rollout.step) as a token row.
 function M.entry_row(e)
   local ids = {}
   for i, t in ipairs(e.prompt_ids) do ids[i] = t end

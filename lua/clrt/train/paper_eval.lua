@@ -13,6 +13,7 @@
 --   local results = paper_eval.run(m, tok, cfg, samples, user, ctx)
 --   local report = paper_eval.report(results, cfg)
 local reward = require("clrt.train.reward")
+local failure = require("clrt.train.failure")
 local rollout = require("clrt.train.rollout")
 local M = {}
 
@@ -81,7 +82,7 @@ function M.policy(m, tok, cfg)
   local ecfg = { rollout = {}, chat = cfg.chat }
   for k, v in pairs(cfg.rollout) do ecfg.rollout[k] = v end
   ecfg.rollout.temperature, ecfg.rollout.future_temperature = cfg.temperature, cfg.temperature
-  return rollout.policy(m, tok, ecfg, cfg.seed)
+  return require("clrt.train.policy").new(m, tok, ecfg, cfg.seed)
 end
 
 -- Every sample's conversation and scores, all conversations in flight together (clrt.sched).
@@ -107,7 +108,7 @@ function M.run(m, tok, cfg, samples, user, ctx, policy)
     end
   end
   local results, errs = sched.run(fns)
-  rollout.check_stop()
+  failure.check_stop(ctx)
   for i in pairs(errs) do results[i] = { sample = samples[i], dropped = "error", error = errs[i] } end
   return results
 end
