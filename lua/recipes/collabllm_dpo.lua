@@ -241,7 +241,7 @@ function M.main(cfg)
 end
 
 function M.run(cfg, run_dir)
-  local cjson = require("cjson")
+  local json = require("clrt.json")
   local world = the_world()
   local ckpt_dir, resume_state
   if cfg.resume then
@@ -318,7 +318,7 @@ function M.run(cfg, run_dir)
   local can_eval = not cfg.data and cfg.sim == "scripted"
   if can_eval and cfg.eval.before and not summary.before then
     summary.before = train.validation.evaluate(m, tok, cfg, world, user, ctx)
-    lg:print("before DPO: " .. cjson.encode(summary.before))
+    lg:print("before DPO: " .. json.encode(summary.before))
     save_summary()
   end
   local function validate(step, row)
@@ -416,7 +416,7 @@ function M.run(cfg, run_dir)
 
   if can_eval and cfg.eval.after and last_step == cfg.steps then
     summary.after = train.validation.evaluate(m, tok, cfg, world, user, ctx)
-    lg:print("after DPO: " .. cjson.encode(summary.after))
+    lg:print("after DPO: " .. json.encode(summary.after))
   end
   lg:close()
   local rest = clrt.llm.drain_records()   -- the API spend (clrt.api.usage), the last validation's calls too
