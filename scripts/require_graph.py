@@ -10,7 +10,8 @@ more than one module) and the upward edges: a library
 module (clrt.*) that requires a recipe, metric, simulated user or example. Also counted in
 library modules: uses of the global `clrt` (a `clrt.x` outside strings and comments in a
 file that has no `local clrt`; lua/clrt/init.lua, which defines it, left out) and requires of
-lua-cjson. With --check the exit status is 1 when there is a cycle or an upward edge.
+lua-cjson. With --check the exit status is 1 when there is a cycle, an upward edge, a use of
+the global or a require of lua-cjson in the library.
 --root DIR reads another checkout (e.g. an older commit's `git archive`).
 """
 import os
@@ -183,7 +184,7 @@ def main(argv):
         for a in sorted(edges):
             for b in edges[a]:
                 print(f"edge {a} -> {b}")
-    if "--check" in argv and (found or upward):
+    if "--check" in argv and (found or upward or uses or cjson):
         return 1
     return 0
 

@@ -98,7 +98,7 @@ function M.main_paper(cfg)
   local system = M.system_text(cfg, world)
   local m, tok = clrt.model.load(cfg.model), clrt.tokenizer.load(cfg.model)
   local user, ctx = simulator(cfg, tok)
-  local samples = cfg.data and paper.samples(cfg.data, system, cfg.task_metric)
+  local samples = cfg.data and paper.samples(cfg.data, system, cfg.task_metric, WHO)
     or paper.world_samples(world, cfg.prompts or 200, cfg.seed, system)
   while cfg.prompts and #samples > cfg.prompts do table.remove(samples) end
   local results = paper.run(m, tok, cfg, samples, user, ctx)

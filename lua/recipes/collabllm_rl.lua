@@ -178,6 +178,9 @@ end
 -- train.algorithm=ppo: the value head (a checkpoint's on resume, else new from the seed)
 -- and the KL penalty's coefficient (the checkpoint's, else train.kl_penalty_coef).
 function M.ppo_state(m, cfg, ckpt_dir, resume_state)
+  if require("clrt.dist").world_size() > 1 then
+    error(WHO .. ": train.algorithm=ppo runs on one rank (its value head is not shared across ranks); run without mpirun", 0)
+  end
   local value_head = train.value_head
   local C = m.config.hidden_size
   local head

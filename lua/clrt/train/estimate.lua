@@ -196,7 +196,7 @@ function M.run(cfg, kind, opts)
   if paper then   -- the user writes every other message from the first: ceil(max_messages / 2) turns
     local pe = require("clrt.train.paper_eval")
     turns = pe.turn_limits(cfg.max_messages)
-    samples = cfg.data and pe.samples(cfg.data, nil, cfg.task_metric)
+    samples = cfg.data and pe.samples(cfg.data, nil, cfg.task_metric, who)
       or pe.world_samples(the_world(), cfg.prompts or 200, cfg.seed or 1, nil)
   else
     samples = samples_of(cfg, cfg.data, not cfg.data and the_world() or nil, who)
