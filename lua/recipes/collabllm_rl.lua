@@ -8,7 +8,8 @@
 --   clrt recipes/collabllm_rl.lua model=HF_DIR data=rl_train.jsonl data_val=rl_test.jsonl \
 --        sim_cfg.base_url=http://127.0.0.1:8001/v1 judge.base_url=http://127.0.0.1:8001/v1
 --
--- The defaults below are the verl recipe's for a real model (recipe/collabllm/
+-- The defaults (clrt.train.defaults, shared with the DPO and eval recipes, and the train table
+-- below) are the verl recipe's for a real model (recipe/collabllm/
 -- train_rl_collabllm.sh and its interaction config; each value says where it comes from).
 -- With no model= the run loads the built-in world's settings (examples/collab_world/
 -- config.lua) under the command line: it builds its own start (the world's tokenizer and a
