@@ -15,7 +15,6 @@ local core = require("clrt.core.ffi")
 local tensor = require("clrt.tensor")
 local json = require("clrt.json")
 local files = require("clrt.files")
-local cjson_null = require("cjson").null   -- a config a caller decoded with cjson
 local C, check, ok = core.C, core.check, core.ok
 
 
@@ -26,7 +25,7 @@ M.Model = Model
 
 local read_file = files.read
 
-local function is_null(v) return v == nil or v == json.null or v == cjson_null end
+local function is_null(v) return v == nil or v == json.null end
 
 -- ---- config.json --------------------------------------------------------------------------
 
@@ -218,7 +217,7 @@ end
 -- A copy of cfg with what transformers needs to load what we save.
 local function complete_config(cfg, parsed)
   local out = {}
-  for k, v in pairs(cfg) do out[k] = v == cjson_null and json.null or v end
+  for k, v in pairs(cfg) do out[k] = v end
   if is_null(out.architectures) then out.architectures = { arch_names[parsed.arch] } end
   if is_null(out.model_type) then out.model_type = parsed.arch end
   if is_null(out.head_dim) then out.head_dim = parsed.head_dim end

@@ -13,7 +13,8 @@
 -- without it the world's generated conversations (mixing asking and guessing) are used.
 -- Writes RUN_DIR/model (config.json, model.safetensors, tokenizer files), metrics.jsonl,
 -- plot.svg and config.json. As a module (require "recipes.collabllm_sft") it exposes
--- defaults and main(cfg) -> the model folder, for the RL recipe's warm start.
+-- defaults, parse_args and main(cfg) -> the model folder, which the RL and DPO recipes hand
+-- to clrt.train.warm_start for the world's warm start.
 local config = require("clrt.config")
 local files = require("clrt.files")
 local M = {}
@@ -52,7 +53,7 @@ M.defaults = {
 
 -- The built-in world's settings for this recipe (examples/collab_world/config.lua's `sft`).
 function M.world_config()
-  return require("clrt.train.prompts").world_config().sft
+  return config.read_file(M.world().config_path()).sft
 end
 
 M.rules = {

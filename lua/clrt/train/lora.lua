@@ -5,6 +5,7 @@
 --   local m = lora.policy(base_dir, ckpt_dir, cfg.train.lora, cfg.seed, adapter_dir)
 --   local ref = lora.reference(m, base_dir)     -- anything with :logprobs(tokens, opts)
 local config = require("clrt.config")
+local model = require("clrt.model")
 local M = {}
 
 -- A recipe's `train.lora` defaults (a fresh table per call): off. `targets` may also name
@@ -44,13 +45,13 @@ end
 -- whole.
 function M.policy(base_dir, ckpt_dir, l, seed, adapter_dir, base_dtype)
   base_dtype = M.check_base_dtype(base_dtype, l, adapter_dir, "train.lora")
-  if not M.enabled(l) and not adapter_dir then return clrt.model.load(ckpt_dir or base_dir) end
+  if not M.enabled(l) and not adapter_dir then return model.load(ckpt_dir or base_dir) end
   if base_dtype == "bf16" then   -- converted as it is read: no whole f32 copy of the base
     local adapter = ckpt_dir or adapter_dir
-    return clrt.model.load(base_dir, { base_dtype = "bf16", adapter = adapter, lora = not adapter and
+    return model.load(base_dir, { base_dtype = "bf16", adapter = adapter, lora = not adapter and
       { r = l.r, alpha = l.alpha or 2 * l.r, dropout = l.dropout or 0, targets = targets(l.targets), seed = seed } or nil })
   end
-  local m = clrt.model.load(base_dir)
+  local m = model.load(base_dir)
   if ckpt_dir or adapter_dir then m:load_adapter(ckpt_dir or adapter_dir)
   else
     m:add_lora({ r = l.r, alpha = l.alpha or 2 * l.r, dropout = l.dropout or 0,
@@ -62,7 +63,7 @@ end
 -- The RL reference: a model of its own without LoRA, else m itself with the adapters off
 -- for the call.
 function M.reference(m, base_dir)
-  if not m.lora then return clrt.model.load(base_dir) end
+  if not m.lora then return model.load(base_dir) end
   return {
     logprobs = function(_, tokens, opts)
       m:set_adapters(false)

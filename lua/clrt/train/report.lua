@@ -36,7 +36,7 @@ function M.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
   row.tests_run, row.time_tests_s = cnt.pass_rate_programs, cnt.pass_rate_seconds
   if cnt.pass_rate_programs then row.engine_steps_during_tests = timing.engine_steps_during_tests end
   for k in pairs(cnt) do cnt[k] = nil end
-  local calls = clrt.llm.drain_records and clrt.llm.drain_records() or {}
+  local calls = require("clrt.llm").drain_records()
   if #calls > 0 then
     local lat, attempts, failed = 0, 0, 0
     for _, c in ipairs(calls) do

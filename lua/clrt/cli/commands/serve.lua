@@ -54,8 +54,8 @@ end
 if not dir then error("clrt serve: which model folder?\n" .. usage, 0) end
 opts.api_key = opts.api_key or os.getenv("CLRT_API_KEY")
 
-local m = clrt.model.load(dir, { adapter = opts.adapter })
-local tok = clrt.tokenizer.load(dir)
+local m = require("clrt.model").load(dir, { adapter = opts.adapter })
+local tok = require("clrt.tokenizer").load(dir)
 opts.model, opts.tokenizer, opts.adapter = m, tok, nil
 opts.name = opts.name or dir:gsub("/+$", ""):match("([^/]+)$")
 opts.max_len = opts.max_len or math.min(m.config.max_position_embeddings or 4096, 4096)
