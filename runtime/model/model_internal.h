@@ -93,6 +93,10 @@ struct clrt_model {
   /* Decode on the CPU (f32): the linear weights packed in 48-wide panels (clrt_linear_pack,
      same offsets as params), made on the first decode when pack_decode is on. */
   int pack_decode;
+  /* Batch invariance (clrt_model_set_batch_invariant): every product and attention on the
+     CPU forms a row's results in an order that depends on the weights' shapes only, never on
+     how many rows share the step (weights.c's policy, ops_cpu.c's attention). */
+  int batch_invariant;
   clrt_storage *wpk;           /* [total] f32, CPU */
   /* The params->version each copy was made from (COPY_STALE: not made yet). */
   uint64_t wbf_ver, wpk_ver;
