@@ -104,6 +104,10 @@ M.defaults = {
     max_prompt_len = 8196,                  -- verl data.max_prompt_length; longer prompts are filtered out
     max_len = config.optional("number"),    -- context; nil: max_prompt_len + token_budget, capped by the model
     future_temperature = config.optional("number"), -- the policy's later turns; nil: temperature
+    -- A row's logits the same bits whatever rows share its batch (CPU; docs/reproducibility.md):
+    -- the same seed then gives the same samples however requests arrive, and the training
+    -- forward's log-probabilities those of the rollout. false: the faster batch kernels.
+    batch_invariant = true,
     -- The reward of a first response cut at max_new_tokens, empty or malformed (it gets no
     -- futures). verl's agent loop says "tell reward manager to score -1 and skip future
     -- interaction to avoid reward hacking with incompleted message" (collabllm_agent_loop.py;
@@ -204,6 +208,7 @@ function M.run(cfg, run_dir)
   local tok = clrt.tokenizer.load(start_dir)
   local m = train.lora.policy(start_dir, ckpt_dir, cfg.train.lora, cfg.seed, cfg.adapter, cfg.train.base_dtype)
   if cfg.device ~= "cpu" then m:to(cfg.device) end
+  m:set_batch_invariant(cfg.rollout.batch_invariant)
   -- prompts without room for a response are left out before anything trains on them
   local dataset, val_set, notes = prompts.load_sets(m, tok, cfg)
   if not cfg.steps then
