@@ -246,7 +246,11 @@ void clrt_residual_backward(float *da, float *db, const float *dout, int64_t n);
 /* lp[n] = logits[n][target[n]] - logsumexp(logits[n]) with logits = x w^T, computed in blocks
    of up to 256 rows by as much of the vocabulary as fits in scratch [chunk, V] floats, so the
    [N, V] logits never exist; keeps lse [N] for backward, which recomputes each block's logits.
-   wp: w packed by clrt_linear_pack (the logits then run through linear_packed.c), or NULL. */
+   wp: w packed by clrt_linear_pack (the logits then run through linear_packed.c), or NULL.
+   fast: bits; CLRT_OUT_FAST: without wp the logits (and backward's products) through
+   gemm_strided.c where the CPU has it; CLRT_OUT_ROWWISE: without wp the logits through
+   clrt_linear_rowwise_forward, the product a batch-invariant decode step runs. */
+enum { CLRT_OUT_FAST = 1, CLRT_OUT_ROWWISE = 2 };
 void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NULL */,
                                     const float *x /* [N, C] */, const float *w /* [V, C] */,
                                     const float *wp /* [V * C] packed, or NULL */,

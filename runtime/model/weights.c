@@ -83,6 +83,13 @@ const float *model_packed_weight(const clrt_model *m, int64_t w) {
 
 int model_fast_kernels(const clrt_model *m) { return m->device == CLRT_CPU && m->pack_decode; }
 
+/* The output layer's kernels (clrt_logsoftmax_gather_forward's fast bits): batch-invariant,
+   its logits without the packed head run the product decode_logits runs. */
+int model_output_kernels(const clrt_model *m) {
+  return (model_fast_kernels(m) ? CLRT_OUT_FAST : 0) |
+         (m->device == CLRT_CPU && m->batch_invariant ? CLRT_OUT_ROWWISE : 0);
+}
+
 /* A linear layer on the CPU in f32: over the packed copy when current, else the same tiles
    packing w on the fly (more than a decode step's rows: fewer reread the weights once per
    row tile), else sgemm (or the skinny kernel, linear.c). */

@@ -1,7 +1,8 @@
 -- test_sampler_trainer.lua — the policy that samples is the policy that trains, to the bit,
 -- with batch invariance on (the RL default): responses sampled together through the
 -- continuous-batching engine, then scored by the training forward (m:logprobs) in
--- length-sorted micro-batches of 4 as train.update runs them. For every response token the
+-- length-sorted micro-batches of 4 as train.update runs them, with the packed copy of the
+-- weights (the default) and without it (set_decode_pack(false)). For every response token the
 -- decode step's logits, put through the training forward's own output kernel
 -- (clrt_logsoftmax_gather_forward over an identity head, which copies the logits exactly),
 -- give the training forward's log-probability bit for bit: the logits are the same. The
@@ -41,9 +42,10 @@ end
 
 -- One RL step's shape: sample, then score; per response token (decode-logits lp through the
 -- trainer's kernel, the trainer's lp, the sampler's recorded lp).
-local function step(invariant)
+local function step(invariant, pack)
   local m = clrt.model.new(CFG, { seed = 4 })
   m:set_batch_invariant(invariant)
+  m:set_decode_pack(pack)
   local s = 3
   local function rnd(n)
     s = (s * 1103515245 + 12345) % 2147483648
@@ -87,18 +89,21 @@ local function step(invariant)
   return out
 end
 
-T.case("batch-invariant: the decode logits are the training forward's, bit for bit", function()
-  local tokens = step(true)
-  T.ok(#tokens >= PROMPTS * N * 4, "enough response tokens to compare (" .. #tokens .. ")")
-  local worst = 0
-  for i, e in ipairs(tokens) do
-    T.ok(f32_bits(e.decoded) == f32_bits(e.trained), ("token %d: the decode logits give %.9g, the training forward %.9g")
-      :format(i, e.decoded, e.trained))
-    worst = math.max(worst, math.abs(e.sampled - e.trained))
-  end
-  T.ok(worst <= SAMPLER_BOUND, ("the sampler's recorded log-probabilities are within %g of the trainer's (largest %.3g)")
-    :format(SAMPLER_BOUND, worst))
-  io.write(("  sampler vs trainer: largest |difference| %.3g over %d tokens\n"):format(worst, #tokens))
-end)
+for _, pack in ipairs({ true, false }) do
+  T.case(("batch-invariant, packed weights %s: the decode logits are the training forward's, bit for bit"):format(
+    tostring(pack)), function()
+    local tokens = step(true, pack)
+    T.ok(#tokens >= PROMPTS * N * 4, "enough response tokens to compare (" .. #tokens .. ")")
+    local worst = 0
+    for i, e in ipairs(tokens) do
+      T.ok(f32_bits(e.decoded) == f32_bits(e.trained), ("token %d: the decode logits give %.9g, the training forward %.9g")
+        :format(i, e.decoded, e.trained))
+      worst = math.max(worst, math.abs(e.sampled - e.trained))
+    end
+    T.ok(worst <= SAMPLER_BOUND, ("the sampler's recorded log-probabilities are within %g of the trainer's (largest %.3g)")
+      :format(SAMPLER_BOUND, worst))
+    io.write(("  sampler vs trainer: largest |difference| %.3g over %d tokens\n"):format(worst, #tokens))
+  end)
+end
 
 T.run()
