@@ -2,7 +2,7 @@
 -- with batch invariance on (the RL default): responses sampled together through the
 -- continuous-batching engine, then scored by the training forward (m:logprobs) in
 -- length-sorted micro-batches of 4 as train.update runs them, with the packed copy of the
--- weights (the default) and without it (set_decode_pack(false)). For every response token the
+-- weights (the default), without it (set_decode_pack(false)) and with LoRA adapters. For every response token the
 -- decode step's logits, put through the training forward's own output kernel
 -- (clrt_logsoftmax_gather_forward over an identity head, which copies the logits exactly),
 -- give the training forward's log-probability bit for bit: the logits are the same. The
@@ -42,10 +42,18 @@ end
 
 -- One RL step's shape: sample, then score; per response token (decode-logits lp through the
 -- trainer's kernel, the trainer's lp, the sampler's recorded lp).
-local function step(invariant, pack)
+local function step(invariant, kind)
   local m = clrt.model.new(CFG, { seed = 4 })
   m:set_batch_invariant(invariant)
-  m:set_decode_pack(pack)
+  m:set_decode_pack(kind ~= "nopack")
+  if kind == "lora" then   -- B random: the adapters move every product
+    m:add_lora{ r = 4, alpha = 8, dropout = 0, targets = { "q_proj", "v_proj", "o_proj", "down_proj" }, seed = 3 }
+    local g = clrt.tensor.generator(9)
+    for _, name in ipairs(m.lora_names) do
+      local t = m:lora_params()[name]
+      if name:find("lora_B") then t:copy_(clrt.tensor.randn(t:shape(), { generator = g }) * 0.2) end
+    end
+  end
   local s = 3
   local function rnd(n)
     s = (s * 1103515245 + 12345) % 2147483648
@@ -89,10 +97,9 @@ local function step(invariant, pack)
   return out
 end
 
-for _, pack in ipairs({ true, false }) do
-  T.case(("batch-invariant, packed weights %s: the decode logits are the training forward's, bit for bit"):format(
-    tostring(pack)), function()
-    local tokens = step(true, pack)
+for _, kind in ipairs({ "packed", "nopack", "lora" }) do
+  T.case(("batch-invariant, %s: the decode logits are the training forward's, bit for bit"):format(kind), function()
+    local tokens = step(true, kind)
     T.ok(#tokens >= PROMPTS * N * 4, "enough response tokens to compare (" .. #tokens .. ")")
     local worst = 0
     for i, e in ipairs(tokens) do
