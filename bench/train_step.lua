@@ -12,6 +12,9 @@
 -- peer's Python (default /usr/bin/python3, Debian's).
 -- baseline=1 also runs clrt with set_decode_pack(false) (OpenBLAS sgemm for every product, the
 -- path before the AVX-512 training kernels) and prints the ratio of the two in this run.
+-- deterministic=1 also runs clrt with m:set_batch_invariant(true) (the RL policy's default:
+-- the training forward's attention query by query, as decode runs it) and prints its cost;
+-- that run keeps a packed copy of the weights at any size, as a policy that decodes has one.
 -- sizes=0.9M is the built-in world's model at its SFT batch (B=32, T=256).
 -- rows=full,lora,lora_bf16 picks the steps measured per size: the full fine-tune, and LoRA of
 -- rank lora=R (default 16, alpha 2R) on the seven projections of every layer over an f32 base
@@ -21,7 +24,7 @@
 -- On the CPU each row also prints GFLOP/s against peak_gflops= (default 443: the two cores'
 -- measured FMA peak on the Zen 5 the README's figures come from).
 --   clrt bench/train_step.lua [sizes=5M,50M] [rows=full] [lora=16] [base_dtype=f32|bf16] [steps=3] [B=8 (0.9M: 32, 0.5B/1.5B: 2)] [T=256]
---                             [threads=2] [device=cpu|cuda] [baseline=1] [peak_gflops=443]
+--                             [threads=2] [device=cpu|cuda] [baseline=1] [deterministic=1] [peak_gflops=443]
 local cjson = require("cjson")
 
 local args = {}
@@ -50,6 +53,7 @@ if args.worker then
     device = args.device })
   if args.pack == "0" then m:set_decode_pack(false) end   -- sgemm throughout: the old path
   if args.matmul == "bf16" then m:set_matmul("bf16") end
+  if args.invariant == "1" then m:set_batch_invariant(true) end
   local flops = m:train_flops(B, T)
   local r = tonumber(args.lora or 0)
   if r > 0 then
@@ -189,6 +193,16 @@ for size in (args.sizes or "5M,50M"):gmatch("[^,]+") do
     if stok then
       print(("sgemm: %9.1f tokens/s (median step; best %.1f): AVX-512 kernels %.2fx the sgemm path (best steps: %.2fx)")
         :format(stok, sbest, ctok / stok, cbest / sbest))
+    end
+  end
+  if args.deterministic == "1" then
+    local d_out = run(("CLRT_TRAIN_PACK_MAX_MB=1000000 CLRT_PROFILE=1 OMP_NUM_THREADS=%d %s %s/bench/train_step.lua worker=%s B=%d T=%d steps=%d threads=%d device=%s matmul=%s%s invariant=1"):format(
+      threads, sh_quote(bin), sh_quote(src), size, B, T, steps, threads, device, mm, lora_args))
+    local dtok = tonumber(d_out:match("clrt tokens_per_s=([%d.]+)"))
+    local dbest = tonumber(d_out:match("best_tokens_per_s=([%d.]+)"))
+    if dtok then
+      print(("batch-invariant: %9.1f tokens/s (median step; best %.1f): %.2fx the default's step time (best steps: %.2fx)")
+        :format(dtok, dbest, ctok / dtok, cbest / dbest))
     end
   end
   if device == "cpu" then

@@ -266,6 +266,13 @@ int clrt_model_set_matmul_bf16(clrt_model *m, int on);
    after the weights change: faster products for the memory of a second copy of the weights.
    On by default; off frees the copy. */
 int clrt_model_set_decode_pack(clrt_model *m, int on);
+/* Batch invariance on the CPU: a row's logits are the same bits whatever rows share its
+   forward (decode steps of any size, prefills alone or together, at any position) and a
+   prefilled position gets a decode step's bits. Products never switch kernel with the
+   number of rows, attention runs each query alone (slower prefill and training attention,
+   docs/reproducibility.md). Off by default; the CUDA tables ignore it. */
+int clrt_model_set_batch_invariant(clrt_model *m, int on);
+int clrt_model_batch_invariant(const clrt_model *m);
 /* train.base_dtype=bf16 (CPU, a model with LoRA adapters): the frozen base's blocks' linear
    weights are kept only in bf16 (packed panels) and their f32 copy is freed; products
    accumulate in f32. Embeddings, head, norms and biases stay f32. One way: the base can no

@@ -49,7 +49,11 @@ static void block_logits(float *z, const float *x, const float *w, const float *
   if (wp && v0 % VALIGN == 0 && (vb % VALIGN == 0 || v0 + vb == V) &&
       clrt_linear_packed_forward(z, x, wp + (int64_t)v0 * C, NULL, rows, C, vb))
     return;
-  if (fast && clrt_linear_forward_strided(z, x, w + (int64_t)v0 * C, NULL, rows, C, vb)) return;
+  if (fast & CLRT_OUT_ROWWISE) {   /* a row's logits as a batch-invariant decode step forms them */
+    clrt_linear_rowwise_forward(z, x, w + (int64_t)v0 * C, NULL, rows, C, vb);
+    return;
+  }
+  if ((fast & CLRT_OUT_FAST) && clrt_linear_forward_strided(z, x, w + (int64_t)v0 * C, NULL, rows, C, vb)) return;
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, vb, C, 1.0f, x, C, w + (int64_t)v0 * C, C,
               0.0f, z, vb);
 }
@@ -153,10 +157,10 @@ void clrt_logsoftmax_gather_backward_lora(float *dx /* [N, C] = */, float *dw /*
       const float *wb = w + (int64_t)v0 * C;
       float *dwb = dw ? dw + (int64_t)v0 * C : NULL;   /* NULL: a frozen output layer (LoRA) */
       /* dx [rows, C] (+)= dz [rows, vb] w_b [vb, C]; dw_b [vb, C] += dz^T x [rows, C] */
-      if (!fast || !clrt_gemm_strided(dxc, C, scratch, vb, 1, wb, C, rows, C, vb, v0 > 0))
+      if (!(fast & CLRT_OUT_FAST) || !clrt_gemm_strided(dxc, C, scratch, vb, 1, wb, C, rows, C, vb, v0 > 0))
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, vb, 1.0f, scratch, vb, wb, C,
                     v0 > 0 ? 1.0f : 0.0f, dxc, C);
-      if (dwb && (!fast || !clrt_gemm_strided(dwb, C, scratch, 1, vb, xc, C, vb, C, rows, 1)))
+      if (dwb && (!(fast & CLRT_OUT_FAST) || !clrt_gemm_strided(dwb, C, scratch, 1, vb, xc, C, vb, C, rows, 1)))
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, vb, C, rows, 1.0f, scratch, vb, xc, C, 1.0f,
                     dwb, C);
     }

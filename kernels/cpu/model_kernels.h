@@ -87,6 +87,16 @@ int clrt_linear_skinny_forward_bf16(float *y /* [N, O] */, const float *x /* [N,
                                     const uint16_t *w /* [O, K] bf16 */, const float *b /* [O] or NULL */,
                                     int64_t N, int K, int O);
 
+/* linear_rowwise.c: any number of rows, each row's outputs in an order fixed by K alone
+   (batch invariance without a packed copy): the skinny kernel over slices of rows, else a
+   plain loop. The bf16 one rounds x to bf16 as the skinny kernel does; 0 when out of memory. */
+void clrt_linear_rowwise_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
+                                 const float *w /* [O, K] */, const float *b /* [O] or NULL */,
+                                 int64_t N, int K, int O);
+int clrt_linear_rowwise_forward_bf16(float *y /* [N, O] */, const float *x /* [N, K] */,
+                                     const uint16_t *w /* [O, K] bf16 */, const float *b /* [O] or NULL */,
+                                     int64_t N, int K, int O);
+
 /* linear_skinny_dpbf16.c: bf16 x and w through AVX512-BF16; 0 when the CPU lacks it. */
 int clrt_linear_skinny_dpbf16(float *y /* [N, O] */, const uint16_t *x /* [N, K] bf16 */,
                               const uint16_t *w /* [O, K] bf16 */, const float *b /* [O] or NULL */,
@@ -207,6 +217,14 @@ int clrt_attention_decode_forward(float *out /* [B, H, D] */, float *lse /* [B, 
                                   const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
                                   const int32_t *kv_row /* [B] or NULL */, int window, float *scratch,
                                   int64_t scratch_stride, int nthreads);
+/* The same per-query pass for any Tq, on any CPU: each (query, head) alone, in an order
+   fixed by its key range (batch invariance; slower than the sgemm blocks for long rows). */
+void clrt_attention_rows_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] or NULL */,
+                                 const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
+                                 const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV, int D,
+                                 const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
+                                 const int32_t *kv_row /* [B] or NULL */, int window, float *scratch,
+                                 int64_t scratch_stride, int nthreads);
 /* Training only (pos0 = 0, Tk = T). dq =, dk =, dv = */
 void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
                              float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,
@@ -231,7 +249,11 @@ void clrt_residual_backward(float *da, float *db, const float *dout, int64_t n);
 /* lp[n] = logits[n][target[n]] - logsumexp(logits[n]) with logits = x w^T, computed in blocks
    of up to 256 rows by as much of the vocabulary as fits in scratch [chunk, V] floats, so the
    [N, V] logits never exist; keeps lse [N] for backward, which recomputes each block's logits.
-   wp: w packed by clrt_linear_pack (the logits then run through linear_packed.c), or NULL. */
+   wp: w packed by clrt_linear_pack (the logits then run through linear_packed.c), or NULL.
+   fast: bits; CLRT_OUT_FAST: without wp the logits (and backward's products) through
+   gemm_strided.c where the CPU has it; CLRT_OUT_ROWWISE: without wp the logits through
+   clrt_linear_rowwise_forward, the product a batch-invariant decode step runs. */
+enum { CLRT_OUT_FAST = 1, CLRT_OUT_ROWWISE = 2 };
 void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NULL */,
                                     const float *x /* [N, C] */, const float *w /* [V, C] */,
                                     const float *wp /* [V * C] packed, or NULL */,

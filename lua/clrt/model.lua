@@ -6,6 +6,7 @@
 --   m:params(), m:grads()                          -- Hugging Face name -> tensor view (no copies)
 --   m:save(dir), m:memory(), m:num_params(), m:zero_grad(), m.config
 --   m:set_matmul("bf16"|"f32"), m:set_decode_pack(bool)  -- how decode steps read the weights
+--   m:set_batch_invariant(bool)    -- a row's logits independent of the rows beside it
 --   m:generate({ids, ...}, {max_new_tokens =, ...}), m:chat([tok,] "text")  -- decoding, a chat reply
 --   m:add_lora{...}, m:set_adapters(bool), m:save_adapter(dir), load(dir, {adapter = DIR})
 --                                                  -- LoRA (lua/clrt/core/model_lora.lua)
@@ -378,6 +379,17 @@ function Model:set_decode_pack(on)
   ok(C.clrt_model_set_decode_pack(live(self), on and 1 or 0), 2)
   return self
 end
+
+-- set_batch_invariant(on): on the CPU a row's logits become the same bits whatever rows share
+-- its forward (decode steps of 1 to any number of rows, prefills alone or together) and a
+-- prefilled position gets a decode step's bits; the RL rollouts and `clrt serve
+-- --deterministic` turn it on (docs/reproducibility.md: what it costs). batch_invariant() reads it.
+function Model:set_batch_invariant(on)
+  if type(on) ~= "boolean" then error("model:set_batch_invariant: expects true or false", 2) end
+  ok(C.clrt_model_set_batch_invariant(live(self), on and 1 or 0), 2)
+  return self
+end
+function Model:batch_invariant() return C.clrt_model_batch_invariant(live(self)) == 1 end
 
 -- The bf16 and packed weight copies follow writes through params() views and the optimizers
 -- by themselves; after writing parameter memory by other means (data_ptr()), call this.

@@ -92,6 +92,7 @@ function M.run(cfg, run_dir)
   local tok = clrt.tokenizer.load(start_dir)
   local m = train.lora.policy(start_dir, ckpt_dir, cfg.train.lora, cfg.seed, cfg.adapter, cfg.train.base_dtype)
   if cfg.device ~= "cpu" then m:to(cfg.device) end
+  m:set_batch_invariant(cfg.rollout.batch_invariant)
   require("clrt.gen.prefix_cache").configure(m, { mb = cfg.rollout.prefix_cache_mb })
   -- prompts without room for a response are left out before anything trains on them
   local dataset, val_set, notes = prompts.load_sets(m, tok, cfg, WHO)

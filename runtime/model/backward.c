@@ -116,7 +116,7 @@ int clrt_model_backward_hidden(clrt_model *m, const float *dlogp, const float *d
   clrt_head_lora hl;
   const clrt_head_lora *hla = model_lora_head_backward(m, &a, &hl);
   PROF(CLRT_K_OUT_B, op->output_backward(a.dxn, GW(m, m->head), a.dlpv, a.xn, PW(m, m->head),
-                                         model_packed_weight(m, m->head), model_fast_kernels(m), a.target,
+                                         model_packed_weight(m, m->head), model_output_kernels(m), a.target,
                                          a.lsef, nv, C, V,
                                          a.logits, a.chunk, a.logits_kept, hla));
   PROF(CLRT_K_LORA, model_lora_head_backward_end(m, &a, a.dxn, a.xn, nv));

@@ -230,7 +230,7 @@ int clrt_model_logprobs_hidden(clrt_model *m, const int32_t *tokens, int B, int 
   const clrt_head_lora *hla;
   PROF(CLRT_K_LORA, hla = model_lora_head_forward(m, &a, &hl, a.xn, nv, keep));
   PROF(CLRT_K_OUT_F, op->output(a.lpv, a.lsef, a.xn, PW(m, m->head), model_packed_weight(m, m->head),
-                                model_fast_kernels(m), a.target, nv, C, V, a.logits, a.chunk, hla));
+                                model_output_kernels(m), a.target, nv, C, V, a.logits, a.chunk, hla));
   if (unstage_logprobs(m, &a, lp, B, T, nv)) return -1;
   m->saved = keep;
   m->B = B;

@@ -93,6 +93,10 @@ struct clrt_model {
   /* Decode on the CPU (f32): the linear weights packed in 48-wide panels (clrt_linear_pack,
      same offsets as params), made on the first decode when pack_decode is on. */
   int pack_decode;
+  /* Batch invariance (clrt_model_set_batch_invariant): every product and attention on the
+     CPU forms a row's results in an order that depends on the weights' shapes only, never on
+     how many rows share the step (weights.c's policy, ops_cpu.c's attention). */
+  int batch_invariant;
   clrt_storage *wpk;           /* [total] f32, CPU */
   /* The params->version each copy was made from (COPY_STALE: not made yet). */
   uint64_t wbf_ver, wpk_ver;
@@ -255,6 +259,8 @@ void model_cpu_linear_parts_bf16(clrt_model *m, acts *a, const float *x, int64_t
 const float *model_packed_weight(const clrt_model *m, int64_t w);
 /* 1 when the CPU's AVX-512 training kernels are wanted (set_decode_pack, on by default). */
 int model_fast_kernels(const clrt_model *m);
+/* The output layer's kernel bits (CLRT_OUT_FAST, CLRT_OUT_ROWWISE when batch-invariant). */
+int model_output_kernels(const clrt_model *m);
 /* Its backward (both tables): dx (+)= dy w, dw += dy^T x, db += sum dy. */
 void model_cpu_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
                                const float *x, int64_t N, int K, int O, int acc);

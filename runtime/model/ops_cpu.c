@@ -39,6 +39,17 @@ static int cpu_attention_per_query(const clrt_model *m, acts *a, float *out, con
 
 static void cpu_attention(const clrt_model *m, acts *a, float *out, float *lse, const float *q,
                           const float *k, const float *v, const attn_args *s) {
+  if (m->batch_invariant) {   /* each query alone, as a decode step computes it */
+    int Tk = 0;   /* the longest key range: each thread's scratch slice, as clrt_attention_forward sizes it */
+    for (int b = 0; b < s->B; b++) {
+      int tk = (s->pos0 ? s->pos0[b] : 0) + s->T;
+      if (tk > Tk) Tk = tk;
+    }
+    clrt_attention_rows_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
+                                s->slot, s->window, a->attn, (int64_t)clrt_attention_scratch_floats(s->T, Tk, 1),
+                                m->threads);
+    return;
+  }
   if (s->slot && !lse && s->T > 1 && cpu_attention_per_query(m, a, out, q, k, v, s)) return;
   clrt_attention_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
                          s->slot, s->window, a->attn, m->threads);

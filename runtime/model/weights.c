@@ -8,8 +8,11 @@
                reference model, ~1.3-1.7x sgemm here), else sgemm on the params; backward's dx = dy w and dw += dy^T x through the AVX-512 tiles that read
                w and x in place (gemm_strided.c, ~1.3-2.5x sgemm here) where the CPU has them,
                else sgemm; set_decode_pack(false) turns all of these off (sgemm throughout);
+               batch-invariant (set_batch_invariant): the packed copy (row-invariant by
+               itself) else clrt_linear_rowwise_forward for every number of rows;
      CPU bf16  few-row products (decode) over the bf16 copy (packed in bf16 pairs on a CPU with
                AVX512-BF16, else plain) with bf16-rounded inputs, else sgemm on the params;
+               batch-invariant: every product over the bf16 copy;
      CUDA      cuBLAS in f32, or bf16 inputs with f32 accumulation (ops_cuda.c).
    Both copies remember the params->version they were made from and are remade when the
    weights change (an optimizer step, a move, an initialisation, a write through a view). */
@@ -80,6 +83,13 @@ const float *model_packed_weight(const clrt_model *m, int64_t w) {
 
 int model_fast_kernels(const clrt_model *m) { return m->device == CLRT_CPU && m->pack_decode; }
 
+/* The output layer's kernels (clrt_logsoftmax_gather_forward's fast bits): batch-invariant,
+   its logits without the packed head run the product decode_logits runs. */
+int model_output_kernels(const clrt_model *m) {
+  return (model_fast_kernels(m) ? CLRT_OUT_FAST : 0) |
+         (m->device == CLRT_CPU && m->batch_invariant ? CLRT_OUT_ROWWISE : 0);
+}
+
 /* A linear layer on the CPU in f32: over the packed copy when current, else the same tiles
    packing w on the fly (more than a decode step's rows: fewer reread the weights once per
    row tile), else sgemm (or the skinny kernel, linear.c). */
@@ -87,6 +97,10 @@ void model_cpu_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t 
                       int64_t N, int Kd, int O) {
   const float *wp = model_packed_weight(m, w);
   if (wp && clrt_linear_packed_forward(y, x, wp, b, N, Kd, O)) return;
+  if (m->batch_invariant) {   /* no kernel switch at a number of rows */
+    clrt_linear_rowwise_forward(y, x, PW(m, w), b, N, Kd, O);
+    return;
+  }
   if (model_fast_kernels(m) && N > CLRT_SKINNY_MAX_ROWS && clrt_linear_forward_strided(y, x, PW(m, w), b, N, Kd, O))
     return;
   clrt_linear_forward(y, x, PW(m, w), b, N, Kd, O);
@@ -121,6 +135,9 @@ void model_cpu_linear_bf16(clrt_model *m, acts *a, float *y, const float *x, int
                            const float *b, int64_t N, int Kd, int O) {
   const uint16_t *w16 = (const uint16_t *)m->wbf->data + w;
   clrt_packed_part part = {y, w16, b, O};
+  if (m->batch_invariant && (m->wbf_packed ? clrt_linear_packed_bf16_forward_rows(x, N, Kd, &part, 1)
+                                           : clrt_linear_rowwise_forward_bf16(y, x, w16, b, N, Kd, O)))
+    return;   /* every row count over the bf16 copy: no switch to the f32 weights */
   if (m->wbf_packed ? clrt_linear_packed_bf16_forward_parts(x, N, Kd, &part, 1)
                     : clrt_linear_skinny_forward_bf16(y, x, w16, b, N, Kd, O))
     return;
@@ -134,7 +151,9 @@ void model_cpu_linear_parts_bf16(clrt_model *m, acts *a, const float *x, int64_t
     for (int i = 0; i < count; i++)
       packed[i] = (clrt_packed_part){parts[i].y, (const uint16_t *)m->wbf->data + parts[i].w,
                                      parts[i].b, parts[i].O};
-    if (clrt_linear_packed_bf16_forward_parts(x, N, Kd, packed, count)) return;
+    if (m->batch_invariant ? clrt_linear_packed_bf16_forward_rows(x, N, Kd, packed, count)
+                           : clrt_linear_packed_bf16_forward_parts(x, N, Kd, packed, count))
+      return;
   }
   for (int i = 0; i < count; i++)
     model_cpu_linear_bf16(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, Kd, parts[i].O);
@@ -217,6 +236,13 @@ void clrt_model_weights_stamp(const clrt_model *m, uint64_t out[8]) {
   out[4] = lp ? lp->serial : 0;
   out[5] = lp ? lp->version : 0;
   out[6] = (uint64_t)(m->lora && m->lora->enabled) | (uint64_t)m->bf16 << 1 | (uint64_t)m->base16 << 2 |
-           (uint64_t)m->pack_decode << 3 | (uint64_t)m->device << 8;
+           (uint64_t)m->pack_decode << 3 | (uint64_t)m->batch_invariant << 4 | (uint64_t)m->device << 8;
   out[7] = (uint64_t)(uintptr_t)m;
 }
+
+int clrt_model_set_batch_invariant(clrt_model *m, int on) {
+  m->batch_invariant = on != 0;
+  return 0;
+}
+
+int clrt_model_batch_invariant(const clrt_model *m) { return m->batch_invariant; }

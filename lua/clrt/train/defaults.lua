@@ -97,6 +97,10 @@ function M.shared()
       -- interaction to avoid reward hacking with incompleted message" (collabllm_agent_loop.py;
       -- its reward manager then scores a batch with no futures 0). -1 keeps a cut-off reply
       -- below any valid one whose reward is only lowered by a token cost.
+      -- A row's logits the same bits whatever rows share its batch (CPU; docs/reproducibility.md):
+      -- the same seed then gives the same samples however requests arrive, and the training
+      -- forward's log-probabilities those of the rollout. false: the faster batch kernels.
+      batch_invariant = true,
       cutoff_reward = -1,
       -- keys and values of earlier turns kept for the later ones (a response's futures share the
       -- prompt and the response): MiB of memory, 0 off (docs/prefix_cache.md)

@@ -1,6 +1,6 @@
 -- clrt serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--slots 32]
 --                      [--max-len 2048] [--max-tokens 4096] [--max-body BYTES] [--served-model-name NAME]
---                      [--adapter DIR] [--prefix-cache-mb MB]
+--                      [--adapter DIR] [--prefix-cache-mb MB] [--deterministic]
 -- An OpenAI-compatible server for one model folder (see lua/clrt/net/openai_server.lua).
 local args = { ... }
 local usage = [[
@@ -16,6 +16,9 @@ usage: clrt serve MODEL_DIR [options]
   --prefix-cache-mb MB
                      memory for prompt caching: requests that start like an earlier one
                      prefill only the rest (default 1024; 0 turns it off; docs/prefix_cache.md)
+  --deterministic    batch-invariant kernels: a request with a seed gets the same tokens and
+                     log-probabilities whatever other requests share its steps (CPU; slower
+                     prefill, see docs/reproducibility.md)
   --served-model-name NAME
                      the model's name in /v1/models; requests naming another model get a
                      404 model_not_found (default: the folder's name; --name is the same)]]
@@ -45,6 +48,7 @@ while i <= #args do
   elseif a == "--max-body" then opts.max_body = number(a)
   elseif a == "--prefix-cache-mb" then opts.prefix_cache_mb = number(a)
   elseif a == "--adapter" then opts.adapter = value(a)
+  elseif a == "--deterministic" then opts.deterministic = true
   elseif a == "--served-model-name" or a == "--name" then opts.name = value(a)
   elseif a:sub(1, 2) == "--" then error(("clrt serve: unknown option %s\n%s"):format(a, usage), 0)
   elseif not dir then dir = a
@@ -56,7 +60,8 @@ opts.api_key = opts.api_key or os.getenv("CLRT_API_KEY")
 
 local m = require("clrt.model").load(dir, { adapter = opts.adapter })
 local tok = require("clrt.tokenizer").load(dir)
-opts.model, opts.tokenizer, opts.adapter = m, tok, nil
+if opts.deterministic then m:set_batch_invariant(true) end
+opts.model, opts.tokenizer, opts.adapter, opts.deterministic = m, tok, nil, nil
 opts.name = opts.name or dir:gsub("/+$", ""):match("([^/]+)$")
 opts.max_len = opts.max_len or math.min(m.config.max_position_embeddings or 4096, 4096)
 opts.log = function(line) io.stderr:write(os.date("%H:%M:%S "), line, "\n") end
