@@ -26,7 +26,10 @@ M.Model = Model
 
 local read_file = files.read
 
-local function is_null(v) return v == nil or v == json.null end
+-- json.null, or lua-cjson's null (a NULL light userdata) in a config a caller decoded itself
+local function is_null(v)
+  return v == nil or v == json.null or (type(v) == "userdata" and tostring(v) == "userdata: NULL")
+end
 
 -- ---- config.json --------------------------------------------------------------------------
 
