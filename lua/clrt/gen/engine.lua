@@ -268,7 +268,7 @@ function Engine:add(prompt, o, cb, tag, key)
       local lack = M.undecodable(o.tokenizer, self.V)
       if lack.n > 0 then row.undecodable = lack end
     end
-    if o.tokenizer then row.text, row.stream = "", o.tokenizer:stream() end
+    if o.tokenizer then row.text, row.stream = "", o.tokenizer:stream({ skip_special_tokens = true }) end
     rows[s] = row
   end
   if o.max_new_tokens == 0 then
