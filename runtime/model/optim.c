@@ -154,7 +154,10 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
       return -1;
     }
     o->step++;
-    if (!o->lora) clrt_model_params_changed(m);   /* the bf16 and packed copies follow the weights */
+    /* the bf16 and packed copies follow the weights; the adapters' writes must show too: the
+       prefix cache keys its blocks by the storages' versions (clrt_model_weights_stamp) */
+    if (o->lora) clrt_storage_written(m->lora->params);
+    else clrt_model_params_changed(m);
     return 0;
   }
 #endif
@@ -181,7 +184,10 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
       clrt_adamw_span(pp + k0, m1 + k0, m2 + k0, gg + k0, k1 - k0, gscale, lr, beta1, beta2, eps, decay, bc1,
                       bc2_sqrt);
   }
-  if (!o->lora) clrt_model_params_changed(m);   /* adapters: the base and its copies stand */
+  /* adapters: the base and its copies stand, the adapters' storage counts the write (the
+     prefix cache keys its blocks by it) */
+  if (o->lora) clrt_storage_written(m->lora->params);
+  else clrt_model_params_changed(m);
   return 0;
 }
 
@@ -212,7 +218,8 @@ int clrt_adamw_step_range(clrt_adamw *o, int64_t lo, int64_t hi, double grad_nor
     for (int64_t k = a; k < b; k++)
       clrt_adamw_update(&P[k], &M1[k], &M2[k], G[k] * gscale, lr, beta1, beta2, eps, decay, bc1, bc2_sqrt);
   }
-  if (!o->lora) clrt_model_params_changed(o->m);
+  if (o->lora) clrt_storage_written(o->m->lora->params);   /* as above */
+  else clrt_model_params_changed(o->m);
   return 0;
 }
 
