@@ -139,6 +139,39 @@ int clrt_linear_bf16_backward_dx(float *dx /* [N, K] */, const float *dy /* [N, 
                                  const uint16_t *wp /* [O * K] panels */, int64_t N, int K, int O,
                                  int accumulate, int fast);
 
+/* ---- matrix_unit.c: the unit bf16 products run on, chosen at run time ------------------ */
+enum { CLRT_UNIT_F32 = 0, CLRT_UNIT_AVX512BF16 = 1, CLRT_UNIT_AMX = 2 };
+/* The best unit this CPU (and OS) offers, and the one in use: the best, capped by
+   CLRT_MATRIX_UNIT=f32|avx512bf16|amx or clrt_matrix_unit_cap. */
+int clrt_matrix_unit_best(void);
+int clrt_matrix_unit(void);
+void clrt_matrix_unit_cap(int unit);
+const char *clrt_matrix_unit_name(int unit);
+
+/* ---- gemm_bf16.c: c (+)= a b, bf16 inputs, f32 sums, on the matrix unit ---------------- */
+/* b(k, j) = src[k rs + j cs] rounded to bf16 into column panels of pairs of k (48 columns a
+   panel; element (k, j) at bp[j0 Kp + (k / 2) 2 pw + 2 (j - j0) + k % 2]), Kp >= Kc even,
+   zeros past Kc. A weight w [O, K] packed with rs = 1, cs = K is clrt_linear_pack_bf16's
+   layout (Kp = K). _part packs only k in [k0, k1) (k0 even) and columns [j0, j1). */
+void clrt_pack_pairs(uint16_t *bp /* [Nc * Kp] */, const float *src, int64_t rs, int64_t cs, int64_t Kc, int Nc,
+                     int64_t Kp);
+void clrt_pack_pairs_part(uint16_t *bp /* [Nc * Kp] */, const float *src, int64_t rs, int64_t cs, int64_t Kc, int Nc,
+                          int64_t Kp, int64_t k0, int64_t k1, int j0, int j1);
+/* dst[i, k] = bf16(src[i rs + k cs]) for k < Kc, zeros up to ldd. */
+void clrt_to_bf16_rows(uint16_t *dst /* [M, ldd] */, int64_t ldd, const float *src, int64_t rs, int64_t cs,
+                       int64_t M, int64_t Kc);
+/* c (= or +=) a b + bias: a's first Kp columns (zeros past its Kc), b packed as above.
+   1 when computed, 0 without a bf16 unit (then multiply in f32). */
+int clrt_gemm_bf16(float *c /* [M, ldc] */, int64_t ldc, const uint16_t *a /* [M, lda] bf16 */, int64_t lda,
+                   int64_t M, const uint16_t *bp /* [Nc * Kp] */, int Nc, int64_t Kp,
+                   const float *bias /* [Nc] or NULL */, int accumulate);
+/* gemm_amx.c: one panel (pw <= 48 columns) of the above through AMX tiles; fits: AMX is the
+   unit in use and the shape suits it (pw % 16 == 0, Kc % 32 == 0). 0 when it does not. */
+int clrt_amx_panel_fits(int pw, int64_t Kc);
+int clrt_amx_panel(float *c /* [M, ldc] */, int64_t ldc, const uint16_t *a /* [M, lda] bf16 */, int64_t lda,
+                   int64_t M, const uint16_t *bp /* [Kc / 2, pw, 2] bf16 */, int pw, int64_t Kc,
+                   const float *bias /* [pw] or NULL */, int add);
+
 /* ---- adamw.c: one tensor's span of the AdamW update (clrt_adamw_update's bits, 16 lanes) -- */
 void clrt_adamw_span(float *p, float *m, float *v, const float *g /* scaled by gscale */, int64_t n, float gscale,
                      float lr, float beta1, float beta2, float eps, float decay, float bc1, float bc2_sqrt);
