@@ -248,13 +248,22 @@ int clrt_model_lora_merge(clrt_model *m);
    move (clrt_adamw_step refuses moments on another device). */
 int clrt_model_to_device(clrt_model *m, int device);
 int clrt_model_device(const clrt_model *m);
-/* bf16 matmuls. On cuda: the blocks' linear layers run bf16 x bf16 -> fp32 (cuBLAS GemmEx)
-   from bf16 copies of fp32 master weights; the output layer and everything else stay fp32.
-   On the CPU (AVX-512): products of at most 32 rows (decode steps, short prefills) read bf16
-   copies of every linear weight, the output layer's included, with bf16-rounded inputs and
-   f32 accumulation, halving the bytes a memory-bound decode step moves; larger products, the
-   backward and the embedding lookup stay fp32. Moving the model drops the copies. */
+/* bf16 matmuls (bf16 mixed precision: fp32 master weights, optimizer, loss and norms). On
+   cuda: the blocks' linear layers run bf16 x bf16 -> fp32 (cuBLAS GemmEx) from bf16 copies of
+   fp32 master weights; the output layer and everything else stay fp32. On the CPU, with a
+   matrix unit (AMX, else AVX512-BF16; clrt_matrix_unit): every product of the blocks' linear
+   layers, forward (any number of rows, decode's output layer too) and both backward products
+   (dx, dw), multiplies bf16-rounded inputs and bf16 copies of the weights with f32 sums; the
+   copies are kept current by the optimizer step. Without one: decode-sized products over bf16
+   copies widened to f32, the rest f32. Moving the model drops the copies. */
 int clrt_model_set_matmul_bf16(clrt_model *m, int on);
+/* The unit bf16 products run on in this process: "amx-bf16", "avx512-bf16" or "f32" (none);
+   and the best this CPU offers. clrt_set_matrix_unit caps it ("f32", "avx512-bf16",
+   "amx-bf16"; as CLRT_MATRIX_UNIT does); -1 on an unknown name. Set it before making bf16
+   copies: copies made under another cap are remade by set_matmul. */
+const char *clrt_matrix_unit_active(void);
+const char *clrt_matrix_unit_available(void);
+int clrt_set_matrix_unit(const char *name);
 /* Decoding on the CPU in f32 (AVX-512) reads a copy of the linear weights packed in panels
    (and so does any forward while that copy is current), made on the first decode and remade
    after the weights change: faster products for the memory of a second copy of the weights.

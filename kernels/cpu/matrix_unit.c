@@ -1,7 +1,7 @@
 /* matrix_unit.c — which unit multiplies bf16 here, chosen once at run time: AMX tiles
    (AMX-TILE + AMX-BF16, after Linux grants this process the tile data state), else
    AVX512-BF16 (vdpbf16ps), else none (the callers then multiply in f32).
-   CLRT_MATRIX_UNIT=f32|avx512bf16|amx caps the choice (a test compares every unit the CPU
+   CLRT_MATRIX_UNIT=f32|avx512-bf16|amx-bf16 caps the choice (a test compares every unit the CPU
    has; a user can rule a unit out), and clrt_matrix_unit_cap does the same from code.
    The choice never depends on how many rows a product has: the same row gives the same bits
    in a decode step of 1 row and a prefill of 512. */
@@ -39,7 +39,7 @@ static int cap_from_env(void) {
   const char *s = getenv("CLRT_MATRIX_UNIT");
   if (!s || !*s) return CLRT_UNIT_AMX;
   if (!strcmp(s, "f32")) return CLRT_UNIT_F32;
-  if (!strcmp(s, "avx512bf16")) return CLRT_UNIT_AVX512BF16;
+  if (!strcmp(s, "avx512bf16") || !strcmp(s, "avx512-bf16")) return CLRT_UNIT_AVX512BF16;
   return CLRT_UNIT_AMX;
 }
 

@@ -142,7 +142,7 @@ int clrt_linear_bf16_backward_dx(float *dx /* [N, K] */, const float *dy /* [N, 
 /* ---- matrix_unit.c: the unit bf16 products run on, chosen at run time ------------------ */
 enum { CLRT_UNIT_F32 = 0, CLRT_UNIT_AVX512BF16 = 1, CLRT_UNIT_AMX = 2 };
 /* The best unit this CPU (and OS) offers, and the one in use: the best, capped by
-   CLRT_MATRIX_UNIT=f32|avx512bf16|amx or clrt_matrix_unit_cap. */
+   CLRT_MATRIX_UNIT=f32|avx512-bf16|amx-bf16 or clrt_matrix_unit_cap. */
 int clrt_matrix_unit_best(void);
 int clrt_matrix_unit(void);
 void clrt_matrix_unit_cap(int unit);
@@ -171,6 +171,13 @@ int clrt_amx_panel_fits(int pw, int64_t Kc);
 int clrt_amx_panel(float *c /* [M, ldc] */, int64_t ldc, const uint16_t *a /* [M, lda] bf16 */, int64_t lda,
                    int64_t M, const uint16_t *bp /* [Kc / 2, pw, 2] bf16 */, int pw, int64_t Kc,
                    const float *bias /* [pw] or NULL */, int add);
+
+/* ---- pack_rows.c: rows [r0, r1) of w [O, K] into each layout (the optimizer step keeps the
+   copies current so); the bits of clrt_linear_pack, clrt_linear_pack_bf16 and, for the
+   transposed one (b(o, k) = w[o, k], pairs of o; O even), clrt_pack_pairs(wt, w, K, 1, O, K, O). */
+void clrt_pack_rows_f32(float *wp /* [O * K] */, const float *w /* [O, K] */, int K, int O, int r0, int r1);
+void clrt_pack_rows_bf16(uint16_t *wp /* [O * K] */, const float *w /* [O, K] */, int K, int O, int r0, int r1);
+void clrt_pack_rows_bf16_t(uint16_t *wt /* [K * O] */, const float *w /* [O, K] */, int K, int O, int r0, int r1);
 
 /* ---- adamw.c: one tensor's span of the AdamW update (clrt_adamw_update's bits, 16 lanes) -- */
 void clrt_adamw_span(float *p, float *m, float *v, const float *g /* scaled by gscale */, int64_t n, float gscale,

@@ -308,11 +308,14 @@ function Model:to(device)
   return self
 end
 
--- set_matmul("bf16" | "f32"): on cuda, the blocks' matmuls take bf16 inputs (copies of the
--- fp32 master weights) and accumulate in fp32; the output layer stays fp32. On the CPU, the
--- few-row products of decoding (<= 32 rows) read bf16 weight copies with bf16-rounded
--- inputs (f32 accumulation):
--- faster generation, greedy output no longer bit-equal to the f32 path.
+-- set_matmul("bf16" | "f32"): bf16 mixed precision (train.precision=bf16). On cuda, the
+-- blocks' matmuls take bf16 inputs (copies of the fp32 master weights) and accumulate in
+-- fp32; the output layer stays fp32. On the CPU with a matrix unit (M.matrix_unit(): AMX,
+-- else AVX512-BF16) every product of the blocks' linear layers, forward and backward, and
+-- decode's output layer, multiplies bf16 inputs and weight copies with f32 sums (the copies
+-- kept current by the optimizer step); the loss, norms, master weights and AdamW stay f32.
+-- Without a unit, decode-sized products over bf16 copies and the rest in f32.
+-- Greedy output is no longer bit-equal to the f32 path.
 function Model:set_matmul(kind)
   if kind ~= "bf16" and kind ~= "f32" then error(("model:set_matmul: '%s' (bf16, f32)"):format(tostring(kind)), 2) end
   ok(C.clrt_model_set_matmul_bf16(live(self), kind == "bf16" and 1 or 0), 2)
@@ -572,6 +575,14 @@ function M.profile(reset)
   end
   if reset then C.clrt_profile_reset() end
   return out
+end
+
+-- The unit bf16 products run on ("amx-bf16", "avx512-bf16", "f32": none) and the best this
+-- CPU offers: matrix_unit() -> active, available. matrix_unit(name) caps it for this process
+-- (as CLRT_MATRIX_UNIT does), before set_matmul("bf16").
+function M.matrix_unit(cap)
+  if cap ~= nil then ok(C.clrt_set_matrix_unit(cap), 2) end
+  return ffi.string(C.clrt_matrix_unit_active()), ffi.string(C.clrt_matrix_unit_available())
 end
 
 require("clrt.gen.model_methods").install(Model)

@@ -166,6 +166,11 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
   if (grad_norm) *grad_norm = norm;
   float gscale, bc1, bc2_sqrt;
   if (begin_host_step(o, norm, grad_clip, beta1, beta2, &gscale, &bc1, &bc2_sqrt)) return -1;
+  /* The weight copies the products read (packed f32, bf16 panels) are refreshed here, each
+     thread packing the rows it has just updated while they are in cache: no repack of the
+     whole model after the step. A linear weight is then split in whole 48-row panels (a
+     multiple of 16 elements, so the update's bits are those of any other split). */
+  int keep = o->lora ? 0 : model_copies_to_keep(m);
   /* One parallel region for all tensors: many are tiny (norms, biases), and a fork/join per
      tensor costs more than their update. */
 #pragma omp parallel
@@ -173,15 +178,33 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
     const clrt_param_info *p = &ps.p[i];
     float decay = o->decay[i] ? lr * weight_decay : 0.0f;
     float *pp = P + p->offset, *gg = G + p->offset, *m1 = M1 + p->offset, *m2 = M2 + p->offset;
+    int64_t nth = omp_get_num_threads(), th = omp_get_thread_num(), k0, k1;
+    int K, O;
+    if (keep && model_linear_dims(m, p->offset, &K, &O)) {
+      int64_t panels = (O + 47) / 48;
+      int r0 = (int)(48 * (panels * th / nth)), r1 = (int)(48 * (panels * (th + 1) / nth));
+      if (r1 > O) r1 = O;
+      for (int a = r0; a < r1; a += 4 * 48) {   /* four panels at a time: packed from cache */
+        int b = r1 - a < 4 * 48 ? r1 : a + 4 * 48;
+        k0 = (int64_t)a * K, k1 = (int64_t)b * K;
+        clrt_adamw_span(pp + k0, m1 + k0, m2 + k0, gg + k0, k1 - k0, gscale, lr, beta1, beta2, eps, decay, bc1,
+                        bc2_sqrt);
+        model_copy_rows(m, keep, p->offset, K, O, a, b);
+      }
+      continue;
+    }
     /* this thread's share, 16-aligned (kernels/cpu/adamw.c: 16 lanes, clrt_adamw_update's bits) */
-    int64_t nth = omp_get_num_threads(), th = omp_get_thread_num(), blocks = (p->numel + 15) / 16;
-    int64_t k0 = 16 * (blocks * th / nth), k1 = 16 * (blocks * (th + 1) / nth);
+    int64_t blocks = (p->numel + 15) / 16;
+    k0 = 16 * (blocks * th / nth), k1 = 16 * (blocks * (th + 1) / nth);
     if (k1 > p->numel) k1 = p->numel;
     if (k1 > k0)
       clrt_adamw_span(pp + k0, m1 + k0, m2 + k0, gg + k0, k1 - k0, gscale, lr, beta1, beta2, eps, decay, bc1,
                       bc2_sqrt);
   }
-  if (!o->lora) clrt_model_params_changed(m);   /* adapters: the base and its copies stand */
+  if (!o->lora) {
+    clrt_model_params_changed(m);   /* adapters: the base and its copies stand */
+    model_copies_kept(m, keep);
+  }
   return 0;
 }
 

@@ -107,7 +107,24 @@ int main(void) {
     clrt_pack_pairs_part(p2, w, 1, K, K, O, K, 0, 40, 48, O);
     clrt_pack_pairs_part(p2, w, 1, K, K, O, K, 40, K, 48, O);
     CHECK(!memcmp(p1, p2, 2 * O * K));
-    free(w), free(p1), free(p2);
+    /* the optimizer's row packers give the whole packers' bits, rows in any split, with a
+       NaN, an infinity, a denormal and a tie to round in the weights */
+    w[3] = NAN, w[K + 5] = INFINITY, w[2 * K + 1] = 1e-40f, w[7] = 1.00390625f;
+    clrt_linear_pack_bf16(p1, w, K, O);
+    memset(p2, 0xff, 2 * O * K);
+    int cuts[] = {0, 48, 50, 96, O};
+    for (int i = 0; i < 4; i++) clrt_pack_rows_bf16(p2, w, K, O, cuts[i], cuts[i + 1]);
+    CHECK(!memcmp(p1, p2, 2 * O * K));
+    clrt_pack_pairs(p1, w, K, 1, O, K, O);
+    memset(p2, 0xff, 2 * O * K);
+    for (int i = 0; i < 4; i++) clrt_pack_rows_bf16_t(p2, w, K, O, cuts[i], cuts[i + 1]);
+    CHECK(!memcmp(p1, p2, 2 * O * K));
+    float *f1 = malloc(sizeof(float) * O * K), *f2 = malloc(sizeof(float) * O * K);
+    clrt_linear_pack(f1, w, K, O);
+    memset(f2, 0xff, sizeof(float) * O * K);
+    for (int i = 0; i < 4; i++) clrt_pack_rows_f32(f2, w, K, O, cuts[i], cuts[i + 1]);
+    CHECK(!memcmp(f1, f2, sizeof(float) * O * K));
+    free(w), free(p1), free(p2), free(f1), free(f2);
   }
   int best = clrt_matrix_unit_best();
   printf("best matrix unit here: %s\n", clrt_matrix_unit_name(best));
