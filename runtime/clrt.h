@@ -261,6 +261,9 @@ int clrt_model_set_matmul_bf16(clrt_model *m, int on);
    and the best this CPU offers. clrt_set_matrix_unit caps it ("f32", "avx512-bf16",
    "amx-bf16"; as CLRT_MATRIX_UNIT does); -1 on an unknown name. Set it before making bf16
    copies: copies made under another cap are remade by set_matmul. */
+/* How many times the model packed a whole weight copy (packed f32 or bf16 panels): once
+   when a copy is first made; an optimizer step refreshes current copies in place instead. */
+int64_t clrt_model_copy_repacks(const clrt_model *m);
 const char *clrt_matrix_unit_active(void);
 const char *clrt_matrix_unit_available(void);
 int clrt_set_matrix_unit(const char *name);

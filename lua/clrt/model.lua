@@ -316,6 +316,9 @@ end
 -- kept current by the optimizer step); the loss, norms, master weights and AdamW stay f32.
 -- Without a unit, decode-sized products over bf16 copies and the rest in f32.
 -- Greedy output is no longer bit-equal to the f32 path.
+-- Whole weight-copy packs made so far (a current copy is refreshed in place by opt:step()).
+function Model:copy_repacks() return tonumber(C.clrt_model_copy_repacks(live(self))) end
+
 function Model:set_matmul(kind)
   if kind ~= "bf16" and kind ~= "f32" then error(("model:set_matmul: '%s' (bf16, f32)"):format(tostring(kind)), 2) end
   ok(C.clrt_model_set_matmul_bf16(live(self), kind == "bf16" and 1 or 0), 2)

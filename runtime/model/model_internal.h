@@ -101,6 +101,7 @@ struct clrt_model {
   clrt_storage *wpk;           /* [total] f32, CPU */
   /* The params->version each copy was made from (COPY_STALE: not made yet). */
   uint64_t wbf_ver, wpk_ver;
+  int64_t repacks;             /* whole-copy packs made (clrt_model_copy_repacks) */
   model_lora *lora;            /* NULL: no adapters, full training */
   /* base_dtype=bf16 (base16.c): the frozen linear weights of the blocks live only in b16, in
      clrt_linear_pack_bf16's panels; their offsets (layer[], p[].in16) index b16 in uint16s,

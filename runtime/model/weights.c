@@ -62,7 +62,8 @@ int model_refresh_packed(clrt_model *m) {
     m->wpk_ver = COPY_STALE;
   }
   if (m->wpk_ver == m->params->version) return 0;
-  pack_linear_weights(m, m->wpk->data, 0);
+  pack_linear_weights(m, m->wpk->data, PACK_F32);
+  m->repacks++;
   m->wpk_ver = m->params->version;
   return 0;
 }
@@ -206,6 +207,7 @@ void model_refresh_bf16(clrt_model *m) {
   /* CPU decode reads only the linear weights of wbf: packed, they are all it needs. */
   if (m->wbf_packed) {
     pack_linear_weights(m, dst, PACK_BF16);
+    m->repacks++;
     m->wbf_t = m->wbf->bytes == sizeof(uint16_t) * 2 * (size_t)m->total && clrt_matrix_unit() != CLRT_UNIT_F32;
     if (m->wbf_t) pack_linear_weights(m, dst + m->total, PACK_BF16_T);
     return;
@@ -260,6 +262,8 @@ int clrt_model_set_decode_pack(clrt_model *m, int on) {
 }
 
 void clrt_model_params_changed(clrt_model *m) { clrt_storage_written(m->params); }
+
+int64_t clrt_model_copy_repacks(const clrt_model *m) { return m->repacks; }
 
 const char *clrt_matrix_unit_active(void) { return clrt_matrix_unit_name(clrt_matrix_unit()); }
 const char *clrt_matrix_unit_available(void) { return clrt_matrix_unit_name(clrt_matrix_unit_best()); }
