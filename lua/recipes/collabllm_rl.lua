@@ -125,6 +125,7 @@ M.defaults = {
     ppo_epochs = 1,                         -- passes over the mini-batches: the authors' ppo.py example (TRL's default 4)
     kl_penalty_coef = 0.2, kl_target = 6, kl_horizon = 10000, -- TRL init_kl_coef, target, horizon (adap_kl_ctrl; kl_target=0: fixed)
     base_dtype = "f32",                     -- bf16 (LoRA only): the frozen base in bf16, shared with the reference
+    precision = "f32",                      -- bf16: mixed precision as autocast(bfloat16), on the CPU's matrix unit (docs/runtime.md)
     lora = require("clrt.train.lora").config() },    -- r > 0: train LoRA adapters; the reference is the base
   eval = { every = 10,                      -- verl trainer.test_freq: validation on data_val
     prompts = config.optional("number"),    -- at most this many validation prompts (nil: all)
@@ -204,6 +205,7 @@ function M.run(cfg, run_dir)
   local tok = clrt.tokenizer.load(start_dir)
   local m = train.lora.policy(start_dir, ckpt_dir, cfg.train.lora, cfg.seed, cfg.adapter, cfg.train.base_dtype)
   if cfg.device ~= "cpu" then m:to(cfg.device) end
+  train.lora.set_precision(m, cfg.train.precision, "collabllm_rl")
   -- prompts without room for a response are left out before anything trains on them
   local dataset, val_set, notes = prompts.load_sets(m, tok, cfg)
   if not cfg.steps then
@@ -219,6 +221,7 @@ function M.run(cfg, run_dir)
   for _, n in ipairs(notes) do lg:print(n) end
   local ref = train.lora.reference(m, start_dir)
   if cfg.device ~= "cpu" and getmetatable(ref) == getmetatable(m) then ref:to(cfg.device) end
+  train.lora.set_precision(ref, cfg.train.precision, "collabllm_rl")
   local opt = clrt.optim.adamw(m, { lr = cfg.train.lr, weight_decay = cfg.train.weight_decay, grad_clip = cfg.train.grad_clip })
   if ckpt_dir then opt:load(ckpt_dir .. "/optimizer.safetensors") end
   local ppo = cfg.train.algorithm == "ppo" and M.ppo_state(m, cfg, ckpt_dir, resume_state) or nil

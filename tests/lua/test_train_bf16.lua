@@ -174,6 +174,18 @@ T.case("f32 training: optimizer steps keep the packed f32 copy current in place 
   T.eq(max_diff(m:logprobs(toks), kept), 0, "log-probs over the refreshed packed copy = over a fresh one")
 end)
 
+T.case("train.precision: set_precision turns bf16 on (full and LoRA), refuses other values", function()
+  local lora = require("clrt.train.lora")
+  local m = lora.set_precision(model(false), "bf16", "test")
+  T.ok(max_diff(m:logprobs(toks), ref_lp) > 0, "precision=bf16 changed the products")
+  T.eq(max_diff(lora.set_precision(model(false), "f32", "test"):logprobs(toks), ref_lp), 0, "precision=f32: the f32 path")
+  T.eq(max_diff(lora.set_precision(model(false), nil, "test"):logprobs(toks), ref_lp), 0, "default: f32")
+  T.raises(function() lora.set_precision(model(false), "fp8", "collabllm_rl") end,
+    "collabllm_rl: train.precision must be f32 or bf16, got 'fp8'")
+  local ref = lora.reference(model(false, true), "unused")
+  T.eq(lora.set_precision(ref, "bf16", "test"), ref, "the RL reference's table (the policy's adapters off) is left as is")
+end)
+
 T.case("capped to f32 (no matrix unit): bf16 mode multiplies in f32", function()
   clrt.model.matrix_unit("f32")
   local lp, g = run(model(true))
