@@ -267,6 +267,10 @@ int64_t clrt_model_copy_repacks(const clrt_model *m);
 const char *clrt_matrix_unit_active(void);
 const char *clrt_matrix_unit_available(void);
 int clrt_set_matrix_unit(const char *name);
+/* The measured peak of a unit ("f32": AVX-512 FMA; "avx512-bf16"; "amx-bf16") over `threads`
+   threads, operands in registers (~0.3 s): GFLOP/s, 0 when the CPU lacks it, -1 on bad
+   arguments. What benchmarks compare their rate with. */
+double clrt_matrix_unit_peak_gflops(const char *name, int threads);
 /* Decoding on the CPU in f32 (AVX-512) reads a copy of the linear weights packed in panels
    (and so does any forward while that copy is current), made on the first decode and remade
    after the weights change: faster products for the memory of a second copy of the weights.
@@ -290,6 +294,8 @@ int clrt_profile_count(void);
 const char *clrt_profile_name(int i);
 double clrt_profile_seconds(int i);
 void clrt_profile_reset(void);
+/* Timing on (as CLRT_PROFILE=1 sets it) or off: two clock reads per kernel call. */
+void clrt_profile_enable(int on);
 
 
 /* ==== optimizer: AdamW over a model's parameters (model/optim.c) ========================= */

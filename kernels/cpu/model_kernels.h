@@ -172,6 +172,11 @@ int clrt_amx_panel(float *c /* [M, ldc] */, int64_t ldc, const uint16_t *a /* [M
                    int64_t M, const uint16_t *bp /* [Kc / 2, pw, 2] bf16 */, int pw, int64_t Kc,
                    const float *bias /* [pw] or NULL */, int add);
 
+/* ---- peak.c: a core's peak per unit (operands in registers), for benchmarks: the flops
+   done in iters rounds on the calling thread, 0 without the unit (CLRT_UNIT_F32: AVX-512 FMA). */
+int64_t clrt_unit_peak_flops(int unit, int64_t iters);
+int64_t clrt_amx_peak_flops(int64_t iters);
+
 /* ---- pack_rows.c: rows [r0, r1) of w [O, K] into each layout (the optimizer step keeps the
    copies current so); the bits of clrt_linear_pack, clrt_linear_pack_bf16 and, for the
    transposed one (b(o, k) = w[o, k], pairs of o; O even), clrt_pack_pairs(wt, w, K, 1, O, K, O). */

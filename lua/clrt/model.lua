@@ -570,6 +570,19 @@ function Model:chat(tok, input, opts)
   return text, raw
 end
 
+-- The seconds spent in the matrix products so far (linear layers forward and backward, the
+-- output layer's, LoRA's), with timing turned on (profile_enable(true) or CLRT_PROFILE=1).
+function M.product_seconds()
+  local s = 0
+  for i = 0, C.clrt_profile_count() - 1 do
+    local name = ffi.string(C.clrt_profile_name(i))
+    if name:find("^linear") or name:find("^output") or name == "lora" then s = s + C.clrt_profile_seconds(i) end
+  end
+  return s
+end
+
+function M.profile_enable(on) C.clrt_profile_enable(on and 1 or 0) end
+
 -- Per-kernel seconds accumulated while CLRT_PROFILE=1 (reset = true clears them).
 function M.profile(reset)
   local out = {}
@@ -586,6 +599,14 @@ end
 function M.matrix_unit(cap)
   if cap ~= nil then ok(C.clrt_set_matrix_unit(cap), 2) end
   return ffi.string(C.clrt_matrix_unit_active()), ffi.string(C.clrt_matrix_unit_available())
+end
+
+-- The measured peak GFLOP/s of a unit ("f32": AVX-512 FMA, "avx512-bf16", "amx-bf16") over
+-- `threads` threads, operands in registers; 0 when the CPU lacks it.
+function M.unit_peak_gflops(unit, threads)
+  local g = C.clrt_matrix_unit_peak_gflops(unit, threads or 1)
+  if g < 0 then ok(-1, 2) end
+  return g
 end
 
 require("clrt.gen.model_methods").install(Model)

@@ -206,6 +206,7 @@ function M.run(cfg, run_dir)
   local m = train.lora.policy(start_dir, ckpt_dir, cfg.train.lora, cfg.seed, cfg.adapter, cfg.train.base_dtype)
   if cfg.device ~= "cpu" then m:to(cfg.device) end
   train.lora.set_precision(m, cfg.train.precision, "collabllm_rl")
+  clrt.model.profile_enable(true)   -- the update's time in products and outside them, per step
   -- prompts without room for a response are left out before anything trains on them
   local dataset, val_set, notes = prompts.load_sets(m, tok, cfg)
   if not cfg.steps then
@@ -253,7 +254,7 @@ function M.run(cfg, run_dir)
       e.reward = R.rewards[i]
       if e.reward ~= nil and not ppo then e.advantage = A[i] end
     end
-    local t1 = clrt.log.now()
+    local t1, p1 = clrt.log.now(), clrt.model.product_seconds()
     local lr = train.schedule.lr(step - 1, { lr = cfg.train.lr, decay = cfg.train.decay,
       min_lr_ratio = cfg.train.min_lr_ratio, warmup_steps = cfg.train.warmup_steps, total_steps = cfg.steps })
     local st
@@ -263,6 +264,7 @@ function M.run(cfg, run_dir)
       st = #rows > 0 and train.ppo.update(m, ref, opt, rows, cfg.train, lr) or {}
     end
     local t2 = clrt.log.now()
+    timing.update_products_s = clrt.model.product_seconds() - p1
     local row = train.report.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
     if ppo then M.ppo_row(row, st) end
     failed_steps = rollout.log_step(lg, cfg, step, row, entries, R, failed_steps)

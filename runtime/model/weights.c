@@ -17,6 +17,7 @@
 #include "bf16.h"
 
 #include <stdlib.h>
+#include <omp.h>
 #include <string.h>
 
 enum { PACK_F32, PACK_BF16, PACK_BF16_T };
@@ -267,6 +268,28 @@ int64_t clrt_model_copy_repacks(const clrt_model *m) { return m->repacks; }
 
 const char *clrt_matrix_unit_active(void) { return clrt_matrix_unit_name(clrt_matrix_unit()); }
 const char *clrt_matrix_unit_available(void) { return clrt_matrix_unit_name(clrt_matrix_unit_best()); }
+
+/* Every thread of the team runs the unit's register-only loop at once, long enough (~0.3 s)
+   to time: the aggregate GFLOP/s. */
+double clrt_matrix_unit_peak_gflops(const char *name, int threads) {
+  int unit = -1;
+  for (int u = CLRT_UNIT_F32; u <= CLRT_UNIT_AMX; u++)
+    if (name && !strcmp(name, clrt_matrix_unit_name(u))) unit = u;
+  if (unit < 0 || threads < 1) {
+    clrt_set_error("matrix unit peak: unit '%s' (f32, avx512-bf16, amx-bf16), threads %d", name ? name : "(null)", threads);
+    return -1;
+  }
+  int64_t iters = 20000;
+  for (;;) {
+    double t0 = omp_get_wtime(), flops = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : flops)
+    flops += (double)clrt_unit_peak_flops(unit, iters);
+    double dt = omp_get_wtime() - t0;
+    if (flops == 0) return 0;
+    if (dt > 0.25 || iters > ((int64_t)1 << 40)) return flops / dt / 1e9;
+    iters = dt > 0.01 ? (int64_t)(iters * 0.3 / dt) : iters * 16;
+  }
+}
 
 int clrt_set_matrix_unit(const char *name) {
   for (int u = CLRT_UNIT_F32; u <= CLRT_UNIT_AMX; u++)
