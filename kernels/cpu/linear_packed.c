@@ -26,7 +26,8 @@
    weights side by side for each pair: wp[o0 * K + kp * 2 pw + 2 j + e] = w[(o0 + j) * K + 2 kp + e]
    (K even). vdpbf16ps multiplies a broadcast pair of x by 16 outputs' pairs and adds both
    products into f32 lanes: twice the multiply-adds of an f32 FMA from half the bytes. x is
-   rounded to bf16 once per call. */
+   rounded to bf16 once per call. On a CPU with AMX a panel whose shape suits (gemm_amx.c:
+   width a multiple of 16, K of 32) runs on the tiles instead, whatever the row count. */
 #include "model_kernels.h"
 
 #include "bf16.h"

@@ -113,8 +113,9 @@ typedef struct {
 /* y_i = x w_i^T + b_i for every part in one parallel pass; 1 when computed, 0 as above. */
 int clrt_linear_packed_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
                                      const clrt_packed_part *parts, int count);
-/* bf16: panels of bf16 pairs of k (K even), x rounded to bf16, f32 sums and y; AVX512-BF16;
-   decode-sized products only (N <= CLRT_SKINNY_MAX_ROWS, as the bf16 skinny kernel). */
+/* bf16: panels of bf16 pairs of k (K even), x rounded to bf16, f32 sums and y, on the matrix
+   unit (AMX panels where the shape suits, else AVX512-BF16); 0 without one (capped to f32
+   included). _parts: decode-sized products only (N <= CLRT_SKINNY_MAX_ROWS). */
 void clrt_linear_pack_bf16(uint16_t *wp /* [O * K] */, const float *w /* [O, K] */, int K, int O);
 int clrt_linear_packed_bf16_available(void);
 int clrt_linear_packed_bf16_forward_parts(const float *x /* [N, K] */, int64_t N, int K,

@@ -85,9 +85,10 @@ struct clrt_model {
   size_t hidx_cap;
   /* bf16 matmuls: the linear layers take bf16 copies of their inputs and of the weights (wbf,
      refreshed from the fp32 master params when they change) and accumulate in fp32. On CUDA
-     the output layer stays fp32; on the CPU only decode steps (few rows) read wbf, and with
-     pack_decode on a CPU with AVX512-BF16 its linear weights are packed in panels of bf16
-     pairs (clrt_linear_pack_bf16, same offsets; wbf_packed). */
+     the output layer stays fp32; on the CPU, with pack_decode and a matrix unit, the linear
+     weights are packed in panels of bf16 pairs (clrt_linear_pack_bf16, same offsets;
+     wbf_packed) and every product of any row count reads them; without, only decode steps
+     (few rows) read a plain wbf. */
   int bf16, wbf_packed;
   clrt_storage *wbf;           /* [total] uint16 on the device ([2 total] with wbf_t) */
   /* CPU bf16 mixed precision on a matrix unit (AMX, AVX512-BF16): wbf also holds, after its

@@ -8,11 +8,17 @@
                reference model, ~1.3-1.7x sgemm here), else sgemm on the params; backward's dx = dy w and dw += dy^T x through the AVX-512 tiles that read
                w and x in place (gemm_strided.c, ~1.3-2.5x sgemm here) where the CPU has them,
                else sgemm; set_decode_pack(false) turns all of these off (sgemm throughout);
-     CPU bf16  few-row products (decode) over the bf16 copy (packed in bf16 pairs on a CPU with
-               AVX512-BF16, else plain) with bf16-rounded inputs, else sgemm on the params;
+     CPU bf16  with a matrix unit (AMX, AVX512-BF16: kernels/cpu/matrix_unit.c) every block
+               product over bf16 panels with bf16-rounded inputs, f32 sums: the forward at any
+               row count over panels of pairs along K, dx over the weights transposed into
+               panels of pairs along O (the second half of wbf), dw with dy^T and x packed per
+               call (gemm_bf16.c); without one, few-row products over a plain bf16 copy widened
+               to f32, the rest and the backward f32;
      CUDA      cuBLAS in f32, or bf16 inputs with f32 accumulation (ops_cuda.c).
    Both copies remember the params->version they were made from and are remade when the
-   weights change (an optimizer step, a move, an initialisation, a write through a view). */
+   weights change (a move, an initialisation, a write through a view); an optimizer step
+   refreshes a current copy in place instead, row panels right after it updates them
+   (model_copy_rows), so no step repacks the whole model. */
 #include "model_internal.h"
 #include "bf16.h"
 
