@@ -272,8 +272,9 @@ int clrt_set_matrix_unit(const char *name);
    arguments. What benchmarks compare their rate with. */
 double clrt_matrix_unit_peak_gflops(const char *name, int threads);
 /* Decoding on the CPU in f32 (AVX-512) reads a copy of the linear weights packed in panels
-   (and so does any forward while that copy is current), made on the first decode and remade
-   after the weights change: faster products for the memory of a second copy of the weights.
+   (and so does any forward while that copy is current), made on the first decode, refreshed
+   in place by optimizer steps and remade after other changes to the weights: faster products
+   for the memory of a second copy of the weights.
    On by default; off frees the copy. */
 int clrt_model_set_decode_pack(clrt_model *m, int on);
 /* train.base_dtype=bf16 (CPU, a model with LoRA adapters): the frozen base's blocks' linear
