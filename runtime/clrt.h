@@ -254,16 +254,33 @@ int clrt_model_lora_merge(clrt_model *m);
    move (clrt_adamw_step refuses moments on another device). */
 int clrt_model_to_device(clrt_model *m, int device);
 int clrt_model_device(const clrt_model *m);
-/* bf16 matmuls. On cuda: the blocks' linear layers run bf16 x bf16 -> fp32 (cuBLAS GemmEx)
-   from bf16 copies of fp32 master weights; the output layer and everything else stay fp32.
-   On the CPU (AVX-512): products of at most 32 rows (decode steps, short prefills) read bf16
-   copies of every linear weight, the output layer's included, with bf16-rounded inputs and
-   f32 accumulation, halving the bytes a memory-bound decode step moves; larger products, the
-   backward and the embedding lookup stay fp32. Moving the model drops the copies. */
+/* bf16 matmuls (bf16 mixed precision: fp32 master weights, optimizer, loss and norms). On
+   cuda: the blocks' linear layers run bf16 x bf16 -> fp32 (cuBLAS GemmEx) from bf16 copies of
+   fp32 master weights; the output layer and everything else stay fp32. On the CPU, with a
+   matrix unit (AMX, else AVX512-BF16; clrt_matrix_unit): every product of the blocks' linear
+   layers, forward (any number of rows, decode's output layer too) and both backward products
+   (dx, dw), multiplies bf16-rounded inputs and bf16 copies of the weights with f32 sums; the
+   copies are kept current by the optimizer step. Without one: decode-sized products over bf16
+   copies widened to f32, the rest f32. Moving the model drops the copies. */
 int clrt_model_set_matmul_bf16(clrt_model *m, int on);
+/* The unit bf16 products run on in this process: "amx-bf16", "avx512-bf16" or "f32" (none);
+   and the best this CPU offers. clrt_set_matrix_unit caps it ("f32", "avx512-bf16",
+   "amx-bf16"; as CLRT_MATRIX_UNIT does); -1 on an unknown name. Set it before making bf16
+   copies: copies made under another cap are remade by set_matmul. */
+/* How many times the model packed a whole weight copy (packed f32 or bf16 panels): once
+   when a copy is first made; an optimizer step refreshes current copies in place instead. */
+int64_t clrt_model_copy_repacks(const clrt_model *m);
+const char *clrt_matrix_unit_active(void);
+const char *clrt_matrix_unit_available(void);
+int clrt_set_matrix_unit(const char *name);
+/* The measured peak of a unit ("f32": AVX-512 FMA; "avx512-bf16"; "amx-bf16") over `threads`
+   threads, operands in registers (~0.3 s): GFLOP/s, 0 when the CPU lacks it, -1 on bad
+   arguments. What benchmarks compare their rate with. */
+double clrt_matrix_unit_peak_gflops(const char *name, int threads);
 /* Decoding on the CPU in f32 (AVX-512) reads a copy of the linear weights packed in panels
-   (and so does any forward while that copy is current), made on the first decode and remade
-   after the weights change: faster products for the memory of a second copy of the weights.
+   (and so does any forward while that copy is current), made on the first decode, refreshed
+   in place by optimizer steps and remade after other changes to the weights: faster products
+   for the memory of a second copy of the weights.
    On by default; off frees the copy. */
 int clrt_model_set_decode_pack(clrt_model *m, int on);
 /* Batch invariance on the CPU: a row's logits are the same bits whatever rows share its
@@ -291,6 +308,8 @@ int clrt_profile_count(void);
 const char *clrt_profile_name(int i);
 double clrt_profile_seconds(int i);
 void clrt_profile_reset(void);
+/* Timing on (as CLRT_PROFILE=1 sets it) or off: two clock reads per kernel call. */
+void clrt_profile_enable(int on);
 /* On a GPU, kernels run asynchronously and the per-kernel times above are launch times; with
    on = 1 each timed kernel is waited for before and after (accurate, but slower steps). */
 void clrt_profile_sync(int on);

@@ -28,7 +28,8 @@
    weights side by side for each pair: wp[o0 * K + kp * 2 pw + 2 j + e] = w[(o0 + j) * K + 2 kp + e]
    (K even). vdpbf16ps multiplies a broadcast pair of x by 16 outputs' pairs and adds both
    products into f32 lanes: twice the multiply-adds of an f32 FMA from half the bytes. x is
-   rounded to bf16 once per call. */
+   rounded to bf16 once per call. On a CPU with AMX a panel whose shape suits (gemm_amx.c:
+   width a multiple of 16, K of 32) runs on the tiles instead, whatever the row count. */
 #include "model_kernels.h"
 
 #include "bf16.h"
@@ -223,6 +224,8 @@ CLRT_TARGET_AVX512BF16 static void panel_all_rows_bf16(const clrt_packed_part *p
   int pw;
   const uint16_t *panel = (const uint16_t *)panel_at(part, K, p, sizeof(uint16_t), &pw);
   int o0 = p * PANEL, O = part->O;
+  /* AMX tiles where the CPU has them and the panel's shape suits (never a row count) */
+  if (clrt_amx_panel(part->y + o0, O, x16, K, N, panel, pw, K, part->b ? part->b + o0 : NULL, 0)) return;
   int tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
   int64_t share = next_bytes / tiles;
   int pf_step = (int)(share / (K / 2)) + 1;
@@ -289,7 +292,8 @@ TARGET static void panel_range(const clrt_packed_part *parts, const float *x, co
 
 int clrt_linear_packed_available(void) { return clrt_have_avx512(); }
 
-int clrt_linear_packed_bf16_available(void) { return clrt_have_avx512bf16(); }
+/* bf16 panels need a matrix unit in use (clrt_matrix_unit: capped to f32, none). */
+int clrt_linear_packed_bf16_available(void) { return clrt_have_avx512bf16() && clrt_matrix_unit() != CLRT_UNIT_F32; }
 
 /* Both forwards: x16 NULL for f32 panels, else x rounded to bf16 for bf16 ones. */
 static int forward_parts(const float *x, const uint16_t *x16, int64_t N, int K,
@@ -322,11 +326,11 @@ int clrt_linear_packed_forward_parts(const float *x /* [N, K] */, int64_t N, int
 /* bf16 panels for any number of rows (a frozen bf16 base in training, linear_bf16.c). */
 int clrt_linear_packed_bf16_forward_rows(const float *x /* [N, K] */, int64_t N, int K,
                                          const clrt_packed_part *parts, int count) {
-  if (N < 1 || N > INT32_MAX || count < 1 || K % 2 || !clrt_have_avx512bf16()) return 0;
+  if (N < 1 || N > INT32_MAX || count < 1 || K % 2 || !clrt_linear_packed_bf16_available()) return 0;
   size_t n = (size_t)N * K;
   uint16_t *x16 = malloc(n * sizeof *x16);
   if (!x16) return 0;
-  for (size_t i = 0; i < n; i++) x16[i] = clrt_f32_to_bf16(x[i]);
+  clrt_to_bf16_rows(x16, K, x, K, 1, N, K);
   int done = forward_parts(NULL, x16, N, K, parts, count);
   free(x16);
   return done;

@@ -123,8 +123,9 @@ typedef struct {
 /* y_i = x w_i^T + b_i for every part in one parallel pass; 1 when computed, 0 as above. */
 int clrt_linear_packed_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
                                      const clrt_packed_part *parts, int count);
-/* bf16: panels of bf16 pairs of k (K even), x rounded to bf16, f32 sums and y; AVX512-BF16;
-   decode-sized products only (N <= CLRT_SKINNY_MAX_ROWS, as the bf16 skinny kernel). */
+/* bf16: panels of bf16 pairs of k (K even), x rounded to bf16, f32 sums and y, on the matrix
+   unit (AMX panels where the shape suits, else AVX512-BF16); 0 without one (capped to f32
+   included). _parts: decode-sized products only (N <= CLRT_SKINNY_MAX_ROWS). */
 void clrt_linear_pack_bf16(uint16_t *wp /* [O * K] */, const float *w /* [O, K] */, int K, int O);
 int clrt_linear_packed_bf16_available(void);
 int clrt_linear_packed_bf16_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
@@ -148,6 +149,51 @@ int clrt_linear_bf16_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
 int clrt_linear_bf16_backward_dx(float *dx /* [N, K] */, const float *dy /* [N, O] */,
                                  const uint16_t *wp /* [O * K] panels */, int64_t N, int K, int O,
                                  int accumulate, int fast);
+
+/* ---- matrix_unit.c: the unit bf16 products run on, chosen at run time ------------------ */
+enum { CLRT_UNIT_F32 = 0, CLRT_UNIT_AVX512BF16 = 1, CLRT_UNIT_AMX = 2 };
+/* The best unit this CPU (and OS) offers, and the one in use: the best, capped by
+   CLRT_MATRIX_UNIT=f32|avx512-bf16|amx-bf16 or clrt_matrix_unit_cap. */
+int clrt_matrix_unit_best(void);
+int clrt_matrix_unit(void);
+void clrt_matrix_unit_cap(int unit);
+const char *clrt_matrix_unit_name(int unit);
+
+/* ---- gemm_bf16.c: c (+)= a b, bf16 inputs, f32 sums, on the matrix unit ---------------- */
+/* b(k, j) = src[k rs + j cs] rounded to bf16 into column panels of pairs of k (48 columns a
+   panel; element (k, j) at bp[j0 Kp + (k / 2) 2 pw + 2 (j - j0) + k % 2]), Kp >= Kc even,
+   zeros past Kc. A weight w [O, K] packed with rs = 1, cs = K is clrt_linear_pack_bf16's
+   layout (Kp = K). _part packs only k in [k0, k1) (k0 even) and columns [j0, j1). */
+void clrt_pack_pairs(uint16_t *bp /* [Nc * Kp] */, const float *src, int64_t rs, int64_t cs, int64_t Kc, int Nc,
+                     int64_t Kp);
+void clrt_pack_pairs_part(uint16_t *bp /* [Nc * Kp] */, const float *src, int64_t rs, int64_t cs, int64_t Kc, int Nc,
+                          int64_t Kp, int64_t k0, int64_t k1, int j0, int j1);
+/* dst[i, k] = bf16(src[i rs + k cs]) for k < Kc, zeros up to ldd. */
+void clrt_to_bf16_rows(uint16_t *dst /* [M, ldd] */, int64_t ldd, const float *src, int64_t rs, int64_t cs,
+                       int64_t M, int64_t Kc);
+/* c (= or +=) a b + bias: a's first Kp columns (zeros past its Kc), b packed as above.
+   1 when computed, 0 without a bf16 unit (then multiply in f32). */
+int clrt_gemm_bf16(float *c /* [M, ldc] */, int64_t ldc, const uint16_t *a /* [M, lda] bf16 */, int64_t lda,
+                   int64_t M, const uint16_t *bp /* [Nc * Kp] */, int Nc, int64_t Kp,
+                   const float *bias /* [Nc] or NULL */, int accumulate);
+/* gemm_amx.c: one panel (pw <= 48 columns) of the above through AMX tiles; fits: AMX is the
+   unit in use and the shape suits it (pw % 16 == 0, Kc % 32 == 0). 0 when it does not. */
+int clrt_amx_panel_fits(int pw, int64_t Kc);
+int clrt_amx_panel(float *c /* [M, ldc] */, int64_t ldc, const uint16_t *a /* [M, lda] bf16 */, int64_t lda,
+                   int64_t M, const uint16_t *bp /* [Kc / 2, pw, 2] bf16 */, int pw, int64_t Kc,
+                   const float *bias /* [pw] or NULL */, int add);
+
+/* ---- peak.c: a core's peak per unit (operands in registers), for benchmarks: the flops
+   done in iters rounds on the calling thread, 0 without the unit (CLRT_UNIT_F32: AVX-512 FMA). */
+int64_t clrt_unit_peak_flops(int unit, int64_t iters);
+int64_t clrt_amx_peak_flops(int64_t iters);
+
+/* ---- pack_rows.c: rows [r0, r1) of w [O, K] into each layout (the optimizer step keeps the
+   copies current so); the bits of clrt_linear_pack, clrt_linear_pack_bf16 and, for the
+   transposed one (b(o, k) = w[o, k], pairs of o; O even), clrt_pack_pairs(wt, w, K, 1, O, K, O). */
+void clrt_pack_rows_f32(float *wp /* [O * K] */, const float *w /* [O, K] */, int K, int O, int r0, int r1);
+void clrt_pack_rows_bf16(uint16_t *wp /* [O * K] */, const float *w /* [O, K] */, int K, int O, int r0, int r1);
+void clrt_pack_rows_bf16_t(uint16_t *wt /* [K * O] */, const float *w /* [O, K] */, int K, int O, int r0, int r1);
 
 /* ---- adamw.c: one tensor's span of the AdamW update (clrt_adamw_update's bits, 16 lanes) -- */
 void clrt_adamw_span(float *p, float *m, float *v, const float *g /* scaled by gscale */, int64_t n, float gscale,

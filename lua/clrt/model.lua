@@ -346,11 +346,17 @@ function Model:to(device)
   return self
 end
 
--- set_matmul("bf16" | "f32"): on cuda, the blocks' matmuls take bf16 inputs (copies of the
--- fp32 master weights) and accumulate in fp32; the output layer stays fp32. On the CPU, the
--- few-row products of decoding (<= 32 rows) read bf16 weight copies with bf16-rounded
--- inputs (f32 accumulation):
--- faster generation, greedy output no longer bit-equal to the f32 path.
+-- set_matmul("bf16" | "f32"): bf16 mixed precision (train.precision=bf16). On cuda, the
+-- blocks' matmuls take bf16 inputs (copies of the fp32 master weights) and accumulate in
+-- fp32; the output layer stays fp32. On the CPU with a matrix unit (M.matrix_unit(): AMX,
+-- else AVX512-BF16) every product of the blocks' linear layers, forward and backward, and
+-- decode's output layer, multiplies bf16 inputs and weight copies with f32 sums (the copies
+-- kept current by the optimizer step); the loss, norms, master weights and AdamW stay f32.
+-- Without a unit, decode-sized products over bf16 copies and the rest in f32.
+-- Greedy output is no longer bit-equal to the f32 path.
+-- Whole weight-copy packs made so far (a current copy is refreshed in place by opt:step()).
+function Model:copy_repacks() return tonumber(C.clrt_model_copy_repacks(live(self))) end
+
 function Model:set_matmul(kind)
   if kind ~= "bf16" and kind ~= "f32" then error(("model:set_matmul: '%s' (bf16, f32)"):format(tostring(kind)), 2) end
   ok(C.clrt_model_set_matmul_bf16(live(self), kind == "bf16" and 1 or 0), 2)
@@ -613,6 +619,19 @@ function Model:chat(tok, input, opts)
   return text, raw
 end
 
+-- The seconds spent in the matrix products so far (linear layers forward and backward, the
+-- output layer's, LoRA's), with timing turned on (profile_enable(true) or CLRT_PROFILE=1).
+function M.product_seconds()
+  local s = 0
+  for i = 0, C.clrt_profile_count() - 1 do
+    local name = ffi.string(C.clrt_profile_name(i))
+    if name:find("^linear") or name:find("^output") or name == "lora" then s = s + C.clrt_profile_seconds(i) end
+  end
+  return s
+end
+
+function M.profile_enable(on) C.clrt_profile_enable(on and 1 or 0) end
+
 -- Per-kernel seconds accumulated while CLRT_PROFILE=1 (reset = true clears them).
 function M.profile(reset)
   local out = {}
@@ -626,6 +645,22 @@ end
 -- profile_sync(true): wait for the GPU around each timed kernel, so a cuda model's profile
 -- gives kernel times rather than launch times (it slows the steps it times).
 function M.profile_sync(on) C.clrt_profile_sync(on and 1 or 0) end
+
+-- The unit bf16 products run on ("amx-bf16", "avx512-bf16", "f32": none) and the best this
+-- CPU offers: matrix_unit() -> active, available. matrix_unit(name) caps it for this process
+-- (as CLRT_MATRIX_UNIT does), before set_matmul("bf16").
+function M.matrix_unit(cap)
+  if cap ~= nil then ok(C.clrt_set_matrix_unit(cap), 2) end
+  return ffi.string(C.clrt_matrix_unit_active()), ffi.string(C.clrt_matrix_unit_available())
+end
+
+-- The measured peak GFLOP/s of a unit ("f32": AVX-512 FMA, "avx512-bf16", "amx-bf16") over
+-- `threads` threads, operands in registers; 0 when the CPU lacks it.
+function M.unit_peak_gflops(unit, threads)
+  local g = C.clrt_matrix_unit_peak_gflops(unit, threads or 1)
+  if g < 0 then ok(-1, 2) end
+  return g
+end
 
 require("clrt.gen.model_methods").install(Model)
 require("clrt.core.model_lora").install(Model)

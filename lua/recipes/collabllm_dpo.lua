@@ -75,6 +75,7 @@ D.train = { lr = 1e-6, decay = "constant", min_lr_ratio = 0.0, warmup_steps = 0,
   batch_size = 16,            -- offline: pairs per optimizer step
   micro_batch_size = 2,       -- pairs per forward/backward (the gradients accumulate)
   base_dtype = "f32",                            -- bf16 (LoRA only): the frozen base in bf16, shared with the reference
+  precision = "f32",                             -- bf16: mixed precision as autocast(bfloat16), on the CPU's matrix unit (docs/runtime.md)
   lora = require("clrt.train.lora").config() }   -- r > 0: train LoRA adapters; the reference is the start, adapters off
 D.eval.every = 10
 
@@ -252,7 +253,9 @@ function M.run(cfg, run_dir)
   local start_dir = cfg.model or train.warm_start.ensure(cfg, world, require("recipes.collabllm_sft"), WHO)
   local tok = clrt.tokenizer.load(start_dir)
   local m = train.lora.policy(start_dir, ckpt_dir, cfg.train.lora, cfg.seed, cfg.adapter, cfg.train.base_dtype)
+  train.lora.set_precision(m, cfg.train.precision, "collabllm_dpo")
   local ref = train.lora.reference(m, start_dir)   -- the frozen reference (with LoRA: the base, adapters off)
+  train.lora.set_precision(ref, cfg.train.precision, "collabllm_dpo")
   local ctx, user = train.context{ config = cfg, tokenizer = tok, who = WHO }
   local weights = cfg.reward.metric_weights
   local metrics = reward.load_metrics(weights, cfg.reward.metric_options)

@@ -45,6 +45,7 @@ M.defaults.train = { lr = 1e-6, decay = "constant", min_lr_ratio = 0.0, warmup_s
   ppo_epochs = 1,                         -- passes over the mini-batches: the authors' ppo.py example (TRL's default 4)
   kl_penalty_coef = 0.2, kl_target = 6, kl_horizon = 10000, -- TRL init_kl_coef, target, horizon (adap_kl_ctrl; kl_target=0: fixed)
   base_dtype = "f32",                     -- bf16 (LoRA only): the frozen base in bf16, shared with the reference
+  precision = "f32",                      -- bf16: mixed precision as autocast(bfloat16), on the CPU's matrix unit (docs/runtime.md)
   lora = require("clrt.train.lora").config() }    -- r > 0: train LoRA adapters; the reference is the base
 
 -- The built-in world (examples/collab_world, on the module path) and its settings file.
@@ -94,6 +95,8 @@ function M.run(cfg, run_dir)
   if cfg.device ~= "cpu" then m:to(cfg.device) end
   m:set_batch_invariant(cfg.rollout.batch_invariant)
   require("clrt.gen.prefix_cache").configure(m, { mb = cfg.rollout.prefix_cache_mb })
+  train.lora.set_precision(m, cfg.train.precision, "collabllm_rl")
+  clrt.model.profile_enable(true)   -- the update's time in products and outside them, per step
   -- prompts without room for a response are left out before anything trains on them
   local dataset, val_set, notes = prompts.load_sets(m, tok, cfg, WHO)
   if not cfg.steps then
@@ -109,6 +112,7 @@ function M.run(cfg, run_dir)
   for _, n in ipairs(notes) do lg:print(n) end
   local ref = train.lora.reference(m, start_dir)
   if cfg.device ~= "cpu" and getmetatable(ref) == getmetatable(m) then ref:to(cfg.device) end
+  train.lora.set_precision(ref, cfg.train.precision, "collabllm_rl")
   local opt = clrt.optim.adamw(m, { lr = cfg.train.lr, weight_decay = cfg.train.weight_decay, grad_clip = cfg.train.grad_clip })
   if ckpt_dir then opt:load(ckpt_dir .. "/optimizer.safetensors") end
   local ppo = cfg.train.algorithm == "ppo" and M.ppo_state(m, cfg, ckpt_dir, resume_state) or nil
@@ -140,7 +144,7 @@ function M.run(cfg, run_dir)
       e.reward = R.rewards[i]
       if e.reward ~= nil and not ppo then e.advantage = A[i] end
     end
-    local t1 = clrt.log.now()
+    local t1, p1 = clrt.log.now(), clrt.model.product_seconds()
     local lr = train.schedule.lr(step - 1, { lr = cfg.train.lr, decay = cfg.train.decay,
       min_lr_ratio = cfg.train.min_lr_ratio, warmup_steps = cfg.train.warmup_steps, total_steps = cfg.steps })
     local st
@@ -150,6 +154,7 @@ function M.run(cfg, run_dir)
       st = #rows > 0 and train.ppo.update(m, ref, opt, rows, cfg.train, lr) or {}
     end
     local t2 = clrt.log.now()
+    timing.update_products_s = clrt.model.product_seconds() - p1
     local row = train.report.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
     if ppo then M.ppo_row(row, st) end
     -- a failed step (more than max_drop_fraction of its samples dropped, or a metric failed

@@ -47,6 +47,7 @@ M.defaults = {
     warmup_ratio = 0.1, warmup_steps = config.optional("number"), -- verl warmup_steps_ratio
     weight_decay = 0.01, grad_clip = 1.0, val_every = 100,
     base_dtype = "f32",                            -- bf16 (LoRA only): the frozen base's linear weights in bf16
+    precision = "f32",                             -- bf16: mixed precision as autocast(bfloat16), on the CPU's matrix unit (docs/runtime.md)
     lora = require("clrt.train.lora").config() },   -- r > 0: train LoRA adapters over model=
   dist = { check_every = 50 },              -- under mpirun: steps between parameter checks across ranks (0: none)
 }
@@ -140,6 +141,7 @@ function M.run(cfg, run_dir)
   else
     m, tok = M.build_world_model(model_dir, cfg)
   end
+  lora.set_precision(m, cfg.train.precision, "collabllm_sft")
   local convs
   if cfg.scored then
     local info

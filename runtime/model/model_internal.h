@@ -85,11 +85,17 @@ struct clrt_model {
   size_t hidx_cap;
   /* bf16 matmuls: the linear layers take bf16 copies of their inputs and of the weights (wbf,
      refreshed from the fp32 master params when they change) and accumulate in fp32. On CUDA
-     the output layer stays fp32; on the CPU only decode steps (few rows) read wbf, and with
-     pack_decode on a CPU with AVX512-BF16 its linear weights are packed in panels of bf16
-     pairs (clrt_linear_pack_bf16, same offsets; wbf_packed). */
+     the output layer stays fp32; on the CPU, with pack_decode and a matrix unit, the linear
+     weights are packed in panels of bf16 pairs (clrt_linear_pack_bf16, same offsets;
+     wbf_packed) and every product of any row count reads them; without, only decode steps
+     (few rows) read a plain wbf. */
   int bf16, wbf_packed;
-  clrt_storage *wbf;           /* [total] uint16 on the device */
+  clrt_storage *wbf;           /* [total] uint16 on the device ([2 total] with wbf_t) */
+  /* CPU bf16 mixed precision on a matrix unit (AMX, AVX512-BF16): wbf also holds, after its
+     first total uint16s, the blocks' weights transposed into panels of bf16 pairs of output
+     rows (clrt_pack_rows_bf16_t), the layout backward's dx = dy w reads. Forward, dx and dw
+     all run through kernels/cpu/gemm_bf16.c then. */
+  int wbf_t;
   /* Decode on the CPU (f32): the linear weights packed in 48-wide panels (clrt_linear_pack,
      same offsets as params), made on the first decode when pack_decode is on. */
   int pack_decode;
@@ -100,6 +106,7 @@ struct clrt_model {
   clrt_storage *wpk;           /* [total] f32, CPU */
   /* The params->version each copy was made from (COPY_STALE: not made yet). */
   uint64_t wbf_ver, wpk_ver;
+  int64_t repacks;             /* whole-copy packs made (clrt_model_copy_repacks) */
   model_lora *lora;            /* NULL: no adapters, full training */
   /* base_dtype=bf16 (base16.c): the frozen linear weights of the blocks live only in b16, in
      clrt_linear_pack_bf16's panels; their offsets (layer[], p[].in16) index b16 in uint16s,
@@ -246,6 +253,16 @@ int model_refresh_packed(clrt_model *m);
 /* logprobs' share of that policy: which models read a packed copy in training and scoring. */
 int model_refresh_packed_logprobs(clrt_model *m);
 void model_refresh_bf16(clrt_model *m);
+/* The optimizer step keeps the copies current itself (no repack per step): before the update,
+   which copies are current (0: none to keep); per linear weight param (its offset), K and O
+   (0 when it is no linear weight); after updating rows [r0, r1) of one, those rows into each
+   kept copy; after the step, the kept copies marked current for the new version. */
+int model_copies_to_keep(const clrt_model *m);
+int model_linear_dims(const clrt_model *m, int64_t off, int *K, int *O);
+void model_copy_rows(clrt_model *m, int keep, int64_t off, int K, int O, int r0, int r1);
+void model_copies_kept(clrt_model *m, int keep);
+void model_cpu_linear_backward_bf16(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
+                                    const float *x, int64_t N, int K, int O, int acc);
 /* The CPU's linear products, f32 and bf16 (the policy behind model_cpu_ops / _bf16_ops). */
 void model_cpu_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
                       int64_t N, int K, int O);

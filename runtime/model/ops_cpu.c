@@ -1,5 +1,6 @@
-/* ops_cpu.c — the model's ops on the CPU: the kernels of kernels/cpu over host memory. The two
-   tables differ only in their linear products (weights.c's policy for f32 and bf16). */
+/* ops_cpu.c — the model's ops on the CPU: the kernels of kernels/cpu over host memory. The
+   tables differ only in their linear products (weights.c's policy for f32 and bf16: in bf16,
+   forward and backward on the matrix unit). */
 #include "model_internal.h"
 
 #include <stdlib.h>
@@ -129,7 +130,7 @@ static int base16_decode_logits(clrt_model *m, acts *a, float *logits, const flo
 const model_ops model_cpu_ops = CPU_OPS(model_cpu_linear, model_cpu_linear_parts, model_cpu_linear_backward,
                                         cpu_decode_logits, "cpu f32");
 const model_ops model_cpu_bf16_ops = CPU_OPS(model_cpu_linear_bf16, model_cpu_linear_parts_bf16,
-                                             model_cpu_linear_backward, cpu_decode_logits, "cpu bf16");
+                                             model_cpu_linear_backward_bf16, cpu_decode_logits, "cpu bf16");
 const model_ops model_cpu_base16_ops = CPU_OPS(model_base16_linear, model_base16_linear_parts,
                                                model_base16_linear_backward, base16_decode_logits,
                                                "cpu bf16 base");

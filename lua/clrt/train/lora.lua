@@ -39,6 +39,22 @@ function M.check_base_dtype(dtype, l, adapter_dir, who)
   return dtype
 end
 
+-- `train.precision`: "f32", or "bf16": bf16 mixed precision as PyTorch's autocast(bfloat16)
+-- runs it (model:set_matmul("bf16")): the blocks' linear products, forward and backward, take
+-- bf16 inputs and weight copies with f32 sums, on the CPU's matrix unit (AMX, else
+-- AVX512-BF16; docs/runtime.md) or cuBLAS; master weights, AdamW, the loss and the norms stay
+-- f32. Full fine-tune and LoRA (over an f32 base; a bf16 base, train.base_dtype=bf16, already
+-- multiplies in bf16). Applied to m (a model, or the RL reference's table: a no-op) after
+-- any move to its device.
+function M.set_precision(m, precision, who)
+  precision = precision or "f32"
+  if precision ~= "f32" and precision ~= "bf16" then
+    error(("%s: train.precision must be f32 or bf16, got '%s'"):format(who, tostring(precision)), 0)
+  end
+  if precision == "bf16" and type(m.set_matmul) == "function" and m:base_dtype() ~= "bf16" then m:set_matmul("bf16") end
+  return m
+end
+
 -- The model to train: with LoRA (train.lora.r > 0, or a PEFT adapter_dir to continue) the base
 -- from base_dir and the checkpoint's adapter (ckpt_dir), else adapter_dir's, else fresh
 -- adapters seeded by `seed`, the base then in base_dtype; without, the checkpoint or base_dir

@@ -21,6 +21,10 @@ function M.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
     first_reply_ask_rate = firsts > 0 and asks / firsts or 0,
     time_generate_first_s = timing.generate_first_s, time_rollout_s = timing.rollout_s,
     time_update_s = t2 - t1, time_step_s = t2 - t0, prefix_cache_hit_rate = timing.prefix_cache_hit_rate,
+    -- the update's matrix products (forward and backward, old and reference log-probs
+    -- included) and the rest of it: attention, norms, the optimizer step, Lua
+    time_update_products_s = timing.update_products_s,
+    time_update_outside_products_s = timing.update_products_s and (t2 - t1) - timing.update_products_s or nil,
     tokens_per_s = gen_tokens / math.max(1e-9, t1 - t0),
   }
   for name, v in pairs(R.metrics or {}) do row["metric/" .. name] = v end
