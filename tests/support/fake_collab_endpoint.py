@@ -121,6 +121,9 @@ def main():
     ap.add_argument("--lifetime", type=float, default=600)
     ap.add_argument("--delay-ms", type=float, default=0)
     a = ap.parse_args()
+    # a listen backlog for a run's 64 concurrent requests (socketserver's default is 5: on a
+    # loaded machine connections were refused and the run counted dropped futures)
+    ThreadingHTTPServer.request_queue_size = 256
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     srv.daemon_threads = True
     srv.lock = threading.Lock()
