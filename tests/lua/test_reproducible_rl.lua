@@ -47,7 +47,7 @@ local function args(dir)
   return { "model=" .. policy_dir, "run_dir=" .. dir, "steps=" .. STEPS, "seed=7", "prompts_per_step=2", "rollout.n=4",
     "rollout.num_repeat_rollouts=2", "rollout.max_user_turns=2", "rollout.max_new_tokens=8", "rollout.temperature=1",
     "sim=llm", "sim_cfg.base_url=" .. url, "sim_cfg.model=fake", "sim_cfg.max_tokens=160",
-    "judge.base_url=" .. url, "judge.model=fake",
+    "judge.base_url=" .. url, "judge.model=fake", "sim_cfg.max_concurrency=16", "judge.max_concurrency=16",
     'reward.metric_weights={"accuracy":1,"interactivity":1,"token_amount":-0.0001}',
     "eval.before=false", "eval.after=false", "save_every=1", "sample_every=1" }
 end

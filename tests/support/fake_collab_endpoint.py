@@ -102,7 +102,8 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(random.uniform(0, self.server.delay_ms) / 1000)
         out = reply_for(body)
         if out is None:
-            return self.send(400, {"error": {"message": "response_format json_schema expected",
+            got = json.dumps(body.get("response_format"))[:300]
+            return self.send(400, {"error": {"message": "response_format json_schema expected, got " + got,
                                              "type": "invalid_request_error"}})
         content = json.dumps(out)
         self.send(200, {
