@@ -171,6 +171,15 @@ typedef struct clrt_model_config {
   int qk_norm;                      /* per-head RMSNorm of q and k before RoPE (Qwen3) */
   int max_batch, max_seq;           /* activation arena's first size; it grows past them */
   double keep_logits_mb;            /* backward reuses forward's logits when they fit (0: recompute) */
+  /* Gemma 3 (gemma3 != 0; runtime/model/gemma3.c): norms scaled by (1 + w), a norm after
+     attention and after the MLP, GELU-tanh gated MLP, embeddings times sqrt(hidden_size),
+     scores times query_pre_attn_scalar^-1/2. Layer l is local unless (l + 1) is a multiple of
+     sliding_window_pattern: it sees the last sliding_window positions and rotates with
+     rope_local_theta (no scaling); global layers see all and use rope_theta and rope_scaling. */
+  int gemma3;
+  double query_pre_attn_scalar;
+  int sliding_window, sliding_window_pattern;
+  double rope_local_theta;
 } clrt_model_config;
 enum { CLRT_ROPE_DEFAULT = 0, CLRT_ROPE_LINEAR = 1, CLRT_ROPE_LLAMA3 = 2 };
 enum { CLRT_ARENA_PARAMS = 0, CLRT_ARENA_GRADS = 1, CLRT_ARENA_ACTIVATIONS = 2, CLRT_ARENA_COUNT = 3 };

@@ -24,20 +24,23 @@ size_t clrt_attention_scratch_floats(int Tq, int Tk, int nthreads) {
   return (size_t)(nthreads > 0 ? nthreads : 1) * 2 * QB * (size_t)(Tk > 0 ? Tk : 1);
 }
 
-void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] */,
-                            const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
-                            const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
-                            int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
-                            const int32_t *kv_row /* [B] or NULL */,
-                            float *scratch, int nthreads) {
-  const float scale = 1.0f / sqrtf((float)D);
+/* The first key query position p sees: all before it, or the last `window` (window > 0). */
+static inline int window_start(int p, int window) { return window > 0 && p + 1 > window ? p + 1 - window : 0; }
+
+/* window = 0 and the default scale take the decode path's own kernel for one query. */
+static void attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] */,
+                              const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
+                              const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
+                              int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
+                              const int32_t *kv_row /* [B] or NULL */, float *scratch, int nthreads,
+                              float scale, int window, int decode_kernel) {
   const int ldq = H * D, ldk = KV * D, group = H / KV;
   int Tk = 0;   /* longest key range of any row: sizes each thread's scratch slice */
   for (int b = 0; b < B; b++) {
     int tk = (pos0 ? pos0[b] : 0) + Tq;
     if (tk > Tk) Tk = tk;
   }
-  if (Tq == 1 && clrt_attention_decode_forward(out, lse, q, k, v, B, H, KV, D, pos0, kv_bstride, kv_row,
+  if (decode_kernel && Tq == 1 && clrt_attention_decode_forward(out, lse, q, k, v, B, H, KV, D, pos0, kv_bstride, kv_row,
                                                scratch, (int64_t)2 * QB * Tk, nthreads))
     return;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(nthreads > 0 ? nthreads : 1) \
@@ -58,10 +61,11 @@ void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H,
                     qb + (int64_t)i0 * ldq, ldq, kb, ldk, 0.0f, S, nk);
         for (int r = 0; r < bq; r++) {
           float *s = S + (int64_t)r * nk;
-          int lim = p0 + i0 + r + 1;
-          float m = clrt_row_max(s, lim), l = clrt_row_exp_(s, lim, m);
+          int lim = p0 + i0 + r + 1, lo = window_start(lim - 1, window);
+          float m = clrt_row_max(s + lo, lim - lo), l = clrt_row_exp_(s + lo, lim - lo, m);
           float inv = 1.0f / l;
-          for (int j = 0; j < lim; j++) s[j] *= inv;
+          for (int j = 0; j < lo; j++) s[j] = 0;
+          for (int j = lo; j < lim; j++) s[j] *= inv;
           for (int j = lim; j < nk; j++) s[j] = 0;
           if (lse) lse[((int64_t)b * H + h) * Tq + i0 + r] = clrt_lse_value(m, l);
         }
@@ -71,12 +75,32 @@ void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H,
     }
 }
 
-void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
-                             float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,
-                             const float *q, const float *k, const float *v,
-                             const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
-                             int B, int T, int H, int KV, int D, float *scratch, int nthreads) {
-  const float scale = 1.0f / sqrtf((float)D);
+void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] */,
+                            const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
+                            const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
+                            int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
+                            const int32_t *kv_row /* [B] or NULL */,
+                            float *scratch, int nthreads) {
+  attention_forward(out, lse, q, k, v, B, Tq, H, KV, D, pos0, kv_bstride, kv_row, scratch, nthreads,
+                    1.0f / sqrtf((float)D), 0, 1);
+}
+
+void clrt_attention_window_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] */,
+                                   const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
+                                   const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
+                                   int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
+                                   const int32_t *kv_row /* [B] or NULL */, float *scratch, int nthreads,
+                                   float scale, int window) {
+  attention_forward(out, lse, q, k, v, B, Tq, H, KV, D, pos0, kv_bstride, kv_row, scratch, nthreads,
+                    scale, window, 0);
+}
+
+static void attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
+                               float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,
+                               const float *q, const float *k, const float *v,
+                               const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
+                               int B, int T, int H, int KV, int D, float *scratch, int nthreads,
+                               float scale, int window) {
   const int ldq = H * D, ldk = KV * D, group = H / KV;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(nthreads > 0 ? nthreads : 1)
   for (int b = 0; b < B; b++)
@@ -102,8 +126,9 @@ void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, K
             float *p = P + (int64_t)r * nk, *dp = dP + (int64_t)r * nk;
             const float *o = out + qoff + (int64_t)(i0 + r) * ldq, *dor = doblk + (int64_t)r * ldq;
             float L = lse[((int64_t)b * H + h) * T + i0 + r], Di = clrt_row_dot(dor, o, D);
-            int lim = i0 + r + 1;
-            for (int j = 0; j < lim; j++) {
+            int lim = i0 + r + 1, lo = window_start(lim - 1, window);
+            for (int j = 0; j < lo; j++) p[j] = dp[j] = 0;
+            for (int j = lo; j < lim; j++) {
               p[j] = clrt_attn_prob(p[j], L);
               dp[j] = clrt_attn_dscore(p[j], dp[j], Di, scale);
             }
@@ -118,4 +143,22 @@ void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, K
         }
       }
     }
+}
+
+void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
+                             float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,
+                             const float *q, const float *k, const float *v,
+                             const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
+                             int B, int T, int H, int KV, int D, float *scratch, int nthreads) {
+  attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, scratch, nthreads,
+                     1.0f / sqrtf((float)D), 0);
+}
+
+void clrt_attention_window_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
+                                    float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,
+                                    const float *q, const float *k, const float *v,
+                                    const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
+                                    int B, int T, int H, int KV, int D, float *scratch, int nthreads,
+                                    float scale, int window) {
+  attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, scratch, nthreads, scale, window);
 }

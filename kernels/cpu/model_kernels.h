@@ -212,12 +212,45 @@ void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, K
                              const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
                              int B, int T, int H, int KV, int D, float *scratch, int nthreads);
 
+/* The same attention with scores scale * q.k (in place of 1/sqrt(D)) and, when window > 0, each
+   query at position p seeing only keys at positions p - window + 1 .. p (a sliding window;
+   Gemma 3's local layers). Always the sgemm path, one query too. */
+void clrt_attention_window_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] */,
+                                   const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
+                                   const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
+                                   int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
+                                   const int32_t *kv_row /* [B] or NULL */, float *scratch, int nthreads,
+                                   float scale, int window);
+void clrt_attention_window_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
+                                    float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,
+                                    const float *q, const float *k, const float *v,
+                                    const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
+                                    int B, int T, int H, int KV, int D, float *scratch, int nthreads,
+                                    float scale, int window);
+
 /* ---- swiglu.c: h = silu(g) * u -------------------------------------------------------- */
 void clrt_swiglu_forward(float *h /* [N, I] */, const float *g /* [N, I] */, const float *u /* [N, I] */,
                          int64_t n /* N * I */);
 /* dg =, du =; dg may alias dh (each element is read before it is written). */
 void clrt_swiglu_backward(float *dg /* [N, I] */, float *du /* [N, I] */, const float *dh /* [N, I] */,
                           const float *g, const float *u, int64_t n);
+
+/* ---- gemma3.c: Gemma 3's own element ops ---------------------------------------------- */
+/* h = gelu_tanh(g) * u (PyTorch's gelu with approximate="tanh"). */
+void clrt_geglu_forward(float *h /* [N, I] */, const float *g /* [N, I] */, const float *u /* [N, I] */,
+                        int64_t n /* N * I */);
+/* dg =, du =; dg may alias dh. */
+void clrt_geglu_backward(float *dg /* [N, I] */, float *du /* [N, I] */, const float *dh /* [N, I] */,
+                         const float *g, const float *u, int64_t n);
+/* RMSNorm scaled by (1 + w): y = (1 + w) * x / sqrt(mean(x^2) + eps); backward dx +=, dw += as
+   clrt_rmsnorm_backward (d(1 + w)/dw = 1). */
+void clrt_rmsnorm_unit_forward(float *out /* [N, C] */, float *rstd /* [N] */, const float *x /* [N, C] */,
+                               const float *w /* [C] */, int64_t N, int C, float eps);
+void clrt_rmsnorm_unit_backward(float *dx /* [N, C] */, float *dw /* [C] */, const float *dout /* [N, C] */,
+                                const float *x /* [N, C] */, const float *w /* [C] */,
+                                const float *rstd /* [N] */, int64_t N, int C);
+/* x *= s over n floats (the embedding's sqrt(hidden) scale and its gradient). */
+void clrt_scale_inplace(float *x /* [n] */, float s, int64_t n);
 
 /* ---- residual.c: out = a + b ------------------------------------------------------------ */
 void clrt_residual_forward(float *out /* [N, C] */, const float *a, const float *b, int64_t n);
