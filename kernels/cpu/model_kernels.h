@@ -286,6 +286,15 @@ void clrt_logsoftmax_gather_backward_lora(float *dx, float *dw, const float *dlp
                                           const float *wp, int fast, const int32_t *target, const float *lse,
                                           int64_t N, int C, int V, float *scratch, int chunk, int logits_ready,
                                           const struct clrt_head_lora *hl);
+/* The same over soft-capped logits cap tanh(z / cap) (Gemma's final_logit_softcapping; cap > 0),
+   z = x w^T (+ the adapter's share); backward's gradient goes through the tanh. */
+void clrt_logsoftmax_gather_softcap_forward(float *lp, float *lse, const float *x, const float *w, const float *wp,
+                                            int fast, const int32_t *target, int64_t N, int C, int V,
+                                            float *scratch, int chunk, const struct clrt_head_lora *hl, float cap);
+void clrt_logsoftmax_gather_softcap_backward(float *dx, float *dw, const float *dlp, const float *x, const float *w,
+                                             const float *wp, int fast, const int32_t *target, const float *lse,
+                                             int64_t N, int C, int V, float *scratch, int chunk, int logits_ready,
+                                             const struct clrt_head_lora *hl, float cap);
 
 /* ---- sample.c ----------------------------------------------------------------------------- */
 /* One token of a row from temperature / top-k / top-p (temperature <= 0: greedy), u one

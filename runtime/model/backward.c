@@ -119,10 +119,16 @@ int clrt_model_backward_hidden(clrt_model *m, const float *dlogp, const float *d
   PROF(CLRT_K_RMSNORM, model_final_norm(m, a.xn, a.rstdf, a.tmp, nv));
   clrt_head_lora hl;
   const clrt_head_lora *hla = model_lora_head_backward(m, &a, &hl);
-  PROF(CLRT_K_OUT_B, op->output_backward(a.dxn, GW(m, m->head), a.dlpv, a.xn, PW(m, m->head),
-                                         model_packed_weight(m, m->head), model_fast_kernels(m), a.target,
-                                         a.lsef, nv, C, V,
-                                         a.logits, a.chunk, a.logits_kept, hla));
+  if (c->final_logit_softcapping > 0)   /* Gemma 3 */
+    PROF(CLRT_K_OUT_B, op->output_softcap_backward(a.dxn, GW(m, m->head), a.dlpv, a.xn, PW(m, m->head),
+                                                   model_packed_weight(m, m->head), model_fast_kernels(m), a.target,
+                                                   a.lsef, nv, C, V, a.logits, a.chunk, a.logits_kept, hla,
+                                                   (float)c->final_logit_softcapping));
+  else
+    PROF(CLRT_K_OUT_B, op->output_backward(a.dxn, GW(m, m->head), a.dlpv, a.xn, PW(m, m->head),
+                                           model_packed_weight(m, m->head), model_fast_kernels(m), a.target,
+                                           a.lsef, nv, C, V,
+                                           a.logits, a.chunk, a.logits_kept, hla));
   PROF(CLRT_K_LORA, model_lora_head_backward_end(m, &a, a.dxn, a.xn, nv));
   if (dhidden && add_dhidden(m, &a, dhidden)) return -1;
   op->zero(a.dxc, (size_t)(nv * C));

@@ -225,8 +225,13 @@ int clrt_model_logprobs_hidden(clrt_model *m, const int32_t *tokens, int B, int 
   clrt_head_lora hl;
   const clrt_head_lora *hla;
   PROF(CLRT_K_LORA, hla = model_lora_head_forward(m, &a, &hl, a.xn, nv, keep));
-  PROF(CLRT_K_OUT_F, op->output(a.lpv, a.lsef, a.xn, PW(m, m->head), model_packed_weight(m, m->head),
-                                model_fast_kernels(m), a.target, nv, C, V, a.logits, a.chunk, hla));
+  if (c->final_logit_softcapping > 0)   /* Gemma 3 */
+    PROF(CLRT_K_OUT_F, op->output_softcap(a.lpv, a.lsef, a.xn, PW(m, m->head), model_packed_weight(m, m->head),
+                                          model_fast_kernels(m), a.target, nv, C, V, a.logits, a.chunk, hla,
+                                          (float)c->final_logit_softcapping));
+  else
+    PROF(CLRT_K_OUT_F, op->output(a.lpv, a.lsef, a.xn, PW(m, m->head), model_packed_weight(m, m->head),
+                                  model_fast_kernels(m), a.target, nv, C, V, a.logits, a.chunk, hla));
   if (unstage_logprobs(m, &a, lp, B, T, nv)) return -1;
   m->saved = keep;
   m->B = B;
@@ -292,5 +297,6 @@ int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int T
   PROF(CLRT_K_RMSNORM, model_final_norm(m, a.xn, a.rstdf, a.tmp, B));
   int rc;
   PROF(CLRT_K_OUT_F, rc = op->decode_logits(m, &a, logits, a.xn, B));
+  if (rc == 0) model_softcap_logits(m, logits, B);
   return rc;
 }

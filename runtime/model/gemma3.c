@@ -8,7 +8,8 @@
      ao = att Wo^T ; xmid = x + norm_pa(ao)
      xn = norm2(xmid) ; h = gelu_tanh(xn Wg^T) * (xn Wu^T) ; mo = h Wd^T ; x' = xmid + norm_pf(mo)
    Kept for backward beyond the Llama layer's: ao and mo with their norms' rstd. Embeddings are
-   scaled by sqrt(hidden_size) (model_embed_scale), the final norm is a (1 + w) one too. */
+   scaled by sqrt(hidden_size) (model_embed_scale), the final norm is a (1 + w) one too, and
+   final_logit_softcapping, when set, caps the logits (the output op's softcap variant). */
 #include "model_internal.h"
 
 #include <math.h>
@@ -130,6 +131,13 @@ void model_final_norm_backward(const clrt_model *m, float *dx, const float *dout
 void model_embed_scale(const clrt_model *m, float *x, int64_t N) {
   /* transformers: sqrt(hidden_size) rounded to the weights' dtype (f32 here) */
   if (m->cfg.gemma3) m->ops->scale(x, (float)sqrt((double)m->cfg.hidden_size), N * m->cfg.hidden_size);
+}
+
+void model_softcap_logits(const clrt_model *m, float *logits, int B) {
+  float cap = (float)m->cfg.final_logit_softcapping;
+  if (!(cap > 0)) return;
+  int64_t n = (int64_t)B * m->cfg.vocab_size;
+  for (int64_t i = 0; i < n; i++) logits[i] = cap * tanhf(logits[i] / cap);
 }
 
 int gemma3_ensure_rope(clrt_model *m, int P) {

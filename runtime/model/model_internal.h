@@ -240,6 +240,14 @@ struct model_ops {
                            const float *k, const float *v, const attn_args *s, float scale, int window);
   void (*attention_window_backward)(const clrt_model *m, acts *a, const layer_acts *A, int B, int T,
                                     float scale, int window);
+  /* the output op over soft-capped logits (final_logit_softcapping) */
+  void (*output_softcap)(float *lp, float *lse, const float *x, const float *w, const float *wp, int fast,
+                         const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk,
+                         const struct clrt_head_lora *hl, float cap);
+  void (*output_softcap_backward)(float *dx, float *dw, const float *dlp, const float *x, const float *w,
+                                  const float *wp, int fast, const int32_t *target, const float *lse, int64_t N, int C,
+                                  int V, float *scratch, int chunk, int logits_ready, const struct clrt_head_lora *hl,
+                                  float cap);
   int bf16_scratch;              /* the arena holds x16/dy16 */
   int logits_staged;             /* decode logits land in the arena before the copy to the host */
 };
@@ -270,6 +278,9 @@ void model_final_norm_backward(const clrt_model *m, float *dx, const float *dout
                                const float *rstd, int64_t N);
 /* Gemma 3: the embedding rows times sqrt(hidden_size) (no-op for the others). */
 void model_embed_scale(const clrt_model *m, float *x, int64_t N);
+/* Gemma 3's final_logit_softcapping on a decode step's logits [B, V] (host memory; no-op
+   without it). */
+void model_softcap_logits(const clrt_model *m, float *logits, int B);
 /* Gemma 3's local RoPE tables for positions [0, P) (no-op for the others). */
 int gemma3_ensure_rope(clrt_model *m, int P);
 

@@ -105,6 +105,8 @@ static int base16_decode_logits(clrt_model *m, acts *a, float *logits, const flo
     .rmsnorm_unit = clrt_rmsnorm_unit_forward, .rmsnorm_unit_backward = clrt_rmsnorm_unit_backward, \
     .geglu = clrt_geglu_forward, .geglu_backward = clrt_geglu_backward, .scale = clrt_scale_inplace, \
     .attention_window = cpu_attention_window, .attention_window_backward = cpu_attention_window_backward, \
+    .output_softcap = clrt_logsoftmax_gather_softcap_forward,                                    \
+    .output_softcap_backward = clrt_logsoftmax_gather_softcap_backward,                          \
   }
 
 const model_ops model_cpu_ops = CPU_OPS(model_cpu_linear, model_cpu_linear_parts, model_cpu_linear_backward,

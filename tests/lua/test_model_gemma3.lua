@@ -1,16 +1,17 @@
 -- test_model_gemma3.lua — Gemma3ForCausalLM against the independent PyTorch reference
 -- (tests/reference/gemma3_ref.py, fixture by make_gemma3_fixtures.py): log-probs, every
--- gradient, KV-cache decode past the sliding window and the reference's greedy continuation,
--- LoRA (finite differences, merge), save/load in Hugging Face's names, the config forms
+-- gradient, KV-cache decode past the sliding window and the reference's greedy continuation (on
+-- the tiny model and on the same with final_logit_softcapping), LoRA (finite differences, merge), save/load in Hugging Face's names, the config forms
 -- (sliding_window_pattern, layer_types, transformers 5's rope_parameters) and what is refused.
 local T = require("clrt.test")
 local ffi = require("ffi")
 local tensor = clrt.tensor
 local json = require("clrt.json")
-local dir = T.source_dir() .. "/tests/fixtures/model/gemma3_tiny"
+local fixtures = T.source_dir() .. "/tests/fixtures/model/"
+local dir = fixtures .. "gemma3_tiny"
 local flat = T.floats
 
-local function expected() return clrt.safetensors.load(dir .. "/expected.safetensors") end
+local function expected(d) return clrt.safetensors.load((d or dir) .. "/expected.safetensors") end
 local function config() return json.decode(clrt.files.read(dir .. "/config.json")) end
 
 local function max_diff(a, b)
@@ -32,57 +33,6 @@ local function with_config(edit)
   return d
 end
 
-T.case("log-probs match PyTorch within 1e-4 (rows longer than the sliding window)", function()
-  local m = clrt.model.load(dir)
-  local e = expected()
-  T.ok(e.tokens:size(2) > config().sliding_window, "the batch is longer than the window")
-  local d = max_diff(m:logprobs(e.tokens, { lengths = e.lengths }), e.lp)
-  T.ok(d <= 1e-4, "max |lp - ref| = " .. d)
-end)
-
-T.case("padded rows equal unpadded ones", function()
-  local m = clrt.model.load(dir)
-  local e = expected()
-  local lp = m:logprobs(e.tokens, { lengths = e.lengths, grad = false })
-  local toks, lens = e.tokens:totable(), e.lengths:totable()
-  for b = 1, #toks do
-    local row = {}
-    for t = 1, lens[b] do row[t] = toks[b][t] end
-    local one = m:logprobs({ row }, { grad = false })
-    for t = 1, lens[b] - 1 do T.near(one:get(1, t), lp:get(b, t), { atol = 2e-5 }, ("row %d pos %d"):format(b, t)) end
-  end
-end)
-
-T.case("every gradient matches PyTorch within 1e-3 (logits kept, and recomputed)", function()
-  for _, keep_mb in ipairs({ 256, 0 }) do
-    local m = clrt.model.load(dir, { keep_logits_mb = keep_mb })
-    local e = expected()
-    m:zero_grad()
-    m:logprobs(e.tokens, { lengths = e.lengths })
-    m:backward(e.dlogp)
-    local g, n = m:grads(), 0
-    for _, name in ipairs(m.names) do
-      local ref = e["grad." .. name]
-      T.ok(ref, "reference has grad." .. name)
-      local fa, fe = flat(g[name]), flat(ref)
-      local dn, en, scale = 0, 0, 0
-      for i = 1, #fe do
-        dn, en, scale = dn + (fa[i] - fe[i]) ^ 2, en + fe[i] ^ 2, math.max(scale, math.abs(fe[i]))
-      end
-      T.ok(en > 0, name .. ": reference gradient is all zero (the test could not fail)")
-      T.ok(math.sqrt(dn) <= 1e-3 * math.sqrt(en), ("%s: |g - ref| = %.3g, |ref| = %.3g"):format(name, math.sqrt(dn), math.sqrt(en)))
-      for i = 1, #fe do
-        if math.abs(fa[i] - fe[i]) > 1e-3 * scale then
-          T.ok(false, ("%s[%d]: expected %.7g, got %.7g"):format(name, i, fe[i], fa[i]))
-          break
-        end
-      end
-      n = n + 1
-    end
-    T.eq(n, 1 + 13 * 4 + 1, "one gradient per parameter (tied head)")
-  end
-end)
-
 local function log_softmax(z, V)
   local mx, s, out = -math.huge, 0, {}
   for v = 0, V - 1 do mx = math.max(mx, z[v]) end
@@ -91,33 +41,88 @@ local function log_softmax(z, V)
   return out
 end
 
-T.case("KV-cache decode past the window equals the full recompute at every step", function()
-  local m = clrt.model.load(dir)
-  local V = m.config.vocab_size
-  local d = m:decoder(2, 40)
-  local logits = ffi.new("float[?]", 2 * V)
-  local seq = { 3, 17, 5, 9 }
-  d:prefill(1, ffi.new("int32_t[4]", seq), #seq, logits)
-  for step = 1, 12 do   -- positions 4 .. 15: the window (5) slides over the cache
-    local rows = {}
-    for v = 0, V - 1 do rows[v + 1] = { unpack(seq) }; rows[v + 1][#seq + 1] = v end
-    local lp = m:logprobs(rows, { grad = false })
-    local slow = {}
-    for v = 0, V - 1 do slow[v + 1] = lp:get(v + 1, #seq) end
-    T.near(log_softmax(logits + V, V), slow, { atol = 1e-4 }, "decode step " .. step)
-    local tok = (step * 37) % V
-    seq[#seq + 1] = tok
-    d:decode(1, ffi.new("int32_t[1]", { 1 }), ffi.new("int32_t[1]", { tok }), logits)
-  end
-end)
+for _, name in ipairs({ "gemma3_tiny", "gemma3_softcap" }) do
+  local fdir = fixtures .. name
+  local cfg = json.decode(clrt.files.read(fdir .. "/config.json"))
+  T.case(name .. ": log-probs match PyTorch within 1e-4 (rows longer than the sliding window)", function()
+    local m = clrt.model.load(fdir)
+    local e = expected(fdir)
+    T.ok(e.tokens:size(2) > cfg.sliding_window, "the batch is longer than the window")
+    local d = max_diff(m:logprobs(e.tokens, { lengths = e.lengths }), e.lp)
+    T.ok(d <= 1e-4, "max |lp - ref| = " .. d)
+  end)
 
-T.case("greedy generate equals PyTorch's greedy continuation (20 tokens past a window of 5)", function()
-  local m = clrt.model.load(dir)
-  local e = expected()
-  T.ok(e.greedy_gap:get(1) > 1e-3, "the reference's top-2 gaps leave f32 room: " .. e.greedy_gap:get(1))
-  local res = m:generate({ e.prompt:totable() }, { temperature = 0, max_new_tokens = e.greedy:numel() })
-  T.eq(res[1].tokens, e.greedy:totable())
-end)
+  T.case(name .. ": padded rows equal unpadded ones", function()
+    local m = clrt.model.load(fdir)
+    local e = expected(fdir)
+    local lp = m:logprobs(e.tokens, { lengths = e.lengths, grad = false })
+    local toks, lens = e.tokens:totable(), e.lengths:totable()
+    for b = 1, #toks do
+      local row = {}
+      for t = 1, lens[b] do row[t] = toks[b][t] end
+      local one = m:logprobs({ row }, { grad = false })
+      for t = 1, lens[b] - 1 do T.near(one:get(1, t), lp:get(b, t), { atol = 2e-5 }, ("row %d pos %d"):format(b, t)) end
+    end
+  end)
+
+  T.case(name .. ": every gradient matches PyTorch within 1e-3 (logits kept, and recomputed)", function()
+    for _, keep_mb in ipairs({ 256, 0 }) do
+      local m = clrt.model.load(fdir, { keep_logits_mb = keep_mb })
+      local e = expected(fdir)
+      m:zero_grad()
+      m:logprobs(e.tokens, { lengths = e.lengths })
+      m:backward(e.dlogp)
+      local g, n = m:grads(), 0
+      for _, name in ipairs(m.names) do
+        local ref = e["grad." .. name]
+        T.ok(ref, "reference has grad." .. name)
+        local fa, fe = flat(g[name]), flat(ref)
+        local dn, en, scale = 0, 0, 0
+        for i = 1, #fe do
+          dn, en, scale = dn + (fa[i] - fe[i]) ^ 2, en + fe[i] ^ 2, math.max(scale, math.abs(fe[i]))
+        end
+        T.ok(en > 0, name .. ": reference gradient is all zero (the test could not fail)")
+        T.ok(math.sqrt(dn) <= 1e-3 * math.sqrt(en), ("%s: |g - ref| = %.3g, |ref| = %.3g"):format(name, math.sqrt(dn), math.sqrt(en)))
+        for i = 1, #fe do
+          if math.abs(fa[i] - fe[i]) > 1e-3 * scale then
+            T.ok(false, ("%s[%d]: expected %.7g, got %.7g"):format(name, i, fe[i], fa[i]))
+            break
+          end
+        end
+        n = n + 1
+      end
+      T.eq(n, 1 + 13 * 4 + 1, "one gradient per parameter (tied head)")
+    end
+  end)
+
+  T.case(name .. ": KV-cache decode past the window equals the full recompute at every step", function()
+    local m = clrt.model.load(fdir)
+    local V = m.config.vocab_size
+    local d = m:decoder(2, 40)
+    local logits = ffi.new("float[?]", 2 * V)
+    local seq = { 3, 17, 5, 9 }
+    d:prefill(1, ffi.new("int32_t[4]", seq), #seq, logits)
+    for step = 1, 12 do   -- positions 4 .. 15: the window (5) slides over the cache
+      local rows = {}
+      for v = 0, V - 1 do rows[v + 1] = { unpack(seq) }; rows[v + 1][#seq + 1] = v end
+      local lp = m:logprobs(rows, { grad = false })
+      local slow = {}
+      for v = 0, V - 1 do slow[v + 1] = lp:get(v + 1, #seq) end
+      T.near(log_softmax(logits + V, V), slow, { atol = 1e-4 }, "decode step " .. step)
+      local tok = (step * 37) % V
+      seq[#seq + 1] = tok
+      d:decode(1, ffi.new("int32_t[1]", { 1 }), ffi.new("int32_t[1]", { tok }), logits)
+    end
+  end)
+
+  T.case(name .. ": greedy generate equals PyTorch's greedy continuation (20 tokens past a window of 5)", function()
+    local m = clrt.model.load(fdir)
+    local e = expected(fdir)
+    T.ok(e.greedy_gap:get(1) > 1e-3, "the reference's top-2 gaps leave f32 room: " .. e.greedy_gap:get(1))
+    local res = m:generate({ e.prompt:totable() }, { temperature = 0, max_new_tokens = e.greedy:numel() })
+    T.eq(res[1].tokens, e.greedy:totable())
+  end)
+end
 
 T.case("config forms: layer_types and transformers 5's rope_parameters give the same model", function()
   local e = expected()
@@ -135,12 +140,12 @@ T.case("config forms: layer_types and transformers 5's rope_parameters give the 
   T.eq(max_diff(clrt.model.load(rp):logprobs(e.tokens, { lengths = e.lengths, grad = false }), base), 0, "rope_parameters")
 end)
 
-T.case("refused by name: soft-capping, a non-periodic layer_types, another activation, device=cuda", function()
+T.case("refused by name: attention soft-capping, a bad final cap, a non-periodic layer_types, another activation, device=cuda", function()
   local function refuses(edit, msg)
     local d = with_config(edit)
     T.raises(function() clrt.model.load(d) end, msg)
   end
-  refuses(function(c) c.final_logit_softcapping = 30.0 end, "final_logit_softcapping' is 30")
+  refuses(function(c) c.final_logit_softcapping = -1 end, "final_logit_softcapping' must be positive or null")
   refuses(function(c) c.attn_logit_softcapping = 50.0 end, "attn_logit_softcapping")
   refuses(function(c)
     c.layer_types = { "full_attention", "sliding_attention", "full_attention", "sliding_attention" }

@@ -13,6 +13,7 @@
   * RoPE (rotate-half): local layers with rope_local_base_freq and no scaling, global layers
     with rope_theta and the config's rope_scaling (linear)
   * tied lm_head unless tie_word_embeddings is false
+  * final_logit_softcapping, when set: logits = cap * tanh(logits / cap)
 """
 import math
 
@@ -130,7 +131,9 @@ def hidden_states(cfg, P, tokens):
 
 def logits(cfg, P, tokens):
     head = P.get("lm_head.weight", P["model.embed_tokens.weight"])
-    return hidden_states(cfg, P, tokens) @ head.T
+    z = hidden_states(cfg, P, tokens) @ head.T
+    cap = cfg.get("final_logit_softcapping")
+    return cap * torch.tanh(z / cap) if cap else z
 
 
 def logprobs(cfg, P, tokens, lengths):

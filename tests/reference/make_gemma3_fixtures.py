@@ -1,4 +1,5 @@
-"""make_gemma3_fixtures.py — writes tests/fixtures/model/gemma3_tiny/ from gemma3_ref.py: a
+"""make_gemma3_fixtures.py — writes tests/fixtures/model/gemma3_tiny/ (and gemma3_softcap/, the
+same with final_logit_softcapping) from gemma3_ref.py: a
 Hugging Face folder (config.json, model.safetensors with Gemma3ForCausalLM's names) and
 expected.safetensors with a token batch longer than the sliding window, its log-probs, a
 dlogp, every parameter gradient of sum(lp * dlogp), and a greedy continuation (float64) that
@@ -38,29 +39,31 @@ PROMPT = [3, 17, 42]
 NEW = 20
 
 
-def main():
-    torch.set_num_threads(2)
-    P = G.init_params(CONFIG, 36)
+def make(name, cfg):
+    P = G.init_params(cfg, 36)
     g = torch.Generator().manual_seed(1036)
-    tokens = torch.randint(0, CONFIG["vocab_size"], (B, T), generator=g)
+    tokens = torch.randint(0, cfg["vocab_size"], (B, T), generator=g)
     dlogp = torch.randn(B, T - 1, generator=g, dtype=torch.float64)
     Pg = {n: t.clone().requires_grad_(True) for n, t in P.items()}
-    lp, valid = G.logprobs(CONFIG, Pg, tokens, LENGTHS)
+    lp, valid = G.logprobs(cfg, Pg, tokens, LENGTHS)
     dlogp = torch.where(valid, dlogp, torch.zeros_like(dlogp))
     (lp * dlogp).sum().backward()
     with torch.no_grad():
-        cont, gap = G.greedy(CONFIG, P, PROMPT, NEW)
-    d = os.path.join(OUT, "gemma3_tiny")
-    write_model(d, CONFIG, P)
+        cont, gap = G.greedy(cfg, P, PROMPT, NEW)
+    d = os.path.join(OUT, name)
+    write_model(d, cfg, P)
     exp = {"tokens": tokens.to(torch.int32), "lengths": torch.tensor(LENGTHS, dtype=torch.int32),
            "lp": lp.detach(), "dlogp": dlogp, "prompt": torch.tensor(PROMPT, dtype=torch.int32),
            "greedy": torch.tensor(cont, dtype=torch.int32), "greedy_gap": torch.tensor([gap])}
     for n, t in Pg.items():
         exp["grad." + n] = t.grad
     R.save_safetensors(os.path.join(d, "expected.safetensors"), exp, "F32")
-    print(f"gemma3_tiny: {sum(t.numel() for t in P.values())} params, lp[0,:3] = {lp[0, :3].tolist()}, "
+    print(f"{name}: {sum(t.numel() for t in P.values())} params, lp[0,:3] = {lp[0, :3].tolist()}, "
           f"greedy {cont}, smallest top-2 gap {gap:.4g}")
 
 
 if __name__ == "__main__":
-    main()
+    torch.set_num_threads(2)
+    make("gemma3_tiny", CONFIG)
+    # a cap of 2 bends logits of this model's size (|z| up to ~6) well into the tanh
+    make("gemma3_softcap", dict(CONFIG, final_logit_softcapping=2.0))
