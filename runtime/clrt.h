@@ -176,12 +176,13 @@ typedef struct clrt_model_config {
      scores times query_pre_attn_scalar^-1/2. Layer l is local unless (l + 1) is a multiple of
      sliding_window_pattern: it sees the last sliding_window positions and rotates with
      rope_local_theta (no scaling); global layers see all and use rope_theta and rope_scaling.
-     final_logit_softcapping > 0: logits become cap tanh(logits / cap) (0: none). */
+     final_logit_softcapping > 0: logits become cap tanh(logits / cap) (0: none), and
+     attn_logit_softcapping the same for the scaled attention scores. */
   int gemma3;
   double query_pre_attn_scalar;
   int sliding_window, sliding_window_pattern;
   double rope_local_theta;
-  double final_logit_softcapping;
+  double final_logit_softcapping, attn_logit_softcapping;
 } clrt_model_config;
 enum { CLRT_ROPE_DEFAULT = 0, CLRT_ROPE_LINEAR = 1, CLRT_ROPE_LLAMA3 = 2 };
 enum { CLRT_ARENA_PARAMS = 0, CLRT_ARENA_GRADS = 1, CLRT_ARENA_ACTIVATIONS = 2, CLRT_ARENA_COUNT = 3 };

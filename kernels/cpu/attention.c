@@ -27,13 +27,16 @@ size_t clrt_attention_scratch_floats(int Tq, int Tk, int nthreads) {
 /* The first key query position p sees: all before it, or the last `window` (window > 0). */
 static inline int window_start(int p, int window) { return window > 0 && p + 1 > window ? p + 1 - window : 0; }
 
+/* Soft-capping (cap > 0): scores s become cap tanh(s / cap). */
+static inline float softcap(float s, float cap) { return cap > 0 ? cap * tanhf(s / cap) : s; }
+
 /* window = 0 and the default scale take the decode path's own kernel for one query. */
 static void attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] */,
                               const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
                               const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
                               int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
                               const int32_t *kv_row /* [B] or NULL */, float *scratch, int nthreads,
-                              float scale, int window, int decode_kernel) {
+                              float scale, int window, float cap, int decode_kernel) {
   const int ldq = H * D, ldk = KV * D, group = H / KV;
   int Tk = 0;   /* longest key range of any row: sizes each thread's scratch slice */
   for (int b = 0; b < B; b++) {
@@ -62,6 +65,8 @@ static void attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, 
         for (int r = 0; r < bq; r++) {
           float *s = S + (int64_t)r * nk;
           int lim = p0 + i0 + r + 1, lo = window_start(lim - 1, window);
+          if (cap > 0)
+            for (int j = lo; j < lim; j++) s[j] = softcap(s[j], cap);
           float m = clrt_row_max(s + lo, lim - lo), l = clrt_row_exp_(s + lo, lim - lo, m);
           float inv = 1.0f / l;
           for (int j = 0; j < lo; j++) s[j] = 0;
@@ -82,7 +87,7 @@ void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H,
                             const int32_t *kv_row /* [B] or NULL */,
                             float *scratch, int nthreads) {
   attention_forward(out, lse, q, k, v, B, Tq, H, KV, D, pos0, kv_bstride, kv_row, scratch, nthreads,
-                    1.0f / sqrtf((float)D), 0, 1);
+                    1.0f / sqrtf((float)D), 0, 0.0f, 1);
 }
 
 void clrt_attention_window_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] */,
@@ -90,9 +95,9 @@ void clrt_attention_window_forward(float *out /* [B, Tq, H, D] */, float *lse /*
                                    const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
                                    int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
                                    const int32_t *kv_row /* [B] or NULL */, float *scratch, int nthreads,
-                                   float scale, int window) {
+                                   float scale, int window, float cap) {
   attention_forward(out, lse, q, k, v, B, Tq, H, KV, D, pos0, kv_bstride, kv_row, scratch, nthreads,
-                    scale, window, 0);
+                    scale, window, cap, 0);
 }
 
 static void attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
@@ -100,7 +105,7 @@ static void attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T,
                                const float *q, const float *k, const float *v,
                                const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
                                int B, int T, int H, int KV, int D, float *scratch, int nthreads,
-                               float scale, int window) {
+                               float scale, int window, float cap) {
   const int ldq = H * D, ldk = KV * D, group = H / KV;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(nthreads > 0 ? nthreads : 1)
   for (int b = 0; b < B; b++)
@@ -129,8 +134,10 @@ static void attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T,
             int lim = i0 + r + 1, lo = window_start(lim - 1, window);
             for (int j = 0; j < lo; j++) p[j] = dp[j] = 0;
             for (int j = lo; j < lim; j++) {
-              p[j] = clrt_attn_prob(p[j], L);
+              float c = softcap(p[j], cap);   /* the capped score; its slope is 1 - (c / cap)^2 */
+              p[j] = clrt_attn_prob(c, L);
               dp[j] = clrt_attn_dscore(p[j], dp[j], Di, scale);
+              if (cap > 0) dp[j] *= 1.0f - (c / cap) * (c / cap);
             }
             for (int j = lim; j < nk; j++) p[j] = dp[j] = 0;
           }
@@ -151,7 +158,7 @@ void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, K
                              const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
                              int B, int T, int H, int KV, int D, float *scratch, int nthreads) {
   attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, scratch, nthreads,
-                     1.0f / sqrtf((float)D), 0);
+                     1.0f / sqrtf((float)D), 0, 0.0f);
 }
 
 void clrt_attention_window_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
@@ -159,6 +166,6 @@ void clrt_attention_window_backward(float *dq /* [B, T, H, D] */, float *dk /* [
                                     const float *q, const float *k, const float *v,
                                     const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
                                     int B, int T, int H, int KV, int D, float *scratch, int nthreads,
-                                    float scale, int window) {
-  attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, scratch, nthreads, scale, window);
+                                    float scale, int window, float cap) {
+  attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, scratch, nthreads, scale, window, cap);
 }

@@ -214,19 +214,20 @@ void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, K
 
 /* The same attention with scores scale * q.k (in place of 1/sqrt(D)) and, when window > 0, each
    query at position p seeing only keys at positions p - window + 1 .. p (a sliding window;
-   Gemma 3's local layers). Always the sgemm path, one query too. */
+   Gemma 3's local layers); cap > 0 soft-caps the scaled scores to cap tanh(s / cap) (0: none).
+   Always the sgemm path, one query too. */
 void clrt_attention_window_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] */,
                                    const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
                                    const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
                                    int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
                                    const int32_t *kv_row /* [B] or NULL */, float *scratch, int nthreads,
-                                   float scale, int window);
+                                   float scale, int window, float cap);
 void clrt_attention_window_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
                                     float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,
                                     const float *q, const float *k, const float *v,
                                     const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
                                     int B, int T, int H, int KV, int D, float *scratch, int nthreads,
-                                    float scale, int window);
+                                    float scale, int window, float cap);
 
 /* ---- swiglu.c: h = silu(g) * u -------------------------------------------------------- */
 void clrt_swiglu_forward(float *h /* [N, I] */, const float *g /* [N, I] */, const float *u /* [N, I] */,

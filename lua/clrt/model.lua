@@ -38,22 +38,20 @@ local by_model_type = { llama = "llama", qwen2 = "qwen2", qwen3 = "qwen3", gemma
 
 -- Gemma 3's own keys (transformers' Gemma3TextConfig; its defaults where a key is absent):
 -- the (1 + w) norms, sandwich norms, GELU-tanh MLP and sqrt(hidden) embedding scale come with
--- the architecture; these set the attention and the logits' soft-capping (attention scores'
--- soft-capping is refused by name; the released Gemma 3 configs set neither).
+-- the architecture; these set the attention and the soft-capping of logits and attention
+-- scores (the released Gemma 3 configs set neither).
 local function parse_gemma3(cfg, c, bad, int, num)
   local act = cfg.hidden_activation
   if is_null(act) then act = cfg.hidden_act end
   if not is_null(act) and act ~= "gelu_pytorch_tanh" then
     bad("hidden_activation", ("is '%s'; Gemma 3 supports gelu_pytorch_tanh"):format(tostring(act)))
   end
-  if not is_null(cfg.attn_logit_softcapping) then
-    bad("attn_logit_softcapping", ("is %s; soft-capping of attention scores is not supported (Gemma 3's released configs leave it null)")
-      :format(tostring(cfg.attn_logit_softcapping)))
-  end
-  c.final_logit_softcapping = 0
-  if not is_null(cfg.final_logit_softcapping) then
-    c.final_logit_softcapping = num("final_logit_softcapping")
-    if c.final_logit_softcapping <= 0 then bad("final_logit_softcapping", "must be positive or null") end
+  for _, k in ipairs({ "final_logit_softcapping", "attn_logit_softcapping" }) do
+    c[k] = 0
+    if not is_null(cfg[k]) then
+      c[k] = num(k)
+      if c[k] <= 0 then bad(k, "must be positive or null") end
+    end
   end
   c.gemma3 = true
   c.qk_norm = true
@@ -233,6 +231,7 @@ local function to_struct(c, opts)
     s.sliding_window_pattern = c.sliding_window_pattern
     s.rope_local_theta = c.rope_local_theta
     s.final_logit_softcapping = c.final_logit_softcapping
+    s.attn_logit_softcapping = c.attn_logit_softcapping
   end
   s.max_batch = opts and opts.max_batch or 0
   s.max_seq = opts and opts.max_seq or 0

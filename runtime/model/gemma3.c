@@ -9,7 +9,8 @@
      xn = norm2(xmid) ; h = gelu_tanh(xn Wg^T) * (xn Wu^T) ; mo = h Wd^T ; x' = xmid + norm_pf(mo)
    Kept for backward beyond the Llama layer's: ao and mo with their norms' rstd. Embeddings are
    scaled by sqrt(hidden_size) (model_embed_scale), the final norm is a (1 + w) one too, and
-   final_logit_softcapping, when set, caps the logits (the output op's softcap variant). */
+   final_logit_softcapping, when set, caps the logits (the output op's softcap variant);
+   attn_logit_softcapping the attention scores (after their scale, before the mask). */
 #include "model_internal.h"
 
 #include <math.h>
@@ -55,7 +56,8 @@ void gemma3_layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, cons
     vals = vc;
   }
   PROF(CLRT_K_ATTN_F, op->attention_window(m, a, A->att, s->keep ? A->lse : NULL, A->q, keys, vals, &at,
-                                           score_scale(c), local ? c->sliding_window : 0));
+                                           score_scale(c), local ? c->sliding_window : 0,
+                                           (float)c->attn_logit_softcapping));
   lin_part proj = {A->ao, o->wo, PW(m, o->bo), C, LORA_O};
   model_linear(m, a, A, l, s->keep, A->att, N, H * D, &proj, 1);
   PROF(CLRT_K_RMSNORM, op->rmsnorm_unit(a->tmp, A->aorstd, A->ao, PW(m, o->lpa), N, C, eps));
@@ -96,7 +98,8 @@ void gemma3_layer_backward(clrt_model *m, acts *a, int l, const float *x, int B,
   op->zero(a->dxc, (size_t)(N * C));
   PROF(CLRT_K_RMSNORM, op->rmsnorm_unit_backward(a->dxc, GW(m, o->lpa), a->dres, A->ao, PW(m, o->lpa), A->aorstd, N, C));
   model_linear_backward(m, a, A, l, LORA_O, a->datt, o->wo, GW(m, o->bo), a->dxc, A->att, N, H * D, C, 0);
-  PROF(CLRT_K_ATTN_B, op->attention_window_backward(m, a, A, B, T, score_scale(c), local ? c->sliding_window : 0));
+  PROF(CLRT_K_ATTN_B, op->attention_window_backward(m, a, A, B, T, score_scale(c), local ? c->sliding_window : 0,
+                                                    (float)c->attn_logit_softcapping));
   PROF(CLRT_K_ROPE, {
     op->rope_backward(a->dq, rc, rs, NULL, B, T, H, D);
     op->rope_backward(a->dk, rc, rs, NULL, B, T, KV, D);

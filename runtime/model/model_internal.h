@@ -237,9 +237,10 @@ struct model_ops {
   void (*geglu_backward)(float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n);
   void (*scale)(float *x, float s, int64_t n);
   void (*attention_window)(const clrt_model *m, acts *a, float *out, float *lse, const float *q,
-                           const float *k, const float *v, const attn_args *s, float scale, int window);
+                           const float *k, const float *v, const attn_args *s, float scale, int window,
+                           float cap);
   void (*attention_window_backward)(const clrt_model *m, acts *a, const layer_acts *A, int B, int T,
-                                    float scale, int window);
+                                    float scale, int window, float cap);
   /* the output op over soft-capped logits (final_logit_softcapping) */
   void (*output_softcap)(float *lp, float *lse, const float *x, const float *w, const float *wp, int fast,
                          const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk,

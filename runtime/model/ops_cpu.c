@@ -25,19 +25,20 @@ static void cpu_attention_backward(const clrt_model *m, acts *a, const layer_act
                           m->threads);
 }
 
-/* Gemma 3: its score scale, and a sliding window on its local layers. */
+/* Gemma 3: its score scale, a sliding window on its local layers, soft-capped scores. */
 static void cpu_attention_window(const clrt_model *m, acts *a, float *out, float *lse, const float *q,
-                                 const float *k, const float *v, const attn_args *s, float scale, int window) {
+                                 const float *k, const float *v, const attn_args *s, float scale, int window,
+                                 float cap) {
   clrt_attention_window_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
-                                s->slot, a->attn, m->threads, scale, window);
+                                s->slot, a->attn, m->threads, scale, window, cap);
 }
 
 static void cpu_attention_window_backward(const clrt_model *m, acts *a, const layer_acts *A, int B, int T,
-                                          float scale, int window) {
+                                          float scale, int window, float cap) {
   const clrt_model_config *c = &m->cfg;
   clrt_attention_window_backward(a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, B, T,
                                  c->num_attention_heads, c->num_key_value_heads, c->head_dim, a->attn,
-                                 m->threads, scale, window);
+                                 m->threads, scale, window, cap);
 }
 
 /* One slice per thread; backward keeps the forward's thread count (m->threads). */

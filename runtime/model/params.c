@@ -59,12 +59,13 @@ static int validate_config(const clrt_model_config *c) {
                    "low_freq_factor > 0 and original_max_position_embeddings > 0");
     return -1;
   }
-  if (!c->gemma3 && c->final_logit_softcapping != 0) {
-    clrt_set_error("model: config.json: final_logit_softcapping is implemented for Gemma 3 only");
+  if (!c->gemma3 && (c->final_logit_softcapping != 0 || c->attn_logit_softcapping != 0)) {
+    clrt_set_error("model: config.json: soft-capping is implemented for Gemma 3 only");
     return -1;
   }
   if (c->gemma3 && (!c->qk_norm || c->sliding_window <= 0 || c->sliding_window_pattern <= 0 ||
-                    !(c->query_pre_attn_scalar > 0) || !(c->rope_local_theta > 0) || c->final_logit_softcapping < 0)) {
+                    !(c->query_pre_attn_scalar > 0) || !(c->rope_local_theta > 0) || c->final_logit_softcapping < 0 ||
+                    c->attn_logit_softcapping < 0)) {
     clrt_set_error("model: config.json: Gemma 3 needs q/k norms, sliding_window > 0, sliding_window_pattern > 0, "
                    "query_pre_attn_scalar > 0 and rope_local_base_freq > 0");
     return -1;

@@ -13,7 +13,8 @@
   * RoPE (rotate-half): local layers with rope_local_base_freq and no scaling, global layers
     with rope_theta and the config's rope_scaling (linear)
   * tied lm_head unless tie_word_embeddings is false
-  * final_logit_softcapping, when set: logits = cap * tanh(logits / cap)
+  * final_logit_softcapping, when set: logits = cap * tanh(logits / cap); attn_logit_softcapping
+    the same on the scaled scores, before the mask
 """
 import math
 
@@ -118,6 +119,9 @@ def hidden_states(cfg, P, tokens):
         k = k.repeat_interleave(H // KV, dim=1)
         v = v.repeat_interleave(H // KV, dim=1)
         s = (q @ k.transpose(-1, -2)) * cfg["query_pre_attn_scalar"] ** -0.5
+        acap = cfg.get("attn_logit_softcapping")
+        if acap:
+            s = acap * torch.tanh(s / acap)
         s = s.masked_fill(~(window if local else causal), float("-inf"))
         a = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, H * D)
         o = a @ P[p + "self_attn.o_proj.weight"].T

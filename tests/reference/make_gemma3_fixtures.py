@@ -1,5 +1,5 @@
 """make_gemma3_fixtures.py — writes tests/fixtures/model/gemma3_tiny/ (and gemma3_softcap/, the
-same with final_logit_softcapping) from gemma3_ref.py: a
+same with final_logit_softcapping and attn_logit_softcapping) from gemma3_ref.py: a
 Hugging Face folder (config.json, model.safetensors with Gemma3ForCausalLM's names) and
 expected.safetensors with a token batch longer than the sliding window, its log-probs, a
 dlogp, every parameter gradient of sum(lp * dlogp), and a greedy continuation (float64) that
@@ -66,4 +66,5 @@ if __name__ == "__main__":
     torch.set_num_threads(2)
     make("gemma3_tiny", CONFIG)
     # a cap of 2 bends logits of this model's size (|z| up to ~6) well into the tanh
-    make("gemma3_softcap", dict(CONFIG, final_logit_softcapping=2.0))
+    # and a cap of 1 on the attention scores (this model's reach ~3)
+    make("gemma3_softcap", dict(CONFIG, final_logit_softcapping=2.0, attn_logit_softcapping=1.0))
