@@ -95,6 +95,23 @@ for _, name in ipairs({ "gemma3_tiny", "gemma3_softcap" }) do
     end
   end)
 
+  T.case(name .. ": a row of 150 tokens (past the kernels' first query block): log-probs and every gradient", function()
+    local m = clrt.model.load(fdir)
+    local e = expected(fdir)
+    local d = max_diff(m:logprobs(e.long_tokens), e.long_lp)
+    T.ok(d <= 1e-4, "max |lp - ref| = " .. d)
+    m:zero_grad()
+    m:logprobs(e.long_tokens)
+    m:backward(e.long_dlogp)
+    local g = m:grads()
+    for _, pname in ipairs(m.names) do
+      local fa, fe = flat(g[pname]), flat(e["long_grad." .. pname])
+      local dn, en = 0, 0
+      for i = 1, #fe do dn, en = dn + (fa[i] - fe[i]) ^ 2, en + fe[i] ^ 2 end
+      T.ok(en > 0 and math.sqrt(dn) <= 1e-3 * math.sqrt(en), ("%s: |g - ref| = %.3g, |ref| = %.3g"):format(pname, math.sqrt(dn), math.sqrt(en)))
+    end
+  end)
+
   T.case(name .. ": KV-cache decode past the window equals the full recompute at every step", function()
     local m = clrt.model.load(fdir)
     local V = m.config.vocab_size

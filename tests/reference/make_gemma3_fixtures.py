@@ -2,8 +2,8 @@
 same with final_logit_softcapping and attn_logit_softcapping) from gemma3_ref.py: a
 Hugging Face folder (config.json, model.safetensors with Gemma3ForCausalLM's names) and
 expected.safetensors with a token batch longer than the sliding window, its log-probs, a
-dlogp, every parameter gradient of sum(lp * dlogp), and a greedy continuation (float64) that
-runs past the window, with the smallest top-2 logit gap along it.
+dlogp, every parameter gradient of sum(lp * dlogp), the same for one row of 150 tokens, and a
+greedy continuation (float64) that runs past the window, with the smallest top-2 logit gap.
 
 Run: /usr/bin/python3 tests/reference/make_gemma3_fixtures.py   (from the source root)
 """
@@ -27,7 +27,7 @@ CONFIG = {
     "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
     "vocab_size": 96, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-    "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+    "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
     "rope_local_base_freq": 100.0, "rope_scaling": {"rope_type": "linear", "factor": 2.0},
     "sliding_window": 5, "sliding_window_pattern": 3, "query_pre_attn_scalar": 24,
     "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
@@ -37,6 +37,7 @@ B, T = 3, 12
 LENGTHS = [12, 9, 4]
 PROMPT = [3, 17, 42]
 NEW = 20
+LONG = 150
 
 
 def make(name, cfg):
@@ -57,6 +58,15 @@ def make(name, cfg):
            "greedy": torch.tensor(cont, dtype=torch.int32), "greedy_gap": torch.tensor([gap])}
     for n, t in Pg.items():
         exp["grad." + n] = t.grad
+    # one row of 150 tokens: the attention kernels' query blocks (64 rows) past the first
+    long = torch.randint(0, cfg["vocab_size"], (1, LONG), generator=g)
+    dlong = torch.randn(1, LONG - 1, generator=g, dtype=torch.float64)
+    Pl = {n: t.clone().requires_grad_(True) for n, t in P.items()}
+    lpl, _ = G.logprobs(cfg, Pl, long, [LONG])
+    (lpl * dlong).sum().backward()
+    exp.update({"long_tokens": long.to(torch.int32), "long_lp": lpl.detach(), "long_dlogp": dlong})
+    for n, t in Pl.items():
+        exp["long_grad." + n] = t.grad
     R.save_safetensors(os.path.join(d, "expected.safetensors"), exp, "F32")
     print(f"{name}: {sum(t.numel() for t in P.values())} params, lp[0,:3] = {lp[0, :3].tolist()}, "
           f"greedy {cont}, smallest top-2 gap {gap:.4g}")
