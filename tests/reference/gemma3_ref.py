@@ -16,8 +16,6 @@
   * final_logit_softcapping, when set: logits = cap * tanh(logits / cap); attn_logit_softcapping
     the same on the scaled scores, before the mask
 """
-import math
-
 import torch
 
 import model_ref as R
@@ -74,7 +72,7 @@ def rms1p(x, w, eps):
 
 
 def gelu_tanh(x):
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+    return torch.nn.functional.gelu(x, approximate="tanh")   # transformers' gelu_pytorch_tanh
 
 
 def cos_sin(cfg, positions, local, dtype):
