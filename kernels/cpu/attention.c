@@ -3,7 +3,10 @@
    of a group accumulate into the same dk/dv rows); each task walks blocks of QB queries so
    its scores fit in a [QB, Tk] scratch and the causal upper triangle is mostly skipped.
    Backward keeps no [T, T] probabilities from forward: it recomputes them from q, k and the
-   saved per-row logsumexp (one extra q k^T product). */
+   saved per-row logsumexp (one extra q k^T product). The window variant (Gemma 3: its own score
+   scale, a sliding window, soft-capped scores) runs the same blocks and masks the keys before
+   the window after the product: correct, but a window far shorter than T still costs the full
+   causal products. */
 /* GCC may vectorize clrt_expf's clamps only without trapping math (FP exceptions, unused). */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
