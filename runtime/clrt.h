@@ -170,13 +170,25 @@ typedef struct clrt_model_config {
   int qkv_bias;                     /* q/k/v projections carry biases (Qwen2; attention_bias) */
   int o_bias;                       /* o_proj carries a bias (Llama/Qwen3 attention_bias) */
   int qk_norm;                      /* per-head RMSNorm of q and k before RoPE (Qwen3) */
-  /* Mistral, Phi-3: config.json's sliding_window (0: none): position p attends keys
-     p - sliding_window < j <= p. Phi-3: q/k/v and gate/up live fused in one tensor each
+  /* config.json's sliding_window (0: none): position p attends keys p - sliding_window < j <= p
+     (model_layer_window): every layer of Mistral and Phi-3, Gemma 3's local layers. Phi-3: q/k/v and gate/up live fused in one tensor each
      (qkv_proj, gate_up_proj), the layout and names of its checkpoints. */
   int sliding_window;
   int fused_qkv_gate_up;
   int max_batch, max_seq;           /* activation arena's first size; it grows past them */
   double keep_logits_mb;            /* backward reuses forward's logits when they fit (0: recompute) */
+  /* Gemma 3 (gemma3 != 0; runtime/model/gemma3.c): norms scaled by (1 + w), a norm after
+     attention and after the MLP, GELU-tanh gated MLP, embeddings times sqrt(hidden_size),
+     scores times query_pre_attn_scalar^-1/2. Layer l is local unless (l + 1) is a multiple of
+     sliding_window_pattern: it sees the last sliding_window positions and rotates with
+     rope_local_theta (no scaling); global layers see all and use rope_theta and rope_scaling.
+     final_logit_softcapping > 0: logits become cap tanh(logits / cap) (0: none), and
+     attn_logit_softcapping the same for the scaled attention scores. */
+  int gemma3;
+  double query_pre_attn_scalar;
+  int sliding_window_pattern;
+  double rope_local_theta;
+  double final_logit_softcapping, attn_logit_softcapping;
 } clrt_model_config;
 enum { CLRT_ROPE_DEFAULT = 0, CLRT_ROPE_LINEAR = 1, CLRT_ROPE_LLAMA3 = 2 };
 enum { CLRT_ARENA_PARAMS = 0, CLRT_ARENA_GRADS = 1, CLRT_ARENA_ACTIVATIONS = 2, CLRT_ARENA_COUNT = 3 };

@@ -73,6 +73,33 @@ static void head_block_backward(const float *dz, const clrt_head_lora *hl, int64
               hl->dB + (int64_t)v0 * r, r);
 }
 
+/* Soft-capping (cap > 0): the block's logits become cap tanh(z / cap) in place. */
+static void block_softcap(float *z, int64_t n, float cap) {
+  if (!(cap > 0)) return;
+#pragma omp parallel for schedule(static) if (n > 32768)
+  for (int64_t i = 0; i < n; i++) z[i] = cap * tanhf(z[i] / cap);
+}
+
+static void forward_blocks(float *lp, float *lse, const float *x, const float *w, const float *wp, int fast,
+                           const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk,
+                           const clrt_head_lora *hl, float cap);
+static void backward_blocks(float *dx, float *dw, const float *dlp, const float *x, const float *w, const float *wp,
+                            int fast, const int32_t *target, const float *lse, int64_t N, int C, int V,
+                            float *scratch, int chunk, int logits_ready, const clrt_head_lora *hl, float cap);
+
+void clrt_logsoftmax_gather_softcap_forward(float *lp, float *lse, const float *x, const float *w, const float *wp,
+                                            int fast, const int32_t *target, int64_t N, int C, int V,
+                                            float *scratch, int chunk, const clrt_head_lora *hl, float cap) {
+  forward_blocks(lp, lse, x, w, wp, fast, target, N, C, V, scratch, chunk, hl, cap);
+}
+
+void clrt_logsoftmax_gather_softcap_backward(float *dx, float *dw, const float *dlp, const float *x, const float *w,
+                                             const float *wp, int fast, const int32_t *target, const float *lse,
+                                             int64_t N, int C, int V, float *scratch, int chunk, int logits_ready,
+                                             const clrt_head_lora *hl, float cap) {
+  backward_blocks(dx, dw, dlp, x, w, wp, fast, target, lse, N, C, V, scratch, chunk, logits_ready, hl, cap);
+}
+
 void clrt_logsoftmax_gather_forward(float *lp, float *lse, const float *x, const float *w, const float *wp, int fast,
                                     const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk) {
   clrt_logsoftmax_gather_forward_lora(lp, lse, x, w, wp, fast, target, N, C, V, scratch, chunk, NULL);
@@ -90,6 +117,13 @@ void clrt_logsoftmax_gather_forward_lora(float *lp /* [N] */, float *lse /* [N] 
                                          const float *wp /* w packed by clrt_linear_pack, or NULL */, int fast,
                                          const int32_t *target /* [N] */, int64_t N, int C, int V,
                                          float *scratch /* [chunk, V] */, int chunk, const clrt_head_lora *hl) {
+  forward_blocks(lp, lse, x, w, wp, fast, target, N, C, V, scratch, chunk, hl, 0.0f);
+}
+
+static void forward_blocks(float *lp /* [N] */, float *lse /* [N] or NULL */, const float *x /* [N, C] */,
+                           const float *w /* [V, C] */, const float *wp, int fast, const int32_t *target /* [N] */,
+                           int64_t N, int C, int V, float *scratch /* [chunk, V] */, int chunk,
+                           const clrt_head_lora *hl, float cap) {
   int R, Vb;
   block_shape(N, V, chunk, &R, &Vb);
   for (int64_t n0 = 0; n0 < N; n0 += R) {
@@ -102,6 +136,7 @@ void clrt_logsoftmax_gather_forward_lora(float *lp /* [N] */, float *lse /* [N] 
       int vb = V - v0 < Vb ? V - v0 : Vb;
       block_logits(scratch, x + n0 * C, w, wp, fast, rows, C, V, v0, vb);
       if (hl) head_block_forward(scratch, hl, n0, rows, v0, vb);
+      block_softcap(scratch, (int64_t)rows * vb, cap);
 #pragma omp parallel for schedule(static)
       for (int r = 0; r < rows; r++) {
         const float *z = scratch + (int64_t)r * vb;
@@ -132,6 +167,16 @@ void clrt_logsoftmax_gather_backward_lora(float *dx /* [N, C] = */, float *dw /*
                                           int fast, const int32_t *target /* [N] */, const float *lse /* [N] */,
                                           int64_t N, int C, int V, float *scratch /* [chunk, V] */, int chunk,
                                           int logits_ready, const clrt_head_lora *hl) {
+  backward_blocks(dx, dw, dlp, x, w, wp, fast, target, lse, N, C, V, scratch, chunk, logits_ready, hl, 0.0f);
+}
+
+/* With cap > 0 the kept (or recomputed) logits are the capped ones, c = cap tanh(z / cap), and
+   dz = dc (1 - (c / cap)^2). */
+static void backward_blocks(float *dx /* [N, C] = */, float *dw /* [V, C] += */, const float *dlp /* [N] */,
+                            const float *x /* [N, C] */, const float *w /* [V, C] */, const float *wp, int fast,
+                            const int32_t *target /* [N] */, const float *lse /* [N] */, int64_t N, int C, int V,
+                            float *scratch /* [chunk, V] */, int chunk, int logits_ready, const clrt_head_lora *hl,
+                            float cap) {
   int R, Vb;
   block_shape(N, V, chunk, &R, &Vb);
   if (logits_ready && (R < N || Vb < V)) logits_ready = 0;
@@ -144,13 +189,21 @@ void clrt_logsoftmax_gather_backward_lora(float *dx /* [N, C] = */, float *dw /*
       if (!logits_ready) {
         block_logits(scratch, xc, w, wp, fast, rows, C, V, v0, vb);
         if (hl) head_block_forward(scratch, hl, n0, rows, v0, vb);
+        block_softcap(scratch, (int64_t)rows * vb, cap);
       }
 #pragma omp parallel for schedule(static)
       for (int r = 0; r < rows; r++) {
         float *z = scratch + (int64_t)r * vb;
         float g = dlp[n0 + r], L = lse[n0 + r];
-        for (int j = 0; j < vb; j++) z[j] = clrt_lsm_dlogit(z[j], L, g);
         int t = target[n0 + r];
+        if (cap > 0) {
+          for (int j = 0; j < vb; j++) {
+            float c = z[j] / cap, d = clrt_lsm_dlogit(z[j], L, g) + (j == t - v0 ? g : 0.0f);
+            z[j] = d * (1.0f - c * c);
+          }
+          continue;
+        }
+        for (int j = 0; j < vb; j++) z[j] = clrt_lsm_dlogit(z[j], L, g);
         if (t >= v0 && t < v0 + vb) z[t - v0] += g;
       }
       if (hl) head_block_backward(scratch, hl, n0, rows, v0, vb);

@@ -279,12 +279,45 @@ void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, K
                              int B, int T, int H, int KV, int D, int window, float *scratch,
                              int nthreads);
 
+/* The same attention (one window convention) with scores scale * q.k in place of 1/sqrt(D)
+   and, when cap > 0, soft-capped to cap tanh(s / cap) (Gemma 3; 0: none). Always the sgemm
+   path, one query too. */
+void clrt_attention_scaled_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] */,
+                                   const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
+                                   const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
+                                   int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
+                                   const int32_t *kv_row /* [B] or NULL */, int window, float *scratch,
+                                   int nthreads, float scale, float cap);
+void clrt_attention_scaled_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
+                                    float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,
+                                    const float *q, const float *k, const float *v,
+                                    const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
+                                    int B, int T, int H, int KV, int D, int window, float *scratch,
+                                    int nthreads, float scale, float cap);
+
 /* ---- swiglu.c: h = silu(g) * u -------------------------------------------------------- */
 void clrt_swiglu_forward(float *h /* [N, I] */, const float *g /* [N, I] */, const float *u /* [N, I] */,
                          int64_t n /* N * I */);
 /* dg =, du =; dg may alias dh (each element is read before it is written). */
 void clrt_swiglu_backward(float *dg /* [N, I] */, float *du /* [N, I] */, const float *dh /* [N, I] */,
                           const float *g, const float *u, int64_t n);
+
+/* ---- gemma3.c: Gemma 3's own element ops ---------------------------------------------- */
+/* h = gelu_tanh(g) * u (PyTorch's gelu with approximate="tanh"). */
+void clrt_geglu_forward(float *h /* [N, I] */, const float *g /* [N, I] */, const float *u /* [N, I] */,
+                        int64_t n /* N * I */);
+/* dg =, du =; dg may alias dh. */
+void clrt_geglu_backward(float *dg /* [N, I] */, float *du /* [N, I] */, const float *dh /* [N, I] */,
+                         const float *g, const float *u, int64_t n);
+/* RMSNorm scaled by (1 + w): y = (1 + w) * x / sqrt(mean(x^2) + eps); backward dx +=, dw += as
+   clrt_rmsnorm_backward (d(1 + w)/dw = 1). */
+void clrt_rmsnorm_unit_forward(float *out /* [N, C] */, float *rstd /* [N] */, const float *x /* [N, C] */,
+                               const float *w /* [C] */, int64_t N, int C, float eps);
+void clrt_rmsnorm_unit_backward(float *dx /* [N, C] */, float *dw /* [C] */, const float *dout /* [N, C] */,
+                                const float *x /* [N, C] */, const float *w /* [C] */,
+                                const float *rstd /* [N] */, int64_t N, int C);
+/* x *= s over n floats (the embedding's sqrt(hidden) scale and its gradient). */
+void clrt_scale_inplace(float *x /* [n] */, float s, int64_t n);
 
 /* ---- residual.c: out = a + b ------------------------------------------------------------ */
 void clrt_residual_forward(float *out /* [N, C] */, const float *a, const float *b, int64_t n);
@@ -324,6 +357,15 @@ void clrt_logsoftmax_gather_backward_lora(float *dx, float *dw, const float *dlp
                                           const float *wp, int fast, const int32_t *target, const float *lse,
                                           int64_t N, int C, int V, float *scratch, int chunk, int logits_ready,
                                           const struct clrt_head_lora *hl);
+/* The same over soft-capped logits cap tanh(z / cap) (Gemma's final_logit_softcapping; cap > 0),
+   z = x w^T (+ the adapter's share); backward's gradient goes through the tanh. */
+void clrt_logsoftmax_gather_softcap_forward(float *lp, float *lse, const float *x, const float *w, const float *wp,
+                                            int fast, const int32_t *target, int64_t N, int C, int V,
+                                            float *scratch, int chunk, const struct clrt_head_lora *hl, float cap);
+void clrt_logsoftmax_gather_softcap_backward(float *dx, float *dw, const float *dlp, const float *x, const float *w,
+                                             const float *wp, int fast, const int32_t *target, const float *lse,
+                                             int64_t N, int C, int V, float *scratch, int chunk, int logits_ready,
+                                             const struct clrt_head_lora *hl, float cap);
 
 /* ---- sample.c ----------------------------------------------------------------------------- */
 /* One token of a row from temperature / top-k / top-p (temperature <= 0: greedy), u one

@@ -1,4 +1,5 @@
--- clrt.model — the Llama-family transformer (Llama 2/3, Qwen2, Qwen3, Mistral, Phi-3) over C arenas.
+-- clrt.model — the Llama-family transformer (Llama 2/3, Qwen2, Qwen3, Mistral, Phi-3) and Gemma 3
+-- over C arenas.
 --   m = clrt.model.load("path/to/hf_dir")          -- config.json + model.safetensors (or shards)
 --   m = clrt.model.new(cfg_table, {seed = 1})      -- random init from config.json's keys
 --   lp = m:logprobs(tokens, {lengths = {...}})     -- f32 [B, T-1]: log p(tok[t+1] | tok[..t])
@@ -35,9 +36,12 @@ end
 
 local supported = {
   LlamaForCausalLM = "llama", Qwen2ForCausalLM = "qwen2", Qwen3ForCausalLM = "qwen3",
+  Gemma3ForCausalLM = "gemma3",
 }
-local by_model_type = { llama = "llama", qwen2 = "qwen2", qwen3 = "qwen3" }
-local arch_names = { llama = "LlamaForCausalLM", qwen2 = "Qwen2ForCausalLM", qwen3 = "Qwen3ForCausalLM" }
+local by_model_type = { llama = "llama", qwen2 = "qwen2", qwen3 = "qwen3", gemma3_text = "gemma3" }
+local arch_names = { llama = "LlamaForCausalLM", qwen2 = "Qwen2ForCausalLM", qwen3 = "Qwen3ForCausalLM",
+  gemma3 = "Gemma3ForCausalLM" }
+local model_types = { gemma3 = "gemma3_text" }
 
 -- ---- Mistral and Phi-3: Llama's layers with a sliding window; Phi-3's fused projections ----
 supported.MistralForCausalLM, by_model_type.mistral, arch_names.mistral = "mistral", "mistral", "MistralForCausalLM"
@@ -63,6 +67,55 @@ local function mistral_phi3_keys(cfg, arch, c, bad)
       bad("partial_rotary_factor", ("is %s; clrt rotates the whole head (1.0) only"):format(tostring(f)))
     end
   end
+end
+
+-- Gemma 3's own keys (transformers' Gemma3TextConfig; its defaults where a key is absent):
+-- the (1 + w) norms, sandwich norms, GELU-tanh MLP and sqrt(hidden) embedding scale come with
+-- the architecture; these set the attention and the soft-capping of logits and attention
+-- scores (the released Gemma 3 configs set neither).
+local function parse_gemma3(cfg, c, bad, int, num)
+  local act = cfg.hidden_activation
+  if is_null(act) then act = cfg.hidden_act end
+  if not is_null(act) and act ~= "gelu_pytorch_tanh" then
+    bad("hidden_activation", ("is '%s'; Gemma 3 supports gelu_pytorch_tanh"):format(tostring(act)))
+  end
+  for _, k in ipairs({ "final_logit_softcapping", "attn_logit_softcapping" }) do
+    c[k] = 0
+    if not is_null(cfg[k]) then
+      c[k] = num(k)
+      if c[k] <= 0 then bad(k, "must be positive or null") end
+    end
+  end
+  c.gemma3 = true
+  c.qk_norm = true
+  c.query_pre_attn_scalar = num("query_pre_attn_scalar", 256)
+  if c.query_pre_attn_scalar <= 0 then bad("query_pre_attn_scalar", "must be positive") end
+  c.sliding_window = int("sliding_window", 4096)
+  local L = c.num_hidden_layers
+  local lt = cfg.layer_types
+  if not is_null(lt) then
+    -- newer configs list each layer's kind; clrt runs the periodic layout every release has
+    if type(lt) ~= "table" or #lt ~= L then bad("layer_types", ("must list %d layer kinds"):format(L)) end
+    local first_full
+    for i = 1, L do
+      if lt[i] ~= "sliding_attention" and lt[i] ~= "full_attention" then
+        bad("layer_types", ("entry %d is '%s' (sliding_attention, full_attention)"):format(i, tostring(lt[i])))
+      end
+      if lt[i] == "full_attention" and not first_full then first_full = i end
+    end
+    c.sliding_window_pattern = first_full or (L + 1)
+    for i = 1, L do
+      local want = i % c.sliding_window_pattern == 0 and "full_attention" or "sliding_attention"
+      if lt[i] ~= want then
+        bad("layer_types", ("entry %d is '%s', but clrt runs a periodic layout (every %d-th layer full): expected '%s'")
+          :format(i, lt[i], c.sliding_window_pattern, want))
+      end
+    end
+  else
+    c.sliding_window_pattern = int("sliding_window_pattern", 6)
+  end
+  c.rope_local_theta = num("rope_local_base_freq", 10000)
+  if c.rope_local_theta <= 0 then bad("rope_local_base_freq", "must be positive") end
 end
 
 -- Checks a config table (as config.json decodes) and returns the C struct's fields.
@@ -119,7 +172,7 @@ local function parse_config(cfg, src)
   else
     arch = "llama"
   end
-  if not is_null(cfg.hidden_act) and cfg.hidden_act ~= "silu" then
+  if arch ~= "gemma3" and not is_null(cfg.hidden_act) and cfg.hidden_act ~= "silu" then
     bad("hidden_act", ("is '%s'; only silu (SwiGLU) is supported"):format(tostring(cfg.hidden_act)))
   end
   if bool("mlp_bias", false) then bad("mlp_bias", "is true; MLP biases are not supported") end
@@ -146,6 +199,16 @@ local function parse_config(cfg, src)
   -- place of rope_theta and rope_scaling: either form is read, the top-level keys first.
   local rp = cfg.rope_parameters
   if is_null(rp) then rp = nil elseif type(rp) ~= "table" then bad("rope_parameters", "must be an object or null") end
+  if arch == "gemma3" and rp and type(rp.full_attention) == "table" then
+    -- transformers 5 writes Gemma 3's two RoPEs per layer kind; the local one is never scaled
+    local sl = rp.sliding_attention
+    if type(sl) ~= "table" or type(sl.rope_theta) ~= "number" then bad("rope_parameters.sliding_attention.rope_theta", "must be a number") end
+    if sl.rope_type ~= nil and sl.rope_type ~= "default" then
+      bad("rope_parameters.sliding_attention.rope_type", ("is '%s'; clrt runs Gemma 3's local layers with default RoPE"):format(tostring(sl.rope_type)))
+    end
+    if is_null(cfg.rope_local_base_freq) then cfg = setmetatable({ rope_local_base_freq = sl.rope_theta }, { __index = cfg }) end
+    rp = rp.full_attention
+  end
   if rp and is_null(cfg.rope_theta) then
     if type(rp.rope_theta) ~= "number" then bad("rope_parameters.rope_theta", "must be a number") end
     c.rope_theta = rp.rope_theta
@@ -153,7 +216,7 @@ local function parse_config(cfg, src)
     c.rope_theta = num("rope_theta", 10000)
   end
   if c.rope_theta <= 0 then bad("rope_theta", "must be positive") end
-  c.tie_word_embeddings = bool("tie_word_embeddings", false)
+  c.tie_word_embeddings = bool("tie_word_embeddings", arch == "gemma3")
   local attention_bias = bool("attention_bias", false)
   c.qkv_bias = arch == "qwen2" or attention_bias
   c.o_bias = arch ~= "qwen2" and attention_bias
@@ -185,6 +248,7 @@ local function parse_config(cfg, src)
     end
   end
   mistral_phi3_keys(cfg, arch, c, bad)
+  if arch == "gemma3" then parse_gemma3(cfg, c, bad, int, num) end
   c.arch = arch
   return c
 end
@@ -203,6 +267,14 @@ local function to_struct(c, opts)
   s.o_bias = c.o_bias and 1 or 0
   s.qk_norm = c.qk_norm and 1 or 0
   s.fused_qkv_gate_up = c.fused_qkv_gate_up and 1 or 0
+  if c.gemma3 then
+    s.gemma3 = 1
+    s.query_pre_attn_scalar = c.query_pre_attn_scalar
+    s.sliding_window_pattern = c.sliding_window_pattern
+    s.rope_local_theta = c.rope_local_theta
+    s.final_logit_softcapping = c.final_logit_softcapping
+    s.attn_logit_softcapping = c.attn_logit_softcapping
+  end
   s.max_batch = opts and opts.max_batch or 0
   s.max_seq = opts and opts.max_seq or 0
   s.keep_logits_mb = opts and opts.keep_logits_mb or 256
@@ -223,12 +295,19 @@ local function complete_config(cfg, parsed)
   local out = {}
   for k, v in pairs(cfg) do out[k] = v end
   if is_null(out.architectures) then out.architectures = { arch_names[parsed.arch] } end
-  if is_null(out.model_type) then out.model_type = parsed.arch end
+  if is_null(out.model_type) then out.model_type = model_types[parsed.arch] or parsed.arch end
   if is_null(out.head_dim) then out.head_dim = parsed.head_dim end
   if is_null(out.num_key_value_heads) then out.num_key_value_heads = parsed.num_key_value_heads end
   if is_null(out.tie_word_embeddings) then out.tie_word_embeddings = parsed.tie_word_embeddings end
   if is_null(out.rope_theta) then out.rope_theta = parsed.rope_theta end
-  if is_null(out.hidden_act) then out.hidden_act = "silu" end
+  if parsed.gemma3 then
+    if is_null(out.hidden_activation) then out.hidden_activation = "gelu_pytorch_tanh" end
+    for _, k in ipairs({ "query_pre_attn_scalar", "sliding_window" }) do
+      if is_null(out[k]) then out[k] = parsed[k] end
+    end
+    if is_null(out.sliding_window_pattern) and is_null(out.layer_types) then out.sliding_window_pattern = parsed.sliding_window_pattern end
+    if is_null(out.rope_local_base_freq) and is_null(out.rope_parameters) then out.rope_local_base_freq = parsed.rope_local_theta end
+  elseif is_null(out.hidden_act) then out.hidden_act = "silu" end
   out.torch_dtype = "float32"
   return out
 end

@@ -30,6 +30,7 @@ typedef struct clrt_param_info {
 /* Offsets (floats) of one layer's parameters; -1 when the architecture has none. */
 typedef struct clrt_layer_offsets {
   int64_t ln1, wq, bq, wk, bk, wv, bv, wo, bo, qn, kn, ln2, wg, wu, wd;
+  int64_t lpa, lpf;            /* Gemma 3: the norms of the attention's and the MLP's outputs */
 } clrt_layer_offsets;
 
 typedef struct model_ops model_ops;
@@ -70,6 +71,8 @@ struct clrt_model {
   int64_t wte, norm, head;     /* head == wte when tied */
   clrt_storage *params, *grads, *acts;
   float *inv_freq;             /* [D/2] */
+  /* Gemma 3's local layers: their own RoPE (rope_local_theta), host memory (CPU only). */
+  float *inv_freq_local, *rope_cos_local, *rope_sin_local;
   float *rope_cos, *rope_sin;  /* [rope_len, D/2] */
   const float *rope_kc, *rope_ks;   /* the tables as the kernels read them (host or device) */
   int rope_len;
@@ -123,6 +126,7 @@ struct clrt_model {
 typedef struct layer_acts {
   float *xmid, *rstd1, *rstd2, *q, *k, *v, *qpre, *kpre, *qrstd, *krstd, *att, *lse, *g, *u;
   float *lxa[LORA_NT];           /* LoRA: each adapter's x A^T [N, r] (NULL without) */
+  float *ao, *aorstd, *mo, *morstd;   /* Gemma 3: attention and MLP outputs before their norms, rstd */
 } layer_acts;
 
 typedef struct acts {
@@ -236,6 +240,26 @@ struct model_ops {
   int (*sync)(void);
   /* The whole bf16 weight copy in one conversion (NULL: weights.c packs or converts on the host). */
   void (*to_bf16)(uint16_t *dst, const float *src, int64_t n);
+  /* Gemma 3 (CPU only; NULL in the CUDA table): (1 + w) norms, GELU-tanh gate, a scale, and
+     attention as above (s->window, window) with its own score scale and soft cap (0: none). */
+  void (*rmsnorm_unit)(float *out, float *rstd, const float *x, const float *w, int64_t N, int C, float eps);
+  void (*rmsnorm_unit_backward)(float *dx, float *dw, const float *dout, const float *x, const float *w,
+                                const float *rstd, int64_t N, int C);
+  void (*geglu)(float *h, const float *g, const float *u, int64_t n);
+  void (*geglu_backward)(float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n);
+  void (*scale)(float *x, float s, int64_t n);
+  void (*attention_scaled)(const clrt_model *m, acts *a, float *out, float *lse, const float *q,
+                           const float *k, const float *v, const attn_args *s, float scale, float cap);
+  void (*attention_scaled_backward)(const clrt_model *m, acts *a, const layer_acts *A, int B, int T,
+                                    int window, float scale, float cap);
+  /* the output op over soft-capped logits (final_logit_softcapping) */
+  void (*output_softcap)(float *lp, float *lse, const float *x, const float *w, const float *wp, int fast,
+                         const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk,
+                         const struct clrt_head_lora *hl, float cap);
+  void (*output_softcap_backward)(float *dx, float *dw, const float *dlp, const float *x, const float *w,
+                                  const float *wp, int fast, const int32_t *target, const float *lse, int64_t N, int C,
+                                  int V, float *scratch, int chunk, int logits_ready, const struct clrt_head_lora *hl,
+                                  float cap);
   int bf16_scratch;              /* the arena holds x16/dy16 */
   int logits_staged;             /* decode logits land in the arena before the copy to the host */
 };
@@ -245,6 +269,32 @@ extern const model_ops model_cpu_ops, model_cpu_bf16_ops, model_cpu_base16_ops;
 const model_ops *model_cuda_ops(int bf16);
 /* device.c: picks m->ops for m->device and m->bf16. */
 void model_choose_ops(clrt_model *m);
+
+/* ---- the layer code (forward.c, backward.c; Gemma 3's in gemma3.c) ------------------------------ */
+
+/* What every layer of one forward shares. */
+typedef struct fwd_step {
+  int B, T;                         /* rows, and new positions per row */
+  int keep;                         /* keep each layer's activations for backward */
+  const int32_t *pos0, *slot;       /* model memory: each row's first position and cache slot */
+  float *const *kcache, *const *vcache;   /* [L] caches [slots, cache_T, KV, D], or NULL */
+  int cache_T;
+} fwd_step;
+
+/* Gemma 3's layer: x [N, C] -> out [N, C] (forward), and a->dres from dL/dout to dL/dx. */
+void gemma3_layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, const float *x, float *out);
+void gemma3_layer_backward(clrt_model *m, acts *a, int l, const float *x, int B, int T);
+/* The final norm (and its backward) as the architecture has it: w or (1 + w). */
+void model_final_norm(const clrt_model *m, float *out, float *rstd, const float *x, int64_t N);
+void model_final_norm_backward(const clrt_model *m, float *dx, const float *dout, const float *x,
+                               const float *rstd, int64_t N);
+/* Gemma 3: the embedding rows times sqrt(hidden_size) (no-op for the others). */
+void model_embed_scale(const clrt_model *m, float *x, int64_t N);
+/* Gemma 3's final_logit_softcapping on a decode step's logits [B, V] (host memory; no-op
+   without it). */
+void model_softcap_logits(const clrt_model *m, float *logits, int B);
+/* Gemma 3's local RoPE tables for positions [0, P) (no-op for the others). */
+int gemma3_ensure_rope(clrt_model *m, int P);
 
 /* ---- weights (weights.c) --------------------------------------------------------------------- */
 

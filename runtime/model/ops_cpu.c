@@ -63,6 +63,21 @@ static void cpu_attention_backward(const clrt_model *m, acts *a, const layer_act
                           m->threads);
 }
 
+/* Gemma 3: its score scale and soft-capped scores (its local layers' window comes as the others'). */
+static void cpu_attention_scaled(const clrt_model *m, acts *a, float *out, float *lse, const float *q,
+                                 const float *k, const float *v, const attn_args *s, float scale, float cap) {
+  clrt_attention_scaled_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
+                                s->slot, s->window, a->attn, m->threads, scale, cap);
+}
+
+static void cpu_attention_scaled_backward(const clrt_model *m, acts *a, const layer_acts *A, int B, int T,
+                                          int window, float scale, float cap) {
+  const clrt_model_config *c = &m->cfg;
+  clrt_attention_scaled_backward(a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, B, T,
+                                 c->num_attention_heads, c->num_key_value_heads, c->head_dim, window, a->attn,
+                                 m->threads, scale, cap);
+}
+
 /* One slice per thread; backward keeps the forward's thread count (m->threads). */
 static size_t cpu_attention_scratch(const clrt_model *m, int B, int T, int Tk) {
   return clrt_attention_scratch_floats(T, Tk, m->threads);
@@ -125,6 +140,11 @@ static int base16_decode_logits(clrt_model *m, acts *a, float *logits, const flo
     .lora_xa = clrt_lora_xa, .lora_input_backward = clrt_lora_input_backward, .lora_embed_forward = clrt_lora_embed_forward,   \
     .lora_embed_backward = clrt_lora_embed_backward, .zero = cpu_zero, .upload = cpu_copy,                   \
     .download = cpu_copy, .copy = cpu_copy, .sync = cpu_sync,                                     \
+    .rmsnorm_unit = clrt_rmsnorm_unit_forward, .rmsnorm_unit_backward = clrt_rmsnorm_unit_backward, \
+    .geglu = clrt_geglu_forward, .geglu_backward = clrt_geglu_backward, .scale = clrt_scale_inplace, \
+    .attention_scaled = cpu_attention_scaled, .attention_scaled_backward = cpu_attention_scaled_backward, \
+    .output_softcap = clrt_logsoftmax_gather_softcap_forward,                                    \
+    .output_softcap_backward = clrt_logsoftmax_gather_softcap_backward,                          \
   }
 
 const model_ops model_cpu_ops = CPU_OPS(model_cpu_linear, model_cpu_linear_parts, model_cpu_linear_backward,

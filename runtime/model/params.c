@@ -1,6 +1,6 @@
-/* params.c — the Llama-family transformer's parameters (Llama 2/3, Qwen2, Qwen3, Mistral,
-   Phi-3): the config's checks, the layout of one f32 arena under Hugging Face names (16-float
-   aligned; Phi-3's fused tensors whole), RoPE's inverse frequencies, random initialisation and
+/* params.c — the transformer's parameters (Llama 2/3, Qwen2, Qwen3, Mistral, Phi-3, Gemma 3):
+   the config's checks, the layout of one f32 arena under Hugging Face names (16-float aligned;
+   Phi-3's fused tensors whole), RoPE's inverse frequencies, random initialisation and
    introspection. */
 #include "model_internal.h"
 
@@ -64,6 +64,17 @@ static int validate_config(const clrt_model_config *c) {
                    "low_freq_factor > 0 and original_max_position_embeddings > 0");
     return -1;
   }
+  if (!c->gemma3 && (c->final_logit_softcapping != 0 || c->attn_logit_softcapping != 0)) {
+    clrt_set_error("model: config.json: soft-capping is implemented for Gemma 3 only");
+    return -1;
+  }
+  if (c->gemma3 && (!c->qk_norm || c->sliding_window <= 0 || c->sliding_window_pattern <= 0 ||
+                    !(c->query_pre_attn_scalar > 0) || !(c->rope_local_theta > 0) || c->final_logit_softcapping < 0 ||
+                    c->attn_logit_softcapping < 0)) {
+    clrt_set_error("model: config.json: Gemma 3 needs q/k norms, sliding_window > 0, sliding_window_pattern > 0, "
+                   "query_pre_attn_scalar > 0 and rope_local_base_freq > 0");
+    return -1;
+  }
   return 0;
 }
 
@@ -103,11 +114,12 @@ clrt_model *clrt_model_new(const clrt_model_config *cfg) {
   const clrt_model_config *c = &m->cfg;
   int L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size;
   int64_t HD = (int64_t)c->num_attention_heads * c->head_dim, KVD = (int64_t)c->num_key_value_heads * c->head_dim;
-  int cap = 16 * L + 4;
+  int cap = 18 * L + 4;
   m->p = calloc((size_t)cap, sizeof *m->p);
   m->layer = calloc((size_t)L, sizeof *m->layer);
   m->inv_freq = calloc((size_t)c->head_dim / 2, sizeof(float));
-  if (!m->p || !m->layer || !m->inv_freq) goto oom;
+  if (c->gemma3) m->inv_freq_local = calloc((size_t)c->head_dim / 2, sizeof(float));
+  if (!m->p || !m->layer || !m->inv_freq || (c->gemma3 && !m->inv_freq_local)) goto oom;
   char name[96];
   m->wte = add_param(m, cap, "model.embed_tokens.weight", 2, c->vocab_size, C);
   for (int l = 0; l < L; l++) {
@@ -137,7 +149,14 @@ clrt_model *clrt_model_new(const clrt_model_config *cfg) {
       P(qn, "self_attn.q_norm.weight", 1, c->head_dim, 0)
       P(kn, "self_attn.k_norm.weight", 1, c->head_dim, 0)
     }
-    P(ln2, "post_attention_layernorm.weight", 1, C, 0)
+    o->lpa = o->lpf = -1;
+    if (c->gemma3) {   /* a norm after attention, one before and one after the MLP */
+      P(lpa, "post_attention_layernorm.weight", 1, C, 0)
+      P(ln2, "pre_feedforward_layernorm.weight", 1, C, 0)
+      P(lpf, "post_feedforward_layernorm.weight", 1, C, 0)
+    } else {
+      P(ln2, "post_attention_layernorm.weight", 1, C, 0)
+    }
     if (c->fused_qkv_gate_up) {   /* Phi-3: gate rows, then up rows */
       P(wg, "mlp.gate_up_proj.weight", 2, 2 * (int64_t)I, C)
       o->wu = o->wg + (int64_t)I * C;
@@ -156,6 +175,12 @@ clrt_model *clrt_model_new(const clrt_model_config *cfg) {
     return NULL;
   }
   compute_inv_freq(c, m->inv_freq);
+  if (c->gemma3) {   /* local layers: their own base, never scaled */
+    clrt_model_config local = *c;
+    local.rope_theta = c->rope_local_theta;
+    local.rope_scaling = CLRT_ROPE_DEFAULT;
+    compute_inv_freq(&local, m->inv_freq_local);
+  }
   if (model_prof_on < 0) {
     const char *e = getenv("CLRT_PROFILE");
     model_prof_on = e && *e && strcmp(e, "0") != 0;
@@ -175,6 +200,9 @@ void clrt_model_free(clrt_model *m) {
   free(m->p);
   free(m->layer);
   free(m->inv_freq);
+  free(m->inv_freq_local);
+  free(m->rope_cos_local);
+  free(m->rope_sin_local);
   free(m->rope_cos);
   free(m->rope_sin);
   clrt_storage_release(m->rope_dev);
@@ -211,7 +239,8 @@ int clrt_model_init_random(clrt_model *m, uint64_t seed) {
     size_t len = strlen(n);
     int is_bias = len > 5 && strcmp(n + len - 5, ".bias") == 0;
     if (p->ndim == 1) {
-      for (int64_t k = 0; k < p->numel; k++) d[k] = is_bias ? 0.0f : 1.0f;
+      /* Gemma 3's norms scale by (1 + w): 0 is the identity */
+      for (int64_t k = 0; k < p->numel; k++) d[k] = is_bias || m->cfg.gemma3 ? 0.0f : 1.0f;
       continue;
     }
     double s = (strstr(n, "o_proj") || strstr(n, "down_proj")) ? proj_std : std;
@@ -277,7 +306,7 @@ size_t clrt_model_memory(const clrt_model *m, int arena) {
     case CLRT_ARENA_GRADS: return (m->grads ? m->grads->bytes : 0) + (m->lora ? m->lora->grads->bytes : 0);
     case CLRT_ARENA_ACTIVATIONS:
       return (m->acts ? m->acts->bytes : 0) +
-             2 * sizeof(float) * (size_t)m->rope_len * (size_t)(m->cfg.head_dim / 2);
+             (m->cfg.gemma3 ? 4 : 2) * sizeof(float) * (size_t)m->rope_len * (size_t)(m->cfg.head_dim / 2);
     default: return 0;
   }
 }
@@ -293,11 +322,14 @@ int clrt_model_zero_grad(clrt_model *m) {
 }
 
 
-/* ---- architecture variants: sliding window (Mistral, Phi-3), fused projections (Phi-3) ---- */
+/* ---- architecture variants: sliding window (Mistral, Phi-3, Gemma 3's local layers), fused
+   projections (Phi-3) ---- */
 
 int model_layer_window(const clrt_model *m, int l) {
-  (void)l;   /* one window for every layer */
-  return m->cfg.sliding_window;
+  const clrt_model_config *c = &m->cfg;
+  /* Gemma 3: layer l is global (no window) when l + 1 is a multiple of sliding_window_pattern */
+  if (c->gemma3 && (c->sliding_window_pattern <= 0 || (l + 1) % c->sliding_window_pattern == 0)) return 0;
+  return c->sliding_window;
 }
 
 int model_param_row_blocks(const clrt_model *m, const clrt_param_info *p, int64_t rows[3]) {
