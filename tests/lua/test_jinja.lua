@@ -138,9 +138,14 @@ local function real_templates()
     llama = { "<|begin_of_text|>", "<|eot_id|>" }, qwen = { nil, "<|im_end|>" },
     deepseek = { "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>" }, mistral = { "<s>", "</s>" }, phi = { "<s>", "<|endoftext|>" },
   }
-  for _, f in ipairs({ "qwen2.5.jinja", "qwen2.5_tools.jinja", "llama3.1.jinja", "llama3.1_tools.jinja", "llama3.2_tools.jinja",
-    "deepseek_r1_distill.jinja", "mistral_v0.1.jinja", "phi3_mini.jinja" }) do
-    local sp = specials[f:match("^(%a+)")]
+  -- every template in the folder (a new one is checked by being there), BOS and EOS by family
+  local fixtures = {}
+  local ls = assert(io.popen(("ls %q"):format(src .. "/tests/fixtures/chat")))
+  for f in ls:lines() do if f:match("%.jinja$") then fixtures[#fixtures + 1] = f end end
+  ls:close()
+  T.ok(#fixtures >= 8, "templates in tests/fixtures/chat: " .. #fixtures)
+  for _, f in ipairs(fixtures) do
+    local sp = specials[f:match("^(%a+)")] or {}
     -- Mistral v0.1's refuses system and tool messages: three times the conversations
     out[#out + 1] = { name = f, source = read(src .. "/tests/fixtures/chat/" .. f), bos = sp[1], eos = sp[2],
       count = f:find("^mistral") and 480 or nil }
