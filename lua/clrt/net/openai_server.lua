@@ -2,10 +2,12 @@
 -- (JSON or server-sent events; logprobs; tools through the chat template), POST /v1/completions
 -- (a plain prompt continued; no chat template), GET /v1/models,
 -- GET /v1/models/{id}, GET /health (open without the key). Every request's rows join the
--- same generation engine, so requests that arrive together decode in the same batched
--- steps, and a request that arrives mid-way joins at the next step.
+-- model's one generation engine (clrt.gen.scheduler: admission, slots, the KV cache), so
+-- requests that arrive together decode in the same batched steps, and a request that arrives
+-- mid-way joins at the next step.
 local json = require("clrt.json")   -- strict: NaN, Infinity and 0x.. are not JSON; [] stays apart from {}
 local gen = require("clrt.gen.engine")
+local G = require("clrt.gen.scheduler")
 
 local M = {}
 
@@ -360,7 +362,11 @@ function M.json_response_format(rf, gen_opts)
 end
 
 local Server = {}
-Server.__index = Server
+-- srv.dec and srv.engine: the scheduler's decoder and engine of the moment
+Server.__index = function(srv, k)
+  if k == "dec" or k == "engine" then return rawget(srv, "gen")[k == "dec" and "dec" or "eng"] end
+  return Server[k]
+end
 
 -- new{model = m, tokenizer = tok, name = "model-name", host, port, api_key, slots, max_len,
 --     max_tokens, max_body, log = function(line)}
@@ -372,11 +378,15 @@ function M.new(opts)
   self.limits = { max_tokens = opts.max_tokens or 4096, max_n = math.min(opts.slots or 32, 16) }
   -- prompt caching across requests (clrt.gen.prefix_cache, docs/prefix_cache.md): MiB, 0 off
   if opts.prefix_cache_mb ~= nil then require("clrt.gen.prefix_cache").configure(self.model, { mb = opts.prefix_cache_mb }) end
-  self.dec = opts.decoder or self.model:decoder(opts.slots or 32, opts.max_len or 2048)
-  self.limits.vocab_size = self.dec.vocab_size
-  self.engine = gen.engine(self.dec)
+  -- the model's one engine (clrt.gen.scheduler), its cache sized here; a test's decoder as given
+  if opts.decoder then
+    self.gen = G.attach(opts.model or opts.decoder, opts.decoder)
+  else
+    self.gen = G.reserve(self.model, opts.slots or 32, opts.max_len or 2048)
+  end
+  self.max_len = self.gen.dec.max_len
+  self.limits.vocab_size = self.gen.dec.vocab_size
   self.http = require("clrt.net.httpd").start({ host = opts.host or "127.0.0.1", port = opts.port or 8000, max_body = opts.max_body or 4 * 1024 * 1024 })
-  self.waiting = {}        -- requests accepted but not started: no free slots yet
   self.log = opts.log or function() end
   self.created = os.time()
   self.counter = 0
@@ -522,11 +532,225 @@ function M.stop_holdback(text, stops)
   return hold
 end
 
-function Server:start_request(r, req)
+-- ==== a request's reply ========================================================================
+-- One producer turns the engine's per-row callbacks into what is left to write (each row's text
+-- and logprobs as they come, held back while they could still end in a stop string, then its
+-- end, then the request's end); one of two writers puts that on the wire: server-sent events
+-- (stream = true) or one JSON body. The endpoint's shape says what a choice looks like.
+
+local CHAT = { object = "chat.completion", chunk_object = "chat.completion.chunk", id_prefix = "chatcmpl" }
+local COMPLETION = { object = "text_completion", chunk_object = "text_completion", id_prefix = "cmpl" }
+
+-- A chat stream opens every sample with its role; a completion stream has no opening.
+function CHAT.opening(job)
+  local out = {}
+  for i = 1, job.o.n do
+    out[i] = { index = i - 1, delta = { role = "assistant", content = "" }, logprobs = json.null, finish_reason = json.null }
+  end
+  return out
+end
+function COMPLETION.opening() return {} end
+
+function CHAT.delta(row, text, logprobs)
+  return { index = row.sample - 1, delta = { content = text }, logprobs = logprobs or json.null, finish_reason = json.null }
+end
+function COMPLETION.delta(row, text)
+  return { index = row.sample - 1, text = text, logprobs = json.null, finish_reason = json.null }
+end
+
+-- A row's last chunks: the rest of its text (nil: none) or its tool calls, and its finish reason.
+function CHAT.closing(row, text, logprobs, calls)
+  local out = {}
+  if calls then
+    for j, c in ipairs(calls) do c.index = j - 1 end
+    out[1] = { index = row.sample - 1, delta = { tool_calls = calls }, logprobs = json.null, finish_reason = json.null }
+  elseif text then
+    out[1] = CHAT.delta(row, text, logprobs)
+  end
+  out[#out + 1] = { index = row.sample - 1, delta = json.object(), logprobs = json.null,
+    finish_reason = calls and "tool_calls" or row.finish_reason }
+  return out
+end
+function COMPLETION.closing(row, text)
+  return { { index = row.sample - 1, text = text or "", logprobs = json.null, finish_reason = row.finish_reason } }
+end
+
+-- A finished row as a choice of the whole response.
+function CHAT.choice(job, row, i)
+  local logprobs = json.null
+  if job.logprobs then logprobs = { content = logprob_entries(job.tok, row, 1, #row.tokens), refusal = json.null } end
+  local calls, content = job.tool_result(row)
+  return { index = i - 1, message = { role = "assistant", content = content or json.null, refusal = json.null,
+    tool_calls = calls }, logprobs = logprobs, finish_reason = calls and "tool_calls" or row.finish_reason }
+end
+function COMPLETION.choice(_, row, i)
+  return { index = i - 1, text = row.text, logprobs = json.null, finish_reason = row.finish_reason }
+end
+
+local function usage(job, rows)
+  local c = 0
+  for _, row in ipairs(rows) do c = c + #row.tokens end
+  -- OpenAI's prompt caching field: the prompt tokens served from the prefix cache
+  local cached = rows[1] and rows[1].cached_tokens or 0
+  return { prompt_tokens = #job.ids, completion_tokens = c, total_tokens = #job.ids + c,
+           prompt_tokens_details = { cached_tokens = cached } }
+end
+
+local function envelope(job, object, choices, use)
+  return { id = job.id, object = object, created = job.created, model = job.model, choices = choices, usage = use }
+end
+
+-- The stream writer: a chunk per event, [DONE] at the end.
+local Stream = { streams = true }
+Stream.__index = Stream
+function Stream:is_open() return self.open end
+function Stream:send(obj)
+  if self.open and not self.http:write(self.id, sse(obj)) then self.open = false end
+end
+function Stream:chunk(choice) self:send(envelope(self.job, self.job.shape.chunk_object, json.array({ choice }))) end
+function Stream:start()
+  self.http:stream_begin(self.id, 200, "text/event-stream")
+  self.started = true
+  for _, c in ipairs(self.job.shape.opening(self.job)) do self:chunk(c) end
+end
+function Stream:delta(row, text, logprobs) self:chunk(self.job.shape.delta(row, text, logprobs)) end
+function Stream:done(row, text, logprobs, calls)
+  for _, c in ipairs(self.job.shape.closing(row, text, logprobs, calls)) do self:chunk(c) end
+end
+function Stream:close(rows)
+  if self.open and self.job.include_usage then
+    self:send(envelope(self.job, self.job.shape.chunk_object, json.array(), usage(self.job, rows)))
+  end
+  if self.open then self.http:write(self.id, "data: [DONE]\n\n") end
+  self.http:stream_end(self.id)
+end
+function Stream:fail(message)
+  if not self.started then return self.srv:respond(self.id, json_error(500, message, nil, "server_error")) end
+  self.http:stream_end(self.id)   -- the status went out with the first chunk
+end
+
+-- The whole-body writer: one response once every row has finished.
+local Whole = { streams = false }
+Whole.__index = Whole
+function Whole:is_open() return self.http:is_open(self.id) end
+function Whole:start() end
+function Whole:delta() end
+function Whole:done() end
+function Whole:close(rows)
+  local choices = json.array()
+  for i, row in ipairs(rows) do choices[i] = self.job.shape.choice(self.job, row, i) end
+  if self:is_open() then
+    self.srv:respond(self.id, 200, json.encode(envelope(self.job, self.job.shape.object, choices, usage(self.job, rows))))
+  end
+end
+function Whole:fail(message) self.srv:respond(self.id, json_error(500, message, nil, "server_error")) end
+
+local function writer(srv, r, job)
+  return setmetatable({ srv = srv, http = srv.http, id = r.id, job = job, open = true }, job.stream and Stream or Whole)
+end
+
+-- The producer: what a row has that the writer has not written yet, up to byte `limit` of its
+-- text (at the end, `final`, with whatever logprobs remain); nil when nothing.
+local Producer = {}
+Producer.__index = Producer
+function Producer:unsent(row, limit, final)
+  local from = #(self.sent[row] or "")
+  local lp_from = (self.lp_sent[row] or 0) + 1
+  local logprobs = nil
+  if self.job.logprobs and #row.tokens >= lp_from then
+    logprobs = { content = logprob_entries(self.job.tok, row, lp_from, #row.tokens), refusal = json.null }
+  end
+  if not (limit > from or (final and logprobs and #logprobs.content > 0)) then return nil end
+  self.sent[row], self.lp_sent[row] = row.text:sub(1, limit), #row.tokens
+  return row.text:sub(from + 1, limit), logprobs
+end
+
+function Producer:on_token(row)
+  local job, w = self.job, self.writer
+  -- a stop string matched: the rest goes out at the end; with tools on, all of it does (a
+  -- tool call is known only once its block is complete)
+  if w.streams and not row.text_cut and not job.tools_on then
+    local text, logprobs = self:unsent(row, #row.text - M.stop_holdback(row.text, job.o.stop_strings))
+    if text then w:delta(row, text, logprobs) end
+  end
+  if not w:is_open() then
+    row.cancelled = true
+    if not self.gone then
+      self.gone = true
+      self.log(("request %d: client went away"):format(w.id))
+    end
+  end
+end
+
+function Producer:on_done(row)
+  self.left = self.left - 1
+  if row.finish_reason ~= "cancelled" then
+    local calls = self.job.tool_result(row)
+    local text, logprobs
+    if not calls and self.writer.streams then
+      -- the final text extends what was sent (held-back text never passes a stop match)
+      local sent = self.sent[row] or ""
+      if row.text:sub(1, #sent) == sent then
+        text, logprobs = self:unsent(row, #row.text, true)
+      else
+        self.log(("request %d: the final text does not extend the streamed text"):format(self.writer.id))
+      end
+    end
+    self.writer:done(row, text, logprobs, calls)
+  end
+  if self.left == 0 then self.writer:close(self.rows) end
+end
+
+-- The scheduler's callbacks for one request.
+local function producer(srv, job, w)
+  local p = setmetatable({ job = job, writer = w, log = srv.log, sent = {}, lp_sent = {}, left = job.o.n }, Producer)
+  return {
+    on_start = function(rows) p.rows = rows; w:start() end,
+    on_token = function(row) p:on_token(row) end,
+    on_done = function(row) p:on_done(row) end,
+    on_fail = function(err)
+      srv.log(("request %d failed: %s"):format(w.id, tostring(err)))
+      w:fail("internal error: " .. without_source(err))
+    end,
+  }
+end
+
+-- ==== a request as a job for the engine =========================================================
+
+-- The options both endpoints share; default_max: max_new_tokens when the request sets none.
+function Server:sampling(req, default_max)
+  local stop = {}
+  for _, id in ipairs(self.end_of_turn) do stop[#stop + 1] = id end
+  for _, s in ipairs(req.stop or {}) do stop[#stop + 1] = s end
+  return {
+    n = req.n, max_new_tokens = req.max_tokens or default_max,
+    temperature = req.temperature or 1.0, top_p = req.top_p or 1.0, seed = req.seed or math.random(0, 2 ^ 31),
+    stop = stop, tokenizer = self.tok, logit_bias = req.logit_bias,
+    frequency_penalty = req.frequency_penalty, presence_penalty = req.presence_penalty,
+  }
+end
+
+-- The job: prompt ids, engine options, shape, ids for the response; or nil, status, body when
+-- the prompt and max_tokens exceed the context (`param` names the prompt's field).
+function Server:job(req, ids, opts, shape, param)
+  if #ids + opts.max_new_tokens > self.max_len then
+    return nil, json_error(400, ("the prompt has %d tokens and max_tokens is %d: more than the context of %d")
+      :format(#ids, opts.max_new_tokens, self.max_len), param, nil, "context_length_exceeded")
+  end
+  self.counter = self.counter + 1
+  return { ids = ids, o = gen.options(opts, self.limits.vocab_size), shape = shape, tok = self.tok, model = self.name,
+    id = ("%s-%d-%d"):format(shape.id_prefix, self.created, self.counter), created = os.time(),
+    stream = req.stream, include_usage = req.include_usage, logprobs = req.logprobs,
+    tool_result = function(row) return nil, row.text end }
+end
+
+-- The chat prompt: tools checked, the messages rendered (a tool call forced by tool_choice is
+-- begun in the prompt). Returns ids, tools_on, forced or nil, status, body.
+function Server:chat_prompt(req)
   local tools_on = req.tools ~= nil and req.tool_choice ~= "none"
   if (req.tools or req.uses_tools) and not self.supports_tools then
-    return self:respond(r.id, json_error(400, "tools are not supported by this model: its chat template has no tool format "
-      .. "(clrt renders those of Qwen2.5, Qwen3 and Llama 3.1-3.3)", req.tools and "tools" or "messages", nil, "tools_not_supported"))
+    return nil, json_error(400, "tools are not supported by this model: its chat template has no tool format "
+      .. "(clrt renders those of Qwen2.5, Qwen3 and Llama 3.1-3.3)", req.tools and "tools" or "messages", nil, "tools_not_supported")
   end
   -- tool_choice "required" or a named function: the reply starts as a tool call and its
   -- JSON is decoded under the call's schema
@@ -534,246 +758,83 @@ function Server:start_request(r, req)
   local fmt = self.tool_format
   local rendered, ids = pcall(self.render, req.messages, { tools = req.tools, prefix = forced and fmt.prefix or nil })
   if not rendered then   -- the chat template refused these messages
-    return self:respond(r.id, json_error(400, "messages could not be rendered: " .. without_source(ids), "messages"))
+    return nil, json_error(400, "messages could not be rendered: " .. without_source(ids), "messages")
   end
-  local stop = {}
-  for _, id in ipairs(self.end_of_turn) do stop[#stop + 1] = id end
-  for _, s in ipairs(req.stop or {}) do stop[#stop + 1] = s end
-  local opts = {
-    n = req.n, max_new_tokens = req.max_tokens or math.min(self.limits.max_tokens, self.dec.max_len - #ids),
-    temperature = req.temperature or 1.0, top_p = req.top_p or 1.0, seed = req.seed or math.random(0, 2 ^ 31),
-    stop = stop, tokenizer = self.tok, top_logprobs = req.logprobs and (req.top_logprobs or 0) or nil,
-    logit_bias = req.logit_bias, frequency_penalty = req.frequency_penalty, presence_penalty = req.presence_penalty,
-  }
+  return ids, tools_on, forced
+end
+
+-- Constrained decoding into opts: response_format's grammar, or the forced tool call's.
+-- Returns true or nil, status, body.
+function Server:constrain(req, opts, forced)
   if req.response_format then
     if not self.on_response_format then
-      return self:respond(r.id, json_error(400, "'response_format' is not supported by this server", "response_format"))
+      return nil, json_error(400, "'response_format' is not supported by this server", "response_format")
     end
     local ok, err = pcall(self.on_response_format, req.response_format, opts)
-    if not ok then return self:respond(r.id, json_error(400, tostring(err), "response_format")) end
+    if not ok then return nil, json_error(400, tostring(err), "response_format") end
   end
   if forced then
     if req.response_format then
-      return self:respond(r.id, json_error(400, "'response_format' cannot be combined with a required tool call", "response_format"))
+      return nil, json_error(400, "'response_format' cannot be combined with a required tool call", "response_format")
     end
     -- compact JSON (no whitespace between tokens): the call fits a small max_tokens
-    local ok, grammar = pcall(require("clrt.gen.json_constraint").compile, tool_call_schema(req, fmt.args_key), { max_ws = 0 })
-    if not ok then return self:respond(r.id, json_error(400, "tools: " .. tostring(grammar), "tools")) end
+    local ok, grammar = pcall(require("clrt.gen.json_constraint").compile, tool_call_schema(req, self.tool_format.args_key), { max_ws = 0 })
+    if not ok then return nil, json_error(400, "tools: " .. tostring(grammar), "tools") end
     opts.json_schema = grammar
   end
-  if #ids + opts.max_new_tokens > self.dec.max_len then
-    return self:respond(r.id, json_error(400, ("the prompt has %d tokens and max_tokens is %d: more than the context of %d")
-      :format(#ids, opts.max_new_tokens, self.dec.max_len), "messages", nil, "context_length_exceeded"))
-  end
-  local o = gen.options(opts, self.dec.vocab_size)
-  self.counter = self.counter + 1
-  local cid = ("chatcmpl-%d-%d"):format(self.created, self.counter)
-  local created = os.time()
-  local remaining, rows = o.n, nil
-  local http = self.http
-  local function usage()
-    local c = 0
-    for _, row in ipairs(rows) do c = c + #row.tokens end
-    -- OpenAI's prompt caching field: the prompt tokens served from the prefix cache
-    local cached = rows[1] and rows[1].cached_tokens or 0
-    return { prompt_tokens = #ids, completion_tokens = c, total_tokens = #ids + c,
-             prompt_tokens_details = { cached_tokens = cached } }
-  end
+  return true
+end
+
+-- A /v1/chat/completions request as a job, or nil, status, body.
+function Server:chat_job(req)
+  local ids, tools_on, forced = self:chat_prompt(req)
+  if not ids then return nil, tools_on, forced end
+  local opts = self:sampling(req, math.min(self.limits.max_tokens, self.max_len - #ids))
+  opts.top_logprobs = req.logprobs and (req.top_logprobs or 0) or nil
+  local ok, status, body = self:constrain(req, opts, forced)
+  if not ok then return nil, status, body end
+  local job, s2, b2 = self:job(req, ids, opts, CHAT, "messages")
+  if not job then return nil, s2, b2 end
+  job.tools_on = tools_on
   -- a finished row's tool calls (OpenAI's shape) and content, when tools are on
-  local function tool_result(row)
+  job.tool_result = function(row)
     if not tools_on then return nil, row.text end
-    local calls, content = M.parse_tool_calls(row.text, forced, fmt)
+    local calls, content = M.parse_tool_calls(row.text, forced, self.tool_format)
     if not calls then return nil, row.text end
     if req.single_tool_call then calls = { calls[1] } end   -- parallel_tool_calls: false
     local out = json.array()
     for j, c in ipairs(calls) do
-      out[j] = { id = ("call_%s_%d_%d"):format(cid:match("%d+%-%d+$"), row.sample, j), type = "function",
+      out[j] = { id = ("call_%s_%d_%d"):format(job.id:match("%d+%-%d+$"), row.sample, j), type = "function",
         ["function"] = { name = c.name, arguments = c.arguments } }
     end
     return out, content
   end
-  local cb = {}
-  if req.stream then
-    http:stream_begin(r.id, 200, "text/event-stream")
-    local open = true
-    local function send(obj)
-      if open and not http:write(r.id, sse(obj)) then
-        open = false
-        for _, row in ipairs(rows or {}) do row.cancelled = true end
-        self.log(("request %d: client went away"):format(r.id))
-      end
-    end
-    local function chunk(choice)
-      send({ id = cid, object = "chat.completion.chunk", created = created, model = self.name,
-        choices = json.array({ choice }) })
-    end
-    for i = 1, o.n do
-      chunk({ index = i - 1, delta = { role = "assistant", content = "" }, logprobs = json.null, finish_reason = json.null })
-    end
-    local sent, lp_sent = {}, {}   -- row -> the text already sent; -> tokens whose logprobs were
-    -- Send row.text up to byte `limit`, past what was sent, with the logprobs of the tokens
-    -- sampled since the last chunk (at the end, `final`, whatever remains of either).
-    local function flush(row, limit, final)
-      local from = #(sent[row] or "")
-      local lp_from = (lp_sent[row] or 0) + 1
-      local logprobs = json.null
-      if req.logprobs and #row.tokens >= lp_from then
-        logprobs = { content = logprob_entries(self.tok, row, lp_from, #row.tokens), refusal = json.null }
-      end
-      if limit > from or (final and logprobs ~= json.null and #logprobs.content > 0) then
-        chunk({ index = row.sample - 1, delta = { content = row.text:sub(from + 1, limit) }, logprobs = logprobs,
-          finish_reason = json.null })
-        sent[row] = row.text:sub(1, limit)
-        lp_sent[row] = #row.tokens
-      end
-    end
-    cb.on_token = function(row)
-      -- a stop string matched: the rest goes out at the end; with tools on, all of it does
-      -- (a tool call is known only once its block is complete)
-      if row.text_cut or tools_on then return end
-      flush(row, #row.text - M.stop_holdback(row.text, o.stop_strings))
-    end
-    cb.on_done = function(row)
-      remaining = remaining - 1
-      if row.finish_reason ~= "cancelled" then
-        local calls = tool_result(row)
-        if calls then
-          for j, c in ipairs(calls) do c.index = j - 1 end
-          chunk({ index = row.sample - 1, delta = { tool_calls = calls }, logprobs = json.null, finish_reason = json.null })
-        else
-          -- the final text extends what was sent (held-back text never passes a stop match)
-          local done_text = sent[row] or ""
-          if row.text:sub(1, #done_text) == done_text then
-            flush(row, #row.text, true)
-          else
-            self.log(("request %d: the final text does not extend the streamed text"):format(r.id))
-          end
-        end
-        chunk({ index = row.sample - 1, delta = json.object(), logprobs = json.null,
-          finish_reason = calls and "tool_calls" or row.finish_reason })
-      end
-      if remaining == 0 then
-        if open then
-          if req.include_usage then
-            send({ id = cid, object = "chat.completion.chunk", created = created, model = self.name,
-              choices = json.array(), usage = usage() })
-          end
-          if open then http:write(r.id, "data: [DONE]\n\n") end
-        end
-        http:stream_end(r.id)
-      end
-    end
-  else
-    cb.on_token = function(row)
-      if not http:is_open(r.id) then row.cancelled = true end   -- the client went away
-    end
-    cb.on_done = function()
-      remaining = remaining - 1
-      if remaining > 0 then return end
-      local choices = json.array()
-      for i, row in ipairs(rows) do
-        local logprobs = json.null
-        if req.logprobs then logprobs = { content = logprob_entries(self.tok, row, 1, #row.tokens), refusal = json.null } end
-        local calls, content = tool_result(row)
-        choices[i] = { index = i - 1, message = { role = "assistant", content = content or json.null, refusal = json.null,
-          tool_calls = calls }, logprobs = logprobs, finish_reason = calls and "tool_calls" or row.finish_reason }
-      end
-      if http:is_open(r.id) then
-        self:respond(r.id, 200, json.encode({ id = cid, object = "chat.completion", created = created,
-          model = self.name, choices = choices, usage = usage() }))
-      end
-    end
-  end
-  rows = self.engine:add(ids, o, cb, 1)
-end
-
--- Start a request; a failure the checks did not foresee is the server's: a 500 whose message
--- carries no source path (the log has the whole error).
-function Server:start_or_fail(r, req)
-  local ok, err = pcall(req.kind == "completion" and self.start_completion or self.start_request, self, r, req)
-  if not ok then
-    self.log("request failed: " .. tostring(err))
-    pcall(self.respond, self, r.id, json_error(500, "internal error: " .. without_source(err), nil, "server_error"))
-  end
+  return job
 end
 
 -- A /v1/completions request: the prompt continued as plain text (no chat template), until
 -- max_tokens (16 by default, as OpenAI's), a stop string, or the end-of-text/turn token.
-function Server:start_completion(r, req)
-  if not self.tok then return self:respond(r.id, json_error(404, "/v1/completions needs the model's tokenizer", "prompt")) end
+function Server:completion_job(req)
+  if not self.tok then return nil, json_error(404, "/v1/completions needs the model's tokenizer", "prompt") end
   local ids = req.prompt_ids or self.tok:encode(req.prompt_text)
-  local stop = {}
-  for _, id in ipairs(self.end_of_turn) do stop[#stop + 1] = id end
-  for _, s in ipairs(req.stop or {}) do stop[#stop + 1] = s end
-  local max_new = req.max_tokens or 16
-  if #ids + max_new > self.dec.max_len then
-    return self:respond(r.id, json_error(400, ("the prompt has %d tokens and max_tokens is %d: more than the context of %d")
-      :format(#ids, max_new, self.dec.max_len), "prompt", nil, "context_length_exceeded"))
+  return self:job(req, ids, self:sampling(req, 16), COMPLETION, "prompt")
+end
+
+-- A parsed request into the scheduler's queue (clrt.gen.scheduler: it starts when its rows fit).
+function Server:submit(r, req)
+  local job, status, body = (req.kind == "completion" and self.completion_job or self.chat_job)(self, req)
+  if not job then return self:respond(r.id, status, body) end
+  G.submit(self.gen, job.ids, job.o, producer(self, job, writer(self, r, job)), 1)
+end
+
+-- Submit a request; a failure the checks did not foresee is the server's: a 500 whose message
+-- carries no source path (the log has the whole error).
+function Server:submit_or_fail(r, req)
+  local ok, err = pcall(self.submit, self, r, req)
+  if not ok then
+    self.log("request failed: " .. tostring(err))
+    pcall(self.respond, self, r.id, json_error(500, "internal error: " .. without_source(err), nil, "server_error"))
   end
-  local o = gen.options({ n = req.n, max_new_tokens = max_new, temperature = req.temperature or 1.0, top_p = req.top_p or 1.0,
-    seed = req.seed or math.random(0, 2 ^ 31), stop = stop, tokenizer = self.tok, logit_bias = req.logit_bias,
-    frequency_penalty = req.frequency_penalty, presence_penalty = req.presence_penalty }, self.dec.vocab_size)
-  self.counter = self.counter + 1
-  local cid, created, http = ("cmpl-%d-%d"):format(self.created, self.counter), os.time(), self.http
-  local remaining, rows = o.n, nil
-  local function usage()
-    local c = 0
-    for _, row in ipairs(rows) do c = c + #row.tokens end
-    -- OpenAI's prompt caching field: the prompt tokens served from the prefix cache
-    local cached = rows[1] and rows[1].cached_tokens or 0
-    return { prompt_tokens = #ids, completion_tokens = c, total_tokens = #ids + c,
-             prompt_tokens_details = { cached_tokens = cached } }
-  end
-  local function body(choices, extra)
-    local b = { id = cid, object = "text_completion", created = created, model = self.name, choices = choices }
-    for k, v in pairs(extra or {}) do b[k] = v end
-    return b
-  end
-  local cb = {}
-  if req.stream then
-    http:stream_begin(r.id, 200, "text/event-stream")
-    local open, sent = true, {}
-    local function send(obj)
-      if open and not http:write(r.id, sse(obj)) then
-        open = false
-        for _, row in ipairs(rows or {}) do row.cancelled = true end
-      end
-    end
-    local function flush(row, limit, finish)
-      local from = sent[row] or 0
-      if limit > from or finish then
-        send(body(json.array({ { index = row.sample - 1, text = row.text:sub(from + 1, limit), logprobs = json.null,
-          finish_reason = finish or json.null } })))
-        sent[row] = math.max(from, limit)
-      end
-    end
-    cb.on_token = function(row)
-      if not row.text_cut then flush(row, #row.text - M.stop_holdback(row.text, o.stop_strings)) end
-    end
-    cb.on_done = function(row)
-      remaining = remaining - 1
-      if row.finish_reason ~= "cancelled" then flush(row, #row.text, row.finish_reason) end
-      if remaining == 0 then
-        if open and req.include_usage then send(body(json.array(), { usage = usage() })) end
-        if open then http:write(r.id, "data: [DONE]\n\n") end
-        http:stream_end(r.id)
-      end
-    end
-  else
-    cb.on_token = function(row)
-      if not http:is_open(r.id) then row.cancelled = true end
-    end
-    cb.on_done = function()
-      remaining = remaining - 1
-      if remaining > 0 then return end
-      local choices = json.array()
-      for i, row in ipairs(rows) do
-        choices[i] = { index = i - 1, text = row.text, logprobs = json.null, finish_reason = row.finish_reason }
-      end
-      if http:is_open(r.id) then self:respond(r.id, 200, json.encode(body(choices, { usage = usage() }))) end
-    end
-  end
-  rows = self.engine:add(ids, o, cb, 1)
 end
 
 function Server:model_object()
@@ -813,11 +874,7 @@ function Server:handle(r)
     end
     if not req then return self:respond(r.id, status, body) end
     if req.model and req.model ~= self.name then return self:respond(r.id, model_not_found(req.model)) end
-    if req.n > self.engine:free_slots() then
-      self.waiting[#self.waiting + 1] = { r = r, req = req }
-      return
-    end
-    self:start_or_fail(r, req)
+    self:submit_or_fail(r, req)
   else
     return self:respond(r.id, json_error(404, ("no route for %s %s"):format(r.method, r.path)))
   end
@@ -826,18 +883,16 @@ end
 -- One turn of the loop: take what arrived (waiting up to idle_ms when there is nothing to
 -- decode), start what fits, decode one step for everyone.
 function Server:tick(idle_ms)
-  while #self.waiting > 0 and self.waiting[1].req.n <= self.engine:free_slots() do
-    local w = table.remove(self.waiting, 1)
-    self:start_or_fail(w.r, w.req)
-  end
-  local wait = self.engine:busy() and 0 or (idle_ms or 50)
+  G.admit(self.gen)
+  local wait = G.busy(self.gen) and 0 or (idle_ms or 50)
   while true do
     local r = self.http:next(wait)
     if not r then break end
     wait = 0
     self:handle(r)
   end
-  if self.engine:busy() then self.engine:step() end
+  G.admit(self.gen)
+  G.step(self.gen)
 end
 
 function Server:run(should_stop)
