@@ -745,8 +745,8 @@ end
 
 -- Decoding (m:decoder, m:generate) and LoRA (m:add_lora, ...) are defined beside, in their own
 -- files; the class takes them here.
-local decoding = require("clrt.gen.model_methods")
-Model.decoder, Model.generate = decoding.decoder, decoding.generate
-for name, f in pairs(require("clrt.core.model_lora").methods) do Model[name] = f end
+for _, methods in ipairs({ require("clrt.gen.model_methods").methods, require("clrt.core.model_lora").methods }) do
+  for name, f in pairs(methods) do Model[name] = f end
+end
 
 return M

@@ -6,6 +6,9 @@ local decoder = require("clrt.gen.decoder")
 local sched = require("clrt.sched")
 
 local M = {}
+-- The methods of clrt.model's Model class defined here (lua/clrt/model.lua takes them).
+local Model = {}
+M.methods = Model
 
 local function is_tokenizer(x) return type(x) == "table" and type(x.encode) == "function" and type(x.decode) == "function" end
 
@@ -41,7 +44,7 @@ end
 
 -- A KV cache for `slots` sequences of up to max_len tokens (the parameters are shared with
 -- the model: train, then decode with the updated weights, no copy). d:free() gives it back.
-function M.decoder(self, slots, max_len)
+function Model:decoder(slots, max_len)
   slots = slots or 1
   max_len = max_len or math.min(self.config.max_position_embeddings or 2048, 2048)
   check_count("slots", slots, "sequences decoded at once")
@@ -57,8 +60,8 @@ end
 -- with seed_key = {key per prompt} (clrt.gen.engine.row_seed); with a tokenizer, ids it
 -- cannot decode are never sampled. The requests join the model's one engine
 -- (clrt.gen.scheduler): inside a clrt.sched task beside the other tasks' rows, outside one
--- the engine runs until they finish. Its decoder grows to the largest request seen.
-function M.generate(self, prompts, opts)
+-- the engine runs until they finish; its decoder grows to the largest request seen.
+function Model:generate(prompts, opts)
   check_prompts(prompts, opts)
   local checked, o = pcall(gen.options, opts, self.config.vocab_size)
   if not checked then error(o, 2) end
