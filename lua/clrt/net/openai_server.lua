@@ -132,6 +132,8 @@ local function decode_body(body, known)
   return req
 end
 
+local parse_numbers, parse_rules
+
 -- The parameters both endpoints share (model, stream, sampling, length, stop, logit_bias)
 -- into `out`. Returns true or (nil, status, body).
 local function parse_sampling(req, out, limits)
@@ -151,6 +153,11 @@ local function parse_sampling(req, out, limits)
     end
     out.include_usage = so.include_usage == true
   end
+  return parse_numbers(req, out, limits)
+end
+
+-- temperature, top_p, max_tokens, n, seed into `out`, then the rest (parse_rules).
+parse_numbers = function(req, out, limits)
   local t = req.temperature
   if t ~= nil and t ~= json.null then
     if type(t) ~= "number" or t < 0 or t > 2 then return bad("temperature", "must be a number in [0, 2]") end
@@ -178,6 +185,11 @@ local function parse_sampling(req, out, limits)
     if not is_int(seed) then return bad("seed", "must be an integer") end
     out.seed = seed
   end
+  return parse_rules(req, out, limits)
+end
+
+-- stop, the penalties, user and logit_bias into `out`. Returns true or (nil, status, body).
+parse_rules = function(req, out, limits)
   local stop = req.stop
   if stop ~= nil and stop ~= json.null then
     if type(stop) == "string" then stop = { stop } end
@@ -204,54 +216,48 @@ local function parse_sampling(req, out, limits)
   return true
 end
 
--- Validate a chat-completions body. Returns the request table or (nil, status, body).
-function M.parse_chat_request(body, limits)
-  local req, status, err = decode_body(body, CHAT_PARAMETERS)
-  if not req then return nil, status, err end
-  if type(req.messages) ~= "table" or #req.messages == 0 then return bad("messages", "must be a non-empty array") end
-  local msgs, out_uses_tools = {}, false
-  for i, m in ipairs(req.messages) do
-    local f = ("messages[%d]"):format(i - 1)
-    if type(m) ~= "table" then return bad(f, "must be an object") end
-    for k in pairs(m) do
-      if not MESSAGE_FIELDS[k] then return bad(f .. "." .. tostring(k), "is not supported (the chat template has no place for it)") end
-    end
-    if m.refusal ~= nil and m.refusal ~= json.null then return bad(f .. ".refusal", "must be null (a refusal is not rendered)") end
-    local role = m.role == "developer" and "system" or m.role   -- OpenAI's newer name for system
-    if role ~= "system" and role ~= "user" and role ~= "assistant" and role ~= "tool" then
-      return bad(f .. ".role", "must be 'system', 'developer', 'user', 'assistant' or 'tool'")
-    end
-    local content = m.content
-    local calls = m.tool_calls
-    if calls == json.null then calls = nil end
-    if calls ~= nil then
-      if role ~= "assistant" or type(calls) ~= "table" then return bad(f .. ".tool_calls", "must be an array on an assistant message") end
-      for j, c in ipairs(calls) do
-        local fn = type(c) == "table" and c["function"]
-        if type(fn) ~= "table" or type(fn.name) ~= "string" or type(fn.arguments) ~= "string" then
-          return bad(("%s.tool_calls[%d]"):format(f, j - 1), "must be {id, type: 'function', function: {name, arguments (a JSON string)}}")
-        end
-      end
-      if content == nil or content == json.null then content = "" end
-    end
-    if role == "tool" and type(m.tool_call_id) ~= "string" then return bad(f .. ".tool_call_id", "must be a string") end
-    if type(content) == "table" then   -- the array-of-parts form: text parts only
-      local parts = {}
-      for j, part in ipairs(content) do
-        if type(part) ~= "table" or part.type ~= "text" or type(part.text) ~= "string" then
-          return bad(("%s.content[%d]"):format(f, j - 1), "must be a text part ({type: 'text', text: ...})")
-        end
-        parts[#parts + 1] = part.text
-      end
-      content = table.concat(parts)
-    end
-    if type(content) ~= "string" then return bad(f .. ".content", "must be a string") end
-    msgs[i] = { role = role, content = content, tool_calls = calls, tool_call_id = m.tool_call_id }
-    if calls or role == "tool" then out_uses_tools = true end
+-- One message of a chat request (f: its field path) as the chat template takes it, or nil,
+-- status, body.
+local function parse_message(m, f)
+  if type(m) ~= "table" then return bad(f, "must be an object") end
+  for k in pairs(m) do
+    if not MESSAGE_FIELDS[k] then return bad(f .. "." .. tostring(k), "is not supported (the chat template has no place for it)") end
   end
-  local out = { messages = msgs, stream = false, n = 1 }
-  local ok, status2, err2 = parse_sampling(req, out, limits)
-  if not ok then return nil, status2, err2 end
+  if m.refusal ~= nil and m.refusal ~= json.null then return bad(f .. ".refusal", "must be null (a refusal is not rendered)") end
+  local role = m.role == "developer" and "system" or m.role   -- OpenAI's newer name for system
+  if role ~= "system" and role ~= "user" and role ~= "assistant" and role ~= "tool" then
+    return bad(f .. ".role", "must be 'system', 'developer', 'user', 'assistant' or 'tool'")
+  end
+  local content = m.content
+  local calls = m.tool_calls
+  if calls == json.null then calls = nil end
+  if calls ~= nil then
+    if role ~= "assistant" or type(calls) ~= "table" then return bad(f .. ".tool_calls", "must be an array on an assistant message") end
+    for j, c in ipairs(calls) do
+      local fn = type(c) == "table" and c["function"]
+      if type(fn) ~= "table" or type(fn.name) ~= "string" or type(fn.arguments) ~= "string" then
+        return bad(("%s.tool_calls[%d]"):format(f, j - 1), "must be {id, type: 'function', function: {name, arguments (a JSON string)}}")
+      end
+    end
+    if content == nil or content == json.null then content = "" end
+  end
+  if role == "tool" and type(m.tool_call_id) ~= "string" then return bad(f .. ".tool_call_id", "must be a string") end
+  if type(content) == "table" then   -- the array-of-parts form: text parts only
+    local parts = {}
+    for j, part in ipairs(content) do
+      if type(part) ~= "table" or part.type ~= "text" or type(part.text) ~= "string" then
+        return bad(("%s.content[%d]"):format(f, j - 1), "must be a text part ({type: 'text', text: ...})")
+      end
+      parts[#parts + 1] = part.text
+    end
+    content = table.concat(parts)
+  end
+  if type(content) ~= "string" then return bad(f .. ".content", "must be a string") end
+  return { role = role, content = content, tool_calls = calls, tool_call_id = m.tool_call_id }
+end
+
+-- logprobs and top_logprobs into `out`. Returns true or (nil, status, body).
+local function parse_logprobs(req, out)
   local lp, top = req.logprobs, req.top_logprobs
   if lp ~= nil and lp ~= json.null then
     if type(lp) ~= "boolean" then return bad("logprobs", "must be a boolean") end
@@ -262,24 +268,32 @@ function M.parse_chat_request(body, limits)
     if not out.logprobs then return bad("top_logprobs", "needs 'logprobs': true") end
     out.top_logprobs = top
   end
-  out.uses_tools = out_uses_tools
+  return true
+end
+
+-- tools into `out` (their schemas, and the list as sent). Returns true or (nil, status, body).
+local function parse_tools(req, out)
   local tools = req.tools
-  if tools ~= nil and tools ~= json.null then
-    if type(tools) ~= "table" then return bad("tools", "must be an array") end
-    out.tool_schemas = {}
-    for j, t in ipairs(tools) do
-      local fn = type(t) == "table" and t.type == "function" and t["function"]
-      if type(fn) ~= "table" or type(fn.name) ~= "string" or not fn.name:match("^[%w_%-]+$") then
-        return bad(("tools[%d]"):format(j - 1), "must be {type: 'function', function: {name ([a-zA-Z0-9_-]+), description, parameters}}")
-      end
-      local params = fn.parameters
-      if params ~= nil and params ~= json.null and type(params) ~= "table" then
-        return bad(("tools[%d].function.parameters"):format(j - 1), "must be a JSON Schema object")
-      end
-      out.tool_schemas[j] = { name = fn.name, parameters = (params ~= json.null and params) or nil }
+  if tools == nil or tools == json.null then return true end
+  if type(tools) ~= "table" then return bad("tools", "must be an array") end
+  out.tool_schemas = {}
+  for j, t in ipairs(tools) do
+    local fn = type(t) == "table" and t.type == "function" and t["function"]
+    if type(fn) ~= "table" or type(fn.name) ~= "string" or not fn.name:match("^[%w_%-]+$") then
+      return bad(("tools[%d]"):format(j - 1), "must be {type: 'function', function: {name ([a-zA-Z0-9_-]+), description, parameters}}")
     end
-    if #tools > 0 then out.tools = tools end   -- decoded with their key order (decode_body)
+    local params = fn.parameters
+    if params ~= nil and params ~= json.null and type(params) ~= "table" then
+      return bad(("tools[%d].function.parameters"):format(j - 1), "must be a JSON Schema object")
+    end
+    out.tool_schemas[j] = { name = fn.name, parameters = (params ~= json.null and params) or nil }
   end
+  if #tools > 0 then out.tools = tools end   -- decoded with their key order (decode_body)
+  return true
+end
+
+-- tool_choice, response_format and parallel_tool_calls into `out`. Returns true or (nil, status, body).
+local function parse_tool_choice(req, out)
   local choice = req.tool_choice
   if choice ~= nil and choice ~= json.null then
     local named = type(choice) == "table" and type(choice["function"]) == "table" and choice["function"].name
@@ -302,6 +316,27 @@ function M.parse_chat_request(body, limits)
     if type(ptc) ~= "boolean" then return bad("parallel_tool_calls", "must be a boolean") end
     out.single_tool_call = ptc == false
   end
+  return true
+end
+
+-- Validate a chat-completions body. Returns the request table or (nil, status, body).
+function M.parse_chat_request(body, limits)
+  local req, status, err = decode_body(body, CHAT_PARAMETERS)
+  if not req then return nil, status, err end
+  if type(req.messages) ~= "table" or #req.messages == 0 then return bad("messages", "must be a non-empty array") end
+  local msgs, uses_tools = {}, false
+  for i, m in ipairs(req.messages) do
+    local msg, s2, e2 = parse_message(m, ("messages[%d]"):format(i - 1))
+    if not msg then return nil, s2, e2 end
+    msgs[i] = msg
+    if msg.tool_calls or msg.role == "tool" then uses_tools = true end
+  end
+  local out = { messages = msgs, stream = false, n = 1 }
+  for _, parse in ipairs({ parse_sampling, parse_logprobs, parse_tools, parse_tool_choice }) do
+    local ok, s3, e3 = parse(req, out, limits)
+    if not ok then return nil, s3, e3 end
+  end
+  out.uses_tools = uses_tools
   return out
 end
 
