@@ -34,6 +34,9 @@ local states = setmetatable({}, { __mode = "k" })
 local function model_of(E) return E.owner[1] end
 
 function M.of(model)
+  if type(model) ~= "table" then
+    error(("clrt.gen.scheduler: expected a model (or a decoder), got a %s"):format(type(model)), 2)
+  end
   local E = states[model]
   if not E then
     E = { owner = setmetatable({ model }, { __mode = "v" }), waiting = {}, live = {} }
@@ -64,6 +67,11 @@ end
 -- Bound the model's decoder to `slots` rows of `max_len` tokens and make it now (a server
 -- sizes its cache once, at start).
 function M.reserve(model, slots, max_len)
+  for name, v in pairs({ slots = slots, max_len = max_len }) do
+    if type(v) ~= "number" or v < 1 or v ~= math.floor(v) then
+      error(("clrt.gen.scheduler.reserve(model, slots, max_len): %s must be a positive integer, got %s"):format(name, tostring(v)), 2)
+    end
+  end
   local E = M.of(model)
   E.max_slots, E.max_len = slots, max_len
   local d = E.dec
@@ -86,6 +94,11 @@ function M.busy(E) return E.eng ~= nil and E.eng:busy() end
 -- A request waits in E.waiting until it fits. prompt: token ids; o: clrt.gen.engine.options;
 -- tag, key: the engine's prompt index (in errors) and seed key (nil: o.seed_key).
 function M.submit(E, prompt, o, cb, tag, key)
+  local usage = "clrt.gen.scheduler.submit(E, prompt, o, cb)"
+  if type(E) ~= "table" or type(E.waiting) ~= "table" then error(usage .. ": E must be scheduler.of(model)", 2) end
+  if type(prompt) ~= "table" then error(("%s: prompt must be a list of token ids, got a %s"):format(usage, type(prompt)), 2) end
+  if type(o) ~= "table" or type(o.stop_ids) ~= "table" then error(usage .. ": o must come from clrt.gen.engine.options(opts, V)", 2) end
+  if cb ~= nil and type(cb) ~= "table" then error(("%s: cb must be a table of callbacks, got a %s"):format(usage, type(cb)), 2) end
   local req = { E = E, prompt = prompt, o = o, cb = cb or {}, tag = tag, key = key, need = #prompt + o.max_new_tokens }
   E.waiting[#E.waiting + 1] = req
   return req
