@@ -177,7 +177,7 @@ function M.admit(E, alive)
 end
 
 -- One decode step. A failing step fails the requests in it and frees the decoder (the next
--- request builds a fresh one); an interrupt is raised again after. Returns whether it stepped.
+-- request builds a fresh one). Returns whether it stepped, and the step's error if it failed.
 function M.step(E)
   if not M.busy(E) then return false end
   local ok, err = pcall(E.eng.step, E.eng)
@@ -186,8 +186,7 @@ function M.step(E)
     E.live = {}
     release(E)
     for req in pairs(live) do fail(req, "generate failed: " .. tostring(err)) end
-    -- Ctrl-C stops the caller too (a server, `clrt chat`), not only these requests
-    if tostring(err):find("interrupted", 1, true) then error(err, 0) end
+    return true, err
   end
   return true
 end
@@ -204,6 +203,10 @@ function M.cancel(req)
     for i, w in ipairs(E.waiting) do if w == req then table.remove(E.waiting, i) break end end
   end
 end
+
+-- Ctrl-C stops the caller (m:generate, `clrt chat`, a server), not only the requests it hit.
+function M.is_interrupt(err) return err ~= nil and tostring(err):find("interrupted", 1, true) ~= nil end
+local is_interrupt = M.is_interrupt
 
 local function finished(req)
   if req.failed then return true end
@@ -223,9 +226,9 @@ function M.drain(E, reqs, on_step)
       for _, req in ipairs(reqs) do done = done and finished(req) end
       if done then return end
       M.admit(E, 0)
-      if not M.step(E) and #E.waiting > 0 and not M.busy(E) then
-        error("clrt.gen.scheduler: requests wait but nothing runs (a bug)", 0)
-      end
+      local stepped, err = M.step(E)
+      if is_interrupt(err) then error(err, 0) end
+      if not stepped and #E.waiting > 0 then error("clrt.gen.scheduler: requests wait but nothing runs (a bug)", 0) end
       if on_step then on_step() end
     end
   end)

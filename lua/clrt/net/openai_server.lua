@@ -927,7 +927,8 @@ function Server:tick(idle_ms)
     self:handle(r)
   end
   G.admit(self.gen)
-  G.step(self.gen)
+  local _, err = G.step(self.gen)
+  if G.is_interrupt(err) then error(err, 0) end   -- Ctrl-C stops the server
 end
 
 function Server:run(should_stop)
