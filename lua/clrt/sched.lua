@@ -197,6 +197,9 @@ end
 -- a task it waits beside the others, outside one the engine runs until they finish (on_step()
 -- between steps).
 function M.generate_all(model, prompts, o, keys, on_step)
+  if type(prompts) ~= "table" or type(o) ~= "table" or type(o.n) ~= "number" then
+    error("clrt.sched.generate_all(model, prompts, o, keys): prompts must be a list of token lists and o come from clrt.gen.engine.options", 2)
+  end
   local t = M.current()
   local E = t and engine_of(t.run, model) or G.of(model)
   local reqs, outs, left, failed = {}, {}, #prompts, nil
