@@ -72,6 +72,8 @@ const char *clrt_cuda_device_name_str(void) {
 
 const char *clrt_cuda_status(void) { return "clrt was built without CUDA"; }
 
+int clrt_cuda_device_count(void) { return 0; }
+
 #endif
 
 clrt_tensor *clrt_tensor_to_device(const clrt_tensor *t, int device) {

@@ -1,6 +1,6 @@
 /* arena.c — the activation arena, laid out per call from B and T (grown when a call needs
-   more; the configured max_batch x max_seq is its first size), the RoPE tables, and the host
-   staging of a step's integer inputs. */
+   more; the configured max_batch x max_seq is its first size), the RoPE tables, the host
+   staging of a step's integer inputs and the CPU kernels' workspace. */
 #include "model_internal.h"
 
 #include <stdlib.h>
@@ -153,6 +153,31 @@ int model_bind_acts(clrt_model *m, acts *a, int B, int T, int Tk, int keep) {
   }
   model_layout(m, a, m->acts->data, B, T, Tk, keep);
   return 0;
+}
+
+/* The CPU kernels take their scratch from here (kernels allocate nothing): one host buffer
+   per model, kept at its largest like the arena. */
+int model_reserve_workspace(clrt_model *m, size_t bytes, const char *who) {
+  m->step_failed = 0;
+  if (bytes <= m->ws_bytes) return 0;
+  free(m->ws);   /* nothing in it outlives a product: no copy */
+  m->ws_bytes = 0;
+  if (!(m->ws = malloc(bytes))) {
+    clrt_set_error("%s: out of host memory for the kernels' workspace (%zu MiB)", who, bytes >> 20);
+    return -1;
+  }
+  m->ws_bytes = bytes;
+  return 0;
+}
+
+int model_workspace(clrt_model *m, size_t need, const char *who) {
+  if (need <= m->ws_bytes) return 0;
+  /* Unreachable while model_workspace_bytes covers every product: a product no longer covered
+     fails its step rather than overrun or allocate. */
+  if (!m->step_failed)
+    clrt_set_error("%s: the kernels' workspace holds %zu bytes, the product needs %zu", who, m->ws_bytes, need);
+  m->step_failed = 1;
+  return -1;
 }
 
 /* Host staging for a step's integer inputs, built here and copied into the arena in one

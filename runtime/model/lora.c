@@ -336,7 +336,7 @@ void model_lora_forward(clrt_model *m, acts *a, layer_acts *A, int l, int t, flo
     m->ops->lora_dropout(a->lxd, x, N * K, clrt_lora_key(lo->seed, lo->fwd_step, l, fused_lead(m, t)), lo->dropout);
     xd = a->lxd;
   }
-  m->ops->lora_forward(y, A->lxa[t], xd, P + lo->ab[l][t][0], P + lo->ab[l][t][1], N, K, O, lo->r, lo->scale);
+  m->ops->lora_forward(m, y, A->lxa[t], xd, P + lo->ab[l][t][0], P + lo->ab[l][t][1], N, K, O, lo->r, lo->scale);
 }
 
 void model_lora_backward(clrt_model *m, acts *a, const layer_acts *A, int l, int t, float *dx,
@@ -352,7 +352,7 @@ void model_lora_backward(clrt_model *m, acts *a, const layer_acts *A, int l, int
     xd = a->lxd;
   }
   int64_t oa = lo->ab[l][t][0], ob = lo->ab[l][t][1];
-  m->ops->lora_backward(dx, G + oa, G + ob, a->ldxa, xd, dy, A->lxa[t], P + oa, P + ob, N, K, O,
+  m->ops->lora_backward(m, dx, G + oa, G + ob, a->ldxa, xd, dy, A->lxa[t], P + oa, P + ob, N, K, O,
                         lo->r, lo->scale, key, p);
 }
 
@@ -426,6 +426,6 @@ void model_lora_head_decode(clrt_model *m, acts *a, float *logits, const float *
   model_lora *lo = m->lora;
   if (!lo || !lo->enabled || lo->head[0] < 0) return;
   const float *P = lo->params->data;
-  m->ops->lora_forward(logits, a->lhxa, xn, P + lo->head[0], P + lo->head[1], B, m->cfg.hidden_size,
+  m->ops->lora_forward(m, logits, a->lhxa, xn, P + lo->head[0], P + lo->head[1], B, m->cfg.hidden_size,
                        m->cfg.vocab_size, lo->r, lo->scale);
 }

@@ -117,6 +117,12 @@ struct clrt_model {
   int base16;
   int base16_blank;   /* converted before any weight was in: clrt_model_load_safetensors fills it */
   clrt_storage *b16;
+  /* The CPU kernels' workspace (host memory, arena.c), reserved by each entry point for its
+     rows before any product (weights.c's model_workspace_bytes); step_failed: a product
+     found it short, and the entry point returns the error set then. */
+  void *ws;
+  size_t ws_bytes;
+  int step_failed;
 };
 
 #define COPY_STALE UINT64_MAX
@@ -155,6 +161,12 @@ int model_ensure_rope(clrt_model *m, int P);
 int model_sync_rope(clrt_model *m);
 /* Host staging for a step's integer inputs (m->hidx, grown on demand). */
 int32_t *model_host_ints(clrt_model *m, size_t n);
+/* Grows the kernels' workspace to `bytes` (an error naming `who` when it cannot) and clears
+   step_failed: every entry point calls it before its first product. */
+int model_reserve_workspace(clrt_model *m, size_t bytes, const char *who);
+/* 0 when the workspace (m->ws, m->ws_bytes) holds `need` bytes; else -1, the error set and
+   the step marked failed (the product is skipped). */
+int model_workspace(clrt_model *m, size_t need, const char *who);
 
 /* ---- the ops one device and precision run (ops_cpu.c, ops_cuda.c) -------------------------- */
 
@@ -217,9 +229,9 @@ struct model_ops {
                           float *scratch, int chunk, int logits_ready, const struct clrt_head_lora *hl);
   /* LoRA adapters (kernels/cpu/lora.c's contracts) */
   void (*lora_dropout)(float *out, const float *x, int64_t n, uint64_t key, float p);
-  void (*lora_forward)(float *y, float *xa, const float *xd, const float *A, const float *B,
+  void (*lora_forward)(clrt_model *m, float *y, float *xa, const float *xd, const float *A, const float *B,
                        int64_t N, int K, int O, int r, float scale);
-  void (*lora_backward)(float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
+  void (*lora_backward)(clrt_model *m, float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
                         const float *xa, const float *A, const float *B, int64_t N, int K, int O,
                         int r, float scale, uint64_t key, float p);
   void (*lora_xa)(float *xa, const float *xd, const float *A, int64_t N, int K, int r);
@@ -260,6 +272,14 @@ struct model_ops {
                                   const float *wp, int fast, const int32_t *target, const float *lse, int64_t N, int C,
                                   int V, float *scratch, int chunk, int logits_ready, const struct clrt_head_lora *hl,
                                   float cap);
+  /* AdamW where the arenas are device memory (NULL: optim.c's host loop). adamw_table: the
+     tensor table the fused step walks, made once per optimizer (NULL and the error set when
+     it cannot be); adamw_step: norm, clip and update in one go, the norm back (the update
+     skipped when it is not finite; -1: a failed launch or copy). */
+  clrt_storage *(*adamw_table)(const clrt_param_info *p, int np, const uint8_t *decay);
+  int (*adamw_step)(clrt_storage *table, int np, float *P, float *M1, float *M2, const float *G, int64_t total,
+                    float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip,
+                    float bc1, float bc2_sqrt, double *norm);
   int bf16_scratch;              /* the arena holds x16/dy16 */
   int logits_staged;             /* decode logits land in the arena before the copy to the host */
 };
@@ -328,6 +348,9 @@ const float *model_packed_weight(const clrt_model *m, int64_t w);
 int model_fast_kernels(const clrt_model *m);
 /* The output layer's kernel bits (CLRT_OUT_FAST, CLRT_OUT_ROWWISE when batch-invariant). */
 int model_output_kernels(const clrt_model *m);
+/* The most workspace any CPU product (base or adapter) of up to N rows takes in the model's
+   mode, whatever batch invariance or packing it runs (those switch without a new step). */
+size_t model_workspace_bytes(const clrt_model *m, int64_t N);
 /* Its backward (both tables): dx (+)= dy w, dw += dy^T x, db += sum dy. */
 void model_cpu_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
                                const float *x, int64_t N, int K, int O, int acc);

@@ -211,6 +211,7 @@ void clrt_model_free(clrt_model *m) {
   clrt_storage_release(m->b16);
   model_lora_free(m->lora);
   free(m->hidx);
+  free(m->ws);
   free(m);
 }
 

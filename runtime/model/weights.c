@@ -104,6 +104,32 @@ int model_output_kernels(const clrt_model *m) {
          (m->device == CLRT_CPU && m->batch_invariant ? CLRT_OUT_ROWWISE : 0);
 }
 
+static size_t larger(size_t a, size_t b) { return a > b ? a : b; }
+
+size_t model_workspace_bytes(const clrt_model *m, int64_t N) {
+  if (m->device != CLRT_CPU || N < 1) return 0;
+  const clrt_model_config *c = &m->cfg;
+  int C = c->hidden_size, I = c->intermediate_size, HD = c->num_attention_heads * c->head_dim,
+      KVD = c->num_key_value_heads * c->head_dim;
+  /* the blocks' seven linear shapes (LORA_Q .. LORA_DOWN's order), then the head's */
+  const int K[LORA_NT + 1] = {C, C, C, HD, C, C, I, C}, O[LORA_NT + 1] = {HD, KVD, KVD, C, I, I, C, c->vocab_size};
+  const model_lora *lo = m->lora;
+  size_t need = 0;
+  for (int i = 0; i <= LORA_NT; i++) {
+    if (m->bf16)   /* the head too: decode's logits run the bf16 product */
+      need = larger(need, larger(clrt_linear_packed_bf16_workspace_bytes(N, K[i]),
+                                 larger(clrt_linear_skinny_bf16_workspace_bytes(N, K[i]),
+                                        clrt_linear_rowwise_bf16_workspace_bytes(N, K[i]))));
+    else if (m->base16 && i < LORA_NT)   /* the head stays f32 */
+      need = larger(need, larger(clrt_linear_bf16_workspace_bytes(N, K[i], O[i], 1),
+                                 clrt_linear_bf16_backward_dx_workspace_bytes(K[i], O[i])));
+    if (lo && (i < LORA_NT || lo->head[0] >= 0))
+      need = larger(need, larger(clrt_lora_forward_workspace_bytes(K[i], O[i], lo->r),
+                                 clrt_lora_backward_workspace_bytes(N, lo->r)));
+  }
+  return need;
+}
+
 /* A linear layer on the CPU in f32: over the packed copy when current, else the same tiles
    packing w on the fly (more than a decode step's rows: fewer reread the weights once per
    row tile), else sgemm (or the skinny kernel, linear.c). */
@@ -152,9 +178,13 @@ void model_cpu_linear_bf16(clrt_model *m, acts *a, float *y, const float *x, int
                            const float *b, int64_t N, int Kd, int O) {
   const uint16_t *w16 = (const uint16_t *)m->wbf->data + w;
   clrt_packed_part part = {y, w16, b, O};
-  if (m->wbf_packed ? clrt_linear_packed_bf16_forward_rows(x, N, Kd, &part, 1)
-                    : m->batch_invariant ? clrt_linear_rowwise_forward_bf16(y, x, w16, b, N, Kd, O)
-                    : clrt_linear_skinny_forward_bf16(y, x, w16, b, N, Kd, O))
+  size_t need = m->wbf_packed        ? clrt_linear_packed_bf16_workspace_bytes(N, Kd)
+                : m->batch_invariant ? clrt_linear_rowwise_bf16_workspace_bytes(N, Kd)
+                                     : clrt_linear_skinny_bf16_workspace_bytes(N, Kd);
+  if (model_workspace(m, need, "bf16 forward")) return;
+  if (m->wbf_packed ? clrt_linear_packed_bf16_forward_rows(x, N, Kd, &part, 1, m->ws, m->ws_bytes)
+                    : m->batch_invariant ? clrt_linear_rowwise_forward_bf16(y, x, w16, b, N, Kd, O, m->ws, m->ws_bytes)
+                    : clrt_linear_skinny_forward_bf16(y, x, w16, b, N, Kd, O, m->ws, m->ws_bytes))
     return;
   model_cpu_linear(m, a, y, x, w, b, N, Kd, O);
 }
@@ -204,7 +234,8 @@ void model_cpu_linear_parts_bf16(clrt_model *m, acts *a, const float *x, int64_t
     for (int i = 0; i < count; i++)
       packed[i] = (clrt_packed_part){parts[i].y, (const uint16_t *)m->wbf->data + parts[i].w,
                                      parts[i].b, parts[i].O};
-    if (clrt_linear_packed_bf16_forward_rows(x, N, Kd, packed, count)) return;
+    if (model_workspace(m, clrt_linear_packed_bf16_workspace_bytes(N, Kd), "bf16 forward")) return;
+    if (clrt_linear_packed_bf16_forward_rows(x, N, Kd, packed, count, m->ws, m->ws_bytes)) return;
   }
   for (int i = 0; i < count; i++)
     model_cpu_linear_bf16(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, Kd, parts[i].O);
