@@ -225,7 +225,8 @@ def main(argv):
         if show_edges:
             for p in members:
                 for q in sorted(inner[p]):
-                    print(f"    {os.path.basename(p)} -> {os.path.basename(q)}")
+                    names = sorted(n for n in set(IDENT.findall(code[p])) if q in defined.get(n, ()))
+                    print(f"    {os.path.basename(p)} -> {os.path.basename(q)}: {', '.join(names)}")
     cross = {}
     for p in files:
         for q in edges[p]:

@@ -12,6 +12,15 @@ static float *take(acts *a, char *base, size_t n) {
   return p;
 }
 
+/* The widest input of a LoRA target linear (the dropout scratch's row). */
+static size_t lora_widest(const clrt_model *m) {
+  const clrt_model_config *c = &m->cfg;
+  size_t w = (size_t)c->hidden_size, hd = (size_t)c->num_attention_heads * c->head_dim;
+  if (hd > w) w = hd;
+  if ((size_t)c->intermediate_size > w) w = (size_t)c->intermediate_size;
+  return w;
+}
+
 /* res and la must have room for L+1 and L entries. */
 void model_layout(const clrt_model *m, acts *a, char *base, int B, int T, int Tk, int keep) {
   const clrt_model_config *c = &m->cfg;
@@ -81,7 +90,7 @@ void model_layout(const clrt_model *m, acts *a, char *base, int B, int T, int Tk
   if (m->lora) {
     if (m->lora->head[0] >= 0) a->lhxa = take(a, base, N * (size_t)m->lora->r);
     if (m->lora->emb[0] >= 0) a->lexa = take(a, base, N * (size_t)m->lora->r);
-    if (m->lora->dropout > 0 && keep) a->lxd = take(a, base, N * model_lora_widest(m));
+    if (m->lora->dropout > 0 && keep) a->lxd = take(a, base, N * lora_widest(m));
     if (keep) a->ldxa = take(a, base, N * (size_t)m->lora->r);
   }
   a->pos0 = (int32_t *)take(a, base, (size_t)B);
@@ -115,6 +124,22 @@ int model_sync_rope(clrt_model *m) {
   return m->ops->upload(d, m->rope_cos, n * sizeof(float)) || m->ops->upload(d + n, m->rope_sin, n * sizeof(float)) ? -1 : 0;
 }
 
+/* Gemma 3's local layers: their own tables (rope_local_theta), host memory. */
+static int ensure_local_rope(clrt_model *m, int P) {
+  if (!m->cfg.gemma3) return 0;
+  int half = m->cfg.head_dim / 2;
+  float *c = realloc(m->rope_cos_local, sizeof(float) * (size_t)P * half);
+  if (c) m->rope_cos_local = c;
+  float *s = realloc(m->rope_sin_local, sizeof(float) * (size_t)P * half);
+  if (s) m->rope_sin_local = s;
+  if (!c || !s) {
+    clrt_set_error("model: out of memory for the local RoPE table of %d positions", P);
+    return -1;
+  }
+  clrt_rope_table(m->rope_cos_local, m->rope_sin_local, m->inv_freq_local, P, m->cfg.head_dim);
+  return 0;
+}
+
 int model_ensure_rope(clrt_model *m, int P) {
   if (P <= m->rope_len) return 0;
   int half = m->cfg.head_dim / 2;
@@ -127,7 +152,7 @@ int model_ensure_rope(clrt_model *m, int P) {
     return -1;
   }
   clrt_rope_table(m->rope_cos, m->rope_sin, m->inv_freq, P, m->cfg.head_dim);
-  if (gemma3_ensure_rope(m, P)) return -1;
+  if (ensure_local_rope(m, P)) return -1;
   m->rope_len = P;
   return model_sync_rope(m);
 }

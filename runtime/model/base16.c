@@ -15,13 +15,6 @@
 #include <string.h>
 #include <unistd.h>
 
-int model_refuse_base16(const clrt_model *m, const char *who) {
-  if (!m->base16) return 0;
-  clrt_set_error("%s: the model's base is held in bf16 (base_dtype=bf16) and has no f32 weights; "
-                 "load the base again for that", who);
-  return -1;
-}
-
 /* 1 when param p is one of the blocks' linear weights. */
 static int is_block_linear(const clrt_model *m, const clrt_param_info *p) {
   if (p->ndim != 2) return 0;
@@ -54,8 +47,7 @@ void model_base16_pack(const clrt_model *m, const clrt_param_info *p, uint16_t *
   }
 }
 
-int clrt_model_set_base_bf16(clrt_model *m) {
-  if (m->base16) return 0;
+int model_base16_convert(clrt_model *m) {
   if (!m->lora) {
     clrt_set_error("base_dtype=bf16: only a frozen base can drop its f32 weights; add LoRA adapters "
                    "first (train.lora.r > 0): a full fine-tune trains every weight in f32");
@@ -148,7 +140,6 @@ int clrt_model_set_base_bf16(clrt_model *m) {
   m->base16 = 1;
   m->base16_blank = blank;
   m->saved = 0;
-  model_choose_ops(m);
   return 0;
 }
 

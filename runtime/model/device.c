@@ -9,6 +9,56 @@ void model_choose_ops(clrt_model *m) {
   else m->ops = model_cuda_ops(m->bf16);
 }
 
+/* A new model starts on the CPU in f32: params.c lays it out, its ops are chosen here. */
+clrt_model *clrt_model_new(const clrt_model_config *cfg) {
+  clrt_model *m = model_params_new(cfg);
+  if (m) model_choose_ops(m);
+  return m;
+}
+
+/* The precision switches: the bf16 base (base16.c converts) and bf16 products (weights.c's
+   copies), each with the ops that run it. */
+int clrt_model_set_base_bf16(clrt_model *m) {
+  if (m->base16) return 0;
+  if (model_base16_convert(m)) return -1;
+  model_choose_ops(m);
+  return 0;
+}
+
+int clrt_model_set_matmul_bf16(clrt_model *m, int on) {
+  if (on && model_refuse_base16(m, "set_matmul(\"bf16\")")) return -1;
+  if (!on) {
+    clrt_storage_release(m->wbf);
+    m->wbf = NULL;
+    m->bf16 = 0;
+    model_choose_ops(m);
+    return 0;
+  }
+  /* On a CPU with a matrix unit every product runs in bf16: the transposed panels too. */
+  const clrt_model_config *c = &m->cfg;
+  int t = m->device == CLRT_CPU && m->pack_decode && clrt_matrix_unit() != CLRT_UNIT_F32 &&
+          c->num_key_value_heads * c->head_dim % 2 == 0 && c->intermediate_size % 2 == 0 &&
+          c->hidden_size % 2 == 0 && c->num_attention_heads * c->head_dim % 2 == 0;
+  size_t need = sizeof(uint16_t) * (size_t)m->total * (t ? 2 : 1);
+  if (m->wbf && m->wbf->bytes != need) {
+    clrt_storage_release(m->wbf);
+    m->wbf = NULL;
+  }
+  if (!m->wbf && !(m->wbf = clrt_storage_new(need, m->device))) return -1;
+  m->wbf_t = t;
+  /* bf16 decode reads the bf16 copies: the packed f32 ones would only take memory. */
+  clrt_storage_release(m->wpk);
+  m->wpk = NULL;
+  /* The activation layout gains the bf16 scratch: rebuild it on the next call. */
+  clrt_storage_release(m->acts);
+  m->acts = NULL;
+  m->saved = 0;
+  m->bf16 = 1;
+  m->wbf_ver = COPY_STALE;
+  model_choose_ops(m);
+  return 0;
+}
+
 typedef int (*copy_fn)(void *dst, const void *src, size_t bytes);
 
 /* A copy of s on `device` through copy (NULL: none in this build; the allocator fails first),

@@ -33,15 +33,6 @@ static int64_t target_weight(const clrt_model *m, int l, int t) {
   return w[t];
 }
 
-void model_lora_free(model_lora *lo) {
-  if (!lo) return;
-  clrt_storage_release(lo->params);
-  clrt_storage_release(lo->grads);
-  free(lo->p);
-  free(lo->ab);
-  free(lo);
-}
-
 /* The next adapter tensor, [rows, cols], at the end of the arena (16-float aligned). */
 static clrt_param_info *next_param(model_lora *lo, int64_t rows, int64_t cols) {
   clrt_param_info *p = &lo->p[lo->np++];
@@ -310,14 +301,6 @@ param_set model_param_set(clrt_model *m, int lora) {
 }
 
 /* ---- the layer hooks ------------------------------------------------------------------------- */
-
-size_t model_lora_widest(const clrt_model *m) {
-  const clrt_model_config *c = &m->cfg;
-  size_t w = (size_t)c->hidden_size, hd = (size_t)c->num_attention_heads * c->head_dim;
-  if (hd > w) w = hd;
-  if ((size_t)c->intermediate_size > w) w = (size_t)c->intermediate_size;
-  return w;
-}
 
 void model_lora_begin(clrt_model *m, int keep) {
   model_lora *lo = m->lora;

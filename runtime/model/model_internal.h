@@ -313,8 +313,6 @@ void model_embed_scale(const clrt_model *m, float *x, int64_t N);
 /* Gemma 3's final_logit_softcapping on a decode step's logits [B, V] (host memory; no-op
    without it). */
 void model_softcap_logits(const clrt_model *m, float *logits, int B);
-/* Gemma 3's local RoPE tables for positions [0, P) (no-op for the others). */
-int gemma3_ensure_rope(clrt_model *m, int P);
 
 /* ---- weights (weights.c) --------------------------------------------------------------------- */
 
@@ -365,8 +363,9 @@ void model_base16_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, 
 /* A block linear weight p [rows, K] (f32 src) into bf16 panels at dst, a fused tensor's row
    blocks each on their own (model_param_row_blocks). */
 void model_base16_pack(const clrt_model *m, const clrt_param_info *p, uint16_t *dst, const float *src);
-/* An error naming `who` when the model's base is held in bf16 (no f32 weights to read or write). */
-int model_refuse_base16(const clrt_model *m, const char *who);
+/* Drops the blocks' f32 linear weights for bf16 panels (clrt_model_set_base_bf16, device.c,
+   then picks the ops). */
+int model_base16_convert(clrt_model *m);
 
 /* ---- parameters (params.c) ------------------------------------------------------------------- */
 
@@ -374,6 +373,12 @@ static inline float *PW(const clrt_model *m, int64_t off) { return off < 0 ? NUL
 /* The base's gradient: none when adapters freeze it. */
 static inline float *GW(const clrt_model *m, int64_t off) { return off < 0 || m->lora ? NULL : (float *)m->grads->data + off; }
 int model_ensure_grads(clrt_model *m);
+/* A model on the CPU with its parameter layout and no ops yet (clrt_model_new, device.c,
+   picks them). */
+clrt_model *model_params_new(const clrt_model_config *cfg);
+/* An error naming `who` when the model's base is held in bf16 (no f32 weights to read or write). */
+int model_refuse_base16(const clrt_model *m, const char *who);
+void model_lora_free(model_lora *lo);
 /* A tensor over one parameter's place in an arena (params, grads). */
 clrt_tensor *model_param_view(clrt_storage *s, const clrt_param_info *p);
 
@@ -390,9 +395,6 @@ void model_linear_backward(clrt_model *m, acts *a, const layer_acts *A, int l, i
                            int O, int acc);
 
 /* ---- LoRA (lora.c) ---------------------------------------------------------------------------- */
-
-/* The widest input of a target linear (the dropout scratch's row). */
-size_t model_lora_widest(const clrt_model *m);
 /* Before a forward: notes whether the adapters run, and for a kept one its dropout step. */
 void model_lora_begin(clrt_model *m, int keep);
 /* y [N, O] += the adapter of (layer l, target t) over x [N, K]; no-op without one. keep: a
@@ -416,7 +418,6 @@ const struct clrt_head_lora *model_lora_head_backward(clrt_model *m, acts *a, st
 void model_lora_head_backward_end(clrt_model *m, acts *a, float *dx, const float *xn, int64_t nv);
 /* A decode step's logits [B, V] (model memory) += the output adapter's share over xn [B, C]. */
 void model_lora_head_decode(clrt_model *m, acts *a, float *logits, const float *xn, int B);
-void model_lora_free(model_lora *lo);
 /* The parameter set an optimizer walks: the adapters' when lora, else the model's. */
 typedef struct param_set {
   clrt_storage *params, *grads;

@@ -103,14 +103,13 @@ static void compute_inv_freq(const clrt_model_config *c, float *inv) {
   }
 }
 
-clrt_model *clrt_model_new(const clrt_model_config *cfg) {
+clrt_model *model_params_new(const clrt_model_config *cfg) {
   if (validate_config(cfg)) return NULL;
   clrt_model *m = calloc(1, sizeof *m);
   if (!m) goto oom;
   m->cfg = *cfg;
   m->pack_decode = 1;
   m->wbf_ver = m->wpk_ver = COPY_STALE;
-  model_choose_ops(m);
   const clrt_model_config *c = &m->cfg;
   int L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size;
   int64_t HD = (int64_t)c->num_attention_heads * c->head_dim, KVD = (int64_t)c->num_key_value_heads * c->head_dim;
@@ -192,6 +191,15 @@ oom:
   return NULL;
 }
 
+void model_lora_free(model_lora *lo) {
+  if (!lo) return;
+  clrt_storage_release(lo->params);
+  clrt_storage_release(lo->grads);
+  free(lo->p);
+  free(lo->ab);
+  free(lo);
+}
+
 void clrt_model_free(clrt_model *m) {
   if (!m) return;
   clrt_storage_release(m->params);
@@ -215,6 +223,15 @@ void clrt_model_free(clrt_model *m) {
   free(m);
 }
 
+
+int model_refuse_base16(const clrt_model *m, const char *who) {
+  if (!m->base16) return 0;
+  clrt_set_error("%s: the model's base is held in bf16 (base_dtype=bf16) and has no f32 weights; "
+                 "load the base again for that", who);
+  return -1;
+}
+
+void clrt_model_params_changed(clrt_model *m) { clrt_storage_written(m->params); }
 
 int model_ensure_grads(clrt_model *m) {
   if (m->grads || m->lora) return 0;   /* adapters: the base is frozen */

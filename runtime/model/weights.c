@@ -270,40 +270,6 @@ void model_refresh_bf16(clrt_model *m) {
   for (int64_t i = 0; i < m->total; i++) dst[i] = clrt_f32_to_bf16(src[i]);
 }
 
-int clrt_model_set_matmul_bf16(clrt_model *m, int on) {
-  if (on && model_refuse_base16(m, "set_matmul(\"bf16\")")) return -1;
-  if (!on) {
-    clrt_storage_release(m->wbf);
-    m->wbf = NULL;
-    m->bf16 = 0;
-    model_choose_ops(m);
-    return 0;
-  }
-  /* On a CPU with a matrix unit every product runs in bf16: the transposed panels too. */
-  const clrt_model_config *c = &m->cfg;
-  int t = m->device == CLRT_CPU && m->pack_decode && clrt_matrix_unit() != CLRT_UNIT_F32 &&
-          c->num_key_value_heads * c->head_dim % 2 == 0 && c->intermediate_size % 2 == 0 &&
-          c->hidden_size % 2 == 0 && c->num_attention_heads * c->head_dim % 2 == 0;
-  size_t need = sizeof(uint16_t) * (size_t)m->total * (t ? 2 : 1);
-  if (m->wbf && m->wbf->bytes != need) {
-    clrt_storage_release(m->wbf);
-    m->wbf = NULL;
-  }
-  if (!m->wbf && !(m->wbf = clrt_storage_new(need, m->device))) return -1;
-  m->wbf_t = t;
-  /* bf16 decode reads the bf16 copies: the packed f32 ones would only take memory. */
-  clrt_storage_release(m->wpk);
-  m->wpk = NULL;
-  /* The activation layout gains the bf16 scratch: rebuild it on the next call. */
-  clrt_storage_release(m->acts);
-  m->acts = NULL;
-  m->saved = 0;
-  m->bf16 = 1;
-  m->wbf_ver = COPY_STALE;
-  model_choose_ops(m);
-  return 0;
-}
-
 int clrt_model_set_decode_pack(clrt_model *m, int on) {
   if (m->pack_decode != (on != 0)) m->wbf_ver = COPY_STALE;   /* bf16 copies change layout */
   m->pack_decode = on != 0;
@@ -314,7 +280,6 @@ int clrt_model_set_decode_pack(clrt_model *m, int on) {
   return 0;
 }
 
-void clrt_model_params_changed(clrt_model *m) { clrt_storage_written(m->params); }
 
 /* forward_cached's products go through the packed f32 copy for any number of rows, each row
    summed in the same order (linear_packed.c's tiles), and its attention runs every query as a
