@@ -1,12 +1,14 @@
 /* model_internal.h — the model's private header: its layout (shared with optim.c, decode.c
    and flops.c), the activation arena and the ops table the layer code runs through (not for
    Lua). The files of runtime/model/, one job each:
-     params.c     parameter layout with Hugging Face names, config checks, init, introspection
+     params.c     parameter layout with Hugging Face names, config checks, init, introspection,
+                  the model's memory (the bottom layer: it calls no other model file)
      load_save.c  safetensors in and out
-     arena.c      the activation arena and the RoPE tables
+     arena.c      the activation arena, the RoPE tables and the CPU kernels' workspace
      weights.c    the packed and bf16 weight copies and the one policy for which product runs
      ops_cpu.c    the CPU ops; ops_cuda.c the CUDA ones (the only model file that knows CUDA)
      device.c     placement: moves between devices, choosing the ops for device and precision
+                  (new models, set_matmul, set_base_dtype)
      forward.c    the layer forward and the entry points logprobs and forward_cached
      backward.c   the layer backward and clrt_model_backward
      profile.c    per-kernel timing (CLRT_PROFILE=1)
