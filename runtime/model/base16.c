@@ -48,23 +48,7 @@ void model_base16_pack(const clrt_model *m, const clrt_param_info *p, uint16_t *
 }
 
 int model_base16_convert(clrt_model *m) {
-  if (!m->lora) {
-    clrt_set_error("base_dtype=bf16: only a frozen base can drop its f32 weights; add LoRA adapters "
-                   "first (train.lora.r > 0): a full fine-tune trains every weight in f32");
-    return -1;
-  }
-  if (m->device != CLRT_CPU) {
-    clrt_set_error("base_dtype=bf16: runs on the cpu only (the CUDA ops have no bf16 base yet); use "
-                   "base_dtype=f32 on cuda");
-    return -1;
-  }
   const clrt_model_config *c = &m->cfg;
-  int HD = c->num_attention_heads * c->head_dim;
-  if (c->hidden_size % 2 || c->intermediate_size % 2 || HD % 2) {
-    clrt_set_error("base_dtype=bf16: needs even hidden (%d), intermediate (%d) and heads x head_dim (%d) "
-                   "sizes (weights in pairs of bf16)", c->hidden_size, c->intermediate_size, HD);
-    return -1;
-  }
   int64_t *old_off = malloc(sizeof(int64_t) * (size_t)m->np);
   if (!old_off) {
     clrt_set_error("base_dtype=bf16: out of memory");

@@ -20,13 +20,13 @@ clrt_model *clrt_model_new(const clrt_model_config *cfg) {
    copies), each with the ops that run it. */
 int clrt_model_set_base_bf16(clrt_model *m) {
   if (m->base16) return 0;
-  if (model_base16_convert(m)) return -1;
+  if (model_mode_allows(m, MODE_BF16_BASE, "base_dtype=bf16") || model_base16_convert(m)) return -1;
   model_choose_ops(m);
   return 0;
 }
 
 int clrt_model_set_matmul_bf16(clrt_model *m, int on) {
-  if (on && model_refuse_base16(m, "set_matmul(\"bf16\")")) return -1;
+  if (on && model_mode_allows(m, MODE_F32_WEIGHTS, "set_matmul(\"bf16\")")) return -1;
   if (!on) {
     clrt_storage_release(m->wbf);
     m->wbf = NULL;
@@ -82,16 +82,7 @@ int clrt_model_to_device(clrt_model *m, int device) {
     return -1;
   }
   if (device == m->device) return 0;
-  if (m->cfg.gemma3 && device == CLRT_CUDA) {
-    clrt_set_error("model:to: Gemma3ForCausalLM runs on the cpu only (its (1 + w) norms, GELU-tanh MLP and "
-                   "scaled, soft-capped attention have no CUDA kernels yet); use device=cpu");
-    return -1;
-  }
-  if (m->base16) {
-    clrt_set_error("model:to: a bf16 base (base_dtype=bf16) runs on the cpu only (the CUDA ops have no "
-                   "bf16 base yet); use base_dtype=f32 on cuda");
-    return -1;
-  }
+  if (device == CLRT_CUDA && model_mode_allows(m, MODE_ON_CUDA, "model:to")) return -1;
   /* The copy runs on the device's side: a download from it, or an upload to it. */
   const model_ops *to = device == CLRT_CPU ? &model_cpu_ops : model_cuda_ops(0);
   copy_fn copy = device == CLRT_CPU ? m->ops->download : to ? to->upload : NULL;

@@ -267,7 +267,7 @@ static int untie_head(clrt_model *m) {
 
 int clrt_model_lora_merge(clrt_model *m) {
   model_lora *lo = need_lora(m, "lora merge");
-  if (!lo || model_refuse_base16(m, "lora merge")) return -1;
+  if (!lo || model_mode_allows(m, MODE_F32_WEIGHTS, "lora merge")) return -1;
   if (m->device != CLRT_CPU) {
     clrt_set_error("lora merge: move the model to the cpu first");
     return -1;

@@ -346,6 +346,12 @@ void model_cpu_linear_parts_bf16(clrt_model *m, acts *a, const float *x, int64_t
 const float *model_packed_weight(const clrt_model *m, int64_t w);
 /* 1 when the CPU's AVX-512 training kernels are wanted (set_decode_pack, on by default). */
 int model_fast_kernels(const clrt_model *m);
+/* The modes' rules (the product policy's other half): 0 when the model's mode lets `who`
+   make the change, else -1 with an error naming who and why. MODE_F32_WEIGHTS: read or write
+   the f32 linear weights (load, save, init, merge, bf16 copies of them); MODE_BF16_BASE:
+   drop them for a bf16 base; MODE_ON_CUDA: move to a CUDA device. */
+enum { MODE_F32_WEIGHTS, MODE_BF16_BASE, MODE_ON_CUDA };
+int model_mode_allows(const clrt_model *m, int change, const char *who);
 /* The output layer's kernel bits (CLRT_OUT_FAST, CLRT_OUT_ROWWISE when batch-invariant). */
 int model_output_kernels(const clrt_model *m);
 /* The most workspace any CPU product (base or adapter) of up to N rows takes in the model's
@@ -378,8 +384,6 @@ int model_ensure_grads(clrt_model *m);
 /* A model on the CPU with its parameter layout and no ops yet (clrt_model_new, device.c,
    picks them). */
 clrt_model *model_params_new(const clrt_model_config *cfg);
-/* An error naming `who` when the model's base is held in bf16 (no f32 weights to read or write). */
-int model_refuse_base16(const clrt_model *m, const char *who);
 void model_lora_free(model_lora *lo);
 /* A tensor over one parameter's place in an arena (params, grads). */
 clrt_tensor *model_param_view(clrt_storage *s, const clrt_param_info *p);

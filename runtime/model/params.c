@@ -224,51 +224,12 @@ void clrt_model_free(clrt_model *m) {
 }
 
 
-int model_refuse_base16(const clrt_model *m, const char *who) {
-  if (!m->base16) return 0;
-  clrt_set_error("%s: the model's base is held in bf16 (base_dtype=bf16) and has no f32 weights; "
-                 "load the base again for that", who);
-  return -1;
-}
-
 void clrt_model_params_changed(clrt_model *m) { clrt_storage_written(m->params); }
 
 int model_ensure_grads(clrt_model *m) {
   if (m->grads || m->lora) return 0;   /* adapters: the base is frozen */
   m->grads = clrt_storage_new(sizeof(float) * (size_t)m->total, m->device);
   return m->grads ? 0 : -1;
-}
-
-int clrt_model_init_random(clrt_model *m, uint64_t seed) {
-  if (model_refuse_base16(m, "model init")) return -1;
-  clrt_rng r;
-  clrt_rng_seed(&r, seed);
-  /* On the GPU the values are drawn on the host (the same stream as on the CPU) and copied. */
-  float *w = m->device != CLRT_CPU ? calloc((size_t)m->total, sizeof(float)) : m->params->data;
-  if (!w) {
-    clrt_set_error("model: out of host memory initialising %lld parameters", (long long)m->total);
-    return -1;
-  }
-  double std = 0.02, proj_std = 0.02 / sqrt(2.0 * m->cfg.num_hidden_layers);
-  for (int i = 0; i < m->np; i++) {
-    clrt_param_info *p = &m->p[i];
-    float *d = w + p->offset;
-    const char *n = p->name;
-    size_t len = strlen(n);
-    int is_bias = len > 5 && strcmp(n + len - 5, ".bias") == 0;
-    if (p->ndim == 1) {
-      /* Gemma 3's norms scale by (1 + w): 0 is the identity */
-      for (int64_t k = 0; k < p->numel; k++) d[k] = is_bias || m->cfg.gemma3 ? 0.0f : 1.0f;
-      continue;
-    }
-    double s = (strstr(n, "o_proj") || strstr(n, "down_proj")) ? proj_std : std;
-    for (int64_t k = 0; k < p->numel; k++) d[k] = (float)(s * clrt_rng_normal(&r));
-  }
-  clrt_model_params_changed(m);
-  if (m->device == CLRT_CPU) return 0;
-  int rc = m->ops->upload(m->params->data, w, sizeof(float) * (size_t)m->total);
-  free(w);
-  return rc;
 }
 
 /* ---- introspection ----------------------------------------------------------------------- */

@@ -58,6 +58,43 @@ static void pack_linear_weights(const clrt_model *m, void *dst, int bf16) {
 #undef PACK
 }
 
+/* The modes' rules, all here: which modes a model's weights and device let a change have. */
+int model_mode_allows(const clrt_model *m, int change, const char *who) {
+  const clrt_model_config *c = &m->cfg;
+  int HD = c->num_attention_heads * c->head_dim;
+  switch (change) {
+  case MODE_F32_WEIGHTS:
+    if (!m->base16) return 0;
+    clrt_set_error("%s: the model's base is held in bf16 (base_dtype=bf16) and has no f32 weights; "
+                   "load the base again for that", who);
+    return -1;
+  case MODE_BF16_BASE:
+    if (!m->lora)
+      clrt_set_error("%s: only a frozen base can drop its f32 weights; add LoRA adapters first "
+                     "(train.lora.r > 0): a full fine-tune trains every weight in f32", who);
+    else if (m->device != CLRT_CPU)
+      clrt_set_error("%s: runs on the cpu only (the CUDA ops have no bf16 base yet); use base_dtype=f32 on cuda", who);
+    else if (c->hidden_size % 2 || c->intermediate_size % 2 || HD % 2)
+      clrt_set_error("%s: needs even hidden (%d), intermediate (%d) and heads x head_dim (%d) sizes (weights "
+                     "in pairs of bf16)", who, c->hidden_size, c->intermediate_size, HD);
+    else
+      return 0;
+    return -1;
+  case MODE_ON_CUDA:
+    if (c->gemma3)
+      clrt_set_error("%s: Gemma3ForCausalLM runs on the cpu only (its (1 + w) norms, GELU-tanh MLP and "
+                     "scaled, soft-capped attention have no CUDA kernels yet); use device=cpu", who);
+    else if (m->base16)
+      clrt_set_error("%s: a bf16 base (base_dtype=bf16) runs on the cpu only (the CUDA ops have no bf16 "
+                     "base yet); use base_dtype=f32 on cuda", who);
+    else
+      return 0;
+    return -1;
+  }
+  clrt_set_error("%s: unknown mode change %d", who, change);
+  return -1;
+}
+
 /* The packed copies of the linear weights, made on the first CPU forward (decode, logprobs) and remade when the
    weights change. Products of any number of rows run faster over them than over sgemm (see
    linear_packed.c), for a second copy of the weights in memory. */
