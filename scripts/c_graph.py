@@ -7,11 +7,12 @@ Reads runtime/**/*.c|.cu and kernels/**/*.c|.cu|.h|.cuh. A node is a file; file 
 edge to file A when B names (calls, or takes the address of, as the ops tables do) a
 function that A defines without `static` (definitions found by a pattern over the code with
 comments, strings and preprocessor lines removed; inline and __device__ functions are a
-file's own). Prints, per folder, its files, lines,
-the edges between its files and their cycles (strongly connected groups of more than one
-file); then the edges between folders, the kernels that include a runtime header or name a
-runtime function (the CUDA kernels' launch context, LAUNCH_CONTEXT, apart), memory allocation in the CPU kernels (they take their workspace from the
-caller) and the uses of CLRT_HAVE_CUDA outside the files that may know CUDA (DEVICE_FILES).
+file's own). Prints, per folder, its files, lines, the edges between its files and their
+cycles (strongly connected groups of more than one file); then the edges between folders,
+the kernels that include a runtime header or name a runtime function (the CUDA kernels'
+launch context, LAUNCH_CONTEXT, apart), memory allocation in the CPU kernels (they take
+their workspace from the caller) and the uses of CLRT_HAVE_CUDA outside the files that may
+know CUDA (DEVICE_FILES).
 --edges also lists every edge. With --check the exit status is 1 when a kernel includes a
 runtime header or names a runtime function, a CPU kernel allocates or frees memory, or
 CLRT_HAVE_CUDA appears outside DEVICE_FILES.

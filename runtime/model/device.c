@@ -1,5 +1,6 @@
-/* device.c — where the model runs: the ops table for its device and precision, and moves of
-   its arenas between the CPU and a CUDA device. */
+/* device.c — where the model runs and at what precision: the ops table for its device and
+   precision (a new model, set_matmul, set_base_dtype), and moves of its arenas between the
+   CPU and a CUDA device. */
 #include "model_internal.h"
 
 #include <stddef.h>
