@@ -172,14 +172,17 @@ def main(argv):
         root = argv[argv.index("--root") + 1]
     files = read_files(root)
     code = {p: strip(t) for p, t in files.items()}
-    defined = {}
+    defined, own = {}, {p: set() for p in files}
     for p, c in code.items():
         if p.endswith((".c", ".cu")):
             for name in definitions(c):
                 defined.setdefault(name, set()).add(p)
+                own[p].add(name)
     edges = {p: set() for p in files}
     for p, c in code.items():
-        for name in set(IDENT.findall(c)):
+        # a name the file defines itself is its own (a CUDA build's function and the other
+        # build's stub under the opposite #ifdef are no edge between their files)
+        for name in set(IDENT.findall(c)) - own[p]:
             for q in defined.get(name, ()):
                 if q != p:
                     edges[p].add(q)
@@ -196,7 +199,7 @@ def main(argv):
                     kernel_includes.append((p, inc))
             for q in sorted(edges[p]):
                 if q.startswith("runtime/"):
-                    names = sorted(n for n in set(IDENT.findall(code[p])) if q in defined.get(n, ()))
+                    names = sorted(n for n in set(IDENT.findall(code[p])) - own[p] if q in defined.get(n, ()))
                     if p.startswith("kernels/cuda/") and all(LAUNCH_CONTEXT in defined[n] for n in names):
                         context_calls.append((p, names))
                     else:
@@ -226,7 +229,7 @@ def main(argv):
         if show_edges:
             for p in members:
                 for q in sorted(inner[p]):
-                    names = sorted(n for n in set(IDENT.findall(code[p])) if q in defined.get(n, ()))
+                    names = sorted(n for n in set(IDENT.findall(code[p])) - own[p] if q in defined.get(n, ()))
                     print(f"    {os.path.basename(p)} -> {os.path.basename(q)}: {', '.join(names)}")
     cross = {}
     for p in files:
