@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The C side's map, read from the source by scripts/c_graph.py: kernels include no runtime
+# The C side's map, read from the source by scripts/c_graph.py: no folder's files call each
+# other in a cycle (runtime/model is layered), kernels include no runtime
 # header and name no runtime function (the CUDA kernels' launch context apart), the CPU
 # kernels allocate nothing (their workspace is the caller's), and CLRT_HAVE_CUDA appears only
 # in the device files. The script must also see each kind of fault: a copy of runtime/ and
@@ -42,12 +43,13 @@ printf '\n/* malloc(1); free(p); CLRT_HAVE_CUDA */\nstatic const char *clrt_plan
   >> "$tmp/tree/kernels/cpu/rmsnorm.c"
 "$py" "$src/scripts/c_graph.py" --check --root "$tmp/tree" > "$tmp/out" 2>&1 \
   && echo "ok    comments and strings are not uses" || { echo "FAIL  a comment or string was read as code"; cat "$tmp/out"; rc=1; }
-# the graph itself: a function of params.c named in arena.c is an edge arena.c -> params.c,
-# and one back makes a cycle of the two
+# the graph itself: params.c naming a function of weights.c and weights.c one of params.c
+# make a cycle of the two, which fails the check
 fresh
-printf '\nvoid clrt_planted_a(void) { clrt_planted_b(); }\n' >> "$tmp/tree/runtime/formats/json.c"
-printf '\nvoid clrt_planted_b(void) { clrt_planted_a(); }\n' >> "$tmp/tree/runtime/formats/safetensors.c"
-"$py" "$src/scripts/c_graph.py" --root "$tmp/tree" > "$tmp/out" 2>&1
-if grep -q "cycle: json.c safetensors.c" "$tmp/out"; then echo "ok    a planted cycle is found"
-else echo "FAIL  a planted cycle was not found"; grep "^runtime/formats" -A2 "$tmp/out"; rc=1; fi
+printf '\nvoid clrt_planted_a(void) { model_workspace_bytes(0, 0); }\n' >> "$tmp/tree/runtime/model/params.c"
+printf '\nvoid clrt_planted_b(void) { clrt_planted_a(); }\n' >> "$tmp/tree/runtime/model/weights.c"
+if "$py" "$src/scripts/c_graph.py" --check --root "$tmp/tree" > "$tmp/out" 2>&1; then
+  echo "FAIL  a planted cycle passed the check"; rc=1
+elif grep -q "cycle: params.c weights.c" "$tmp/out"; then echo "ok    a planted cycle is found and fails the check"
+else echo "FAIL  a planted cycle was not named"; grep "^runtime/model" -A2 "$tmp/out"; rc=1; fi
 exit $rc
