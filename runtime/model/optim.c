@@ -4,10 +4,6 @@
 #include "cpu/model_kernels.h"
 #include "model_math.h"
 
-#ifdef CLRT_HAVE_CUDA
-#include "cuda/cuda_kernels.h"
-#endif
-
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -20,7 +16,7 @@ struct clrt_adamw {
   int64_t step;
   int device;              /* where the moments live: the model's device at creation */
   int lora;                /* walks the model's LoRA adapters (the base is frozen) */
-  clrt_storage *gpu;       /* on CUDA: segments [np], norm partials, the norm (device) */
+  clrt_storage *gpu;       /* on a device: the ops' tensor table for its fused step */
 };
 
 clrt_adamw *clrt_adamw_new(clrt_model *m, const uint8_t *decay) {
@@ -38,25 +34,10 @@ clrt_adamw *clrt_adamw_new(clrt_model *m, const uint8_t *decay) {
     clrt_adamw_free(o);
     return NULL;
   }
-#ifdef CLRT_HAVE_CUDA
-  if (o->device == CLRT_CUDA) {
-    /* The tensor table the update kernel walks, uploaded once. */
-    size_t segb = sizeof(clrt_cuda_adamw_seg) * (size_t)ps.np;
-    size_t extra = sizeof(double) * ((size_t)clrt_cuda_adamw_partials() + 1);
-    clrt_cuda_adamw_seg *segs = malloc(segb);
-    if (!segs) goto oom;
-    for (int i = 0; i < ps.np; i++)
-      segs[i] = (clrt_cuda_adamw_seg){ps.p[i].offset, ps.p[i].numel, o->decay[i]};
-    segb = (segb + 15) & ~(size_t)15;   /* the doubles after it stay aligned */
-    int rc = !(o->gpu = clrt_storage_new(segb + extra, CLRT_CUDA)) ||
-             clrt_cuda_memcpy(o->gpu->data, segs, sizeof(clrt_cuda_adamw_seg) * (size_t)ps.np, 0);
-    free(segs);
-    if (rc) {
-      clrt_adamw_free(o);
-      return NULL;
-    }
+  if (m->ops->adamw_table && !(o->gpu = m->ops->adamw_table(ps.p, ps.np, o->decay))) {
+    clrt_adamw_free(o);
+    return NULL;
   }
-#endif
   return o;
 oom:
   clrt_adamw_free(o);
@@ -144,18 +125,15 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
   param_set ps;
   if (step_check(o, &ps, lr, beta1, beta2, eps)) return -1;
   float *P = ps.params->data, *G = ps.grads->data, *M1 = o->m1->data, *M2 = o->m2->data;
-#ifdef CLRT_HAVE_CUDA
-  if (o->device == CLRT_CUDA) {
+  if (o->gpu) {
     /* Norm, clip and update all on the device; the norm comes back once, after the update
-       (which the kernel itself skips when the norm is not finite). */
+       (which the device step itself skips when the norm is not finite). */
     float bc1 = (float)(1.0 - pow(beta1, (double)(o->step + 1)));
     float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)(o->step + 1)));
-    size_t segb = (sizeof(clrt_cuda_adamw_seg) * (size_t)ps.np + 15) & ~(size_t)15;
-    double *partial = (double *)((char *)o->gpu->data + segb), *norm_dev = partial + clrt_cuda_adamw_partials();
-    clrt_cuda_adamw_step(P, M1, M2, G, ps.total, o->gpu->data, ps.np, partial, norm_dev, lr, beta1,
-                         beta2, eps, weight_decay, grad_clip, bc1, bc2_sqrt);
     double norm = 0;
-    if (clrt_cuda_sync() || clrt_cuda_memcpy(&norm, norm_dev, sizeof norm, 1)) return -1;
+    if (m->ops->adamw_step(o->gpu, ps.np, P, M1, M2, G, ps.total, lr, beta1, beta2, eps, weight_decay, grad_clip,
+                           bc1, bc2_sqrt, &norm))
+      return -1;
     if (grad_norm) *grad_norm = norm;
     if (!isfinite(norm)) {
       clrt_set_error("adamw: gradient norm is %g; the step was skipped", norm);
@@ -168,7 +146,6 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
     else clrt_model_params_changed(m);
     return 0;
   }
-#endif
   /* The padding between tensors stays zero in grads, so the whole arena sums correctly. */
   double ss = 0;
 #pragma omp parallel for reduction(+ : ss) schedule(static)

@@ -58,6 +58,43 @@ static void pack_linear_weights(const clrt_model *m, void *dst, int bf16) {
 #undef PACK
 }
 
+/* The modes' rules, all here: which modes a model's weights and device let a change have. */
+int model_mode_allows(const clrt_model *m, int change, const char *who) {
+  const clrt_model_config *c = &m->cfg;
+  int HD = c->num_attention_heads * c->head_dim;
+  switch (change) {
+  case MODE_F32_WEIGHTS:
+    if (!m->base16) return 0;
+    clrt_set_error("%s: the model's base is held in bf16 (base_dtype=bf16) and has no f32 weights; "
+                   "load the base again for that", who);
+    return -1;
+  case MODE_BF16_BASE:
+    if (!m->lora)
+      clrt_set_error("%s: only a frozen base can drop its f32 weights; add LoRA adapters first "
+                     "(train.lora.r > 0): a full fine-tune trains every weight in f32", who);
+    else if (m->device != CLRT_CPU)
+      clrt_set_error("%s: runs on the cpu only (the CUDA ops have no bf16 base yet); use base_dtype=f32 on cuda", who);
+    else if (c->hidden_size % 2 || c->intermediate_size % 2 || HD % 2)
+      clrt_set_error("%s: needs even hidden (%d), intermediate (%d) and heads x head_dim (%d) sizes (weights "
+                     "in pairs of bf16)", who, c->hidden_size, c->intermediate_size, HD);
+    else
+      return 0;
+    return -1;
+  case MODE_ON_CUDA:
+    if (c->gemma3)
+      clrt_set_error("%s: Gemma3ForCausalLM runs on the cpu only (its (1 + w) norms, GELU-tanh MLP and "
+                     "scaled, soft-capped attention have no CUDA kernels yet); use device=cpu", who);
+    else if (m->base16)
+      clrt_set_error("%s: a bf16 base (base_dtype=bf16) runs on the cpu only (the CUDA ops have no bf16 "
+                     "base yet); use base_dtype=f32 on cuda", who);
+    else
+      return 0;
+    return -1;
+  }
+  clrt_set_error("%s: unknown mode change %d", who, change);
+  return -1;
+}
+
 /* The packed copies of the linear weights, made on the first CPU forward (decode, logprobs) and remade when the
    weights change. Products of any number of rows run faster over them than over sgemm (see
    linear_packed.c), for a second copy of the weights in memory. */
@@ -102,6 +139,32 @@ int model_fast_kernels(const clrt_model *m) { return m->device == CLRT_CPU && m-
 int model_output_kernels(const clrt_model *m) {
   return (model_fast_kernels(m) ? CLRT_OUT_FAST : 0) |
          (m->device == CLRT_CPU && m->batch_invariant ? CLRT_OUT_ROWWISE : 0);
+}
+
+static size_t larger(size_t a, size_t b) { return a > b ? a : b; }
+
+size_t model_workspace_bytes(const clrt_model *m, int64_t N) {
+  if (m->device != CLRT_CPU || N < 1) return 0;
+  const clrt_model_config *c = &m->cfg;
+  int C = c->hidden_size, I = c->intermediate_size, HD = c->num_attention_heads * c->head_dim,
+      KVD = c->num_key_value_heads * c->head_dim;
+  /* the blocks' seven linear shapes (LORA_Q .. LORA_DOWN's order), then the head's */
+  const int K[LORA_NT + 1] = {C, C, C, HD, C, C, I, C}, O[LORA_NT + 1] = {HD, KVD, KVD, C, I, I, C, c->vocab_size};
+  const model_lora *lo = m->lora;
+  size_t need = 0;
+  for (int i = 0; i <= LORA_NT; i++) {
+    if (m->bf16)   /* the head too: decode's logits run the bf16 product */
+      need = larger(need, larger(clrt_linear_packed_bf16_workspace_bytes(N, K[i]),
+                                 larger(clrt_linear_skinny_bf16_workspace_bytes(N, K[i]),
+                                        clrt_linear_rowwise_bf16_workspace_bytes(N, K[i]))));
+    else if (m->base16 && i < LORA_NT)   /* the head stays f32 */
+      need = larger(need, larger(clrt_linear_bf16_workspace_bytes(N, K[i], O[i], 1),
+                                 clrt_linear_bf16_backward_dx_workspace_bytes(K[i], O[i])));
+    if (lo && (i < LORA_NT || lo->head[0] >= 0))
+      need = larger(need, larger(clrt_lora_forward_workspace_bytes(K[i], O[i], lo->r),
+                                 clrt_lora_backward_workspace_bytes(N, lo->r)));
+  }
+  return need;
 }
 
 /* A linear layer on the CPU in f32: over the packed copy when current, else the same tiles
@@ -152,9 +215,13 @@ void model_cpu_linear_bf16(clrt_model *m, acts *a, float *y, const float *x, int
                            const float *b, int64_t N, int Kd, int O) {
   const uint16_t *w16 = (const uint16_t *)m->wbf->data + w;
   clrt_packed_part part = {y, w16, b, O};
-  if (m->wbf_packed ? clrt_linear_packed_bf16_forward_rows(x, N, Kd, &part, 1)
-                    : m->batch_invariant ? clrt_linear_rowwise_forward_bf16(y, x, w16, b, N, Kd, O)
-                    : clrt_linear_skinny_forward_bf16(y, x, w16, b, N, Kd, O))
+  size_t need = m->wbf_packed        ? clrt_linear_packed_bf16_workspace_bytes(N, Kd)
+                : m->batch_invariant ? clrt_linear_rowwise_bf16_workspace_bytes(N, Kd)
+                                     : clrt_linear_skinny_bf16_workspace_bytes(N, Kd);
+  if (model_workspace(m, need, "bf16 forward")) return;
+  if (m->wbf_packed ? clrt_linear_packed_bf16_forward_rows(x, N, Kd, &part, 1, m->ws, m->ws_bytes)
+                    : m->batch_invariant ? clrt_linear_rowwise_forward_bf16(y, x, w16, b, N, Kd, O, m->ws, m->ws_bytes)
+                    : clrt_linear_skinny_forward_bf16(y, x, w16, b, N, Kd, O, m->ws, m->ws_bytes))
     return;
   model_cpu_linear(m, a, y, x, w, b, N, Kd, O);
 }
@@ -204,7 +271,8 @@ void model_cpu_linear_parts_bf16(clrt_model *m, acts *a, const float *x, int64_t
     for (int i = 0; i < count; i++)
       packed[i] = (clrt_packed_part){parts[i].y, (const uint16_t *)m->wbf->data + parts[i].w,
                                      parts[i].b, parts[i].O};
-    if (clrt_linear_packed_bf16_forward_rows(x, N, Kd, packed, count)) return;
+    if (model_workspace(m, clrt_linear_packed_bf16_workspace_bytes(N, Kd), "bf16 forward")) return;
+    if (clrt_linear_packed_bf16_forward_rows(x, N, Kd, packed, count, m->ws, m->ws_bytes)) return;
   }
   for (int i = 0; i < count; i++)
     model_cpu_linear_bf16(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, Kd, parts[i].O);
@@ -239,40 +307,6 @@ void model_refresh_bf16(clrt_model *m) {
   for (int64_t i = 0; i < m->total; i++) dst[i] = clrt_f32_to_bf16(src[i]);
 }
 
-int clrt_model_set_matmul_bf16(clrt_model *m, int on) {
-  if (on && model_refuse_base16(m, "set_matmul(\"bf16\")")) return -1;
-  if (!on) {
-    clrt_storage_release(m->wbf);
-    m->wbf = NULL;
-    m->bf16 = 0;
-    model_choose_ops(m);
-    return 0;
-  }
-  /* On a CPU with a matrix unit every product runs in bf16: the transposed panels too. */
-  const clrt_model_config *c = &m->cfg;
-  int t = m->device == CLRT_CPU && m->pack_decode && clrt_matrix_unit() != CLRT_UNIT_F32 &&
-          c->num_key_value_heads * c->head_dim % 2 == 0 && c->intermediate_size % 2 == 0 &&
-          c->hidden_size % 2 == 0 && c->num_attention_heads * c->head_dim % 2 == 0;
-  size_t need = sizeof(uint16_t) * (size_t)m->total * (t ? 2 : 1);
-  if (m->wbf && m->wbf->bytes != need) {
-    clrt_storage_release(m->wbf);
-    m->wbf = NULL;
-  }
-  if (!m->wbf && !(m->wbf = clrt_storage_new(need, m->device))) return -1;
-  m->wbf_t = t;
-  /* bf16 decode reads the bf16 copies: the packed f32 ones would only take memory. */
-  clrt_storage_release(m->wpk);
-  m->wpk = NULL;
-  /* The activation layout gains the bf16 scratch: rebuild it on the next call. */
-  clrt_storage_release(m->acts);
-  m->acts = NULL;
-  m->saved = 0;
-  m->bf16 = 1;
-  m->wbf_ver = COPY_STALE;
-  model_choose_ops(m);
-  return 0;
-}
-
 int clrt_model_set_decode_pack(clrt_model *m, int on) {
   if (m->pack_decode != (on != 0)) m->wbf_ver = COPY_STALE;   /* bf16 copies change layout */
   m->pack_decode = on != 0;
@@ -283,7 +317,6 @@ int clrt_model_set_decode_pack(clrt_model *m, int on) {
   return 0;
 }
 
-void clrt_model_params_changed(clrt_model *m) { clrt_storage_written(m->params); }
 
 /* forward_cached's products go through the packed f32 copy for any number of rows, each row
    summed in the same order (linear_packed.c's tiles), and its attention runs every query as a
