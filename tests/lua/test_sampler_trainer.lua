@@ -3,7 +3,8 @@
 -- continuous-batching engine, then scored by the training forward (m:logprobs) in
 -- length-sorted micro-batches of 4 as train.update runs them, with the packed copy of the
 -- weights (the default), without it (set_decode_pack(false)), with LoRA adapters, and on Gemma 3
--- (gemma3_tiny: its scaled attention and windowed local layers). For every response token the
+-- (gemma3_tiny: its scaled attention and windowed local layers; gemma3_softcap: with both soft
+-- caps, the decode logits capped as the sampler reads them). For every response token the
 -- decode step's logits, put through the training forward's own output kernel
 -- (clrt_logsoftmax_gather_forward over an identity head, which copies the logits exactly),
 -- give the training forward's log-probability bit for bit: the logits are the same. The
@@ -49,7 +50,7 @@ end
 -- One RL step's shape: sample, then score; per response token (decode-logits lp through the
 -- trainer's kernel, the trainer's lp, the sampler's recorded lp).
 local function step(invariant, kind)
-  local m = kind == "gemma3_tiny" and clrt.model.load(T.source_dir() .. "/tests/fixtures/model/gemma3_tiny")
+  local m = kind:find("^gemma3") and clrt.model.load(T.source_dir() .. "/tests/fixtures/model/" .. kind)
     or clrt.model.new(CFG, { seed = 4 })
   local V = m.config.vocab_size
   m:set_batch_invariant(invariant)
@@ -105,7 +106,7 @@ local function step(invariant, kind)
   return out
 end
 
-for _, kind in ipairs({ "packed", "nopack", "lora", "gemma3_tiny" }) do
+for _, kind in ipairs({ "packed", "nopack", "lora", "gemma3_tiny", "gemma3_softcap" }) do
   T.case(("batch-invariant, %s: the decode logits are the training forward's, bit for bit"):format(kind), function()
     local tokens = step(true, kind)
     T.ok(#tokens >= PROMPTS * N * 4, "enough response tokens to compare (" .. #tokens .. ")")
