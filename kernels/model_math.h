@@ -121,6 +121,10 @@ CLRT_HD int clrt_window_first_key(int p, int window) {
   return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
 }
 
+/* Attention logit soft-capping (Gemma 3's attn_logit_softcapping): a score s becomes
+   cap tanh(s / cap) when cap > 0, unchanged otherwise. */
+CLRT_HD float clrt_attn_softcap(float s, float cap) { return cap > 0 ? cap * tanhf(s / cap) : s; }
+
 /* ---- softmax backward ----------------------------------------------------------------- */
 
 /* Attention: p = exp(s - lse) recomputed from the scaled score s; the score's gradient is

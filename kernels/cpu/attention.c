@@ -28,24 +28,21 @@ size_t clrt_attention_scratch_floats(int Tq, int Tk, int nthreads) {
   return (size_t)(nthreads > 0 ? nthreads : 1) * 2 * QB * (size_t)(Tk > 0 ? Tk : 1);
 }
 
-/* Soft-capping (cap > 0): scores s become cap tanh(s / cap). */
-static inline float softcap(float s, float cap) { return cap > 0 ? cap * tanhf(s / cap) : s; }
-
-/* decode_kernel: one query may take attention_decode.c's kernel (the default scale, no cap). */
+/* One query (a decode step) takes attention_decode.c's per-query kernel where the CPU has it. */
 static void attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] */,
                               const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
                               const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
                               int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
                               const int32_t *kv_row /* [B] or NULL */, int window, float *scratch,
-                              int nthreads, float scale, float cap, int decode_kernel) {
+                              int nthreads, float scale, float cap) {
   const int ldq = H * D, ldk = KV * D, group = H / KV;
   int Tk = 0;   /* longest key range of any row: sizes each thread's scratch slice */
   for (int b = 0; b < B; b++) {
     int tk = (pos0 ? pos0[b] : 0) + Tq;
     if (tk > Tk) Tk = tk;
   }
-  if (decode_kernel && Tq == 1 && clrt_attention_decode_forward(out, lse, q, k, v, B, H, KV, D, pos0, kv_bstride, kv_row,
-                                                                window, scratch, (int64_t)2 * QB * Tk, nthreads))
+  if (Tq == 1 && clrt_attention_decode_forward(out, lse, q, k, v, B, H, KV, D, pos0, kv_bstride, kv_row, window,
+                                               scratch, (int64_t)2 * QB * Tk, nthreads, scale, cap))
     return;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(nthreads > 0 ? nthreads : 1) \
     if ((int64_t)B * H * Tq * Tk * D > CLRT_OMP_MIN_WORK)
@@ -68,7 +65,7 @@ static void attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, 
           float *s = S + (int64_t)r * nk;
           int lo = clrt_window_first_key(p0 + i0 + r, window) - k0, lim = p0 + i0 + r + 1 - k0;
           if (cap > 0)
-            for (int j = lo; j < lim; j++) s[j] = softcap(s[j], cap);
+            for (int j = lo; j < lim; j++) s[j] = clrt_attn_softcap(s[j], cap);
           float m = clrt_row_max(s + lo, lim - lo), l = clrt_row_exp_(s + lo, lim - lo, m);
           float inv = 1.0f / l;
           for (int j = 0; j < lo; j++) s[j] = 0;
@@ -89,7 +86,7 @@ void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H,
                             const int32_t *kv_row /* [B] or NULL */, int window,
                             float *scratch, int nthreads) {
   attention_forward(out, lse, q, k, v, B, Tq, H, KV, D, pos0, kv_bstride, kv_row, window, scratch, nthreads,
-                    1.0f / sqrtf((float)D), 0.0f, 1);
+                    1.0f / sqrtf((float)D), 0.0f);
 }
 
 void clrt_attention_scaled_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] */,
@@ -99,7 +96,7 @@ void clrt_attention_scaled_forward(float *out /* [B, Tq, H, D] */, float *lse /*
                                    const int32_t *kv_row /* [B] or NULL */, int window, float *scratch,
                                    int nthreads, float scale, float cap) {
   attention_forward(out, lse, q, k, v, B, Tq, H, KV, D, pos0, kv_bstride, kv_row, window, scratch, nthreads,
-                    scale, cap, 0);
+                    scale, cap);
 }
 
 static void attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
@@ -137,7 +134,7 @@ static void attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T,
             int lo = clrt_window_first_key(i0 + r, window) - k0, lim = i0 + r + 1 - k0;
             for (int j = 0; j < lo; j++) p[j] = dp[j] = 0;
             for (int j = lo; j < lim; j++) {
-              float c = softcap(p[j], cap);   /* the capped score; its slope is 1 - (c / cap)^2 */
+              float c = clrt_attn_softcap(p[j], cap);   /* the capped score; its slope is 1 - (c / cap)^2 */
               p[j] = clrt_attn_prob(c, L);
               dp[j] = clrt_attn_dscore(p[j], dp[j], Di, scale);
               if (cap > 0) dp[j] *= 1.0f - (c / cap) * (c / cap);

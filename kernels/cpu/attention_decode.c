@@ -4,8 +4,9 @@
    each (row, head) is one pass over its keys for the scores and one over its values.
    Scores are dot products accumulated in 16 lanes four keys at a time (the horizontal sums
    shared by the four); the output accumulates p_t v_t in registers, 64 dims at a time.
-   Same math as the sgemm path (scaled scores, max-subtracted exp, normalised sum), summed
-   in another order: results agree to rounding. AVX-512 only, chosen at run time.
+   Same math as the sgemm path (scaled scores, soft-capped when asked, max-subtracted exp,
+   normalised sum), summed in another order: results agree to rounding. AVX-512 only, chosen
+   at run time.
    clrt_attention_rows_forward runs the same per-query pass for any number of queries per row
    (a prefill, a training forward) and on any CPU (plain loops without AVX-512): a query's
    output then depends on its own keys only, never on the batch or the prefill's padding,
@@ -106,12 +107,19 @@ static inline int item_keys(int64_t item, int Tq, int H, const int32_t *pos0, in
   return p + 1 - *k0;
 }
 
+/* Gemma 3's attn_logit_softcapping (cap > 0): each score becomes cap tanh(s / cap). */
+static void softcap_scores(float *s /* [n] */, int n, float cap) {
+  if (cap > 0)
+    for (int t = 0; t < n; t++) s[t] = clrt_attn_softcap(s[t], cap);
+}
+
 /* One (query, head): scores, softmax, weighted sum, each in an order fixed by its own key
    range: the AVX-512 passes, or plain loops on other CPUs. */
 #if CLRT_AVX512
 TARGET static void one_query_simd(float *out, float *lse, const float *q, const float *k, const float *v,
-                                  int64_t ldk, int n, int D, float scale, float *s) {
+                                  int64_t ldk, int n, int D, float scale, float cap, float *s) {
   scores(s, q, k, ldk, n, D, scale);
+  softcap_scores(s, n, cap);
   float mx = clrt_row_max(s, n), l = clrt_row_exp_(s, n, mx);
   weighted_sum(out, s, v, ldk, n, D, 1.0f / l);
   if (lse) *lse = clrt_lse_value(mx, l);
@@ -119,8 +127,9 @@ TARGET static void one_query_simd(float *out, float *lse, const float *q, const 
 #endif
 
 static void one_query_plain(float *out, float *lse, const float *q, const float *k, const float *v,
-                            int64_t ldk, int n, int D, float scale, float *s) {
+                            int64_t ldk, int n, int D, float scale, float cap, float *s) {
   for (int t = 0; t < n; t++) s[t] = scale * clrt_row_dot(q, k + t * ldk, D);
+  softcap_scores(s, n, cap);
   float mx = clrt_row_max(s, n), l = clrt_row_exp_(s, n, mx), inv = 1.0f / l;
   for (int d = 0; d < D; d++) out[d] = 0;
   for (int t = 0; t < n; t++) {
@@ -132,11 +141,13 @@ static void one_query_plain(float *out, float *lse, const float *q, const float 
 }
 
 /* Every (query, head) of the step, each alone (see one_query): what a query computes does
-   not depend on the other rows, the other queries of its row, or how threads split them. */
+   not depend on the other rows, the other queries of its row, or how threads split them.
+   scale 0: 1/sqrt(D); cap 0: no soft cap. */
 static void rows_all(float *out, float *lse, const float *q, const float *k, const float *v, int B, int Tq,
                      int H, int KV, int D, const int32_t *pos0, int64_t kv_bstride, const int32_t *kv_row,
-                     int window, float *scratch, int64_t scratch_stride, int nthreads, int simd) {
-  const float scale = 1.0f / sqrtf((float)D);
+                     int window, float *scratch, int64_t scratch_stride, int nthreads, int simd, float scale,
+                     float cap) {
+  if (!(scale > 0)) scale = 1.0f / sqrtf((float)D);
   const int64_t ldk = (int64_t)KV * D, items = (int64_t)B * Tq * H;
   const int group = H / KV;
   int64_t work = 0;
@@ -162,11 +173,11 @@ static void rows_all(float *out, float *lse, const float *q, const float *k, con
     float *lse_at = lse ? lse + ((int64_t)b * H + h) * Tq + (item / H) % Tq : NULL;
 #if CLRT_AVX512
     if (simd) {
-      one_query_simd(out + item * D, lse_at, q + item * D, k + off, v + off, ldk, n, D, scale, s);
+      one_query_simd(out + item * D, lse_at, q + item * D, k + off, v + off, ldk, n, D, scale, cap, s);
       continue;
     }
 #endif
-    one_query_plain(out + item * D, lse_at, q + item * D, k + off, v + off, ldk, n, D, scale, s);
+    one_query_plain(out + item * D, lse_at, q + item * D, k + off, v + off, ldk, n, D, scale, cap, s);
   }
 }
 
@@ -175,10 +186,10 @@ int clrt_attention_decode_forward(float *out /* [B, H, D] */, float *lse /* [B, 
                                   const float *v /* [B, Tk, KV, D] */, int B, int H, int KV, int D,
                                   const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
                                   const int32_t *kv_row /* [B] or NULL */, int window, float *scratch,
-                                  int64_t scratch_stride, int nthreads) {
-  if (!CLRT_AVX512 || !clrt_have_avx512()) return 0;
+                                  int64_t scratch_stride, int nthreads, float scale, float cap) {
+  if (!clrt_attention_rows_fast()) return 0;
   rows_all(out, lse, q, k, v, B, 1, H, KV, D, pos0, kv_bstride, kv_row, window, scratch, scratch_stride,
-           nthreads, 1);
+           nthreads, 1, scale, cap);
   return 1;
 }
 
@@ -187,7 +198,9 @@ void clrt_attention_rows_forward(float *out /* [B, Tq, H, D] */, float *lse /* [
                                  const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV, int D,
                                  const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
                                  const int32_t *kv_row /* [B] or NULL */, int window, float *scratch,
-                                 int64_t scratch_stride, int nthreads) {
+                                 int64_t scratch_stride, int nthreads, float scale, float cap) {
   rows_all(out, lse, q, k, v, B, Tq, H, KV, D, pos0, kv_bstride, kv_row, window, scratch, scratch_stride,
-           nthreads, CLRT_AVX512 && clrt_have_avx512());
+           nthreads, clrt_attention_rows_fast(), scale, cap);
 }
+
+int clrt_attention_rows_fast(void) { return CLRT_AVX512 && clrt_have_avx512(); }

@@ -274,21 +274,27 @@ void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H,
                             int nthreads);
 /* attention_decode.c: the forward for Tq = 1 (a decode step) without sgemm; q/out rows are
    [B, H, D] and scratch holds scratch_stride floats per thread (>= the longest key range).
-   Returns 1 when it computed out (and lse), 0 when this CPU has no kernel for it. */
+   scale: the score scale, scale q.k (0: 1/sqrt(D)); cap > 0 soft-caps the scores to
+   cap tanh(s / cap) (Gemma 3; 0: none). Returns 1 when it computed out (and lse), 0 when this
+   CPU has no kernel for it. */
 int clrt_attention_decode_forward(float *out /* [B, H, D] */, float *lse /* [B, H] or NULL */,
                                   const float *q /* [B, H, D] */, const float *k /* [B, Tk, KV, D] */,
                                   const float *v /* [B, Tk, KV, D] */, int B, int H, int KV, int D,
                                   const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
                                   const int32_t *kv_row /* [B] or NULL */, int window, float *scratch,
-                                  int64_t scratch_stride, int nthreads);
+                                  int64_t scratch_stride, int nthreads, float scale, float cap);
 /* The same per-query pass for any Tq, on any CPU: each (query, head) alone, in an order
-   fixed by its key range (batch invariance; slower than the sgemm blocks for long rows). */
+   fixed by its key range (batch invariance; slower than the sgemm blocks for long rows). Query
+   t of row b gets the bits a decode step at position pos0[b] + t gives it. scale, cap: as above. */
 void clrt_attention_rows_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] or NULL */,
                                  const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
                                  const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV, int D,
                                  const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
                                  const int32_t *kv_row /* [B] or NULL */, int window, float *scratch,
-                                 int64_t scratch_stride, int nthreads);
+                                 int64_t scratch_stride, int nthreads, float scale, float cap);
+/* 1 when this CPU runs the per-query pass on its AVX-512 kernels (the decode kernel exists),
+   0 when clrt_attention_rows_forward falls back to plain loops. */
+int clrt_attention_rows_fast(void);
 /* Training only (pos0 = 0, Tk = T). dq =, dk =, dv = */
 void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
                              float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,
@@ -298,8 +304,8 @@ void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, K
                              int nthreads);
 
 /* The same attention (one window convention) with scores scale * q.k in place of 1/sqrt(D)
-   and, when cap > 0, soft-capped to cap tanh(s / cap) (Gemma 3; 0: none). Always the sgemm
-   path, one query too. */
+   and, when cap > 0, soft-capped to cap tanh(s / cap) (Gemma 3; 0: none); one query takes the
+   decode kernel, as above. */
 void clrt_attention_scaled_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] */,
                                    const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
                                    const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,

@@ -51,6 +51,7 @@ void gemma3_layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, cons
     keys = kc;
     vals = vc;
   }
+  /* per query, as a decode step runs it, on a batch-invariant model and over the KV cache (ops_cpu.c) */
   PROF(CLRT_K_ATTN_F, op->attention_scaled(m, a, A->att, s->keep ? A->lse : NULL, A->q, keys, vals, &at,
                                            score_scale(c), (float)c->attn_logit_softcapping));
   lin_part proj = {A->ao, o->wo, PW(m, o->bo), C, LORA_O};

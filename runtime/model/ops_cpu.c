@@ -3,7 +3,6 @@
    forward and backward on the matrix unit). */
 #include "model_internal.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 /* The output layer goes through the same linear policy as the blocks' layers (a bf16 model's
@@ -14,44 +13,31 @@ static int cpu_decode_logits(clrt_model *m, acts *a, float *logits, const float 
   return 0;
 }
 
-/* A prefill over the KV cache (forward_cached, no lse kept) runs each query as a decode step's
-   row: its attention then sums in the same order whatever the chunk it came in and equals the
-   decode step's, so keys and values reused from the prefix cache (decode.c) are the ones a
-   prefill from the start would compute, bit for bit. Falls back to the blocked kernel without
-   AVX-512 (clrt_model_kv_reusable says no there). */
-static int cpu_attention_per_query(const clrt_model *m, acts *a, float *out, const float *q,
-                                   const float *k, const float *v, const attn_args *s) {
-  int64_t n = (int64_t)s->B * s->T;
-  int32_t *pos = malloc(sizeof(int32_t) * 2 * (size_t)n), *row = pos ? pos + n : NULL;
-  if (!pos) return 0;
-  int Tk = 0;
-  for (int b = 0; b < s->B; b++)
-    for (int t = 0; t < s->T; t++) {
-      pos[(int64_t)b * s->T + t] = s->pos0[b] + t;
-      row[(int64_t)b * s->T + t] = s->slot ? s->slot[b] : b;
-      if (s->pos0[b] + t + 1 > Tk) Tk = s->pos0[b] + t + 1;
-    }
-  int done = clrt_attention_decode_forward(out, NULL, q, k, v, (int)n, s->H, s->KV, s->D, pos, s->kv_bstride,
-                                           row, s->window, a->attn, (int64_t)clrt_attention_scratch_floats(s->T, Tk, 1),
-                                           m->threads);
-  free(pos);
-  return done;
+/* Each query alone, as a decode step computes its row (clrt_attention_rows_forward): its sums
+   then run in an order fixed by its own key range, whatever the batch, the padding or the chunk
+   it came in. A batch-invariant model runs every attention so (a prefilled position gets a
+   decode step's bits); any forward over the KV cache (a slot, no lse kept: prefills and decode
+   steps) does too where the pass has its AVX-512 kernels, so keys and values reused from the
+   prefix cache (decode.c) are the ones a prefill from the start would compute, bit for bit.
+   Elsewhere (clrt_model_kv_reusable says no) the blocked kernel runs. scale 0: 1/sqrt(D);
+   cap 0: no soft cap. Returns 0 when the caller runs the blocked kernel instead. */
+static int cpu_attention_per_query(const clrt_model *m, acts *a, float *out, float *lse, const float *q,
+                                   const float *k, const float *v, const attn_args *s, float scale, float cap) {
+  if (!m->batch_invariant && !(s->slot && !lse && clrt_attention_rows_fast())) return 0;
+  int Tk = 0;   /* the longest key range: each thread's scratch slice, as clrt_attention_forward sizes it */
+  for (int b = 0; b < s->B; b++) {
+    int tk = (s->pos0 ? s->pos0[b] : 0) + s->T;
+    if (tk > Tk) Tk = tk;
+  }
+  clrt_attention_rows_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
+                              s->slot, s->window, a->attn, (int64_t)clrt_attention_scratch_floats(s->T, Tk, 1),
+                              m->threads, scale, cap);
+  return 1;
 }
 
 static void cpu_attention(const clrt_model *m, acts *a, float *out, float *lse, const float *q,
                           const float *k, const float *v, const attn_args *s) {
-  if (m->batch_invariant) {   /* each query alone, as a decode step computes it */
-    int Tk = 0;   /* the longest key range: each thread's scratch slice, as clrt_attention_forward sizes it */
-    for (int b = 0; b < s->B; b++) {
-      int tk = (s->pos0 ? s->pos0[b] : 0) + s->T;
-      if (tk > Tk) Tk = tk;
-    }
-    clrt_attention_rows_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
-                                s->slot, s->window, a->attn, (int64_t)clrt_attention_scratch_floats(s->T, Tk, 1),
-                                m->threads);
-    return;
-  }
-  if (s->slot && !lse && s->T > 1 && cpu_attention_per_query(m, a, out, q, k, v, s)) return;
+  if (cpu_attention_per_query(m, a, out, lse, q, k, v, s, 0.0f, 0.0f)) return;
   clrt_attention_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
                          s->slot, s->window, a->attn, m->threads);
 }
@@ -63,9 +49,11 @@ static void cpu_attention_backward(const clrt_model *m, acts *a, const layer_act
                           m->threads);
 }
 
-/* Gemma 3: its score scale and soft-capped scores (its local layers' window comes as the others'). */
+/* Gemma 3: its score scale and soft-capped scores (its local layers' window comes as the others'),
+   per query where the others' attention is. */
 static void cpu_attention_scaled(const clrt_model *m, acts *a, float *out, float *lse, const float *q,
                                  const float *k, const float *v, const attn_args *s, float scale, float cap) {
+  if (cpu_attention_per_query(m, a, out, lse, q, k, v, s, scale, cap)) return;
   clrt_attention_scaled_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
                                 s->slot, s->window, a->attn, m->threads, scale, cap);
 }

@@ -320,12 +320,11 @@ int clrt_model_set_decode_pack(clrt_model *m, int on) {
 
 /* forward_cached's products go through the packed f32 copy for any number of rows, each row
    summed in the same order (linear_packed.c's tiles), and its attention runs every query as a
-   decode row (ops_cpu.c): a position's keys and values do not depend on how the tokens were
-   chunked. bf16 products switch kernels by row count, and other devices promise nothing. Gemma 3's
-   scaled, soft-capped attention has no per-query path: a chunk after cached positions sums its
-   scores over other block shapes than a fresh prefill, so its later layers' keys differ in bits. */
+   decode row (ops_cpu.c; Gemma 3's scaled, soft-capped one too): a position's keys and values
+   do not depend on how the tokens were chunked. bf16 products switch kernels by row count, and
+   other devices promise nothing. */
 int clrt_model_kv_reusable(const clrt_model *m) {
-  return m->device == CLRT_CPU && !m->bf16 && !m->base16 && m->pack_decode && !m->cfg.gemma3 &&
+  return m->device == CLRT_CPU && !m->bf16 && !m->base16 && m->pack_decode &&
          clrt_linear_packed_available();
 }
 

@@ -4,7 +4,10 @@
 -- prefilled at once gets the bits a decode step gives it. Checked on the packed f32 weights
 -- (the default), without the packed copy, over the bf16 copies, and with LoRA adapters; then
 -- through the continuous-batching engine: the same seeded request samples the same tokens and
--- log-probabilities alone and among 33 others. Bits are compared, not values.
+-- log-probabilities alone and among 33 others. Gemma 3 too (its score scale, soft-capped scores
+-- and windowed local layers, on the gemma3_tiny and gemma3_softcap fixtures), its per-query
+-- log-probabilities checked against the PyTorch reference (tests/reference/gemma3_ref.py).
+-- Bits are compared, not values.
 local T = require("clrt.test")
 local ffi = require("ffi")
 local tensor = clrt.tensor
@@ -57,8 +60,10 @@ end
 
 -- The target's logits after its prompt and after each fed token ({[0] = prefill, 1 .. #FEED}),
 -- as copies of the [V] rows. company: how many other rows share every forward; at: the
--- target's place among them (1 .. company + 1); long: the others' prompt lengths.
-local function run(dec, company, at, seed)
+-- target's place among them (1 .. company + 1); long: the others' prompt lengths. w: the
+-- model's vocabulary and the target's tokens ({V =, prompt =, feed =}; default this file's).
+local function run(dec, company, at, seed, w)
+  local V, PROMPT, FEED = w and w.V or V, w and w.prompt or PROMPT, w and w.feed or FEED
   local r = lcg(seed)
   local n = company + 1
   local prompts, slots = {}, ffi.new("int32_t[?]", n)
@@ -103,13 +108,13 @@ local function run(dec, company, at, seed)
   return out
 end
 
-local function same(a, b) return ffi.C.memcmp(a, b, 4 * V) == 0 end
+local function same(a, b, n) return ffi.C.memcmp(a, b, 4 * (n or V)) == 0 end
 
-local function first_difference(ref, got)
-  for step = 0, #FEED do
-    if not same(ref[step], got[step]) then
+local function first_difference(ref, got, n)
+  for step = 0, #ref do
+    if not same(ref[step], got[step], n) then
       local worst = 0
-      for v = 0, V - 1 do worst = math.max(worst, math.abs(ref[step][v] - got[step][v])) end
+      for v = 0, (n or V) - 1 do worst = math.max(worst, math.abs(ref[step][v] - got[step][v])) end
       return ("step %d (largest difference %.3g)"):format(step, worst)
     end
   end
@@ -169,6 +174,80 @@ T.case("engine: the same request samples the same tokens and log-probabilities a
     end
   end
 end)
+
+-- Gemma 3: the reference's row of 150 tokens (past the window of 5 and the blocked kernel's
+-- 64-query blocks). Decoded alone or among others, prefilled whole or reached by decode steps
+-- from any cut: the same bits; and each step's log p(next token) is PyTorch's.
+local function log_softmax(z, n)
+  local mx, s, out = -math.huge, 0, {}
+  for v = 0, n - 1 do mx = math.max(mx, z[v]) end
+  for v = 0, n - 1 do s = s + math.exp(z[v] - mx) end
+  for v = 0, n - 1 do out[v + 1] = z[v] - mx - math.log(s) end
+  return out
+end
+
+for _, name in ipairs({ "gemma3_tiny", "gemma3_softcap" }) do
+  local fdir = T.source_dir() .. "/tests/fixtures/model/" .. name
+  local function gemma()
+    local m = clrt.model.load(fdir)
+    m:set_batch_invariant(true)
+    return m
+  end
+  local e = clrt.safetensors.load(fdir .. "/expected.safetensors")
+  local row, ref_lp = e.long_tokens:totable()[1], T.floats(e.long_lp)   -- ref_lp[t] = log p(row[t + 1] | row[1..t])
+  local GV = 96
+  local function tokens(a, b)
+    local t = {}
+    for i = a, b do t[#t + 1] = row[i] end
+    return t
+  end
+
+  T.case(name .. ": the training forward's per-query attention gives PyTorch's log-probs", function()
+    local m = gemma()
+    T.eq(m.config.vocab_size, GV)
+    local got = T.floats(m:logprobs(e.long_tokens, { grad = false }))
+    local worst = 0
+    for t = 1, #ref_lp do worst = math.max(worst, math.abs(got[t] - ref_lp[t])) end
+    T.ok(worst <= 1e-4, name .. ": max |lp - ref| = " .. worst)
+  end)
+
+  T.case(name .. ": prefilled whole or decoded from any cut, the same bits, PyTorch's log-probs", function()
+    local m = gemma()
+    local d = m:decoder(2, 160)
+    local L = ffi.new("float[?]", 2 * GV)
+    local whole = tokens(1, 149)
+    d:prefill(0, ffi.new("int32_t[?]", #whole, whole), #whole, L)
+    T.near(log_softmax(L, GV)[row[150] + 1], ref_lp[149], { atol = 1e-4 }, name .. ": prefilled log p(token 150)")
+    for _, cut in ipairs({ 3, 33, 64, 65, 70, 143, 148 }) do
+      local first = tokens(1, cut)
+      d:prefill(1, ffi.new("int32_t[?]", #first, first), #first, L)
+      for i = cut + 1, 149 do
+        T.near(log_softmax(L + GV, GV)[row[i] + 1], ref_lp[i - 1], { atol = 1e-4 },
+          ("%s: decoded log p(token %d) after a prefill of %d"):format(name, i, cut))
+        d:decode(1, ffi.new("int32_t[1]", 1), ffi.new("int32_t[1]", row[i]), L)
+      end
+      T.ok(same(L, L + GV, GV), ("%s: 149 tokens prefilled whole differ from %d prefilled and the rest decoded"):format(name, cut))
+    end
+  end)
+
+  T.case(name .. ": decode and prefill, a row's logits do not depend on its company", function()
+    local m = gemma()
+    local dec = m:decoder(SLOTS, MAXLEN)
+    local w = { V = GV, prompt = tokens(1, 70), feed = tokens(71, 76) }
+    local ref = run(dec, 0, 1, 1, w)
+    for step = 1, #w.feed do
+      T.near(log_softmax(ref[step - 1], GV)[w.feed[step] + 1], ref_lp[70 + step - 1], { atol = 1e-4 },
+        ("%s: log p(token %d) alone"):format(name, 70 + step))
+    end
+    for _, company in ipairs({ 1, 6, 32, 63 }) do
+      for _, at in ipairs({ 1, math.floor(company / 2) + 1, company + 1 }) do
+        local d = first_difference(ref, run(dec, company, at, company * 7 + at, w), GV)
+        T.ok(not d, ("%s: among %d rows at place %d the logits differ from alone at %s"):format(name,
+          company + 1, at, tostring(d)))
+      end
+    end
+  end)
+end
 
 -- Off (the default): the model says so, and turning it on changes nothing for one row.
 T.case("the switch", function()

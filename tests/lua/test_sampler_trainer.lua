@@ -2,7 +2,9 @@
 -- with batch invariance on (the RL default): responses sampled together through the
 -- continuous-batching engine, then scored by the training forward (m:logprobs) in
 -- length-sorted micro-batches of 4 as train.update runs them, with the packed copy of the
--- weights (the default), without it (set_decode_pack(false)) and with LoRA adapters. For every response token the
+-- weights (the default), without it (set_decode_pack(false)), with LoRA adapters, and on Gemma 3
+-- (gemma3_tiny: its scaled attention and windowed local layers; gemma3_softcap: with both soft
+-- caps, the decode logits capped as the sampler reads them). For every response token the
 -- decode step's logits, put through the training forward's own output kernel
 -- (clrt_logsoftmax_gather_forward over an identity head, which copies the logits exactly),
 -- give the training forward's log-probability bit for bit: the logits are the same. The
@@ -23,15 +25,20 @@ local V = CFG.vocab_size
 local PROMPTS, N, NEW, MICRO = 4, 4, 16, 4
 local SAMPLER_BOUND = 4e-6
 
-local identity = ffi.new("float[?]", V * V)
-for i = 0, V - 1 do identity[i * V + i] = 1 end
-local scratch, lp1, target = ffi.new("float[?]", V), ffi.new("float[1]"), ffi.new("int32_t[1]")
+local identities = {}   -- [n * n] identity heads by vocabulary size
+local lp1, target = ffi.new("float[1]"), ffi.new("int32_t[1]")
 
--- The training forward's output kernel on one row of logits: log p(t) as m:logprobs forms it
+-- The training forward's output kernel on one row of n logits: log p(t) as m:logprobs forms it
 -- (one vocabulary block: the training forward's shape for these few rows too).
-local function trainer_formula(logits, t)
+local function trainer_formula(logits, t, n)
+  n = n or V
+  if not identities[n] then
+    local id = ffi.new("float[?]", n * n)
+    for i = 0, n - 1 do id[i * n + i] = 1 end
+    identities[n] = { id = id, scratch = ffi.new("float[?]", n) }
+  end
   target[0] = t
-  ffi.C.clrt_logsoftmax_gather_forward(lp1, nil, logits, identity, nil, 0, target, 1, V, V, scratch, 1)
+  ffi.C.clrt_logsoftmax_gather_forward(lp1, nil, logits, identities[n].id, nil, 0, target, 1, n, n, identities[n].scratch, 1)
   return lp1[0]
 end
 
@@ -43,7 +50,9 @@ end
 -- One RL step's shape: sample, then score; per response token (decode-logits lp through the
 -- trainer's kernel, the trainer's lp, the sampler's recorded lp).
 local function step(invariant, kind)
-  local m = clrt.model.new(CFG, { seed = 4 })
+  local m = kind:find("^gemma3") and clrt.model.load(T.source_dir() .. "/tests/fixtures/model/" .. kind)
+    or clrt.model.new(CFG, { seed = 4 })
+  local V = m.config.vocab_size
   m:set_batch_invariant(invariant)
   m:set_decode_pack(kind ~= "nopack")
   if kind == "lora" then   -- B random: the adapters move every product
@@ -77,7 +86,7 @@ local function step(invariant, kind)
     dec:prefill(0, buf, #r.prompt, logits)
     r.decoded = {}
     for j, t in ipairs(r.row.tokens) do
-      r.decoded[j] = trainer_formula(logits, t)
+      r.decoded[j] = trainer_formula(logits, t, V)
       r.ids[#r.ids + 1] = t
       if j < #r.row.tokens then dec:decode(1, ffi.new("int32_t[1]", 0), ffi.new("int32_t[1]", t), logits) end
     end
@@ -97,7 +106,7 @@ local function step(invariant, kind)
   return out
 end
 
-for _, kind in ipairs({ "packed", "nopack", "lora" }) do
+for _, kind in ipairs({ "packed", "nopack", "lora", "gemma3_tiny", "gemma3_softcap" }) do
   T.case(("batch-invariant, %s: the decode logits are the training forward's, bit for bit"):format(kind), function()
     local tokens = step(true, kind)
     T.ok(#tokens >= PROMPTS * N * 4, "enough response tokens to compare (" .. #tokens .. ")")

@@ -1,8 +1,7 @@
 -- test_window_cached_prefill.lua — sliding-window models (Mistral, Phi-3, Gemma 3's interleaved
 -- local layers) prefilling several tokens after keys and values a slot already holds: the
 -- decoder's append and extend_many (one row and a ragged batch, also batch-invariant), and the
--- prefix cache serving a prompt's first blocks, past the window (Mistral and Phi-3: Gemma 3's
--- cache stays off, test_prefix_cache.lua). The log-probabilities must be
+-- prefix cache serving a prompt's first blocks, past the window. The log-probabilities must be
 -- the independent PyTorch reference's (tests/reference/make_model_fixtures.py,
 -- make_gemma3_fixtures.py) and the full recompute's, and greedy decoding after a served prefix
 -- must give the reference's continuation. A first chunk alone never crosses the window here,
@@ -141,8 +140,7 @@ for _, name in ipairs(WINDOWED) do
     end)
   end
 
-  -- (Gemma 3 keeps its prefix cache off: test_prefix_cache.lua)
-  if not name:find("^gemma3") then T.case(name .. ": a prompt served its first blocks from the prefix cache decodes PyTorch's greedy continuation", function()
+  T.case(name .. ": a prompt served its first blocks from the prefix cache decodes PyTorch's greedy continuation", function()
     local prompt = (e.greedy_prompt or e.prompt):totable()
     local greedy = e.greedy:totable()
     local m = clrt.model.load(fixtures .. name)
@@ -172,7 +170,7 @@ for _, name in ipairs(WINDOWED) do
     PC.configure(m, { mb = 0 })
     local r2 = m:generate({ pb }, { temperature = 0, max_new_tokens = #want_b })
     T.eq(r[1].logprobs, r2[1].logprobs, "the same log-probabilities bit for bit without the cache")
-  end) end
+  end)
 end
 
 T.run()
