@@ -2,7 +2,7 @@
 -- the runtime owns; ffi.gc frees the handle (and its share of the storage).
 --
 -- Lua indices are 1-based everywhere a user sees them (dimensions, positions); the C side is
--- 0-based. Arithmetic ops live in clrt/core/tensor_ops.lua, which adds methods to Tensor.
+-- 0-based. Arithmetic ops are built in clrt/core/tensor_ops.lua and taken into Tensor here.
 local ffi = require("ffi")
 local core = require("clrt.core.ffi")
 local C, check, ok = core.C, core.check, core.ok
@@ -409,10 +409,13 @@ local mt = {
 }
 M.metatable = mt
 
--- Arithmetic, reductions and matmul extend Tensor (and mt's operators) from their own file.
--- This must run before ffi.metatype: LuaJIT forbids changing a metatype's metatable later.
-local has_ops, ops = pcall(require, "clrt.core.tensor_ops")
-if has_ops then ops.install(M, Tensor, mt) elseif not tostring(ops):find("module 'clrt.core.tensor_ops' not found", 1, true) then error(ops, 0) end
+-- Arithmetic, reductions, softmax and matmul: methods, module functions and operators built
+-- in their own file (clrt.core.tensor_ops) and taken here, before ffi.metatype (LuaJIT
+-- forbids changing a metatype's metatable later).
+local ops = require("clrt.core.tensor_ops").build(M)
+for k, f in pairs(ops.methods) do Tensor[k] = f end
+for k, f in pairs(ops.functions) do M[k] = f end
+for k, f in pairs(ops.operators) do mt[k] = f end
 ffi.metatype("clrt_tensor", mt)
 
 return M

@@ -1,7 +1,8 @@
 -- clrt.core.tensor_ops — arithmetic, comparisons, reductions, softmax and matmul on tensors.
--- Loaded by clrt/tensor.lua, which calls install() to add the methods, the module-level
--- functions (clrt.tensor.add(a, b), where a or b may be a number) and the Lua operators
--- (+ - * / ^ and unary -). Every op is one C call (runtime/core/tensor_ops.c).
+-- ops.build(tensor) returns them as three tables for clrt/tensor.lua, the class's file, to
+-- take: methods (t:add(b), t:sum(dim), ...), functions (clrt.tensor.add(a, b), where a or b
+-- may be a number) and operators (+ - * / ^ and unary -). Every op is one C call
+-- (runtime/core/tensor_ops.c).
 --
 -- Conventions: dimensions are 1-based and may be negative (-1 is the last); positions from
 -- argmax/argmin (and the second result of max/min over a dimension) are 1-based i32. A
@@ -29,8 +30,10 @@ local reduce = {
 }
 M.binary_ops, M.unary_ops, M.reduce_ops = binary, unary, reduce
 
-function M.install(tensor, Tensor, mt)
+-- `tensor` is clrt/tensor.lua's module table (is_tensor, shape_str, handle, full).
+function M.build(tensor)
   local is_tensor, shape_str = tensor.is_tensor, tensor.shape_str
+  local Tensor, functions, operators = {}, {}, {}
 
   local function fail(level) error(ffi.string(C.clrt_last_error()), level + 1) end
   local function result(p, level)
@@ -68,7 +71,7 @@ function M.install(tensor, Tensor, mt)
       end
       bad_operand(name, a, 3)
     end
-    Tensor[name], tensor[name] = apply, apply
+    Tensor[name], functions[name] = apply, apply
     Tensor[name .. "_"] = function(a, b)
       local st
       if is_tensor(b) then st = C.clrt_tensor_binary_(op, a, b)
@@ -84,15 +87,15 @@ function M.install(tensor, Tensor, mt)
       if not is_tensor(a) then error(("%s: expected a tensor, got %s"):format(name, type(a)), 2) end
       return result(C.clrt_tensor_unary(op, a), 2)
     end
-    Tensor[name], tensor[name] = apply, apply
+    Tensor[name], functions[name] = apply, apply
     Tensor[name .. "_"] = function(a)
       if C.clrt_tensor_unary_(op, a) ~= 0 then fail(2) end
       return a
     end
   end
 
-  mt.__add, mt.__sub, mt.__mul = tensor.add, tensor.sub, tensor.mul
-  mt.__div, mt.__pow, mt.__unm = tensor.div, tensor.pow, tensor.neg
+  operators.__add, operators.__sub, operators.__mul = functions.add, functions.sub, functions.mul
+  operators.__div, operators.__pow, operators.__unm = functions.div, functions.pow, functions.neg
 
   local out = ffi.new("double[1]")
   local function reduce_all(t, op, level)
@@ -141,7 +144,7 @@ function M.install(tensor, Tensor, mt)
     if not is_tensor(b) then error("matmul: expected a tensor, got " .. type(b), 2) end
     return result(C.clrt_tensor_matmul(a, b), 2)
   end
-  tensor.matmul = function(a, b)
+  functions.matmul = function(a, b)
     if not is_tensor(a) then error("matmul: expected a tensor, got " .. type(a), 2) end
     if not is_tensor(b) then error("matmul: expected a tensor, got " .. type(b), 2) end
     return result(C.clrt_tensor_matmul(a, b), 2)
@@ -155,12 +158,12 @@ function M.install(tensor, Tensor, mt)
     if dt == "i32" and x ~= math.floor(x) then dt = "f32" end
     return tensor.full({}, x, { dtype = dt })
   end
-  function tensor.where(cond, a, b)
+  function functions.where(cond, a, b)
     if not is_tensor(cond) then error("where: condition must be a tensor, got " .. type(cond), 2) end
     local ta, tb = as_tensor(a, b, "where"), as_tensor(b, a, "where")
     return result(C.clrt_tensor_where(cond, ta, tb), 2)
   end
-  function Tensor.where(cond, a, b) return tensor.where(cond, a, b) end
+  Tensor.where = functions.where
 
   function Tensor.masked_fill_(t, mask, value)
     if not is_tensor(mask) then error("masked_fill_: mask must be a tensor, got " .. type(mask), 2) end
@@ -175,6 +178,7 @@ function M.install(tensor, Tensor, mt)
     if C.clrt_tensor_masked_fill_(c, mask, value) ~= 0 then fail(2) end
     return c
   end
+  return { methods = Tensor, functions = functions, operators = operators }
 end
 
 return M
