@@ -266,6 +266,15 @@ int clrt_model_set_decode_pack(clrt_model *m, int on);
    longer be loaded into, saved, merged or moved (load it again for that). */
 int clrt_model_set_base_bf16(clrt_model *m);
 int clrt_model_base_bf16(const clrt_model *m);
+/* quant=int8 (CPU): generation (clrt_model_forward_cached: prefill and decode) reads int8
+   copies of every linear weight, the output layer's included (per-output-channel symmetric
+   scales), and quantizes each product's input rows to int8 on the fly; int32 sums, f32 out.
+   Training, scoring and backward keep the f32 master weights; the copies are remade from them
+   after they change. Off frees the copies; moving the model drops them. clrt_int8_kernel: the
+   path this CPU runs ("avx512-vnni", "portable"). */
+int clrt_model_set_quant_int8(clrt_model *m, int on);
+int clrt_model_quant_int8(const clrt_model *m);
+const char *clrt_int8_kernel(void);
 /* The bf16 and packed copies follow writes through the tensor API (params views, the
    optimizers, loading); after writing the parameters' memory any other way, call this. */
 void clrt_model_params_changed(clrt_model *m);

@@ -12,7 +12,8 @@
      profile.c    per-kernel timing (CLRT_PROFILE=1)
      linear.c     the layer code's one call per product: the base product, then its adapter
      lora.c       LoRA adapters: their arena, names (PEFT's), init, merge, and the layer hooks
-     base16.c     base_dtype=bf16: a frozen base's linear weights only in bf16, and their products */
+     base16.c     base_dtype=bf16: a frozen base's linear weights only in bf16, and their products
+     quant8.c     quant=int8: generation's int8 copies of the linear weights, and their products */
 #ifndef CLRT_MODEL_INTERNAL_H
 #define CLRT_MODEL_INTERNAL_H
 #include "clrt.h"
@@ -33,6 +34,7 @@ typedef struct clrt_layer_offsets {
 } clrt_layer_offsets;
 
 typedef struct model_ops model_ops;
+typedef struct model_q8 model_q8;
 
 /* LoRA: the linear layers an adapter can sit beside (bit t of model_lora.targets): the seven
    of every block, then the output layer and the embedding (one each, off by default). */
@@ -103,6 +105,7 @@ struct clrt_model {
   int base16;
   int base16_blank;   /* converted before any weight was in: clrt_model_load_safetensors fills it */
   clrt_storage *b16;
+  model_q8 *q8;                 /* quant=int8 (quant8.c): generation's int8 weights, or NULL */
 };
 
 #define COPY_STALE UINT64_MAX
@@ -265,6 +268,16 @@ void model_base16_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N
                                const lin_part *parts, int count);
 void model_base16_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
                                   const float *x, int64_t N, int K, int O, int acc);
+/* quant=int8 (quant8.c): clrt_model_forward_cached runs model_cpu_int8_ops over int8 copies
+   remade by model_q8_refresh when the params change; everything else stays f32. */
+extern const model_ops model_cpu_int8_ops;
+int model_q8_active(const clrt_model *m);
+int model_q8_refresh(clrt_model *m);
+void model_q8_free(model_q8 *q);
+void model_q8_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
+                     int64_t N, int K, int O);
+void model_q8_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, int K,
+                           const lin_part *parts, int count);
 /* An error naming `who` when the model's base is held in bf16 (no f32 weights to read or write). */
 int model_refuse_base16(const clrt_model *m, const char *who);
 
