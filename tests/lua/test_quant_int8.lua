@@ -103,9 +103,49 @@ T.case("greedy generation of a trained tiny model: int8 agrees with f32", functi
   m:free()
 end)
 
+-- `clrt serve --quant int8` as a user runs it: its greedy reply is the in-process int8 one.
+T.case("clrt serve --quant int8 replies with in-process int8 greedy generation", function()
+  if os.execute("command -v curl > /dev/null 2>&1") ~= 0 then return print("skip: curl is not installed") end
+  package.path = T.source_dir() .. "/tests/?.lua;" .. package.path
+  local cjson = require("cjson")
+  local dir = require("support.tiny_model")(T.tmpdir(), { seed = 2 })
+  local srv = require("support.serve")(dir, "--slots 4 --quant int8")
+  T.ok((T.read(srv.log) or ""):find("int8 weights", 1, true), "the start line names int8 weights")
+  local messages = { { role = "user", content = "hello there, how are you today?" } }
+  local body = T.tmpdir() .. "/req.json"
+  local f = assert(io.open(body, "w"))
+  f:write(cjson.encode({ messages = messages, temperature = 0, max_tokens = 24, logprobs = true }))
+  f:close()
+  local function ask(url)
+    local p = io.popen(("curl -s -m 60 --data-binary @%s -H 'Content-Type: application/json' %s/chat/completions"):format(body, url))
+    local r = cjson.decode(p:read("*a"))
+    p:close()
+    local lps = {}
+    for i, c in ipairs(r.choices[1].logprobs.content) do lps[i] = c.logprob end
+    return r.choices[1].message.content, lps
+  end
+  local text, lps = ask(srv.url)
+  local srv_f = require("support.serve")(dir, "--slots 4")
+  local text_f, lps_f = ask(srv_f.url)
+  local m, tok = clrt.model.load(dir, { quant = "int8" }), clrt.tokenizer.load(dir)
+  T.eq(text, clrt.chat.generate(m, tok, messages, { temperature = 0, max_new_tokens = 24 }), "the served reply")
+  -- the served log-probabilities are the int8 weights', not the f32 server's
+  T.eq(#lps, #lps_f)
+  local off = 0
+  for i = 1, math.min(#lps, #lps_f) do off = math.max(off, math.abs(lps[i] - lps_f[i])) end
+  T.ok(text ~= text_f or off > 1e-4, "int8 and f32 servers' log-probabilities differ by " .. off)
+  srv_f.stop()
+  srv.stop()
+  m:free()
+end)
+
 T.case("bad settings are refused with a clear error", function()
   local m = clrt.model.load(root .. "odd")
   T.raises(function() m:set_quant("int4") end, "int8, none")
+  local bin = os.getenv("CLRT_BIN") or arg[-1]
+  local p = io.popen(bin .. " serve " .. root .. "odd --quant int4 2>&1")
+  T.ok(p:read("*a"):find("--quant int4: int8 or none", 1, true), "clrt serve names the bad --quant")
+  p:close()
   m:free()
 end)
 
