@@ -198,7 +198,8 @@ end
 local function start(E, req)
   local eng, outs, left = E.eng, {}, req.o.n
   local cb = { on_done = function(row)
-    outs[row.sample] = { tokens = row.tokens, logprobs = row.logprobs, finish_reason = row.finish_reason, text = row.text }
+    outs[row.sample] = { tokens = row.tokens, logprobs = row.logprobs, finish_reason = row.finish_reason, text = row.text,
+      model_logprobs = row.model_logprobs }
     left = left - 1
     if left == 0 then
       E.live[req] = nil
