@@ -271,10 +271,12 @@ int clrt_model_base_bf16(const clrt_model *m);
    scales), and quantizes each product's input rows to int8 on the fly; int32 sums, f32 out.
    Training, scoring and backward keep the f32 master weights; the copies are remade from them
    after they change. Off frees the copies; moving the model drops them. clrt_int8_kernel: the
-   path this CPU runs ("avx512-vnni", "portable"). */
+   path the model's products take ("avx512-vnni", "avx-vnni", "portable": the best this CPU
+   runs, or CLRT_INT8_KERNEL's when set and available when quant was turned on; m NULL: the
+   best). */
 int clrt_model_set_quant_int8(clrt_model *m, int on);
 int clrt_model_quant_int8(const clrt_model *m);
-const char *clrt_int8_kernel(void);
+const char *clrt_int8_kernel(const clrt_model *m);
 /* The bf16 and packed copies follow writes through the tensor API (params views, the
    optimizers, loading); after writing the parameters' memory any other way, call this. */
 void clrt_model_params_changed(clrt_model *m);

@@ -1,7 +1,8 @@
 /* linear_int8.c — int8 x int8 -> int32 products for generation (see linear_int8.h for the
-   layout and why activations are quantized): AVX512-VNNI (vpdpbusd) where the CPU has it,
-   a portable loop everywhere. Both compute the same exact integer sums and the same f32
-   epilogue, so their outputs are bit-identical. */
+   layout and why activations are quantized): AVX512-VNNI (vpdpbusd on 16 outputs) where the
+   CPU has it, else AVX-VNNI (the 256-bit VEX form, 8 outputs: CPUs without AVX-512), else a
+   portable loop. All compute the same exact integer sums and the same f32 epilogue, so their
+   outputs are bit-identical. */
 #include "linear_int8.h"
 #include "simd512.h"
 
@@ -173,12 +174,88 @@ TARGET_VNNI static void linear_vnni(float *y, const int8_t *xq, const float *xs,
 static int have_avx512vnni(void) { return 0; }
 #endif
 
+/* ---- AVX-VNNI (256-bit) ------------------------------------------------------------------------ */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define CLRT_AVXVNNI 1
+#define TARGET_AVXVNNI __attribute__((target("avx2,fma,avxvnni")))
+
+static int have_avxvnni(void) {
+  static int known = -1;
+  if (known < 0) {
+    __builtin_cpu_init();
+    known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("avxvnni");
+  }
+  return known;
+}
+
+/* R rows by one panel: a panel group's 64 bytes are two 256-bit operands (outputs 0-7 and
+   8-15); the same unsigned-input correction as above, and the shared scalar epilogue. */
+TARGET_AVXVNNI static inline __attribute__((always_inline)) void avxvnni_tile(
+    float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws, const int32_t *wsum,
+    const float *b, int64_t n0, int p, int K, int O, const int R) {
+  int K4 = clrt_int8_k4(K);
+  __m256i acc[4][2];
+  for (int i = 0; i < R; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+  const int8_t *pw = wq + (size_t)p * 16 * K4;
+  const __m256i flip = _mm256_set1_epi32((int)0x80808080u);
+  for (int g = 0; g < K4 / 4; g++) {
+    __m256i w0 = _mm256_loadu_si256((const __m256i *)(pw + (size_t)g * 64));
+    __m256i w1 = _mm256_loadu_si256((const __m256i *)(pw + (size_t)g * 64 + 32));
+    for (int i = 0; i < R; i++) {
+      int32_t x4;
+      __builtin_memcpy(&x4, xq + (n0 + i) * K4 + 4 * g, 4);
+      __m256i xv = _mm256_xor_si256(_mm256_set1_epi32(x4), flip);
+      acc[i][0] = _mm256_dpbusd_avx_epi32(acc[i][0], xv, w0);
+      acc[i][1] = _mm256_dpbusd_avx_epi32(acc[i][1], xv, w1);
+    }
+  }
+  int o0 = p * 16, lanes = O - o0 < 16 ? O - o0 : 16;
+  for (int i = 0; i < R; i++) {
+    int32_t sums[16];
+    _mm256_storeu_si256((__m256i *)sums, acc[i][0]);
+    _mm256_storeu_si256((__m256i *)(sums + 8), acc[i][1]);
+    for (int lane = 0; lane < lanes; lane++) {
+      int o = o0 + lane;
+      y[(n0 + i) * O + o] = int8_out(sums[lane] - 128 * wsum[o], xs[n0 + i], ws[o], b ? b[o] : 0.0f);
+    }
+  }
+}
+
+TARGET_AVXVNNI static void linear_avxvnni(float *y, const int8_t *xq, const float *xs, const int8_t *wq,
+                                          const float *ws, const int32_t *wsum, const float *b, int64_t N,
+                                          int K, int O) {
+  int panels = clrt_int8_o16(O) / 16;
+#pragma omp parallel for schedule(static)
+  for (int p = 0; p < panels; p++) {
+    int64_t n = 0;
+    for (; n + 4 <= N; n += 4) avxvnni_tile(y, xq, xs, wq, ws, wsum, b, n, p, K, O, 4);
+    switch (N - n) {
+      case 3: avxvnni_tile(y, xq, xs, wq, ws, wsum, b, n, p, K, O, 3); break;
+      case 2: avxvnni_tile(y, xq, xs, wq, ws, wsum, b, n, p, K, O, 2); break;
+      case 1: avxvnni_tile(y, xq, xs, wq, ws, wsum, b, n, p, K, O, 1); break;
+      default: break;
+    }
+  }
+}
+#else
+#define CLRT_AVXVNNI 0
+static int have_avxvnni(void) { return 0; }
+#endif
+
 /* ---- dispatch ---------------------------------------------------------------------------------- */
 
-int clrt_int8_path(void) { return have_avx512vnni() ? CLRT_INT8_AVX512VNNI : CLRT_INT8_PORTABLE; }
+int clrt_int8_path(void) {
+  return have_avx512vnni() ? CLRT_INT8_AVX512VNNI : have_avxvnni() ? CLRT_INT8_AVXVNNI : CLRT_INT8_PORTABLE;
+}
 
 const char *clrt_int8_path_name(int path) {
-  return path == CLRT_INT8_AVX512VNNI ? "avx512-vnni" : "portable";
+  return path == CLRT_INT8_AVX512VNNI ? "avx512-vnni" : path == CLRT_INT8_AVXVNNI ? "avx-vnni" : "portable";
+}
+
+int clrt_int8_path_available(int path) {
+  return path == CLRT_INT8_PORTABLE || (path == CLRT_INT8_AVX512VNNI && have_avx512vnni()) ||
+         (path == CLRT_INT8_AVXVNNI && have_avxvnni());
 }
 
 int clrt_int8_linear(float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws,
@@ -192,7 +269,15 @@ int clrt_int8_linear(float *y, const int8_t *xq, const float *xs, const int8_t *
     return -1;
 #endif
   }
-  (void)wsum;
+  if (path == CLRT_INT8_AVXVNNI) {
+#if CLRT_AVXVNNI
+    if (!have_avxvnni()) return -1;
+    linear_avxvnni(y, xq, xs, wq, ws, wsum, b, N, K, O);
+    return 0;
+#else
+    return -1;
+#endif
+  }
   linear_portable(y, xq, xs, wq, ws, b, N, K, O);
   return 0;
 }

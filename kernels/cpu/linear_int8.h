@@ -20,9 +20,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Paths, best first; clrt_int8_path() is the best this CPU runs. */
-enum { CLRT_INT8_PORTABLE = 0, CLRT_INT8_AVX512VNNI = 1 };
+/* Paths; clrt_int8_path() is the best this CPU runs (AVX512-VNNI, else AVX-VNNI, else
+   portable); clrt_int8_path_available says whether it runs a given one. */
+enum { CLRT_INT8_PORTABLE = 0, CLRT_INT8_AVX512VNNI = 1, CLRT_INT8_AVXVNNI = 2, CLRT_INT8_PATHS = 3 };
 int clrt_int8_path(void);
+int clrt_int8_path_available(int path);
 const char *clrt_int8_path_name(int path);
 
 static inline int clrt_int8_k4(int K) { return (K + 3) & ~3; }

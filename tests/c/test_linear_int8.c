@@ -1,4 +1,5 @@
-/* test_linear_int8.c — the int8 products (kernels/cpu/linear_int8.c): every path against a
+/* test_linear_int8.c — the int8 products (kernels/cpu/linear_int8.c): every path this CPU runs
+   (AVX512-VNNI, AVX-VNNI, portable; the others are named as skipped) against a
    scalar int8 reference written here from the definition (exact, to the bit), against the f32
    product within the quantization's error bound, and the same outputs whatever the row count. */
 #include "clrt.h"
@@ -81,9 +82,8 @@ static void check_shape(int64_t N, int K, int O, int with_bias, int zero_rows) {
   CHECK(dot_ok);
 
   float *y = malloc(sizeof(float) * (size_t)N * O), *y1 = malloc(sizeof(float) * (size_t)O);
-  int paths[2] = {CLRT_INT8_PORTABLE, clrt_int8_path()};
-  for (int pi = 0; pi < (paths[1] == paths[0] ? 1 : 2); pi++) {
-    int path = paths[pi];
+  for (int path = 0; path < CLRT_INT8_PATHS; path++) {
+    if (!clrt_int8_path_available(path)) continue;
     for (size_t i = 0; i < (size_t)N * O; i++) y[i] = NAN;   /* an unwritten output shows */
     CHECK(clrt_int8_linear(y, xq, xs, wq, ws, wsum, b, N, K, O, path) == 0);
     if (!exact_equal(y, yref, (size_t)N * O))
@@ -127,8 +127,11 @@ static void check_shape(int64_t N, int K, int O, int with_bias, int zero_rows) {
 int main(void) {
   clrt_rng_seed(&rng, 7);
   printf("int8 path on this CPU: %s\n", clrt_int8_path_name(clrt_int8_path()));
-  if (clrt_int8_path() == CLRT_INT8_PORTABLE)
-    printf("skip: this CPU lacks AVX512-VNNI, only the portable path was tested\n");
+  for (int path = 0; path < CLRT_INT8_PATHS; path++)
+    if (!clrt_int8_path_available(path))
+      printf("skip: this CPU does not run the %s path; it was not tested here\n", clrt_int8_path_name(path));
+    else
+      printf("tested: %s\n", clrt_int8_path_name(path));
   check_shape(1, 64, 16, 1, 0);
   check_shape(3, 37, 29, 1, 0);    /* K not a multiple of 4, O not of 16 */
   check_shape(5, 130, 70, 0, 1);   /* zero rows, no bias, P = 1..4 panels, R tails */

@@ -5,9 +5,11 @@
 -- exactly in tests/c/test_linear_int8.c.
 local T = require("clrt.test")
 local ffi = require("ffi")
+ffi.cdef [[ int setenv(const char *, const char *, int); int unsetenv(const char *); ]]
 local root = T.source_dir() .. "/tests/fixtures/model/"
 
-print("int8 kernel on this CPU: " .. ffi.string(require("clrt.core.ffi").C.clrt_int8_kernel()))
+local C = require("clrt.core.ffi").C
+print("int8 kernel on this CPU: " .. ffi.string(C.clrt_int8_kernel(nil)))
 
 -- The logits [V] (a Lua table) after prefilling seq into a fresh decoder and decoding `more`.
 local function decoded_logits(m, seq, more)
@@ -136,6 +138,44 @@ T.case("clrt serve --quant int8 replies with in-process int8 greedy generation",
   T.ok(text ~= text_f or off > 1e-4, "int8 and f32 servers' log-probabilities differ by " .. off)
   srv_f.stop()
   srv.stop()
+  m:free()
+end)
+
+-- Every kernel path this CPU runs gives the model the same logits to the bit (the sums are
+-- exact integers), and a row's logits do not depend on the rows decoded beside it.
+T.case("the same logits on every int8 path and at every batch size", function()
+  local m = clrt.model.load(root .. "qwen2_tied")
+  local V = m.config.vocab_size
+  local seq = { 3, 17, 5, 9, 11, 2, 40 }
+  local want, paths = nil, {}
+  for _, path in ipairs({ "portable", "avx-vnni", "avx512-vnni" }) do
+    ffi.C.setenv("CLRT_INT8_KERNEL", path, 1)
+    m:set_quant("int8")
+    local got = ffi.string(C.clrt_int8_kernel(m.ptr))
+    if got == path then
+      paths[#paths + 1] = path
+      local l = decoded_logits(m, seq, { 7, 30 })
+      if want then T.eq(l, want, path .. " vs " .. paths[1]) else want = l end
+    else
+      print("skip: this CPU does not run the " .. path .. " path")
+    end
+    m:set_quant("none")
+  end
+  ffi.C.unsetenv("CLRT_INT8_KERNEL")
+  T.ok(#paths >= 1 and paths[1] == "portable", "the portable path runs everywhere")
+  -- rows decoded together: each row's logits equal its own decode alone
+  m:set_quant("int8")
+  local rows = { { 3, 17, 5 }, { 9, 11, 2, 40, 8 }, { 1 } }
+  local d = m:decoder(3, 40)
+  local out = ffi.new("float[?]", 3 * V)
+  for b, r in ipairs(rows) do d:prefill(b - 1, ffi.new("int32_t[?]", #r, r), #r, out + (b - 1) * V) end
+  d:decode(3, ffi.new("int32_t[3]", { 0, 1, 2 }), ffi.new("int32_t[3]", { 7, 7, 7 }), out)
+  for b, r in ipairs(rows) do
+    local alone = decoded_logits(m, r, { 7 })
+    local together = {}
+    for v = 0, V - 1 do together[v + 1] = out[(b - 1) * V + v] end
+    T.eq(together, alone, "row " .. b .. " in a batch of 3 vs alone")
+  end
   m:free()
 end)
 
