@@ -86,6 +86,10 @@ static model_q8 *q8_new(const clrt_model *m) {
 
 int model_q8_refresh(clrt_model *m) {
   model_q8 *q = m->q8;
+  if (m->base16) {   /* set_base_dtype("bf16") after set_quant: no f32 weights to quantize */
+    clrt_set_error("quant=int8: the base is held in bf16 (base_dtype=bf16); set_quant(\"none\") or load it in f32");
+    return -1;
+  }
   if (q->ver == m->params->version) return 0;
   for (int i = 0; i < q->n; i++) {
     q8_weight *t = &q->wt[i];
