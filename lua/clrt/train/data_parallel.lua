@@ -27,7 +27,8 @@ end
 local function portable(e, offset)
   return { group = e.group + offset, prompt_ids = e.prompt_ids, tokens = e.tokens, text = e.text,
     message = e.message, truncated = e.truncated, invalid = e.invalid, scores = e.scores, convs = e.convs,
-    dropped = e.dropped, drop_error = e.drop_error, cutoff_reward = e.cutoff_reward }
+    dropped = e.dropped, drop_error = e.drop_error, cutoff_reward = e.cutoff_reward,
+    logprobs_rollout = e.logprobs_rollout and json.array(e.logprobs_rollout) }
 end
 
 -- JSON null where a value was absent: back to nil, recursively.
