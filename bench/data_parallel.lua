@@ -125,7 +125,7 @@ p:close()
 local function rl(n)
   local dir = root .. "/rl" .. n
   local out = mpirun(n, ("recipes/collabllm_rl.lua config=%s model=%s run_dir=%s steps=%s prompts_per_step=8 rollout.n=4 rollout.num_repeat_rollouts=2 rollout.max_new_tokens=24 eval.before=false eval.after=false save_every=0")
-    :format(q(require("clrt.train.prompts").world_config_path()), q(root .. "/sft/model"), q(dir), args.rl_steps))
+    :format(q(require("collab_world.world").config_path()), q(root .. "/sft/model"), q(dir), args.rl_steps))
   local rows = require("clrt.data").read_jsonl(dir .. "/metrics.jsonl")
   if #rows == 0 then error("bench: the RL run wrote no metrics:\n" .. out, 0) end
   local times = {}

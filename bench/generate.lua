@@ -8,8 +8,11 @@
 -- (or quant=int8) adds rows where clrt decodes from int8 weights (m:set_quant("int8"),
 -- docs/quantization.md) against PyTorch's dynamic int8 linear layers (per-channel qint8
 -- weights, activations quantized per call: the same scheme). Timings need a quiet machine.
+-- deterministic=0,1 runs clrt both ways, without and with m:set_batch_invariant(true) (what RL
+-- rollouts and `clrt serve --deterministic` run), and prints each mode's decode and prefill
+-- rates and the deterministic one's cost against the other (docs/reproducibility.md).
 --   clrt bench/generate.lua [sizes=15m,110m|0.5b] [batches=1,32] [new=64] [prompt=16] [device=cpu|cuda]
---                           [weights=f32|bf16|int8|f32,bf16,int8] [quant=int8] [reps=3]
+--                           [weights=f32|bf16|int8|f32,bf16,int8] [quant=int8] [deterministic=0|1|0,1] [reps=3]
 -- Each figure is the median of reps timed runs (the peer's too). CLRT_PYTHON names the peer's
 -- Python (default /usr/bin/python3, Debian's).
 local ffi = require("ffi")
@@ -45,6 +48,7 @@ if device ~= "cpu" then
   for _, wk in ipairs(weight_kinds) do if wk == "int8" then error("weights=int8 runs on the cpu only") end end
 end
 local reps = tonumber(args.reps or 3)
+local modes = list(args.deterministic, "0")
 
 local models = {
   ["15m"] = { hidden_size = 384, intermediate_size = 1024, num_hidden_layers = 6, num_attention_heads = 6,
@@ -68,7 +72,51 @@ if device == "cuda" then
 end
 
 print(("decode benchmark: %d new tokens after a %d-token prompt, greedy, %d threads"):format(new_tokens, prompt_len, clrt.num_threads()))
-print(("%-6s %-7s %5s %12s %12s %8s"):format("model", "weights", "batch", "clrt tok/s", "torch tok/s", "ratio"))
+print(("%-6s %-7s %-5s %5s %12s %12s %12s %8s"):format("model", "weights", "det", "batch", "clrt tok/s",
+  "prefill tok/s", "torch tok/s", "ratio"))
+local plain = {}   -- (size, weights, batch) -> the non-deterministic decode and prefill rates
+local gen = require("clrt.gen.engine")
+
+-- The median decode and prefill rates (tokens/s) of reps engine runs of B prompts.
+local function time_clrt(m, cfg, B)
+  local prompts = {}
+  for b = 1, B do
+    local p = {}
+    for t = 1, prompt_len do p[t] = (b * 7919 + t * 104729) % cfg.vocab_size end
+    prompts[b] = p
+  end
+  m:generate(prompts, { temperature = 0, max_new_tokens = 4 })   -- warm-up, sizes the cache
+  local dec = m:decoder(B, prompt_len + new_tokens)
+  local o = gen.options({ temperature = 0, max_new_tokens = new_tokens }, cfg.vocab_size)
+  -- Time the decode steps alone, as the peer does: prefill first, then new-1 steps; the
+  -- median of reps runs on each side (a 110M batch-1 run is half a second, and a shared
+  -- machine's hiccups move a single one by half).
+  local secs, pre = {}, {}
+  for r = 1, reps do
+    local eng = gen.engine(dec)
+    for _, p in ipairs(prompts) do eng:add(p, o) end
+    local t0 = now()
+    eng:step()   -- the first token comes from the prefill logits
+    local t1 = now()
+    while eng:busy() do eng:step() end
+    secs[r], pre[r] = now() - t1, t1 - t0
+  end
+  table.sort(secs)
+  table.sort(pre)
+  local mid = math.floor(reps / 2) + 1
+  return B * (new_tokens - 1) / secs[mid], B * prompt_len / pre[mid]
+end
+
+local function time_peer(cfg, B, wk)
+  local py = io.popen(("OMP_NUM_THREADS=2 BENCH_REPS=%d %s %s/generate_ref.py %s %d %d %d %s %s"):format(
+    reps, os.getenv("CLRT_PYTHON") or "/usr/bin/python3", here, require("clrt.util.shell").quote(cjson.encode(cfg)), B,
+    prompt_len, new_tokens, device, wk))
+  local line = py:read("*a")
+  py:close()
+  local ok, peer = pcall(cjson.decode, line)
+  return ok and peer.tokens_per_s or 0 / 0
+end
+
 for _, size in ipairs(sizes) do
   local base = models[size] or error("unknown size " .. size)
   local cfg = {
@@ -83,47 +131,28 @@ for _, size in ipairs(sizes) do
     else
       m:set_quant("none"):set_matmul(wk)
     end
-    local single
-    for _, bs in ipairs(batches) do
-      local B = tonumber(bs)
-      local prompts = {}
-      for b = 1, B do
-        local p = {}
-        for t = 1, prompt_len do p[t] = (b * 7919 + t * 104729) % cfg.vocab_size end
-        prompts[b] = p
-      end
-      m:generate(prompts, { temperature = 0, max_new_tokens = 4 })   -- warm-up, sizes the cache
-      local dec = m:decoder(B, prompt_len + new_tokens)
-      local gen = require("clrt.gen.engine")
-      local o = gen.options({ temperature = 0, max_new_tokens = new_tokens }, cfg.vocab_size)
-      -- Time the decode steps alone, as the peer does: prefill first, then new-1 steps; the
-      -- median of reps runs on each side (a 110M batch-1 run is half a second, and a shared
-      -- machine's hiccups move a single one by half).
-      local secs = {}
-      for r = 1, reps do
-        local eng = gen.engine(dec)
-        for _, p in ipairs(prompts) do eng:add(p, o) end
-        eng:step()   -- the first token comes from the prefill logits
-        local t1 = now()
-        while eng:busy() do eng:step() end
-        secs[r] = now() - t1
-      end
-      table.sort(secs)
-      local ours = B * (new_tokens - 1) / secs[math.floor(reps / 2) + 1]
-      local py = io.popen(("OMP_NUM_THREADS=2 BENCH_REPS=%d %s %s/generate_ref.py %s %d %d %d %s %s"):format(
-        reps, os.getenv("CLRT_PYTHON") or "/usr/bin/python3", here, require("clrt.util.shell").quote(cjson.encode(cfg)), B, prompt_len, new_tokens, device, wk))
-      local line = py:read("*a")
-      py:close()
-      local ok, peer = pcall(cjson.decode, line)
-      local theirs = ok and peer.tokens_per_s or 0 / 0
-      if B == 1 then single = ours end
-      print(("%-6s %-7s %5d %12.1f %12.1f %7.2fx%s"):format(size, wk, B, ours, theirs, ours / theirs,
-        (B > 1 and single) and ("   (batch %d / batch 1: %.1fx)"):format(B, ours / single) or ""))
-      if device == "cuda" then
-        local per_tok = 2 * m:num_params()
-        local ctf, ttf = ours * per_tok / 1e12, theirs * per_tok / 1e12
-        local function mfu(tf) return peak > 0 and ("%.3f%%"):format(100 * tf / peak) or "n/a" end
-        print(("       TFLOP/s: clrt %.3f (MFU %s), torch %.3f (MFU %s)"):format(ctf, mfu(ctf), ttf, mfu(ttf)))
+    local peers = {}   -- batch -> the peer's rate, measured once for both modes
+    for _, mode in ipairs(modes) do
+      m:set_batch_invariant(mode == "1")
+      local single
+      for _, bs in ipairs(batches) do
+        local B = tonumber(bs)
+        local ours, prefill = time_clrt(m, cfg, B)
+        peers[B] = peers[B] or time_peer(cfg, B, wk)
+        local theirs, key = peers[B], size .. wk .. B
+        if mode == "0" then plain[key] = { ours, prefill } end
+        if B == 1 then single = ours end
+        local cost = (mode == "1" and plain[key])
+          and ("   (deterministic: decode %.2fx, prefill %.2fx the other's time)"):format(plain[key][1] / ours,
+            plain[key][2] / prefill) or ""
+        print(("%-6s %-7s %-5s %5d %12.1f %12.1f %12.1f %7.2fx%s%s"):format(size, wk, mode, B, ours, prefill, theirs,
+          ours / theirs, (B > 1 and single) and ("   (batch %d / batch 1: %.1fx)"):format(B, ours / single) or "", cost))
+        if device == "cuda" then
+          local per_tok = 2 * m:num_params()
+          local ctf, ttf = ours * per_tok / 1e12, theirs * per_tok / 1e12
+          local function mfu(tf) return peak > 0 and ("%.3f%%"):format(100 * tf / peak) or "n/a" end
+          print(("       TFLOP/s: clrt %.3f (MFU %s), torch %.3f (MFU %s)"):format(ctf, mfu(ctf), ttf, mfu(ttf)))
+        end
       end
     end
   end

@@ -7,7 +7,8 @@
 -- Prints MB/s for: clrt one thread (C batch path), clrt one thread through tok:encode (Lua
 -- tables), clrt on all cores (encode_batch), the JS port (js=0 leaves it out); then the ratios. With several
 -- families, a last table puts the SentencePiece-style families' one-thread rate next to the
--- slowest byte-level family's (the goal: at least as fast).
+-- slowest byte-level family's (the goal: at least as fast). Timings mean something only on a
+-- quiet machine at the default size; a tiny mb= (e.g. mb=0.02) checks that the script runs.
 local args = {}
 for _, a in ipairs({ ... }) do
   local k, v = a:match("^([%w_]+)=(.*)$")
@@ -93,6 +94,7 @@ local cores = tonumber(args.threads) or clrt.num_threads()
 local q = require("clrt.util.shell").quote
 local have_js = args.js ~= "0" and os.execute(("test -d %s/node_modules/@lenml/tokenizers && node --version >/dev/null 2>&1"):format(q(js))) == 0
 print(("text: %.1f MB, %d lines; %d cores available to OpenMP"):format(mb, #lines, cores))
+if mb < 1 then print("note: under 1 MB of text the rates are mostly start-up; measure at the default mb= on a quiet machine") end
 
 local function bench(model)
   print(("\n== %s (%s)"):format(model.name, model.dir))

@@ -7,11 +7,20 @@
 -- is what a busy machine disturbs least).
 -- device=cuda runs both on the GPU (fp32, TF32 off on both sides) and adds achieved TFLOP/s
 -- and MFU against the GPU's dense bf16 peak (clrt.cuda_peak_tflops(), CLRT_PEAK_TFLOPS).
--- matmul=bf16 (full fine-tune rows): clrt's m:set_matmul("bf16") (bf16 products, f32 master
--- weights and accumulation) against PyTorch under bf16 autocast. CLRT_PYTHON names the
--- peer's Python (default /usr/bin/python3, Debian's).
+-- precision=bf16 (or matmul=bf16; full fine-tune and LoRA-over-f32-base rows): clrt's
+-- train.precision=bf16 (m:set_matmul("bf16"): bf16 products on the CPU's matrix unit, AMX or
+-- AVX512-BF16, f32 master weights, AdamW, loss and norms) against PyTorch's step under
+-- autocast(bfloat16). CLRT_PYTHON names the peer's Python (default /usr/bin/python3, Debian's).
+-- On the CPU the bench first measures the peaks it compares with, over its threads, operands
+-- in registers: the AVX-512 f32 FMA peak and the bf16 unit's (clrt.model.unit_peak_gflops),
+-- and prints each row's GFLOP/s as a share of them. It also prints, per step, the time
+-- outside the products (the optimizer and everything not a kernel). Timings need a quiet
+-- machine: a loaded one measures the load.
 -- baseline=1 also runs clrt with set_decode_pack(false) (OpenBLAS sgemm for every product, the
 -- path before the AVX-512 training kernels) and prints the ratio of the two in this run.
+-- deterministic=1 also runs clrt with m:set_batch_invariant(true) (the RL policy's default:
+-- the training forward's attention query by query, as decode runs it) and prints its cost;
+-- that run keeps a packed copy of the weights at any size, as a policy that decodes has one.
 -- sizes=0.9M is the built-in world's model at its SFT batch (B=32, T=256).
 -- rows=full,lora,lora_bf16 picks the steps measured per size: the full fine-tune, and LoRA of
 -- rank lora=R (default 16, alpha 2R) on the seven projections of every layer over an f32 base
@@ -21,7 +30,7 @@
 -- On the CPU each row also prints GFLOP/s against peak_gflops= (default 443: the two cores'
 -- measured FMA peak on the Zen 5 the README's figures come from).
 --   clrt bench/train_step.lua [sizes=5M,50M] [rows=full] [lora=16] [base_dtype=f32|bf16] [steps=3] [B=8 (0.9M: 32, 0.5B/1.5B: 2)] [T=256]
---                             [threads=2] [device=cpu|cuda] [baseline=1] [peak_gflops=443]
+--                             [threads=2] [device=cpu|cuda] [baseline=1] [deterministic=1] [peak_gflops=measured] [precision=f32|bf16]
 local cjson = require("cjson")
 
 local args = {}
@@ -49,7 +58,7 @@ if args.worker then
   local m = clrt.model.new(cfg, { seed = 0, max_batch = B, max_seq = T, keep_logits_mb = tonumber(args.keep_logits_mb),
     device = args.device })
   if args.pack == "0" then m:set_decode_pack(false) end   -- sgemm throughout: the old path
-  if args.matmul == "bf16" then m:set_matmul("bf16") end
+  if args.invariant == "1" then m:set_batch_invariant(true) end
   local flops = m:train_flops(B, T)
   local r = tonumber(args.lora or 0)
   if r > 0 then
@@ -57,6 +66,8 @@ if args.worker then
     if args.base_dtype == "bf16" then m:set_base_dtype("bf16") end
     flops = m:train_flops(B, T)   -- with adapters: no weight gradients of the frozen base
   end
+  if args.matmul == "bf16" then m:set_matmul("bf16") end
+  print("clrt matrix_unit=" .. (args.matmul == "bf16" and clrt.model.matrix_unit() or "f32"))
   local opt = clrt.optim.adamw(m, { lr = 1e-4, weight_decay = 0.1, grad_clip = 1.0 })
   local gen = clrt.tensor.generator(1)
   local toks = clrt.tensor.zeros({ B, T }, { dtype = "i32" })
@@ -82,6 +93,18 @@ if args.worker then
     times[i] = now() - s0
   end
   local dt = now() - t0
+  local prof_steps = steps
+  if args.device == "cuda" then
+    -- GPU kernels run asynchronously: the profile's kernel times are launch times unless it
+    -- waits around each kernel, which slows the step, so it gets steps of its own
+    clrt.model.profile_sync(true)
+    clrt.model.profile(true)
+    t_opt, prof_steps = 0, 2
+    local p0 = now()
+    for _ = 1, prof_steps do step() end
+    dt = now() - p0
+    clrt.model.profile_sync(false)
+  end
   table.sort(times)
   print(("clrt tokens_per_s=%.1f peak_rss_mb=%.1f params=%d best_tokens_per_s=%.1f"):format(
     B * T / times[math.floor(steps / 2) + 1], peak_rss_mb(), m:num_params(), B * T / times[1]))
@@ -92,10 +115,16 @@ if args.worker then
   local prof, total = clrt.model.profile(), 0
   for _, p in ipairs(prof) do total = total + p.seconds end
   for _, p in ipairs(prof) do
-    if p.seconds > 0 then print(("clrt kernel %-14s %7.3f s/step %5.1f%%"):format(p.name, p.seconds / steps, 100 * p.seconds / dt)) end
+    if p.seconds > 0 then print(("clrt kernel %-14s %7.3f s/step %5.1f%%"):format(p.name, p.seconds / prof_steps, 100 * p.seconds / dt)) end
   end
-  print(("clrt kernel %-14s %7.3f s/step %5.1f%%"):format("adamw", t_opt / steps, 100 * t_opt / dt))
-  print(("clrt kernel %-14s %7.3f s/step %5.1f%%"):format("(unaccounted)", (dt - total - t_opt) / steps, 100 * (dt - total - t_opt) / dt))
+  print(("clrt kernel %-14s %7.3f s/step %5.1f%%"):format("adamw", t_opt / prof_steps, 100 * t_opt / dt))
+  print(("clrt kernel %-14s %7.3f s/step %5.1f%%"):format("(unaccounted)", (dt - total - t_opt) / prof_steps, 100 * (dt - total - t_opt) / dt))
+  local products = 0   -- the matrix products' kernels (the output layer's includes its log-softmax)
+  for _, p in ipairs(prof) do
+    if p.name:find("^linear") or p.name:find("^output") or p.name == "lora" then products = products + p.seconds end
+  end
+  print(("clrt kernel %-14s %7.3f s/step %5.1f%% (of which the optimizer step, copies refreshed in place: %.3f s)"):format(
+    "outside products", (dt - products) / prof_steps, 100 * (dt - products) / dt, t_opt / prof_steps))
   os.exit(0)
 end
 
@@ -122,8 +151,8 @@ local src = os.getenv("CLRT_SOURCE_DIR") or here
 local bin = os.getenv("CLRT_BIN") or (arg and arg[-1]) or "clrt"
 local sh_quote = require("clrt.util.shell").quote
 local python = os.getenv("CLRT_PYTHON") or "/usr/bin/python3"
-local matmul = args.matmul or "f32"
-if matmul ~= "f32" and matmul ~= "bf16" then error("matmul=" .. matmul .. " (f32, bf16)") end
+local matmul = args.precision or args.matmul or "f32"
+if matmul ~= "f32" and matmul ~= "bf16" then error("precision=" .. matmul .. " (f32, bf16)") end
 
 local function run(cmd)
   local p = io.popen(cmd .. " 2>&1")
@@ -140,7 +169,14 @@ local ROWS = {
   lora_bf16 = { label = ("LoRA r=%d, bf16 base"):format(lora_r), r = lora_r, base = "bf16" },
 }
 local rows = args.rows or (args.lora and (args.base_dtype == "bf16" and "lora_bf16" or "lora")) or "full"
-local peak_gflops = tonumber(args.peak_gflops or 443)
+-- The peaks this machine reaches over the bench's threads, measured before any worker runs.
+local peak_gflops, unit, unit_peak = tonumber(args.peak_gflops), clrt.model.matrix_unit(), 0
+if device == "cpu" then
+  peak_gflops = peak_gflops or clrt.model.unit_peak_gflops("f32", threads)
+  if unit ~= "f32" then unit_peak = clrt.model.unit_peak_gflops(unit, threads) end
+  print(("CPU peaks over %d threads (measured): AVX-512 f32 FMA %.0f GFLOP/s; bf16 matrix unit %s%s"):format(threads,
+    peak_gflops, unit, unit_peak > 0 and (" %.0f GFLOP/s (%.1fx f32)"):format(unit_peak, unit_peak / peak_gflops) or " (none)"))
+end
 for size in (args.sizes or "5M,50M"):gmatch("[^,]+") do
  for row_name in rows:gmatch("[^,]+") do
   local cfg = SIZES[size]
@@ -149,7 +185,7 @@ for size in (args.sizes or "5M,50M"):gmatch("[^,]+") do
   local row = ROWS[row_name]
   if not row then error("unknown row " .. row_name .. " (full, lora, lora_bf16)") end
   local lora_args = row.r > 0 and (" lora=%d base_dtype=%s"):format(row.r, row.base) or ""
-  local mm = row.r > 0 and "f32" or matmul
+  local mm = row.base == "bf16" and "f32" or matmul   -- a bf16 base multiplies in bf16 already
   local c_out = run(("CLRT_PROFILE=1 OMP_NUM_THREADS=%d %s %s/bench/train_step.lua worker=%s B=%d T=%d steps=%d threads=%d device=%s matmul=%s%s"):format(
     threads, sh_quote(bin), sh_quote(src), size, B, T, steps, threads, device, mm, lora_args))
   local t_out = run(("OMP_NUM_THREADS=%d %s %s/bench/train_step_torch.py %s %d %d %d %d %s %d %s %s"):format(
@@ -163,7 +199,7 @@ for size in (args.sizes or "5M,50M"):gmatch("[^,]+") do
   end
   if not ttok then error("torch peer failed:\n" .. t_out) end
   print(("\n== %s (%s params), B=%d T=%d, %s%s =="):format(size, c_out:match("params=(%d+)"), B, T, row.label,
-    mm == "bf16" and ", bf16 products" or ""))
+    mm == "bf16" and (", bf16 products on %s, torch under autocast(bfloat16)"):format(c_out:match("matrix_unit=(%S+)") or "?") or ""))
   local cbest = tonumber(c_out:match("best_tokens_per_s=([%d.]+)"))
   local tbest = tonumber(t_out:match("best_tokens_per_s=([%d.]+)")) or 0 / 0
   print(("clrt : %9.1f tokens/s (median step; best %.1f)  peak RSS %7.1f MB"):format(tonumber(ctok), cbest, tonumber(crss)))
@@ -179,11 +215,25 @@ for size in (args.sizes or "5M,50M"):gmatch("[^,]+") do
         :format(stok, sbest, ctok / stok, cbest / sbest))
     end
   end
+  if args.deterministic == "1" then
+    local d_out = run(("CLRT_TRAIN_PACK_MAX_MB=1000000 CLRT_PROFILE=1 OMP_NUM_THREADS=%d %s %s/bench/train_step.lua worker=%s B=%d T=%d steps=%d threads=%d device=%s matmul=%s%s invariant=1"):format(
+      threads, sh_quote(bin), sh_quote(src), size, B, T, steps, threads, device, mm, lora_args))
+    local dtok = tonumber(d_out:match("clrt tokens_per_s=([%d.]+)"))
+    local dbest = tonumber(d_out:match("best_tokens_per_s=([%d.]+)"))
+    if dtok then
+      print(("batch-invariant: %9.1f tokens/s (median step; best %.1f): %.2fx the default's step time (best steps: %.2fx)")
+        :format(dtok, dbest, ctok / dtok, cbest / dbest))
+    end
+  end
   if device == "cpu" then
     local flops = tonumber(c_out:match("flops_per_step=([%d.e+-]+)"))
     local cg, tg = flops * ctok / (B * T) / 1e9, flops * ttok / (B * T) / 1e9
-    print(("GFLOP/s: clrt %.1f (%.1f%% of %g peak), torch %.1f (%.1f%%) (model FLOPs per step %.3g)"):format(cg,
+    print(("GFLOP/s: clrt %.1f (%.1f%% of the %.0f f32 FMA peak), torch %.1f (%.1f%%) (model FLOPs per step %.3g)"):format(cg,
       100 * cg / peak_gflops, peak_gflops, tg, 100 * tg / peak_gflops, flops))
+    if mm == "bf16" and unit_peak > 0 then
+      print(("share of the %s peak (%.0f GFLOP/s): clrt %.1f%%, torch %.1f%%"):format(unit, unit_peak, 100 * cg / unit_peak,
+        100 * tg / unit_peak))
+    end
   end
   if device == "cuda" then   -- the same FLOPs count for both sides
     local flops = tonumber(c_out:match("flops_per_step=([%d.e+-]+)"))

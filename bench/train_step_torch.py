@@ -48,13 +48,15 @@ def main():
         return
     if dev == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
-        R.torch = OnDevice(dev)
     torch.manual_seed(0)
     r = int(sys.argv[7]) if len(sys.argv) > 7 else 0
     base_dtype = sys.argv[8] if len(sys.argv) > 8 else "f32"
     autocast = (torch.autocast(device_type=dev, dtype=torch.bfloat16)
                 if len(sys.argv) > 9 and sys.argv[9] == "bf16" else contextlib.nullcontext())
     P = {n: t.to(dev).requires_grad_(r == 0) for n, t in R.init_params(cfg, 0, torch.float32).items()}
+    if dev == "cuda":
+        # after init_params: its weights come from a cpu generator (the same values as clrt's)
+        R.torch = OnDevice(dev)
     linear, trained = None, list(P.values())
     if r > 0:
         targets = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",

@@ -114,6 +114,13 @@ CLRT_HD void clrt_online_softmax_step(float *m, float *l, float x, float *corr, 
   }
 }
 
+/* ---- sliding-window attention ----------------------------------------------------------- */
+/* The first key position the query at position p sees: p - window + 1 (transformers' mask
+   keeps keys j with p - window < j <= p), 0 without a window (window <= 0) or near the start. */
+CLRT_HD int clrt_window_first_key(int p, int window) {
+  return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+}
+
 /* ---- softmax backward ----------------------------------------------------------------- */
 
 /* Attention: p = exp(s - lse) recomputed from the scaled score s; the score's gradient is

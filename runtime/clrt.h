@@ -46,6 +46,7 @@ typedef struct clrt_storage {
   int refcount;
   int device;
   uint64_t version;   /* counts writes through the tensor API (clrt_storage_written) */
+  uint64_t serial;    /* unique among the process's storages: tells a new arena from an old one */
 } clrt_storage;
 
 /* Every write through the tensor API bumps its storage's version, so copies derived from a
@@ -169,8 +170,25 @@ typedef struct clrt_model_config {
   int qkv_bias;                     /* q/k/v projections carry biases (Qwen2; attention_bias) */
   int o_bias;                       /* o_proj carries a bias (Llama/Qwen3 attention_bias) */
   int qk_norm;                      /* per-head RMSNorm of q and k before RoPE (Qwen3) */
+  /* config.json's sliding_window (0: none): position p attends keys p - sliding_window < j <= p
+     (model_layer_window): every layer of Mistral and Phi-3, Gemma 3's local layers. Phi-3: q/k/v and gate/up live fused in one tensor each
+     (qkv_proj, gate_up_proj), the layout and names of its checkpoints. */
+  int sliding_window;
+  int fused_qkv_gate_up;
   int max_batch, max_seq;           /* activation arena's first size; it grows past them */
   double keep_logits_mb;            /* backward reuses forward's logits when they fit (0: recompute) */
+  /* Gemma 3 (gemma3 != 0; runtime/model/gemma3.c): norms scaled by (1 + w), a norm after
+     attention and after the MLP, GELU-tanh gated MLP, embeddings times sqrt(hidden_size),
+     scores times query_pre_attn_scalar^-1/2. Layer l is local unless (l + 1) is a multiple of
+     sliding_window_pattern: it sees the last sliding_window positions and rotates with
+     rope_local_theta (no scaling); global layers see all and use rope_theta and rope_scaling.
+     final_logit_softcapping > 0: logits become cap tanh(logits / cap) (0: none), and
+     attn_logit_softcapping the same for the scaled attention scores. */
+  int gemma3;
+  double query_pre_attn_scalar;
+  int sliding_window_pattern;
+  double rope_local_theta;
+  double final_logit_softcapping, attn_logit_softcapping;
 } clrt_model_config;
 enum { CLRT_ROPE_DEFAULT = 0, CLRT_ROPE_LINEAR = 1, CLRT_ROPE_LLAMA3 = 2 };
 enum { CLRT_ARENA_PARAMS = 0, CLRT_ARENA_GRADS = 1, CLRT_ARENA_ACTIVATIONS = 2, CLRT_ARENA_COUNT = 3 };
@@ -248,18 +266,42 @@ int clrt_model_lora_merge(clrt_model *m);
    move (clrt_adamw_step refuses moments on another device). */
 int clrt_model_to_device(clrt_model *m, int device);
 int clrt_model_device(const clrt_model *m);
-/* bf16 matmuls. On cuda: the blocks' linear layers run bf16 x bf16 -> fp32 (cuBLAS GemmEx)
-   from bf16 copies of fp32 master weights; the output layer and everything else stay fp32.
-   On the CPU (AVX-512): products of at most 32 rows (decode steps, short prefills) read bf16
-   copies of every linear weight, the output layer's included, with bf16-rounded inputs and
-   f32 accumulation, halving the bytes a memory-bound decode step moves; larger products, the
-   backward and the embedding lookup stay fp32. Moving the model drops the copies. */
+/* bf16 matmuls (bf16 mixed precision: fp32 master weights, optimizer, loss and norms). On
+   cuda: the blocks' linear layers run bf16 x bf16 -> fp32 (cuBLAS GemmEx) from bf16 copies of
+   fp32 master weights; the output layer and everything else stay fp32. On the CPU, with a
+   matrix unit (AMX, else AVX512-BF16; clrt_matrix_unit): every product of the blocks' linear
+   layers, forward (any number of rows, decode's output layer too) and both backward products
+   (dx, dw), multiplies bf16-rounded inputs and bf16 copies of the weights with f32 sums; the
+   copies are kept current by the optimizer step. Without one: decode-sized products over bf16
+   copies widened to f32, the rest f32. Moving the model drops the copies. */
 int clrt_model_set_matmul_bf16(clrt_model *m, int on);
+/* The unit bf16 products run on in this process: "amx-bf16", "avx512-bf16" or "f32" (none);
+   and the best this CPU offers. clrt_set_matrix_unit caps it ("f32", "avx512-bf16",
+   "amx-bf16"; as CLRT_MATRIX_UNIT does); -1 on an unknown name. Set it before making bf16
+   copies: copies made under another cap are remade by set_matmul. */
+/* How many times the model packed a whole weight copy (packed f32 or bf16 panels): once
+   when a copy is first made; an optimizer step refreshes current copies in place instead. */
+int64_t clrt_model_copy_repacks(const clrt_model *m);
+const char *clrt_matrix_unit_active(void);
+const char *clrt_matrix_unit_available(void);
+int clrt_set_matrix_unit(const char *name);
+/* The measured peak of a unit ("f32": AVX-512 FMA; "avx512-bf16"; "amx-bf16") over `threads`
+   threads, operands in registers (~0.3 s): GFLOP/s, 0 when the CPU lacks it, -1 on bad
+   arguments. What benchmarks compare their rate with. */
+double clrt_matrix_unit_peak_gflops(const char *name, int threads);
 /* Decoding on the CPU in f32 (AVX-512) reads a copy of the linear weights packed in panels
-   (and so does any forward while that copy is current), made on the first decode and remade
-   after the weights change: faster products for the memory of a second copy of the weights.
+   (and so does any forward while that copy is current), made on the first decode, refreshed
+   in place by optimizer steps and remade after other changes to the weights: faster products
+   for the memory of a second copy of the weights.
    On by default; off frees the copy. */
 int clrt_model_set_decode_pack(clrt_model *m, int on);
+/* Batch invariance on the CPU: a row's logits are the same bits whatever rows share its
+   forward (decode steps of any size, prefills alone or together, at any position) and a
+   prefilled position gets a decode step's bits. Products never switch kernel with the
+   number of rows, attention runs each query alone (slower prefill and training attention,
+   docs/reproducibility.md). Off by default; the CUDA tables ignore it. */
+int clrt_model_set_batch_invariant(clrt_model *m, int on);
+int clrt_model_batch_invariant(const clrt_model *m);
 /* train.base_dtype=bf16 (CPU, a model with LoRA adapters): the frozen base's blocks' linear
    weights are kept only in bf16 (packed panels) and their f32 copy is freed; products
    accumulate in f32. Embeddings, head, norms and biases stay f32. One way: the base can no
@@ -289,6 +331,11 @@ int clrt_profile_count(void);
 const char *clrt_profile_name(int i);
 double clrt_profile_seconds(int i);
 void clrt_profile_reset(void);
+/* Timing on (as CLRT_PROFILE=1 sets it) or off: two clock reads per kernel call. */
+void clrt_profile_enable(int on);
+/* On a GPU, kernels run asynchronously and the per-kernel times above are launch times; with
+   on = 1 each timed kernel is waited for before and after (accurate, but slower steps). */
+void clrt_profile_sync(int on);
 
 
 /* ==== optimizer: AdamW over a model's parameters (model/optim.c) ========================= */
@@ -515,6 +562,41 @@ int clrt_decoder_prefill_many(clrt_decoder *d, int n, const int32_t *slots, cons
 /* One token for each of n distinct slots. */
 int clrt_decoder_decode(clrt_decoder *d, int n, const int32_t *slots, const int32_t *tokens,
                         float *logits);
+/* Like prefill_many, but each prompt goes after what its slot already holds (a prefix loaded
+   from the prefix cache, or nothing). */
+int clrt_decoder_extend_many(clrt_decoder *d, int n, const int32_t *slots, const int32_t *tokens,
+                             const int32_t *lengths, float *logits);
+/* How many leading positions of the slot hold keys and values that a prefill of its tokens from
+   position 0 reproduces bit for bit (0 where the model cannot promise it, clrt_model_kv_reusable):
+   prefills and decode steps of several rows keep it growing; a one-row decode step (its products
+   sum in another order) stops it. Only these positions may go into the prefix cache. */
+int clrt_decoder_exact_length(const clrt_decoder *d, int slot);
+
+/* The prefix cache's storage: `blocks` blocks, each the keys and values of `block_tokens`
+   consecutive positions in every layer, on the model's device. clrt.gen.prefix_cache keeps the
+   tree that says which tokens each block holds. */
+typedef struct clrt_kv_blocks clrt_kv_blocks;
+clrt_kv_blocks *clrt_kv_blocks_new(clrt_model *m, int block_tokens, int blocks);
+void clrt_kv_blocks_free(clrt_kv_blocks *b);
+/* Bytes of one block of block_tokens positions for this model. */
+size_t clrt_kv_block_bytes(const clrt_model *m, int block_tokens);
+/* Positions [first * bt, (first + count) * bt) of the slot into blocks ids[0..count); they must
+   lie within the slot's exact length. */
+int clrt_decoder_save_blocks(clrt_decoder *d, int slot, int first, int count, const int32_t *ids,
+                             clrt_kv_blocks *b);
+/* Blocks ids[0..count) into the slot's positions [0, count * bt): the slot then holds (and its
+   exact length is) count * bt tokens. */
+int clrt_decoder_load_blocks(clrt_decoder *d, int slot, int count, const int32_t *ids,
+                             clrt_kv_blocks *b);
+/* 1 when forward_cached computes a position's keys and values the same bits however the tokens
+   were chunked (CPU f32 over the packed weights, or quant=int8, with AVX-512); else cached blocks could differ
+   from a fresh prefill, and the prefix cache stays off. */
+int clrt_model_kv_reusable(const clrt_model *m);
+/* What the keys and values depend on besides the tokens: the weights' arenas and their write
+   counts, the adapters and whether they are on, the precision (quant=int8 included) and the device. Blocks computed
+   under another stamp are never served (an optimizer step, a load, an adapter change all
+   change it). */
+void clrt_model_weights_stamp(const clrt_model *m, uint64_t out[8]);
 
 
 /* ==== sampling on the CPU (model/sample.c over kernels/cpu/sample.c) ===================== */

@@ -29,9 +29,14 @@ for tool in ${TOOLS:-memcheck racecheck}; do
   extra=()
   [ "$tool" = memcheck ] && extra=(--leak-check full)
   echo "== compute-sanitizer --tool $tool: test_cuda_kernels =="
-  "$cs" --tool "$tool" "${extra[@]}" --error-exitcode 1 "$build/tests/test_cuda_kernels"
+  CLRT_NO_OOM_TEST=1 "$cs" --tool "$tool" "${extra[@]}" --error-exitcode 1 "$build/tests/test_cuda_kernels"
 done
 echo "== compute-sanitizer --tool memcheck: test_cuda_model.lua =="
+# With LuaJIT's compiler on, clrt dies under compute-sanitizer with SIGABRT and no message
+# (H100, CUDA 13, 2026-11-25; the same test passes without the sanitizer, and with the JIT
+# off under it): the interpreter runs the Lua side, and the device side the sanitizer
+# checks is the same either way.
 CLRT_SOURCE_DIR="$here" CLRT_BIN="$build/clrt" \
-  "$cs" --tool memcheck --error-exitcode 1 "$build/clrt" "$here/tests/lua/test_cuda_model.lua"
+  "$cs" --tool memcheck --error-exitcode 1 "$build/clrt" \
+  -e "jit.off() arg = {} dofile('$here/tests/lua/test_cuda_model.lua')"
 echo "compute-sanitizer: no errors"

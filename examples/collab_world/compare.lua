@@ -116,7 +116,7 @@ end
 local function start_of(seed)
   if not quick then
     local cfg = config.parse(rl.defaults, { "seed=" .. seed }, config.read_file(rl.world_config_path()))
-    return train.prompts.world_start(cfg, train.prompts.world())
+    return train.warm_start.ensure(cfg, require("collab_world.world"), sft, "compare")
   end
   local dir = ("%s/seed%d/sft_start"):format(out, seed)
   if files.exists(dir .. "/model/model.safetensors") then return dir .. "/model" end
@@ -136,8 +136,8 @@ end
 local function evaluate(model_dir, seed)
   local ecfg = config.parse(rl.defaults, concat({ "seed=" .. seed }, S.eval), config.read_file(rl.world_config_path()))
   local tok, m = clrt.tokenizer.load(model_dir), clrt.model.load(model_dir)
-  local ctx, user = train.context{ config = ecfg, tokenizer = tok }
-  return (train.rollout.evaluate(m, tok, ecfg, train.prompts.world(), user, ctx))
+  local ctx, user = train.context{ config = ecfg, tokenizer = tok, who = "compare" }
+  return (train.validation.evaluate(m, tok, ecfg, require("collab_world.world"), user, ctx))
 end
 
 local function train_variant(v, seed, start, run_dir)

@@ -12,6 +12,7 @@
 --   world.corpus()                      -- text for training the tokenizer
 --   world.classify(reply)               -- "ask" | "answer"
 --   world.summarize(results)            -- the before/after numbers of the issue
+--   world.config_path(["config_dpo"])   -- this world's settings file (config.lua beside it)
 --
 -- A sample is a plain table the recipe, metrics and the scripted user share:
 --   {id, task, slot, value, underspecified, prompt = {[system,] user}, ground_truth,
@@ -27,6 +28,13 @@ M.system_prompt = "You are a helpful assistant. If a detail is missing, ask for 
 -- Weights that make asking pay only when it is needed: exact match is worth 1; every word
 -- after the prompt costs 0.02 (an unneeded question adds about 6 words: -0.12).
 M.default_weights = { exact_match = 1, token_amount = -0.02 }
+
+-- The path of one of this world's settings files (collab_world/<name>.lua; "config" by default).
+function M.config_path(name)
+  local p = package.searchpath("collab_world." .. (name or "config"), package.path)
+  if not p then error(("collab_world: %s.lua is not on package.path"):format(name or "config"), 0) end
+  return p
+end
 
 -- Many values per slot (24 to 30), so that a model cannot memorise (request, answer) pairs and has to
 -- learn to copy the value from the conversation -- the held-out prompts need exactly that.

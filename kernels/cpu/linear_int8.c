@@ -6,6 +6,9 @@
 #include "linear_int8.h"
 #include "simd512.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <math.h>
 #include <stdlib.h>
 
@@ -150,24 +153,30 @@ TARGET_VNNI static inline __attribute__((always_inline)) void vnni_tile(
     default: vnni_tile(y, xq, xs, wq, ws, wsum, b, n, p0, K, O, R, 1); break;                  \
   }
 
-/* Blocks of four panels (64 outputs) over the threads; within one, tiles of four rows, so a
-   block's weights (up to 64 x K bytes) stay in cache while the rows stream past. */
-TARGET_VNNI static void linear_vnni(float *y, const int8_t *xq, const float *xs, const int8_t *wq,
-                                    const float *ws, const int32_t *wsum, const float *b, int64_t N,
-                                    int K, int O) {
-  int panels = clrt_int8_o16(O) / 16, blocks = (panels + 3) / 4;
-#pragma omp parallel for schedule(static)
-  for (int blk = 0; blk < blocks; blk++) {
-    int p0 = blk * 4, P = panels - p0 < 4 ? panels - p0 : 4;
-    int64_t n = 0;
-    for (; n + 4 <= N; n += 4) TILE_R(4)
-    switch (N - n) {
-      case 3: TILE_R(3) break;
-      case 2: TILE_R(2) break;
-      case 1: TILE_R(1) break;
-      default: break;
-    }
+/* One block of four panels (64 outputs) by every row, in tiles of four rows, so the block's
+   weights (up to 64 x K bytes) stay in cache while the rows stream past. */
+TARGET_VNNI static void vnni_block(float *y, const int8_t *xq, const float *xs, const int8_t *wq,
+                                   const float *ws, const int32_t *wsum, const float *b, int64_t N,
+                                   int K, int O, int blk) {
+  int panels = clrt_int8_o16(O) / 16, p0 = blk * 4, P = panels - p0 < 4 ? panels - p0 : 4;
+  int64_t n = 0;
+  for (; n + 4 <= N; n += 4) TILE_R(4)
+  switch (N - n) {
+    case 3: TILE_R(3) break;
+    case 2: TILE_R(2) break;
+    case 1: TILE_R(1) break;
+    default: break;
   }
+}
+
+/* The blocks over the threads. The parallel loop lives outside the target("avx512...")
+   function: clang outlines an OpenMP region into a function without its caller's target
+   features, and inlining the VNNI tiles there fails to compile. */
+static void linear_vnni(float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws,
+                        const int32_t *wsum, const float *b, int64_t N, int K, int O) {
+  int blocks = (clrt_int8_o16(O) / 16 + 3) / 4;
+#pragma omp parallel for schedule(static)
+  for (int blk = 0; blk < blocks; blk++) vnni_block(y, xq, xs, wq, ws, wsum, b, N, K, O, blk);
 }
 #undef TILE_R
 #else
@@ -180,11 +189,15 @@ static int have_avx512vnni(void) { return 0; }
 #define CLRT_AVXVNNI 1
 #define TARGET_AVXVNNI __attribute__((target("avx2,fma,avxvnni")))
 
+/* AVX-VNNI is CPUID leaf 7, sub-leaf 1, EAX bit 4: read directly, as clang's
+   __builtin_cpu_supports does not know the name "avxvnni". */
 static int have_avxvnni(void) {
   static int known = -1;
   if (known < 0) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
     __builtin_cpu_init();
-    known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("avxvnni");
+    known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+            __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 4) & 1);
   }
   return known;
 }
@@ -222,21 +235,25 @@ TARGET_AVXVNNI static inline __attribute__((always_inline)) void avxvnni_tile(
   }
 }
 
-TARGET_AVXVNNI static void linear_avxvnni(float *y, const int8_t *xq, const float *xs, const int8_t *wq,
-                                          const float *ws, const int32_t *wsum, const float *b, int64_t N,
-                                          int K, int O) {
+TARGET_AVXVNNI static void avxvnni_panel(float *y, const int8_t *xq, const float *xs, const int8_t *wq,
+                                         const float *ws, const int32_t *wsum, const float *b, int64_t N,
+                                         int K, int O, int p) {
+  int64_t n = 0;
+  for (; n + 4 <= N; n += 4) avxvnni_tile(y, xq, xs, wq, ws, wsum, b, n, p, K, O, 4);
+  switch (N - n) {
+    case 3: avxvnni_tile(y, xq, xs, wq, ws, wsum, b, n, p, K, O, 3); break;
+    case 2: avxvnni_tile(y, xq, xs, wq, ws, wsum, b, n, p, K, O, 2); break;
+    case 1: avxvnni_tile(y, xq, xs, wq, ws, wsum, b, n, p, K, O, 1); break;
+    default: break;
+  }
+}
+
+/* The panels over the threads (the parallel loop outside the target function, as above). */
+static void linear_avxvnni(float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws,
+                           const int32_t *wsum, const float *b, int64_t N, int K, int O) {
   int panels = clrt_int8_o16(O) / 16;
 #pragma omp parallel for schedule(static)
-  for (int p = 0; p < panels; p++) {
-    int64_t n = 0;
-    for (; n + 4 <= N; n += 4) avxvnni_tile(y, xq, xs, wq, ws, wsum, b, n, p, K, O, 4);
-    switch (N - n) {
-      case 3: avxvnni_tile(y, xq, xs, wq, ws, wsum, b, n, p, K, O, 3); break;
-      case 2: avxvnni_tile(y, xq, xs, wq, ws, wsum, b, n, p, K, O, 2); break;
-      case 1: avxvnni_tile(y, xq, xs, wq, ws, wsum, b, n, p, K, O, 1); break;
-      default: break;
-    }
-  }
+  for (int p = 0; p < panels; p++) avxvnni_panel(y, xq, xs, wq, ws, wsum, b, N, K, O, p);
 }
 #else
 #define CLRT_AVXVNNI 0

@@ -10,7 +10,9 @@
    min(48, O - o0), transposed: wp[o0 * K + k * pw + j] = w[(o0 + j) * K + k]. The copy has
    w's size, so a packed arena keeps the offsets of the arena it was packed from.
    Each output is a sum over k in order (one lane per output), so results agree with sgemm to
-   rounding, not bit for bit. AVX-512 only, chosen at run time.
+   rounding, not bit for bit, and a row's outputs are the same bits at any number of rows and
+   any position among them (batch invariance: one row, three panels at a time, keeps that
+   order too). AVX-512 only, chosen at run time.
    At 32 rows a panel is read from memory by its first tile of rows and from cache by the
    other three, so the first tile waits on memory while the others compute. Each tile asks for
    its share of the next panel as it goes (software prefetch), which spreads the weight stream
@@ -26,7 +28,8 @@
    weights side by side for each pair: wp[o0 * K + kp * 2 pw + 2 j + e] = w[(o0 + j) * K + 2 kp + e]
    (K even). vdpbf16ps multiplies a broadcast pair of x by 16 outputs' pairs and adds both
    products into f32 lanes: twice the multiply-adds of an f32 FMA from half the bytes. x is
-   rounded to bf16 once per call. */
+   rounded to bf16 once per call. On a CPU with AMX a panel whose shape suits (gemm_amx.c:
+   width a multiple of 16, K of 32) runs on the tiles instead, whatever the row count. */
 #include "model_kernels.h"
 
 #include "bf16.h"
@@ -123,30 +126,29 @@ TARGET static inline __attribute__((always_inline)) void tile(
   store_tile(y, acc, b, nr, O, o0, pw);
 }
 
-/* One row against one full panel. A single row's sums would wait on the multiply-add latency
-   at every k, so four k in a row go to four sets of sums, added at the end. */
-TARGET static inline __attribute__((always_inline)) void row1(
-    float *y /* [O] */, const float *x /* [K] */, const float *wp /* [K, PANEL] */,
-    const float *b /* [O] or NULL */, int K, int o0) {
-  __m512 acc[4][3];
-  for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = acc[i][2] = _mm512_setzero_ps();
-  int k = 0;
-  for (; k + 4 <= K; k += 4)
-    for (int i = 0; i < 4; i++) {
-      const float *wk = wp + (int64_t)(k + i) * PANEL;
-      __m512 xb = _mm512_set1_ps(x[k + i]);
+/* One row against np (1..3) consecutive full panels. A single row's sums would wait on the
+   multiply-add latency at every k with one panel's three chains; np panels at once keep 3 np
+   chains in flight. Each output is still one sum over k in order, added to the bias at the
+   end, exactly as tile() forms it: a row's outputs are the same bits at any number of rows. */
+TARGET static inline __attribute__((always_inline)) void row_panels(
+    float *y /* [O] */, const float *x /* [K] */, const float *wp /* np panels of [K, PANEL] */,
+    const float *b /* [O] or NULL */, int K, int o0, int np) {
+  __m512 acc[3][3];
+  for (int i = 0; i < 3; i++) acc[i][0] = acc[i][1] = acc[i][2] = _mm512_setzero_ps();
+  for (int k = 0; k < K; k++) {
+    __m512 xb = _mm512_set1_ps(x[k]);
+    for (int i = 0; i < 3; i++) {
+      if (i >= np) break;
+      const float *wk = wp + (int64_t)i * PANEL * K + (int64_t)k * PANEL;
       for (int c = 0; c < 3; c++) acc[i][c] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(wk + 16 * c), acc[i][c]);
     }
-  for (; k < K; k++) {
-    const float *wk = wp + (int64_t)k * PANEL;
-    __m512 xb = _mm512_set1_ps(x[k]);
-    for (int c = 0; c < 3; c++) acc[0][c] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(wk + 16 * c), acc[0][c]);
   }
-  for (int c = 0; c < 3; c++) {
-    __m512 s = _mm512_add_ps(_mm512_add_ps(acc[0][c], acc[1][c]), _mm512_add_ps(acc[2][c], acc[3][c]));
-    if (b) s = _mm512_add_ps(s, _mm512_loadu_ps(b + o0 + 16 * c));
-    _mm512_storeu_ps(y + o0 + 16 * c, s);
-  }
+  for (int i = 0; i < np; i++)
+    for (int c = 0; c < 3; c++) {
+      int o = o0 + i * PANEL + 16 * c;
+      __m512 bias = b ? _mm512_loadu_ps(b + o) : _mm512_setzero_ps();
+      _mm512_storeu_ps(y + o, _mm512_add_ps(acc[i][c], bias));
+    }
 }
 
 /* Where panel p of a part starts (elements of esize bytes) and how wide it is. */
@@ -166,10 +168,6 @@ TARGET static void panel_all_rows(const clrt_packed_part *part, const float *x, 
   int pw;
   const float *panel = (const float *)panel_at(part, K, p, sizeof(float), &pw);
   int o0 = p * PANEL, O = part->O;
-  if (N == 1 && pw == PANEL) {   /* one row streams the weights once: the hardware keeps up */
-    row1(part->y, x, panel, part->b, K, o0);
-    return;
-  }
   int tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
   int64_t share = next_bytes / tiles;                  /* each tile fetches this much of next */
   int pf_step = (int)(share / K) + 1;
@@ -226,6 +224,8 @@ CLRT_TARGET_AVX512BF16 static void panel_all_rows_bf16(const clrt_packed_part *p
   int pw;
   const uint16_t *panel = (const uint16_t *)panel_at(part, K, p, sizeof(uint16_t), &pw);
   int o0 = p * PANEL, O = part->O;
+  /* AMX tiles where the CPU has them and the panel's shape suits (never a row count) */
+  if (clrt_amx_panel(part->y + o0, O, x16, K, N, panel, pw, K, part->b ? part->b + o0 : NULL, 0)) return;
   int tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
   int64_t share = next_bytes / tiles;
   int pf_step = (int)(share / (K / 2)) + 1;
@@ -243,6 +243,23 @@ CLRT_TARGET_AVX512BF16 static void panel_all_rows_bf16(const clrt_packed_part *p
   }
 }
 
+/* One row (a decode step of one sequence) against panels p .. of part, at most left of them:
+   up to three full panels at once (row_panels), a narrower last panel through tile(). Returns
+   the panels done. One row streams the weights once: the hardware prefetcher keeps up. */
+TARGET static int row_run(const clrt_packed_part *part, const float *x, int K, int p, int64_t left) {
+  int pw, o0 = p * PANEL;
+  const float *panel = (const float *)panel_at(part, K, p, sizeof(float), &pw);
+  int full = (part->O - o0) / PANEL;   /* full panels from p on */
+  int np = full < 3 ? full : 3;
+  if (np > left) np = (int)left;
+  switch (np) {
+    case 3: row_panels(part->y, x, panel, part->b, K, o0, 3); return 3;
+    case 2: row_panels(part->y, x, panel, part->b, K, o0, 2); return 2;
+    case 1: row_panels(part->y, x, panel, part->b, K, o0, 1); return 1;
+    default: tile(part->y, x, panel, part->b, 1, K, part->O, o0, pw, NULL, 0); return 1;
+  }
+}
+
 /* Panels [g0, g1) of the parts' panels laid end to end (bf16 ones when x16 is given). */
 TARGET static void panel_range(const clrt_packed_part *parts, const float *x, const uint16_t *x16,
                                int N, int K, int64_t g0, int64_t g1) {
@@ -252,6 +269,11 @@ TARGET static void panel_range(const clrt_packed_part *parts, const float *x, co
   for (int64_t g = g0; g < g1; g++) {
     while (g - base >= panels_of(&parts[i])) base += panels_of(&parts[i++]);
     int p = (int)(g - base), pw = 0;
+    if (!x16 && N == 1) {
+      int64_t left = panels_of(&parts[i]) - p;
+      g += row_run(&parts[i], x, K, p, left < g1 - g ? left : g1 - g) - 1;
+      continue;
+    }
     const char *next = NULL;
     int64_t next_bytes = 0;
     if (g + 1 < g1) {
@@ -270,7 +292,8 @@ TARGET static void panel_range(const clrt_packed_part *parts, const float *x, co
 
 int clrt_linear_packed_available(void) { return clrt_have_avx512(); }
 
-int clrt_linear_packed_bf16_available(void) { return clrt_have_avx512bf16(); }
+/* bf16 panels need a matrix unit in use (clrt_matrix_unit: capped to f32, none). */
+int clrt_linear_packed_bf16_available(void) { return clrt_have_avx512bf16() && clrt_matrix_unit() != CLRT_UNIT_F32; }
 
 /* Both forwards: x16 NULL for f32 panels, else x rounded to bf16 for bf16 ones. */
 static int forward_parts(const float *x, const uint16_t *x16, int64_t N, int K,
@@ -303,11 +326,11 @@ int clrt_linear_packed_forward_parts(const float *x /* [N, K] */, int64_t N, int
 /* bf16 panels for any number of rows (a frozen bf16 base in training, linear_bf16.c). */
 int clrt_linear_packed_bf16_forward_rows(const float *x /* [N, K] */, int64_t N, int K,
                                          const clrt_packed_part *parts, int count) {
-  if (N < 1 || N > INT32_MAX || count < 1 || K % 2 || !clrt_have_avx512bf16()) return 0;
+  if (N < 1 || N > INT32_MAX || count < 1 || K % 2 || !clrt_linear_packed_bf16_available()) return 0;
   size_t n = (size_t)N * K;
   uint16_t *x16 = malloc(n * sizeof *x16);
   if (!x16) return 0;
-  for (size_t i = 0; i < n; i++) x16[i] = clrt_f32_to_bf16(x[i]);
+  clrt_to_bf16_rows(x16, K, x, K, 1, N, K);
   int done = forward_parts(NULL, x16, N, K, parts, count);
   free(x16);
   return done;

@@ -31,6 +31,7 @@ static void block_shape(int64_t N, int V, int chunk, int *R, int *Vb) {
   int64_t cap = (int64_t)chunk * V;
   int64_t r = N < ROWS ? N : ROWS;
   if (chunk > r) r = N < chunk ? N : chunk;   /* the caller's chunk is bigger: all of it */
+  if (r < 1) r = 1;   /* no rows (every row one token long): nothing to do, no division by 0 */
   int64_t vb = cap / r;
   if (vb >= V) vb = V;
   else if (vb >= VALIGN) vb -= vb % VALIGN;
@@ -48,7 +49,11 @@ static void block_logits(float *z, const float *x, const float *w, const float *
   if (wp && v0 % VALIGN == 0 && (vb % VALIGN == 0 || v0 + vb == V) &&
       clrt_linear_packed_forward(z, x, wp + (int64_t)v0 * C, NULL, rows, C, vb))
     return;
-  if (fast && clrt_linear_forward_strided(z, x, w + (int64_t)v0 * C, NULL, rows, C, vb)) return;
+  if (fast & CLRT_OUT_ROWWISE) {   /* a row's logits as a batch-invariant decode step forms them */
+    clrt_linear_rowwise_forward(z, x, w + (int64_t)v0 * C, NULL, rows, C, vb);
+    return;
+  }
+  if ((fast & CLRT_OUT_FAST) && clrt_linear_forward_strided(z, x, w + (int64_t)v0 * C, NULL, rows, C, vb)) return;
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, vb, C, 1.0f, x, C, w + (int64_t)v0 * C, C,
               0.0f, z, vb);
 }
@@ -68,6 +73,33 @@ static void head_block_backward(const float *dz, const clrt_head_lora *hl, int64
               hl->dB + (int64_t)v0 * r, r);
 }
 
+/* Soft-capping (cap > 0): the block's logits become cap tanh(z / cap) in place. */
+static void block_softcap(float *z, int64_t n, float cap) {
+  if (!(cap > 0)) return;
+#pragma omp parallel for schedule(static) if (n > 32768)
+  for (int64_t i = 0; i < n; i++) z[i] = cap * tanhf(z[i] / cap);
+}
+
+static void forward_blocks(float *lp, float *lse, const float *x, const float *w, const float *wp, int fast,
+                           const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk,
+                           const clrt_head_lora *hl, float cap);
+static void backward_blocks(float *dx, float *dw, const float *dlp, const float *x, const float *w, const float *wp,
+                            int fast, const int32_t *target, const float *lse, int64_t N, int C, int V,
+                            float *scratch, int chunk, int logits_ready, const clrt_head_lora *hl, float cap);
+
+void clrt_logsoftmax_gather_softcap_forward(float *lp, float *lse, const float *x, const float *w, const float *wp,
+                                            int fast, const int32_t *target, int64_t N, int C, int V,
+                                            float *scratch, int chunk, const clrt_head_lora *hl, float cap) {
+  forward_blocks(lp, lse, x, w, wp, fast, target, N, C, V, scratch, chunk, hl, cap);
+}
+
+void clrt_logsoftmax_gather_softcap_backward(float *dx, float *dw, const float *dlp, const float *x, const float *w,
+                                             const float *wp, int fast, const int32_t *target, const float *lse,
+                                             int64_t N, int C, int V, float *scratch, int chunk, int logits_ready,
+                                             const clrt_head_lora *hl, float cap) {
+  backward_blocks(dx, dw, dlp, x, w, wp, fast, target, lse, N, C, V, scratch, chunk, logits_ready, hl, cap);
+}
+
 void clrt_logsoftmax_gather_forward(float *lp, float *lse, const float *x, const float *w, const float *wp, int fast,
                                     const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk) {
   clrt_logsoftmax_gather_forward_lora(lp, lse, x, w, wp, fast, target, N, C, V, scratch, chunk, NULL);
@@ -85,6 +117,13 @@ void clrt_logsoftmax_gather_forward_lora(float *lp /* [N] */, float *lse /* [N] 
                                          const float *wp /* w packed by clrt_linear_pack, or NULL */, int fast,
                                          const int32_t *target /* [N] */, int64_t N, int C, int V,
                                          float *scratch /* [chunk, V] */, int chunk, const clrt_head_lora *hl) {
+  forward_blocks(lp, lse, x, w, wp, fast, target, N, C, V, scratch, chunk, hl, 0.0f);
+}
+
+static void forward_blocks(float *lp /* [N] */, float *lse /* [N] or NULL */, const float *x /* [N, C] */,
+                           const float *w /* [V, C] */, const float *wp, int fast, const int32_t *target /* [N] */,
+                           int64_t N, int C, int V, float *scratch /* [chunk, V] */, int chunk,
+                           const clrt_head_lora *hl, float cap) {
   int R, Vb;
   block_shape(N, V, chunk, &R, &Vb);
   for (int64_t n0 = 0; n0 < N; n0 += R) {
@@ -97,6 +136,7 @@ void clrt_logsoftmax_gather_forward_lora(float *lp /* [N] */, float *lse /* [N] 
       int vb = V - v0 < Vb ? V - v0 : Vb;
       block_logits(scratch, x + n0 * C, w, wp, fast, rows, C, V, v0, vb);
       if (hl) head_block_forward(scratch, hl, n0, rows, v0, vb);
+      block_softcap(scratch, (int64_t)rows * vb, cap);
 #pragma omp parallel for schedule(static)
       for (int r = 0; r < rows; r++) {
         const float *z = scratch + (int64_t)r * vb;
@@ -127,6 +167,16 @@ void clrt_logsoftmax_gather_backward_lora(float *dx /* [N, C] = */, float *dw /*
                                           int fast, const int32_t *target /* [N] */, const float *lse /* [N] */,
                                           int64_t N, int C, int V, float *scratch /* [chunk, V] */, int chunk,
                                           int logits_ready, const clrt_head_lora *hl) {
+  backward_blocks(dx, dw, dlp, x, w, wp, fast, target, lse, N, C, V, scratch, chunk, logits_ready, hl, 0.0f);
+}
+
+/* With cap > 0 the kept (or recomputed) logits are the capped ones, c = cap tanh(z / cap), and
+   dz = dc (1 - (c / cap)^2). */
+static void backward_blocks(float *dx /* [N, C] = */, float *dw /* [V, C] += */, const float *dlp /* [N] */,
+                            const float *x /* [N, C] */, const float *w /* [V, C] */, const float *wp, int fast,
+                            const int32_t *target /* [N] */, const float *lse /* [N] */, int64_t N, int C, int V,
+                            float *scratch /* [chunk, V] */, int chunk, int logits_ready, const clrt_head_lora *hl,
+                            float cap) {
   int R, Vb;
   block_shape(N, V, chunk, &R, &Vb);
   if (logits_ready && (R < N || Vb < V)) logits_ready = 0;
@@ -139,23 +189,31 @@ void clrt_logsoftmax_gather_backward_lora(float *dx /* [N, C] = */, float *dw /*
       if (!logits_ready) {
         block_logits(scratch, xc, w, wp, fast, rows, C, V, v0, vb);
         if (hl) head_block_forward(scratch, hl, n0, rows, v0, vb);
+        block_softcap(scratch, (int64_t)rows * vb, cap);
       }
 #pragma omp parallel for schedule(static)
       for (int r = 0; r < rows; r++) {
         float *z = scratch + (int64_t)r * vb;
         float g = dlp[n0 + r], L = lse[n0 + r];
-        for (int j = 0; j < vb; j++) z[j] = clrt_lsm_dlogit(z[j], L, g);
         int t = target[n0 + r];
+        if (cap > 0) {
+          for (int j = 0; j < vb; j++) {
+            float c = z[j] / cap, d = clrt_lsm_dlogit(z[j], L, g) + (j == t - v0 ? g : 0.0f);
+            z[j] = d * (1.0f - c * c);
+          }
+          continue;
+        }
+        for (int j = 0; j < vb; j++) z[j] = clrt_lsm_dlogit(z[j], L, g);
         if (t >= v0 && t < v0 + vb) z[t - v0] += g;
       }
       if (hl) head_block_backward(scratch, hl, n0, rows, v0, vb);
       const float *wb = w + (int64_t)v0 * C;
       float *dwb = dw ? dw + (int64_t)v0 * C : NULL;   /* NULL: a frozen output layer (LoRA) */
       /* dx [rows, C] (+)= dz [rows, vb] w_b [vb, C]; dw_b [vb, C] += dz^T x [rows, C] */
-      if (!fast || !clrt_gemm_strided(dxc, C, scratch, vb, 1, wb, C, rows, C, vb, v0 > 0))
+      if (!(fast & CLRT_OUT_FAST) || !clrt_gemm_strided(dxc, C, scratch, vb, 1, wb, C, rows, C, vb, v0 > 0))
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, C, vb, 1.0f, scratch, vb, wb, C,
                     v0 > 0 ? 1.0f : 0.0f, dxc, C);
-      if (dwb && (!fast || !clrt_gemm_strided(dwb, C, scratch, 1, vb, xc, C, vb, C, rows, 1)))
+      if (dwb && (!(fast & CLRT_OUT_FAST) || !clrt_gemm_strided(dwb, C, scratch, 1, vb, xc, C, vb, C, rows, 1)))
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, vb, C, rows, 1.0f, scratch, vb, xc, C, 1.0f,
                     dwb, C);
     }

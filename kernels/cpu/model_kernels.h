@@ -87,6 +87,16 @@ int clrt_linear_skinny_forward_bf16(float *y /* [N, O] */, const float *x /* [N,
                                     const uint16_t *w /* [O, K] bf16 */, const float *b /* [O] or NULL */,
                                     int64_t N, int K, int O);
 
+/* linear_rowwise.c: any number of rows, each row's outputs in an order fixed by K alone
+   (batch invariance without a packed copy): the skinny kernel over slices of rows, else a
+   plain loop. The bf16 one rounds x to bf16 as the skinny kernel does; 0 when out of memory. */
+void clrt_linear_rowwise_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
+                                 const float *w /* [O, K] */, const float *b /* [O] or NULL */,
+                                 int64_t N, int K, int O);
+int clrt_linear_rowwise_forward_bf16(float *y /* [N, O] */, const float *x /* [N, K] */,
+                                     const uint16_t *w /* [O, K] bf16 */, const float *b /* [O] or NULL */,
+                                     int64_t N, int K, int O);
+
 /* linear_skinny_dpbf16.c: bf16 x and w through AVX512-BF16; 0 when the CPU lacks it. */
 int clrt_linear_skinny_dpbf16(float *y /* [N, O] */, const uint16_t *x /* [N, K] bf16 */,
                               const uint16_t *w /* [O, K] bf16 */, const float *b /* [O] or NULL */,
@@ -113,8 +123,9 @@ typedef struct {
 /* y_i = x w_i^T + b_i for every part in one parallel pass; 1 when computed, 0 as above. */
 int clrt_linear_packed_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
                                      const clrt_packed_part *parts, int count);
-/* bf16: panels of bf16 pairs of k (K even), x rounded to bf16, f32 sums and y; AVX512-BF16;
-   decode-sized products only (N <= CLRT_SKINNY_MAX_ROWS, as the bf16 skinny kernel). */
+/* bf16: panels of bf16 pairs of k (K even), x rounded to bf16, f32 sums and y, on the matrix
+   unit (AMX panels where the shape suits, else AVX512-BF16); 0 without one (capped to f32
+   included). _parts: decode-sized products only (N <= CLRT_SKINNY_MAX_ROWS). */
 void clrt_linear_pack_bf16(uint16_t *wp /* [O * K] */, const float *w /* [O, K] */, int K, int O);
 int clrt_linear_packed_bf16_available(void);
 int clrt_linear_packed_bf16_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
@@ -138,6 +149,51 @@ int clrt_linear_bf16_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
 int clrt_linear_bf16_backward_dx(float *dx /* [N, K] */, const float *dy /* [N, O] */,
                                  const uint16_t *wp /* [O * K] panels */, int64_t N, int K, int O,
                                  int accumulate, int fast);
+
+/* ---- matrix_unit.c: the unit bf16 products run on, chosen at run time ------------------ */
+enum { CLRT_UNIT_F32 = 0, CLRT_UNIT_AVX512BF16 = 1, CLRT_UNIT_AMX = 2 };
+/* The best unit this CPU (and OS) offers, and the one in use: the best, capped by
+   CLRT_MATRIX_UNIT=f32|avx512-bf16|amx-bf16 or clrt_matrix_unit_cap. */
+int clrt_matrix_unit_best(void);
+int clrt_matrix_unit(void);
+void clrt_matrix_unit_cap(int unit);
+const char *clrt_matrix_unit_name(int unit);
+
+/* ---- gemm_bf16.c: c (+)= a b, bf16 inputs, f32 sums, on the matrix unit ---------------- */
+/* b(k, j) = src[k rs + j cs] rounded to bf16 into column panels of pairs of k (48 columns a
+   panel; element (k, j) at bp[j0 Kp + (k / 2) 2 pw + 2 (j - j0) + k % 2]), Kp >= Kc even,
+   zeros past Kc. A weight w [O, K] packed with rs = 1, cs = K is clrt_linear_pack_bf16's
+   layout (Kp = K). _part packs only k in [k0, k1) (k0 even) and columns [j0, j1). */
+void clrt_pack_pairs(uint16_t *bp /* [Nc * Kp] */, const float *src, int64_t rs, int64_t cs, int64_t Kc, int Nc,
+                     int64_t Kp);
+void clrt_pack_pairs_part(uint16_t *bp /* [Nc * Kp] */, const float *src, int64_t rs, int64_t cs, int64_t Kc, int Nc,
+                          int64_t Kp, int64_t k0, int64_t k1, int j0, int j1);
+/* dst[i, k] = bf16(src[i rs + k cs]) for k < Kc, zeros up to ldd. */
+void clrt_to_bf16_rows(uint16_t *dst /* [M, ldd] */, int64_t ldd, const float *src, int64_t rs, int64_t cs,
+                       int64_t M, int64_t Kc);
+/* c (= or +=) a b + bias: a's first Kp columns (zeros past its Kc), b packed as above.
+   1 when computed, 0 without a bf16 unit (then multiply in f32). */
+int clrt_gemm_bf16(float *c /* [M, ldc] */, int64_t ldc, const uint16_t *a /* [M, lda] bf16 */, int64_t lda,
+                   int64_t M, const uint16_t *bp /* [Nc * Kp] */, int Nc, int64_t Kp,
+                   const float *bias /* [Nc] or NULL */, int accumulate);
+/* gemm_amx.c: one panel (pw <= 48 columns) of the above through AMX tiles; fits: AMX is the
+   unit in use and the shape suits it (pw % 16 == 0, Kc % 32 == 0). 0 when it does not. */
+int clrt_amx_panel_fits(int pw, int64_t Kc);
+int clrt_amx_panel(float *c /* [M, ldc] */, int64_t ldc, const uint16_t *a /* [M, lda] bf16 */, int64_t lda,
+                   int64_t M, const uint16_t *bp /* [Kc / 2, pw, 2] bf16 */, int pw, int64_t Kc,
+                   const float *bias /* [pw] or NULL */, int add);
+
+/* ---- peak.c: a core's peak per unit (operands in registers), for benchmarks: the flops
+   done in iters rounds on the calling thread, 0 without the unit (CLRT_UNIT_F32: AVX-512 FMA). */
+int64_t clrt_unit_peak_flops(int unit, int64_t iters);
+int64_t clrt_amx_peak_flops(int64_t iters);
+
+/* ---- pack_rows.c: rows [r0, r1) of w [O, K] into each layout (the optimizer step keeps the
+   copies current so); the bits of clrt_linear_pack, clrt_linear_pack_bf16 and, for the
+   transposed one (b(o, k) = w[o, k], pairs of o; O even), clrt_pack_pairs(wt, w, K, 1, O, K, O). */
+void clrt_pack_rows_f32(float *wp /* [O * K] */, const float *w /* [O, K] */, int K, int O, int r0, int r1);
+void clrt_pack_rows_bf16(uint16_t *wp /* [O * K] */, const float *w /* [O, K] */, int K, int O, int r0, int r1);
+void clrt_pack_rows_bf16_t(uint16_t *wt /* [K * O] */, const float *w /* [O, K] */, int K, int O, int r0, int r1);
 
 /* ---- adamw.c: one tensor's span of the AdamW update (clrt_adamw_update's bits, 16 lanes) -- */
 void clrt_adamw_span(float *p, float *m, float *v, const float *g /* scaled by gscale */, int64_t n, float gscale,
@@ -187,7 +243,8 @@ void clrt_rope_backward(float *dx /* [B, T, nh, D] */, const float *cos_t, const
    read from k/v whose rows are positions (batch stride kv_bstride elements, row stride KV*D).
    Training passes the freshly projected K/V with pos0 = NULL; a KV-cache decode passes the
    cache [slots, maxT, KV, D] after writing the new positions into it, with kv_row[b] the
-   cache slot of row b (NULL: slot b). lse may be NULL (inference).
+   cache slot of row b (NULL: slot b). lse may be NULL (inference). window > 0: sliding-window
+   attention, the query at position p sees only keys p - window < j <= p (0: all of them).
    scratch: clrt_attention_scratch_floats(Tq, Tk, nthreads) floats; the kernels use at most
    nthreads OpenMP threads (each its own slice of scratch). */
 size_t clrt_attention_scratch_floats(int Tq, int Tk, int nthreads);
@@ -195,7 +252,8 @@ void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H,
                             const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
                             const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
                             int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
-                            const int32_t *kv_row /* [B] or NULL */, float *scratch, int nthreads);
+                            const int32_t *kv_row /* [B] or NULL */, int window, float *scratch,
+                            int nthreads);
 /* attention_decode.c: the forward for Tq = 1 (a decode step) without sgemm; q/out rows are
    [B, H, D] and scratch holds scratch_stride floats per thread (>= the longest key range).
    Returns 1 when it computed out (and lse), 0 when this CPU has no kernel for it. */
@@ -203,14 +261,39 @@ int clrt_attention_decode_forward(float *out /* [B, H, D] */, float *lse /* [B, 
                                   const float *q /* [B, H, D] */, const float *k /* [B, Tk, KV, D] */,
                                   const float *v /* [B, Tk, KV, D] */, int B, int H, int KV, int D,
                                   const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
-                                  const int32_t *kv_row /* [B] or NULL */, float *scratch,
+                                  const int32_t *kv_row /* [B] or NULL */, int window, float *scratch,
                                   int64_t scratch_stride, int nthreads);
+/* The same per-query pass for any Tq, on any CPU: each (query, head) alone, in an order
+   fixed by its key range (batch invariance; slower than the sgemm blocks for long rows). */
+void clrt_attention_rows_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] or NULL */,
+                                 const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
+                                 const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV, int D,
+                                 const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
+                                 const int32_t *kv_row /* [B] or NULL */, int window, float *scratch,
+                                 int64_t scratch_stride, int nthreads);
 /* Training only (pos0 = 0, Tk = T). dq =, dk =, dv = */
 void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
                              float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,
                              const float *q, const float *k, const float *v,
                              const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
-                             int B, int T, int H, int KV, int D, float *scratch, int nthreads);
+                             int B, int T, int H, int KV, int D, int window, float *scratch,
+                             int nthreads);
+
+/* The same attention (one window convention) with scores scale * q.k in place of 1/sqrt(D)
+   and, when cap > 0, soft-capped to cap tanh(s / cap) (Gemma 3; 0: none). Always the sgemm
+   path, one query too. */
+void clrt_attention_scaled_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] */,
+                                   const float *q /* [B, Tq, H, D] */, const float *k /* [B, Tk, KV, D] */,
+                                   const float *v /* [B, Tk, KV, D] */, int B, int Tq, int H, int KV,
+                                   int D, const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
+                                   const int32_t *kv_row /* [B] or NULL */, int window, float *scratch,
+                                   int nthreads, float scale, float cap);
+void clrt_attention_scaled_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
+                                    float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,
+                                    const float *q, const float *k, const float *v,
+                                    const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
+                                    int B, int T, int H, int KV, int D, int window, float *scratch,
+                                    int nthreads, float scale, float cap);
 
 /* ---- swiglu.c: h = silu(g) * u -------------------------------------------------------- */
 void clrt_swiglu_forward(float *h /* [N, I] */, const float *g /* [N, I] */, const float *u /* [N, I] */,
@@ -218,6 +301,23 @@ void clrt_swiglu_forward(float *h /* [N, I] */, const float *g /* [N, I] */, con
 /* dg =, du =; dg may alias dh (each element is read before it is written). */
 void clrt_swiglu_backward(float *dg /* [N, I] */, float *du /* [N, I] */, const float *dh /* [N, I] */,
                           const float *g, const float *u, int64_t n);
+
+/* ---- gemma3.c: Gemma 3's own element ops ---------------------------------------------- */
+/* h = gelu_tanh(g) * u (PyTorch's gelu with approximate="tanh"). */
+void clrt_geglu_forward(float *h /* [N, I] */, const float *g /* [N, I] */, const float *u /* [N, I] */,
+                        int64_t n /* N * I */);
+/* dg =, du =; dg may alias dh. */
+void clrt_geglu_backward(float *dg /* [N, I] */, float *du /* [N, I] */, const float *dh /* [N, I] */,
+                         const float *g, const float *u, int64_t n);
+/* RMSNorm scaled by (1 + w): y = (1 + w) * x / sqrt(mean(x^2) + eps); backward dx +=, dw += as
+   clrt_rmsnorm_backward (d(1 + w)/dw = 1). */
+void clrt_rmsnorm_unit_forward(float *out /* [N, C] */, float *rstd /* [N] */, const float *x /* [N, C] */,
+                               const float *w /* [C] */, int64_t N, int C, float eps);
+void clrt_rmsnorm_unit_backward(float *dx /* [N, C] */, float *dw /* [C] */, const float *dout /* [N, C] */,
+                                const float *x /* [N, C] */, const float *w /* [C] */,
+                                const float *rstd /* [N] */, int64_t N, int C);
+/* x *= s over n floats (the embedding's sqrt(hidden) scale and its gradient). */
+void clrt_scale_inplace(float *x /* [n] */, float s, int64_t n);
 
 /* ---- residual.c: out = a + b ------------------------------------------------------------ */
 void clrt_residual_forward(float *out /* [N, C] */, const float *a, const float *b, int64_t n);
@@ -228,7 +328,11 @@ void clrt_residual_backward(float *da, float *db, const float *dout, int64_t n);
 /* lp[n] = logits[n][target[n]] - logsumexp(logits[n]) with logits = x w^T, computed in blocks
    of up to 256 rows by as much of the vocabulary as fits in scratch [chunk, V] floats, so the
    [N, V] logits never exist; keeps lse [N] for backward, which recomputes each block's logits.
-   wp: w packed by clrt_linear_pack (the logits then run through linear_packed.c), or NULL. */
+   wp: w packed by clrt_linear_pack (the logits then run through linear_packed.c), or NULL.
+   fast: bits; CLRT_OUT_FAST: without wp the logits (and backward's products) through
+   gemm_strided.c where the CPU has it; CLRT_OUT_ROWWISE: without wp the logits through
+   clrt_linear_rowwise_forward, the product a batch-invariant decode step runs. */
+enum { CLRT_OUT_FAST = 1, CLRT_OUT_ROWWISE = 2 };
 void clrt_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NULL */,
                                     const float *x /* [N, C] */, const float *w /* [V, C] */,
                                     const float *wp /* [V * C] packed, or NULL */,
@@ -253,6 +357,15 @@ void clrt_logsoftmax_gather_backward_lora(float *dx, float *dw, const float *dlp
                                           const float *wp, int fast, const int32_t *target, const float *lse,
                                           int64_t N, int C, int V, float *scratch, int chunk, int logits_ready,
                                           const struct clrt_head_lora *hl);
+/* The same over soft-capped logits cap tanh(z / cap) (Gemma's final_logit_softcapping; cap > 0),
+   z = x w^T (+ the adapter's share); backward's gradient goes through the tanh. */
+void clrt_logsoftmax_gather_softcap_forward(float *lp, float *lse, const float *x, const float *w, const float *wp,
+                                            int fast, const int32_t *target, int64_t N, int C, int V,
+                                            float *scratch, int chunk, const struct clrt_head_lora *hl, float cap);
+void clrt_logsoftmax_gather_softcap_backward(float *dx, float *dw, const float *dlp, const float *x, const float *w,
+                                             const float *wp, int fast, const int32_t *target, const float *lse,
+                                             int64_t N, int C, int V, float *scratch, int chunk, int logits_ready,
+                                             const struct clrt_head_lora *hl, float cap);
 
 /* ---- sample.c ----------------------------------------------------------------------------- */
 /* One token of a row from temperature / top-k / top-p (temperature <= 0: greedy), u one

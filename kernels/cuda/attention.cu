@@ -3,6 +3,8 @@
 // lanes split the head dimension (lane holds d = lane + 32 i), and a block's warps share key
 // (or query) tiles staged in shared memory. Straightforward rather than tensor-core fast; the
 // per-score math (online step, probabilities, score gradients) is model_math.h's.
+// A sliding window (window > 0) drops the keys j <= p - window of the query at position p
+// (clrt_window_first_key); each block starts at the first key tile its first query sees.
 #include "common.cuh"
 #include "model_math.h"
 
@@ -32,7 +34,7 @@ __device__ __forceinline__ float warp_dot(const float *reg, const float *row, in
 // grid (ceil(Tq / WARPS), H, B); shared: K and V tiles [TILE, D] each.
 static __global__ void attn_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                                 int Tq, int H, int KV, int D, const int32_t *pos0, int64_t kv_bstride,
-                                const int32_t *kv_row, float scale) {
+                                const int32_t *kv_row, int window, float scale) {
   extern __shared__ float sm[];
   float *Ks = sm, *Vs = sm + TILE * D;
   int b = blockIdx.z, h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -44,7 +46,9 @@ static __global__ void attn_fwd(float *out, float *lse, const float *q, const fl
   const float *vb = v + kr * kv_bstride + (int64_t)(h / group) * D;
   int tlast = min(Tq - 1, (int)blockIdx.x * WARPS + WARPS - 1);
   int nk = p0 + tlast + 1;             // keys the block's last query sees
-  int lim = p0 + t + 1;                // keys this query sees
+  int lim = p0 + t + 1;                // keys this query sees: first .. lim - 1
+  int first = clrt_window_first_key(p0 + t, window);
+  int jstart = clrt_window_first_key(p0 + (int)blockIdx.x * WARPS, window) / TILE * TILE;
   float qr[NI], acc[NI];
   const float *qrow = q + (((int64_t)b * Tq + t) * H + h) * D;
 #pragma unroll
@@ -54,14 +58,14 @@ static __global__ void attn_fwd(float *out, float *lse, const float *q, const fl
     acc[i] = 0;
   }
   float m = -INFINITY, l = 0;
-  for (int j0 = 0; j0 < nk; j0 += TILE) {
+  for (int j0 = jstart; j0 < nk; j0 += TILE) {
     int n = min(TILE, nk - j0);
     __syncthreads();
     load_tile(Ks, kb + (int64_t)j0 * ldk, ldk, n, D);
     load_tile(Vs, vb + (int64_t)j0 * ldk, ldk, n, D);
     __syncthreads();
     if (t >= Tq) continue;
-    for (int jj = 0; jj < n && j0 + jj < lim; jj++) {
+    for (int jj = first > j0 ? first - j0 : 0; jj < n && j0 + jj < lim; jj++) {
       float s = scale * warp_dot(qr, Ks + jj * D, D), corr, p;
       clrt_online_softmax_step(&m, &l, s, &corr, &p);
 #pragma unroll
@@ -98,7 +102,8 @@ static __global__ void attn_di(float *Di, const float *dout, const float *out, i
 
 // dq_i = sum_j ds_ij k_j: grid (ceil(T / WARPS), H, B), warp per query, K/V tiles shared.
 static __global__ void attn_dq(float *dq, const float *dout, const float *q, const float *k, const float *v,
-                               const float *lse, const float *Di, int T, int H, int KV, int D, float scale) {
+                               const float *lse, const float *Di, int T, int H, int KV, int D, int window,
+                               float scale) {
   extern __shared__ float sm[];
   float *Ks = sm, *Vs = sm + TILE * D;
   int b = blockIdx.z, h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -107,6 +112,8 @@ static __global__ void attn_dq(float *dq, const float *dout, const float *q, con
   const float *kb = k + (int64_t)b * T * ldk + (int64_t)(h / group) * D;
   const float *vb = v + (int64_t)b * T * ldk + (int64_t)(h / group) * D;
   int nk = min(T, (int)blockIdx.x * WARPS + WARPS);
+  int first = clrt_window_first_key(t, window);
+  int jstart = clrt_window_first_key((int)blockIdx.x * WARPS, window) / TILE * TILE;
   int64_t qoff = (((int64_t)b * T + t) * H + h) * D;
   float qr[NI], dor[NI], acc[NI];
 #pragma unroll
@@ -122,14 +129,14 @@ static __global__ void attn_dq(float *dq, const float *dout, const float *q, con
     L = lse[((int64_t)b * H + h) * T + t];
     Dv = Di[((int64_t)b * H + h) * T + t];
   }
-  for (int j0 = 0; j0 < nk; j0 += TILE) {
+  for (int j0 = jstart; j0 < nk; j0 += TILE) {
     int n = min(TILE, nk - j0);
     __syncthreads();
     load_tile(Ks, kb + (int64_t)j0 * ldk, ldk, n, D);
     load_tile(Vs, vb + (int64_t)j0 * ldk, ldk, n, D);
     __syncthreads();
     if (t >= T) continue;
-    for (int jj = 0; jj < n && j0 + jj <= t; jj++) {
+    for (int jj = first > j0 ? first - j0 : 0; jj < n && j0 + jj <= t; jj++) {
       float p = clrt_attn_prob(scale * warp_dot(qr, Ks + jj * D, D), L);
       float ds = clrt_attn_dscore(p, warp_dot(dor, Vs + jj * D, D), Dv, scale);
 #pragma unroll
@@ -151,12 +158,14 @@ static __global__ void attn_dq(float *dq, const float *dout, const float *q, con
 // warp per key; Q and dout tiles shared (with their lse and Di).
 static __global__ void attn_dkv(float *dk, float *dv, const float *dout, const float *q, const float *k,
                                 const float *v, const float *lse, const float *Di, int T, int H, int KV,
-                                int D, float scale) {
+                                int D, int window, float scale) {
   extern __shared__ float sm[];
   float *Qs = sm, *Os = sm + TILE * D, *Ls = sm + 2 * TILE * D, *Ds = Ls + TILE;
   int b = blockIdx.z, g = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int j = blockIdx.x * WARPS + warp;
   int j0blk = blockIdx.x * WARPS;
+  // queries past the window of the block's last key see none of its keys
+  int iend = window > 0 ? min(T, j0blk + WARPS - 1 + window) : T;
   int ldq = H * D, group = H / KV;
   int64_t koff = (((int64_t)b * T + j) * KV + g) * D;
   float kr[NI], vr[NI], dka[NI], dva[NI];
@@ -172,8 +181,8 @@ static __global__ void attn_dkv(float *dk, float *dv, const float *dout, const f
     const float *qb = q + (int64_t)b * T * ldq + (int64_t)h * D;
     const float *ob = dout + (int64_t)b * T * ldq + (int64_t)h * D;
     const float *lb = lse + ((int64_t)b * H + h) * T, *db = Di + ((int64_t)b * H + h) * T;
-    for (int i0 = j0blk; i0 < T; i0 += TILE) {
-      int n = min(TILE, T - i0);
+    for (int i0 = j0blk; i0 < iend; i0 += TILE) {
+      int n = min(TILE, iend - i0);
       __syncthreads();
       load_tile(Qs, qb + (int64_t)i0 * ldq, ldq, n, D);
       load_tile(Os, ob + (int64_t)i0 * ldq, ldq, n, D);
@@ -184,7 +193,8 @@ static __global__ void attn_dkv(float *dk, float *dv, const float *dout, const f
       __syncthreads();
       if (j >= T) continue;
       for (int ii = 0; ii < n; ii++) {
-        if (i0 + ii < j) continue;   // causal: query i sees key j only when i >= j
+        // causal: query i sees key j only when i >= j (and, in a window, i - j < window)
+        if (i0 + ii < j || clrt_window_first_key(i0 + ii, window) > j) continue;
         float p = clrt_attn_prob(scale * warp_dot(kr, Qs + ii * D, D), Ls[ii]);
         float ds = clrt_attn_dscore(p, warp_dot(vr, Os + ii * D, D), Ds[ii], scale);
 #pragma unroll
@@ -221,12 +231,13 @@ static int check_dims(const char *name, int H, int KV, int D) {
 
 extern "C" void clrt_cuda_attention_forward(float *out, float *lse, const float *q, const float *k,
                                             const float *v, int B, int Tq, int H, int KV, int D,
-                                            const int32_t *pos0, int64_t kv_bstride, const int32_t *kv_row) {
+                                            const int32_t *pos0, int64_t kv_bstride, const int32_t *kv_row,
+                                            int window) {
   if (B <= 0 || Tq <= 0 || check_dims("attention_forward", H, KV, D)) return;
   dim3 grid((Tq + WARPS - 1) / WARPS, H, B);
   size_t smem = sizeof(float) * 2 * TILE * D;
   attn_fwd<<<grid, WARPS * 32, smem, clrt_cuda_cstream()>>>(out, lse, q, k, v, Tq, H, KV, D, pos0,
-                                                            kv_bstride, kv_row, 1.0f / sqrtf((float)D));
+                                                            kv_bstride, kv_row, window, 1.0f / sqrtf((float)D));
   CLRT_LAUNCHED("attention_forward");
 }
 
@@ -237,7 +248,7 @@ extern "C" size_t clrt_cuda_attention_scratch_floats(int B, int T, int H) {
 extern "C" void clrt_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
                                              const float *k, const float *v, const float *out,
                                              const float *lse, int B, int T, int H, int KV, int D,
-                                             float *scratch) {
+                                             int window, float *scratch) {
   if (B <= 0 || T <= 0 || check_dims("attention_backward", H, KV, D)) return;
   cudaStream_t st = clrt_cuda_cstream();
   float scale = 1.0f / sqrtf((float)D);
@@ -246,10 +257,10 @@ extern "C" void clrt_cuda_attention_backward(float *dq, float *dk, float *dv, co
   CLRT_LAUNCHED("attention_backward Di");
   size_t smem = sizeof(float) * 2 * TILE * D;
   attn_dq<<<dim3((T + WARPS - 1) / WARPS, H, B), WARPS * 32, smem, st>>>(dq, dout, q, k, v, lse, scratch,
-                                                                          T, H, KV, D, scale);
+                                                                          T, H, KV, D, window, scale);
   CLRT_LAUNCHED("attention_backward dq");
   smem = sizeof(float) * (2 * TILE * D + 2 * TILE);
   attn_dkv<<<dim3((T + WARPS - 1) / WARPS, KV, B), WARPS * 32, smem, st>>>(dk, dv, dout, q, k, v, lse, scratch,
-                                                                            T, H, KV, D, scale);
+                                                                            T, H, KV, D, window, scale);
   CLRT_LAUNCHED("attention_backward dk dv");
 }

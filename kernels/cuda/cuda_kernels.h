@@ -17,6 +17,8 @@ extern "C" {
 int clrt_cuda_device_count(void);
 /* Creates the stream and cuBLAS handle on first use; -1 with a message if no GPU. */
 int clrt_cuda_init(void);
+/* Destroys the stream and cuBLAS handle (clrt_cuda_init makes them again on next use). */
+void clrt_cuda_shutdown(void);
 void *clrt_cuda_stream(void);                       /* cudaStream_t */
 /* Waits for the stream; -1 with the first recorded error ("<kernel>: <cuda error>"). */
 int clrt_cuda_sync(void);
@@ -113,19 +115,20 @@ void clrt_cuda_rope_backward(float *dx /* [B, T, nh, D] */, const float *cos_t, 
                              const int32_t *pos0 /* [B] device or NULL */, int B, int T, int nh, int D);
 
 /* ---- attention.cu: causal GQA, online softmax, no [T, T] matrix -------------------------- */
-/* As clrt_attention_forward (pos0, kv_bstride, kv_row: device arrays or NULL). D <= 256. */
+/* As clrt_attention_forward (pos0, kv_bstride, kv_row: device arrays or NULL; window as
+   there). D <= 256. */
 void clrt_cuda_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H, Tq] or NULL */,
                                  const float *q /* [B, Tq, H, D] */, const float *k, const float *v,
                                  int B, int Tq, int H, int KV, int D,
                                  const int32_t *pos0 /* [B] or NULL */, int64_t kv_bstride,
-                                 const int32_t *kv_row /* [B] or NULL */);
+                                 const int32_t *kv_row /* [B] or NULL */, int window);
 size_t clrt_cuda_attention_scratch_floats(int B, int T, int H);
 /* Training only. dq =, dk =, dv =; scratch: clrt_cuda_attention_scratch_floats floats. */
 void clrt_cuda_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
                                   float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,
                                   const float *q, const float *k, const float *v,
                                   const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
-                                  int B, int T, int H, int KV, int D, float *scratch);
+                                  int B, int T, int H, int KV, int D, int window, float *scratch);
 
 /* ---- logsoftmax_gather.cu --------------------------------------------------------------- */
 void clrt_cuda_logsoftmax_gather_forward(float *lp /* [N] */, float *lse /* [N] or NULL */,

@@ -24,13 +24,10 @@ clrt.lua_dir = ffi.string(core.C.clrt_lua_dir())
 -- path, so the built-in world loads as require("collab_world.world") from anywhere.
 package.path = package.path .. ";" .. clrt.lua_dir .. "/../examples/?.lua"
 
--- Ctrl-C was pressed during this script (the flag stays set until it ends).
-function clrt.interrupted() return core.C.clrt_interrupted() ~= 0 end
--- Raise "interrupted" after a pcall that may have caught the interrupt's error (a
--- scheduler task, a parse attempt), so the run still stops.
-function clrt.check_interrupt()
-  if core.C.clrt_interrupted() ~= 0 then error("interrupted", 0) end
-end
+-- Ctrl-C was pressed during this script; check_interrupt raises "interrupted" then
+-- (clrt.core.interrupt).
+local interrupt = require("clrt.core.interrupt")
+clrt.interrupted, clrt.check_interrupt = interrupt.pressed, interrupt.check
 function clrt.num_threads() return core.C.clrt_num_threads() end
 function clrt.set_num_threads(n) core.C.clrt_set_num_threads(n) end
 function clrt.cuda_available() return core.C.clrt_cuda_device_count() > 0 end

@@ -40,9 +40,10 @@
 -- attempt), error} to c.records and to clrt.llm.records(); c:stats() and clrt.llm.stats() sum them up,
 -- clrt.llm.drain_records() hands them to a run's log and starts afresh.
 local http = require("clrt.net.http")
+local request = require("clrt.net.request").request
 local sched = require("clrt.sched")
 local prices, rate_limit   -- clrt.api.prices / rate_limit, loaded with the first client
-local cjson = require("cjson").new()
+local json = require("clrt.json")
 
 local M = {}
 local Client = {}
@@ -165,7 +166,7 @@ end
 
 -- The server's own words: error.message from a JSON body, else the body's text.
 local function server_message(body)
-  local ok, obj = pcall(cjson.decode, body)
+  local ok, obj = pcall(json.decode, body)
   if ok and type(obj) == "table" then
     local e = obj.error
     if type(e) == "table" and type(e.message) == "string" then return clip(e.message, 500) end
@@ -179,13 +180,13 @@ local function server_message(body)
 end
 
 local function null_to_nil(v)
-  if v == cjson.null then return nil end
+  if v == json.null then return nil end
   return v
 end
 
 -- A 2xx body that is a chat completion, or nil and why not.
 local function parse_completion(body)
-  local ok, obj = pcall(cjson.decode, body)
+  local ok, obj = pcall(json.decode, body)
   if not ok or type(obj) ~= "table" then return nil, "body is not JSON: " .. clip(body, 120) end
   local choice = type(obj.choices) == "table" and obj.choices[1]
   local msg = type(choice) == "table" and choice.message
@@ -270,11 +271,11 @@ function Client:chat(messages, opts)
   for k, v in pairs(self.defaults) do body[k] = v end
   for k, v in pairs(opts) do if not CALL_KEYS[k] then body[k] = v end end
   body.messages = messages
-  local ok, json = pcall(cjson.encode, body)
-  if not ok then error("clrt.llm: cannot encode the request as JSON: " .. tostring(json), 2) end
+  local ok, text = pcall(json.encode, body)
+  if not ok then error("clrt.llm: cannot encode the request as JSON: " .. tostring(text), 2) end
   local max_retries = opts.max_retries or self.max_retries
   local timeout = opts.timeout or self.timeout
-  local req = { method = "POST", url = self.url, headers = secret[self].headers, body = json, timeout = timeout,
+  local req = { method = "POST", url = self.url, headers = secret[self].headers, body = text, timeout = timeout,
                 ca_file = self.ca_file }
   local t0 = http.now()
   local outcomes = {}
@@ -299,7 +300,7 @@ function Client:chat(messages, opts)
   end
   local function finish_inflight() if ck then release_inflight(ck) end end
 
-  local estimate = token_estimate(json, body)
+  local estimate = token_estimate(text, body)
   for attempt = 1, max_retries + 1 do
     slots.acquire()
     local ok_rl, ticket, waited = pcall(self.limiter.acquire, self.limiter, estimate)
@@ -310,7 +311,7 @@ function Client:chat(messages, opts)
     end
     rec.rate_wait_s = rec.rate_wait_s + waited
     local released = false
-    local r = http.request(req, function()
+    local r = request(req, function()
       if not released then released = true; slots.release(); self.limiter:settle(ticket); finish_inflight() end
     end)
     released = true
@@ -348,8 +349,9 @@ function Client:chat(messages, opts)
     outcomes[#outcomes + 1] = why
     if not retry then
       if r.status == 401 or r.status == 403 then
-        -- a refused key fails every later call too: a run checks take_auth_error() and stops
-        M.auth_error = M.auth_error or ("%s at %s refused the request: %s"):format(body.model, self.url, why)
+        -- a refused key fails every later call too: the run that owns this client asks
+        -- c:take_auth_error() between phases and stops
+        self.auth_error = self.auth_error or ("%s at %s refused the request: %s"):format(body.model, self.url, why)
       end
       rec.latency = http.now() - t0
       rec.outcomes = outcomes
@@ -404,6 +406,13 @@ end
 -- This client's calls so far, summed up: calls, ok, failed, retries, tokens, latency.
 function Client:stats() return summarize(self.records) end
 function Client:reset_stats() self.records = {} end
+-- The first 401/403 answer this client got since the last call ("MODEL at URL refused the
+-- request: HTTP 401: ..."), or nil; taking it clears it.
+function Client:take_auth_error()
+  local e = self.auth_error
+  self.auth_error = nil
+  return e
+end
 
 -- Every call of every client in this process: {model, base_url, ok, attempts, retries,
 -- status, latency (s), prompt_tokens, completion_tokens, total_tokens, outcomes, error}.
@@ -421,15 +430,7 @@ function M.drain_records()
   return r
 end
 
--- The first 401/403 answer since the last call ("MODEL at URL refused the request: HTTP 401:
--- ..."), or nil; taking it clears it.
-function M.take_auth_error()
-  local e = M.auth_error
-  M.auth_error = nil
-  return e
-end
 
 M.extract_json = require("clrt.net.llm_json").extract_json
-M.json = cjson
 
 return M

@@ -1,4 +1,5 @@
--- clrt.model — the Llama-family transformer (Llama 2/3, Qwen2, Qwen3) over C arenas.
+-- clrt.model — the Llama-family transformer (Llama 2/3, Qwen2, Qwen3, Mistral, Phi-3) and Gemma 3
+-- over C arenas.
 --   m = clrt.model.load("path/to/hf_dir")          -- config.json + model.safetensors (or shards)
 --   m = clrt.model.new(cfg_table, {seed = 1})      -- random init from config.json's keys
 --   lp = m:logprobs(tokens, {lengths = {...}})     -- f32 [B, T-1]: log p(tok[t+1] | tok[..t])
@@ -7,6 +8,7 @@
 --   m:save(dir), m:memory(), m:num_params(), m:zero_grad(), m.config
 --   m:set_matmul("bf16"|"f32"), m:set_decode_pack(bool)  -- how decode steps read the weights
 --   m:set_quant("int8"|"none")                     -- generation from int8 weights (docs/quantization.md)
+--   m:set_batch_invariant(bool)    -- a row's logits independent of the rows beside it
 --   m:generate({ids, ...}, {max_new_tokens =, ...}), m:chat([tok,] "text")  -- decoding, a chat reply
 --   m:add_lora{...}, m:set_adapters(bool), m:save_adapter(dir), load(dir, {adapter = DIR})
 --                                                  -- LoRA (lua/clrt/core/model_lora.lua)
@@ -16,7 +18,6 @@ local core = require("clrt.core.ffi")
 local tensor = require("clrt.tensor")
 local json = require("clrt.json")
 local files = require("clrt.files")
-local cjson_null = require("cjson").null   -- a config a caller decoded with cjson
 local C, check, ok = core.C, core.check, core.ok
 
 
@@ -27,14 +28,96 @@ M.Model = Model
 
 local read_file = files.read
 
-local function is_null(v) return v == nil or v == json.null or v == cjson_null end
+-- json.null, or lua-cjson's null (a NULL light userdata) in a config a caller decoded itself
+local function is_null(v)
+  return v == nil or v == json.null or (type(v) == "userdata" and tostring(v) == "userdata: NULL")
+end
 
 -- ---- config.json --------------------------------------------------------------------------
 
 local supported = {
   LlamaForCausalLM = "llama", Qwen2ForCausalLM = "qwen2", Qwen3ForCausalLM = "qwen3",
+  Gemma3ForCausalLM = "gemma3",
 }
-local by_model_type = { llama = "llama", qwen2 = "qwen2", qwen3 = "qwen3" }
+local by_model_type = { llama = "llama", qwen2 = "qwen2", qwen3 = "qwen3", gemma3_text = "gemma3" }
+local arch_names = { llama = "LlamaForCausalLM", qwen2 = "Qwen2ForCausalLM", qwen3 = "Qwen3ForCausalLM",
+  gemma3 = "Gemma3ForCausalLM" }
+local model_types = { gemma3 = "gemma3_text" }
+
+-- ---- Mistral and Phi-3: Llama's layers with a sliding window; Phi-3's fused projections ----
+supported.MistralForCausalLM, by_model_type.mistral, arch_names.mistral = "mistral", "mistral", "MistralForCausalLM"
+supported.Phi3ForCausalLM, by_model_type.phi3, arch_names.phi3 = "phi3", "phi3", "Phi3ForCausalLM"
+
+-- Their keys beyond Llama's, into c: sliding_window (an integer or null; both architectures
+-- read it, transformers masks keys more than sliding_window - 1 positions back), and for
+-- Phi-3 the fused qkv_proj / gate_up_proj layout. bad(key, msg) raises.
+local function mistral_phi3_keys(cfg, arch, c, bad)
+  if arch ~= "mistral" and arch ~= "phi3" then return end
+  local w = cfg.sliding_window
+  if not is_null(w) then
+    if type(w) ~= "number" or w ~= math.floor(w) or w <= 0 then
+      bad("sliding_window", ("must be a positive integer or null, got %s"):format(tostring(w)))
+    end
+    -- a window that covers every position changes nothing
+    if w < c.max_position_embeddings then c.sliding_window = w end
+  end
+  if arch == "phi3" then
+    c.fused_qkv_gate_up = true
+    local f = cfg.partial_rotary_factor
+    if not is_null(f) and f ~= 1 then
+      bad("partial_rotary_factor", ("is %s; clrt rotates the whole head (1.0) only"):format(tostring(f)))
+    end
+  end
+end
+
+-- Gemma 3's own keys (transformers' Gemma3TextConfig; its defaults where a key is absent):
+-- the (1 + w) norms, sandwich norms, GELU-tanh MLP and sqrt(hidden) embedding scale come with
+-- the architecture; these set the attention and the soft-capping of logits and attention
+-- scores (the released Gemma 3 configs set neither).
+local function parse_gemma3(cfg, c, bad, int, num)
+  local act = cfg.hidden_activation
+  if is_null(act) then act = cfg.hidden_act end
+  if not is_null(act) and act ~= "gelu_pytorch_tanh" then
+    bad("hidden_activation", ("is '%s'; Gemma 3 supports gelu_pytorch_tanh"):format(tostring(act)))
+  end
+  for _, k in ipairs({ "final_logit_softcapping", "attn_logit_softcapping" }) do
+    c[k] = 0
+    if not is_null(cfg[k]) then
+      c[k] = num(k)
+      if c[k] <= 0 then bad(k, "must be positive or null") end
+    end
+  end
+  c.gemma3 = true
+  c.qk_norm = true
+  c.query_pre_attn_scalar = num("query_pre_attn_scalar", 256)
+  if c.query_pre_attn_scalar <= 0 then bad("query_pre_attn_scalar", "must be positive") end
+  c.sliding_window = int("sliding_window", 4096)
+  local L = c.num_hidden_layers
+  local lt = cfg.layer_types
+  if not is_null(lt) then
+    -- newer configs list each layer's kind; clrt runs the periodic layout every release has
+    if type(lt) ~= "table" or #lt ~= L then bad("layer_types", ("must list %d layer kinds"):format(L)) end
+    local first_full
+    for i = 1, L do
+      if lt[i] ~= "sliding_attention" and lt[i] ~= "full_attention" then
+        bad("layer_types", ("entry %d is '%s' (sliding_attention, full_attention)"):format(i, tostring(lt[i])))
+      end
+      if lt[i] == "full_attention" and not first_full then first_full = i end
+    end
+    c.sliding_window_pattern = first_full or (L + 1)
+    for i = 1, L do
+      local want = i % c.sliding_window_pattern == 0 and "full_attention" or "sliding_attention"
+      if lt[i] ~= want then
+        bad("layer_types", ("entry %d is '%s', but clrt runs a periodic layout (every %d-th layer full): expected '%s'")
+          :format(i, lt[i], c.sliding_window_pattern, want))
+      end
+    end
+  else
+    c.sliding_window_pattern = int("sliding_window_pattern", 6)
+  end
+  c.rope_local_theta = num("rope_local_base_freq", 10000)
+  if c.rope_local_theta <= 0 then bad("rope_local_base_freq", "must be positive") end
+end
 
 -- Checks a config table (as config.json decodes) and returns the C struct's fields.
 -- `src` names the file in errors.
@@ -73,16 +156,24 @@ local function parse_config(cfg, src)
     end
     arch = supported[cfg.architectures[1]]
     if not arch then
-      bad("architectures", ("names '%s'; supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):format(cfg.architectures[1]))
+      local names = {}
+      for name in pairs(supported) do names[#names + 1] = name end
+      table.sort(names)
+      bad("architectures", ("names '%s'; supported: %s"):format(cfg.architectures[1], table.concat(names, ", ")))
     end
   elseif not is_null(cfg.model_type) then
     if type(cfg.model_type) ~= "string" then bad("model_type", "must be a string") end
     arch = by_model_type[cfg.model_type]
-    if not arch then bad("model_type", ("is '%s'; supported: llama, qwen2, qwen3"):format(cfg.model_type)) end
+    if not arch then
+      local names = {}
+      for name in pairs(by_model_type) do names[#names + 1] = name end
+      table.sort(names)
+      bad("model_type", ("is '%s'; supported: %s"):format(cfg.model_type, table.concat(names, ", ")))
+    end
   else
     arch = "llama"
   end
-  if not is_null(cfg.hidden_act) and cfg.hidden_act ~= "silu" then
+  if arch ~= "gemma3" and not is_null(cfg.hidden_act) and cfg.hidden_act ~= "silu" then
     bad("hidden_act", ("is '%s'; only silu (SwiGLU) is supported"):format(tostring(cfg.hidden_act)))
   end
   if bool("mlp_bias", false) then bad("mlp_bias", "is true; MLP biases are not supported") end
@@ -109,6 +200,16 @@ local function parse_config(cfg, src)
   -- place of rope_theta and rope_scaling: either form is read, the top-level keys first.
   local rp = cfg.rope_parameters
   if is_null(rp) then rp = nil elseif type(rp) ~= "table" then bad("rope_parameters", "must be an object or null") end
+  if arch == "gemma3" and rp and type(rp.full_attention) == "table" then
+    -- transformers 5 writes Gemma 3's two RoPEs per layer kind; the local one is never scaled
+    local sl = rp.sliding_attention
+    if type(sl) ~= "table" or type(sl.rope_theta) ~= "number" then bad("rope_parameters.sliding_attention.rope_theta", "must be a number") end
+    if sl.rope_type ~= nil and sl.rope_type ~= "default" then
+      bad("rope_parameters.sliding_attention.rope_type", ("is '%s'; clrt runs Gemma 3's local layers with default RoPE"):format(tostring(sl.rope_type)))
+    end
+    if is_null(cfg.rope_local_base_freq) then cfg = setmetatable({ rope_local_base_freq = sl.rope_theta }, { __index = cfg }) end
+    rp = rp.full_attention
+  end
   if rp and is_null(cfg.rope_theta) then
     if type(rp.rope_theta) ~= "number" then bad("rope_parameters.rope_theta", "must be a number") end
     c.rope_theta = rp.rope_theta
@@ -116,7 +217,7 @@ local function parse_config(cfg, src)
     c.rope_theta = num("rope_theta", 10000)
   end
   if c.rope_theta <= 0 then bad("rope_theta", "must be positive") end
-  c.tie_word_embeddings = bool("tie_word_embeddings", false)
+  c.tie_word_embeddings = bool("tie_word_embeddings", arch == "gemma3")
   local attention_bias = bool("attention_bias", false)
   c.qkv_bias = arch == "qwen2" or attention_bias
   c.o_bias = arch ~= "qwen2" and attention_bias
@@ -147,6 +248,8 @@ local function parse_config(cfg, src)
       bad("rope_scaling", ("has type '%s', which clrt does not support (supported: default, linear, llama3)"):format(tostring(kind)))
     end
   end
+  mistral_phi3_keys(cfg, arch, c, bad)
+  if arch == "gemma3" then parse_gemma3(cfg, c, bad, int, num) end
   c.arch = arch
   return c
 end
@@ -157,20 +260,27 @@ local function to_struct(c, opts)
   for _, k in ipairs({ "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
     "rms_norm_eps", "rope_theta", "rope_scaling", "rope_factor", "rope_low_freq_factor",
-    "rope_high_freq_factor", "rope_original_max_position" }) do
+    "rope_high_freq_factor", "rope_original_max_position", "sliding_window" }) do
     if c[k] ~= nil then s[k] = c[k] end
   end
   s.tie_word_embeddings = c.tie_word_embeddings and 1 or 0
   s.qkv_bias = c.qkv_bias and 1 or 0
   s.o_bias = c.o_bias and 1 or 0
   s.qk_norm = c.qk_norm and 1 or 0
+  s.fused_qkv_gate_up = c.fused_qkv_gate_up and 1 or 0
+  if c.gemma3 then
+    s.gemma3 = 1
+    s.query_pre_attn_scalar = c.query_pre_attn_scalar
+    s.sliding_window_pattern = c.sliding_window_pattern
+    s.rope_local_theta = c.rope_local_theta
+    s.final_logit_softcapping = c.final_logit_softcapping
+    s.attn_logit_softcapping = c.attn_logit_softcapping
+  end
   s.max_batch = opts and opts.max_batch or 0
   s.max_seq = opts and opts.max_seq or 0
   s.keep_logits_mb = opts and opts.keep_logits_mb or 256
   return s
 end
-
-local arch_names = { llama = "LlamaForCausalLM", qwen2 = "Qwen2ForCausalLM", qwen3 = "Qwen3ForCausalLM" }
 
 local function wrap_model(ptr, cfg, parsed)
   local m = setmetatable({ ptr = ffi.gc(ptr, C.clrt_model_free), config = cfg, _c = parsed }, Model)
@@ -184,14 +294,21 @@ end
 -- A copy of cfg with what transformers needs to load what we save.
 local function complete_config(cfg, parsed)
   local out = {}
-  for k, v in pairs(cfg) do out[k] = v == cjson_null and json.null or v end
+  for k, v in pairs(cfg) do out[k] = v end
   if is_null(out.architectures) then out.architectures = { arch_names[parsed.arch] } end
-  if is_null(out.model_type) then out.model_type = parsed.arch end
+  if is_null(out.model_type) then out.model_type = model_types[parsed.arch] or parsed.arch end
   if is_null(out.head_dim) then out.head_dim = parsed.head_dim end
   if is_null(out.num_key_value_heads) then out.num_key_value_heads = parsed.num_key_value_heads end
   if is_null(out.tie_word_embeddings) then out.tie_word_embeddings = parsed.tie_word_embeddings end
   if is_null(out.rope_theta) then out.rope_theta = parsed.rope_theta end
-  if is_null(out.hidden_act) then out.hidden_act = "silu" end
+  if parsed.gemma3 then
+    if is_null(out.hidden_activation) then out.hidden_activation = "gelu_pytorch_tanh" end
+    for _, k in ipairs({ "query_pre_attn_scalar", "sliding_window" }) do
+      if is_null(out[k]) then out[k] = parsed[k] end
+    end
+    if is_null(out.sliding_window_pattern) and is_null(out.layer_types) then out.sliding_window_pattern = parsed.sliding_window_pattern end
+    if is_null(out.rope_local_base_freq) and is_null(out.rope_parameters) then out.rope_local_base_freq = parsed.rope_local_theta end
+  elseif is_null(out.hidden_act) then out.hidden_act = "silu" end
   out.torch_dtype = "float32"
   return out
 end
@@ -312,11 +429,17 @@ function Model:to(device)
   return self
 end
 
--- set_matmul("bf16" | "f32"): on cuda, the blocks' matmuls take bf16 inputs (copies of the
--- fp32 master weights) and accumulate in fp32; the output layer stays fp32. On the CPU, the
--- few-row products of decoding (<= 32 rows) read bf16 weight copies with bf16-rounded
--- inputs (f32 accumulation):
--- faster generation, greedy output no longer bit-equal to the f32 path.
+-- set_matmul("bf16" | "f32"): bf16 mixed precision (train.precision=bf16). On cuda, the
+-- blocks' matmuls take bf16 inputs (copies of the fp32 master weights) and accumulate in
+-- fp32; the output layer stays fp32. On the CPU with a matrix unit (M.matrix_unit(): AMX,
+-- else AVX512-BF16) every product of the blocks' linear layers, forward and backward, and
+-- decode's output layer, multiplies bf16 inputs and weight copies with f32 sums (the copies
+-- kept current by the optimizer step); the loss, norms, master weights and AdamW stay f32.
+-- Without a unit, decode-sized products over bf16 copies and the rest in f32.
+-- Greedy output is no longer bit-equal to the f32 path.
+-- Whole weight-copy packs made so far (a current copy is refreshed in place by opt:step()).
+function Model:copy_repacks() return tonumber(C.clrt_model_copy_repacks(live(self))) end
+
 function Model:set_matmul(kind)
   if kind ~= "bf16" and kind ~= "f32" then error(("model:set_matmul: '%s' (bf16, f32)"):format(tostring(kind)), 2) end
   ok(C.clrt_model_set_matmul_bf16(live(self), kind == "bf16" and 1 or 0), 2)
@@ -362,6 +485,17 @@ function Model:set_decode_pack(on)
   ok(C.clrt_model_set_decode_pack(live(self), on and 1 or 0), 2)
   return self
 end
+
+-- set_batch_invariant(on): on the CPU a row's logits become the same bits whatever rows share
+-- its forward (decode steps of 1 to any number of rows, prefills alone or together) and a
+-- prefilled position gets a decode step's bits; the RL rollouts and `clrt serve
+-- --deterministic` turn it on (docs/reproducibility.md: what it costs). batch_invariant() reads it.
+function Model:set_batch_invariant(on)
+  if type(on) ~= "boolean" then error("model:set_batch_invariant: expects true or false", 2) end
+  ok(C.clrt_model_set_batch_invariant(live(self), on and 1 or 0), 2)
+  return self
+end
+function Model:batch_invariant() return C.clrt_model_batch_invariant(live(self)) == 1 end
 
 -- The bf16 and packed weight copies follow writes through params() views and the optimizers
 -- by themselves; after writing parameter memory by other means (data_ptr()), call this.
@@ -582,6 +716,19 @@ function Model:chat(tok, input, opts)
   return text, raw
 end
 
+-- The seconds spent in the matrix products so far (linear layers forward and backward, the
+-- output layer's, LoRA's), with timing turned on (profile_enable(true) or CLRT_PROFILE=1).
+function M.product_seconds()
+  local s = 0
+  for i = 0, C.clrt_profile_count() - 1 do
+    local name = ffi.string(C.clrt_profile_name(i))
+    if name:find("^linear") or name:find("^output") or name == "lora" then s = s + C.clrt_profile_seconds(i) end
+  end
+  return s
+end
+
+function M.profile_enable(on) C.clrt_profile_enable(on and 1 or 0) end
+
 -- Per-kernel seconds accumulated while CLRT_PROFILE=1 (reset = true clears them).
 function M.profile(reset)
   local out = {}
@@ -590,6 +737,26 @@ function M.profile(reset)
   end
   if reset then C.clrt_profile_reset() end
   return out
+end
+
+-- profile_sync(true): wait for the GPU around each timed kernel, so a cuda model's profile
+-- gives kernel times rather than launch times (it slows the steps it times).
+function M.profile_sync(on) C.clrt_profile_sync(on and 1 or 0) end
+
+-- The unit bf16 products run on ("amx-bf16", "avx512-bf16", "f32": none) and the best this
+-- CPU offers: matrix_unit() -> active, available. matrix_unit(name) caps it for this process
+-- (as CLRT_MATRIX_UNIT does), before set_matmul("bf16").
+function M.matrix_unit(cap)
+  if cap ~= nil then ok(C.clrt_set_matrix_unit(cap), 2) end
+  return ffi.string(C.clrt_matrix_unit_active()), ffi.string(C.clrt_matrix_unit_available())
+end
+
+-- The measured peak GFLOP/s of a unit ("f32": AVX-512 FMA, "avx512-bf16", "amx-bf16") over
+-- `threads` threads, operands in registers; 0 when the CPU lacks it.
+function M.unit_peak_gflops(unit, threads)
+  local g = C.clrt_matrix_unit_peak_gflops(unit, threads or 1)
+  if g < 0 then ok(-1, 2) end
+  return g
 end
 
 require("clrt.gen.model_methods").install(Model)

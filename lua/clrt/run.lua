@@ -88,7 +88,7 @@ function M.guard(who, script, run_dir, fn)
   guarding = guarding - 1
   if res[1] then return unpack(res, 2, table.maxn(res)) end
   local err = res[2]
-  local interrupted = clrt.interrupted() or tostring(err) == "interrupted"
+  local interrupted = require("clrt.core.interrupt").pressed() or tostring(err) == "interrupted"
   if files.exists(run_dir .. "/config.json") and require("clrt.dist").is_main() then
     io.stderr:write(("\n%s: %s; continue this run with:\n  %s\n"):format(who,
       interrupted and "interrupted" or "stopped", M.resume_command(script, run_dir)))

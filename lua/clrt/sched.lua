@@ -14,9 +14,13 @@
 -- are per row), and its coroutine resumes as soon as its own rows finish. Between two
 -- decode steps the scheduler moves HTTP along and runs the coroutines that can go on, so a
 -- conversation's next turn joins the batch while the others still decode. A request's
--- tokens depend on its model, prompt, options and seed only, not on which requests share
--- its steps: sample s draws from the stream of (seed, hash of the prompt, how many
--- identical requests came before it in this run) -- so identical requests still differ.
+-- tokens depend on its model, prompt, options, seed and seed_key only, never on which
+-- requests share its steps or in which order they came: sample s draws from the stream of
+-- (seed, seed_key, s) (clrt.gen.engine.row_seed). seed_key says who asks -- the RL rollouts
+-- pass "rl/step 3/prompt 2/response 1/future 2/turn 1" -- so two identical requests of
+-- different futures still differ, and a rerun draws alike whatever the HTTP timing. Without
+-- a seed_key (serve, the REPL) the prompt's tokens name the stream: identical requests with
+-- the same seed then sample alike.
 -- The engine's decoder (kept on the model as model._sched_engine) grows when idle to the
 -- rows waiting and to twice the longest prompt + max_new_tokens seen (capped by the
 -- model's context); a request that needs more waits until the running rows finish.
@@ -36,7 +40,8 @@
 -- wait together in one call:
 --   outs = model:generate(prompts, opts)
 --     prompts: a list of token rows (Lua tables of ints); opts: n, max_new_tokens,
---     temperature, top_p, top_k, stop, seed, and on_step;
+--     temperature, top_p, top_k, stop, seed, seed_key (when any request gave one: a list,
+--     prompts[i]'s key or false), and on_step;
 --     outs: one entry per (prompt, sample), prompt-major: outs[(p-1)*n + s] =
 --           {tokens = {...}, logprobs = {...}, finish_reason = "stop" | "length"}
 --   opts.on_step, when present, is a function() the model calls between decode steps; the
@@ -153,17 +158,6 @@ local function deep_eq(a, b)
   return true
 end
 
--- The random stream of a request: a hash of its prompt, moved on for each identical request
--- (same model, prompt, seed and n) that came before it in this run.
-local function stream_of(st, model, prompt, o)
-  local h = 0
-  for _, tok in ipairs(prompt) do h = (h * 31 + tok + 1) % 2147483647 end
-  local key = tostring(model) .. "|" .. o.seed .. "|" .. o.n .. "|" .. table.concat(prompt, ",")
-  local k = (st.seen[key] or 0) + 1
-  st.seen[key] = k
-  return (h + (k - 1) * 1000033) % 2147483647
-end
-
 -- The engine of `model`, kept on the model across runs (the decoder is its KV cache).
 local function engine_of(st, model)
   local E = model._sched_engine
@@ -207,7 +201,7 @@ local function start(E, req)
     end
   end }
   E.live[req] = true
-  local ok, rows = pcall(eng.add, eng, req.prompt, req.o, cb, 1, req.stream)
+  local ok, rows = pcall(eng.add, eng, req.prompt, req.o, cb, 1)
   if not ok then
     E.live[req] = nil
     M.wake(req.task, { ok = false, err = rows })
@@ -274,6 +268,12 @@ function M.generate(model, prompt_tokens, opts)
       if errs[1] then error(errs[1], 2) end
       return res[1]
     end
+    if opts.seed_key ~= nil and type(opts.seed_key) ~= "table" then
+      local o = {}
+      for k, v in pairs(opts) do o[k] = v end
+      o.seed_key = { opts.seed_key }   -- model:generate takes one key per prompt
+      opts = o
+    end
     local outs = model:generate({ prompt_tokens }, opts)
     local n = opts.n or 1
     local mine = {}
@@ -297,7 +297,8 @@ function M.generate(model, prompt_tokens, opts)
       :format(#prompt_tokens, o.max_new_tokens, limit), 2)
   end
   local E = engine_of(st, model)
-  local req = { task = t, prompt = prompt_tokens, o = o, need = need, stream = stream_of(st, model, prompt_tokens, o) }
+  if type(o.seed_key) == "table" then error("clrt.sched.generate: seed_key names one request: a string or number, not a list", 2) end
+  local req = { task = t, prompt = prompt_tokens, o = o, need = need }
   E.waiting[#E.waiting + 1] = req
   local r = M.suspend(function()
     if req.rows then
@@ -389,13 +390,22 @@ local function dispatch_generate(st)
   local queue = st.gen_queue
   st.gen_queue = {}
   local groups = {}
+  -- requests that differ only in seed_key share a call: opts.seed_key then lists each
+  -- prompt's key (false: none)
+  local function bare(o)
+    if o.seed_key == nil then return o end
+    local c = {}
+    for k, v in pairs(o) do if k ~= "seed_key" then c[k] = v end end
+    return c
+  end
   for _, req in ipairs(queue) do
     local g
+    local o = bare(req.opts)
     for _, cand in ipairs(groups) do
-      if cand.model == req.model and deep_eq(cand.opts, req.opts) then g = cand break end
+      if cand.model == req.model and deep_eq(cand.opts, o) then g = cand break end
     end
     if not g then
-      g = { model = req.model, opts = req.opts, reqs = {} }
+      g = { model = req.model, opts = o, reqs = {} }
       groups[#groups + 1] = g
     end
     g.reqs[#g.reqs + 1] = req
@@ -403,8 +413,13 @@ local function dispatch_generate(st)
   for _, g in ipairs(groups) do
     local prompts = {}
     for i, req in ipairs(g.reqs) do prompts[i] = req.prompt end
-    local opts = {}
+    local opts, keys = {}, {}
     for k, v in pairs(g.opts) do opts[k] = v end
+    for i, req in ipairs(g.reqs) do
+      local k = req.opts.seed_key
+      if k == nil then k = false else opts.seed_key = keys end
+      keys[i] = k
+    end
     if opts.on_step == nil then opts.on_step = function() on_step(st) end end
     http.pump(0)   -- put queued HTTP requests on the wire before the model takes the CPU
     st.generate_calls = st.generate_calls + 1
@@ -455,7 +470,7 @@ function M.run(fns, opts)
   local st = {
     n = n, tasks = {}, by_co = {}, ready = {}, timers = {}, gen_queue = {},
     results = {}, errors = {}, tracebacks = {}, done = 0, next_start = 1, generate_calls = 0,
-    engines = {}, engine_set = {}, seen = {}, engine_steps = 0, procs = {}, engine_steps_during_procs = 0,
+    engines = {}, engine_set = {}, engine_steps = 0, procs = {}, engine_steps_during_procs = 0,
   }
   for i, f in ipairs(fns) do st.tasks[i] = { index = i, fn = f, run = st } end
   local limit = opts.max_concurrency or n

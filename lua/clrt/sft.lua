@@ -8,6 +8,7 @@ local chat = require("clrt.chat")
 local losses = require("clrt.train.losses")
 local update = require("clrt.train.update")
 local dist = require("clrt.dist")
+local interrupt = require("clrt.core.interrupt")
 
 local M = {}
 
@@ -169,7 +170,7 @@ function M.train(m, train_items, val_items, cfg, logger)
   local last_step = math.min(steps, cfg.stop_after or steps)
   local last = {}
   for step = start, last_step - 1 do
-    if clrt.check_interrupt then clrt.check_interrupt() end
+    interrupt.check()
     local t0 = os.clock()
     local lr = schedule.lr(step, { lr = cfg.lr, min_lr_ratio = cfg.min_lr_ratio, warmup_steps = cfg.warmup_steps or 0,
       total_steps = steps, decay = cfg.decay })

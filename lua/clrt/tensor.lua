@@ -195,8 +195,21 @@ local function shape_str(t)
 end
 M.shape_str = shape_str
 
+-- Element access reads host memory: on a cuda tensor it is an error (one PCIe round trip
+-- per element would be a silent slowdown), while item, totable and printing copy the
+-- tensor to the cpu first, as PyTorch's .item() and .tolist() do.
+local function host_only(t, op)
+  if t.device_id == C.CLRT_CUDA then
+    error(("%s: the tensor (shape %s) is on cuda; copy it with t:to(\"cpu\") first"):format(op, shape_str(t)), 3)
+  end
+end
+local function on_host(t)
+  return t.device_id == C.CLRT_CUDA and t:to("cpu") or t
+end
+
 -- Flat 1-based element access over the logical (row-major) order.
 function Tensor.get(t, ...)
+  host_only(t, "get")
   local idx = select("#", ...) == 1 and (...) or nil
   local flat
   if idx and t.ndim <= 1 then
@@ -222,6 +235,7 @@ function Tensor.get(t, ...)
 end
 
 function Tensor.set(t, ...)
+  host_only(t, "set")
   local n = select("#", ...)
   local value = select(n, ...)
   local flat
@@ -248,10 +262,11 @@ function Tensor.item(t)
   if t:numel() ~= 1 then
     error(("item: tensor of shape %s has %d elements, not 1"):format(shape_str(t), t:numel()), 2)
   end
-  return C.clrt_tensor_get(t, 0)
+  return C.clrt_tensor_get(on_host(t), 0)
 end
 
 function Tensor.totable(t)
+  t = on_host(t)
   local shape = t:shape()
   local flat_i = 0
   local function build(d)
@@ -354,6 +369,8 @@ end
 -- Numpy-like text: at most `edge` items at each end of every dimension.
 function M.format(t, edge)
   edge = edge or 3
+  local on_cuda = t.device_id == C.CLRT_CUDA
+  t = on_host(t)
   local shape, dt = t:shape(), t:dtype()
   local strides = {}
   local s = 1
@@ -374,11 +391,12 @@ function M.format(t, edge)
   end
   local body = #shape == 0 and fmt_num(C.clrt_tensor_get(t, 0), dt) or rec(1, 0, "")
   return ("tensor(%s, shape=%s, dtype=%s%s)"):format(body, shape_str(t), dt,
-    t.device_id == C.CLRT_CUDA and ", device=cuda" or "")
+    on_cuda and ", device=cuda" or "")
 end
 
 -- One line: shape, dtype and the first few values (used by the REPL).
 function M.summary(t)
+  t = on_host(t)
   local n, vals = t:numel(), {}
   for i = 0, math.min(n, 6) - 1 do vals[#vals + 1] = fmt_num(C.clrt_tensor_get(t, i), t:dtype()) end
   return ("tensor(shape=%s, dtype=%s, [%s%s])"):format(shape_str(t), t:dtype(), table.concat(vals, ", "), n > 6 and ", ..." or "")

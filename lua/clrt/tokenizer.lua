@@ -4,11 +4,11 @@
 --   local tok = clrt.tokenizer.load("models/Qwen3-0.6B")      -- folder or tokenizer.json
 --   local ids = tok:encode("Hello", {add_special_tokens = false})
 --   print(tok:decode(ids), tok:vocab_size(), tok.eos, tok.eot)
--- The file is parsed here (cjson) and handed to runtime/tokenizer*.c piece by piece; every
+-- The file is parsed here (clrt.json) and handed to runtime/tokenizer*.c piece by piece; every
 -- component the C side does not implement is an error naming it, never a silent difference.
 local ffi = require("ffi")
 local core = require("clrt.core.ffi")
-local cjson = require("cjson")
+local json = require("clrt.json")
 local C = core.C
 
 local M = {}
@@ -21,7 +21,7 @@ M.GPT4_SPLIT = [[(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3
 -- GPT-2's split, what a ByteLevel pre-tokenizer with use_regex = true applies.
 M.GPT2_SPLIT = [['s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+]]
 
-local null = cjson.null
+local null = json.null
 local function isnull(v) return v == nil or v == null end
 
 local function read_file(path)
@@ -33,7 +33,7 @@ local function read_file(path)
 end
 
 local function decode_json(path, text)
-  local ok, obj = pcall(cjson.decode, text)
+  local ok, obj = pcall(json.decode, text)
   if not ok then error(("tokenizer: %s is not valid JSON: %s"):format(path, tostring(obj)), 0) end
   if type(obj) ~= "table" then error(("tokenizer: %s is JSON but not an object"):format(path), 0) end
   return obj
@@ -559,7 +559,7 @@ function Stream:finish()
 end
 
 -- Train a byte-level BPE (GPT-4 split) on a list of texts. Returns a tokenizer.json table
--- ready for cjson.encode (and for M.from_json). opts: vocab_size, special_tokens (list of
+-- ready for M.to_json (and for M.from_json). opts: vocab_size, special_tokens (list of
 -- strings, ids after the learnt vocabulary), split (regex), min_frequency.
 function M.train(texts, opts)
   opts = opts or {}
@@ -619,14 +619,14 @@ local function to_json(v, out, key, indent)
   local ty = type(v)
   if v == null or v == nil then out[#out + 1] = "null"
   elseif ty == "boolean" or ty == "number" then out[#out + 1] = tostring(v)
-  elseif ty == "string" then out[#out + 1] = cjson.encode(v)
+  elseif ty == "string" then out[#out + 1] = json.quote(v)
   elseif key == "vocab" then
     local items = {}
     for k, id in pairs(v) do items[#items + 1] = { k, id } end
     table.sort(items, function(a, b) return a[2] < b[2] end)
     out[#out + 1] = "{"
     for i, it in ipairs(items) do
-      out[#out + 1] = (i > 1 and ",\n" or "\n") .. indent .. "  " .. cjson.encode(it[1]) .. ": " .. it[2]
+      out[#out + 1] = (i > 1 and ",\n" or "\n") .. indent .. "  " .. json.quote(it[1]) .. ": " .. it[2]
     end
     out[#out + 1] = "\n" .. indent .. "}"
   elseif v[1] ~= nil or key == "merges" or key == "added_tokens" or key == "pretokenizers" then
@@ -646,7 +646,7 @@ local function to_json(v, out, key, indent)
     end)
     out[#out + 1] = "{"
     for i, k in ipairs(keys) do
-      out[#out + 1] = (i > 1 and ",\n" or "\n") .. indent .. "  " .. cjson.encode(k) .. ": "
+      out[#out + 1] = (i > 1 and ",\n" or "\n") .. indent .. "  " .. json.quote(k) .. ": "
       to_json(v[k], out, k, indent .. "  ")
     end
     out[#out + 1] = (#keys > 0 and "\n" .. indent or "") .. "}"

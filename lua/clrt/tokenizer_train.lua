@@ -8,7 +8,7 @@
 -- vocab_size counts everything: 256 bytes, the learnt merges and the 3 special tokens
 -- <|endoftext|>, <|im_start|>, <|im_end|>. Runs in this process (no second clrt).
 local files = require("clrt.files")
-local json = require("cjson")
+local json = require("clrt.json")
 local tokenizer = require("clrt.tokenizer")
 
 local M = {}

@@ -18,7 +18,7 @@ local conv = require("clrt.conversation")
 local llm_reply = require("clrt.llm_reply")
 local pf = require("clrt.prompt_file")
 
-local M = { name = "collabllm_user" }
+local M = { name = "collabllm_user", uses_llm = true }   -- uses_llm: clrt.train.context builds ctx.user
 M.TERMINATE = conv.TERMINATE
 
 -- The prompt: lua/prompts/collabllm_user.txt (both references' rules in clrt's words; its

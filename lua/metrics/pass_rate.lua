@@ -262,7 +262,7 @@ function M.tests_of(sample)
 end
 
 -- A row without tests (math, documents in a mixed data file) has no pass rate: the metric
--- is left out for it rather than failed (clrt.rl.score_conversation).
+-- is left out for it rather than failed (clrt.train.reward.score_conversation).
 function M.applies(sample) return M.tests_of(sample) ~= nil end
 
 function M.compute(conversation, sample, ctx)

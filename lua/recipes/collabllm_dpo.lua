@@ -29,15 +29,20 @@
 -- temperature 1.0, lr 1e-6 constant, 3 epochs, 16 pairs, full fine-tuning). Any key on the
 -- command line still wins. process_dataset.lua's own min_gap (0.1, the authors' notebook)
 -- filters the pairs file first: for the offline script's 0.02, build it with min_gap=0.02.
--- Every other setting (rollout, reward, sim_cfg, judge, eval, chat) is collabllm_rl.lua's.
+-- Every other setting (rollout, reward, sim_cfg, judge, eval, chat) is the one the RL recipe
+-- has too: clrt.train.defaults, which both take.
 -- The run folder is the RL recipe's: config.json, metrics.jsonl (+ TensorBoard, plot.svg),
 -- checkpoint-<step>/ + latest, summary.json; resume=RUN_DIR continues bit for bit.
 local config = require("clrt.config")
 local files = require("clrt.files")
 local train = require("clrt.train")
-local rl = require("recipes.collabllm_rl")
+local defaults = require("clrt.train.defaults")
 local reward, rollout, prompts, dpo = train.reward, train.rollout, train.prompts, train.dpo
+local WHO = "collabllm_dpo"
 local M = {}
+
+-- The built-in world (examples/collab_world, on the module path).
+local function the_world() return require("collab_world.world") end
 
 -- A deep copy that keeps config.optional / config.map markers (their metatables).
 local function copy(t)
@@ -47,10 +52,10 @@ local function copy(t)
   return setmetatable(out, getmetatable(t))
 end
 
--- The base: collabllm_rl.lua's defaults (verl's recipe) with TRL's DPOConfig defaults (beta
--- 0.1, sigmoid loss, no label smoothing) at verl's lr for 7B. This is preset=verl; the
--- default preset=authors lays the authors' settings over it (M.PRESETS below).
-local base = copy(rl.defaults)
+-- The base: the shared defaults (clrt.train.defaults: verl's recipe) with TRL's DPOConfig
+-- defaults (beta 0.1, sigmoid loss, no label smoothing) at verl's lr for 7B. This is
+-- preset=verl; the default preset=authors lays the authors' settings over it (M.PRESETS below).
+local base = defaults.shared()
 local D = base
 D.name = "collabllm_dpo"
 D.preset = "authors"          -- "authors": the authors' scripts' settings (M.PRESETS); "verl": verl-style, as below
@@ -70,6 +75,7 @@ D.train = { lr = 1e-6, decay = "constant", min_lr_ratio = 0.0, warmup_steps = 0,
   batch_size = 16,            -- offline: pairs per optimizer step
   micro_batch_size = 2,       -- pairs per forward/backward (the gradients accumulate)
   base_dtype = "f32",                            -- bf16 (LoRA only): the frozen base in bf16, shared with the reference
+  precision = "f32",                             -- bf16: mixed precision as autocast(bfloat16), on the CPU's matrix unit (docs/runtime.md)
   lora = require("clrt.train.lora").config() }   -- r > 0: train LoRA adapters; the reference is the start, adapters off
 D.eval.every = 10
 
@@ -132,17 +138,12 @@ M.rules = { { "preset", "one_of", { "authors", "verl" } }, { "min_gap", "nonneg"
   { "train.beta", "rate" }, { "train.label_smoothing", "prob" }, { "train.batch_size", "count" },
   { "train.micro_batch_size", "count" } }
 for _, r in ipairs(require("clrt.train.lora").rules) do M.rules[#M.rules + 1] = r end
-for _, r in ipairs(rl.rules) do
-  if not r[1]:match("^train%.") or r[1] == "train.lr" or r[1] == "train.decay" or r[1] == "train.min_lr_ratio"
-    or r[1] == "train.warmup_steps" or r[1] == "train.weight_decay" or r[1] == "train.grad_clip" then
-    M.rules[#M.rules + 1] = r
-  end
-end
+for _, r in ipairs(defaults.rules()) do M.rules[#M.rules + 1] = r end
+for _, r in ipairs(defaults.optim_rules()) do M.rules[#M.rules + 1] = r end
 
 function M.check_config(cfg)
   if type(cfg.online) ~= "boolean" then error("collabllm_dpo: online must be true or false", 0) end
-  rl.check_config(cfg)   -- the shared keys (rollout, reward, sim_cfg, judge) as the RL recipe checks them
-  config.check(cfg, M.rules, "collabllm_dpo")
+  defaults.check(cfg, M.rules, WHO)   -- the shared keys (rollout, reward, sim_cfg, judge) and this recipe's
   if cfg.train.label_smoothing >= 0.5 then
     error("collabllm_dpo: train.label_smoothing must be below 0.5, got " .. cfg.train.label_smoothing, 0)
   end
@@ -154,11 +155,10 @@ M.FIXED_ON_RESUME = { "model", "seed", "data", "online", "preset", "prompts_per_
 -- The built-in world's settings: the RL world file (less its RL-only train table) under
 -- examples/collab_world/config_dpo.lua.
 function M.world_config()
-  local base = config.read_file(rl.world_config_path())
+  local world = the_world()
+  local base = config.read_file(world.config_path())
   base.train = nil
-  local p = package.searchpath("collab_world.config_dpo", package.path)
-  if not p then error("collabllm_dpo: collab_world/config_dpo.lua is not on package.path", 0) end
-  local over = config.read_file(p)
+  local over = config.read_file(world.config_path("config_dpo"))
   local function merge(dst, src)
     for k, v in pairs(src) do
       if type(v) == "table" and type(dst[k]) == "table" and #v == 0 and next(v) ~= nil then merge(dst[k], v)
@@ -192,7 +192,7 @@ end
 -- Token pairs of DPO rows (pairs whose rendering leaves no reply are counted, not kept).
 local function encode_pairs(tok, cfg, rows, m)
   local ropts = { enable_thinking = cfg.chat.enable_thinking }
-  local limit = rollout.context_len(m, cfg.rollout)
+  local limit = train.policy.context_len(m, cfg.rollout)
   local out, skipped = {}, 0
   for _, r in ipairs(rows) do
     local p = dpo.encode_pair(tok, r, ropts)
@@ -234,7 +234,7 @@ end
 
 function M.main(cfg)
   M.check_config(cfg)
-  if cfg.estimate then return require("clrt.train.estimate").run(cfg, "dpo") end
+  if cfg.estimate then return require("clrt.train.estimate").run(cfg, "dpo", { world = the_world() }) end
   local run = require("clrt.run")
   local run_dir = cfg.resume or run.new_dir(cfg, "collabllm_dpo")
   cfg.run_dir = run_dir
@@ -242,19 +242,21 @@ function M.main(cfg)
 end
 
 function M.run(cfg, run_dir)
-  local cjson = require("cjson")
-  local world = prompts.world()
+  local json = require("clrt.json")
+  local world = the_world()
   local ckpt_dir, resume_state
   if cfg.resume then
     ckpt_dir, resume_state = train.checkpoint.find(run_dir)
     resume_state = resume_state or { step = 0 }
   end
   files.mkdir_p(run_dir)
-  local start_dir = cfg.model or prompts.world_start(cfg, world)
+  local start_dir = cfg.model or train.warm_start.ensure(cfg, world, require("recipes.collabllm_sft"), WHO)
   local tok = clrt.tokenizer.load(start_dir)
   local m = train.lora.policy(start_dir, ckpt_dir, cfg.train.lora, cfg.seed, cfg.adapter, cfg.train.base_dtype)
+  train.lora.set_precision(m, cfg.train.precision, "collabllm_dpo")
   local ref = train.lora.reference(m, start_dir)   -- the frozen reference (with LoRA: the base, adapters off)
-  local ctx, user = train.context{ config = cfg, tokenizer = tok }
+  train.lora.set_precision(ref, cfg.train.precision, "collabllm_dpo")
+  local ctx, user = train.context{ config = cfg, tokenizer = tok, who = WHO }
   local weights = cfg.reward.metric_weights
   local metrics = reward.load_metrics(weights, cfg.reward.metric_options)
   local t = cfg.train
@@ -291,7 +293,7 @@ function M.run(cfg, run_dir)
     cfg.steps = cfg.steps or cfg.epochs * math.ceil(#offline_pairs / t.batch_size)
   else
     local set_notes
-    dataset, val_set, set_notes = prompts.load_sets(m, tok, cfg)
+    dataset, val_set, set_notes = prompts.load_sets(m, tok, cfg, WHO)
     for _, n in ipairs(set_notes) do notes[#notes + 1] = n end
     if not cfg.steps then
       if not dataset then error("collabllm_dpo: steps= is required for online DPO without data=", 0) end
@@ -318,8 +320,8 @@ function M.run(cfg, run_dir)
   end
   local can_eval = not cfg.data and cfg.sim == "scripted"
   if can_eval and cfg.eval.before and not summary.before then
-    summary.before = rollout.evaluate(m, tok, cfg, world, user, ctx)
-    lg:print("before DPO: " .. cjson.encode(summary.before))
+    summary.before = train.validation.evaluate(m, tok, cfg, world, user, ctx)
+    lg:print("before DPO: " .. json.encode(summary.before))
     save_summary()
   end
   local function validate(step, row)
@@ -328,8 +330,8 @@ function M.run(cfg, run_dir)
       row.val_loss, row.val_reward_accuracy, row.val_reward_margin = v.loss, v.reward_accuracy, v.reward_margin
       return v
     elseif val_set then
-      local rep = rollout.validate(m, tok, cfg, val_set, user, ctx, metrics)
-      rollout.val_row(rep, row)
+      local rep = train.validation.validate(m, tok, cfg, val_set, user, ctx, metrics)
+      train.validation.val_row(rep, row)
       return rep
     end
   end
@@ -378,17 +380,14 @@ function M.run(cfg, run_dir)
       for _, k in ipairs({ "reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy", "pairs" }) do row[k] = st[k] end
       row.pair_score_gap = #list > 0 and gap / #list or nil   -- mean MR of chosen minus rejected
       -- a failed step (simulator or judge down) counts as in collabllm_rl.lua
-      local failed, why, causes, first_msg = rollout.step_failure(cfg, entries, R)
-      for cause, n in pairs(causes) do row["dropped/" .. cause] = n end
-      if failed then
-        row.failed_step = 1
+      local f = train.failure.assess(cfg, entries, R)
+      train.failure.mark(row, f)
+      if f.failed then
         failed_steps = failed_steps + 1
-        lg:print(("step %d failed (%d of %d allowed): %s; first: %s"):format(step, failed_steps, cfg.max_failed_steps,
-          why, tostring(first_msg)))
+        lg:print(train.failure.line(step, f, failed_steps, cfg.max_failed_steps))
         if failed_steps >= cfg.max_failed_steps then
           lg:log(step, row)
-          error(("collabllm_dpo: stopped after %d failed steps (max_failed_steps); step %d: %s; first: %s")
-            :format(failed_steps, step, why, tostring(first_msg)), 0)
+          error(train.failure.stop_message(WHO, step, f, failed_steps), 0)
         end
       end
       if lg:sample_due(step) then
@@ -419,8 +418,8 @@ function M.run(cfg, run_dir)
   end
 
   if can_eval and cfg.eval.after and last_step == cfg.steps then
-    summary.after = rollout.evaluate(m, tok, cfg, world, user, ctx)
-    lg:print("after DPO: " .. cjson.encode(summary.after))
+    summary.after = train.validation.evaluate(m, tok, cfg, world, user, ctx)
+    lg:print("after DPO: " .. json.encode(summary.after))
   end
   lg:close()
   local rest = clrt.llm.drain_records()   -- the API spend (clrt.api.usage), the last validation's calls too

@@ -20,15 +20,17 @@
 --   first replies that ask a question. Not the paper's numbers.
 --     clrt recipes/collabllm_eval.lua protocol=prefix model=HF_DIR data=rl_test.jsonl ...
 --   clrt recipes/collabllm_eval.lua model=HF_DIR               # no data=: the built-in world
--- The defaults are the RL recipe's (simulator, judges, rollout limits, chat); with no data= the
+-- The defaults are the shared ones the training recipes have too (clrt.train.defaults:
+-- simulator, judges, rollout limits, chat); with no data= the
 -- built-in world's settings and prompts are used (protocol=paper: its scripted user opens with
 -- the world's request; task performance is exact_match, ITR the share of conversations whose
 -- first reply asks, asks_question: the world has no judge).
 local config = require("clrt.config")
-local rl_recipe = require("recipes.collabllm_rl")
+local train = require("clrt.train")
+local WHO = "collabllm_eval"
 
 local M = {}
-local R = rl_recipe.defaults
+local R = train.defaults.shared()
 M.defaults = {
   model = config.optional("string"),
   data = config.optional("string"),
@@ -51,8 +53,10 @@ M.defaults = {
 }
 
 -- The built-in world's settings for this recipe.
+local function the_world() return require("collab_world.world") end
+
 function M.world_config()
-  local w = config.read_file(rl_recipe.world_config_path())
+  local w = config.read_file(the_world().config_path())
   return { sim = w.sim, prompts = w.eval.prompts, metrics = { "exact_match", "token_amount" }, rollout = w.rollout,
     itr_metric = "asks_question" }
 end
@@ -60,11 +64,12 @@ end
 -- The paper protocol's system message (nil: none) from system_prompt=.
 function M.system_text(cfg, world)
   local v = cfg.system_prompt
+  local pf = require("clrt.prompt_file")
   if v == "none" then return nil end
   if v == "default" then
-    return cfg.data and require("recipes.process_dataset").SYSTEM_PROMPT or world.system_prompt
+    -- process_dataset.lua's system prompt (its SYSTEM_FILE), the text its data were made with
+    return cfg.data and pf.read("collabllm_system") or world.system_prompt
   end
-  local pf = require("clrt.prompt_file")
   if v == "proactive" then return pf.read("proactive_system") end
   if type(v) ~= "string" or not v:find("[/.]") then
     error(("collabllm_eval: system_prompt must be default, none, proactive or a prompt file path, got %s"):format(tostring(v)), 0)
@@ -72,11 +77,17 @@ function M.system_text(cfg, world)
   return pf.read(v)
 end
 
-local function reward_failed(v) return require("clrt.train.reward").is_failed(v) end
+local function reward_failed(v) return train.reward.is_failed(v) end
+
+-- The simulated user and the ctx metrics and the user receive (clrt.train.context).
+local function simulator(cfg, tok)
+  local ctx, user = train.context{ config = cfg, tokenizer = tok, who = WHO }
+  return user, ctx
+end
 
 function M.main_paper(cfg)
-  local paper = require("clrt.train.paper_eval")
-  local world = require("recipes.collabllm_sft").world()
+  local paper = train.paper_eval
+  local world = the_world()
   if type(cfg.max_messages) ~= "number" or cfg.max_messages < 1 or cfg.max_messages % 1 ~= 0 then
     error("collabllm_eval: max_messages must be a whole number >= 1, got " .. tostring(cfg.max_messages), 0)
   end
@@ -86,8 +97,8 @@ function M.main_paper(cfg)
   end
   local system = M.system_text(cfg, world)
   local m, tok = clrt.model.load(cfg.model), clrt.tokenizer.load(cfg.model)
-  local user, ctx = rl_recipe.simulator(cfg, tok)
-  local samples = cfg.data and paper.samples(cfg.data, system, cfg.task_metric)
+  local user, ctx = simulator(cfg, tok)
+  local samples = cfg.data and paper.samples(cfg.data, system, cfg.task_metric, WHO)
     or paper.world_samples(world, cfg.prompts or 200, cfg.seed, system)
   while cfg.prompts and #samples > cfg.prompts do table.remove(samples) end
   local results = paper.run(m, tok, cfg, samples, user, ctx)
@@ -113,7 +124,7 @@ function M.main_paper(cfg)
 end
 
 function M.main(cfg)
-  if cfg.estimate then return require("clrt.train.estimate").run(cfg, "eval") end
+  if cfg.estimate then return train.estimate.run(cfg, "eval", { world = the_world() }) end
   if not cfg.model then error("collabllm_eval: model= is required (a Hugging Face model folder)", 0) end
   -- the judges' reply cache: beside eval.json unless judge.cache_dir names one (a training
   -- run's RUN_DIR/llm_cache: the same conversations are then not judged again)
@@ -123,21 +134,20 @@ function M.main(cfg)
     error(("collabllm_eval: protocol must be paper or prefix, got %s"):format(tostring(cfg.protocol)), 0)
   end
   cfg.temperature = cfg.temperature or 0.0
-  local rl, conversation = require("clrt.rl"), require("clrt.conversation")
-  local world = require("recipes.collabllm_sft").world()
+  local world = the_world()
   local m, tok = clrt.model.load(cfg.model), clrt.tokenizer.load(cfg.model)
-  local user, ctx = rl_recipe.simulator(cfg, tok)
+  local user, ctx = simulator(cfg, tok)
   local weights = {}
   for _, name in ipairs(cfg.metrics) do weights[name] = 1 end
-  local metrics = rl.load_metrics(weights, ctx.metric_options)
+  local metrics = train.reward.load_metrics(weights, ctx.metric_options)
   local samples
   if cfg.data then
-    samples = rl_recipe.filter_prompts(m, tok, cfg, rl_recipe.dataset_samples(cfg.data), cfg.data)
+    samples = train.prompts.filter_prompts(m, tok, cfg, train.prompts.dataset_samples(cfg.data, WHO), cfg.data, WHO)
   else
     samples = world.eval_prompts(cfg.prompts or 200, cfg.seed)
   end
   while cfg.prompts and #samples > cfg.prompts do table.remove(samples) end
-  local rep, results = rl_recipe.validate(m, tok, { rollout = cfg.rollout, chat = cfg.chat,
+  local rep, results = train.validation.validate(m, tok, { rollout = cfg.rollout, chat = cfg.chat,
     eval = { temperature = cfg.temperature, seed = cfg.seed } }, samples, user, ctx, metrics)
   if rep.first_drop then io.stderr:write("collabllm_eval: first dropped conversation: ", rep.first_drop, "\n") end
   local report = { model = cfg.model, conversations = rep.conversations, dropped = rep.dropped, invalid = rep.invalid,

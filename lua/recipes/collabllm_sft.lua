@@ -13,7 +13,8 @@
 -- without it the world's generated conversations (mixing asking and guessing) are used.
 -- Writes RUN_DIR/model (config.json, model.safetensors, tokenizer files), metrics.jsonl,
 -- plot.svg and config.json. As a module (require "recipes.collabllm_sft") it exposes
--- defaults and main(cfg) -> the model folder, for the RL recipe's warm start.
+-- defaults, parse_args and main(cfg) -> the model folder, which the RL and DPO recipes hand
+-- to clrt.train.warm_start for the world's warm start.
 local config = require("clrt.config")
 local files = require("clrt.files")
 local M = {}
@@ -46,13 +47,14 @@ M.defaults = {
     warmup_ratio = 0.1, warmup_steps = config.optional("number"), -- verl warmup_steps_ratio
     weight_decay = 0.01, grad_clip = 1.0, val_every = 100,
     base_dtype = "f32",                            -- bf16 (LoRA only): the frozen base's linear weights in bf16
+    precision = "f32",                             -- bf16: mixed precision as autocast(bfloat16), on the CPU's matrix unit (docs/runtime.md)
     lora = require("clrt.train.lora").config() },   -- r > 0: train LoRA adapters over model=
   dist = { check_every = 50 },              -- under mpirun: steps between parameter checks across ranks (0: none)
 }
 
 -- The built-in world's settings for this recipe (examples/collab_world/config.lua's `sft`).
 function M.world_config()
-  return require("clrt.train.prompts").world_config().sft
+  return config.read_file(M.world().config_path()).sft
 end
 
 M.rules = {
@@ -139,6 +141,7 @@ function M.run(cfg, run_dir)
   else
     m, tok = M.build_world_model(model_dir, cfg)
   end
+  lora.set_precision(m, cfg.train.precision, "collabllm_sft")
   local convs
   if cfg.scored then
     local info

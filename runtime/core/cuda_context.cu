@@ -65,6 +65,16 @@ extern "C" int clrt_cuda_init(void) {
   return 0;
 }
 
+// Gives back the cuBLAS handle (and its workspace) and the stream. A process that ends does
+// not need it; a leak check that runs at exit (compute-sanitizer's) does.
+extern "C" void clrt_cuda_shutdown(void) {
+  if (!g_ready) return;
+  cudaStreamSynchronize(g_stream);
+  cublasDestroy(g_blas);
+  cudaStreamDestroy(g_stream);
+  g_ready = 0;
+}
+
 cublasHandle_t clrt_cuda_blas(void) { return g_blas; }
 cudaStream_t clrt_cuda_cstream(void) { return g_stream; }
 extern "C" void *clrt_cuda_stream(void) { return (void *)g_stream; }

@@ -26,8 +26,19 @@ const char *clrt_dtype_name(int dtype) {
   }
 }
 
+/* Serials start at 1 and never repeat within a process (an arena freed and another allocated at
+   the same address still differ). */
+static uint64_t clrt_storage_next_serial(void) {
+  static uint64_t last;
+  return __atomic_add_fetch(&last, 1, __ATOMIC_RELAXED);
+}
+
 clrt_storage *clrt_storage_new(size_t bytes, int device) {
-  if (device == CLRT_CUDA) return clrt_cuda_storage_new(bytes);   /* cuda_tensor.c */
+  if (device == CLRT_CUDA) {   /* cuda_tensor.c */
+    clrt_storage *s = clrt_cuda_storage_new(bytes);
+    if (s) s->serial = clrt_storage_next_serial();
+    return s;
+  }
   if (device != CLRT_CPU) {
     clrt_set_error("storage: unknown device %d", device);
     return NULL;
@@ -59,6 +70,7 @@ clrt_storage *clrt_storage_new(size_t bytes, int device) {
   if (rounded > bytes_zeroed) memset(s->data, 0, rounded);
   s->bytes = bytes;
   s->refcount = 1;
+  s->serial = clrt_storage_next_serial();
   s->device = device;
   return s;
 oom:

@@ -40,6 +40,12 @@ void model_layout(const clrt_model *m, acts *a, char *base, int B, int T, int Tk
     la->lse = take(a, base, N * H);
     la->g = take(a, base, N * I);
     la->u = take(a, base, N * I);
+    if (c->gemma3) {
+      la->ao = take(a, base, N * C);
+      la->aorstd = take(a, base, N);
+      la->mo = take(a, base, N * C);
+      la->morstd = take(a, base, N);
+    }
     if (m->lora)
       for (int t = 0; t < LORA_NT; t++)
         if (m->lora->ab[0][t][0] >= 0) la->lxa[t] = take(a, base, N * (size_t)m->lora->r);
@@ -121,6 +127,7 @@ int model_ensure_rope(clrt_model *m, int P) {
     return -1;
   }
   clrt_rope_table(m->rope_cos, m->rope_sin, m->inv_freq, P, m->cfg.head_dim);
+  if (gemma3_ensure_rope(m, P)) return -1;
   m->rope_len = P;
   return model_sync_rope(m);
 }

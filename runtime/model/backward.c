@@ -12,6 +12,10 @@ static void layer_backward(clrt_model *m, acts *a, int l, const float *x, int B,
   const model_ops *op = m->ops;
   const clrt_model_config *c = &m->cfg;
   const clrt_layer_offsets *o = &m->layer[l];
+  if (c->gemma3) {
+    gemma3_layer_backward(m, a, l, x, B, T);
+    return;
+  }
   const layer_acts *A = &a->la[l];
   int C = c->hidden_size, I = c->intermediate_size, H = c->num_attention_heads,
       KV = c->num_key_value_heads, D = c->head_dim;
@@ -28,7 +32,7 @@ static void layer_backward(clrt_model *m, acts *a, int l, const float *x, int B,
   PROF(CLRT_K_RMSNORM, op->rmsnorm_backward(a->dres, GW(m, o->ln2), a->dxn, A->xmid, PW(m, o->ln2), A->rstd2, N, C));
   /* Attention: xmid = x + att Wo^T; the residual passes dres to x unchanged. */
   model_linear_backward(m, a, A, l, LORA_O, a->datt, o->wo, GW(m, o->bo), a->dres, A->att, N, H * D, C, 0);
-  PROF(CLRT_K_ATTN_B, op->attention_backward(m, a, A, B, T));
+  PROF(CLRT_K_ATTN_B, op->attention_backward(m, a, A, B, T, model_layer_window(m, l)));
   PROF(CLRT_K_ROPE, {
     op->rope_backward(a->dq, m->rope_kc, m->rope_ks, NULL, B, T, H, D);
     op->rope_backward(a->dk, m->rope_kc, m->rope_ks, NULL, B, T, KV, D);
@@ -112,17 +116,23 @@ int clrt_model_backward_hidden(clrt_model *m, const float *dlogp, const float *d
   if (stage_dlogp(m, &a, dlogp)) return -1;
   /* Output layer and final norm over the rows with a target (compacted, as in forward). */
   PROF(CLRT_K_OTHER, op->gather_rows(a.tmp, a.res[L], a.rowidx, nv, C));
-  PROF(CLRT_K_RMSNORM, op->rmsnorm(a.xn, a.rstdf, a.tmp, PW(m, m->norm), nv, C, c->rms_norm_eps));
+  PROF(CLRT_K_RMSNORM, model_final_norm(m, a.xn, a.rstdf, a.tmp, nv));
   clrt_head_lora hl;
   const clrt_head_lora *hla = model_lora_head_backward(m, &a, &hl);
-  PROF(CLRT_K_OUT_B, op->output_backward(a.dxn, GW(m, m->head), a.dlpv, a.xn, PW(m, m->head),
-                                         model_packed_weight(m, m->head), model_fast_kernels(m), a.target,
-                                         a.lsef, nv, C, V,
-                                         a.logits, a.chunk, a.logits_kept, hla));
+  if (c->final_logit_softcapping > 0)   /* Gemma 3 */
+    PROF(CLRT_K_OUT_B, op->output_softcap_backward(a.dxn, GW(m, m->head), a.dlpv, a.xn, PW(m, m->head),
+                                                   model_packed_weight(m, m->head), model_output_kernels(m), a.target,
+                                                   a.lsef, nv, C, V, a.logits, a.chunk, a.logits_kept, hla,
+                                                   (float)c->final_logit_softcapping));
+  else
+    PROF(CLRT_K_OUT_B, op->output_backward(a.dxn, GW(m, m->head), a.dlpv, a.xn, PW(m, m->head),
+                                           model_packed_weight(m, m->head), model_output_kernels(m), a.target,
+                                           a.lsef, nv, C, V,
+                                           a.logits, a.chunk, a.logits_kept, hla));
   PROF(CLRT_K_LORA, model_lora_head_backward_end(m, &a, a.dxn, a.xn, nv));
   if (dhidden && add_dhidden(m, &a, dhidden)) return -1;
   op->zero(a.dxc, (size_t)(nv * C));
-  PROF(CLRT_K_RMSNORM, op->rmsnorm_backward(a.dxc, GW(m, m->norm), a.dxn, a.tmp, PW(m, m->norm), a.rstdf, nv, C));
+  PROF(CLRT_K_RMSNORM, model_final_norm_backward(m, a.dxc, a.dxn, a.tmp, a.rstdf, nv));
   op->zero(a.dres, (size_t)(N * C));
   op->scatter_rows(a.dres, a.dxc, a.rowidx, nv, C);
   for (int l = L - 1; l >= 0; l--) {
@@ -132,6 +142,7 @@ int clrt_model_backward_hidden(clrt_model *m, const float *dlogp, const float *d
     }
     layer_backward(m, &a, l, a.res[l], B, T);
   }
+  PROF(CLRT_K_EMBED, model_embed_scale(m, a.dres, N));   /* the scale covers the embedding's adapter too */
   if (!m->lora) PROF(CLRT_K_EMBED, op->embedding_backward(GW(m, m->wte), a.dres, a.tok, N, C));
   else PROF(CLRT_K_LORA, model_lora_embed_backward(m, &a, a.dres, N));
   return op->sync();   /* the end of the step: report any kernel failure */

@@ -34,12 +34,24 @@ static int is_block_linear(const clrt_model *m, const clrt_param_info *p) {
   return 0;
 }
 
-/* old offsets -> new ones: the param that started at `old` (-1 stays -1). */
+/* old offsets -> new ones: the same place in the param that held `old` (a fused tensor's k,
+   v or up block lies inside it; -1 stays -1). */
 static int64_t remap(const clrt_model *m, const int64_t *old_off, int64_t old) {
   if (old < 0) return old;
   for (int i = 0; i < m->np; i++)
-    if (old_off[i] == old) return m->p[i].offset;
+    if (old >= old_off[i] && old < old_off[i] + m->p[i].numel) return m->p[i].offset + (old - old_off[i]);
   return old;   /* unreachable: every offset is a param's */
+}
+
+/* Packs a block linear weight [rows, K] into bf16 panels, each row block of a fused tensor on
+   its own (the kernels read each block as its own weight). */
+void model_base16_pack(const clrt_model *m, const clrt_param_info *p, uint16_t *dst, const float *src) {
+  int64_t rows[3], done = 0, K = p->shape[1];
+  int nb = model_param_row_blocks(m, p, rows);
+  for (int i = 0; i < nb; i++) {
+    clrt_linear_pack_bf16(dst + done * K, src + done * K, (int)K, (int)rows[i]);
+    done += rows[i];
+  }
 }
 
 int clrt_model_set_base_bf16(clrt_model *m) {
@@ -96,8 +108,9 @@ int clrt_model_set_base_bf16(clrt_model *m) {
     clrt_param_info *p = &m->p[i];
     const float *from = src + old_off[i];
     if ((p->in16 = is_block_linear(m, p))) {
+      /* packed while p and the layer offsets still agree (fused blocks are found by them) */
+      if (!blank) model_base16_pack(m, p, (uint16_t *)p16->data + n16, from);
       p->offset = n16;
-      if (!blank) clrt_linear_pack_bf16((uint16_t *)p16->data + n16, from, (int)p->shape[1], (int)p->shape[0]);
       n16 += (p->numel + 15) & ~(int64_t)15;
     } else if (blank) {
       p->offset = n32;

@@ -32,6 +32,11 @@ int clrt_model_to_device(clrt_model *m, int device) {
     return -1;
   }
   if (device == m->device) return 0;
+  if (m->cfg.gemma3 && device == CLRT_CUDA) {
+    clrt_set_error("model:to: Gemma3ForCausalLM runs on the cpu only (its (1 + w) norms, GELU-tanh MLP and "
+                   "scaled, soft-capped attention have no CUDA kernels yet); use device=cpu");
+    return -1;
+  }
   if (m->base16) {
     clrt_set_error("model:to: a bf16 base (base_dtype=bf16) runs on the cpu only (the CUDA ops have no "
                    "bf16 base yet); use base_dtype=f32 on cuda");

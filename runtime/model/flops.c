@@ -11,7 +11,12 @@ double clrt_model_train_flops(const clrt_model *m, int B, int T) {
   double n = (double)clrt_model_num_params(m);
   if (!c->tie_word_embeddings) n -= (double)c->vocab_size * c->hidden_size;
   double tokens = (double)B * T;
-  double attn = 6.0 * c->num_hidden_layers * (double)c->num_attention_heads * c->head_dim * (double)T * T * B;
+  /* q k^T and p v over the keys a query sees: T, or a sliding window's W when shorter */
+  double attn = 0;
+  for (int l = 0; l < c->num_hidden_layers; l++) {
+    int W = model_layer_window(m, l), keys = W > 0 && W < T ? W : T;
+    attn += 6.0 * (double)c->num_attention_heads * c->head_dim * (double)T * keys * B;
+  }
   const model_lora *lo = m->lora;
   if (!lo || !lo->enabled) return 6.0 * n * tokens + attn;
   /* LoRA: a frozen weight needs its forward and input-gradient products (4 per parameter and

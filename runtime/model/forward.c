@@ -18,19 +18,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* What every layer of one forward shares. */
-typedef struct fwd_step {
-  int B, T;                         /* rows, and new positions per row */
-  int keep;                         /* keep each layer's activations for backward */
-  const int32_t *pos0, *slot;       /* model memory: each row's first position and cache slot */
-  float *const *kcache, *const *vcache;   /* [L] caches [slots, cache_T, KV, D], or NULL */
-  int cache_T;
-} fwd_step;
-
 static void layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, const float *x, float *out) {
   const model_ops *op = m->ops;
   const clrt_model_config *c = &m->cfg;
   const clrt_layer_offsets *o = &m->layer[l];
+  if (c->gemma3) {
+    gemma3_layer_forward(m, a, s, l, x, out);
+    return;
+  }
   layer_acts *A = s->keep ? &a->la[l] : &a->la[0];
   int C = c->hidden_size, I = c->intermediate_size, H = c->num_attention_heads,
       KV = c->num_key_value_heads, D = c->head_dim, B = s->B, T = s->T;
@@ -52,7 +47,7 @@ static void layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, cons
     op->rope(A->q, m->rope_kc, m->rope_ks, s->pos0, B, T, H, D);
     op->rope(A->k, m->rope_kc, m->rope_ks, s->pos0, B, T, KV, D);
   });
-  attn_args at = {B, T, H, KV, D, s->pos0, NULL, (int64_t)T * KV * D};
+  attn_args at = {B, T, H, KV, D, model_layer_window(m, l), s->pos0, NULL, (int64_t)T * KV * D};
   const float *keys = A->k, *vals = A->v;
   if (s->kcache) {   /* decode: the new keys/values join the cache and attention reads it */
     float *kc = s->kcache[l], *vc = s->vcache[l];
@@ -81,6 +76,7 @@ static float *run_layers(clrt_model *m, acts *a, const fwd_step *s, const char *
   int L = m->cfg.num_hidden_layers, C = m->cfg.hidden_size;
   PROF(CLRT_K_EMBED, m->ops->embedding(a->res[0], a->tok, PW(m, m->wte), (int64_t)s->B * s->T, C));
   PROF(CLRT_K_LORA, model_lora_embed_forward(m, a, a->res[0], (int64_t)s->B * s->T));
+  PROF(CLRT_K_EMBED, model_embed_scale(m, a->res[0], (int64_t)s->B * s->T));
   for (int l = 0; l < L; l++) {
     if (clrt_interrupted()) {
       clrt_set_error("%s: interrupted", who);
@@ -224,13 +220,18 @@ int clrt_model_logprobs_hidden(clrt_model *m, const int32_t *tokens, int B, int 
   /* The output layer over the rows with a target only. */
   const model_ops *op = m->ops;
   PROF(CLRT_K_OTHER, op->gather_rows(a.tmp, xl, a.rowidx, nv, C));
-  PROF(CLRT_K_RMSNORM, op->rmsnorm(a.xn, a.rstdf, a.tmp, PW(m, m->norm), nv, C, c->rms_norm_eps));
+  PROF(CLRT_K_RMSNORM, model_final_norm(m, a.xn, a.rstdf, a.tmp, nv));
   if (hidden && unstage_hidden(m, &a, hidden, B, T, nv)) return -1;
   clrt_head_lora hl;
   const clrt_head_lora *hla;
   PROF(CLRT_K_LORA, hla = model_lora_head_forward(m, &a, &hl, a.xn, nv, keep));
-  PROF(CLRT_K_OUT_F, op->output(a.lpv, a.lsef, a.xn, PW(m, m->head), model_packed_weight(m, m->head),
-                                model_fast_kernels(m), a.target, nv, C, V, a.logits, a.chunk, hla));
+  if (c->final_logit_softcapping > 0)   /* Gemma 3 */
+    PROF(CLRT_K_OUT_F, op->output_softcap(a.lpv, a.lsef, a.xn, PW(m, m->head), model_packed_weight(m, m->head),
+                                          model_output_kernels(m), a.target, nv, C, V, a.logits, a.chunk, hla,
+                                          (float)c->final_logit_softcapping));
+  else
+    PROF(CLRT_K_OUT_F, op->output(a.lpv, a.lsef, a.xn, PW(m, m->head), model_packed_weight(m, m->head),
+                                  model_output_kernels(m), a.target, nv, C, V, a.logits, a.chunk, hla));
   if (unstage_logprobs(m, &a, lp, B, T, nv)) return -1;
   m->saved = keep;
   m->B = B;
@@ -293,9 +294,10 @@ static int forward_cached(clrt_model *m, const int32_t *tokens, int B, int Tn, c
   for (int b = 0; b < B; b++) rowidx[b] = b * Tn + (last ? last[b] : Tn - 1);
   if (op->upload(a.rowidx, rowidx, sizeof(int32_t) * (size_t)B)) return -1;
   PROF(CLRT_K_OTHER, op->gather_rows(a.tmp, xl, a.rowidx, B, C));
-  PROF(CLRT_K_RMSNORM, op->rmsnorm(a.xn, a.rstdf, a.tmp, PW(m, m->norm), B, C, c->rms_norm_eps));
+  PROF(CLRT_K_RMSNORM, model_final_norm(m, a.xn, a.rstdf, a.tmp, B));
   int rc;
   PROF(CLRT_K_OUT_F, rc = op->decode_logits(m, &a, logits, a.xn, B));
+  if (rc == 0) model_softcap_logits(m, logits, B);
   return rc;
 }
 

@@ -44,7 +44,7 @@ static int read_into_base16(clrt_model *m, clrt_safetensors *st, int i, const cl
     *cap = p->numel;
   }
   if (clrt_safetensors_read_f32(st, i, *buf, p->numel)) return -1;
-  clrt_linear_pack_bf16((uint16_t *)m->b16->data + p->offset, *buf, (int)p->shape[1], (int)p->shape[0]);
+  model_base16_pack(m, p, (uint16_t *)m->b16->data + p->offset, *buf);
   return 0;
 }
 

@@ -55,6 +55,21 @@ static clrt_param_info *next_param(model_lora *lo, int64_t rows, int64_t cols) {
   return p;
 }
 
+/* Phi-3's fused qkv_proj and gate_up_proj: one adapter beside each fused linear, as PEFT puts
+   it (A [r, in] shared by the row blocks, B [q+k+v or gate+up rows, r]). It runs as the
+   blocks' adapters with the same A, B's row blocks and one dropout mask: the blocks' dA sum
+   into the shared A. fused_lead(t): the target whose adapter and mask target t shares. */
+static int fused_lead(const clrt_model *m, int t) {
+  if (!m->cfg.fused_qkv_gate_up) return t;
+  if (t == LORA_K || t == LORA_V) return LORA_Q;
+  if (t == LORA_UP) return LORA_GATE;
+  return t;
+}
+
+/* Fused: adds both A and B of the fused adapter of layer l led by target t (LORA_Q or
+   LORA_GATE) and points its blocks at them. */
+static void add_fused_adapter(clrt_model *m, model_lora *lo, int l, int t, int r);
+
 int clrt_model_lora_add(clrt_model *m, int r, float alpha, float dropout, unsigned targets, uint64_t seed) {
   if (m->lora) {
     clrt_set_error("lora: the model already has adapters");
@@ -64,6 +79,14 @@ int clrt_model_lora_add(clrt_model *m, int r, float alpha, float dropout, unsign
     clrt_set_error("lora: need r > 0 (got %d), alpha > 0 (got %g), 0 <= dropout < 1 (got %g) and "
                    "at least one target", r, alpha, dropout);
     return -1;
+  }
+  if (m->cfg.fused_qkv_gate_up) {
+    unsigned qkv = (1u << LORA_Q) | (1u << LORA_K) | (1u << LORA_V), gu = (1u << LORA_GATE) | (1u << LORA_UP);
+    if (((targets & qkv) && (targets & qkv) != qkv) || ((targets & gu) && (targets & gu) != gu)) {
+      clrt_set_error("lora: this model (Phi-3) fuses q, k, v into qkv_proj and gate, up into gate_up_proj; "
+                     "target qkv_proj and gate_up_proj rather than their parts");
+      return -1;
+    }
   }
   int L = m->cfg.num_hidden_layers, nt = 0;
   for (int t = 0; t < LORA_NT; t++) nt += (targets >> t) & 1;
@@ -81,10 +104,15 @@ int clrt_model_lora_add(clrt_model *m, int r, float alpha, float dropout, unsign
   lo->targets = targets;
   lo->enabled = 1;
   lo->seed = seed;
+  for (int l = 0; l < L; l++)   /* first: a fused adapter sets its later blocks' entries */
+    for (int t = 0; t < LORA_NT; t++) lo->ab[l][t][0] = lo->ab[l][t][1] = -1;
   for (int l = 0; l < L; l++)
     for (int t = 0; t < LORA_NT; t++) {
-      lo->ab[l][t][0] = lo->ab[l][t][1] = -1;
-      if (!((targets >> t) & 1)) continue;
+      if (!((targets >> t) & 1) || fused_lead(m, t) != t) continue;
+      if (m->cfg.fused_qkv_gate_up && (t == LORA_Q || t == LORA_GATE)) {
+        add_fused_adapter(m, lo, l, t, r);
+        continue;
+      }
       int in, out;
       target_dims(m, t, &in, &out);
       for (int k = 0; k < 2; k++) {
@@ -143,6 +171,25 @@ int clrt_model_lora_add(clrt_model *m, int r, float alpha, float dropout, unsign
   m->saved = 0;
   m->lora = lo;
   return 0;
+}
+
+static void add_fused_adapter(clrt_model *m, model_lora *lo, int l, int t, int r) {
+  int in, out, rows = 0, last = t == LORA_Q ? LORA_V : LORA_UP;
+  for (int u = t; u <= last; u++) {
+    target_dims(m, u, &in, &out);
+    rows += out;
+  }
+  clrt_param_info *A = next_param(lo, r, in), *B = next_param(lo, rows, r);
+  const char *name = t == LORA_Q ? "self_attn.qkv_proj" : "mlp.gate_up_proj";
+  snprintf(A->name, sizeof A->name, "base_model.model.model.layers.%d.%s.lora_A.weight", l, name);
+  snprintf(B->name, sizeof B->name, "base_model.model.model.layers.%d.%s.lora_B.weight", l, name);
+  int64_t below = 0;   /* rows of the blocks before u */
+  for (int u = t; u <= last; u++) {
+    lo->ab[l][u][0] = A->offset;
+    lo->ab[l][u][1] = B->offset + below * r;
+    target_dims(m, u, &in, &out);
+    below += out;
+  }
 }
 
 static model_lora *need_lora(const clrt_model *m, const char *who) {
@@ -286,7 +333,7 @@ void model_lora_forward(clrt_model *m, acts *a, layer_acts *A, int l, int t, flo
   if (!lo || !lo->enabled || lo->ab[l][t][0] < 0) return;
   const float *P = lo->params->data, *xd = x;
   if (keep && lo->dropout > 0) {
-    m->ops->lora_dropout(a->lxd, x, N * K, clrt_lora_key(lo->seed, lo->fwd_step, l, t), lo->dropout);
+    m->ops->lora_dropout(a->lxd, x, N * K, clrt_lora_key(lo->seed, lo->fwd_step, l, fused_lead(m, t)), lo->dropout);
     xd = a->lxd;
   }
   m->ops->lora_forward(y, A->lxa[t], xd, P + lo->ab[l][t][0], P + lo->ab[l][t][1], N, K, O, lo->r, lo->scale);
@@ -299,7 +346,7 @@ void model_lora_backward(clrt_model *m, acts *a, const layer_acts *A, int l, int
   const float *P = lo->params->data;
   float *G = lo->grads->data, *xd = (float *)x;
   float p = lo->fwd_dropout ? lo->dropout : 0.0f;
-  uint64_t key = clrt_lora_key(lo->seed, lo->fwd_step, l, t);
+  uint64_t key = clrt_lora_key(lo->seed, lo->fwd_step, l, fused_lead(m, t));
   if (p > 0) {   /* the forward's mask again, from its key */
     m->ops->lora_dropout(a->lxd, x, N * K, key, p);
     xd = a->lxd;

@@ -31,6 +31,7 @@ typedef struct clrt_param_info {
 /* Offsets (floats) of one layer's parameters; -1 when the architecture has none. */
 typedef struct clrt_layer_offsets {
   int64_t ln1, wq, bq, wk, bk, wv, bv, wo, bo, qn, kn, ln2, wg, wu, wd;
+  int64_t lpa, lpf;            /* Gemma 3: the norms of the attention's and the MLP's outputs */
 } clrt_layer_offsets;
 
 typedef struct model_ops model_ops;
@@ -72,6 +73,8 @@ struct clrt_model {
   int64_t wte, norm, head;     /* head == wte when tied */
   clrt_storage *params, *grads, *acts;
   float *inv_freq;             /* [D/2] */
+  /* Gemma 3's local layers: their own RoPE (rope_local_theta), host memory (CPU only). */
+  float *inv_freq_local, *rope_cos_local, *rope_sin_local;
   float *rope_cos, *rope_sin;  /* [rope_len, D/2] */
   const float *rope_kc, *rope_ks;   /* the tables as the kernels read them (host or device) */
   int rope_len;
@@ -87,17 +90,28 @@ struct clrt_model {
   size_t hidx_cap;
   /* bf16 matmuls: the linear layers take bf16 copies of their inputs and of the weights (wbf,
      refreshed from the fp32 master params when they change) and accumulate in fp32. On CUDA
-     the output layer stays fp32; on the CPU only decode steps (few rows) read wbf, and with
-     pack_decode on a CPU with AVX512-BF16 its linear weights are packed in panels of bf16
-     pairs (clrt_linear_pack_bf16, same offsets; wbf_packed). */
+     the output layer stays fp32; on the CPU, with pack_decode and a matrix unit, the linear
+     weights are packed in panels of bf16 pairs (clrt_linear_pack_bf16, same offsets;
+     wbf_packed) and every product of any row count reads them; without, only decode steps
+     (few rows) read a plain wbf. */
   int bf16, wbf_packed;
-  clrt_storage *wbf;           /* [total] uint16 on the device */
+  clrt_storage *wbf;           /* [total] uint16 on the device ([2 total] with wbf_t) */
+  /* CPU bf16 mixed precision on a matrix unit (AMX, AVX512-BF16): wbf also holds, after its
+     first total uint16s, the blocks' weights transposed into panels of bf16 pairs of output
+     rows (clrt_pack_rows_bf16_t), the layout backward's dx = dy w reads. Forward, dx and dw
+     all run through kernels/cpu/gemm_bf16.c then. */
+  int wbf_t;
   /* Decode on the CPU (f32): the linear weights packed in 48-wide panels (clrt_linear_pack,
      same offsets as params), made on the first decode when pack_decode is on. */
   int pack_decode;
+  /* Batch invariance (clrt_model_set_batch_invariant): every product and attention on the
+     CPU forms a row's results in an order that depends on the weights' shapes only, never on
+     how many rows share the step (weights.c's policy, ops_cpu.c's attention). */
+  int batch_invariant;
   clrt_storage *wpk;           /* [total] f32, CPU */
   /* The params->version each copy was made from (COPY_STALE: not made yet). */
   uint64_t wbf_ver, wpk_ver;
+  int64_t repacks;             /* whole-copy packs made (clrt_model_copy_repacks) */
   model_lora *lora;            /* NULL: no adapters, full training */
   /* base_dtype=bf16 (base16.c): the frozen linear weights of the blocks live only in b16, in
      clrt_linear_pack_bf16's panels; their offsets (layer[], p[].in16) index b16 in uint16s,
@@ -115,6 +129,7 @@ struct clrt_model {
 typedef struct layer_acts {
   float *xmid, *rstd1, *rstd2, *q, *k, *v, *qpre, *kpre, *qrstd, *krstd, *att, *lse, *g, *u;
   float *lxa[LORA_NT];           /* LoRA: each adapter's x A^T [N, r] (NULL without) */
+  float *ao, *aorstd, *mo, *morstd;   /* Gemma 3: attention and MLP outputs before their norms, rstd */
 } layer_acts;
 
 typedef struct acts {
@@ -159,6 +174,7 @@ typedef struct lin_part {
 /* One attention call: q/out rows [B, T, H, D], keys/values with batch stride kv_bstride. */
 typedef struct attn_args {
   int B, T, H, KV, D;
+  int window;                    /* sliding window (model_layer_window), 0: none */
   const int32_t *pos0, *slot;    /* model memory, or NULL */
   int64_t kv_bstride;
 } attn_args;
@@ -185,7 +201,7 @@ struct model_ops {
                         int B, int T, int nh, int D);
   void (*attention)(const clrt_model *m, acts *a, float *out, float *lse, const float *q,
                     const float *k, const float *v, const attn_args *s);
-  void (*attention_backward)(const clrt_model *m, acts *a, const layer_acts *A, int B, int T);
+  void (*attention_backward)(const clrt_model *m, acts *a, const layer_acts *A, int B, int T, int window);
   size_t (*attention_scratch)(const clrt_model *m, int B, int T, int Tk);
   void (*kv_write)(float *kc, float *vc, const float *k, const float *v, const int32_t *pos0,
                    const int32_t *slot, int B, int T, int row, int64_t bstride);
@@ -227,6 +243,26 @@ struct model_ops {
   int (*sync)(void);
   /* The whole bf16 weight copy in one conversion (NULL: weights.c packs or converts on the host). */
   void (*to_bf16)(uint16_t *dst, const float *src, int64_t n);
+  /* Gemma 3 (CPU only; NULL in the CUDA table): (1 + w) norms, GELU-tanh gate, a scale, and
+     attention as above (s->window, window) with its own score scale and soft cap (0: none). */
+  void (*rmsnorm_unit)(float *out, float *rstd, const float *x, const float *w, int64_t N, int C, float eps);
+  void (*rmsnorm_unit_backward)(float *dx, float *dw, const float *dout, const float *x, const float *w,
+                                const float *rstd, int64_t N, int C);
+  void (*geglu)(float *h, const float *g, const float *u, int64_t n);
+  void (*geglu_backward)(float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n);
+  void (*scale)(float *x, float s, int64_t n);
+  void (*attention_scaled)(const clrt_model *m, acts *a, float *out, float *lse, const float *q,
+                           const float *k, const float *v, const attn_args *s, float scale, float cap);
+  void (*attention_scaled_backward)(const clrt_model *m, acts *a, const layer_acts *A, int B, int T,
+                                    int window, float scale, float cap);
+  /* the output op over soft-capped logits (final_logit_softcapping) */
+  void (*output_softcap)(float *lp, float *lse, const float *x, const float *w, const float *wp, int fast,
+                         const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk,
+                         const struct clrt_head_lora *hl, float cap);
+  void (*output_softcap_backward)(float *dx, float *dw, const float *dlp, const float *x, const float *w,
+                                  const float *wp, int fast, const int32_t *target, const float *lse, int64_t N, int C,
+                                  int V, float *scratch, int chunk, int logits_ready, const struct clrt_head_lora *hl,
+                                  float cap);
   int bf16_scratch;              /* the arena holds x16/dy16 */
   int logits_staged;             /* decode logits land in the arena before the copy to the host */
 };
@@ -237,6 +273,32 @@ const model_ops *model_cuda_ops(int bf16);
 /* device.c: picks m->ops for m->device and m->bf16. */
 void model_choose_ops(clrt_model *m);
 
+/* ---- the layer code (forward.c, backward.c; Gemma 3's in gemma3.c) ------------------------------ */
+
+/* What every layer of one forward shares. */
+typedef struct fwd_step {
+  int B, T;                         /* rows, and new positions per row */
+  int keep;                         /* keep each layer's activations for backward */
+  const int32_t *pos0, *slot;       /* model memory: each row's first position and cache slot */
+  float *const *kcache, *const *vcache;   /* [L] caches [slots, cache_T, KV, D], or NULL */
+  int cache_T;
+} fwd_step;
+
+/* Gemma 3's layer: x [N, C] -> out [N, C] (forward), and a->dres from dL/dout to dL/dx. */
+void gemma3_layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, const float *x, float *out);
+void gemma3_layer_backward(clrt_model *m, acts *a, int l, const float *x, int B, int T);
+/* The final norm (and its backward) as the architecture has it: w or (1 + w). */
+void model_final_norm(const clrt_model *m, float *out, float *rstd, const float *x, int64_t N);
+void model_final_norm_backward(const clrt_model *m, float *dx, const float *dout, const float *x,
+                               const float *rstd, int64_t N);
+/* Gemma 3: the embedding rows times sqrt(hidden_size) (no-op for the others). */
+void model_embed_scale(const clrt_model *m, float *x, int64_t N);
+/* Gemma 3's final_logit_softcapping on a decode step's logits [B, V] (host memory; no-op
+   without it). */
+void model_softcap_logits(const clrt_model *m, float *logits, int B);
+/* Gemma 3's local RoPE tables for positions [0, P) (no-op for the others). */
+int gemma3_ensure_rope(clrt_model *m, int P);
+
 /* ---- weights (weights.c) --------------------------------------------------------------------- */
 
 /* The packed f32 copy (CPU decode) and the bf16 copy follow the params' version. */
@@ -244,6 +306,16 @@ int model_refresh_packed(clrt_model *m);
 /* logprobs' share of that policy: which models read a packed copy in training and scoring. */
 int model_refresh_packed_logprobs(clrt_model *m);
 void model_refresh_bf16(clrt_model *m);
+/* The optimizer step keeps the copies current itself (no repack per step): before the update,
+   which copies are current (0: none to keep); per linear weight param (its offset), K and O
+   (0 when it is no linear weight); after updating rows [r0, r1) of one, those rows into each
+   kept copy; after the step, the kept copies marked current for the new version. */
+int model_copies_to_keep(const clrt_model *m);
+int model_linear_dims(const clrt_model *m, int64_t off, int *K, int *O);
+void model_copy_rows(clrt_model *m, int keep, int64_t off, int K, int O, int r0, int r1);
+void model_copies_kept(clrt_model *m, int keep);
+void model_cpu_linear_backward_bf16(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
+                                    const float *x, int64_t N, int K, int O, int acc);
 /* The CPU's linear products, f32 and bf16 (the policy behind model_cpu_ops / _bf16_ops). */
 void model_cpu_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
                       int64_t N, int K, int O);
@@ -257,6 +329,8 @@ void model_cpu_linear_parts_bf16(clrt_model *m, acts *a, const float *x, int64_t
 const float *model_packed_weight(const clrt_model *m, int64_t w);
 /* 1 when the CPU's AVX-512 training kernels are wanted (set_decode_pack, on by default). */
 int model_fast_kernels(const clrt_model *m);
+/* The output layer's kernel bits (CLRT_OUT_FAST, CLRT_OUT_ROWWISE when batch-invariant). */
+int model_output_kernels(const clrt_model *m);
 /* Its backward (both tables): dx (+)= dy w, dw += dy^T x, db += sum dy. */
 void model_cpu_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
                                const float *x, int64_t N, int K, int O, int acc);
@@ -268,6 +342,9 @@ void model_base16_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N
                                const lin_part *parts, int count);
 void model_base16_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
                                   const float *x, int64_t N, int K, int O, int acc);
+/* A block linear weight p [rows, K] (f32 src) into bf16 panels at dst, a fused tensor's row
+   blocks each on their own (model_param_row_blocks). */
+void model_base16_pack(const clrt_model *m, const clrt_param_info *p, uint16_t *dst, const float *src);
 /* quant=int8 (quant8.c): clrt_model_forward_cached runs model_cpu_int8_ops over int8 copies
    remade by model_q8_refresh when the params change; everything else stays f32. */
 extern const model_ops model_cpu_int8_ops;
@@ -339,15 +416,34 @@ typedef struct param_set {
 } param_set;
 param_set model_param_set(clrt_model *m, int lora);
 
+/* ---- architecture variants (params.c) -------------------------------------------------------- */
+
+/* The attention window of layer l (0: the whole causal prefix). */
+int model_layer_window(const clrt_model *m, int l);
+/* The row blocks a parameter holds, each its own linear weight: 3 for a fused qkv_proj (q,
+   k, v rows), 2 for a fused gate_up_proj, else 1 (the whole tensor); rows[i] their heights. */
+int model_param_row_blocks(const clrt_model *m, const clrt_param_info *p, int64_t rows[3]);
+
 /* ---- per-kernel timing (profile.c) ------------------------------------------------------------ */
 
 extern int model_prof_on;   /* -1 until the first model reads CLRT_PROFILE */
+/* The device's wait (set by the CUDA ops table), used around each timed kernel while
+   clrt_profile_sync(1) is on: without it a GPU kernel's time is its launch's. */
+extern int (*model_prof_sync)(void);
+extern int model_prof_syncing;
 double model_now(void);
+static inline void model_prof_wait(void) {
+  if (model_prof_syncing && model_prof_sync) model_prof_sync();
+}
 #define PROF(k, stmt)                                                  \
   do {                                                                 \
+    if (model_prof_on > 0) model_prof_wait();                          \
     double t0_ = model_prof_on > 0 ? model_now() : 0;                   \
     stmt;                                                              \
-    if (model_prof_on > 0) clrt_kernel_seconds[k] += model_now() - t0_; \
+    if (model_prof_on > 0) {                                           \
+      model_prof_wait();                                               \
+      clrt_kernel_seconds[k] += model_now() - t0_;                     \
+    }                                                                  \
   } while (0)
 
 #endif

@@ -1,7 +1,9 @@
-/* ops_cpu.c — the model's ops on the CPU: the kernels of kernels/cpu over host memory. The two
-   tables differ only in their linear products (weights.c's policy for f32 and bf16). */
+/* ops_cpu.c — the model's ops on the CPU: the kernels of kernels/cpu over host memory. The
+   tables differ only in their linear products (weights.c's policy for f32 and bf16: in bf16,
+   forward and backward on the matrix unit). */
 #include "model_internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* The output layer goes through the same linear policy as the blocks' layers (a bf16 model's
@@ -12,17 +14,68 @@ static int cpu_decode_logits(clrt_model *m, acts *a, float *logits, const float 
   return 0;
 }
 
-static void cpu_attention(const clrt_model *m, acts *a, float *out, float *lse, const float *q,
-                          const float *k, const float *v, const attn_args *s) {
-  clrt_attention_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
-                         s->slot, a->attn, m->threads);
+/* A prefill over the KV cache (forward_cached, no lse kept) runs each query as a decode step's
+   row: its attention then sums in the same order whatever the chunk it came in and equals the
+   decode step's, so keys and values reused from the prefix cache (decode.c) are the ones a
+   prefill from the start would compute, bit for bit. Falls back to the blocked kernel without
+   AVX-512 (clrt_model_kv_reusable says no there). */
+static int cpu_attention_per_query(const clrt_model *m, acts *a, float *out, const float *q,
+                                   const float *k, const float *v, const attn_args *s) {
+  int64_t n = (int64_t)s->B * s->T;
+  int32_t *pos = malloc(sizeof(int32_t) * 2 * (size_t)n), *row = pos ? pos + n : NULL;
+  if (!pos) return 0;
+  int Tk = 0;
+  for (int b = 0; b < s->B; b++)
+    for (int t = 0; t < s->T; t++) {
+      pos[(int64_t)b * s->T + t] = s->pos0[b] + t;
+      row[(int64_t)b * s->T + t] = s->slot ? s->slot[b] : b;
+      if (s->pos0[b] + t + 1 > Tk) Tk = s->pos0[b] + t + 1;
+    }
+  int done = clrt_attention_decode_forward(out, NULL, q, k, v, (int)n, s->H, s->KV, s->D, pos, s->kv_bstride,
+                                           row, s->window, a->attn, (int64_t)clrt_attention_scratch_floats(s->T, Tk, 1),
+                                           m->threads);
+  free(pos);
+  return done;
 }
 
-static void cpu_attention_backward(const clrt_model *m, acts *a, const layer_acts *A, int B, int T) {
+static void cpu_attention(const clrt_model *m, acts *a, float *out, float *lse, const float *q,
+                          const float *k, const float *v, const attn_args *s) {
+  if (m->batch_invariant) {   /* each query alone, as a decode step computes it */
+    int Tk = 0;   /* the longest key range: each thread's scratch slice, as clrt_attention_forward sizes it */
+    for (int b = 0; b < s->B; b++) {
+      int tk = (s->pos0 ? s->pos0[b] : 0) + s->T;
+      if (tk > Tk) Tk = tk;
+    }
+    clrt_attention_rows_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
+                                s->slot, s->window, a->attn, (int64_t)clrt_attention_scratch_floats(s->T, Tk, 1),
+                                m->threads);
+    return;
+  }
+  if (s->slot && !lse && s->T > 1 && cpu_attention_per_query(m, a, out, q, k, v, s)) return;
+  clrt_attention_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
+                         s->slot, s->window, a->attn, m->threads);
+}
+
+static void cpu_attention_backward(const clrt_model *m, acts *a, const layer_acts *A, int B, int T, int window) {
   const clrt_model_config *c = &m->cfg;
   clrt_attention_backward(a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, B, T,
-                          c->num_attention_heads, c->num_key_value_heads, c->head_dim, a->attn,
+                          c->num_attention_heads, c->num_key_value_heads, c->head_dim, window, a->attn,
                           m->threads);
+}
+
+/* Gemma 3: its score scale and soft-capped scores (its local layers' window comes as the others'). */
+static void cpu_attention_scaled(const clrt_model *m, acts *a, float *out, float *lse, const float *q,
+                                 const float *k, const float *v, const attn_args *s, float scale, float cap) {
+  clrt_attention_scaled_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
+                                s->slot, s->window, a->attn, m->threads, scale, cap);
+}
+
+static void cpu_attention_scaled_backward(const clrt_model *m, acts *a, const layer_acts *A, int B, int T,
+                                          int window, float scale, float cap) {
+  const clrt_model_config *c = &m->cfg;
+  clrt_attention_scaled_backward(a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, B, T,
+                                 c->num_attention_heads, c->num_key_value_heads, c->head_dim, window, a->attn,
+                                 m->threads, scale, cap);
 }
 
 /* One slice per thread; backward keeps the forward's thread count (m->threads). */
@@ -87,12 +140,17 @@ static int base16_decode_logits(clrt_model *m, acts *a, float *logits, const flo
     .lora_xa = clrt_lora_xa, .lora_input_backward = clrt_lora_input_backward, .lora_embed_forward = clrt_lora_embed_forward,   \
     .lora_embed_backward = clrt_lora_embed_backward, .zero = cpu_zero, .upload = cpu_copy,                   \
     .download = cpu_copy, .copy = cpu_copy, .sync = cpu_sync,                                     \
+    .rmsnorm_unit = clrt_rmsnorm_unit_forward, .rmsnorm_unit_backward = clrt_rmsnorm_unit_backward, \
+    .geglu = clrt_geglu_forward, .geglu_backward = clrt_geglu_backward, .scale = clrt_scale_inplace, \
+    .attention_scaled = cpu_attention_scaled, .attention_scaled_backward = cpu_attention_scaled_backward, \
+    .output_softcap = clrt_logsoftmax_gather_softcap_forward,                                    \
+    .output_softcap_backward = clrt_logsoftmax_gather_softcap_backward,                          \
   }
 
 const model_ops model_cpu_ops = CPU_OPS(model_cpu_linear, model_cpu_linear_parts, model_cpu_linear_backward,
                                         cpu_decode_logits, "cpu f32");
 const model_ops model_cpu_bf16_ops = CPU_OPS(model_cpu_linear_bf16, model_cpu_linear_parts_bf16,
-                                             model_cpu_linear_backward, cpu_decode_logits, "cpu bf16");
+                                             model_cpu_linear_backward_bf16, cpu_decode_logits, "cpu bf16");
 const model_ops model_cpu_base16_ops = CPU_OPS(model_base16_linear, model_base16_linear_parts,
                                                model_base16_linear_backward, base16_decode_logits,
                                                "cpu bf16 base");

@@ -49,13 +49,13 @@ static int cuda_decode_logits(clrt_model *m, acts *a, float *logits, const float
 static void cuda_attention(const clrt_model *m, acts *a, float *out, float *lse, const float *q,
                            const float *k, const float *v, const attn_args *s) {
   clrt_cuda_attention_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0,
-                              s->kv_bstride, s->slot);
+                              s->kv_bstride, s->slot, s->window);
 }
 
-static void cuda_attention_backward(const clrt_model *m, acts *a, const layer_acts *A, int B, int T) {
+static void cuda_attention_backward(const clrt_model *m, acts *a, const layer_acts *A, int B, int T, int window) {
   const clrt_model_config *c = &m->cfg;
   clrt_cuda_attention_backward(a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, B, T,
-                               c->num_attention_heads, c->num_key_value_heads, c->head_dim, a->attn);
+                               c->num_attention_heads, c->num_key_value_heads, c->head_dim, window, a->attn);
 }
 
 static size_t cuda_attention_scratch(const clrt_model *m, int B, int T, int Tk) {
@@ -111,7 +111,10 @@ static const model_ops cuda_ops = CUDA_OPS(cuda_linear, cuda_linear_backward, NU
 static const model_ops cuda_bf16_ops =
     CUDA_OPS(cuda_linear_bf16, cuda_linear_backward_bf16, clrt_cuda_f32_to_bf16, 1, "cuda bf16");
 
-const model_ops *model_cuda_ops(int bf16) { return bf16 ? &cuda_bf16_ops : &cuda_ops; }
+const model_ops *model_cuda_ops(int bf16) {
+  model_prof_sync = clrt_cuda_sync;
+  return bf16 ? &cuda_bf16_ops : &cuda_ops;
+}
 
 #else
 

@@ -130,6 +130,14 @@ static int begin_host_step(clrt_adamw *o, double norm, float grad_clip, float be
   return 0;
 }
 
+/* 1 when param p is one linear weight, or consecutive row blocks that each are one. */
+static int linear_blocks(const clrt_model *m, const clrt_param_info *p) {
+  int64_t base = 0;
+  int K, O;
+  while (base < p->numel && model_linear_dims(m, p->offset + base, &K, &O)) base += (int64_t)O * K;
+  return base == p->numel && p->numel > 0;
+}
+
 int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps,
                     float weight_decay, float grad_clip, double *grad_norm) {
   clrt_model *m = o->m;
@@ -154,7 +162,10 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
       return -1;
     }
     o->step++;
-    if (!o->lora) clrt_model_params_changed(m);   /* the bf16 and packed copies follow the weights */
+    /* the bf16 and packed copies follow the weights; the adapters' writes must show too: the
+       prefix cache keys its blocks by the storages' versions (clrt_model_weights_stamp) */
+    if (o->lora) clrt_storage_written(m->lora->params);
+    else clrt_model_params_changed(m);
     return 0;
   }
 #endif
@@ -166,6 +177,17 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
   if (grad_norm) *grad_norm = norm;
   float gscale, bc1, bc2_sqrt;
   if (begin_host_step(o, norm, grad_clip, beta1, beta2, &gscale, &bc1, &bc2_sqrt)) return -1;
+  /* The weight copies the products read (packed f32, bf16 panels) are refreshed here, each
+     thread packing the rows it has just updated while they are in cache: no repack of the
+     whole model after the step. A linear weight is then split in whole 48-row panels (a
+     multiple of 16 elements, so the update's bits are those of any other split). */
+  int keep = o->lora ? 0 : model_copies_to_keep(m);
+  /* a tensor that starts a linear weight but is not wholly made of them: its copies cannot
+     be refreshed row by row, so the whole copies are remade when next needed */
+  for (int i = 0; keep && i < ps.np; i++) {
+    int K, O;
+    if (model_linear_dims(m, ps.p[i].offset, &K, &O) && !linear_blocks(m, &ps.p[i])) keep = 0;
+  }
   /* One parallel region for all tensors: many are tiny (norms, biases), and a fork/join per
      tensor costs more than their update. */
 #pragma omp parallel
@@ -173,15 +195,41 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
     const clrt_param_info *p = &ps.p[i];
     float decay = o->decay[i] ? lr * weight_decay : 0.0f;
     float *pp = P + p->offset, *gg = G + p->offset, *m1 = M1 + p->offset, *m2 = M2 + p->offset;
+    int64_t nth = omp_get_num_threads(), th = omp_get_thread_num(), k0, k1;
+    int K, O;
+    if (keep && linear_blocks(m, p)) {
+      /* each linear weight the tensor holds (a fused one, as Phi-3's qkv_proj, holds several
+         consecutive row blocks, each packed on its own) */
+      for (int64_t base = 0; base < p->numel && model_linear_dims(m, p->offset + base, &K, &O); base += (int64_t)O * K) {
+        int64_t panels = (O + 47) / 48;
+        int r0 = (int)(48 * (panels * th / nth)), r1 = (int)(48 * (panels * (th + 1) / nth));
+        if (r1 > O) r1 = O;
+        for (int a = r0; a < r1; a += 4 * 48) {   /* four panels at a time: packed from cache */
+          int b = r1 - a < 4 * 48 ? r1 : a + 4 * 48;
+          k0 = base + (int64_t)a * K, k1 = base + (int64_t)b * K;
+          clrt_adamw_span(pp + k0, m1 + k0, m2 + k0, gg + k0, k1 - k0, gscale, lr, beta1, beta2, eps, decay, bc1,
+                          bc2_sqrt);
+          model_copy_rows(m, keep, p->offset + base, K, O, a, b);
+        }
+      }
+      continue;
+    }
     /* this thread's share, 16-aligned (kernels/cpu/adamw.c: 16 lanes, clrt_adamw_update's bits) */
-    int64_t nth = omp_get_num_threads(), th = omp_get_thread_num(), blocks = (p->numel + 15) / 16;
-    int64_t k0 = 16 * (blocks * th / nth), k1 = 16 * (blocks * (th + 1) / nth);
+    int64_t blocks = (p->numel + 15) / 16;
+    k0 = 16 * (blocks * th / nth), k1 = 16 * (blocks * (th + 1) / nth);
     if (k1 > p->numel) k1 = p->numel;
     if (k1 > k0)
       clrt_adamw_span(pp + k0, m1 + k0, m2 + k0, gg + k0, k1 - k0, gscale, lr, beta1, beta2, eps, decay, bc1,
                       bc2_sqrt);
   }
-  if (!o->lora) clrt_model_params_changed(m);   /* adapters: the base and its copies stand */
+  /* adapters: the base and its copies stand, the adapters' storage counts the write (the
+     prefix cache keys its blocks by it) */
+  if (o->lora) {
+    clrt_storage_written(m->lora->params);
+  } else {
+    clrt_model_params_changed(m);
+    model_copies_kept(m, keep);
+  }
   return 0;
 }
 
@@ -212,7 +260,8 @@ int clrt_adamw_step_range(clrt_adamw *o, int64_t lo, int64_t hi, double grad_nor
     for (int64_t k = a; k < b; k++)
       clrt_adamw_update(&P[k], &M1[k], &M2[k], G[k] * gscale, lr, beta1, beta2, eps, decay, bc1, bc2_sqrt);
   }
-  if (!o->lora) clrt_model_params_changed(o->m);
+  if (o->lora) clrt_storage_written(o->m->lora->params);   /* as above */
+  else clrt_model_params_changed(o->m);
   return 0;
 }
 

@@ -1,6 +1,7 @@
-/* params.c — the Llama-family transformer's parameters (Llama 2/3, Qwen2, Qwen3): the config's
-   checks, the layout of one f32 arena under Hugging Face names (16-float aligned), RoPE's
-   inverse frequencies, random initialisation and introspection. */
+/* params.c — the transformer's parameters (Llama 2/3, Qwen2, Qwen3, Mistral, Phi-3, Gemma 3):
+   the config's checks, the layout of one f32 arena under Hugging Face names (16-float aligned;
+   Phi-3's fused tensors whole), RoPE's inverse frequencies, random initialisation and
+   introspection. */
 #include "model_internal.h"
 
 #include <math.h>
@@ -44,6 +45,10 @@ static int validate_config(const clrt_model_config *c) {
     clrt_set_error("model: config.json: rms_norm_eps and rope_theta must be positive");
     return -1;
   }
+  if (c->sliding_window < 0) {
+    clrt_set_error("model: config.json: sliding_window must be positive or absent (got %d)", c->sliding_window);
+    return -1;
+  }
   if (c->rope_scaling < CLRT_ROPE_DEFAULT || c->rope_scaling > CLRT_ROPE_LLAMA3) {
     clrt_set_error("model: config.json: unknown rope_scaling kind %d", c->rope_scaling);
     return -1;
@@ -57,6 +62,17 @@ static int validate_config(const clrt_model_config *c) {
        c->rope_original_max_position <= 0)) {
     clrt_set_error("model: config.json: llama3 rope_scaling needs high_freq_factor > "
                    "low_freq_factor > 0 and original_max_position_embeddings > 0");
+    return -1;
+  }
+  if (!c->gemma3 && (c->final_logit_softcapping != 0 || c->attn_logit_softcapping != 0)) {
+    clrt_set_error("model: config.json: soft-capping is implemented for Gemma 3 only");
+    return -1;
+  }
+  if (c->gemma3 && (!c->qk_norm || c->sliding_window <= 0 || c->sliding_window_pattern <= 0 ||
+                    !(c->query_pre_attn_scalar > 0) || !(c->rope_local_theta > 0) || c->final_logit_softcapping < 0 ||
+                    c->attn_logit_softcapping < 0)) {
+    clrt_set_error("model: config.json: Gemma 3 needs q/k norms, sliding_window > 0, sliding_window_pattern > 0, "
+                   "query_pre_attn_scalar > 0 and rope_local_base_freq > 0");
     return -1;
   }
   return 0;
@@ -98,11 +114,12 @@ clrt_model *clrt_model_new(const clrt_model_config *cfg) {
   const clrt_model_config *c = &m->cfg;
   int L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size;
   int64_t HD = (int64_t)c->num_attention_heads * c->head_dim, KVD = (int64_t)c->num_key_value_heads * c->head_dim;
-  int cap = 16 * L + 4;
+  int cap = 18 * L + 4;
   m->p = calloc((size_t)cap, sizeof *m->p);
   m->layer = calloc((size_t)L, sizeof *m->layer);
   m->inv_freq = calloc((size_t)c->head_dim / 2, sizeof(float));
-  if (!m->p || !m->layer || !m->inv_freq) goto oom;
+  if (c->gemma3) m->inv_freq_local = calloc((size_t)c->head_dim / 2, sizeof(float));
+  if (!m->p || !m->layer || !m->inv_freq || (c->gemma3 && !m->inv_freq_local)) goto oom;
   char name[96];
   m->wte = add_param(m, cap, "model.embed_tokens.weight", 2, c->vocab_size, C);
   for (int l = 0; l < L; l++) {
@@ -111,9 +128,15 @@ clrt_model *clrt_model_new(const clrt_model_config *cfg) {
   snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);          \
   o->field = add_param(m, cap, name, nd, a, b);
     P(ln1, "input_layernorm.weight", 1, C, 0)
-    P(wq, "self_attn.q_proj.weight", 2, HD, C)
-    P(wk, "self_attn.k_proj.weight", 2, KVD, C)
-    P(wv, "self_attn.v_proj.weight", 2, KVD, C)
+    if (c->fused_qkv_gate_up) {   /* Phi-3: q, k, v are row blocks of one tensor */
+      P(wq, "self_attn.qkv_proj.weight", 2, HD + 2 * KVD, C)
+      o->wk = o->wq + HD * C;
+      o->wv = o->wk + KVD * C;
+    } else {
+      P(wq, "self_attn.q_proj.weight", 2, HD, C)
+      P(wk, "self_attn.k_proj.weight", 2, KVD, C)
+      P(wv, "self_attn.v_proj.weight", 2, KVD, C)
+    }
     o->bq = o->bk = o->bv = o->bo = o->qn = o->kn = -1;
     if (c->qkv_bias) {
       P(bq, "self_attn.q_proj.bias", 1, HD, 0)
@@ -126,9 +149,21 @@ clrt_model *clrt_model_new(const clrt_model_config *cfg) {
       P(qn, "self_attn.q_norm.weight", 1, c->head_dim, 0)
       P(kn, "self_attn.k_norm.weight", 1, c->head_dim, 0)
     }
-    P(ln2, "post_attention_layernorm.weight", 1, C, 0)
-    P(wg, "mlp.gate_proj.weight", 2, I, C)
-    P(wu, "mlp.up_proj.weight", 2, I, C)
+    o->lpa = o->lpf = -1;
+    if (c->gemma3) {   /* a norm after attention, one before and one after the MLP */
+      P(lpa, "post_attention_layernorm.weight", 1, C, 0)
+      P(ln2, "pre_feedforward_layernorm.weight", 1, C, 0)
+      P(lpf, "post_feedforward_layernorm.weight", 1, C, 0)
+    } else {
+      P(ln2, "post_attention_layernorm.weight", 1, C, 0)
+    }
+    if (c->fused_qkv_gate_up) {   /* Phi-3: gate rows, then up rows */
+      P(wg, "mlp.gate_up_proj.weight", 2, 2 * (int64_t)I, C)
+      o->wu = o->wg + (int64_t)I * C;
+    } else {
+      P(wg, "mlp.gate_proj.weight", 2, I, C)
+      P(wu, "mlp.up_proj.weight", 2, I, C)
+    }
     P(wd, "mlp.down_proj.weight", 2, C, I)
 #undef P
   }
@@ -140,6 +175,12 @@ clrt_model *clrt_model_new(const clrt_model_config *cfg) {
     return NULL;
   }
   compute_inv_freq(c, m->inv_freq);
+  if (c->gemma3) {   /* local layers: their own base, never scaled */
+    clrt_model_config local = *c;
+    local.rope_theta = c->rope_local_theta;
+    local.rope_scaling = CLRT_ROPE_DEFAULT;
+    compute_inv_freq(&local, m->inv_freq_local);
+  }
   if (model_prof_on < 0) {
     const char *e = getenv("CLRT_PROFILE");
     model_prof_on = e && *e && strcmp(e, "0") != 0;
@@ -159,6 +200,9 @@ void clrt_model_free(clrt_model *m) {
   free(m->p);
   free(m->layer);
   free(m->inv_freq);
+  free(m->inv_freq_local);
+  free(m->rope_cos_local);
+  free(m->rope_sin_local);
   free(m->rope_cos);
   free(m->rope_sin);
   clrt_storage_release(m->rope_dev);
@@ -196,7 +240,8 @@ int clrt_model_init_random(clrt_model *m, uint64_t seed) {
     size_t len = strlen(n);
     int is_bias = len > 5 && strcmp(n + len - 5, ".bias") == 0;
     if (p->ndim == 1) {
-      for (int64_t k = 0; k < p->numel; k++) d[k] = is_bias ? 0.0f : 1.0f;
+      /* Gemma 3's norms scale by (1 + w): 0 is the identity */
+      for (int64_t k = 0; k < p->numel; k++) d[k] = is_bias || m->cfg.gemma3 ? 0.0f : 1.0f;
       continue;
     }
     double s = (strstr(n, "o_proj") || strstr(n, "down_proj")) ? proj_std : std;
@@ -262,7 +307,7 @@ size_t clrt_model_memory(const clrt_model *m, int arena) {
     case CLRT_ARENA_GRADS: return (m->grads ? m->grads->bytes : 0) + (m->lora ? m->lora->grads->bytes : 0);
     case CLRT_ARENA_ACTIVATIONS:
       return (m->acts ? m->acts->bytes : 0) +
-             2 * sizeof(float) * (size_t)m->rope_len * (size_t)(m->cfg.head_dim / 2);
+             (m->cfg.gemma3 ? 4 : 2) * sizeof(float) * (size_t)m->rope_len * (size_t)(m->cfg.head_dim / 2);
     default: return 0;
   }
 }
@@ -277,3 +322,32 @@ int clrt_model_zero_grad(clrt_model *m) {
   return 0;
 }
 
+
+/* ---- architecture variants: sliding window (Mistral, Phi-3, Gemma 3's local layers), fused
+   projections (Phi-3) ---- */
+
+int model_layer_window(const clrt_model *m, int l) {
+  const clrt_model_config *c = &m->cfg;
+  /* Gemma 3: layer l is global (no window) when l + 1 is a multiple of sliding_window_pattern */
+  if (c->gemma3 && (c->sliding_window_pattern <= 0 || (l + 1) % c->sliding_window_pattern == 0)) return 0;
+  return c->sliding_window;
+}
+
+int model_param_row_blocks(const clrt_model *m, const clrt_param_info *p, int64_t rows[3]) {
+  rows[0] = p->ndim == 2 ? p->shape[0] : p->numel;
+  if (!m->cfg.fused_qkv_gate_up || p->ndim != 2) return 1;
+  const clrt_model_config *c = &m->cfg;
+  int64_t HD = (int64_t)c->num_attention_heads * c->head_dim, KVD = (int64_t)c->num_key_value_heads * c->head_dim;
+  for (int l = 0; l < c->num_hidden_layers; l++) {
+    if (p->offset == m->layer[l].wq) {
+      rows[0] = HD;
+      rows[1] = rows[2] = KVD;
+      return 3;
+    }
+    if (p->offset == m->layer[l].wg) {
+      rows[0] = rows[1] = c->intermediate_size;
+      return 2;
+    }
+  }
+  return 1;
+}

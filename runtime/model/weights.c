@@ -8,26 +8,42 @@
                reference model, ~1.3-1.7x sgemm here), else sgemm on the params; backward's dx = dy w and dw += dy^T x through the AVX-512 tiles that read
                w and x in place (gemm_strided.c, ~1.3-2.5x sgemm here) where the CPU has them,
                else sgemm; set_decode_pack(false) turns all of these off (sgemm throughout);
-     CPU bf16  few-row products (decode) over the bf16 copy (packed in bf16 pairs on a CPU with
-               AVX512-BF16, else plain) with bf16-rounded inputs, else sgemm on the params;
+     CPU bf16  with a matrix unit (AMX, AVX512-BF16: kernels/cpu/matrix_unit.c) every block
+               product over bf16 panels with bf16-rounded inputs, f32 sums: the forward at any
+               row count over panels of pairs along K, dx over the weights transposed into
+               panels of pairs along O (the second half of wbf), dw with dy^T and x packed per
+               call (gemm_bf16.c) — row-count independent, so batch-invariant
+               (set_batch_invariant) models take it too; without one, few-row products over a
+               plain bf16 copy widened to f32, the rest and the backward f32, and when
+               batch-invariant every forward product over the plain bf16 copy
+               (clrt_linear_rowwise_forward_bf16);
      CUDA      cuBLAS in f32, or bf16 inputs with f32 accumulation (ops_cuda.c).
    Both copies remember the params->version they were made from and are remade when the
-   weights change (an optimizer step, a move, an initialisation, a write through a view). */
+   weights change (a move, an initialisation, a write through a view); an optimizer step
+   refreshes a current copy in place instead, row panels right after it updates them
+   (model_copy_rows), so no step repacks the whole model. */
 #include "model_internal.h"
 #include "bf16.h"
 
 #include <stdlib.h>
+#include <omp.h>
+#include <string.h>
+
+enum { PACK_F32, PACK_BF16, PACK_BF16_T };
 
 /* Packs every linear weight of the params into dst at the same offsets: f32 panels
-   (clrt_linear_pack) or bf16 ones (clrt_linear_pack_bf16, dst uint16). */
+   (clrt_linear_pack), bf16 ones (clrt_linear_pack_bf16, dst uint16), or the blocks' weights
+   transposed into pairs of output rows (PACK_BF16_T: backward's dx; not the head, whose
+   backward is the output layer's, in f32). */
 static void pack_linear_weights(const clrt_model *m, void *dst, int bf16) {
   const clrt_model_config *c = &m->cfg;
   int C = c->hidden_size, I = c->intermediate_size, HD = c->num_attention_heads * c->head_dim,
       KVD = c->num_key_value_heads * c->head_dim;
   const float *src = m->params->data;
-#define PACK(off, K, O)                                                          \
-  (bf16 ? clrt_linear_pack_bf16((uint16_t *)dst + (off), src + (off), K, O)      \
-        : clrt_linear_pack((float *)dst + (off), src + (off), K, O))
+#define PACK(off, K, O)                                                                     \
+  (bf16 == PACK_BF16_T ? clrt_pack_pairs((uint16_t *)dst + (off), src + (off), K, 1, O, K, O) \
+   : bf16              ? clrt_linear_pack_bf16((uint16_t *)dst + (off), src + (off), K, O)    \
+                       : clrt_linear_pack((float *)dst + (off), src + (off), K, O))
   for (int l = 0; l < c->num_hidden_layers; l++) {
     const clrt_layer_offsets *o = &m->layer[l];
     PACK(o->wq, C, HD);
@@ -38,7 +54,7 @@ static void pack_linear_weights(const clrt_model *m, void *dst, int bf16) {
     PACK(o->wu, C, I);
     PACK(o->wd, I, C);
   }
-  PACK(m->head, C, c->vocab_size);
+  if (bf16 != PACK_BF16_T) PACK(m->head, C, c->vocab_size);
 #undef PACK
 }
 
@@ -56,7 +72,8 @@ int model_refresh_packed(clrt_model *m) {
     m->wpk_ver = COPY_STALE;
   }
   if (m->wpk_ver == m->params->version) return 0;
-  pack_linear_weights(m, m->wpk->data, 0);
+  pack_linear_weights(m, m->wpk->data, PACK_F32);
+  m->repacks++;
   m->wpk_ver = m->params->version;
   return 0;
 }
@@ -80,6 +97,13 @@ const float *model_packed_weight(const clrt_model *m, int64_t w) {
 
 int model_fast_kernels(const clrt_model *m) { return m->device == CLRT_CPU && m->pack_decode; }
 
+/* The output layer's kernels (clrt_logsoftmax_gather_forward's fast bits): batch-invariant,
+   its logits without the packed head run the product decode_logits runs. */
+int model_output_kernels(const clrt_model *m) {
+  return (model_fast_kernels(m) ? CLRT_OUT_FAST : 0) |
+         (m->device == CLRT_CPU && m->batch_invariant ? CLRT_OUT_ROWWISE : 0);
+}
+
 /* A linear layer on the CPU in f32: over the packed copy when current, else the same tiles
    packing w on the fly (more than a decode step's rows: fewer reread the weights once per
    row tile), else sgemm (or the skinny kernel, linear.c). */
@@ -87,6 +111,10 @@ void model_cpu_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t 
                       int64_t N, int Kd, int O) {
   const float *wp = model_packed_weight(m, w);
   if (wp && clrt_linear_packed_forward(y, x, wp, b, N, Kd, O)) return;
+  if (m->batch_invariant) {   /* no kernel switch at a number of rows */
+    clrt_linear_rowwise_forward(y, x, PW(m, w), b, N, Kd, O);
+    return;
+  }
   if (model_fast_kernels(m) && N > CLRT_SKINNY_MAX_ROWS && clrt_linear_forward_strided(y, x, PW(m, w), b, N, Kd, O))
     return;
   clrt_linear_forward(y, x, PW(m, w), b, N, Kd, O);
@@ -115,16 +143,58 @@ void model_cpu_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, i
   for (int i = 0; i < count; i++) model_cpu_linear(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, Kd, parts[i].O);
 }
 
-/* In bf16 mode: the few-row products of decode over the bf16 copy (bf16-rounded inputs, f32
-   accumulation); larger products stay sgemm on the f32 weights. */
+/* In bf16 mode: over the bf16 panels for any number of rows (bf16-rounded inputs, f32
+   accumulation, on the matrix unit: AMX or AVX512-BF16, one choice per weight shape, so a row
+   gives the same bits in a decode step and in a prefill); without packed panels (no
+   AVX512-BF16) the few-row products of decode over the plain bf16 copy, and larger ones in
+   f32 on the master weights. */
 void model_cpu_linear_bf16(clrt_model *m, acts *a, float *y, const float *x, int64_t w,
                            const float *b, int64_t N, int Kd, int O) {
   const uint16_t *w16 = (const uint16_t *)m->wbf->data + w;
   clrt_packed_part part = {y, w16, b, O};
-  if (m->wbf_packed ? clrt_linear_packed_bf16_forward_parts(x, N, Kd, &part, 1)
+  if (m->wbf_packed ? clrt_linear_packed_bf16_forward_rows(x, N, Kd, &part, 1)
+                    : m->batch_invariant ? clrt_linear_rowwise_forward_bf16(y, x, w16, b, N, Kd, O)
                     : clrt_linear_skinny_forward_bf16(y, x, w16, b, N, Kd, O))
     return;
   model_cpu_linear(m, a, y, x, w, b, N, Kd, O);
+}
+
+/* The backward in bf16 mode, as autocast(bfloat16) runs it: dy and x rounded to bf16, dx =
+   dy w over the transposed panels, dw += dy^T x with dy^T and x packed per call (N * (O + K)
+   roundings against N * O * K multiply-adds), f32 sums into the f32 gradients; db in f32.
+   Without the transposed panels (no matrix unit) the f32 backward. */
+void model_cpu_linear_backward_bf16(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
+                                    const float *x, int64_t N, int K, int O, int acc) {
+  float *dw = GW(m, w);
+  if (!m->wbf_t || N < 1) {
+    model_cpu_linear_backward(m, a, dx, w, db, dy, x, N, K, O, acc);
+    return;
+  }
+  int64_t Np = (N + 31) / 32 * 32;   /* dw's k is N: padded to AMX's 32 with zeros */
+  size_t n16 = (size_t)N * O, nt = dw ? (size_t)O * Np + (size_t)K * Np : 0;
+  uint16_t *s = malloc(sizeof(uint16_t) * (n16 > nt ? n16 : nt));
+  int done = s != NULL;
+  if (done && dx) {
+    clrt_to_bf16_rows(s, O, dy, O, 1, N, O);
+    done = clrt_gemm_bf16(dx, K, s, O, N, (const uint16_t *)m->wbf->data + m->total + w, K, O, NULL, acc);
+  }
+  if (done && dw) {
+    uint16_t *dyt = s, *xp = s + (size_t)O * Np;
+    clrt_to_bf16_rows(dyt, Np, dy, 1, O, O, N);   /* dy^T [O, N] */
+    clrt_pack_pairs(xp, x, K, 1, N, K, Np);        /* x as b(n, k) */
+    done = clrt_gemm_bf16(dw, K, dyt, Np, O, xp, K, Np, NULL, 1);
+  }
+  free(s);
+  if (!done) {   /* no memory for the bf16 copies of dy and x: the f32 backward */
+    model_cpu_linear_backward(m, a, dx, w, db, dy, x, N, K, O, acc);
+    return;
+  }
+  if (db)
+    for (int o = 0; o < O; o++) {
+      float t = 0;
+      for (int64_t n = 0; n < N; n++) t += dy[n * O + o];
+      db[o] += t;
+    }
 }
 
 void model_cpu_linear_parts_bf16(clrt_model *m, acts *a, const float *x, int64_t N, int Kd,
@@ -134,7 +204,7 @@ void model_cpu_linear_parts_bf16(clrt_model *m, acts *a, const float *x, int64_t
     for (int i = 0; i < count; i++)
       packed[i] = (clrt_packed_part){parts[i].y, (const uint16_t *)m->wbf->data + parts[i].w,
                                      parts[i].b, parts[i].O};
-    if (clrt_linear_packed_bf16_forward_parts(x, N, Kd, packed, count)) return;
+    if (clrt_linear_packed_bf16_forward_rows(x, N, Kd, packed, count)) return;
   }
   for (int i = 0; i < count; i++)
     model_cpu_linear_bf16(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, Kd, parts[i].O);
@@ -158,9 +228,13 @@ void model_refresh_bf16(clrt_model *m) {
                   HD % 2 == 0;
   /* CPU decode reads only the linear weights of wbf: packed, they are all it needs. */
   if (m->wbf_packed) {
-    pack_linear_weights(m, dst, 1);
+    pack_linear_weights(m, dst, PACK_BF16);
+    m->repacks++;
+    m->wbf_t = m->wbf->bytes == sizeof(uint16_t) * 2 * (size_t)m->total && clrt_matrix_unit() != CLRT_UNIT_F32;
+    if (m->wbf_t) pack_linear_weights(m, dst + m->total, PACK_BF16_T);
     return;
   }
+  m->wbf_t = 0;   /* no panels: the backward runs in f32 */
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < m->total; i++) dst[i] = clrt_f32_to_bf16(src[i]);
 }
@@ -174,7 +248,18 @@ int clrt_model_set_matmul_bf16(clrt_model *m, int on) {
     model_choose_ops(m);
     return 0;
   }
-  if (!m->wbf && !(m->wbf = clrt_storage_new(sizeof(uint16_t) * (size_t)m->total, m->device))) return -1;
+  /* On a CPU with a matrix unit every product runs in bf16: the transposed panels too. */
+  const clrt_model_config *c = &m->cfg;
+  int t = m->device == CLRT_CPU && m->pack_decode && clrt_matrix_unit() != CLRT_UNIT_F32 &&
+          c->num_key_value_heads * c->head_dim % 2 == 0 && c->intermediate_size % 2 == 0 &&
+          c->hidden_size % 2 == 0 && c->num_attention_heads * c->head_dim % 2 == 0;
+  size_t need = sizeof(uint16_t) * (size_t)m->total * (t ? 2 : 1);
+  if (m->wbf && m->wbf->bytes != need) {
+    clrt_storage_release(m->wbf);
+    m->wbf = NULL;
+  }
+  if (!m->wbf && !(m->wbf = clrt_storage_new(need, m->device))) return -1;
+  m->wbf_t = t;
   /* bf16 decode reads the bf16 copies: the packed f32 ones would only take memory. */
   clrt_storage_release(m->wpk);
   m->wpk = NULL;
@@ -199,3 +284,121 @@ int clrt_model_set_decode_pack(clrt_model *m, int on) {
 }
 
 void clrt_model_params_changed(clrt_model *m) { clrt_storage_written(m->params); }
+
+/* forward_cached's products go through the packed f32 copy for any number of rows, each row
+   summed in the same order (linear_packed.c's tiles), and its attention runs every query as a
+   decode row (ops_cpu.c): a position's keys and values do not depend on how the tokens were
+   chunked. bf16 products switch kernels by row count, and other devices promise nothing.
+   quant=int8's products (quant8.c) quantize each row on its own and sum exact integers, so
+   they never depend on the rows beside them either. */
+int clrt_model_kv_reusable(const clrt_model *m) {
+  if (m->device != CLRT_CPU || m->base16 || !clrt_linear_packed_available()) return 0;
+  return model_q8_active(m) || (!m->bf16 && m->pack_decode);
+}
+
+void clrt_model_weights_stamp(const clrt_model *m, uint64_t out[8]) {
+  const clrt_storage *lp = m->lora ? m->lora->params : NULL;
+  out[0] = m->params->serial;
+  out[1] = m->params->version;
+  out[2] = m->b16 ? m->b16->serial : 0;
+  out[3] = m->b16 ? m->b16->version : 0;
+  out[4] = lp ? lp->serial : 0;
+  out[5] = lp ? lp->version : 0;
+  out[6] = (uint64_t)(m->lora && m->lora->enabled) | (uint64_t)m->bf16 << 1 | (uint64_t)m->base16 << 2 |
+           (uint64_t)m->pack_decode << 3 | (uint64_t)m->batch_invariant << 4 | (uint64_t)model_q8_active(m) << 5 |
+           (uint64_t)m->device << 8;
+  out[7] = (uint64_t)(uintptr_t)m;
+}
+
+int clrt_model_set_batch_invariant(clrt_model *m, int on) {
+  m->batch_invariant = on != 0;
+  return 0;
+}
+
+int clrt_model_batch_invariant(const clrt_model *m) { return m->batch_invariant; }
+
+int64_t clrt_model_copy_repacks(const clrt_model *m) { return m->repacks; }
+
+const char *clrt_matrix_unit_active(void) { return clrt_matrix_unit_name(clrt_matrix_unit()); }
+const char *clrt_matrix_unit_available(void) { return clrt_matrix_unit_name(clrt_matrix_unit_best()); }
+
+/* Every thread of the team runs the unit's register-only loop at once, long enough (~0.3 s)
+   to time: the aggregate GFLOP/s. */
+double clrt_matrix_unit_peak_gflops(const char *name, int threads) {
+  int unit = -1;
+  for (int u = CLRT_UNIT_F32; u <= CLRT_UNIT_AMX; u++)
+    if (name && !strcmp(name, clrt_matrix_unit_name(u))) unit = u;
+  if (unit < 0 || threads < 1) {
+    clrt_set_error("matrix unit peak: unit '%s' (f32, avx512-bf16, amx-bf16), threads %d", name ? name : "(null)", threads);
+    return -1;
+  }
+  int64_t iters = 20000;
+  for (;;) {
+    double t0 = omp_get_wtime(), flops = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : flops)
+    flops += (double)clrt_unit_peak_flops(unit, iters);
+    double dt = omp_get_wtime() - t0;
+    if (flops == 0) return 0;
+    if (dt > 0.25 || iters > ((int64_t)1 << 40)) return flops / dt / 1e9;
+    iters = dt > 0.01 ? (int64_t)(iters * 0.3 / dt) : iters * 16;
+  }
+}
+
+int clrt_set_matrix_unit(const char *name) {
+  for (int u = CLRT_UNIT_F32; u <= CLRT_UNIT_AMX; u++)
+    if (name && !strcmp(name, clrt_matrix_unit_name(u))) {
+      clrt_matrix_unit_cap(u);
+      return 0;
+    }
+  clrt_set_error("matrix unit '%s' (f32, avx512-bf16, amx-bf16)", name ? name : "(null)");
+  return -1;
+}
+
+/* The copies an optimizer step refreshes row by row (bit flags): the packed f32 copy and the
+   bf16 panels (with their transposed half), each only when current before the step — a stale
+   one is remade whole when next needed, as before. */
+enum { KEEP_F32 = 1, KEEP_BF16 = 2 };
+
+int model_copies_to_keep(const clrt_model *m) {
+  if (m->device != CLRT_CPU || m->base16) return 0;
+  int keep = 0;
+  if (m->wpk && m->wpk_ver == m->params->version) keep |= KEEP_F32;
+  if (m->bf16 && m->wbf && m->wbf_packed && m->wbf_ver == m->params->version) keep |= KEEP_BF16;
+  return keep;
+}
+
+int model_linear_dims(const clrt_model *m, int64_t off, int *K, int *O) {
+  const clrt_model_config *c = &m->cfg;
+  int C = c->hidden_size, I = c->intermediate_size, HD = c->num_attention_heads * c->head_dim,
+      KVD = c->num_key_value_heads * c->head_dim;
+  for (int l = 0; l < c->num_hidden_layers; l++) {
+    const clrt_layer_offsets *o = &m->layer[l];
+    const int64_t w[7] = {o->wq, o->wk, o->wv, o->wo, o->wg, o->wu, o->wd};
+    const int k[7] = {C, C, C, HD, C, C, I}, n[7] = {HD, KVD, KVD, C, I, I, C};
+    for (int i = 0; i < 7; i++)
+      if (w[i] == off) {
+        *K = k[i], *O = n[i];
+        return 1;
+      }
+  }
+  if (off == m->head) {
+    *K = C, *O = c->vocab_size;
+    return 1;
+  }
+  return 0;
+}
+
+void model_copy_rows(clrt_model *m, int keep, int64_t off, int K, int O, int r0, int r1) {
+  const float *w = (const float *)m->params->data + off;
+  if (keep & KEEP_F32) clrt_pack_rows_f32((float *)m->wpk->data + off, w, K, O, r0, r1);
+  if (keep & KEEP_BF16) {
+    uint16_t *d = m->wbf->data;
+    clrt_pack_rows_bf16(d + off, w, K, O, r0, r1);
+    if (m->wbf_t && off != m->head) clrt_pack_rows_bf16_t(d + m->total + off, w, K, O, r0, r1);
+  }
+}
+
+void model_copies_kept(clrt_model *m, int keep) {
+  if (keep & KEEP_F32) m->wpk_ver = m->params->version;
+  if (keep & KEEP_BF16) m->wbf_ver = m->params->version;
+}

@@ -106,8 +106,19 @@ ARCHS = {
                                   num_attention_heads=4, num_key_value_heads=2, head_dim=24,
                                   max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=1000000.0,
                                   tie_word_embeddings=False)),
+    # a sliding window of 5 over the 14 tokens compared; Phi-3 with fused qkv_proj/gate_up_proj
+    "mistral": ("MistralConfig", dict(vocab_size=112, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      max_position_embeddings=128, sliding_window=5, rms_norm_eps=1e-5,
+                                      rope_theta=10000.0, tie_word_embeddings=False)),
+    "phi3": ("Phi3Config", dict(vocab_size=108, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                original_max_position_embeddings=128, sliding_window=5, rms_norm_eps=1e-5,
+                                rope_theta=10000.0, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
+                                eos_token_id=2)),
 }
-CLRT_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+CLRT_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+              "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM"}
 
 
 def tokens_for(vocab, n=14, seed=5):
@@ -199,7 +210,8 @@ def check_lora_peft(clrt, work, devices, folders):
         return report("lora_peft", "SKIP", why)
     import peft
     cases = [("qwen2", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"),
-             ("llama", "v_proj,down_proj,lm_head,embed_tokens")]
+             ("llama", "v_proj,down_proj,lm_head,embed_tokens"),
+             ("phi3", "qkv_proj,o_proj,gate_up_proj,down_proj")]
     for arch, targets in cases:
         name = f"lora_peft[{arch}:{targets}]"
         try:

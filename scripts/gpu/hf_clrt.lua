@@ -11,7 +11,8 @@
 --   clrt hf_clrt.lua encode TOK_DIR TEXTS_JSON OUT     {"ids": [[...] per text]}
 --   clrt hf_clrt.lua tensorboard DIR OUT               an event file written as a run writes it;
 --        OUT: {"scalars": [[step, tag, value]], "texts": [[step, tag, text]]} what was written
-local cjson = require("cjson")
+-- clrt.json, not lua-cjson: Debian's lua-cjson 2.1.0 writes an empty list as {} (it has no array_mt)
+local json = require("clrt.json")
 local ffi = require("ffi")
 
 local function read(path)
@@ -22,7 +23,7 @@ local function read(path)
 end
 local function write_json(path, v)
   local f = assert(io.open(path, "wb"))
-  f:write(cjson.encode(v))
+  f:write(json.encode(v))
   f:close()
 end
 local function floats(x)
@@ -33,12 +34,12 @@ end
 
 local cmd = arg[1]
 if cmd == "new" then
-  local cfg = cjson.decode(read(arg[2]))
+  local cfg = json.decode(read(arg[2]))
   local m = clrt.model.new(cfg, { seed = tonumber(arg[3]) })
   m:save(arg[4])
 
 elseif cmd == "logits" then
-  local dir, toks, out, device, adapter = arg[2], cjson.decode(read(arg[3])), arg[4], arg[5] or "cpu", arg[6]
+  local dir, toks, out, device, adapter = arg[2], json.decode(read(arg[3])), arg[4], arg[5] or "cpu", arg[6]
   local m = clrt.model.load(dir, { device = device, adapter = adapter ~= "" and adapter or nil })
   local T, V = #toks, m.config.vocab_size
   local d = m:decoder(1, T)
@@ -61,7 +62,7 @@ elseif cmd == "logits" then
   write_json(out, { logits = logits, logprobs = lps, device = m:device() })
 
 elseif cmd == "lora" then
-  local base, adir, toks = arg[2], arg[3], cjson.decode(read(arg[4]))
+  local base, adir, toks = arg[2], arg[3], json.decode(read(arg[4]))
   local opts = {}
   for i = 5, #arg do
     local k, v = arg[i]:match("^([%w_]+)=(.*)$")
@@ -95,11 +96,11 @@ elseif cmd == "train_tokenizer" then
 elseif cmd == "encode" then
   local tok = clrt.tokenizer.load(arg[2])
   local ids = {}
-  for i, s in ipairs(cjson.decode(read(arg[3]))) do
+  for i, s in ipairs(json.decode(read(arg[3]))) do
     ids[i] = tok:encode(s, { add_special_tokens = false })
-    setmetatable(ids[i], cjson.array_mt)
+    json.array(ids[i])
   end
-  write_json(arg[4], { ids = setmetatable(ids, cjson.array_mt) })
+  write_json(arg[4], { ids = json.array(ids) })
 
 elseif cmd == "tensorboard" then
   local tb = require("clrt.util.tensorboard")

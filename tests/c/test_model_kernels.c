@@ -327,7 +327,7 @@ typedef struct { float *q, *k, *v, *out, *lse, *R, *scratch; } att_ctx;
 static double att_loss(void *p) {
   att_ctx *c = p;
   clrt_attention_forward(c->out, c->lse, c->q, c->k, c->v, AB, AT, AH, AKV, AD, NULL,
-                         (int64_t)AT * AKV * AD, NULL, c->scratch, 2);
+                         (int64_t)AT * AKV * AD, NULL, 0, c->scratch, 2);
   return dotv(c->out, c->R, AB * AT * AH * AD);
 }
 
@@ -364,7 +364,7 @@ static void test_attention(void) {
         for (int e = 0; e < AD; e++) CHECK_NEAR(c.out[(((int64_t)b * AT + t) * AH + h) * AD + e], o[e], 2e-5);
       }
   float *dq = zerov((size_t)nq), *dk = zerov((size_t)nk), *dv = zerov((size_t)nk);
-  clrt_attention_backward(dq, dk, dv, c.R, c.q, c.k, c.v, c.out, c.lse, AB, AT, AH, AKV, AD, c.scratch, 2);
+  clrt_attention_backward(dq, dk, dv, c.R, c.q, c.k, c.v, c.out, c.lse, AB, AT, AH, AKV, AD, 0, c.scratch, 2);
   fd_check("attention dq", att_loss, &c, c.q, dq, (size_t)nq, 7, 1e-2f, 2e-3);
   fd_check("attention dk", att_loss, &c, c.k, dk, (size_t)nk, 5, 1e-2f, 2e-3);
   fd_check("attention dv", att_loss, &c, c.v, dv, (size_t)nk, 5, 1e-2f, 2e-3);
@@ -377,7 +377,7 @@ static void test_attention(void) {
   float *kc = randv((size_t)(AB * cbs), 1), *vc = randv((size_t)(AB * cbs), 1);
   float *q2 = randv((size_t)AB * Tq * AH * AD, 1), *o2 = zerov((size_t)AB * Tq * AH * AD);
   float *scr = zerov(clrt_attention_scratch_floats(Tq, maxT, 3));
-  clrt_attention_forward(o2, NULL, q2, kc, vc, AB, Tq, AH, AKV, AD, pos0, cbs, NULL, scr, 3);
+  clrt_attention_forward(o2, NULL, q2, kc, vc, AB, Tq, AH, AKV, AD, pos0, cbs, NULL, 0, scr, 3);
   for (int b = 0; b < AB; b++)
     for (int t = 0; t < Tq; t++)
       for (int h = 0; h < AH; h++) {
@@ -390,8 +390,8 @@ static void test_attention(void) {
   float *dq2 = zerov((size_t)nq), *dk2 = zerov((size_t)nk), *dv2 = zerov((size_t)nk);
   float *scr2 = zerov(clrt_attention_scratch_floats(AT, AT, 3));
   clrt_set_num_threads(3);
-  clrt_attention_forward(out2, lse2, c.q, c.k, c.v, AB, AT, AH, AKV, AD, NULL, (int64_t)AT * AKV * AD, NULL, scr2, 3);
-  clrt_attention_backward(dq2, dk2, dv2, c.R, c.q, c.k, c.v, out2, lse2, AB, AT, AH, AKV, AD, scr2, 3);
+  clrt_attention_forward(out2, lse2, c.q, c.k, c.v, AB, AT, AH, AKV, AD, NULL, (int64_t)AT * AKV * AD, NULL, 0, scr2, 3);
+  clrt_attention_backward(dq2, dk2, dv2, c.R, c.q, c.k, c.v, out2, lse2, AB, AT, AH, AKV, AD, 0, scr2, 3);
   clrt_set_num_threads(1);
   int same = 1;
   for (int i = 0; i < nq; i++) same &= out2[i] == c.out[i] && dq2[i] == dq[i];
@@ -399,6 +399,64 @@ static void test_attention(void) {
   CHECK(same);
   free(out2); free(lse2); free(dq2); free(dk2); free(dv2); free(scr2);
   free(kc); free(vc); free(q2); free(o2); free(scr);
+  free(c.q); free(c.k); free(c.v); free(c.out); free(c.lse); free(c.R); free(c.scratch);
+  free(dq); free(dk); free(dv);
+}
+
+/* Sliding-window attention (Mistral, Phi-3): the query at position p sees keys p - W < j <= p.
+   T = 70 > the 64-query block, so the second block starts its products past key 0; forward
+   against the definition, backward against finite differences, the cache form (prefill of 2
+   new positions and the Tq = 1 decode kernel) against the definition. */
+enum { WIN = 20 };
+static double att_loss_window(void *p) {
+  att_ctx *c = p;
+  clrt_attention_forward(c->out, c->lse, c->q, c->k, c->v, AB, AT, AH, AKV, AD, NULL,
+                         (int64_t)AT * AKV * AD, NULL, WIN, c->scratch, 2);
+  return dotv(c->out, c->R, AB * AT * AH * AD);
+}
+
+/* naive_attention over keys first .. last (positions), through k/v shifted to key `first`. */
+static void naive_window(double *o, const float *q, const float *k, const float *v, int b, int t, int h,
+                         int pos, int64_t kv_bstride, int Tq, int H, int KV, int D) {
+  int first = pos - WIN + 1 > 0 ? pos - WIN + 1 : 0;
+  naive_attention(o, q, k + (int64_t)first * KV * D, v + (int64_t)first * KV * D, b, t, h, pos + 1 - first,
+                  kv_bstride, Tq, H, KV, D);
+}
+
+static void test_attention_window(void) {
+  int nq = AB * AT * AH * AD, nk = AB * AT * AKV * AD;
+  att_ctx c = {randv((size_t)nq, 1), randv((size_t)nk, 1), randv((size_t)nk, 1), zerov((size_t)nq),
+               zerov(AB * AH * AT), randv((size_t)nq, 1), zerov(clrt_attention_scratch_floats(AT, AT, 2))};
+  att_loss_window(&c);
+  double o[AD];
+  for (int b = 0; b < AB; b++)
+    for (int t = 0; t < AT; t += 3)
+      for (int h = 0; h < AH; h++) {
+        naive_window(o, c.q, c.k, c.v, b, t, h, t, (int64_t)AT * AKV * AD, AT, AH, AKV, AD);
+        for (int e = 0; e < AD; e++) CHECK_NEAR(c.out[(((int64_t)b * AT + t) * AH + h) * AD + e], o[e], 2e-5);
+      }
+  float *dq = zerov((size_t)nq), *dk = zerov((size_t)nk), *dv = zerov((size_t)nk);
+  clrt_attention_backward(dq, dk, dv, c.R, c.q, c.k, c.v, c.out, c.lse, AB, AT, AH, AKV, AD, WIN, c.scratch, 2);
+  fd_check("window attention dq", att_loss_window, &c, c.q, dq, (size_t)nq, 7, 1e-2f, 2e-3);
+  fd_check("window attention dk", att_loss_window, &c, c.k, dk, (size_t)nk, 5, 1e-2f, 2e-3);
+  fd_check("window attention dv", att_loss_window, &c, c.v, dv, (size_t)nk, 5, 1e-2f, 2e-3);
+  int maxT = 80;
+  int64_t cbs = (int64_t)maxT * AKV * AD;
+  float *kc = randv((size_t)(AB * cbs), 1), *vc = randv((size_t)(AB * cbs), 1);
+  for (int Tq = 1; Tq <= 2; Tq++) {   /* the decode kernel (Tq = 1) and the blocked path */
+    int32_t pos0[AB] = {10, 67};
+    float *q2 = randv((size_t)AB * Tq * AH * AD, 1), *o2 = zerov((size_t)AB * Tq * AH * AD);
+    float *scr = zerov(clrt_attention_scratch_floats(Tq, maxT, 3));
+    clrt_attention_forward(o2, NULL, q2, kc, vc, AB, Tq, AH, AKV, AD, pos0, cbs, NULL, WIN, scr, 3);
+    for (int b = 0; b < AB; b++)
+      for (int t = 0; t < Tq; t++)
+        for (int h = 0; h < AH; h++) {
+          naive_window(o, q2, kc, vc, b, t, h, pos0[b] + t, cbs, Tq, AH, AKV, AD);
+          for (int e = 0; e < AD; e++) CHECK_NEAR(o2[(((int64_t)b * Tq + t) * AH + h) * AD + e], o[e], 2e-5);
+        }
+    free(q2); free(o2); free(scr);
+  }
+  free(kc); free(vc);
   free(c.q); free(c.k); free(c.v); free(c.out); free(c.lse); free(c.R); free(c.scratch);
   free(dq); free(dk); free(dv);
 }
@@ -419,7 +477,7 @@ static void test_attention_decode(void) {
       float *q = randv((size_t)B * H * D, 2), *o = zerov((size_t)B * H * D), *lse = zerov((size_t)B * H);
       float *scr = zerov(clrt_attention_scratch_floats(1, maxT, threads));
       clrt_set_num_threads(threads);
-      clrt_attention_forward(o, lse, q, kc, vc, B, 1, H, KV, D, pos0, cbs, slot_of, scr, threads);
+      clrt_attention_forward(o, lse, q, kc, vc, B, 1, H, KV, D, pos0, cbs, slot_of, 0, scr, threads);
       clrt_set_num_threads(1);
       double ref[128];
       for (int b = 0; b < B; b++)
@@ -677,6 +735,7 @@ int main(void) {
   test_rope();
   test_attention();
   test_attention_decode();
+  test_attention_window();
   test_swiglu_residual();
   test_logsoftmax_gather();
   test_logsoftmax_gather_blocks();

@@ -34,6 +34,9 @@ test("openai: chat.completions.create returns the full typed shape", async () =>
   assert.equal(c.logprobs, null);
   assert.ok(["stop", "length"].includes(c.finish_reason));
   assert.ok(r.usage.completion_tokens >= 1);
+  // OpenAI's prompt caching field: prompt tokens served from the server's prefix cache
+  assert.equal(typeof r.usage.prompt_tokens_details.cached_tokens, "number");
+  assert.ok(r.usage.prompt_tokens_details.cached_tokens < r.usage.prompt_tokens);
 });
 
 test("openai: the stream helper's finalChatCompletion equals the non-streamed reply (same seed)", async () => {
@@ -181,6 +184,8 @@ test("AI SDK: generateText and streamText (same seed, same text, usage kept)", a
   assert.equal(await s.text, g.text);
   const usage = await s.usage;
   assert.equal(usage.outputTokens, g.usage.outputTokens);
+  // the same prompt again: the AI SDK reads prompt_tokens_details.cached_tokens as cached input
+  if (process.env.CLRT_PREFIX_CACHE === "1") assert.ok(usage.cachedInputTokens > 0, `cachedInputTokens ${usage.cachedInputTokens}`);
   assert.equal(await s.finishReason, g.finishReason);
 });
 

@@ -16,6 +16,12 @@ end
 
 local flat = T.floats
 
+local function flat_max(t)
+  local m = 0
+  for _, v in ipairs(flat(t)) do m = math.max(m, math.abs(v)) end
+  return m
+end
+
 -- |a - e| <= rtol * max|e| elementwise (and no NaN)
 local function close(a, e, rtol, what)
   local fa, fe = flat(a), flat(e)
@@ -57,7 +63,7 @@ T.case("tensors go to cuda and back; copy_ across devices; cuda tensors refuse h
   close(a:t():to("cuda"):to("cpu"), a:t():contiguous(), 0, "a strided host view is made contiguous")
 end)
 
-for _, name in ipairs({ "llama_gqa", "qwen2_tied", "qwen3_qknorm" }) do
+for _, name in ipairs({ "llama_gqa", "qwen2_tied", "qwen3_qknorm", "mistral_window", "phi3_fused" }) do
   T.case(name .. ": log-probs, gradients and 3 AdamW steps on cuda match the cpu and PyTorch", function()
     local e, meta = expected(name)
     local hp = require("cjson").decode(meta.adamw)
@@ -96,7 +102,17 @@ for _, name in ipairs({ "llama_gqa", "qwen2_tied", "qwen3_qknorm" }) do
       T.near(ng, norms[step], { atol = 1e-4, rtol = 1e-3 }, "cuda grad norm vs PyTorch at step " .. step)
     end
     local pc, pg = cpu:params(), gpu:params()
-    for _, pname in ipairs(cpu.names) do close_mostly(pg[pname], pc[pname], 1e-4, "param after 3 steps " .. pname) end
+    for _, pname in ipairs(cpu.names) do
+      if pname:match("k_proj%.bias$") then
+        -- Softmax ignores a shift shared by every key's score, and q.b_k is such a shift: the
+        -- key bias's exact gradient is zero, so what each device computes is rounding noise
+        -- (checked above against the cpu's equally tiny gradient), and AdamW turns any noise
+        -- into steps of about lr with the noise's sign. Its only cross-device bound is that.
+        close(pg[pname], pc[pname], 2 * 3 * hp.lr / math.max(1e-12, flat_max(pc[pname])), "param after 3 steps " .. pname)
+      else
+        close_mostly(pg[pname], pc[pname], 1e-4, "param after 3 steps " .. pname)
+      end
+    end
     -- save from the GPU, load on the CPU: the same bytes as the GPU's parameters
     local dir = T.tmpdir() .. "/saved"
     gpu:save(dir)
@@ -116,6 +132,15 @@ T.case("greedy generation on cuda gives the cpu's tokens (batched, KV cache)", f
   local rg = gpu:generate(prompts, { temperature = 0, max_new_tokens = 12 })
   for i = 1, #prompts do
     T.eq(table.concat(rg[i].tokens, ","), table.concat(rc[i].tokens, ","), "prompt " .. i)
+  end
+end)
+
+T.case("sliding window on cuda: greedy decode of Mistral and Phi-3 gives PyTorch's tokens past the window", function()
+  for _, name in ipairs({ "mistral_window", "phi3_fused" }) do
+    local e = expected(name)
+    local gpu = clrt.model.load(fixtures .. "/" .. name, { device = "cuda" })
+    local r = gpu:generate({ e.greedy_prompt:totable() }, { temperature = 0, max_new_tokens = e.greedy:numel() })
+    T.eq(table.concat(r[1].tokens, ","), table.concat(e.greedy:totable(), ","), name .. " greedy on cuda")
   end
 end)
 

@@ -3,7 +3,7 @@
 -- sequences token for token, ragged batches, n > 1 sharing one prefill, seeds, limits.
 local T = require("clrt.test")
 local root = T.source_dir() .. "/tests/fixtures/model/"
-local configs = { "llama_gqa", "qwen2_tied", "qwen3_qknorm", "odd" }
+local configs = { "llama_gqa", "qwen2_tied", "qwen3_qknorm", "odd", "mistral_window", "phi3_fused" }
 
 -- log p(v | seq) for every v, by scoring seq..v for all v in one batch.
 local function slow_next_logprobs(m, seq)
@@ -256,7 +256,19 @@ T.case("bf16 decode weights on the CPU follow the f32 path over bf16-rounded wei
     local g16 = m16:generate(prompts, { temperature = 0, max_new_tokens = 10 })
     local gr = mr:generate(prompts, { temperature = 0, max_new_tokens = 10 })
     for i = 1, #prompts do
-      if not tied then T.eq(g16[i].tokens, gr[i].tokens, name .. " greedy row " .. i) end
+      -- equal up to a step where the reference's best two tokens are within bf16's rounding
+      -- (mistral_window's second row meets one, 2e-4 apart); the rows may part there
+      local seq = { unpack(prompts[i]) }
+      for s = 1, tied and 0 or #gr[i].tokens do
+        if g16[i].tokens[s] ~= gr[i].tokens[s] then
+          local lp = slow_next_logprobs(mr, seq)
+          table.sort(lp, function(x, y) return x > y end)
+          T.ok(lp[1] - lp[2] < 1e-2, ("%s greedy row %d step %d: bf16 picked %d, f32 %d, %.4g apart"):format(
+            name, i, s, g16[i].tokens[s], gr[i].tokens[s], lp[1] - lp[2]))
+          break
+        end
+        seq[#seq + 1] = gr[i].tokens[s]
+      end
     end
   end
 end)

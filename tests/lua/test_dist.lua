@@ -421,11 +421,11 @@ T.case("after a checkpoint's save and load each rank keeps only its slice of the
 end)
 
 local RL = { "steps=2", "prompts_per_step=4", "rollout.n=4", "rollout.num_repeat_rollouts=2",
-  "rollout.max_new_tokens=12", "seed=3", "eval.before=false", "eval.after=false", "save_every=1",
+  "rollout.max_new_tokens=24", "seed=3", "eval.before=false", "eval.after=false", "save_every=1",
   "sample_every=1", "train.kl_coef=0", "train.lr=1e-3", "dist.check_every=1" }
 
 local function rl_args(dir, extra)
-  local a = { "config=" .. require("clrt.train.prompts").world_config_path(), "model=" .. start, "run_dir=" .. dir }
+  local a = { "config=" .. require("collab_world.world").config_path(), "model=" .. start, "run_dir=" .. dir }
   for _, x in ipairs(RL) do a[#a + 1] = x end
   for _, x in ipairs(extra or {}) do a[#a + 1] = x end
   return argv(a)

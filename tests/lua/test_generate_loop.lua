@@ -178,22 +178,22 @@ T.case("rows added together with the same prompt share one prefill and sample as
   local eng = gen.engine(d)
   local o = gen.options({ temperature = 1, max_new_tokens = 6, seed = 2 }, V)
   local greedy = gen.options({ temperature = 0, max_new_tokens = 6 }, V)
-  local a = eng:add({ 4, 5, 6 }, o, nil, 1)
-  local b = eng:add({ 4, 5, 6 }, o, nil, 2)
+  local a = eng:add({ 4, 5, 6 }, o, nil, 1, "asker a")
+  local b = eng:add({ 4, 5, 6 }, o, nil, 2, "asker b")
   local c = eng:add({ 4, 5, 7 }, o, nil, 3)   -- as long, other tokens: a prefill of its own
   local g = eng:add({ 4, 5, 6 }, greedy, nil, 4)
   eng:step()
   T.eq(d.prefills, 2)
   while eng:busy() do eng:step() end
-  local function alone(prompt, opts, tag)
+  local function alone(prompt, opts, key)
     local e = gen.engine(fake_decoder(8, 64))
-    local rows = e:add(prompt, opts, nil, tag)
+    local rows = e:add(prompt, opts, nil, 1, key)
     while e:busy() do e:step() end
     return rows[1].tokens
   end
   T.eq({ a[1].tokens, b[1].tokens, c[1].tokens, g[1].tokens },
-    { alone({ 4, 5, 6 }, o, 1), alone({ 4, 5, 6 }, o, 2), alone({ 4, 5, 7 }, o, 3), greedy_reference({ 4, 5, 6 }, 6) })
-  T.ok(not T.deep_eq(a[1].tokens, b[1].tokens), "two rows of one prompt draw from their own streams")
+    { alone({ 4, 5, 6 }, o, "asker a"), alone({ 4, 5, 6 }, o, "asker b"), alone({ 4, 5, 7 }, o), greedy_reference({ 4, 5, 6 }, 6) })
+  T.ok(not T.deep_eq(a[1].tokens, b[1].tokens), "two askers of one prompt draw from their own streams")
   T.eq(eng:free_slots(), 8)
 end)
 
@@ -202,12 +202,19 @@ T.case("a row's random stream is chosen by the caller, not by its tag or its bat
   local eng = gen.engine(fake_decoder(8, 64))
   local others = eng:add({ 3, 3 }, o, nil, 1)
   eng:step()
-  local joined = eng:add({ 1, 5 }, o, nil, 7, 3)   -- tag 7 (for messages), stream 3
+  local joined = eng:add({ 1, 5 }, o, nil, 7, "asker 3")   -- tag 7 (for messages), key "asker 3"
   while eng:busy() do eng:step() end
-  -- gen.run's prompt p draws from stream p - 1: the fourth prompt's rows are stream 3
-  local ref = gen.run(fake_decoder(8, 64), { { 2 }, { 2 }, { 2 }, { 1, 5 } }, { temperature = 1, max_new_tokens = 8, n = 2, seed = 4 })
+  -- m:generate takes one key per prompt: the fourth prompt's rows are those of "asker 3"
+  local ref = gen.run(fake_decoder(8, 64), { { 2 }, { 2 }, { 2 }, { 1, 5 } }, { temperature = 1, max_new_tokens = 8, n = 2, seed = 4,
+    seed_key = { "asker 0", "asker 1", "asker 2", "asker 3" } })
   T.eq({ joined[1].tokens, joined[2].tokens }, { ref[7].tokens, ref[8].tokens })
   T.ok(not T.deep_eq(others[1].tokens, joined[1].tokens))
+  T.ok(not T.deep_eq(ref[1].tokens, ref[3].tokens), "identical prompts of other askers differ")
+  -- without keys the prompt names the stream: identical prompts sample alike, wherever they sit
+  local plain = gen.run(fake_decoder(8, 64), { { 2 }, { 1, 5 }, { 2 } }, { temperature = 1, max_new_tokens = 8, n = 2, seed = 4 })
+  T.eq({ plain[1].tokens, plain[2].tokens }, { plain[5].tokens, plain[6].tokens })
+  T.raises(function() gen.run(fake_decoder(8, 64), { { 2 }, { 1 } }, { seed_key = { "only one" } }) end, "2 prompts")
+  T.raises(function() gen.run(fake_decoder(8, 64), { { 2 }, { 1 } }, { seed_key = "one for both" }) end, "one per prompt")
 end)
 
 T.case("a cancelled row that was to prefill a prompt for its samples hands the prompt on", function()

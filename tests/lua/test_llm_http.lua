@@ -19,8 +19,8 @@ local function server(args, env)
 end
 
 local function get_json(url)
-  local r = http.request { method = "GET", url = url, timeout = 5 }
-  return llm.json.decode(r.body)
+  local r = require("clrt.net.request").request { method = "GET", url = url, timeout = 5 }
+  return require("clrt.json").decode(r.body)
 end
 
 local function user(text) return { { role = "user", content = text } } end
@@ -40,7 +40,7 @@ end)
 T.case("defaults and extra opts (response_format, seed) reach the request body", function()
   local c = llm.client { base_url = srv.base_url, model = "m", defaults = { temperature = 0.25, max_tokens = 7 } }
   local r = c:chat(user("[echo_body]"), { max_tokens = 9, seed = 3, response_format = { type = "json_object" } })
-  T.eq(llm.json.decode(r.content), { model = "m", temperature = 0.25, max_tokens = 9, seed = 3,
+  T.eq(require("clrt.json").decode(r.content), { model = "m", temperature = 0.25, max_tokens = 9, seed = 3,
                                      response_format = { type = "json_object" } })
 end)
 
@@ -182,7 +182,7 @@ T.case("the API key is sent only as the Authorization header and never appears a
   local bad = llm.client { base_url = ks.base_url, model = "m", api_key_env = "CLRT_TEST_WRONG_KEY", max_retries = 1 }
   collect(T.raises(function() bad:chat(user("hi")) end, "HTTP 401: Incorrect API key provided"))
   collect(tostring(good))
-  collect(llm.json.encode(llm.records()))
+  collect(require("clrt.json").encode(llm.records()))
   collect(require("clrt.cli.repl").show(good))
   for k, v in pairs(good) do collect(k); collect(type(v) == "table" and require("clrt.cli.repl").show(v) or v) end
   -- and everything a separate process prints, errors and tracebacks included
@@ -191,7 +191,7 @@ T.case("the API key is sent only as the Authorization header and never appears a
                               max_retries = 1, backoff = 0.01}
     print(c, c:chat({{role = "user", content = "hi"}}).content)
     print(pcall(c.chat, c, {{role = "user", content = "[fault:401echo]"}}))
-    print(clrt.llm.json.encode(clrt.llm.records()))
+    print(clrt.json.encode(clrt.llm.records()))
     c:chat({{role = "user", content = "[fault:502x9]"}})
   ]]):format(ks.base_url)
   local f = assert(io.popen(("CLRT_TEST_API_KEY=%s %s -e %q 2>&1"):format(key, os.getenv("CLRT_BIN") or arg[-1],
@@ -276,15 +276,15 @@ T.case("a judge over HTTP: transport retries in the client, one parse retry, not
   -- The fake server answers "echo:" + the prompt, which is no verdict: the judge asks once
   -- more (parse_retries = 1) and gives up. The first request also meets two 500s, which the
   -- client retries on its own. Requests: 2 judge attempts, 3 + 1 HTTP attempts.
-  local rl = require("clrt.rl")
+  local reward = require("clrt.train.reward")
   local c = llm.client { base_url = srv.base_url, model = "judge", max_retries = 4, backoff = 0.01 }
   local ctx = { judge = c, extract_json = llm.extract_json, counters = {},
     judge_options = { temperature = 0, max_tokens = 64, top_p = 1 } }
   local conv = { { role = "user", content = "Is 2 + 2 four? [fault:500x2]" }, { role = "assistant", content = "Yes." } }
   local sample = { prompt = { conv[1] }, single_turn_prompt = "Is 2 + 2 four?", ground_truth = "yes" }
   local before = #c.records
-  local s = rl.score_conversation(conv, sample, rl.load_metrics({ accuracy = 1 }), ctx)
-  T.ok(rl.is_failed(s.accuracy)); T.ok(tostring(s.accuracy.error):find("no usable reply after 2 attempts", 1, true), tostring(s.accuracy.error))
+  local s = reward.score_conversation(conv, sample, reward.load_metrics({ accuracy = 1 }), ctx)
+  T.ok(reward.is_failed(s.accuracy)); T.ok(tostring(s.accuracy.error):find("no usable reply after 2 attempts", 1, true), tostring(s.accuracy.error))
   T.eq(ctx.counters, { judge_calls = 1, judge_attempts = 2, judge_failures = 1 })
   T.eq(#c.records - before, 2)
   T.eq(c.records[before + 1].attempts, 3); T.eq(c.records[before + 2].attempts, 1)

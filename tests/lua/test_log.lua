@@ -3,7 +3,7 @@ local T = require("clrt.test")
 local json = require("clrt.json")
 local log = require("clrt.log")
 local plot = require("clrt.plot")
-local rl = require("clrt.rl")
+local reward = require("clrt.train.reward")
 
 -- A stream that keeps what is written.
 local function sink()
@@ -51,7 +51,7 @@ T.case("samples every k steps with failed scores as text", function()
   T.ok(not lg:sample_due(3)); T.ok(lg:sample_due(5)); T.ok(lg:sample_due(10))
   lg:samples(5, { { id = "birthday/1", reward = 0.78, advantage = 1.2,
     conversation = { { role = "user", content = "Write a card." }, { role = "assistant", content = "Name?" } },
-    scores = { exact_match = 1, accuracy = rl.failed("judge down") } } })
+    scores = { exact_match = 1, accuracy = reward.failed("judge down") } } })
   local row = json.decode(T.read(lg.dir .. "/samples.jsonl"))
   T.eq(row.step, 5); T.eq(row.scores.exact_match, 1); T.ok(row.scores.accuracy:find("judge down", 1, true))
   local txt = T.read(lg.dir .. "/samples.txt")

@@ -12,7 +12,9 @@ package.path = src .. "/tests/?.lua;" .. package.path
 local fixtures = src .. "/tests/fixtures"
 local CASES = { qwen2_all = "qwen2_tied", qwen3_some = "qwen3_qknorm",
   -- lm_head and embed_tokens (with a block target), over a tied base and an untied one
-  qwen2_head_embed = "qwen2_tied", qwen3_head_embed = "qwen3_qknorm" }
+  qwen2_head_embed = "qwen2_tied", qwen3_head_embed = "qwen3_qknorm",
+  -- Phi-3's fused qkv_proj / gate_up_proj (one adapter each), Mistral's sliding window
+  phi3_fused_all = "phi3_fused", mistral_some = "mistral_window" }
 local bin = os.getenv("CLRT_BIN") or arg[-1]
 
 local flat = T.floats

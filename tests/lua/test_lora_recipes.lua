@@ -76,7 +76,7 @@ end)
 
 local function rl_args(run_dir, extra)
   local a = { "config=" .. rl.world_config_path(), "model=" .. base, "run_dir=" .. run_dir, "steps=4", "prompts_per_step=4",
-    "rollout.n=4", "rollout.num_repeat_rollouts=2", "rollout.max_new_tokens=12", "seed=3", "eval.before=false",
+    "rollout.n=4", "rollout.num_repeat_rollouts=2", "rollout.max_new_tokens=24", "seed=3", "eval.before=false",
     "eval.after=false", "save_every=2", "sample_every=2", "train.lr=1e-2", "train.kl_coef=0.1",
     "train.lora.targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head,embed_tokens" }
   for _, x in ipairs(LORA) do a[#a + 1] = x end

@@ -1,8 +1,14 @@
 -- lua/metrics/*: rule-based metrics on fixed conversations, BLEU against hand-computed
 -- values, pass_rate in its sandbox, the LLM judges with a scripted fake judge.
 local T = require("clrt.test")
+
+-- The simulated user and ctx a recipe's config gives (clrt.train.context).
+local function simulator(cfg, tok)
+  local ctx, user = require("clrt.train.context"){ config = cfg, tokenizer = tok, who = "collabllm_rl" }
+  return user, ctx
+end
 local json = require("clrt.json")
-local rl = require("clrt.rl")
+local reward = require("clrt.train.reward")
 
 -- A fake judge: returns queued replies in order and records every request.
 local function fake_judge(replies)
@@ -161,9 +167,9 @@ T.case("accuracy judge: prompt, parsing, retries, failure", function()
   T.eq(#j3.calls, 2)
   -- a client that raises (the HTTP client gave up) is not asked again
   local j4 = fake_judge({ function() error("HTTP 500") end, '{"thought": "x", "accuracy": 1}' })
-  local s = rl.score_conversation(c, sample, { { name = "accuracy", compute = m.compute } },
+  local s = reward.score_conversation(c, sample, { { name = "accuracy", compute = m.compute } },
     { judge = j4, extract_json = extract_json })
-  T.ok(rl.is_failed(s.accuracy)); T.ok(tostring(s.accuracy.error):find("HTTP 500", 1, true)); T.eq(#j4.calls, 1)
+  T.ok(reward.is_failed(s.accuracy)); T.ok(tostring(s.accuracy.error):find("HTTP 500", 1, true)); T.eq(#j4.calls, 1)
   T.eq(m.compute(c, sample, { judge = fake_judge({ '{"accuracy": "1"}' }), extract_json = extract_json }), 1)
   T.raises(function() m.compute(c, sample, {}) end, "no judge")
 end)
@@ -334,7 +340,7 @@ T.case("judge options reach the request; recipe config reaches ctx", function()
     { bleu_score = { level = "word" } })
   -- a settings table still refuses a new nested key, with the hint
   T.raises(function() config.parse(recipe.defaults, { "rollout.sampling.top_k=3" }) end, "rollout.sampling")
-  local _, ctx = recipe.simulator(cfg, nil)
+  local _, ctx = simulator(cfg, nil)
   T.eq(ctx.judge_options.temperature, 0.25); T.eq(ctx.judge_options.max_tokens, 300)
   T.eq(ctx.judge_options.top_p, 0.9); T.eq(ctx.judge_options.parse_retries, 0)
   T.eq(ctx.judge_options.extract_max_tokens, 5000)
@@ -355,7 +361,7 @@ T.case("judge options reach the request; recipe config reaches ctx", function()
   -- the JSON form; sim=llm gives the user its options
   local cfg2 = config.parse(recipe.defaults, { 'reward.metric_options={"pass_rate":{"timeout":60}}', "sim=llm",
     "sim_cfg.parse_retries=3", "sim_cfg.top_p=0.8", "judge.top_p=null" })
-  local user, ctx2 = recipe.simulator(cfg2, nil)
+  local user, ctx2 = simulator(cfg2, nil)
   T.eq(user.name, "collabllm_user")
   T.eq(ctx2.metric_options, { pass_rate = { timeout = 60 } })
   T.eq(ctx2.user_options.parse_retries, 3); T.eq(ctx2.user_options.top_p, 0.8)
@@ -369,9 +375,9 @@ T.case("judge options reach the request; recipe config reaches ctx", function()
 end)
 
 T.case("load_metrics finds plug-ins by name", function()
-  local ms = rl.load_metrics({ exact_match = 1, token_amount = -0.02 })
+  local ms = reward.load_metrics({ exact_match = 1, token_amount = -0.02 })
   T.eq(#ms, 2); T.eq(ms[1].name, "exact_match"); T.eq(ms[2].name, "token_amount")
-  T.raises(function() rl.load_metrics({ no_such_metric = 1 }) end, "cannot load metric 'no_such_metric'")
+  T.raises(function() reward.load_metrics({ no_such_metric = 1 }) end, "cannot load metric 'no_such_metric'")
 end)
 
 T.run()

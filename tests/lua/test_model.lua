@@ -5,7 +5,7 @@ local T = require("clrt.test")
 local ffi = require("ffi")
 local tensor = clrt.tensor
 local fixtures = T.source_dir() .. "/tests/fixtures/model"
-local CONFIGS = { "llama_gqa", "qwen2_tied", "qwen3_qknorm", "odd" }
+local CONFIGS = { "llama_gqa", "qwen2_tied", "qwen3_qknorm", "odd", "mistral_window", "phi3_fused" }
 
 local function expected(name)
   return clrt.safetensors.load(fixtures .. "/" .. name .. "/expected.safetensors", { "adamw" })

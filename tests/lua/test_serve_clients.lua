@@ -28,8 +28,10 @@ local port = require("support.serve")(dir, "--slots 16 --api-key test-key --serv
 
 T.case("openai SDK, AI SDK and LangChain against clrt serve (node --test serve_clients.test.mjs)", function()
   local out = dir .. "/node.log"
+  -- where the server's prefix cache is on (clrt_model_kv_reusable), a repeated prompt reports cached tokens
+  local reuse = require("clrt.core.ffi").C.clrt_model_kv_reusable(clrt.model.load(dir).ptr)
   local rc = os.execute(("cd %q && CLRT_BASE_URL=http://127.0.0.1:%s/v1 CLRT_API_KEY=test-key CLRT_MODEL=tiny " ..
-    "timeout 300 node --test --test-reporter=spec serve_clients.test.mjs > %q 2>&1"):format(js, port, out))
+    "CLRT_PREFIX_CACHE=%d timeout 300 node --test --test-reporter=spec serve_clients.test.mjs > %q 2>&1"):format(js, port, reuse, out))
   local said = T.read(out) or ""
   io.write(said)
   T.ok(rc == 0, "node --test failed (output above)")

@@ -59,6 +59,27 @@ T.case("16 concurrent requests: each reply equals in-process greedy generation",
   end
 end)
 
+T.case("prompt caching: a conversation's next request reports cached_tokens and replies as without the cache", function()
+  if require("clrt.core.ffi").C.clrt_model_kv_reusable(m.ptr) == 0 then
+    io.write("  (no AVX-512: the prefix cache is off on this machine)\n")
+    return
+  end
+  local system = ("you plan a trip for my friend and write a card. "):rep(6)
+  local msgs = { { role = "system", content = system }, { role = "user", content = "what is your plan today?" } }
+  local r1 = cjson.decode(post_all({ cjson.encode({ messages = msgs, temperature = 0, max_tokens = 16 }) })[1])
+  T.eq(r1.usage.prompt_tokens_details.cached_tokens, 0, "first request: nothing cached")
+  msgs[#msgs + 1] = { role = "assistant", content = r1.choices[1].message.content }
+  msgs[#msgs + 1] = { role = "user", content = "thanks, and the card?" }
+  local r2 = cjson.decode(post_all({ cjson.encode({ messages = msgs, temperature = 1, seed = 9, max_tokens = 16 }) })[1])
+  local cached = r2.usage.prompt_tokens_details.cached_tokens
+  T.ok(cached >= r1.usage.prompt_tokens - 16 and cached < r2.usage.prompt_tokens,
+    ("second request: the first one's prompt served (%d cached of %d)"):format(cached, r2.usage.prompt_tokens))
+  require("clrt.gen.prefix_cache").configure(m, { mb = 0 })
+  local want = clrt.chat.generate(m, tok, msgs, { temperature = 1, seed = 9, max_new_tokens = 16 })
+  require("clrt.gen.prefix_cache").configure(m, {})
+  T.eq(r2.choices[1].message.content, want, "same reply as a cache-off run in process")
+end)
+
 T.case("16 concurrent sampled requests (prefilled together): each equals its seed run alone", function()
   local bodies = {}
   for i = 1, 16 do

@@ -6,7 +6,7 @@ local T = require("clrt.test")
 local json = require("clrt.json")
 local log = require("clrt.log")
 local tb = require("clrt.util.tensorboard")
-local rl = require("clrt.rl")
+local reward = require("clrt.train.reward")
 local ffi = require("ffi")
 
 local PY = "/usr/bin/python3"
@@ -74,7 +74,7 @@ T.case("a run's scalars and samples read back with the public schema", function(
   local items = {
     { id = "birthday/1", reward = 0.78, advantage = 1.2,
       conversation = { { role = "user", content = "Write a card.\n\nFor | Ann" }, { role = "assistant", content = "Name?" } },
-      scores = { exact_match = 1, accuracy = rl.failed("judge down") } },
+      scores = { exact_match = 1, accuracy = reward.failed("judge down") } },
     { id = "math/7", reward = 0, conversation = { { role = "user", content = "2+2?" } }, scores = {} },
   }
   lg:samples(3, items)

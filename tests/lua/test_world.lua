@@ -2,7 +2,8 @@
 -- reward signal the world gives scripted policies (ask / guess / direct).
 local T = require("clrt.test")
 local json = require("clrt.json")
-local rl = require("clrt.rl")
+local reward = require("clrt.train.reward")
+local rollout = require("clrt.train.rollout")
 local rng = require("clrt.rng")
 local conv = require("clrt.conversation")
 local world = dofile(T.source_dir() .. "/examples/collab_world/world.lua")
@@ -121,7 +122,7 @@ T.case("rollout: turns, marker, keep/discard last, drops", function()
   local s = world.sample(rng.new(2), { underspecified = true, task = "birthday" })
   local pol = policy_for("ask", rng.new(1))
   local start = conv.copy(s.prompt); start[#start + 1] = { role = "assistant", content = pol(start, s) }
-  local c, info = rl.rollout(start, pol, user, s, {}, { max_user_turns = 2 })
+  local c, info = rollout.conversation(start, pol, user, s, {}, { max_user_turns = 2 })
   T.eq(info.ended, "marker"); T.eq(info.user_turns, 2); T.eq(info.assistant_turns, 1)
   T.eq(c[#c].content, "[[TERMINATE CHAT]]"); T.eq(c[#c - 1].content, s.ground_truth)
   T.eq(#start, 3)
@@ -129,40 +130,40 @@ T.case("rollout: turns, marker, keep/discard last, drops", function()
   local chatty = { respond = function() return "Tell me more." end }
   local calls = 0
   local counting = function(cc, ss) calls = calls + 1; return "Sure.", 4 end
-  local c2, i2 = rl.rollout(start, counting, chatty, s, {}, { max_user_turns = 2, keep_last_assistant = false })
+  local c2, i2 = rollout.conversation(start, counting, chatty, s, {}, { max_user_turns = 2, keep_last_assistant = false })
   T.eq(#c2, #start + 3); T.eq(c2[#c2].role, "user"); T.eq(calls, 1); T.eq(i2.ended, "max_user_turns")
   calls = 0
-  local c3 = rl.rollout(start, counting, chatty, s, {}, { max_user_turns = 2 })
+  local c3 = rollout.conversation(start, counting, chatty, s, {}, { max_user_turns = 2 })
   T.eq(#c3, #start + 4); T.eq(c3[#c3].role, "assistant"); T.eq(calls, 2)
   -- verl's budget: A1 + user turns + later assistant turns; the crossing turn is discarded
   local words = function(t) local n = 0 for _ in t:gmatch("%S+") do n = n + 1 end return n end
-  local c4, i4 = rl.rollout(start, counting, chatty, s, {}, { max_user_turns = 5, max_assistant_turns = 5,
+  local c4, i4 = rollout.conversation(start, counting, chatty, s, {}, { max_user_turns = 5, max_assistant_turns = 5,
     token_budget = 12, first_tokens = 2, count_tokens = words })
   -- 2 (A1) + 3 (U1) + 4 (A2) = 9; U2 (3 more) = 12 fits; A3 (4 more) would cross: dropped
   T.eq(i4.ended, "token_budget"); T.eq(i4.tokens, 12); T.eq(c4[#c4].role, "user"); T.eq(#c4, #start + 3)
-  local c4b, i4b = rl.rollout(start, counting, chatty, s, {}, { max_user_turns = 5, token_budget = 8,
+  local c4b, i4b = rollout.conversation(start, counting, chatty, s, {}, { max_user_turns = 5, token_budget = 8,
     first_tokens = 2, count_tokens = words })
   T.eq(i4b.ended, "token_budget"); T.eq(i4b.tokens, 5); T.eq(#c4b, #start + 1)
   -- a full context ends the conversation without an empty assistant turn
-  local c7, i7 = rl.rollout(start, function() return nil, 0 end, chatty, s, {}, { max_user_turns = 3 })
+  local c7, i7 = rollout.conversation(start, function() return nil, 0 end, chatty, s, {}, { max_user_turns = 3 })
   T.eq(i7.ended, "context_full"); T.eq(c7[#c7].role, "user"); T.eq(#c7, #start + 1)
-  local c5, i5 = rl.rollout(start, counting, { respond = function() error("HTTP 429") end }, s, {}, {})
+  local c5, i5 = rollout.conversation(start, counting, { respond = function() error("HTTP 429") end }, s, {}, {})
   T.eq(c5, nil); T.eq(i5.dropped, "simulator failed"); T.ok(i5.error:find("429", 1, true))
-  local _, i6 = rl.rollout(start, counting, { respond = function() return "  " end }, s, {}, {})
+  local _, i6 = rollout.conversation(start, counting, { respond = function() return "  " end }, s, {}, {})
   T.eq(i6.dropped, "simulator failed")
 end)
 
 -- The multiturn-aware reward a policy's first response earns (mean over K futures).
 local function mr(sample, first, pol, k, weights, futures)
-  local metrics = rl.load_metrics(weights)
+  local metrics = reward.load_metrics(weights)
   local scores = {}
   for i = 1, k do
     local c = conv.copy(sample.prompt)
     c[#c + 1] = { role = "assistant", content = first }
-    if futures then c = rl.rollout(c, pol, user, sample, {}, { max_user_turns = 2 }) end
-    scores[i] = rl.score_conversation(c, sample, metrics, {})
+    if futures then c = rollout.conversation(c, pol, user, sample, {}, { max_user_turns = 2 }) end
+    scores[i] = reward.score_conversation(c, sample, metrics, {})
   end
-  return rl.reward(scores, weights, "verl")
+  return reward.reward(scores, weights, "verl")
 end
 
 T.case("world rewards: asking pays only when needed, and only with futures", function()
@@ -200,7 +201,7 @@ T.case("summarize: the before/after numbers", function()
       local pol = policy_for(kind, r)
       local c = conv.copy(s.prompt)
       c[#c + 1] = { role = "assistant", content = pol(c, s) }
-      c = rl.rollout(c, pol, user, s, {}, { max_user_turns = 2 })
+      c = rollout.conversation(c, pol, user, s, {}, { max_user_turns = 2 })
       results[#results + 1] = { sample = s, conversation = c, kind = kind }
     end
   end
@@ -264,7 +265,7 @@ T.case("collabllm_user: per-conversation goal, JSON, retries, failure", function
   T.eq(#cl3b.calls, 1)
   -- through a rollout the failure drops the sample instead of continuing with an empty turn
   local cl4 = client({ '{"response": ""}', '{"response": ""}', '{"response": ""}' })
-  local out, info = rl.rollout(c, function() return "x" end, cu, s1, { user = cl4, extract_json = extract_json }, {})
+  local out, info = rollout.conversation(c, function() return "x" end, cu, s1, { user = cl4, extract_json = extract_json }, {})
   T.eq(out, nil); T.eq(info.dropped, "simulator failed")
 end)
 
@@ -312,8 +313,8 @@ end)
 T.case("the warm start's cache folder is named by its sft settings, so other settings never reuse it", function()
   local config = require("clrt.config")
   local recipe = require("recipes.collabllm_rl")
-  local prompts = require("clrt.train.prompts")
-  local function dir(args) return prompts.world_start_dir(config.parse(recipe.defaults, args, config.read_file(recipe.world_config_path())), world) end
+  local warm_start = require("clrt.train.warm_start")
+  local function dir(args) return warm_start.dir(config.parse(recipe.defaults, args, config.read_file(recipe.world_config_path())), world) end
   local base = dir({})
   T.eq(dir({}), base, "the same settings, the same folder")
   T.ok(base:find("^runs/collab_world_sft/world" .. world.version .. "%-%x%x%x%x%x%x%x%x%-seed1$"), base)

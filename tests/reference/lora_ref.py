@@ -40,9 +40,14 @@ CASES = {
     # the output layer and the embedding: over a tied base and an untied one
     "qwen2_head_embed": ("qwen2_tied", 4, 8.0, ["v_proj", "lm_head", "embed_tokens"], 33),
     "qwen3_head_embed": ("qwen3_qknorm", 3, 5.0, ["lm_head", "embed_tokens", "down_proj"], 34),
+    # Phi-3's fused layers carry one adapter each (B spans the q, k, v or gate, up rows);
+    # Mistral's sliding window under adapters
+    "phi3_fused_all": ("phi3_fused", 4, 8.0, ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], 35),
+    "mistral_some": ("mistral_window", 3, 6.0, ["q_proj", "v_proj", "up_proj"], 36),
 }
 GROUP = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
-         "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+         "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp",
+         "qkv_proj": "self_attn", "gate_up_proj": "mlp"}
 B, T = 3, 10
 LENGTHS = [10, 7, 4]
 

@@ -3,8 +3,11 @@ a Hugging Face model folder (config.json + model.safetensors, sharded for one co
 expected.safetensors holding the token batch, the expected log-probs, a dlogp, every
 parameter gradient of sum(lp * dlogp), and the losses of 10 AdamW steps on an SFT loss.
 The reference runs in float64, so the fixtures are the exact answer for the f32 weights.
+Configs with a sliding window also carry a greedy continuation (greedy_prompt, greedy) longer
+than the window.
 
-Run: /usr/bin/python3 tests/reference/make_model_fixtures.py   (from the source root)
+Run: /usr/bin/python3 tests/reference/make_model_fixtures.py [name ...]   (from the source
+root; names: only those configs)
 """
 import json
 import os
@@ -54,7 +57,28 @@ CONFIGS = {
         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
         "attention_bias": True, "hidden_act": "silu",
     },
+    # Mistral: Llama's layers with a sliding window of 4 positions (the batch's rows are 10, 7
+    # and 4 long, the greedy sequence 15), GQA.
+    "mistral_window": {
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral",
+        "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "max_position_embeddings": 64, "sliding_window": 4, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "tie_word_embeddings": False, "hidden_act": "silu",
+    },
+    # Phi-3: fused qkv_proj (q, k, v rows of 4, 2 and 2 heads of 12) and gate_up_proj, a window
+    # of 6, the keys Phi-3-mini's config.json carries.
+    "phi3_fused": {
+        "architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+        "vocab_size": 100, "hidden_size": 48, "intermediate_size": 40, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+        "original_max_position_embeddings": 64, "sliding_window": 6, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "rope_scaling": None, "tie_word_embeddings": False,
+        "hidden_act": "silu", "attention_bias": False, "embd_pdrop": 0.0, "resid_pdrop": 0.0,
+        "attention_dropout": 0.0, "pad_token_id": 0,
+    },
 }
+GREEDY_PROMPT, GREEDY_STEPS = [3, 17, 5], 12
 
 B, T = 3, 10
 LENGTHS = [10, 7, 4]
@@ -123,6 +147,13 @@ def make(name, cfg, seed):
            "grad_norms": torch.tensor(norms)}
     for n, t in Pg.items():
         exp["grad." + n] = t.grad
+    if R.window_of(cfg):
+        out, gap = R.greedy(cfg, P, GREEDY_PROMPT, GREEDY_STEPS)
+        assert len(GREEDY_PROMPT) + GREEDY_STEPS > R.window_of(cfg)
+        assert gap > 1e-3, f"{name}: greedy argmax too close to a tie ({gap})"
+        exp["greedy_prompt"] = torch.tensor(GREEDY_PROMPT, dtype=torch.int32)
+        exp["greedy"] = torch.tensor(out, dtype=torch.int32)
+        print(f"{name}: greedy {out}, smallest top-2 gap {gap:.4f}")
     R.save_safetensors(os.path.join(d, "expected.safetensors"), exp, "F32",
                        {"adamw": json.dumps(ADAMW)})
     print(f"{name}: {sum(t.numel() for t in P.values())} params, lp[0,:3] = {lp[0, :3].tolist()}")
@@ -142,4 +173,5 @@ def make(name, cfg, seed):
 if __name__ == "__main__":
     torch.set_num_threads(2)
     for i, (name, cfg) in enumerate(CONFIGS.items()):
-        make(name, cfg, 10 + i)
+        if len(sys.argv) < 2 or name in sys.argv[1:]:
+            make(name, cfg, 10 + i)

@@ -10,6 +10,10 @@ restates its modelling code from the published architecture:
   * Qwen2: biases on q/k/v; Llama/Qwen3 `attention_bias`: biases on q/k/v/o
   * Qwen3: per-head RMSNorm of q and k (q_norm, k_norm) before RoPE
   * SwiGLU MLP: down(silu(gate(x)) * up(x)); tied or untied lm_head
+  * Mistral: Llama's layers; with `sliding_window` W the query at position i sees keys
+    i - W < j <= i (transformers' sliding-window causal mask)
+  * Phi-3: the same window; q, k, v come from one fused `qkv_proj` (q rows, then k, then v)
+    and the MLP from one fused `gate_up_proj` (gate rows, then up: up * silu(gate))
 
 Also a tiny safetensors reader/writer (the `safetensors` package is not installed).
 """
@@ -26,7 +30,13 @@ import torch
 def arch_of(cfg):
     a = (cfg.get("architectures") or [None])[0]
     return {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-            "Qwen3ForCausalLM": "qwen3"}.get(a, cfg.get("model_type", "llama"))
+            "Qwen3ForCausalLM": "qwen3", "MistralForCausalLM": "mistral",
+            "Phi3ForCausalLM": "phi3"}.get(a, cfg.get("model_type", "llama"))
+
+
+def window_of(cfg):
+    """Mistral and Phi-3 read sliding_window (None: the whole causal prefix)."""
+    return cfg.get("sliding_window") if arch_of(cfg) in ("mistral", "phi3") else None
 
 
 def dims(cfg):
@@ -47,6 +57,14 @@ def param_shapes(cfg):
     out = [("model.embed_tokens.weight", (V, C))]
     for l in range(L):
         p = f"model.layers.{l}."
+        if arch == "phi3":
+            out += [(p + "input_layernorm.weight", (C,)),
+                    (p + "self_attn.qkv_proj.weight", ((H + 2 * KV) * D, C)),
+                    (p + "self_attn.o_proj.weight", (C, H * D)),
+                    (p + "post_attention_layernorm.weight", (C,)),
+                    (p + "mlp.gate_up_proj.weight", (2 * I, C)),
+                    (p + "mlp.down_proj.weight", (C, I))]
+            continue
         out += [(p + "input_layernorm.weight", (C,)),
                 (p + "self_attn.q_proj.weight", (H * D, C)),
                 (p + "self_attn.k_proj.weight", (KV * D, C)),
@@ -132,6 +150,30 @@ def logprobs(cfg, P, tokens, lengths, linear=None):
     """tokens: long [B, T]; lengths: list. Returns lp [B, T-1] with padded positions 0.
     linear(name, inp), when given, computes the blocks' projections instead (name without
     ".weight"; bench/train_step_torch.py's LoRA peer)."""
+    B, T = tokens.shape
+    logp = log_softmax_all(cfg, P, tokens, linear)
+    lp = logp[:, :-1].gather(-1, tokens[:, 1:, None])[..., 0]
+    valid = torch.zeros(B, T - 1, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        valid[b, : n - 1] = True
+    return torch.where(valid, lp, torch.zeros_like(lp)), valid
+
+
+def greedy(cfg, P, prompt, steps):
+    """Greedy continuation by full recompute; also the smallest gap between the best and the
+    second-best log-probability on the way (how safe the argmax is against f32 rounding)."""
+    seq, gap = list(prompt), float("inf")
+    with torch.no_grad():
+        for _ in range(steps):
+            logp = log_softmax_all(cfg, P, torch.tensor([seq]))[0, -1]
+            top = torch.topk(logp, 2).values
+            gap = min(gap, float(top[0] - top[1]))
+            seq.append(int(torch.argmax(logp)))
+    return seq[len(prompt):], gap
+
+
+def log_softmax_all(cfg, P, tokens, linear=None):
+    """log p(v | tokens[b, :t+1]) for every position and vocabulary entry: [B, T, V]."""
     arch = arch_of(cfg)
     B, T = tokens.shape
     H, KV, D = dims(cfg)
@@ -140,6 +182,10 @@ def logprobs(cfg, P, tokens, lengths, linear=None):
     cos, sin = rope_cos_sin(cfg, T, dtype)
     x = P["model.embed_tokens.weight"][tokens]
     mask = torch.ones(T, T, dtype=torch.bool).tril()
+    W = window_of(cfg)
+    if W is not None:   # keys more than W - 1 positions back are out of the window
+        i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        mask = mask & (i - j < W)
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}."
         h = rmsnorm(x, P[p + "input_layernorm.weight"], eps)
@@ -151,9 +197,14 @@ def logprobs(cfg, P, tokens, lengths, linear=None):
             b = P.get(p + name + ".bias")
             return y + b if b is not None else y
 
-        q = proj("self_attn.q_proj", h).view(B, T, H, D)
-        k = proj("self_attn.k_proj", h).view(B, T, KV, D)
-        v = proj("self_attn.v_proj", h).view(B, T, KV, D)
+        if arch == "phi3":
+            qkv = proj("self_attn.qkv_proj", h)
+            q, k, v = torch.split(qkv, [H * D, KV * D, KV * D], dim=-1)
+            q, k, v = q.reshape(B, T, H, D), k.reshape(B, T, KV, D), v.reshape(B, T, KV, D)
+        else:
+            q = proj("self_attn.q_proj", h).view(B, T, H, D)
+            k = proj("self_attn.k_proj", h).view(B, T, KV, D)
+            v = proj("self_attn.v_proj", h).view(B, T, KV, D)
         if arch == "qwen3":
             q = rmsnorm(q, P[p + "self_attn.q_norm.weight"], eps)
             k = rmsnorm(k, P[p + "self_attn.k_norm.weight"], eps)
@@ -168,16 +219,15 @@ def logprobs(cfg, P, tokens, lengths, linear=None):
         a = a.transpose(1, 2).reshape(B, T, H * D)
         x = x + proj("self_attn.o_proj", a)
         h = rmsnorm(x, P[p + "post_attention_layernorm.weight"], eps)
-        m = torch.nn.functional.silu(proj("mlp.gate_proj", h)) * proj("mlp.up_proj", h)
+        if arch == "phi3":
+            gate, up = proj("mlp.gate_up_proj", h).chunk(2, dim=-1)
+            m = up * torch.nn.functional.silu(gate)
+        else:
+            m = torch.nn.functional.silu(proj("mlp.gate_proj", h)) * proj("mlp.up_proj", h)
         x = x + proj("mlp.down_proj", m)
     x = rmsnorm(x, P["model.norm.weight"], eps)
     head = P.get("lm_head.weight", P["model.embed_tokens.weight"])
-    logp = torch.log_softmax(x @ head.T, dim=-1)
-    lp = logp[:, :-1].gather(-1, tokens[:, 1:, None])[..., 0]
-    valid = torch.zeros(B, T - 1, dtype=torch.bool)
-    for b, n in enumerate(lengths):
-        valid[b, : n - 1] = True
-    return torch.where(valid, lp, torch.zeros_like(lp)), valid
+    return torch.log_softmax(x @ head.T, dim=-1)
 
 
 # ---- safetensors -------------------------------------------------------------------------

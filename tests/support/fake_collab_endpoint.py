@@ -3,7 +3,7 @@
 CollabLLM run -- simulated user, judge and extractor -- by the JSON schema each request asks
 for, and records every request. For the real-path test, where no API can be reached.
 
-    fake_collab_endpoint.py LOG_FILE [--lifetime S]
+    fake_collab_endpoint.py LOG_FILE [--lifetime S] [--delay-ms MAX]
 
 Binds 127.0.0.1 on an ephemeral port, prints "PORT PID" on stdout, appends each request body
 (one JSON object a line) to LOG_FILE, and exits after --lifetime seconds. The role is read
@@ -15,12 +15,15 @@ from response_format.json_schema.schema.properties (the request's own contract):
                       a wrong implementation of task_func; otherwise a short document
 Choices depend on a hash of the request, so replies differ between conversations and rewards
 vary, yet a rerun sees the same answers. A request without response_format gets 400: every
-caller in a CollabLLM run is expected to ask for its schema.
+caller in a CollabLLM run is expected to ask for its schema. --delay-ms holds each reply for
+a random time up to MAX ms (an unseeded draw), so replies come back in a different order in
+every run while their content stays a function of the request.
 """
 import argparse
 import hashlib
 import json
 import os
+import random
 import sys
 import threading
 import time
@@ -95,9 +98,12 @@ class Handler(BaseHTTPRequestHandler):
                 f.write(json.dumps(body) + "\n")
         if not self.path.endswith("/chat/completions"):
             return self.send(404, {"error": {"message": "no route " + self.path, "type": "invalid_request_error"}})
+        if self.server.delay_ms > 0:
+            time.sleep(random.uniform(0, self.server.delay_ms) / 1000)
         out = reply_for(body)
         if out is None:
-            return self.send(400, {"error": {"message": "response_format json_schema expected",
+            got = json.dumps(body.get("response_format"))[:300]
+            return self.send(400, {"error": {"message": "response_format json_schema expected, got " + got,
                                              "type": "invalid_request_error"}})
         content = json.dumps(out)
         self.send(200, {
@@ -114,11 +120,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("log")
     ap.add_argument("--lifetime", type=float, default=600)
+    ap.add_argument("--delay-ms", type=float, default=0)
     a = ap.parse_args()
+    # a listen backlog for a run's 64 concurrent requests (socketserver's default is 5: on a
+    # loaded machine connections were refused and the run counted dropped futures)
+    ThreadingHTTPServer.request_queue_size = 256
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     srv.daemon_threads = True
     srv.lock = threading.Lock()
     srv.log_path = a.log
+    srv.delay_ms = a.delay_ms
     sys.stdout.write("%d %d\n" % (srv.server_address[1], os.getpid()))
     sys.stdout.flush()
     threading.Timer(a.lifetime, lambda: os._exit(0)).start()

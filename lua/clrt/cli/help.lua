@@ -9,10 +9,7 @@
 local M = {}
 
 local function lua_dir()
-  local ok, clrt = pcall(require, "clrt")
-  if ok and type(clrt) == "table" and clrt.lua_dir then return clrt.lua_dir end
-  local ffi = require("ffi")
-  return ffi.string(require("clrt.core.ffi").C.clrt_lua_dir())
+  return require("ffi").string(require("clrt.core.ffi").C.clrt_lua_dir())
 end
 
 local file_cache = {}

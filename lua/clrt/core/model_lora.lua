@@ -11,6 +11,7 @@
 -- lora_embedding_A [r, vocab], lora_embedding_B [hidden, r], no dropout). A merge of either
 -- into a tied model unties it (lm_head.weight of its own, tie_word_embeddings = false).
 -- With adapters the base is frozen: m:grads() fails, optimizers walk the adapters only.
+-- Phi-3 (fused qkv_proj, gate_up_proj) takes those names, one adapter beside each fused layer.
 local ffi = require("ffi")
 local core = require("clrt.core.ffi")
 local tensor = require("clrt.tensor")
@@ -27,21 +28,48 @@ M.DEFAULT_TARGETS = { "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_p
 local bit_of = {}
 for i, n in ipairs(M.TARGETS) do bit_of[n] = i - 1 end
 
-local function target_bits(targets, who)
+-- Phi-3 (a fused model) has qkv_proj and gate_up_proj in place of their parts, one adapter
+-- each as PEFT puts it; naming all the parts (the recipes' default list) means the fused layer.
+local FUSED = { qkv_proj = { "q_proj", "k_proj", "v_proj" }, gate_up_proj = { "gate_proj", "up_proj" } }
+local FUSED_ORDER = { "qkv_proj", "gate_up_proj" }
+
+local function target_bits(targets, who, fused)
   if type(targets) ~= "table" or #targets == 0 then error(who .. ": targets must be a non-empty list of module names", 3) end
   local bits, seen = 0, {}
+  local function add(n)
+    if not seen[n] then bits = bits + 2 ^ bit_of[n]; seen[n] = true end
+  end
   for _, n in ipairs(targets) do
-    local b = bit_of[n]
-    if not b then error(("%s: unknown target '%s' (%s)"):format(who, tostring(n), table.concat(M.TARGETS, ", ")), 3) end
-    if not seen[n] then bits = bits + 2 ^ b; seen[n] = true end
+    if FUSED[n] then
+      if not fused then
+        error(("%s: target '%s' is a fused layer of Phi-3; this model has its parts (%s)"):format(who, n,
+          table.concat(FUSED[n], ", ")), 3)
+      end
+      for _, part in ipairs(FUSED[n]) do add(part) end
+    elseif not bit_of[n] then
+      local names = table.concat(M.TARGETS, ", ") .. (fused and ", qkv_proj, gate_up_proj" or "")
+      error(("%s: unknown target '%s' (%s)"):format(who, tostring(n), names), 3)
+    else
+      add(n)
+    end
   end
   return bits
 end
 
-local function target_list(bits)
-  local out = {}
+local function target_list(bits, fused)
+  local out, has = {}, {}
   for i, n in ipairs(M.TARGETS) do
-    if math.floor(bits / 2 ^ (i - 1)) % 2 == 1 then out[#out + 1] = n end
+    if math.floor(bits / 2 ^ (i - 1)) % 2 == 1 then has[n] = true end
+  end
+  for _, n in ipairs(M.TARGETS) do
+    local group
+    if fused then
+      for _, f in ipairs(FUSED_ORDER) do
+        if FUSED[f][1] == n then group = f end
+      end
+    end
+    if group and has[n] then out[#out + 1] = group
+    elseif has[n] and not (fused and (n == "k_proj" or n == "v_proj" or n == "up_proj")) then out[#out + 1] = n end
   end
   return out
 end
@@ -82,9 +110,10 @@ function M.install(Model)
     if type(alpha) ~= "number" or alpha <= 0 then error("add_lora: alpha must be a positive number, got " .. tostring(alpha), 2) end
     local dropout = o.dropout or 0
     if type(dropout) ~= "number" or dropout < 0 or dropout >= 1 then error("add_lora: dropout must be in [0, 1), got " .. tostring(dropout), 2) end
-    local bits = target_bits(o.targets or M.DEFAULT_TARGETS, "add_lora")
+    local fused = self._c and self._c.fused_qkv_gate_up
+    local bits = target_bits(o.targets or M.DEFAULT_TARGETS, "add_lora", fused)
     ok(C.clrt_model_lora_add(live(self), r, alpha, dropout, bits, o.seed or 0), 2)
-    self.lora = { r = r, alpha = alpha, dropout = dropout, targets = target_list(bits) }
+    self.lora = { r = r, alpha = alpha, dropout = dropout, targets = target_list(bits, fused) }
     self.lora_names = {}
     for i = 0, C.clrt_model_lora_num_tensors(self.ptr) - 1 do
       self.lora_names[i + 1] = ffi.string(C.clrt_model_lora_tensor_name(self.ptr, i))

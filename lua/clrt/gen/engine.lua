@@ -13,7 +13,12 @@
 -- nothing. Every row has its own options, seeded RNG stream, stop rules and callbacks.
 -- Prompts added between two steps are prefilled together at the start of the next step (one
 -- batched forward, as a server's newly arrived requests are), then join the decode batch.
+-- With a prefix cache (clrt.gen.prefix_cache: the model's own unless opts.prefix_cache is
+-- false), a prompt's longest cached prefix is loaded into its slot and only the rest is
+-- prefilled; the blocks of every prompt and of every finished row go back into the cache.
+-- row.cached_tokens says how many prompt tokens came from the cache.
 local ffi = require("ffi")
+local bit = require("bit")
 local core = require("clrt.core.ffi")
 local C = core.C
 
@@ -21,7 +26,7 @@ local M = {}
 
 -- The options generate takes (anything else is a mistake worth naming: max_tokens for
 -- max_new_tokens would otherwise be ignored without a word).
-local KNOWN_OPTIONS = { "n", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "tokenizer",
+local KNOWN_OPTIONS = { "n", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "seed_key", "stop", "tokenizer",
   "top_logprobs", "logit_bias", "frequency_penalty", "presence_penalty", "stream_text", "mask", "json_schema", "json",
   "json_whitespace", "on_step" }
 local known_option = {}
@@ -71,6 +76,18 @@ function M.options(opts, vocab)
   if type(o.top_p) ~= "number" or o.top_p <= 0 or o.top_p > 1 then bad("top_p", "must be in (0, 1]") end
   if type(o.top_k) ~= "number" or o.top_k < 0 then bad("top_k", "must be >= 0") end
   if type(o.seed) ~= "number" then bad("seed", "must be a number") end
+  -- who asks (clrt.sched: "rl/step 3/prompt 2/future 1/turn 2"): with the seed it names the
+  -- request's random stream; a list gives m:generate one key per prompt
+  local key = opts.seed_key
+  if key ~= nil then
+    local ok = type(key) == "string" or type(key) == "number"
+    if type(key) == "table" then
+      ok = #key > 0
+      for _, k in ipairs(key) do ok = ok and (type(k) == "string" or type(k) == "number" or k == false) end
+    end
+    if not ok then bad("seed_key", "must be a string or number naming the request (or, for m:generate, a list of them, one per prompt)") end
+    o.seed_key = key
+  end
   local stop = opts.stop
   if stop ~= nil and type(stop) ~= "table" then stop = { stop } end
   o.stop_ids, o.stop_strings = {}, {}
@@ -147,11 +164,37 @@ local function find_stop(text, new_from, stops)
   return best
 end
 
+-- The ids in [0, V) that `tok` cannot decode, as {n =, ids = int32_t[n]}: a model's
+-- embedding often has rows beyond its tokenizer (Qwen2.5: 151,936 rows, 151,665 ids), and a
+-- sampled one would end the request with "id ... is not in the vocabulary". Computed once
+-- per tokenizer and V. A tokenizer without the C handle (a test's own) is taken as whole
+-- up to its vocab_size().
+local lacking_cache = setmetatable({}, { __mode = "k" })
+function M.undecodable(tok, V)
+  local per = lacking_cache[tok]
+  if not per then per = {}; lacking_cache[tok] = per end
+  if per[V] then return per[V] end
+  local ids = {}
+  local n_tok = type(tok.vocab_size) == "function" and tok:vocab_size() or V
+  if tok.h then
+    local len = ffi.new("size_t[1]")
+    for id = 0, math.min(n_tok, V) - 1 do
+      if C.clrt_tokenizer_token_bytes(tok.h, id, len) == nil then ids[#ids + 1] = id end
+    end
+  end
+  for id = n_tok, V - 1 do ids[#ids + 1] = id end
+  local out = { n = #ids, ids = ffi.new("int32_t[?]", math.max(#ids, 1)) }
+  for i, id in ipairs(ids) do out.ids[i - 1] = id end
+  per[V] = out
+  return out
+end
+
 local Engine = {}
 Engine.__index = Engine
 
-function M.engine(dec)
+function M.engine(dec, eopts)
   local V, S = dec.vocab_size, dec.slots
+  local no_cache = (eopts and eopts.prefix_cache == false) or not (dec.extend_many and dec.model)
   local self = setmetatable({
     dec = dec, V = V,
     logits = ffi.new("float[?]", S * V),     -- [slots, V], row = slot
@@ -165,32 +208,67 @@ function M.engine(dec)
     feed = ffi.new("int32_t[?]", S),
     free = {}, active = {},
     pending = {},                            -- rows added since the last step, not yet prefilled
+    no_cache = no_cache,
   }, Engine)
   for s = S - 1, 0, -1 do self.free[#self.free + 1] = s end
   return self
 end
 
+-- The model's prefix cache as it is now (configure may have changed or turned it off), or nil.
+function Engine:prefix_cache()
+  if self.no_cache then return nil end
+  return require("clrt.gen.prefix_cache").of(self.dec.model)
+end
+
 function Engine:free_slots() return #self.free end
 function Engine:busy() return #self.active > 0 or #self.pending > 0 end
 
+-- FNV-1a (64 bits) of a string: the seed of a row's xoshiro stream (clrt_rng_seed mixes it
+-- further through splitmix64).
+local function fnv64(str)
+  local h = 0xcbf29ce484222325ULL
+  for i = 1, #str do h = bit.bxor(h, str:byte(i)) * 0x100000001b3ULL end
+  return h
+end
+
+-- The name of a request's random stream: its seed_key when the caller says who asks, else
+-- its prompt's tokens (the fallback: identical requests without a key draw alike).
+function M.stream_name(prompt, key)
+  if key ~= nil and key ~= false then return "key:" .. tostring(key) end
+  return "prompt:" .. table.concat(prompt, ",")
+end
+
+-- The seed of sample s (1..n) of a request: a pure function of (seed, stream name, s). The
+-- name (a long prompt's tokens) is hashed once per request, then with each s.
+local function stream_hash(seed, name) return fnv64(("%.17g|%s"):format(seed, name)) end
+local function sample_seed(h, s) return fnv64(("%s|%d"):format(tostring(h), s)) end
+function M.row_seed(seed, name, s) return sample_seed(stream_hash(seed, name), s) end
+
 -- Start n = o.n rows for one prompt (o from M.options). cb.on_token(row, id, text_piece)
 -- and cb.on_done(row) are optional. Returns the rows; each ends with row.finish_reason set.
--- Sample s of the request draws its random numbers from stream
--- o.seed * 1000003 + stream * o.n + s, stream = tag - 1 unless given: a row's tokens depend
--- on its seed, prompt and stream only, never on which rows it shares a step with.
-function Engine:add(prompt, o, cb, tag, stream)
+-- Sample s of the request draws its random numbers from the stream M.row_seed(o.seed, name,
+-- s), name = M.stream_name(prompt, key or o.seed_key): a row's tokens depend on its seed,
+-- its key (or prompt) and s only, never on which rows it shares a step with or when it came.
+function Engine:add(prompt, o, cb, tag, key)
   cb = cb or {}
   check_prompt(tag or 1, prompt, self.V, o, self.dec.max_len)
   if o.n > #self.free then
     error(("generate: %d rows need slots but the decoder has %d free of %d"):format(o.n, #self.free, self.dec.slots), 0)
   end
+  if key == nil then key = o.seed_key end
+  if type(key) == "table" then error("generate: a list of seed_key is one key per prompt of m:generate; a request takes one", 0) end
+  local h = stream_hash(o.seed, M.stream_name(prompt, key))
   local rows = {}
   for s = 1, o.n do
     local row = { o = o, cb = cb, tokens = {}, logprobs = {}, sample = s, tag = tag }
     if o.frequency_penalty ~= 0 or o.presence_penalty ~= 0 then row.counts = {} end   -- token id -> times sampled
     row.rng = ffi.new("clrt_rng")
-    C.clrt_rng_seed(row.rng, o.seed * 1000003 + (stream or (tag or 1) - 1) * o.n + s)
-    if o.tokenizer then row.text, row.stream = "", o.tokenizer:stream() end
+    C.clrt_rng_seed(row.rng, sample_seed(h, s))
+    if o.tokenizer then
+      local lack = M.undecodable(o.tokenizer, self.V)
+      if lack.n > 0 then row.undecodable = lack end
+    end
+    if o.tokenizer then row.text, row.stream = "", o.tokenizer:stream({ skip_special_tokens = true }) end
     rows[s] = row
   end
   if o.max_new_tokens == 0 then
@@ -201,6 +279,7 @@ function Engine:add(prompt, o, cb, tag, stream)
   for s, row in ipairs(rows) do
     row.slot = table.remove(self.free)
     if s == 1 then row.prompt = prompt else row.copy_of = rows[1] end
+    row.full_prompt = prompt
     self.pending[#self.pending + 1] = row
   end
   return rows
@@ -209,6 +288,102 @@ end
 -- Most prompt positions one batched prefill call takes (rows x the longest's chunk of at most
 -- 256): bounds the activations and attention scores of a burst of long prompts.
 local PREFILL_TOKENS = 8192
+
+-- A batch's shared blocks run first only when that saves at least this many prompt tokens: the
+-- extra forward reads every weight once more (a guess to be checked on a quiet machine with
+-- bench/prefix_cache.lua).
+local MIN_SHARED_SAVING = 128
+
+-- Runs each row's prompt tokens (row.held, row.upto] after the row.held its slot holds, all
+-- rows in as few batched forwards as PREFILL_TOKENS allows; extend: slots keep what they hold
+-- (else they are emptied first).
+local function run_batches(dec, rows, logits, extend)
+  local i = 1
+  while i <= #rows do
+    local j, width = i, 0
+    while j <= #rows do
+      local w = math.max(width, math.min(rows[j].upto - rows[j].held, 256))
+      if j > i and w * (j - i + 1) > PREFILL_TOKENS then break end
+      width, j = w, j + 1
+    end
+    local n, total = j - i, 0
+    for k = i, j - 1 do total = total + rows[k].upto - rows[k].held end
+    local slots, lengths = ffi.new("int32_t[?]", n), ffi.new("int32_t[?]", n)
+    local buf, at = ffi.new("int32_t[?]", total), 0
+    for k = i, j - 1 do
+      local row = rows[k]
+      slots[k - i], lengths[k - i] = row.slot, row.upto - row.held
+      for t = row.held + 1, row.upto do buf[at] = row.prompt[t]; at = at + 1 end
+    end
+    if extend then
+      dec:extend_many(n, slots, buf, lengths, logits)
+    elseif dec.prefill_many then
+      dec:prefill_many(n, slots, buf, lengths, logits)
+    else
+      at = 0
+      for k = 0, n - 1 do
+        dec:prefill(slots[k], buf + at, lengths[k], logits)
+        at = at + lengths[k]
+      end
+    end
+    i = j
+  end
+end
+
+-- The rows that share whole blocks with another row of the batch beyond what their slot holds,
+-- each the first row to reach such a block: row.upto becomes the end of the deepest one, which
+-- it runs before the others look the cache up again. Blocks stop before each prompt's last
+-- token, as lookups do.
+local function shared_prefixes(pc, rows)
+  local bt, root, paths = pc.bt, { children = {} }, {}
+  for _, row in ipairs(rows) do
+    local n, path = root, {}
+    for first = 1, #row.prompt - bt, bt do
+      local key = table.concat(row.prompt, ",", first, first + bt - 1)
+      local c = n.children[key]
+      if not c then
+        c = { children = {}, count = 0, first = row }
+        n.children[key] = c
+      end
+      c.count = c.count + 1
+      path[#path + 1] = c
+      n = c
+    end
+    paths[row] = path
+  end
+  local saved = 0
+  for _, row in ipairs(rows) do
+    for d, c in ipairs(paths[row]) do
+      if c.count >= 2 and c.first == row and d * bt > row.held then saved = saved + bt * (c.count - 1) end
+    end
+  end
+  local leaders = {}
+  if saved < MIN_SHARED_SAVING then return leaders end
+  for _, row in ipairs(rows) do
+    local need = 0
+    for d, c in ipairs(paths[row]) do
+      if c.count >= 2 and c.first == row then need = d * bt end
+    end
+    if need > row.held then
+      row.upto = need
+      leaders[#leaders + 1] = row
+    end
+  end
+  return leaders
+end
+
+-- The row's longest cached prefix into its slot, when longer than what the slot holds.
+function Engine:load_cached(pc, row)
+  local nodes = pc:lookup(row.prompt, #row.prompt - 1)
+  local got = #nodes * pc.bt
+  if got > row.held then
+    pc:load(self.dec, row.slot, nodes)
+    row.held, row.cached_tokens = got, got
+  elseif row.held == 0 then
+    self.dec:reset(row.slot)
+  end
+  pc:release(nodes)
+end
 
 -- Prefill the rows added since the last step, all prompts in as few batched forwards as the
 -- budget allows, then let them join the decode batch.
@@ -232,47 +407,64 @@ function Engine:prefill()
       end
     end
   end
-  local dec, i = self.dec, 1
-  while i <= #firsts do
-    local j, width = i, 0
-    while j <= #firsts do
-      local w = math.max(width, math.min(#firsts[j].prompt, 256))
-      if j > i and w * (j - i + 1) > PREFILL_TOKENS then break end
-      width, j = w, j + 1
+  local dec, pc = self.dec, self:prefix_cache()
+  -- each row runs its prompt's tokens after the `held` its slot holds (at least the last one,
+  -- whose logits the row samples from)
+  for _, row in ipairs(firsts) do row.held, row.upto, row.cached_tokens = 0, #row.prompt, 0 end
+  if pc then
+    for _, row in ipairs(firsts) do
+      self:load_cached(pc, row)
+      row.weights = pc.stamp_key   -- the weights its keys and values come from
     end
-    local n, total = j - i, 0
-    for k = i, j - 1 do total = total + #firsts[k].prompt end
-    local slots, lengths = ffi.new("int32_t[?]", n), ffi.new("int32_t[?]", n)
-    local buf, at = ffi.new("int32_t[?]", total), 0
-    for k = i, j - 1 do
-      local row = firsts[k]
-      slots[k - i], lengths[k - i] = row.slot, #row.prompt
-      for t = 1, #row.prompt do buf[at] = row.prompt[t]; at = at + 1 end
-    end
-    if dec.prefill_many then
-      dec:prefill_many(n, slots, buf, lengths, self.logits)
-    else
-      at = 0
-      for k = 0, n - 1 do
-        dec:prefill(slots[k], buf + at, lengths[k], self.logits)
-        at = at + lengths[k]
+    -- prompts of this batch that share whole blocks the cache lacks (a system prompt): the
+    -- first of each runs the shared part alone first, then the others are served it
+    local leaders = shared_prefixes(pc, firsts)
+    if #leaders > 0 then
+      run_batches(dec, leaders, self.logits, true)
+      for _, row in ipairs(leaders) do
+        pc:insert(dec, row.slot, row.prompt, row.weights)
+        row.held, row.upto, row.leader = row.upto, #row.prompt, true
+      end
+      for _, row in ipairs(firsts) do
+        if not row.leader then self:load_cached(pc, row) end
+        row.leader = nil
       end
     end
-    i = j
+    for _, row in ipairs(firsts) do
+      pc.prompt_tokens, pc.cached_tokens = pc.prompt_tokens + #row.prompt, pc.cached_tokens + row.cached_tokens
+    end
   end
+  run_batches(dec, firsts, self.logits, pc ~= nil)
   local V = self.V
+  if pc then
+    for _, row in ipairs(firsts) do pc:insert(dec, row.slot, row.prompt, row.weights) end
+  end
   for _, row in ipairs(pending) do
     if row.copy_of then
       dec:copy_slot(row.copy_of.slot, row.slot)
       ffi.copy(self.logits + row.slot * V, self.logits + row.copy_of.slot * V, V * 4)
+      row.cached_tokens, row.weights = row.copy_of.cached_tokens, row.copy_of.weights
     end
-    row.prompt, row.copy_of = nil, nil
+    row.prompt, row.copy_of, row.prefilled = nil, nil, true
     self.active[#self.active + 1] = row
   end
 end
 
+-- The prompt and the tokens sampled after it, for the prefix cache (the slot holds all but
+-- the last sampled token).
+local function row_tokens(row)
+  local all = {}
+  for i, t in ipairs(row.full_prompt) do all[i] = t end
+  local P = #all
+  for i, t in ipairs(row.tokens) do all[P + i] = t end
+  return all
+end
+
 function Engine:finish(row, reason, no_slot)
   row.finish_reason = reason
+  local pc = row.prefilled and self:prefix_cache()
+  if pc and row.slot and not no_slot then pc:insert(self.dec, row.slot, row_tokens(row), row.weights) end
+  row.full_prompt = nil
   if row.slot and not no_slot then
     self.free[#self.free + 1] = row.slot
     row.slot = nil
@@ -382,6 +574,14 @@ function Engine:step()
       saved[k] = keep
     end
   end
+  -- ids the row's tokenizer cannot decode are never sampled (nor listed in top_logprobs)
+  for k, row in ipairs(self.active) do
+    local lack = row.undecodable
+    if lack then
+      local at = gathered + (k - 1) * V
+      for i = 0, lack.n - 1 do at[lack.ids[i]] = -math.huge end
+    end
+  end
   if C.clrt_sample(gathered, A, V, self.params, self.uniforms, masks, self.out_tok, self.out_lp) ~= 0 then
     core.fail(2)
   end
@@ -439,10 +639,15 @@ function M.run(dec, prompts, opts)
   if #prompts * o.n > dec.slots then
     error(("generate: %d rows (prompts x n) but the decoder has %d slots"):format(#prompts * o.n, dec.slots), 2)
   end
+  local keys = o.seed_key
+  if keys ~= nil and type(keys) ~= "table" then keys = { keys } end
+  if keys and #keys ~= #prompts then
+    error(("generate: seed_key lists %d keys for %d prompts (one per prompt)"):format(#keys, #prompts), 2)
+  end
   local eng = M.engine(dec)
   local all = {}
   for p, prompt in ipairs(prompts) do
-    local ok2, rows = pcall(eng.add, eng, prompt, o, nil, p)
+    local ok2, rows = pcall(eng.add, eng, prompt, o, nil, p, keys and keys[p])
     if not ok2 then error(rows, 2) end
     for _, r in ipairs(rows) do all[#all + 1] = r end
   end

@@ -10,16 +10,46 @@ local M = {}
 local Decoder = {}
 Decoder.__index = Decoder
 
+-- logits is [slots, V]: a row lands at slot * V. A Lua-owned array too short for the highest
+-- slot written is refused here (the C side would write past it into the Lua heap, which
+-- crashes the garbage collector later, far from the cause); a bare pointer is trusted.
+local function check_logits(self, logits, n, slots, op)
+  if type(logits) ~= "cdata" or ffi.istype("float *", logits) then return end
+  local top = 0
+  for i = 0, n - 1 do top = math.max(top, tonumber(type(slots) == "number" and slots or slots[i])) end
+  local need = (top + 1) * self.vocab_size * ffi.sizeof("float")
+  if ffi.sizeof(logits) < need then
+    error(("decoder: %s: logits holds %d bytes, and slot %d's row ends at byte %d (logits is [slots, vocab_size] floats)")
+      :format(op, ffi.sizeof(logits), top, need), 3)
+  end
+end
+
 function Decoder:prefill(slot, tokens, T, logits)
+  check_logits(self, logits, 1, slot, "prefill")
   core.ok(C.clrt_decoder_reset(self.ptr, slot), 2)
   core.ok(C.clrt_decoder_append(self.ptr, slot, tokens, T, logits), 2)
 end
 -- n prompts into n slots in one batched forward per chunk (tokens back to back, lengths[n]).
 function Decoder:prefill_many(n, slots, tokens, lengths, logits)
+  check_logits(self, logits, n, slots, "prefill_many")
   core.ok(C.clrt_decoder_prefill_many(self.ptr, n, slots, tokens, lengths, logits), 2)
 end
+-- n prompts, each after what its slot holds (a prefix loaded from the prefix cache).
+function Decoder:extend_many(n, slots, tokens, lengths, logits)
+  check_logits(self, logits, n, slots, "extend_many")
+  core.ok(C.clrt_decoder_extend_many(self.ptr, n, slots, tokens, lengths, logits), 2)
+end
+function Decoder:reset(slot) core.ok(C.clrt_decoder_reset(self.ptr, slot), 2) end
+function Decoder:exact_length(slot) return C.clrt_decoder_exact_length(self.ptr, slot) end
+function Decoder:load_blocks(slot, count, ids, blocks) core.ok(C.clrt_decoder_load_blocks(self.ptr, slot, count, ids, blocks), 2) end
+function Decoder:save_blocks(slot, first, count, ids, blocks)
+  core.ok(C.clrt_decoder_save_blocks(self.ptr, slot, first, count, ids, blocks), 2)
+end
 function Decoder:copy_slot(src, dst) core.ok(C.clrt_decoder_copy_slot(self.ptr, src, dst), 2) end
-function Decoder:decode(n, slots, tokens, logits) core.ok(C.clrt_decoder_decode(self.ptr, n, slots, tokens, logits), 2) end
+function Decoder:decode(n, slots, tokens, logits)
+  check_logits(self, logits, n, slots, "decode")
+  core.ok(C.clrt_decoder_decode(self.ptr, n, slots, tokens, logits), 2)
+end
 function Decoder:length(slot) return C.clrt_decoder_length(self.ptr, slot) end
 function Decoder:bytes() return tonumber(C.clrt_decoder_bytes(self.ptr)) end
 
@@ -79,11 +109,14 @@ function M.install(Model)
     return new_decoder(self, slots, max_len)
   end
 
-  -- generate(prompts, {n, max_new_tokens, temperature, top_p, top_k, stop, seed, tokenizer,
+  -- generate(prompts, {n, max_new_tokens, temperature, top_p, top_k, stop, seed, seed_key, tokenizer,
   -- logit_bias, frequency_penalty, presence_penalty, on_step}) -> one entry per (prompt,
   -- sample), prompt-major:
   -- {tokens = {...}, logprobs = {...}, finish_reason = "stop" | "length", text = ...}.
-  -- The decoder is kept on the model and grows to the largest request seen.
+  -- A prompt's samples draw from the stream of (seed, its prompt's tokens), or of (seed, key)
+  -- with seed_key = {key per prompt} (clrt.gen.engine.row_seed); with a tokenizer, ids it
+  -- cannot decode are never sampled. The decoder is kept on the model and grows to the
+  -- largest request seen.
   function Model:generate(prompts, opts)
     check_prompts(prompts, opts)
     opts = opts or {}

@@ -1,9 +1,9 @@
 -- clrt.net.http — the process's one HTTP event loop (runtime/net/http.c, libcurl multi) seen from Lua.
 --   id = http.submit({method=, url=, headers={...}, body=, timeout=, ca_file=}, on_done)
 --   http.pump(timeout_ms)     -- drive transfers; calls on_done(result) for each finished one
---   r = http.request{...}     -- submit and wait: yields inside a clrt.sched task, else blocks
 -- A result is {id, status, ok_transport, error, error_code, timed_out, retry_after, elapsed,
--- body, headers}; status is 0 when no response arrived. Clients (clrt.llm) build on request().
+-- body, headers}; status is 0 when no response arrived. Submitting and waiting (a yield inside
+-- a clrt.sched task, else a blocking pump) is clrt.net.request, which clients (clrt.llm) use.
 local core = require("clrt.core.ffi")
 local ffi = require("ffi")
 local C = core.C
@@ -85,30 +85,6 @@ function M.pump(timeout_ms, fds)
     end
   end
   return n
-end
-
--- Submit and wait for the result. Inside a clrt.sched task the task yields and the
--- scheduler pumps; elsewhere this pumps the loop itself until the result is in.
--- on_abort runs if the scheduler abandons the task (run timeout) while it waits.
-function M.request(req, on_abort)
-  local sched = require("clrt.sched")
-  local task = sched.current()
-  if task then
-    local id
-    id = M.submit(req, function(r) sched.wake(task, r) end)
-    return sched.suspend(function()
-      M.cancel(id)
-      if on_abort then on_abort() end
-    end)
-  end
-  local got
-  local id = M.submit(req, function(r) got = r end)
-  local ok, err = pcall(function() while not got do M.pump(50) end end)
-  if not ok then
-    M.cancel(id)   -- interrupted: leave nothing in flight
-    error(err, 0)
-  end
-  return got
 end
 
 -- Sleep without a scheduler, still driving transfers other code has in flight.

@@ -4,9 +4,7 @@
 -- GET /v1/models/{id}, GET /health (open without the key). Every request's rows join the
 -- same generation engine, so requests that arrive together decode in the same batched
 -- steps, and a request that arrives mid-way joins at the next step.
-local cjson = require("cjson.safe").new()   -- decodes requests; replies go through clrt.json,
-local json = require("clrt.json")            -- which keeps an empty array [] apart from {}
-cjson.decode_invalid_numbers(false)          -- NaN, Infinity and 0x.. are not JSON
+local json = require("clrt.json")   -- strict: NaN, Infinity and 0x.. are not JSON; [] stays apart from {}
 local gen = require("clrt.gen.engine")
 
 local M = {}
@@ -118,8 +116,10 @@ local function bad(field, why) return nil, json_error(400, ("'%s' %s"):format(fi
 -- A request body as a JSON object whose strings are UTF-8 and whose keys are all `known`
 -- parameters. Returns it or (nil, status, body).
 local function decode_body(body, known)
-  local req, err = cjson.decode(body)
-  if type(req) ~= "table" or (next(req) ~= nil and type(next(req)) ~= "string") then
+  -- each object's key order is kept: the template's tojson renders tools as the client sent them
+  local ok, req = pcall(json.decode, body, "request", { key_order = true })
+  local err = not ok and req or nil
+  if not ok or type(req) ~= "table" or (next(req) ~= nil and type(next(req)) ~= "string") then
     return nil, json_error(400, "request body is not valid JSON: " .. tostring(err or "not an object"))
   end
   local not_utf8 = bad_utf8_field(req, "")
@@ -133,51 +133,51 @@ end
 -- The parameters both endpoints share (model, stream, sampling, length, stop, logit_bias)
 -- into `out`. Returns true or (nil, status, body).
 local function parse_sampling(req, out, limits)
-  if req.model ~= nil and req.model ~= cjson.null then
+  if req.model ~= nil and req.model ~= json.null then
     if type(req.model) ~= "string" then return bad("model", "must be a string") end
     out.model = req.model
   end
-  if req.stream ~= nil and req.stream ~= cjson.null then
+  if req.stream ~= nil and req.stream ~= json.null then
     if type(req.stream) ~= "boolean" then return bad("stream", "must be a boolean") end
     out.stream = req.stream
   end
   local so = req.stream_options
-  if so ~= nil and so ~= cjson.null then
+  if so ~= nil and so ~= json.null then
     if type(so) ~= "table" then return bad("stream_options", "must be an object") end
-    if so.include_usage ~= nil and so.include_usage ~= cjson.null and type(so.include_usage) ~= "boolean" then
+    if so.include_usage ~= nil and so.include_usage ~= json.null and type(so.include_usage) ~= "boolean" then
       return bad("stream_options.include_usage", "must be a boolean")
     end
     out.include_usage = so.include_usage == true
   end
   local t = req.temperature
-  if t ~= nil and t ~= cjson.null then
+  if t ~= nil and t ~= json.null then
     if type(t) ~= "number" or t < 0 or t > 2 then return bad("temperature", "must be a number in [0, 2]") end
     out.temperature = t
   end
   local p = req.top_p
-  if p ~= nil and p ~= cjson.null then
+  if p ~= nil and p ~= json.null then
     if type(p) ~= "number" or p <= 0 or p > 1 then return bad("top_p", "must be a number in (0, 1]") end
     out.top_p = p
   end
   local mt = req.max_completion_tokens or req.max_tokens
   local mt_name = req.max_completion_tokens and "max_completion_tokens" or "max_tokens"
-  if mt ~= nil and mt ~= cjson.null then
+  if mt ~= nil and mt ~= json.null then
     if not is_int(mt) or mt < 1 then return bad(mt_name, "must be a positive integer") end
     if mt > limits.max_tokens then return bad(mt_name, ("must be at most %d on this server"):format(limits.max_tokens)) end
     out.max_tokens = mt
   end
   local n = req.n
-  if n ~= nil and n ~= cjson.null then
+  if n ~= nil and n ~= json.null then
     if not is_int(n) or n < 1 or n > limits.max_n then return bad("n", ("must be an integer in [1, %d]"):format(limits.max_n)) end
     out.n = n
   end
   local seed = req.seed
-  if seed ~= nil and seed ~= cjson.null then
+  if seed ~= nil and seed ~= json.null then
     if not is_int(seed) then return bad("seed", "must be an integer") end
     out.seed = seed
   end
   local stop = req.stop
-  if stop ~= nil and stop ~= cjson.null then
+  if stop ~= nil and stop ~= json.null then
     if type(stop) == "string" then stop = { stop } end
     if type(stop) ~= "table" or #stop > 4 then return bad("stop", "must be a string or an array of up to 4 strings") end
     for i, s in ipairs(stop) do
@@ -187,14 +187,14 @@ local function parse_sampling(req, out, limits)
   end
   for _, k in ipairs({ "frequency_penalty", "presence_penalty" }) do
     local v = req[k]
-    if v ~= nil and v ~= cjson.null then
+    if v ~= nil and v ~= json.null then
       if type(v) ~= "number" or v < -2 or v > 2 then return bad(k, "must be a number in [-2, 2]") end
       out[k] = v
     end
   end
-  if req.user ~= nil and req.user ~= cjson.null and type(req.user) ~= "string" then return bad("user", "must be a string") end
+  if req.user ~= nil and req.user ~= json.null and type(req.user) ~= "string" then return bad("user", "must be a string") end
   local lb = req.logit_bias
-  if lb ~= nil and lb ~= cjson.null then
+  if lb ~= nil and lb ~= json.null then
     local bias, why = parse_logit_bias(lb, limits.vocab_size)
     if not bias then return bad("logit_bias", why) end
     out.logit_bias = bias
@@ -214,14 +214,14 @@ function M.parse_chat_request(body, limits)
     for k in pairs(m) do
       if not MESSAGE_FIELDS[k] then return bad(f .. "." .. tostring(k), "is not supported (the chat template has no place for it)") end
     end
-    if m.refusal ~= nil and m.refusal ~= cjson.null then return bad(f .. ".refusal", "must be null (a refusal is not rendered)") end
+    if m.refusal ~= nil and m.refusal ~= json.null then return bad(f .. ".refusal", "must be null (a refusal is not rendered)") end
     local role = m.role == "developer" and "system" or m.role   -- OpenAI's newer name for system
     if role ~= "system" and role ~= "user" and role ~= "assistant" and role ~= "tool" then
       return bad(f .. ".role", "must be 'system', 'developer', 'user', 'assistant' or 'tool'")
     end
     local content = m.content
     local calls = m.tool_calls
-    if calls == cjson.null then calls = nil end
+    if calls == json.null then calls = nil end
     if calls ~= nil then
       if role ~= "assistant" or type(calls) ~= "table" then return bad(f .. ".tool_calls", "must be an array on an assistant message") end
       for j, c in ipairs(calls) do
@@ -230,7 +230,7 @@ function M.parse_chat_request(body, limits)
           return bad(("%s.tool_calls[%d]"):format(f, j - 1), "must be {id, type: 'function', function: {name, arguments (a JSON string)}}")
         end
       end
-      if content == nil or content == cjson.null then content = "" end
+      if content == nil or content == json.null then content = "" end
     end
     if role == "tool" and type(m.tool_call_id) ~= "string" then return bad(f .. ".tool_call_id", "must be a string") end
     if type(content) == "table" then   -- the array-of-parts form: text parts only
@@ -251,18 +251,18 @@ function M.parse_chat_request(body, limits)
   local ok, status2, err2 = parse_sampling(req, out, limits)
   if not ok then return nil, status2, err2 end
   local lp, top = req.logprobs, req.top_logprobs
-  if lp ~= nil and lp ~= cjson.null then
+  if lp ~= nil and lp ~= json.null then
     if type(lp) ~= "boolean" then return bad("logprobs", "must be a boolean") end
     out.logprobs = lp
   end
-  if top ~= nil and top ~= cjson.null then
+  if top ~= nil and top ~= json.null then
     if not is_int(top) or top < 0 or top > 20 then return bad("top_logprobs", "must be an integer in [0, 20]") end
     if not out.logprobs then return bad("top_logprobs", "needs 'logprobs': true") end
     out.top_logprobs = top
   end
   out.uses_tools = out_uses_tools
   local tools = req.tools
-  if tools ~= nil and tools ~= cjson.null then
+  if tools ~= nil and tools ~= json.null then
     if type(tools) ~= "table" then return bad("tools", "must be an array") end
     out.tool_schemas = {}
     for j, t in ipairs(tools) do
@@ -271,20 +271,15 @@ function M.parse_chat_request(body, limits)
         return bad(("tools[%d]"):format(j - 1), "must be {type: 'function', function: {name ([a-zA-Z0-9_-]+), description, parameters}}")
       end
       local params = fn.parameters
-      if params ~= nil and params ~= cjson.null and type(params) ~= "table" then
+      if params ~= nil and params ~= json.null and type(params) ~= "table" then
         return bad(("tools[%d].function.parameters"):format(j - 1), "must be a JSON Schema object")
       end
-      out.tool_schemas[j] = { name = fn.name, parameters = (params ~= cjson.null and params) or nil }
+      out.tool_schemas[j] = { name = fn.name, parameters = (params ~= json.null and params) or nil }
     end
-    if #tools > 0 then
-      -- rendered by the template's tojson: keep the keys in the order the client sent them
-      local ok, ordered = pcall(json.decode, body, "request", { key_order = true })
-      if not ok then return bad("tools", "could not be read in order: " .. tostring(ordered)) end
-      out.tools = ordered.tools
-    end
+    if #tools > 0 then out.tools = tools end   -- decoded with their key order (decode_body)
   end
   local choice = req.tool_choice
-  if choice ~= nil and choice ~= cjson.null then
+  if choice ~= nil and choice ~= json.null then
     local named = type(choice) == "table" and type(choice["function"]) == "table" and choice["function"].name
     if choice ~= "none" and choice ~= "auto" and choice ~= "required" and type(named) ~= "string" then
       return bad("tool_choice", "must be 'none', 'auto', 'required' or {type: 'function', function: {name}}")
@@ -297,11 +292,11 @@ function M.parse_chat_request(body, limits)
     end
     out.tool_choice = named and { name = named } or choice
   end
-  if req.response_format ~= nil and req.response_format ~= cjson.null then
+  if req.response_format ~= nil and req.response_format ~= json.null then
     out.response_format = req.response_format
   end
   local ptc = req.parallel_tool_calls
-  if ptc ~= nil and ptc ~= cjson.null then
+  if ptc ~= nil and ptc ~= json.null then
     if type(ptc) ~= "boolean" then return bad("parallel_tool_calls", "must be a boolean") end
     out.single_tool_call = ptc == false
   end
@@ -334,12 +329,12 @@ function M.parse_completion_request(body, limits)
   local ok, status2, err2 = parse_sampling(req, out, limits)
   if not ok then return nil, status2, err2 end
   -- what this server does not do is refused rather than ignored
-  if req.echo ~= nil and req.echo ~= cjson.null and req.echo ~= false then return bad("echo", "is not supported (only false)") end
-  if req.suffix ~= nil and req.suffix ~= cjson.null then return bad("suffix", "is not supported (no fill-in-the-middle)") end
-  if req.logprobs ~= nil and req.logprobs ~= cjson.null then
+  if req.echo ~= nil and req.echo ~= json.null and req.echo ~= false then return bad("echo", "is not supported (only false)") end
+  if req.suffix ~= nil and req.suffix ~= json.null then return bad("suffix", "is not supported (no fill-in-the-middle)") end
+  if req.logprobs ~= nil and req.logprobs ~= json.null then
     return bad("logprobs", "is not supported on /v1/completions (/v1/chat/completions has logprobs)")
   end
-  if req.best_of ~= nil and req.best_of ~= cjson.null and req.best_of ~= out.n then
+  if req.best_of ~= nil and req.best_of ~= json.null and req.best_of ~= out.n then
     return bad("best_of", "is not supported (only equal to n: every sample is returned)")
   end
   return out
@@ -375,6 +370,8 @@ function M.new(opts)
   self.name = opts.name or "clrt"
   self.api_key = opts.api_key
   self.limits = { max_tokens = opts.max_tokens or 4096, max_n = math.min(opts.slots or 32, 16) }
+  -- prompt caching across requests (clrt.gen.prefix_cache, docs/prefix_cache.md): MiB, 0 off
+  if opts.prefix_cache_mb ~= nil then require("clrt.gen.prefix_cache").configure(self.model, { mb = opts.prefix_cache_mb }) end
   self.dec = opts.decoder or self.model:decoder(opts.slots or 32, opts.max_len or 2048)
   self.limits.vocab_size = self.dec.vocab_size
   self.engine = gen.engine(self.dec)
@@ -577,7 +574,10 @@ function Server:start_request(r, req)
   local function usage()
     local c = 0
     for _, row in ipairs(rows) do c = c + #row.tokens end
-    return { prompt_tokens = #ids, completion_tokens = c, total_tokens = #ids + c }
+    -- OpenAI's prompt caching field: the prompt tokens served from the prefix cache
+    local cached = rows[1] and rows[1].cached_tokens or 0
+    return { prompt_tokens = #ids, completion_tokens = c, total_tokens = #ids + c,
+             prompt_tokens_details = { cached_tokens = cached } }
   end
   -- a finished row's tool calls (OpenAI's shape) and content, when tools are on
   local function tool_result(row)
@@ -719,7 +719,10 @@ function Server:start_completion(r, req)
   local function usage()
     local c = 0
     for _, row in ipairs(rows) do c = c + #row.tokens end
-    return { prompt_tokens = #ids, completion_tokens = c, total_tokens = #ids + c }
+    -- OpenAI's prompt caching field: the prompt tokens served from the prefix cache
+    local cached = rows[1] and rows[1].cached_tokens or 0
+    return { prompt_tokens = #ids, completion_tokens = c, total_tokens = #ids + c,
+             prompt_tokens_details = { cached_tokens = cached } }
   end
   local function body(choices, extra)
     local b = { id = cid, object = "text_completion", created = created, model = self.name, choices = choices }

@@ -11,7 +11,7 @@
 -- Ctrl-C part-way leaves at most a half-written folder that find() ignores and the next save
 -- of that step replaces.
 local files = require("clrt.files")
-local cjson = require("cjson")
+local json = require("clrt.json")
 local M = {}
 
 M.TOKENIZER_FILES = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -30,7 +30,7 @@ end
 local function state_of(dir)
   local s = read(dir .. "/trainer_state.json")
   if not s then return nil end
-  local ok, st = pcall(cjson.decode, s)
+  local ok, st = pcall(json.decode, s)
   if ok and type(st) == "table" and type(st.step) == "number" then return st end
   return nil
 end

@@ -1,10 +1,12 @@
 -- clrt.train.context — the ONE place the `ctx` table is built that every metric
 -- (lua/metrics/*.lua: compute(conversation, sample, ctx)) and simulated user
 -- (lua/interactions/*.lua: respond(conversation, sample, ctx)) receives.
---   local ctx, user = clrt.train.context{config = cfg, tokenizer = tok}
+--   local ctx, user = clrt.train.context{config = cfg, tokenizer = tok, who = "collabllm_rl"}
 -- (clients = {user =, judge =} replaces the HTTP clients: clrt.train.estimate's recorders)
--- config is an RL config (collabllm_rl.lua's defaults: sim, sim_cfg, judge, reward); user is
--- the simulated-user plug-in that config.sim names. Fields of ctx:
+-- config has the shared settings (clrt.train.defaults: sim, sim_cfg, judge, reward); user is
+-- the simulated-user plug-in that config.sim names (clrt.train.users: lua/interactions/);
+-- who, the recipe's name, starts every error about them. Fields of ctx:
+--   who                the recipe's name (library errors about this run start with it)
 --   tokenizer          the policy's tokenizer (token_amount counts with it)
 --   extract_json       text -> table, the lenient JSON parser (clrt.llm.extract_json); may raise
 --   sleep              seconds -> (), clrt.sched.sleep (yields inside a scheduler task)
@@ -34,23 +36,18 @@
 -- role with cache=true; cache=false: none).
 -- Retries (DESIGN.md): transport in the HTTP client (max_retries, backoff, max_backoff);
 -- a reply that does not parse is asked again parse_retries times in clrt.llm_reply.
+-- The rules that check sim_cfg and judge are clrt.train.defaults.client_rules.
+local llm = require("clrt.llm")
+local sched = require("clrt.sched")
+local users = require("clrt.train.users")
 local M = {}
-
--- clrt.config.check rules for one client's settings (sim_cfg, judge): the keys client() and
--- the *_options tables below read.
-function M.client_rules(prefix)
-  return { { prefix .. ".timeout", "rate" }, { prefix .. ".max_retries", "count0" }, { prefix .. ".backoff", "nonneg" },
-    { prefix .. ".max_backoff", "nonneg" }, { prefix .. ".max_concurrency", "count" }, { prefix .. ".parse_retries", "count0" },
-    { prefix .. ".temperature", "nonneg" }, { prefix .. ".max_tokens", "count" }, { prefix .. ".top_p", "fraction" },
-    { prefix .. ".max_chars", "count" }, { prefix .. ".rpm", "rate" }, { prefix .. ".tpm", "rate" } }
-end
 
 local function client(c, role, cache)
   local ranks = require("clrt.dist").world_size()
   -- one endpoint serves every data-parallel rank: each takes its part of the limits
   local function share(v) return v and math.max(1, math.floor(v / ranks)) end
   if c.price ~= nil then require("clrt.api.prices").check(c.price, role == "user" and "sim_cfg.price" or "judge.price") end
-  return clrt.llm.client({ base_url = c.base_url, model = c.model, api_key_env = c.api_key_env,
+  return llm.client({ base_url = c.base_url, model = c.model, api_key_env = c.api_key_env,
     timeout = c.timeout, max_retries = c.max_retries, backoff = c.backoff, max_backoff = c.max_backoff,
     max_concurrency = share(c.max_concurrency), rpm = share(c.rpm), tpm = share(c.tpm), role = role, price = c.price,
     cache = c.cache ~= false and cache or nil, cache_all = c.cache == true })
@@ -65,24 +62,21 @@ end
 function M.build(a)
   local cfg, tok = a.config or {}, a.tokenizer
   local user
-  local ctx = { tokenizer = tok, extract_json = clrt.llm.extract_json, sleep = clrt.sched.sleep,
+  local who = a.who or "clrt.train.context"
+  local ctx = { who = who, tokenizer = tok, extract_json = llm.extract_json, sleep = sched.sleep,
     metric_options = (cfg.reward and cfg.reward.metric_options) or {}, counters = {} }
   local s, j = cfg.sim_cfg or {}, cfg.judge or {}
   ctx.terminate_marker = s.terminate_marker
   local cache = reply_cache(cfg)
   ctx.spend = require("clrt.api.usage").ledger{ path = cfg.run_dir and cfg.run_dir .. "/api_usage.json",
     resume = cfg.resume ~= nil, warn = function(msg) io.stderr:write(msg, "\n") end }
-  if cfg.sim == "scripted" then
-    user = require("interactions.scripted_user")
-  elseif cfg.sim == "llm" then
-    user = require("interactions.collabllm_user")
+  user = users.load(cfg.sim, who)
+  if user.uses_llm then
     ctx.user = a.clients and a.clients.user or client(s, "user", cache)
     ctx.user_options = { temperature = s.temperature, max_tokens = s.max_tokens, top_p = s.top_p,
       parse_retries = s.parse_retries, response_format = s.response_format, max_chars = s.max_chars,
       prompt_file = s.prompt_file }
     if s.prompt_file then require("clrt.prompt_file").read(s.prompt_file) end   -- a bad path fails now, not mid-run
-  else
-    error(("collabllm_rl: sim must be 'scripted' or 'llm', got '%s'"):format(tostring(cfg.sim)), 0)
   end
   if a.clients then ctx.judge = a.clients.judge elseif j.base_url then ctx.judge = client(j, "judge", cache) end
   ctx.judge_options = { temperature = j.temperature, max_tokens = j.max_tokens, top_p = j.top_p,

@@ -11,6 +11,8 @@
 --   dp.check_params(m, steps_done, every)    -- the ranks' parameters agree (every 50 steps)
 local dist = require("clrt.dist")
 local json = require("clrt.json")
+local llm = require("clrt.llm")
+local entry = require("clrt.train.entry")
 local M = {}
 
 -- This rank's contiguous share of the step's prompts and the index of its first one.
@@ -20,15 +22,6 @@ function M.my_prompts(samples)
   local mine = {}
   for i = first, last do mine[#mine + 1] = samples[i] end
   return mine, first
-end
-
--- An entry without its sample (every rank has the step's samples): what the rewards, the
--- report, the samples log and the training rows read.
-local function portable(e, offset)
-  return { group = e.group + offset, prompt_ids = e.prompt_ids, tokens = e.tokens, text = e.text,
-    message = e.message, truncated = e.truncated, invalid = e.invalid, scores = e.scores, convs = e.convs,
-    dropped = e.dropped, drop_error = e.drop_error, cutoff_reward = e.cutoff_reward,
-    logprobs_rollout = e.logprobs_rollout and json.array(e.logprobs_rollout) }
 end
 
 -- JSON null where a value was absent: back to nil, recursively.
@@ -46,17 +39,13 @@ end
 function M.gather_entries(entries, samples, first, ctx)
   if dist.world_size() == 1 then return entries end
   local mine = {}
-  for i, e in ipairs(entries) do mine[i] = portable(e, first - 1) end
+  for i, e in ipairs(entries) do mine[i] = entry.portable(e, first - 1) end
   local payload = json.encode({ entries = json.array(mine), counters = ctx and ctx.counters or {},
-    calls = json.array(clrt.llm.drain_records()) })
+    calls = json.array(llm.drain_records()) })
   local all, counters, calls = {}, {}, {}
   for r = 0, dist.world_size() - 1 do
     local part = strip_nulls(json.decode(dist.broadcast_string(payload, r), "rank " .. r .. "'s entries"))
-    for _, e in ipairs(part.entries) do
-      e.sample = samples[e.group]
-      e.scores, e.convs = e.scores or {}, e.convs or {}
-      all[#all + 1] = e
-    end
+    for _, p in ipairs(part.entries) do all[#all + 1] = entry.from_portable(p, samples[p.group]) end
     for k, n in pairs(part.counters or {}) do counters[k] = (counters[k] or 0) + n end
     for _, c in ipairs(part.calls or {}) do calls[#calls + 1] = c end
   end
@@ -64,7 +53,7 @@ function M.gather_entries(entries, samples, first, ctx)
     for k in pairs(ctx.counters) do ctx.counters[k] = nil end
     for k, n in pairs(counters) do ctx.counters[k] = n end
   end
-  clrt.llm.add_records(calls)
+  llm.add_records(calls)
   return all
 end
 

@@ -10,6 +10,7 @@
 -- trained for first <= t < #ids, as in clrt.train.ppo. A pair is {chosen = row, rejected =
 -- row, ref_chosen, ref_rejected}. With LoRA the reference is the base model with the
 -- adapters off: attach_ref takes whatever model computes it.
+local chat = require("clrt.chat")
 local losses = require("clrt.train.losses")
 local update = require("clrt.train.update")
 local M = {}
@@ -40,7 +41,7 @@ function M.select(entries, rewards, min_gap)
   return out
 end
 
--- A sampled entry (clrt.train.rollout.step) as a token row.
+-- A sampled entry (clrt.train.entry, from clrt.train.rollout.step) as a token row.
 function M.entry_row(e)
   local ids = {}
   for i, t in ipairs(e.prompt_ids) do ids[i] = t end
@@ -59,7 +60,7 @@ local function reply_row(tok, prompt, reply, ropts)
   local msgs = {}
   for i, msg in ipairs(prompt) do msgs[i] = msg end
   msgs[#msgs + 1] = { role = "assistant", content = reply }
-  local ids, mask = clrt.chat.render(tok, msgs, ropts)
+  local ids, mask = chat.render(tok, msgs, ropts)
   local last = #mask
   while last > 0 and mask[last] ~= 1 do last = last - 1 end
   if last == 0 then return nil end

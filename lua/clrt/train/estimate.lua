@@ -2,6 +2,7 @@
 -- simulated user, judges and extractor, printed before anything loads or trains.
 --   local e = estimate.run(cfg, "rl" | "dpo" | "eval")   -- prints; returns the numbers
 --   estimate.run(cfg, kind, {assume = {assistant_turn = 120}})   -- other reply lengths (bench/)
+--   opts.world: the world whose prompts stand in when there is no data= (the recipe passes it)
 -- How: the number of calls follows from the config (prompts per step x rollout.n x
 -- num_repeat_rollouts futures, max_user_turns user calls per future, one request per
 -- LLM-judged metric per future, validation every eval.every steps). Their sizes come from
@@ -140,10 +141,8 @@ local function dollars(cfg, roles)
   return sum, unpriced
 end
 
-local function samples_of(cfg, path)
-  local prompts = require("clrt.train.prompts")
-  if path then return prompts.dataset_samples(path) end
-  local world = prompts.world()
+local function samples_of(cfg, path, world, who)
+  if path then return require("clrt.train.prompts").dataset_samples(path, who) end
   return world.rl_prompts(math.max(cfg.prompts_per_step or 16, 8), cfg.seed or 1), world
 end
 
@@ -171,17 +170,22 @@ function M.run(cfg, kind, opts)
   for k, v in pairs(M.ASSUME) do A[k] = v end
   for k, v in pairs(opts and opts.assume or {}) do A[k] = v end
   local who = "collabllm_" .. kind
+  local function the_world()
+    if not (opts and opts.world) then error(who .. ": estimate=true without data= needs the world (opts.world)", 0) end
+    return opts.world
+  end
   local R = cfg.rollout
   local e = { kind = kind }
+  local sim_llm = require("clrt.train.users").uses_llm(cfg.sim)   -- the simulated user calls an API
   print(("%s: estimate=true: the API calls, tokens and dollars to expect (nothing is trained or sent)"):format(who))
   if kind == "dpo" and not cfg.online then
-    if cfg.data or cfg.sim ~= "llm" then
+    if cfg.data or not sim_llm then
       print("offline DPO trains on stored pairs: it makes no API calls" .. (cfg.data_val and " (validation is a DPO loss too)" or ""))
       e.step, e.run = { calls = 0, usd = 0 }, { calls = 0, usd = 0 }
       return e
     end
   end
-  if cfg.sim ~= "llm" and not (cfg.judge and cfg.judge.base_url) then
+  if not sim_llm and not (cfg.judge and cfg.judge.base_url) then
     print("the scripted user and no judge endpoint: no API calls")
     e.step, e.run = { calls = 0, usd = 0 }, { calls = 0, usd = 0 }
     return e
@@ -192,10 +196,10 @@ function M.run(cfg, kind, opts)
   if paper then   -- the user writes every other message from the first: ceil(max_messages / 2) turns
     local pe = require("clrt.train.paper_eval")
     turns = pe.turn_limits(cfg.max_messages)
-    samples = cfg.data and pe.samples(cfg.data, nil, cfg.task_metric)
-      or pe.world_samples(require("clrt.train.prompts").world(), cfg.prompts or 200, cfg.seed or 1, nil)
+    samples = cfg.data and pe.samples(cfg.data, nil, cfg.task_metric, who)
+      or pe.world_samples(the_world(), cfg.prompts or 200, cfg.seed or 1, nil)
   else
-    samples = samples_of(cfg, cfg.data)
+    samples = samples_of(cfg, cfg.data, not cfg.data and the_world() or nil, who)
   end
   local roles, k = per_future(cfg, samples, turns, A, paper)
   local steps, futures_per_step, val_convs, validations

@@ -8,7 +8,8 @@
 --   ev.summary   {config =, before =, after =, val_before =, val_after =, api = (clrt.api.usage's total)}
 local files = require("clrt.files")
 local json = require("clrt.json")
-local rollout = require("clrt.train.rollout")
+local llm = require("clrt.llm")
+local validation = require("clrt.train.validation")
 local M = {}
 M.__index = M
 
@@ -27,8 +28,8 @@ end
 function M:save() files.write_atomic(self.path, json.encode(self.summary) .. "\n") end
 
 function M:validate(step)
-  local rep = rollout.validate(self.model, self.tokenizer, self.cfg, self.val_set, self.user, self.ctx, self.metrics)
-  self.log:log(step, rollout.val_row(rep, {}))
+  local rep = validation.validate(self.model, self.tokenizer, self.cfg, self.val_set, self.user, self.ctx, self.metrics)
+  self.log:log(step, validation.val_row(rep, {}))
   if rep.first_drop then self.log:print("validation: first dropped conversation: " .. rep.first_drop) end
   return rep
 end
@@ -37,7 +38,7 @@ end
 function M:before()
   local s, cfg = self.summary, self.cfg
   if self.can_eval and cfg.eval.before and not s.before then
-    s.before = rollout.evaluate(self.model, self.tokenizer, cfg, self.world, self.user, self.ctx)
+    s.before = validation.evaluate(self.model, self.tokenizer, cfg, self.world, self.user, self.ctx)
     self.log:print("before RL: " .. json.encode(s.before))
     self:save()
   end
@@ -58,7 +59,7 @@ end
 -- After the loop: the held-out evaluation when the run reached its last step.
 function M:after(last_step)
   if self.can_eval and self.cfg.eval.after and last_step == self.cfg.steps then
-    self.summary.after = rollout.evaluate(self.model, self.tokenizer, self.cfg, self.world, self.user, self.ctx)
+    self.summary.after = validation.evaluate(self.model, self.tokenizer, self.cfg, self.world, self.user, self.ctx)
     self.log:print("after RL:  " .. json.encode(self.summary.after))
   end
 end
@@ -69,7 +70,7 @@ function M:finish()
   -- the run's API spend (clrt.api.usage), with the calls since the last step's row
   local spend = self.ctx and self.ctx.spend
   if spend then
-    local rest = clrt.llm.drain_records()
+    local rest = llm.drain_records()
     if #rest > 0 then spend:add(rest, true) end
     if spend.total.all.calls > 0 then s.api = spend.total end
   end

@@ -5,6 +5,7 @@
 --   local m = lora.policy(base_dir, ckpt_dir, cfg.train.lora, cfg.seed, adapter_dir)
 --   local ref = lora.reference(m, base_dir)     -- anything with :logprobs(tokens, opts)
 local config = require("clrt.config")
+local model = require("clrt.model")
 local M = {}
 
 -- A recipe's `train.lora` defaults (a fresh table per call): off. `targets` may also name
@@ -38,19 +39,35 @@ function M.check_base_dtype(dtype, l, adapter_dir, who)
   return dtype
 end
 
+-- `train.precision`: "f32", or "bf16": bf16 mixed precision as PyTorch's autocast(bfloat16)
+-- runs it (model:set_matmul("bf16")): the blocks' linear products, forward and backward, take
+-- bf16 inputs and weight copies with f32 sums, on the CPU's matrix unit (AMX, else
+-- AVX512-BF16; docs/runtime.md) or cuBLAS; master weights, AdamW, the loss and the norms stay
+-- f32. Full fine-tune and LoRA (over an f32 base; a bf16 base, train.base_dtype=bf16, already
+-- multiplies in bf16). Applied to m (a model, or the RL reference's table: a no-op) after
+-- any move to its device.
+function M.set_precision(m, precision, who)
+  precision = precision or "f32"
+  if precision ~= "f32" and precision ~= "bf16" then
+    error(("%s: train.precision must be f32 or bf16, got '%s'"):format(who, tostring(precision)), 0)
+  end
+  if precision == "bf16" and type(m.set_matmul) == "function" and m:base_dtype() ~= "bf16" then m:set_matmul("bf16") end
+  return m
+end
+
 -- The model to train: with LoRA (train.lora.r > 0, or a PEFT adapter_dir to continue) the base
 -- from base_dir and the checkpoint's adapter (ckpt_dir), else adapter_dir's, else fresh
 -- adapters seeded by `seed`, the base then in base_dtype; without, the checkpoint or base_dir
 -- whole.
 function M.policy(base_dir, ckpt_dir, l, seed, adapter_dir, base_dtype)
   base_dtype = M.check_base_dtype(base_dtype, l, adapter_dir, "train.lora")
-  if not M.enabled(l) and not adapter_dir then return clrt.model.load(ckpt_dir or base_dir) end
+  if not M.enabled(l) and not adapter_dir then return model.load(ckpt_dir or base_dir) end
   if base_dtype == "bf16" then   -- converted as it is read: no whole f32 copy of the base
     local adapter = ckpt_dir or adapter_dir
-    return clrt.model.load(base_dir, { base_dtype = "bf16", adapter = adapter, lora = not adapter and
+    return model.load(base_dir, { base_dtype = "bf16", adapter = adapter, lora = not adapter and
       { r = l.r, alpha = l.alpha or 2 * l.r, dropout = l.dropout or 0, targets = targets(l.targets), seed = seed } or nil })
   end
-  local m = clrt.model.load(base_dir)
+  local m = model.load(base_dir)
   if ckpt_dir or adapter_dir then m:load_adapter(ckpt_dir or adapter_dir)
   else
     m:add_lora({ r = l.r, alpha = l.alpha or 2 * l.r, dropout = l.dropout or 0,
@@ -62,7 +79,7 @@ end
 -- The RL reference: a model of its own without LoRA, else m itself with the adapters off
 -- for the call.
 function M.reference(m, base_dir)
-  if not m.lora then return clrt.model.load(base_dir) end
+  if not m.lora then return model.load(base_dir) end
   return {
     logprobs = function(_, tokens, opts)
       m:set_adapters(false)

@@ -372,4 +372,44 @@ function Criterion:forward(logp, batch)
   return self:_ppo(logp, batch or {})
 end
 
+-- The PPO loss over Lua tables of rows (ragged allowed), for scripts and tests:
+--   losses.ppo_rows{logp =, old_logp =, ref_logp =, adv =, mask =, clip =, kl_coef =, ...}
+-- returns {loss, dlogp = [b][t], stats...}.
+-- Rows of a table of tables as a flat view of width max(#row) with per-row lengths.
+local function view_of(rows, B, T, lens)
+  local v = M.view(B, T, lens)
+  for b = 1, B do
+    local r = rows[b]
+    for t = 1, #r do v.p[(b - 1) * T + t - 1] = r[t] end
+  end
+  return v
+end
+
+function M.ppo_rows(a, extra)
+  if extra ~= nil then error("losses.ppo_rows: pass the options (clip, kl_coef, ...) in the first table", 2) end
+  local logp, old, ref, mask = a.logp, a.old_logp, a.ref_logp, a.mask
+  local B, T, lens = #logp, 0, {}
+  for b = 1, B do
+    local n = #logp[b]
+    local orow, rrow, m = old and old[b] or logp[b], ref and ref[b], mask and mask[b]
+    if #orow ~= n or (rrow and #rrow ~= n) or (m and #m ~= n) then
+      error(("losses.ppo_rows: row %d lengths differ (logp %d, old %d, ref %s, mask %s)"):format(
+        b, n, #orow, rrow and #rrow or "-", m and #m or "-"), 2)
+    end
+    lens[b], T = n, math.max(T, n)
+  end
+  local ok, L = pcall(M.ppo, { clip = a.clip, clip_high = a.clip_high, clip_c = a.clip_c,
+    kl_coef = a.kl_coef, kl_type = a.kl_type })
+  if not ok then error(L, 2) end
+  local lv = view_of(logp, B, T, lens)
+  local batch = { old = old and view_of(old, B, T, lens), ref = ref and view_of(ref, B, T, lens),
+    mask = mask and view_of(mask, B, T, lens), adv = a.adv, denom = a.denom, scale = a.scale }
+  local ok2, loss, st = pcall(L.forward, L, lv, batch)
+  if not ok2 then error(loss, 2) end
+  st.loss = loss
+  st.dlogp = {}
+  for b = 1, B do st.dlogp[b] = L:grad_row(b, lens[b]) end
+  return st
+end
+
 return M

@@ -13,6 +13,7 @@
 --   local results = paper_eval.run(m, tok, cfg, samples, user, ctx)
 --   local report = paper_eval.report(results, cfg)
 local reward = require("clrt.train.reward")
+local failure = require("clrt.train.failure")
 local rollout = require("clrt.train.rollout")
 local M = {}
 
@@ -21,12 +22,13 @@ local function opening_prompt(system_text)
 end
 
 -- process_dataset's eval_test.jsonl rows -> samples; a bad row is an error naming the line.
--- task_metric (optional) overrides every row's.
-function M.samples(path, system_text, task_metric)
+-- task_metric (optional) overrides every row's; who names the calling recipe in errors.
+function M.samples(path, system_text, task_metric, who)
+  who = who or "clrt.train.paper_eval"
   local rows, line_of = require("clrt.data").read_dataset(path)
   local out = {}
   for i, r in ipairs(rows) do
-    local where = ("collabllm_eval: %s:%d: "):format(path, line_of[i])
+    local where = ("%s: %s:%d: "):format(who, path, line_of[i])
     if type(r) ~= "table" then error(where .. "a row must be a JSON object", 0) end
     if r.prompt ~= nil then
       error(where .. "this is an RL row (it has a \"prompt\" list); protocol=paper reads process_dataset's "
@@ -43,7 +45,7 @@ function M.samples(path, system_text, task_metric)
       single_turn_prompt = r.single_turn_prompt, single_turn_metadata = r.single_turn_metadata,
       task_desc = r.task_desc, task_metric = metric, task = tostring(r.task_desc or metric) }
   end
-  if #out == 0 then error("collabllm_eval: " .. path .. " has no rows", 0) end
+  if #out == 0 then error(who .. ": " .. path .. " has no rows", 0) end
   return out
 end
 
@@ -81,7 +83,7 @@ function M.policy(m, tok, cfg)
   local ecfg = { rollout = {}, chat = cfg.chat }
   for k, v in pairs(cfg.rollout) do ecfg.rollout[k] = v end
   ecfg.rollout.temperature, ecfg.rollout.future_temperature = cfg.temperature, cfg.temperature
-  return rollout.policy(m, tok, ecfg, cfg.seed)
+  return require("clrt.train.policy").new(m, tok, ecfg, cfg.seed)
 end
 
 -- Every sample's conversation and scores, all conversations in flight together (clrt.sched).
@@ -99,7 +101,8 @@ function M.run(m, tok, cfg, samples, user, ctx, policy)
   for i, s in ipairs(samples) do
     fns[i] = function()
       local c, info = rollout.conversation(s.prompt, policy, user, s, ctx,
-        { max_user_turns = max_user, max_assistant_turns = max_asst, keep_last_assistant = true })
+        { max_user_turns = max_user, max_assistant_turns = max_asst, keep_last_assistant = true,
+          seed_key = ("paper/prompt %d"):format(i) })
       if not c then return { sample = s, dropped = info.dropped, error = info.error } end
       local scores = reward.score_conversation(c, s, { by_name[s.task_metric], by_name[cfg.itr_metric] }, ctx)
       return { sample = s, conversation = c, ended = info.ended, messages = #c - #s.prompt,
@@ -107,7 +110,7 @@ function M.run(m, tok, cfg, samples, user, ctx, policy)
     end
   end
   local results, errs = sched.run(fns)
-  rollout.check_stop()
+  failure.check_stop(ctx)
   for i in pairs(errs) do results[i] = { sample = samples[i], dropped = "error", error = errs[i] } end
   return results
 end

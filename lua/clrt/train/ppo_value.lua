@@ -115,7 +115,7 @@ end
 -- Returns the step's statistics and the KL coefficient for the next step.
 function M.update(m, ref, head, opt, rows, t, lr, kl_coef)
   if require("clrt.dist").world_size() > 1 then
-    error("collabllm_rl: train.algorithm=ppo runs on one rank (its value head is not shared across ranks); run without mpirun", 0)
+    error("clrt.train.ppo_value: train.algorithm=ppo runs on one rank (its value head is not shared across ranks); run without mpirun", 0)
   end
   local L = losses.ppo{ clip = t.clip, kl_coef = 0, clip_c = false, tis_cap = t.tis_cap }
   local nmb = math.max(1, math.min(t.mini_batches, #rows))

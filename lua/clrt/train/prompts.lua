@@ -1,68 +1,14 @@
 -- clrt.train.prompts — where an RL run's prompts come from: a process_dataset.lua JSONL
--- file (rows checked up front, over-long prompts left out) or the built-in world, which is
--- found through the module path (collab_world.* under examples/, on package.path) and whose
--- warm start (a small model trained by collabllm_sft.lua) is built once and cached.
---   local samples = prompts.dataset_samples(path)
---   local kept, dropped, limit = prompts.filter_prompts(m, tok, cfg, samples, what)
+-- file (rows checked up front, over-long prompts left out) or a world the recipe passes in
+-- (the built-in one: examples/collab_world/world.lua; its warm start: clrt.train.warm_start).
+-- who names the calling recipe in every error ("collabllm_rl", "collabllm_eval", ...).
+--   local samples = prompts.dataset_samples(path, who)
+--   local kept, dropped, limit = prompts.filter_prompts(m, tok, cfg, samples, what, who)
+--   local dataset, val_set, notes = prompts.load_sets(m, tok, cfg, who)
 --   local batch = prompts.step_prompts(cfg, world, dataset, step)
---   local world = prompts.world(); local dir = prompts.world_start(cfg, world)
-local config = require("clrt.config")
-local files = require("clrt.files")
-local rollout = require("clrt.train.rollout")
+local policy = require("clrt.train.policy")
+local chat = require("clrt.chat")
 local M = {}
-
--- The built-in world (examples/collab_world/world.lua) and its settings file.
-function M.world() return require("collab_world.world") end
-function M.world_config_path()
-  local p = package.searchpath("collab_world.config", package.path)
-  if not p then error("clrt: the built-in world (collab_world/config.lua) is not on package.path", 0) end
-  return p
-end
-function M.world_config() return config.read_file(M.world_config_path()) end
-
--- 8 hex digits of FNV-1a over s: names a cache folder after the settings that made it.
-local function short_hash(s)
-  local bit = require("bit")
-  local h = 0x811c9dc5
-  for i = 1, #s do
-    h = bit.bxor(h, s:byte(i))
-    h = bit.tobit(bit.lshift(h, 24) + (h % 4294967296) * 403)   -- h * 16777619 mod 2^32
-  end
-  return bit.tohex(h)
-end
-
--- The built-in world's SFT warm start, trained once and cached. The folder's name carries a
--- hash of the `sft` settings, so a cache trained with other settings (an older world config,
--- an sft.* override) is never taken for this one.
-function M.world_start_dir(cfg, world)
-  local key = short_hash(require("clrt.json").encode(cfg.sft or {}))
-  return ("%s/world%d-%s-seed%d"):format(cfg.sft_cache, world.version, key, cfg.seed)
-end
-
-function M.world_start(cfg, world)
-  local dir = M.world_start_dir(cfg, world)
-  -- rank 0 decides for all data-parallel ranks (they would race on the folder); the warm start
-  -- itself runs on all of them (collabllm_sft is data-parallel)
-  local dist = require("clrt.dist")
-  local state = dist.broadcast_string(files.exists(dir .. "/model/model.safetensors") and "cached"
-    or files.exists(dir .. "/config.json") and "resume" or "new")
-  if state == "cached" then return dir .. "/model" end
-  local sft = require("recipes.collabllm_sft")
-  local scfg
-  if state == "resume" then   -- an interrupted warm start: continue it
-    scfg = sft.parse_args({ "resume=" .. dir })
-  else
-    if dist.is_main() then files.remove_tree(dir) end   -- nothing in it to continue
-    dist.barrier()
-    scfg = config.parse(sft.defaults, {}, cfg.sft)
-    scfg.seed, scfg.run_dir = cfg.seed, dir
-  end
-  if dist.is_main() then
-    io.stderr:write("collabllm_rl: no cached warm start; training one with collabllm_sft.lua -> " .. dir .. "\n")
-  end
-  local model_dir = sft.main(scfg)
-  return model_dir
-end
 
 -- A step's prompts depend only on (seed, step), so a resumed run sees the same ones. A data
 -- set is read in a fresh seeded order each epoch (a file is often grouped by task); a step
@@ -88,11 +34,11 @@ end
 
 -- process_dataset.lua's RL rows -> samples the metrics and users understand.
 -- Every row is checked here, before any step: a bad row is an error naming file and line.
-function M.dataset_samples(path)
+function M.dataset_samples(path, who)
   local rows, line_of = require("clrt.data").read_dataset(path)
   local out = {}
   for i, r in ipairs(rows) do
-    local where = ("collabllm_rl: %s:%d: "):format(path, line_of[i])
+    local where = ("%s: %s:%d: "):format(who or "clrt.train.prompts", path, line_of[i])
     if type(r) ~= "table" then error(where .. "a row must be a JSON object", 0) end
     local kw = r.interaction_kwargs or {}
     if type(kw) ~= "table" then error(where .. "interaction_kwargs must be an object", 0) end
@@ -111,16 +57,16 @@ end
 
 -- The run's data= and data_val= sets (nil when not given), over-long prompts left out
 -- (validation cut to eval.prompts), and a line per set saying what was kept.
-function M.load_sets(m, tok, cfg)
+function M.load_sets(m, tok, cfg, who)
   local dataset, val_set, notes = nil, nil, {}
   if cfg.data then
     local dropped, limit
-    dataset, dropped, limit = M.filter_prompts(m, tok, cfg, M.dataset_samples(cfg.data), cfg.data)
+    dataset, dropped, limit = M.filter_prompts(m, tok, cfg, M.dataset_samples(cfg.data, who), cfg.data, who)
     notes[#notes + 1] = ("%s: %d prompts, %d longer than %d tokens left out"):format(cfg.data, #dataset, dropped, limit)
   end
   if cfg.data_val then
     local dropped, limit
-    val_set, dropped, limit = M.filter_prompts(m, tok, cfg, M.dataset_samples(cfg.data_val), cfg.data_val)
+    val_set, dropped, limit = M.filter_prompts(m, tok, cfg, M.dataset_samples(cfg.data_val, who), cfg.data_val, who)
     while cfg.eval.prompts and #val_set > cfg.eval.prompts do table.remove(val_set) end
     notes[#notes + 1] = ("%s: %d validation prompts, %d longer than %d tokens left out"):format(cfg.data_val, #val_set, dropped, limit)
   end
@@ -129,20 +75,20 @@ end
 
 -- Dataset prompts that leave room for a response (verl's filter_overlong_prompts): a prompt
 -- longer than max_prompt_len, or with no room left in the context, is left out and counted.
-function M.filter_prompts(m, tok, cfg, samples, what)
+function M.filter_prompts(m, tok, cfg, samples, what, who)
   local R = cfg.rollout
-  local ctx_len = rollout.context_len(m, R)
+  local ctx_len = policy.context_len(m, R)
   local limit = math.min(R.max_prompt_len or math.huge, ctx_len - 1)
-  local ropts = rollout.render_opts(cfg)
+  local ropts = policy.render_opts(cfg)
   local kept, longest = {}, 0
   for _, s in ipairs(samples) do
-    local n = #clrt.chat.render(tok, s.prompt, ropts)
+    local n = #chat.render(tok, s.prompt, ropts)
     if n <= limit then kept[#kept + 1] = s else longest = math.max(longest, n) end
   end
   local dropped = #samples - #kept
   if #kept == 0 then
-    error(("collabllm_rl: every prompt of %s is longer than %d tokens (max_prompt_len %s, context %d; longest %d)")
-      :format(what, limit, tostring(R.max_prompt_len), ctx_len, longest), 0)
+    error(("%s: every prompt of %s is longer than %d tokens (max_prompt_len %s, context %d; longest %d)")
+      :format(who or "clrt.train.prompts", what, limit, tostring(R.max_prompt_len), ctx_len, longest), 0)
   end
   return kept, dropped, limit
 end

@@ -22,7 +22,11 @@ function M.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
     ["tis/weight_mean"] = st.tis_weight, ["tis/capped"] = st.tis_capped, ["tis/logp_mismatch"] = st.logp_mismatch,
     first_reply_ask_rate = firsts > 0 and asks / firsts or 0,
     time_generate_first_s = timing.generate_first_s, time_rollout_s = timing.rollout_s,
-    time_update_s = t2 - t1, time_step_s = t2 - t0,
+    time_update_s = t2 - t1, time_step_s = t2 - t0, prefix_cache_hit_rate = timing.prefix_cache_hit_rate,
+    -- the update's matrix products (forward and backward, old and reference log-probs
+    -- included) and the rest of it: attention, norms, the optimizer step, Lua
+    time_update_products_s = timing.update_products_s,
+    time_update_outside_products_s = timing.update_products_s and (t2 - t1) - timing.update_products_s or nil,
     tokens_per_s = gen_tokens / math.max(1e-9, t1 - t0),
   }
   for name, v in pairs(R.metrics or {}) do row["metric/" .. name] = v end
@@ -38,7 +42,7 @@ function M.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
   row.tests_run, row.time_tests_s = cnt.pass_rate_programs, cnt.pass_rate_seconds
   if cnt.pass_rate_programs then row.engine_steps_during_tests = timing.engine_steps_during_tests end
   for k in pairs(cnt) do cnt[k] = nil end
-  local calls = clrt.llm.drain_records and clrt.llm.drain_records() or {}
+  local calls = require("clrt.llm").drain_records()
   if #calls > 0 then
     local lat, attempts, failed = 0, 0, 0
     for _, c in ipairs(calls) do

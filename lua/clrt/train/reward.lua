@@ -61,9 +61,9 @@ function M.load_metrics(weights, options)
   table.sort(names)
   for _, name in ipairs(names) do
     local ok, m = pcall(require, "metrics." .. name)
-    if not ok then error(("rl: cannot load metric '%s' (lua/metrics/%s.lua): %s"):format(name, name, m), 2) end
+    if not ok then error(("clrt.train.reward: cannot load metric '%s' (lua/metrics/%s.lua): %s"):format(name, name, m), 2) end
     if type(m) ~= "table" or type(m.compute) ~= "function" then
-      error(("rl: lua/metrics/%s.lua must return {name = ..., compute = function(conversation, sample, ctx)}"):format(name), 2)
+      error(("clrt.train.reward: lua/metrics/%s.lua must return {name = ..., compute = function(conversation, sample, ctx)}"):format(name), 2)
     end
     if type(m.prepare) == "function" then m.prepare((options or {})[name] or {}) end
     out[#out + 1] = { name = name, compute = m.compute, metric = m }

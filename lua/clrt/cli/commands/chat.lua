@@ -27,11 +27,12 @@ while i <= #args do
 end
 if not dir then error("clrt chat: which model folder?\n" .. usage, 0) end
 
-local m = clrt.model.load(dir, { adapter = adapter, quant = quant })
-local tok = clrt.tokenizer.load(dir)
+local chat = require("clrt.chat")
+local m = require("clrt.model").load(dir, { adapter = adapter, quant = quant })
+local tok = require("clrt.tokenizer").load(dir)
 local max_len = math.min(m.config.max_position_embeddings or 2048, 4096)
 local dec = m:decoder(1, max_len)
-local stop_ids = clrt.chat.stop_ids(tok)
+local stop_ids = chat.stop_ids(tok)
 local history_file = (os.getenv("HOME") or ".") .. "/.clrt_chat_history"
 core.C.clrt_history_load(history_file)
 
@@ -79,7 +80,7 @@ while true do
   elseif cmd then print("(unknown command /" .. cmd .. "; /help lists them)")
   elseif line:match("%S") then
     messages[#messages + 1] = { role = "user", content = line }
-    local ids = clrt.chat.render(tok, messages, { add_generation_prompt = true })
+    local ids = chat.render(tok, messages, { add_generation_prompt = true })
     local room = max_len - #ids
     if room < 1 then
       print("(the conversation no longer fits the context; /reset)")

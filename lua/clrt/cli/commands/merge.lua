@@ -11,7 +11,7 @@ local base, adapter, out = args[1], args[2], args[3]
 for _, d in ipairs({ base, adapter }) do
   if not files.is_dir(d) then error(("clrt merge: %s is not a folder\n%s"):format(d, usage), 0) end
 end
-local m = clrt.model.load(base, { adapter = adapter })
+local m = require("clrt.model").load(base, { adapter = adapter })
 local n = #m.lora_names
 m:merge_adapter()
 files.mkdir_p(out)

@@ -1,6 +1,6 @@
 -- clrt serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--slots 32]
 --                      [--max-len 2048] [--max-tokens 4096] [--max-body BYTES] [--served-model-name NAME]
---                      [--adapter DIR] [--quant int8]
+--                      [--adapter DIR] [--prefix-cache-mb MB] [--deterministic] [--quant int8]
 -- An OpenAI-compatible server for one model folder (see lua/clrt/net/openai_server.lua).
 local args = { ... }
 local usage = [[
@@ -13,6 +13,12 @@ usage: clrt serve MODEL_DIR [options]
   --max-tokens N     largest max_tokens a request may ask for (default 4096)
   --max-body BYTES   largest request body (default 4 MiB)
   --adapter DIR      a PEFT LoRA folder applied over MODEL_DIR
+  --prefix-cache-mb MB
+                     memory for prompt caching: requests that start like an earlier one
+                     prefill only the rest (default 1024; 0 turns it off; docs/prefix_cache.md)
+  --deterministic    batch-invariant kernels: a request with a seed gets the same tokens and
+                     log-probabilities whatever other requests share its steps (CPU; slower
+                     prefill, see docs/reproducibility.md)
   --quant int8       generate from int8 weights (per-output-channel scales; docs/quantization.md)
   --served-model-name NAME
                      the model's name in /v1/models; requests naming another model get a
@@ -41,7 +47,9 @@ while i <= #args do
   elseif a == "--max-len" then opts.max_len = number(a)
   elseif a == "--max-tokens" then opts.max_tokens = number(a)
   elseif a == "--max-body" then opts.max_body = number(a)
+  elseif a == "--prefix-cache-mb" then opts.prefix_cache_mb = number(a)
   elseif a == "--adapter" then opts.adapter = value(a)
+  elseif a == "--deterministic" then opts.deterministic = true
   elseif a == "--quant" then opts.quant = value(a)
   elseif a == "--served-model-name" or a == "--name" then opts.name = value(a)
   elseif a:sub(1, 2) == "--" then error(("clrt serve: unknown option %s\n%s"):format(a, usage), 0)
@@ -55,9 +63,10 @@ if opts.quant and opts.quant ~= "int8" and opts.quant ~= "none" then
 end
 opts.api_key = opts.api_key or os.getenv("CLRT_API_KEY")
 
-local m = clrt.model.load(dir, { adapter = opts.adapter, quant = opts.quant })
-local tok = clrt.tokenizer.load(dir)
-opts.model, opts.tokenizer, opts.adapter, opts.quant = m, tok, nil, nil
+local m = require("clrt.model").load(dir, { adapter = opts.adapter, quant = opts.quant })
+local tok = require("clrt.tokenizer").load(dir)
+if opts.deterministic then m:set_batch_invariant(true) end
+opts.model, opts.tokenizer, opts.adapter, opts.deterministic, opts.quant = m, tok, nil, nil, nil
 opts.name = opts.name or dir:gsub("/+$", ""):match("([^/]+)$")
 opts.max_len = opts.max_len or math.min(m.config.max_position_embeddings or 4096, 4096)
 opts.log = function(line) io.stderr:write(os.date("%H:%M:%S "), line, "\n") end
