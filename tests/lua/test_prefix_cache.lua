@@ -292,4 +292,26 @@ T.case("bad settings are named", function()
   T.raises(function() PC.configure(m, { block_tokens = 0 }) end, "block_tokens must be an integer")
 end)
 
+-- quant=int8 reads other weights than f32 (their int8 copies): keys and values computed under
+-- one are never served to the other, and an int8 model's own cache gives its cache-off bits.
+T.case("quant=int8 turned on or off invalidates the cache; int8 reuse matches int8 without it", function()
+  local m = model()
+  reusable(m)
+  check_new_weights(m, function() m:set_quant("int8") end, "int8 on")
+  reusable(m)
+  local prompts = {}
+  for c = 1, 3 do prompts[c] = cat(seq(40, 7, 3), seq(6 + c, 5, c)) end
+  PC.configure(m, { mb = 0 })
+  local off = m:generate(prompts, { max_new_tokens = 8, temperature = 1, seed = 4 })
+  PC.configure(m, { block_tokens = 8 })
+  m:generate(prompts, { max_new_tokens = 8, temperature = 1, seed = 4 })   -- fills the cache
+  local on = m:generate(prompts, { max_new_tokens = 8, temperature = 1, seed = 4 })
+  T.ok(PC.of(m):stats().cached_tokens > 0, "int8 prompts were served from the cache")
+  for c = 1, 3 do
+    T.eq(on[c].tokens, off[c].tokens, "int8 prompt " .. c .. " tokens")
+    T.eq(on[c].logprobs, off[c].logprobs, "int8 prompt " .. c .. " log-probabilities")
+  end
+  check_new_weights(m, function() m:set_quant("none") end, "int8 off")
+end)
+
 T.run()
