@@ -288,11 +288,13 @@ void clrt_model_params_changed(clrt_model *m) { clrt_storage_written(m->params);
 /* forward_cached's products go through the packed f32 copy for any number of rows, each row
    summed in the same order (linear_packed.c's tiles), and its attention runs every query as a
    decode row (ops_cpu.c): a position's keys and values do not depend on how the tokens were
-   chunked. bf16 products switch kernels by row count, and other devices promise nothing.
+   chunked. bf16 products switch kernels by row count, and other devices promise nothing. Gemma 3's
+   scaled, soft-capped attention has no per-query path: a chunk after cached positions sums its
+   scores over other block shapes than a fresh prefill, so its later layers' keys differ in bits.
    quant=int8's products (quant8.c) quantize each row on its own and sum exact integers, so
    they never depend on the rows beside them either. */
 int clrt_model_kv_reusable(const clrt_model *m) {
-  if (m->device != CLRT_CPU || m->base16 || !clrt_linear_packed_available()) return 0;
+  if (m->device != CLRT_CPU || m->base16 || m->cfg.gemma3 || !clrt_linear_packed_available()) return 0;
   return model_q8_active(m) || (!m->bf16 && m->pack_decode);
 }
 

@@ -1,7 +1,7 @@
 -- The training mask clrt.chat derives from any template's rendering equals, token for token,
 -- the mask of clrt's former hand-written templates (tests/lua/support/chat_oracle.lua) on the
 -- five families they covered, over seeded conversations; and on the templates they did not
--- cover (Gemma 3, DeepSeek V3) the masked text is exactly each assistant turn's text as cut
+-- cover (Gemma 3, DeepSeek V3, Mistral v0.1, Phi-3) the masked text is exactly each assistant turn's text as cut
 -- from the rendering by its markers.
 local T = require("clrt.test")
 local json = require("clrt.json")
@@ -101,24 +101,26 @@ end)
 -- between the generation prompt's header and the end-of-turn marker, is what is trained.
 -- (clrt.chat.spans: the byte ranges render's mask is made of; the tokenizer's own
 -- tokenizer_config.json supplies the template and the EOS marker.)
-T.case("Gemma 3 and DeepSeek V3: the trained text is each assistant turn through its end marker", function()
-  local function check(name, head, tail, n)
-    local config = json.decode(read(model(name) .. "/tokenizer_config.json"), name, { key_order = true })
-    local tok = { config = config }
-    local checked = 0
-    for i, c in ipairs(cases_of.make(20 + n, 80, {})) do
-      local ok, text, ranges = pcall(clrt.chat.spans, tok, c.messages, c.opts)
-      if ok then
-        local want, got = {}, {}
-        for body in text:gmatch(head .. "(.-" .. tail .. ")") do want[#want + 1] = body end
-        for _, r in ipairs(ranges) do got[#got + 1] = text:sub(r[1] + 1, r[2]) end
-        T.eq(table.concat(got), table.concat(want), ("%s case %d"):format(name, i))
-        checked = checked + 1
-      end
+-- The masked text of any template whose assistant turns sit between a header and an end marker
+-- (Lua patterns): each turn's text through the marker, cut from the rendering.
+local function check(name, head, tail, n, tok, count)
+  tok = tok or { config = json.decode(read(model(name) .. "/tokenizer_config.json"), name, { key_order = true }) }
+  local checked = 0
+  for i, c in ipairs(cases_of.make(20 + n, count or 80, {})) do
+    local ok, text, ranges = pcall(clrt.chat.spans, tok, c.messages, c.opts)
+    if ok then
+      local want, got = {}, {}
+      for body in text:gmatch(head .. "(.-" .. tail .. ")") do want[#want + 1] = body end
+      for _, r in ipairs(ranges) do got[#got + 1] = text:sub(r[1] + 1, r[2]) end
+      T.eq(table.concat(got), table.concat(want), ("%s case %d"):format(name, i))
+      checked = checked + 1
     end
-    print(("  %s: %d conversations"):format(name, checked))
-    T.ok(checked >= 30, name .. ": too few conversations rendered")
   end
+  print(("  %s: %d conversations"):format(name, checked))
+  T.ok(checked >= 30, name .. ": too few conversations rendered")
+end
+
+T.case("Gemma 3 and DeepSeek V3: the trained text is each assistant turn through its end marker", function()
   check("gemma3", "<start_of_turn>model\n", "<end_of_turn>", 1)
   check("deepseek_v3", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", 2)
   -- DeepSeek-R1's distills: the generation prompt "<｜Assistant｜><think>\n" is longer than what
@@ -142,6 +144,40 @@ T.case("Gemma 3 and DeepSeek V3: the trained text is each assistant turn through
   for _, r in ipairs(ranges) do got[#got + 1] = text:sub(r[1] + 1, r[2]) end
   T.eq(got, { '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜>',
     "It is 21C.<｜end▁of▁sentence｜>" })
+end)
+
+-- Llama 2's tokenizer (Mistral v0.1's pipeline, Phi-3's vocabulary) with a template of
+-- tests/fixtures/chat; for Phi-3 also its added tokens (<|end|> among them) and EOS.
+local function sentencepiece_tok(template, phi3)
+  local cjson = require("cjson")
+  local from = model("llama2")
+  local tj = cjson.decode(read(from .. "/tokenizer.json"))
+  local config = cjson.decode(read(from .. "/tokenizer_config.json"))
+  config.chat_template = read(src .. "/tests/fixtures/chat/" .. template)
+  if phi3 then
+    for id, t in pairs({ [32000] = "<|endoftext|>", [32001] = "<|assistant|>", [32006] = "<|system|>", [32007] = "<|end|>",
+      [32010] = "<|user|>" }) do
+      tj.added_tokens[#tj.added_tokens + 1] = { id = id, content = t, special = true, lstrip = false,
+        rstrip = id ~= 32000, normalized = false, single_word = false }
+    end
+    config.eos_token = "<|endoftext|>"
+  end
+  local dir = T.tmpdir()
+  local f = assert(io.open(dir .. "/tokenizer.json", "wb"))
+  f:write(cjson.encode(tj))
+  f:close()
+  f = assert(io.open(dir .. "/tokenizer_config.json", "wb"))
+  f:write(cjson.encode(config))
+  f:close()
+  return clrt.tokenizer.load(dir)
+end
+
+T.case("Mistral v0.1 and Phi-3 (tests/fixtures/chat): the trained text is each assistant turn through its end marker", function()
+  -- Mistral's template has no generation prompt: a reply starts right after " [/INST]"
+  check("mistral_v0.1", " %[/INST%]", "</s>", 3, sentencepiece_tok("mistral_v0.1.jinja"), 240)
+  local phi3 = sentencepiece_tok("phi3_mini.jinja", true)
+  T.eq(phi3:token(phi3.eot), "<|end|>")
+  check("phi3_mini", "<|assistant|>\n", "<|end|>", 4, phi3)
 end)
 
 T.run()

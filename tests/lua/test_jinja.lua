@@ -136,12 +136,19 @@ local function real_templates()
   end
   local specials = {
     llama = { "<|begin_of_text|>", "<|eot_id|>" }, qwen = { nil, "<|im_end|>" },
-    deepseek = { "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>" },
+    deepseek = { "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>" }, mistral = { "<s>", "</s>" }, phi = { "<s>", "<|endoftext|>" },
   }
-  for _, f in ipairs({ "qwen2.5.jinja", "qwen2.5_tools.jinja", "llama3.1.jinja", "llama3.1_tools.jinja", "llama3.2_tools.jinja",
-    "deepseek_r1_distill.jinja" }) do
-    local sp = specials[f:match("^(%a+)")]
-    out[#out + 1] = { name = f, source = read(src .. "/tests/fixtures/chat/" .. f), bos = sp[1], eos = sp[2] }
+  -- every template in the folder (a new one is checked by being there), BOS and EOS by family
+  local fixtures = {}
+  local ls = assert(io.popen(("ls %q"):format(src .. "/tests/fixtures/chat")))
+  for f in ls:lines() do if f:match("%.jinja$") then fixtures[#fixtures + 1] = f end end
+  ls:close()
+  T.ok(#fixtures >= 8, "templates in tests/fixtures/chat: " .. #fixtures)
+  for _, f in ipairs(fixtures) do
+    local sp = specials[f:match("^(%a+)")] or {}
+    -- Mistral v0.1's refuses system and tool messages: three times the conversations
+    out[#out + 1] = { name = f, source = read(src .. "/tests/fixtures/chat/" .. f), bos = sp[1], eos = sp[2],
+      count = f:find("^mistral") and 480 or nil }
   end
   out[#out + 1] = { name = "clrt chatml", source = clrt.chat.CHATML_JINJA, eos = "<|im_end|>" }
   return out
@@ -150,12 +157,12 @@ end
 T.case("real chat templates x seeded conversations: clrt.chat.format equals @huggingface/jinja", function()
   local cases_of = require("support.chat_cases")
   local tpls = real_templates()
-  T.ok(#tpls >= 13, "templates found: " .. #tpls)
+  T.ok(#tpls >= 15, "templates found: " .. #tpls)
   local sources, ref_cases, mine = {}, {}, {}
   for ti, t in ipairs(tpls) do
     sources[ti] = t.source
     local tok = { config = { chat_template = t.source, bos_token = t.bos, eos_token = t.eos } }
-    for ci, c in ipairs(cases_of.make(1000 + ti, 160, { tools = true, reasoning = true })) do
+    for ci, c in ipairs(cases_of.make(1000 + ti, t.count or 160, { tools = true, reasoning = true })) do
       local ctx = { messages = c.messages, add_generation_prompt = c.opts.add_generation_prompt,
         tools = c.opts.tools or json.null, documents = json.null, bos_token = t.bos, eos_token = t.eos,
         enable_thinking = c.opts.enable_thinking }

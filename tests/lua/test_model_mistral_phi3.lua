@@ -112,6 +112,31 @@ T.case("Phi-3: qkv_proj and gate_up_proj stay fused under Hugging Face's names a
   end
 end)
 
+T.case("Mistral: save writes the checkpoint's own names, shapes and window; the reload is bit for bit and scores alike", function()
+  local m = clrt.model.load(fixtures .. "/mistral_window")
+  local dir = T.tmpdir() .. "/mistral"
+  m:save(dir)
+  local info = clrt.safetensors.info(dir .. "/model.safetensors")
+  local src = clrt.safetensors.info(fixtures .. "/mistral_window/model.safetensors")
+  local n = 0
+  for name, v in pairs(src) do
+    if name ~= "__metadata__" then
+      n = n + 1
+      T.ok(info[name], "saved " .. name)
+      T.eq(info[name] and info[name].shape, v.shape, name .. " shape")
+    end
+  end
+  for name in pairs(info) do T.ok(name == "__metadata__" or src[name], "nothing but the checkpoint's names: " .. name) end
+  T.ok(n > 0 and src["model.layers.1.self_attn.k_proj.weight"], "the fixture has Hugging Face's names")
+  local saved = json.decode(clrt.files.read(dir .. "/config.json"))
+  T.eq(saved.architectures[1], "MistralForCausalLM")
+  T.eq(saved.sliding_window, config_of("mistral_window").sliding_window)
+  local back = clrt.model.load(dir)
+  for name, p in pairs(m:params()) do T.ok(bytes_of(back:params()[name]) == bytes_of(p), name .. " round-trips bit for bit") end
+  local e = expected("mistral_window")
+  T.ok(max_diff(back:logprobs(e.tokens, { lengths = e.lengths, grad = false }), e.lp) < 1e-4, "the reloaded model scores as PyTorch")
+end)
+
 T.case("Phi-3: LoRA on the fused layers: PEFT's names and targets, the recipes' default list, refusals", function()
   local m = clrt.model.load(fixtures .. "/phi3_fused")
   -- what train.lora's default names (every part) means on a fused model: the fused layers

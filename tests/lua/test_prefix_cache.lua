@@ -125,7 +125,7 @@ end
 -- the fixture models' shapes (GQA, qk-norm, odd sizes, untied), random weights, longer context
 T.case("every fixture architecture: bit-identical with the cache on", function()
   local cjson = require("cjson")
-  for _, name in ipairs({ "llama_gqa", "qwen2_tied", "qwen3_qknorm", "odd" }) do
+  for _, name in ipairs({ "llama_gqa", "qwen2_tied", "qwen3_qknorm", "odd", "mistral_window", "phi3_fused" }) do
     local cfg = cjson.decode(T.read(T.source_dir() .. "/tests/fixtures/model/" .. name .. "/config.json"))
     cfg.max_position_embeddings = 1024
     local m = clrt.model.new(cfg, { seed = 9 })
@@ -138,6 +138,19 @@ T.case("every fixture architecture: bit-identical with the cache on", function()
     local st = PC.of(m):stats()
     T.ok(st.cached_tokens > 0.5 * st.prompt_tokens, ("%s: cached %d of %d"):format(name, st.cached_tokens, st.prompt_tokens))
   end
+end)
+
+-- Gemma 3's attention (score scale, soft cap) has no per-query path: a chunk after cached
+-- positions would not give a fresh prefill's bits, so the model says so and the cache stays off.
+T.case("Gemma 3 cannot promise bit-identical reuse: its prefix cache stays off, replies unchanged", function()
+  local m = clrt.model.load(T.source_dir() .. "/tests/fixtures/model/gemma3_tiny")
+  PC.configure(m, { block_tokens = 4 })
+  local on = conversations(m, 1)
+  PC.configure(m, { mb = 0 })
+  same_bits(on, conversations(m, 1), "gemma3_tiny")
+  T.eq(C.clrt_model_kv_reusable(m.ptr), 0)
+  PC.configure(m, { block_tokens = 4 })
+  T.eq(PC.of(m), nil, "no cache for Gemma 3")
 end)
 
 T.case("a next turn prefills only what is new; m:generate shares the model's cache", function()
@@ -312,6 +325,12 @@ T.case("quant=int8 turned on or off invalidates the cache; int8 reuse matches in
     T.eq(on[c].logprobs, off[c].logprobs, "int8 prompt " .. c .. " log-probabilities")
   end
   check_new_weights(m, function() m:set_quant("none") end, "int8 off")
+  -- Gemma 3's attention has no per-query path: its cache stays off with int8 weights too
+  local g = clrt.model.load(T.source_dir() .. "/tests/fixtures/model/gemma3_tiny")
+  g:set_quant("int8")
+  T.eq(C.clrt_model_kv_reusable(g.ptr), 0, "Gemma 3 with int8 weights promises no reuse")
+  T.eq(PC.of(g), nil, "no prefix cache for Gemma 3 with int8 weights")
+  g:free()
 end)
 
 T.run()

