@@ -15,8 +15,11 @@ Decoder.__index = Decoder
 -- crashes the garbage collector later, far from the cause); a bare pointer is trusted.
 local function check_logits(self, logits, n, slots, op)
   if type(logits) ~= "cdata" or ffi.istype("float *", logits) then return end
-  local top = 0
-  for i = 0, n - 1 do top = math.max(top, tonumber(type(slots) == "number" and slots or slots[i])) end
+  local top = 0   -- over slots in range (the C side names one out of range)
+  for i = 0, n - 1 do
+    local s = tonumber(type(slots) == "number" and slots or slots[i])
+    if s < self.slots then top = math.max(top, s) end
+  end
   local need = (top + 1) * self.vocab_size * ffi.sizeof("float")
   if ffi.sizeof(logits) < need then
     error(("decoder: %s: logits holds %d bytes, and slot %d's row ends at byte %d (logits is [slots, vocab_size] floats)")
