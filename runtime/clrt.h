@@ -311,8 +311,8 @@ int clrt_model_base_bf16(const clrt_model *m);
 /* quant=int8 (CPU): generation (clrt_model_forward_cached: prefill and decode) reads int8
    copies of every linear weight, the output layer's included (per-output-channel symmetric
    scales), and quantizes each product's input rows to int8 on the fly; int32 sums, f32 out.
-   Training, scoring and backward keep the f32 master weights; the copies are remade from them
-   after they change. Off frees the copies; moving the model drops them. clrt_int8_kernel: the
+   Training, scoring and backward keep the f32 master weights; the copies follow them after
+   they change (an optimizer step refreshes them in place). Off frees the copies; moving the model drops them. clrt_int8_kernel: the
    path the model's products take ("avx512-vnni", "avx-vnni", "portable": the best this CPU
    runs, or CLRT_INT8_KERNEL's when set and available when quant was turned on; m NULL: the
    best). */

@@ -14,33 +14,41 @@
 
 /* ---- packing and quantization (shared by every path) ---------------------------------------- */
 
-void clrt_int8_pack(int8_t *wq, float *ws, int32_t *wsum, const float *w, int K, int O) {
-  int K4 = clrt_int8_k4(K), O16 = clrt_int8_o16(O);
-#pragma omp parallel for schedule(static)
-  for (int o = 0; o < O16; o++) {
-    int8_t *panel = wq + (size_t)(o / 16) * 16 * K4;
-    int lane = o % 16;
-    float scale = 1, inv = 0;
-    if (o < O) {
-      float amax = 0;
-      for (int k = 0; k < K; k++) amax = fmaxf(amax, fabsf(w[(size_t)o * K + k]));
-      if (amax > 0) {
-        scale = amax / 127.0f;
-        inv = 127.0f / amax;
-      }
-    }
-    int32_t sum = 0;
-    for (int k = 0; k < K4; k++) {
-      long q = o < O && k < K ? lrintf(w[(size_t)o * K + k] * inv) : 0;
-      q = q > 127 ? 127 : q < -127 ? -127 : q;
-      panel[(size_t)(k / 4) * 64 + lane * 4 + k % 4] = (int8_t)q;
-      sum += (int32_t)q;
-    }
-    if (o < O) {
-      ws[o] = scale;
-      wsum[o] = sum;
+/* Output row o (o >= O: a zero padding row) into its panel lane, its scale and its sum. */
+static void pack_row(int8_t *wq, float *ws, int32_t *wsum, const float *w, int K, int O, int o) {
+  int K4 = clrt_int8_k4(K);
+  int8_t *panel = wq + (size_t)(o / 16) * 16 * K4;
+  int lane = o % 16;
+  float scale = 1, inv = 0;
+  if (o < O) {
+    float amax = 0;
+    for (int k = 0; k < K; k++) amax = fmaxf(amax, fabsf(w[(size_t)o * K + k]));
+    if (amax > 0) {
+      scale = amax / 127.0f;
+      inv = 127.0f / amax;
     }
   }
+  int32_t sum = 0;
+  for (int k = 0; k < K4; k++) {
+    long q = o < O && k < K ? lrintf(w[(size_t)o * K + k] * inv) : 0;
+    q = q > 127 ? 127 : q < -127 ? -127 : q;
+    panel[(size_t)(k / 4) * 64 + lane * 4 + k % 4] = (int8_t)q;
+    sum += (int32_t)q;
+  }
+  if (o < O) {
+    ws[o] = scale;
+    wsum[o] = sum;
+  }
+}
+
+void clrt_int8_pack(int8_t *wq, float *ws, int32_t *wsum, const float *w, int K, int O) {
+  int O16 = clrt_int8_o16(O);
+#pragma omp parallel for schedule(static)
+  for (int o = 0; o < O16; o++) pack_row(wq, ws, wsum, w, K, O, o);
+}
+
+void clrt_int8_pack_rows(int8_t *wq, float *ws, int32_t *wsum, const float *w, int K, int O, int r0, int r1) {
+  for (int o = r0; o < r1 && o < O; o++) pack_row(wq, ws, wsum, w, K, O, o);
 }
 
 void clrt_int8_quantize_rows(int8_t *xq, float *xs, const float *x, int64_t N, int K) {

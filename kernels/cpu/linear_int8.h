@@ -37,6 +37,12 @@ static inline size_t clrt_int8_packed_bytes(int K, int O) { return (size_t)clrt_
 void clrt_int8_pack(int8_t *wq /* [clrt_int8_packed_bytes] */, float *ws /* [O] */, int32_t *wsum /* [O] */,
                     const float *w /* [O, K] */, int K, int O);
 
+/* Rows [r0, r1) of w into a packed copy made by clrt_int8_pack: the same bits as packing the
+   whole weight again (each output row is packed on its own). Single-threaded: the optimizer
+   step calls it from its own threads, right after updating those rows. */
+void clrt_int8_pack_rows(int8_t *wq /* [clrt_int8_packed_bytes] */, float *ws /* [O] */, int32_t *wsum /* [O] */,
+                         const float *w /* [O, K] */, int K, int O, int r0, int r1);
+
 /* xq [N, K4] int8 and xs [N]: row n's scale max|x[n,:]| / 127, values round(x / scale) (to
    nearest even) clamped to [-127, 127]. */
 void clrt_int8_quantize_rows(int8_t *xq /* [N, K4] */, float *xs /* [N] */, const float *x /* [N, K] */,

@@ -351,6 +351,10 @@ extern const model_ops model_cpu_int8_ops;
 int model_q8_active(const clrt_model *m);
 int model_q8_refresh(clrt_model *m);
 void model_q8_free(model_q8 *q);
+/* The optimizer step's in-place refresh of current int8 copies (weights.c: KEEP_INT8). */
+int model_q8_current(const clrt_model *m);
+void model_q8_copy_rows(clrt_model *m, int64_t off, int K, int O, int r0, int r1);
+void model_q8_kept(clrt_model *m);
 void model_q8_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
                      int64_t N, int K, int O);
 void model_q8_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, int K,

@@ -2,8 +2,9 @@
    copies of every linear weight, the output layer's included, with per-output-channel scales,
    and quantizes each product's input rows on the fly (kernels/cpu/linear_int8.c). Training and
    scoring (clrt_model_logprobs, backward) keep the f32 master weights: the copies are
-   generation's alone, remade from the master weights when they change (an optimizer step, a
-   load, a write through a view), so RL rollouts sample from the current policy rounded to int8.
+   generation's alone, remade from the master weights when they change (a load, a write
+   through a view; an optimizer step refreshes current copies in place, row by row, as it does
+   the packed f32 and bf16 ones), so RL rollouts sample from the current policy rounded to int8.
    CPU only; a move to another device drops the copies. */
 #include "model_internal.h"
 #include "cpu/linear_int8.h"
@@ -96,8 +97,22 @@ int model_q8_refresh(clrt_model *m) {
     clrt_int8_pack(t->q, t->ws, t->wsum, PW(m, t->w), t->K, t->O);
   }
   q->ver = m->params->version;
+  m->repacks++;
   return 0;
 }
+
+/* The optimizer's in-place refresh (weights.c: model_copy_rows): current copies get the
+   rows the step just updated, so no step remakes the whole int8 model. */
+int model_q8_current(const clrt_model *m) { return m->q8 && !m->base16 && m->q8->ver == m->params->version; }
+
+void model_q8_copy_rows(clrt_model *m, int64_t off, int K, int O, int r0, int r1) {
+  const q8_weight *t = NULL;
+  for (int i = 0; i < m->q8->n && !t; i++)
+    if (m->q8->wt[i].w == off) t = &m->q8->wt[i];
+  if (t && t->K == K && t->O == O) clrt_int8_pack_rows(t->q, t->ws, t->wsum, PW(m, off), K, O, r0, r1);
+}
+
+void model_q8_kept(clrt_model *m) { m->q8->ver = m->params->version; }
 
 static const q8_weight *find_weight(const model_q8 *q, int64_t w) {
   for (int i = 0; i < q->n; i++)

@@ -357,15 +357,16 @@ int clrt_set_matrix_unit(const char *name) {
 }
 
 /* The copies an optimizer step refreshes row by row (bit flags): the packed f32 copy and the
-   bf16 panels (with their transposed half), each only when current before the step — a stale
-   one is remade whole when next needed, as before. */
-enum { KEEP_F32 = 1, KEEP_BF16 = 2 };
+   bf16 panels (with their transposed half), and quant=int8's copies (quant8.c), each only when
+   current before the step — a stale one is remade whole when next needed, as before. */
+enum { KEEP_F32 = 1, KEEP_BF16 = 2, KEEP_INT8 = 4 };
 
 int model_copies_to_keep(const clrt_model *m) {
   if (m->device != CLRT_CPU || m->base16) return 0;
   int keep = 0;
   if (m->wpk && m->wpk_ver == m->params->version) keep |= KEEP_F32;
   if (m->bf16 && m->wbf && m->wbf_packed && m->wbf_ver == m->params->version) keep |= KEEP_BF16;
+  if (model_q8_current(m)) keep |= KEEP_INT8;   /* quant=int8's copies (quant8.c) */
   return keep;
 }
 
@@ -398,9 +399,11 @@ void model_copy_rows(clrt_model *m, int keep, int64_t off, int K, int O, int r0,
     clrt_pack_rows_bf16(d + off, w, K, O, r0, r1);
     if (m->wbf_t && off != m->head) clrt_pack_rows_bf16_t(d + m->total + off, w, K, O, r0, r1);
   }
+  if (keep & KEEP_INT8) model_q8_copy_rows(m, off, K, O, r0, r1);
 }
 
 void model_copies_kept(clrt_model *m, int keep) {
   if (keep & KEEP_F32) m->wpk_ver = m->params->version;
   if (keep & KEEP_BF16) m->wbf_ver = m->params->version;
+  if (keep & KEEP_INT8) model_q8_kept(m);
 }

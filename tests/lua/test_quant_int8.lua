@@ -58,8 +58,14 @@ T.case("scoring stays f32 with quant=int8, and the copies follow an optimizer st
   local opt = clrt.optim.adamw(m, { lr = 0.05 })
   local lp = m:logprobs(rows)
   m:backward(lp:clone():fill_(-1))
+  local repacks = m:copy_repacks()
   opt:step()
   local q1 = decoded_logits(m, seq)
+  -- the step refreshed the current int8 copies row by row, as it does the packed f32 and bf16
+  -- ones (weights.c): no whole remake, and the bits of one
+  T.eq(m:copy_repacks(), repacks, "no whole repack after the step")
+  m:set_quant("none"):set_quant("int8")
+  T.eq(decoded_logits(m, seq), q1, "copies refreshed in place equal copies made afresh, to the bit")
   m:set_quant("none")
   local f1 = decoded_logits(m, seq)
   T.ok(rel_err(q1, q0) > 0.01, "the int8 logits moved with the weights")
