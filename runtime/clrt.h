@@ -792,8 +792,9 @@ clrt_storage *clrt_cuda_storage_new(size_t bytes);
 void clrt_cuda_storage_free(void *data);
 /* A contiguous copy of t on `device` (CLRT_CPU or CLRT_CUDA), same dtype. */
 clrt_tensor *clrt_tensor_to_device(const clrt_tensor *t, int device);
-/* copy_ when either side is on cuda: same dtype, same numel, both contiguous. */
-int clrt_cuda_tensor_copy(clrt_tensor *dst, const clrt_tensor *src);
+/* bytes between host and device: kind 0 host -> device, 1 device -> host, 2 device -> device
+   (copy_ on a cuda tensor, core/tensor.c, checks the tensors first). */
+int clrt_cuda_copy_bytes(void *dst, const void *src, size_t bytes, int kind);
 /* Why clrt_cuda_device_count() is 0 ("no CUDA device", "...: CUDA driver version is
    insufficient ...", "built without CUDA"), or the device count. */
 const char *clrt_cuda_status(void);

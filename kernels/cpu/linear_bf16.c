@@ -6,9 +6,9 @@
      dx (+)= dy w    BLOCK_ROWS weight rows at a time widened to f32 into a scratch
                      [BLOCK_ROWS, K], then dx += dy[:, block] scratch through gemm_strided.c's
                      tiles (else sgemm). Widening costs O*K conversions against N*O*K
-                     multiply-adds, and the scratch (<= 9 MiB at K = 8960) is all the f32 a
-                     call holds. vdpbf16ps cannot serve dx: its pairs run along k, the sum
-                     of dx runs along o.
+                     multiply-adds, and the scratch (the caller's workspace, <= 9 MiB at
+                     K = 8960) is all the f32 a call holds. vdpbf16ps cannot serve dx: its
+                     pairs run along k, the sum of dx runs along o.
    There is no dw: a bf16 weight is frozen.
    Layout (clrt_linear_pack_bf16): panel p holds weight rows o0 = 48p .. o0 + pw - 1 with the
    two weights of each pair of k side by side: wp[o0 K + kp 2 pw + 2 j + e] = w[o0 + j][2 kp + e]. */
@@ -17,9 +17,20 @@
 #include "bf16.h"
 
 #include <cblas.h>
-#include <stdlib.h>
 
 enum { PANEL = 48, BLOCK_ROWS = 5 * PANEL };
+
+/* The widened block [min(O, BLOCK_ROWS), K] f32 both directions unpack into. */
+static size_t widened_bytes(int K, int O) {
+  return sizeof(float) * (size_t)(O < BLOCK_ROWS ? O : BLOCK_ROWS) * (size_t)K;
+}
+
+size_t clrt_linear_bf16_workspace_bytes(int64_t N, int K, int O, int dot) {
+  size_t packed = dot ? clrt_linear_packed_bf16_workspace_bytes(N, K) : 0, widened = widened_bytes(K, O);
+  return packed > widened ? packed : widened;
+}
+
+size_t clrt_linear_bf16_backward_dx_workspace_bytes(int K, int O) { return widened_bytes(K, O); }
 
 void clrt_linear_unpack_bf16(float *wf /* [r1 - r0, K] */, const uint16_t *wp /* [O * K] panels */,
                              int K, int O, int r0, int r1) {
@@ -42,13 +53,12 @@ void clrt_linear_unpack_bf16(float *wf /* [r1 - r0, K] */, const uint16_t *wp /*
 
 int clrt_linear_bf16_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
                              const uint16_t *wp /* [O * K] panels */, const float *b /* [O] or NULL */,
-                             int64_t N, int K, int O, int dot) {
+                             int64_t N, int K, int O, int dot, void *ws, size_t ws_bytes) {
   if (N < 1) return 1;
+  if (ws_bytes < clrt_linear_bf16_workspace_bytes(N, K, O, dot)) return 0;
   clrt_packed_part part = {y, wp, b, O};
-  if (dot && clrt_linear_packed_bf16_forward_rows(x, N, K, &part, 1)) return 1;
-  int rows_max = O < BLOCK_ROWS ? O : BLOCK_ROWS;
-  float *wf = malloc(sizeof(float) * (size_t)rows_max * (size_t)K);
-  if (!wf) return 0;
+  if (dot && clrt_linear_packed_bf16_forward_rows(x, N, K, &part, 1, ws, ws_bytes)) return 1;
+  float *wf = ws;
   for (int r0 = 0; r0 < O; r0 += BLOCK_ROWS) {
     int rows = O - r0 < BLOCK_ROWS ? O - r0 : BLOCK_ROWS;
     clrt_linear_unpack_bf16(wf, wp, K, O, r0, r0 + rows);
@@ -59,17 +69,15 @@ int clrt_linear_bf16_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, rows, K, 1.0f, x, K, wf, K,
                 b ? 1.0f : 0.0f, y + r0, O);
   }
-  free(wf);
   return 1;
 }
 
 int clrt_linear_bf16_backward_dx(float *dx /* [N, K] */, const float *dy /* [N, O] */,
                                  const uint16_t *wp /* [O * K] panels */, int64_t N, int K, int O,
-                                 int accumulate, int fast) {
+                                 int accumulate, int fast, void *ws, size_t ws_bytes) {
   if (N < 1) return 1;
-  int rows_max = O < BLOCK_ROWS ? O : BLOCK_ROWS;
-  float *wf = malloc(sizeof(float) * (size_t)rows_max * (size_t)K);
-  if (!wf) return 0;
+  if (ws_bytes < widened_bytes(K, O)) return 0;
+  float *wf = ws;
   for (int r0 = 0; r0 < O; r0 += BLOCK_ROWS) {
     int rows = O - r0 < BLOCK_ROWS ? O - r0 : BLOCK_ROWS, add = accumulate || r0 > 0;
     clrt_linear_unpack_bf16(wf, wp, K, O, r0, r0 + rows);
@@ -78,6 +86,5 @@ int clrt_linear_bf16_backward_dx(float *dx /* [N, K] */, const float *dy /* [N, 
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, K, rows, 1.0f, dy + r0, O, wf,
                   K, add ? 1.0f : 0.0f, dx, K);
   }
-  free(wf);
   return 1;
 }

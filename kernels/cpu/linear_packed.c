@@ -324,21 +324,24 @@ int clrt_linear_packed_forward_parts(const float *x /* [N, K] */, int64_t N, int
 }
 
 /* bf16 panels for any number of rows (a frozen bf16 base in training, linear_bf16.c). */
+size_t clrt_linear_packed_bf16_workspace_bytes(int64_t N, int K) {
+  return N < 1 || K < 1 ? 0 : sizeof(uint16_t) * (size_t)N * (size_t)K;
+}
+
 int clrt_linear_packed_bf16_forward_rows(const float *x /* [N, K] */, int64_t N, int K,
-                                         const clrt_packed_part *parts, int count) {
-  if (N < 1 || N > INT32_MAX || count < 1 || K % 2 || !clrt_linear_packed_bf16_available()) return 0;
-  size_t n = (size_t)N * K;
-  uint16_t *x16 = malloc(n * sizeof *x16);
-  if (!x16) return 0;
+                                         const clrt_packed_part *parts, int count,
+                                         void *ws /* x in bf16 [N, K] */, size_t ws_bytes) {
+  if (N < 1 || N > INT32_MAX || count < 1 || K % 2 || !clrt_linear_packed_bf16_available() ||
+      ws_bytes < clrt_linear_packed_bf16_workspace_bytes(N, K))
+    return 0;
+  uint16_t *x16 = ws;
   clrt_to_bf16_rows(x16, K, x, K, 1, N, K);
-  int done = forward_parts(NULL, x16, N, K, parts, count);
-  free(x16);
-  return done;
+  return forward_parts(NULL, x16, N, K, parts, count);
 }
 
 int clrt_linear_packed_bf16_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
-                                          const clrt_packed_part *parts, int count) {
-  return N <= CLRT_SKINNY_MAX_ROWS && clrt_linear_packed_bf16_forward_rows(x, N, K, parts, count);
+                                          const clrt_packed_part *parts, int count, void *ws, size_t ws_bytes) {
+  return N <= CLRT_SKINNY_MAX_ROWS && clrt_linear_packed_bf16_forward_rows(x, N, K, parts, count, ws, ws_bytes);
 }
 
 int clrt_linear_packed_forward(float *y /* [N, O] */, const float *x /* [N, K] */,

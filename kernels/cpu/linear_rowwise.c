@@ -12,8 +12,6 @@
 
 #include "bf16.h"
 
-#include <stdlib.h>
-
 /* One output: eight partial sums over k, added pairwise; WIDEN reads a weight as f32. */
 #define ROW_DOT(WT, WIDEN)                                                            \
   static float dot_##WT(const float *x /* [K] */, const WT *w /* [K] */, int K) {    \
@@ -48,20 +46,35 @@ void clrt_linear_rowwise_forward(float *y /* [N, O] */, const float *x /* [N, K]
   PORTABLE(float, x)
 }
 
+static void portable_bf16(float *y /* [N, O] */, const float *xr /* [N, K] */, const uint16_t *w /* [O, K] */,
+                          const float *b /* [O] or NULL */, int64_t N, int K, int O) {
+  PORTABLE(uint16_t, xr)
+}
+
+/* A slice of rows at a time: the skinny kernel's x16 and xr, or the plain loop's xr, never
+   more than CLRT_SKINNY_MAX_ROWS rows of them. */
+size_t clrt_linear_rowwise_bf16_workspace_bytes(int64_t N, int K) {
+  return clrt_linear_skinny_bf16_workspace_bytes(N < CLRT_SKINNY_MAX_ROWS ? N : CLRT_SKINNY_MAX_ROWS, K);
+}
+
 int clrt_linear_rowwise_forward_bf16(float *y /* [N, O] */, const float *x /* [N, K] */,
                                      const uint16_t *w /* [O, K] bf16 */, const float *b /* [O] or NULL */,
-                                     int64_t N, int K, int O) {
+                                     int64_t N, int K, int O, void *ws, size_t ws_bytes) {
+  if (N < 1) return 1;
+  if (ws_bytes < clrt_linear_rowwise_bf16_workspace_bytes(N, K)) return 0;
   int sliced = 1;
   for (int64_t n0 = 0; n0 < N && sliced; n0 += CLRT_SKINNY_MAX_ROWS) {
     int64_t rows = N - n0 < CLRT_SKINNY_MAX_ROWS ? N - n0 : CLRT_SKINNY_MAX_ROWS;
-    sliced = clrt_linear_skinny_forward_bf16(y + n0 * O, x + n0 * K, w, b, rows, K, O);
+    sliced = clrt_linear_skinny_forward_bf16(y + n0 * O, x + n0 * K, w, b, rows, K, O, ws, ws_bytes);
   }
   if (sliced) return 1;
-  /* x rounded to bf16 as the skinny kernel rounds it. */
-  float *xr = malloc(sizeof(float) * (size_t)N * K);
-  if (!xr) return 0;
-  for (int64_t i = 0; i < N * K; i++) xr[i] = clrt_bf16_to_f32(clrt_f32_to_bf16(x[i]));
-  PORTABLE(uint16_t, xr)
-  free(xr);
+  /* x rounded to bf16 as the skinny kernel rounds it, a slice of rows at a time (each output
+     is its own dot, so slicing changes no bit). */
+  float *xr = ws;
+  for (int64_t n0 = 0; n0 < N; n0 += CLRT_SKINNY_MAX_ROWS) {
+    int64_t rows = N - n0 < CLRT_SKINNY_MAX_ROWS ? N - n0 : CLRT_SKINNY_MAX_ROWS;
+    for (int64_t i = 0; i < rows * K; i++) xr[i] = clrt_bf16_to_f32(clrt_f32_to_bf16(x[n0 * K + i]));
+    portable_bf16(y + n0 * O, xr, w, b, rows, K, O);
+  }
   return 1;
 }

@@ -124,25 +124,28 @@ static int skinny_bf16_widened(float *y, const float *x, const uint16_t *w, cons
   SKINNY_CALL(bf16);
 }
 
+/* x rounded to bf16 [N, K] uint16, then widened back [N, K] f32 (the second kernel's input). */
+size_t clrt_linear_skinny_bf16_workspace_bytes(int64_t N, int K) {
+  if (N < 1 || N > CLRT_SKINNY_MAX_ROWS || K < 1) return 0;
+  return (sizeof(uint16_t) + sizeof(float)) * (size_t)N * (size_t)K;
+}
+
 int clrt_linear_skinny_forward_bf16(float *y /* [N, O] */, const float *x /* [N, K] */,
                                     const uint16_t *w /* [O, K] bf16 */, const float *b /* [O] or NULL */,
-                                    int64_t N, int K, int O) {
-  if (N < 1 || N > CLRT_SKINNY_MAX_ROWS || !clrt_have_avx512()) return 0;
+                                    int64_t N, int K, int O, void *ws, size_t ws_bytes) {
+  if (N < 1 || N > CLRT_SKINNY_MAX_ROWS || !clrt_have_avx512() ||
+      ws_bytes < clrt_linear_skinny_bf16_workspace_bytes(N, K))
+    return 0;
   /* x is rounded to bf16 once per call, so both kernels compute the same products (and the
      CUDA path's cublasGemmEx with bf16 inputs does too). */
   size_t n = (size_t)N * K;
-  uint16_t *x16 = malloc(n * sizeof *x16);
-  if (!x16) return 0;
+  float *xr = ws;
+  uint16_t *x16 = (uint16_t *)(xr + n);
   for (size_t i = 0; i < n; i++) x16[i] = clrt_f32_to_bf16(x[i]);
   int done = clrt_linear_skinny_dpbf16(y, x16, w, b, (int)N, K, O);
   if (!done) {
-    float *xr = malloc(n * sizeof *xr);
-    if (xr) {
-      for (size_t i = 0; i < n; i++) xr[i] = clrt_bf16_to_f32(x16[i]);
-      done = skinny_bf16_widened(y, xr, w, b, N, K, O);
-      free(xr);
-    }
+    for (size_t i = 0; i < n; i++) xr[i] = clrt_bf16_to_f32(x16[i]);
+    done = skinny_bf16_widened(y, xr, w, b, N, K, O);
   }
-  free(x16);
   return done;
 }

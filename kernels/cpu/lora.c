@@ -10,7 +10,6 @@
 
 #include <cblas.h>
 #include <omp.h>
-#include <stdlib.h>
 
 /* This thread's share [*lo, *hi) of [0, n). */
 static void share(int64_t n, int64_t *lo, int64_t *hi) {
@@ -59,31 +58,35 @@ static void transpose_scaled(float *dst, const float *src, int rows, int cols, f
     for (int j = 0; j < cols; j++) dst[(int64_t)j * rows + i] = s * src[(int64_t)i * cols + j];
 }
 
+/* A^T [K, r] and s B^T [r, O]. */
+size_t clrt_lora_forward_workspace_bytes(int K, int O, int r) {
+  return sizeof(float) * ((size_t)K * (size_t)r + (size_t)O * (size_t)r);
+}
+
+/* s xa [N, r]. */
+size_t clrt_lora_backward_workspace_bytes(int64_t N, int r) { return sizeof(float) * (size_t)N * (size_t)r; }
+
 static int lora_forward_fast(float *y, float *xa, const float *xd, const float *A, const float *B, int64_t N,
-                             int K, int O, int r, float scale) {
-  if (!clrt_have_avx512()) return 0;
-  float *At = malloc(sizeof(float) * ((size_t)K * r + (size_t)O * r)), *sBt = At ? At + (size_t)K * r : NULL;
-  if (!At) return 0;
+                             int K, int O, int r, float scale, void *ws, size_t ws_bytes) {
+  if (!clrt_have_avx512() || ws_bytes < clrt_lora_forward_workspace_bytes(K, O, r)) return 0;
+  float *At = ws, *sBt = At + (size_t)K * r;
   transpose_scaled(At, A, r, K, 1.0f);
   transpose_scaled(sBt, B, O, r, scale);
   int done = clrt_gemm_narrow(xa, r, xd, K, 1, At, r, N, r, K, 0) &&   /* xa = xd A^T */
              clrt_gemm_strided(y, O, xa, r, 1, sBt, O, N, O, r, 1);      /* y += xa (s B^T) */
-  free(At);
   return done;
 }
 
 static int lora_backward_fast(float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
                               const float *xa, const float *A, const float *B, int64_t N, int K, int O, int r,
-                              float scale, uint64_t key, float p) {
-  if (!clrt_have_avx512()) return 0;
-  float *xas = malloc(sizeof(float) * (size_t)N * r);
-  if (!xas) return 0;
+                              float scale, uint64_t key, float p, void *ws, size_t ws_bytes) {
+  if (!clrt_have_avx512() || ws_bytes < clrt_lora_backward_workspace_bytes(N, r)) return 0;
+  float *xas = ws;
   for (int64_t i = 0; i < N * r; i++) xas[i] = scale * xa[i];
   /* dxa = s dy B; dB += dy^T (s xa); dA += dxa^T xd */
   int done = clrt_gemm_narrow(dxa, r, dy, O, 1, B, r, N, r, O, 0);
   for (int64_t i = 0; done && i < N * r; i++) dxa[i] *= scale;
   done = done && clrt_gemm_narrow(dB, r, dy, 1, O, xas, r, O, r, N, 1);
-  free(xas);
   if (!done) return 0;   /* unreachable with AVX-512: the kernel takes any shape */
   clrt_lora_input_backward(dx, dA, dxa, xd, A, N, K, r, key, p);
   return 1;
@@ -91,8 +94,8 @@ static int lora_backward_fast(float *dx, float *dA, float *dB, float *dxa, float
 
 void clrt_lora_forward(float *y /* [N, O] += */, float *xa /* [N, r] = */, const float *xd /* [N, K] */,
                        const float *A /* [r, K] */, const float *B /* [O, r] */, int64_t N, int K,
-                       int O, int r, float scale) {
-  if (N == 0 || lora_forward_fast(y, xa, xd, A, B, N, K, O, r, scale)) return;
+                       int O, int r, float scale, void *ws, size_t ws_bytes) {
+  if (N == 0 || lora_forward_fast(y, xa, xd, A, B, N, K, O, r, scale, ws, ws_bytes)) return;
 #pragma omp parallel if (N * (K + O) > CLRT_OMP_MIN_WORK)
   {
     int64_t a, b;
@@ -110,8 +113,9 @@ void clrt_lora_backward(float *dx /* [N, K] += */, float *dA /* [r, K] += */, fl
                         float *dxa /* [N, r] scratch */, float *xd /* [N, K]: in, then scratch */,
                         const float *dy /* [N, O] */, const float *xa /* [N, r] */,
                         const float *A /* [r, K] */, const float *B /* [O, r] */, int64_t N, int K,
-                        int O, int r, float scale, uint64_t key, float p) {
-  if (N == 0 || lora_backward_fast(dx, dA, dB, dxa, xd, dy, xa, A, B, N, K, O, r, scale, key, p)) return;
+                        int O, int r, float scale, uint64_t key, float p, void *ws, size_t ws_bytes) {
+  if (N == 0 || lora_backward_fast(dx, dA, dB, dxa, xd, dy, xa, A, B, N, K, O, r, scale, key, p, ws, ws_bytes))
+    return;
 #pragma omp parallel if (N * (K + O) > CLRT_OMP_MIN_WORK)
   {
     int64_t a, b;

@@ -36,17 +36,21 @@ void clrt_linear_backward(float *dx /* [N, K] */, float *dw /* [O, K] */, float 
 /* ---- lora.c: a LoRA adapter beside a frozen linear layer (mask math in lora_math.h) ----- */
 /* out = x * keep(key, i, p) per element (inverted dropout). */
 void clrt_lora_dropout(float *out /* [n] */, const float *x /* [n] */, int64_t n, uint64_t key, float p);
-/* xa = xd A^T; y += scale * xa B^T. */
+/* xa = xd A^T; y += scale * xa B^T. ws: the caller's workspace of
+   clrt_lora_forward_workspace_bytes (less: the portable sgemm path, which sums differently). */
+size_t clrt_lora_forward_workspace_bytes(int K, int O, int r);
 void clrt_lora_forward(float *y /* [N, O] += */, float *xa /* [N, r] = */, const float *xd /* [N, K] */,
                        const float *A /* [r, K] */, const float *B /* [O, r] */, int64_t N, int K,
-                       int O, int r, float scale);
+                       int O, int r, float scale, void *ws /* A^T [K, r], s B^T [r, O] */, size_t ws_bytes);
 /* dA, dB += their gradients; dx += the input's gradient through the dropout of (key, p) (p 0:
-   none). xd (the dropped input) is overwritten when p > 0. */
+   none). xd (the dropped input) is overwritten when p > 0. ws as for the forward. */
+size_t clrt_lora_backward_workspace_bytes(int64_t N, int r);
 void clrt_lora_backward(float *dx /* [N, K] += */, float *dA /* [r, K] += */, float *dB /* [O, r] += */,
                         float *dxa /* [N, r] scratch */, float *xd /* [N, K]: in, then scratch */,
                         const float *dy /* [N, O] */, const float *xa /* [N, r] */,
                         const float *A /* [r, K] */, const float *B /* [O, r] */, int64_t N, int K,
-                        int O, int r, float scale, uint64_t key, float p);
+                        int O, int r, float scale, uint64_t key, float p, void *ws /* s xa [N, r] */,
+                        size_t ws_bytes);
 
 /* W [O, K] += scale * B [O, r] A [r, K] (merging an adapter into its base). */
 void clrt_lora_merge(float *W, const float *A, const float *B, int K, int O, int r, float scale);
@@ -82,20 +86,25 @@ int clrt_linear_skinny_forward(float *y /* [N, O] */, const float *x /* [N, K] *
                                const float *w /* [O, K] */, const float *b /* [O] or NULL */,
                                int64_t N, int K, int O);
 /* The same with bf16 weights and x rounded to bf16 (f32 accumulation and y); 0 when this CPU
-   has no kernel. */
+   has no kernel or ws is short of clrt_linear_skinny_bf16_workspace_bytes. */
+size_t clrt_linear_skinny_bf16_workspace_bytes(int64_t N, int K);
 int clrt_linear_skinny_forward_bf16(float *y /* [N, O] */, const float *x /* [N, K] */,
                                     const uint16_t *w /* [O, K] bf16 */, const float *b /* [O] or NULL */,
-                                    int64_t N, int K, int O);
+                                    int64_t N, int K, int O, void *ws /* x in bf16 and widened [N, K] */,
+                                    size_t ws_bytes);
 
 /* linear_rowwise.c: any number of rows, each row's outputs in an order fixed by K alone
    (batch invariance without a packed copy): the skinny kernel over slices of rows, else a
-   plain loop. The bf16 one rounds x to bf16 as the skinny kernel does; 0 when out of memory. */
+   plain loop. The bf16 one rounds x to bf16 as the skinny kernel does, a slice of rows at a
+   time in ws; 0 when ws is short of clrt_linear_rowwise_bf16_workspace_bytes. */
 void clrt_linear_rowwise_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
                                  const float *w /* [O, K] */, const float *b /* [O] or NULL */,
                                  int64_t N, int K, int O);
+size_t clrt_linear_rowwise_bf16_workspace_bytes(int64_t N, int K);
 int clrt_linear_rowwise_forward_bf16(float *y /* [N, O] */, const float *x /* [N, K] */,
                                      const uint16_t *w /* [O, K] bf16 */, const float *b /* [O] or NULL */,
-                                     int64_t N, int K, int O);
+                                     int64_t N, int K, int O, void *ws /* a slice's x [32, K] */,
+                                     size_t ws_bytes);
 
 /* linear_skinny_dpbf16.c: bf16 x and w through AVX512-BF16; 0 when the CPU lacks it. */
 int clrt_linear_skinny_dpbf16(float *y /* [N, O] */, const uint16_t *x /* [N, K] bf16 */,
@@ -125,14 +134,18 @@ int clrt_linear_packed_forward_parts(const float *x /* [N, K] */, int64_t N, int
                                      const clrt_packed_part *parts, int count);
 /* bf16: panels of bf16 pairs of k (K even), x rounded to bf16, f32 sums and y, on the matrix
    unit (AMX panels where the shape suits, else AVX512-BF16); 0 without one (capped to f32
-   included). _parts: decode-sized products only (N <= CLRT_SKINNY_MAX_ROWS). */
+   included) or ws short of clrt_linear_packed_bf16_workspace_bytes (x in bf16).
+   _parts: decode-sized products only (N <= CLRT_SKINNY_MAX_ROWS). */
 void clrt_linear_pack_bf16(uint16_t *wp /* [O * K] */, const float *w /* [O, K] */, int K, int O);
 int clrt_linear_packed_bf16_available(void);
+size_t clrt_linear_packed_bf16_workspace_bytes(int64_t N, int K);
 int clrt_linear_packed_bf16_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
-                                          const clrt_packed_part *parts, int count);
+                                          const clrt_packed_part *parts, int count,
+                                          void *ws /* x in bf16 [N, K] */, size_t ws_bytes);
 /* The same for any number of rows (N up to INT32_MAX). */
 int clrt_linear_packed_bf16_forward_rows(const float *x /* [N, K] */, int64_t N, int K,
-                                         const clrt_packed_part *parts, int count);
+                                         const clrt_packed_part *parts, int count,
+                                         void *ws /* x in bf16 [N, K] */, size_t ws_bytes);
 
 /* ---- linear_bf16.c: products over a weight held only in bf16 (a frozen base) ----------- */
 /* wp: w [O, K] in clrt_linear_pack_bf16's panels of bf16 pairs (K even); f32 accumulation.
@@ -140,15 +153,20 @@ int clrt_linear_packed_bf16_forward_rows(const float *x /* [N, K] */, int64_t N,
 void clrt_linear_unpack_bf16(float *wf /* [r1 - r0, K] */, const uint16_t *wp /* [O * K] panels */,
                              int K, int O, int r0, int r1);
 /* y = x w^T + b: the packed bf16 tiles with x rounded to bf16 when dot is set and the CPU has
-   AVX512-BF16, else blocks of w widened to f32 and sgemm (x exact). 0 only without memory. */
+   AVX512-BF16, else blocks of w widened to f32 and sgemm (x exact). ws: the caller's
+   workspace; 0 only when it is short of clrt_linear_bf16_workspace_bytes. */
+size_t clrt_linear_bf16_workspace_bytes(int64_t N, int K, int O, int dot);
 int clrt_linear_bf16_forward(float *y /* [N, O] */, const float *x /* [N, K] */,
                              const uint16_t *wp /* [O * K] panels */, const float *b /* [O] or NULL */,
-                             int64_t N, int K, int O, int dot);
+                             int64_t N, int K, int O, int dot,
+                             void *ws /* x in bf16 [N, K] or a widened block [240, K] f32 */, size_t ws_bytes);
 /* dx (+)= dy w: blocks of w widened to f32, then gemm_strided.c's tiles (fast set, AVX-512)
-   or sgemm. 0 only without memory. */
+   or sgemm. 0 only when ws is short of clrt_linear_bf16_backward_dx_workspace_bytes. */
+size_t clrt_linear_bf16_backward_dx_workspace_bytes(int K, int O);
 int clrt_linear_bf16_backward_dx(float *dx /* [N, K] */, const float *dy /* [N, O] */,
                                  const uint16_t *wp /* [O * K] panels */, int64_t N, int K, int O,
-                                 int accumulate, int fast);
+                                 int accumulate, int fast, void *ws /* a widened block [240, K] f32 */,
+                                 size_t ws_bytes);
 
 /* ---- matrix_unit.c: the unit bf16 products run on, chosen at run time ------------------ */
 enum { CLRT_UNIT_F32 = 0, CLRT_UNIT_AVX512BF16 = 1, CLRT_UNIT_AMX = 2 };

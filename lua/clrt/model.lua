@@ -423,6 +423,7 @@ end
 -- decoders after the move.
 function Model:to(device)
   local d = require("clrt.tensor").device_of(device, "model:to")
+  require("clrt.gen.scheduler").drop(self)   -- its KV cache is on the old device
   ok(C.clrt_model_to_device(live(self), d), 2)
   self._params, self._grads = nil, nil   -- cached views belong to the old memory
   self._lora_params, self._lora_grads = nil, nil
@@ -529,6 +530,7 @@ end
 -- size). Views from params()/grads() keep their own arena alive until they are collected.
 function Model:free()
   if self.ptr ~= nil then
+    require("clrt.gen.scheduler").drop(self)   -- its KV cache and prefix cache first
     C.clrt_model_free(ffi.gc(self.ptr, nil))
     self.ptr = nil
     self._params, self._grads, self._lora_params, self._lora_grads = nil, nil, nil, nil
@@ -759,7 +761,10 @@ function M.unit_peak_gflops(unit, threads)
   return g
 end
 
-require("clrt.gen.model_methods").install(Model)
-require("clrt.core.model_lora").install(Model)
+-- Decoding (m:decoder, m:generate) and LoRA (m:add_lora, ...) are defined beside, in their own
+-- files; the class takes them here.
+for _, methods in ipairs({ require("clrt.gen.model_methods").methods, require("clrt.core.model_lora").methods }) do
+  for name, f in pairs(methods) do Model[name] = f end
+end
 
 return M

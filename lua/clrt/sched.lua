@@ -21,9 +21,10 @@
 -- different futures still differ, and a rerun draws alike whatever the HTTP timing. Without
 -- a seed_key (serve, the REPL) the prompt's tokens name the stream: identical requests with
 -- the same seed then sample alike.
--- The engine's decoder (kept on the model as model._sched_engine) grows when idle to the
--- rows waiting and to twice the longest prompt + max_new_tokens seen (capped by the
--- model's context); a request that needs more waits until the running rows finish.
+-- The engine and its decoder belong to clrt.gen.scheduler (one per model, shared with
+-- m:generate and `clrt serve`); the decoder grows when idle to the rows waiting and to twice
+-- the longest prompt + max_new_tokens seen (capped by the model's context), freeing the old
+-- one; a request that needs more waits until the running rows finish.
 --
 -- results[i] is the first value fns[i] returned, whatever order they finished in; an error
 -- in fns[i] is caught and reported as errors[i] (a string) for that one only, or raised
@@ -48,6 +49,7 @@
 --   scheduler uses it to pump HTTP and resume the coroutines whose replies came in.
 local http = require("clrt.net.http")
 local gen = require("clrt.gen.engine")
+local G = require("clrt.gen.scheduler")
 
 local M = {}
 local SUSPEND = setmetatable({}, { __tostring = function() return "clrt.sched.SUSPEND" end })
@@ -158,98 +160,75 @@ local function deep_eq(a, b)
   return true
 end
 
--- The engine of `model`, kept on the model across runs (the decoder is its KV cache).
+-- The engine state of `model` (clrt.gen.scheduler's: one per model, whoever asks), listed in
+-- this run so that its loop admits and steps it.
 local function engine_of(st, model)
-  local E = model._sched_engine
-  if not E then
-    E = { waiting = {}, live = {} }
-    model._sched_engine = E
-  end
+  local E = G.of(model)
   if not st.engine_set[E] then
     st.engine_set[E] = true
-    st.engines[#st.engines + 1] = { E = E, model = model }
+    st.engines[#st.engines + 1] = E
   end
   return E
 end
 
--- A decoder for every waiting request at once (called when no row runs), with at least a
--- slot for each coroutine alive, so that those asking later join without waiting.
-local function grow(E, model, alive)
-  local rows, need = 0, 0
-  for _, req in ipairs(E.waiting) do rows, need = rows + req.o.n, math.max(need, req.need) end
-  local d = E.dec
-  if d and d.slots >= rows and d.max_len >= need then return end
-  alive = math.min(alive, 256)
-  local limit = model.config and model.config.max_position_embeddings or math.huge
-  local slots = math.max(rows, alive, d and d.slots or 0)
-  local len = math.max(need, math.min(limit, math.max(2 * need, d and d.max_len or 0)))
-  E.dec, E.eng = nil, nil
-  collectgarbage()   -- let the old cache go before the new one is allocated
-  E.dec = model:decoder(slots, len)
-  E.eng = gen.engine(E.dec)
-end
-
-local function start(E, req)
-  local eng, outs, left = E.eng, {}, req.o.n
-  local cb = { on_done = function(row)
-    outs[row.sample] = { tokens = row.tokens, logprobs = row.logprobs, finish_reason = row.finish_reason, text = row.text,
-      model_logprobs = row.model_logprobs }
-    left = left - 1
-    if left == 0 then
-      E.live[req] = nil
-      M.wake(req.task, { ok = true, outs = outs })
-    end
-  end }
-  E.live[req] = true
-  local ok, rows = pcall(eng.add, eng, req.prompt, req.o, cb, 1)
-  if not ok then
-    E.live[req] = nil
-    M.wake(req.task, { ok = false, err = rows })
-    return
-  end
-  req.rows, req.eng = rows, eng
-end
-
--- Let waiting requests join their engines, in order: one that does not fit waits (and the
--- ones behind it) for free slots, or for the engine to empty when it needs a larger decoder.
+-- Let waiting requests join their engines (in order; clrt.gen.scheduler.admit). Returns whether
+-- rows run.
 local function admit(st)
   local busy = false
-  for _, x in ipairs(st.engines) do
-    local E = x.E
-    while #E.waiting > 0 do
-      local req = E.waiting[1]
-      if not (E.eng and E.eng:busy()) then
-        local ok, err = pcall(grow, E, x.model, st.next_start - 1 - st.done)
-        if not ok then
-          for _, r in ipairs(E.waiting) do M.wake(r.task, { ok = false, err = "model:decoder failed: " .. tostring(err) }) end
-          E.waiting = {}
-          break
-        end
-      end
-      if req.o.n > E.eng:free_slots() or req.need > E.dec.max_len then break end
-      table.remove(E.waiting, 1)
-      start(E, req)
-    end
-    if E.eng and E.eng:busy() then busy = true end
+  for _, E in ipairs(st.engines) do
+    if G.admit(E, st.next_start - 1 - st.done) then busy = true end
   end
   return busy
 end
 
--- One decode step of every engine with rows. A failing step fails the requests in it and
--- drops the engine (the next request builds a fresh one).
+-- One decode step of every engine with rows (a failing one fails its requests).
 local function step_engines(st)
-  for _, x in ipairs(st.engines) do
-    local E = x.E
-    if E.eng and E.eng:busy() then
+  for _, E in ipairs(st.engines) do
+    if G.busy(E) then
       st.engine_steps = st.engine_steps + 1
       if #st.procs > 0 then st.engine_steps_during_procs = st.engine_steps_during_procs + 1 end
-      local ok, err = pcall(E.eng.step, E.eng)
-      if not ok then
-        for req in pairs(E.live) do M.wake(req.task, { ok = false, err = "generate failed: " .. tostring(err) }) end
-        E.live, E.eng, E.dec = {}, nil, nil
-      end
+      G.step(E)
     end
   end
+end
+
+-- prompts (token lists), each with o (clrt.gen.engine.options) and keys[p] (its seed key; nil
+-- or false: none) into the model's engine; the n samples of every prompt, prompt-major. Inside
+-- a task it waits beside the others, outside one the engine runs until they finish (on_step()
+-- between steps).
+function M.generate_all(model, prompts, o, keys, on_step)
+  if type(prompts) ~= "table" or type(o) ~= "table" or type(o.n) ~= "number" then
+    error("clrt.sched.generate_all(model, prompts, o, keys): prompts must be a list of token lists and o come from clrt.gen.engine.options", 2)
+  end
+  local t = M.current()
+  local E = t and engine_of(t.run, model) or G.of(model)
+  local reqs, outs, left, failed = {}, {}, #prompts, nil
+  for p, prompt in ipairs(prompts) do
+    local got = 0
+    local cb = { on_done = function(row)
+      outs[(p - 1) * o.n + row.sample] = { tokens = row.tokens, logprobs = row.logprobs,
+        finish_reason = row.finish_reason, text = row.text, model_logprobs = row.model_logprobs }
+      got = got + 1
+      if got == o.n then
+        left = left - 1
+        if left == 0 and t then M.wake(t, true) end
+      end
+    end, on_fail = function(err)
+      failed = failed or err
+      if t then M.wake(t, false) end
+    end }
+    reqs[p] = G.submit(E, prompt, o, cb, p, keys and keys[p])
+  end
+  if t then
+    M.suspend(function() for _, req in ipairs(reqs) do G.cancel(req) end end)
+  else
+    G.drain(E, reqs, on_step)
+  end
+  if failed then
+    for _, req in ipairs(reqs) do G.cancel(req) end
+    error(failed, 0)
+  end
+  return outs
 end
 
 -- Generate for one prompt: inside a task the request joins its model's engine (or, for a
@@ -287,7 +266,6 @@ function M.generate(model, prompt_tokens, opts)
     if not r.ok then error(r.err, 0) end
     return r.outs
   end
-  local st = t.run
   local ok, o = pcall(gen.options, opts, model.config.vocab_size)
   if not ok then error(o, 2) end
   local need = #prompt_tokens + o.max_new_tokens
@@ -296,20 +274,8 @@ function M.generate(model, prompt_tokens, opts)
     error(("generate: a prompt of %d tokens + max_new_tokens %d exceeds the model's context of %d")
       :format(#prompt_tokens, o.max_new_tokens, limit), 2)
   end
-  local E = engine_of(st, model)
   if type(o.seed_key) == "table" then error("clrt.sched.generate: seed_key names one request: a string or number, not a list", 2) end
-  local req = { task = t, prompt = prompt_tokens, o = o, need = need }
-  E.waiting[#E.waiting + 1] = req
-  local r = M.suspend(function()
-    if req.rows then
-      for _, row in ipairs(req.rows) do if not row.finish_reason then req.eng:cancel(row) end end
-      E.live[req] = nil
-    else
-      for i, w in ipairs(E.waiting) do if w == req then table.remove(E.waiting, i) break end end
-    end
-  end)
-  if not r.ok then error(r.err, 0) end
-  return r.outs
+  return M.generate_all(model, { prompt_tokens }, o)
 end
 
 -- Errors keep their message; the traceback goes beside it (run's third result) so that
@@ -520,10 +486,9 @@ function M.run(fns, opts)
     end
   end)
   run_state = nil
-  for _, x in ipairs(st.engines) do
-    -- rows left by a failure belong to no one now: start the next run with a fresh engine
-    if x.E.eng and x.E.eng:busy() then x.E.eng, x.E.dec = nil, nil end
-    x.E.waiting, x.E.live = {}, {}
+  for _, E in ipairs(st.engines) do
+    -- rows left by a failure belong to no one now: the next run starts with a fresh engine
+    if G.busy(E) or #E.waiting > 0 then G.drop_engine(E) end
   end
   if not ok then
     -- The scheduler itself failed (a bug or an interrupt): cancel what is in flight.

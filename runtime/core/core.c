@@ -65,7 +65,3 @@ const char *clrt_lua_dir(void) {
   snprintf(dir, sizeof dir, "%s/lua", CLRT_SOURCE_DIR);
   return dir;
 }
-
-#ifndef CLRT_HAVE_CUDA
-int clrt_cuda_device_count(void) { return 0; }
-#endif

@@ -27,21 +27,8 @@ clrt_storage *clrt_cuda_storage_new(size_t bytes) {
 
 void clrt_cuda_storage_free(void *data) { clrt_cuda_free(data); }
 
-int clrt_cuda_tensor_copy(clrt_tensor *dst, const clrt_tensor *src) {
-  int64_t n = clrt_tensor_numel(dst);
-  if (n != clrt_tensor_numel(src) || dst->dtype_id != src->dtype_id) {
-    clrt_set_error("copy_: cuda copies need the same dtype and size (destination %s[%lld], source %s[%lld])",
-                   clrt_dtype_name(dst->dtype_id), (long long)n, clrt_dtype_name(src->dtype_id),
-                   (long long)clrt_tensor_numel(src));
-    return -1;
-  }
-  if (!clrt_tensor_is_contiguous(dst) || !clrt_tensor_is_contiguous(src)) {
-    clrt_set_error("copy_: cuda copies need contiguous tensors (call :contiguous() on the cpu side)");
-    return -1;
-  }
-  int kind = src->device_id == CLRT_CPU ? 0 : dst->device_id == CLRT_CPU ? 1 : 2;
-  return clrt_cuda_memcpy(clrt_tensor_data(dst), clrt_tensor_data(src),
-                          (size_t)n * clrt_dtype_size(src->dtype_id), kind);
+int clrt_cuda_copy_bytes(void *dst, const void *src, size_t bytes, int kind) {
+  return clrt_cuda_memcpy(dst, src, bytes, kind);
 }
 
 const char *clrt_cuda_device_name_str(void) {
@@ -59,8 +46,8 @@ clrt_storage *clrt_cuda_storage_new(size_t bytes) {
 
 void clrt_cuda_storage_free(void *data) { (void)data; }
 
-int clrt_cuda_tensor_copy(clrt_tensor *dst, const clrt_tensor *src) {
-  (void)dst, (void)src;
+int clrt_cuda_copy_bytes(void *dst, const void *src, size_t bytes, int kind) {
+  (void)dst, (void)src, (void)bytes, (void)kind;
   clrt_set_error("copy_: a tensor is on cuda but clrt was built without CUDA");
   return -1;
 }
@@ -72,28 +59,6 @@ const char *clrt_cuda_device_name_str(void) {
 
 const char *clrt_cuda_status(void) { return "clrt was built without CUDA"; }
 
-#endif
+int clrt_cuda_device_count(void) { return 0; }
 
-clrt_tensor *clrt_tensor_to_device(const clrt_tensor *t, int device) {
-  if (device != CLRT_CPU && device != CLRT_CUDA) {
-    clrt_set_error("to: unknown device %d", device);
-    return NULL;
-  }
-  if (device == CLRT_CPU && t->device_id == CLRT_CPU) return clrt_tensor_clone(t);
-  clrt_tensor *src = (clrt_tensor *)t, *tmp = NULL;
-  if (!clrt_tensor_is_contiguous(t)) {
-    if (t->device_id != CLRT_CPU) {
-      clrt_set_error("to: a strided view on cuda cannot be copied (make it contiguous first)");
-      return NULL;
-    }
-    if (!(tmp = clrt_tensor_clone(t))) return NULL;
-    src = tmp;
-  }
-  clrt_tensor *out = clrt_tensor_new(t->dtype_id, t->ndim, t->dims, device);
-  if (out && clrt_tensor_copy_(out, src)) {
-    clrt_tensor_free(out);
-    out = NULL;
-  }
-  clrt_tensor_free(tmp);
-  return out;
-}
+#endif

@@ -299,9 +299,28 @@ int clrt_tensor_set(clrt_tensor *t, int64_t index, double value) {
   return 0;
 }
 
+/* copy_ when either side is on cuda: same dtype, same numel, both contiguous, then one
+   copy of the bytes (cuda_tensor.c). */
+static int cuda_copy(clrt_tensor *dst, const clrt_tensor *src) {
+  int64_t n = clrt_tensor_numel(dst);
+  if (n != clrt_tensor_numel(src) || dst->dtype_id != src->dtype_id) {
+    clrt_set_error("copy_: cuda copies need the same dtype and size (destination %s[%lld], source %s[%lld])",
+                   clrt_dtype_name(dst->dtype_id), (long long)n, clrt_dtype_name(src->dtype_id),
+                   (long long)clrt_tensor_numel(src));
+    return -1;
+  }
+  if (!clrt_tensor_is_contiguous(dst) || !clrt_tensor_is_contiguous(src)) {
+    clrt_set_error("copy_: cuda copies need contiguous tensors (call :contiguous() on the cpu side)");
+    return -1;
+  }
+  int kind = src->device_id == CLRT_CPU ? 0 : dst->device_id == CLRT_CPU ? 1 : 2;
+  return clrt_cuda_copy_bytes(clrt_tensor_data(dst), clrt_tensor_data(src),
+                              (size_t)n * clrt_dtype_size(src->dtype_id), kind);
+}
+
 int clrt_tensor_copy_(clrt_tensor *dst, const clrt_tensor *src) {
   clrt_storage_written(dst->storage);
-  if (dst->device_id == CLRT_CUDA || src->device_id == CLRT_CUDA) return clrt_cuda_tensor_copy(dst, src);
+  if (dst->device_id == CLRT_CUDA || src->device_id == CLRT_CUDA) return cuda_copy(dst, src);
   if (check_cpu("copy_", dst) || check_cpu("copy_", src)) return -1;
   int64_t n = clrt_tensor_numel(dst);
   if (n != clrt_tensor_numel(src)) {
@@ -399,4 +418,28 @@ int clrt_tensor_randn_(clrt_tensor *t, clrt_rng *r) {
   int64_t n = clrt_tensor_numel(t);
   for (int64_t i = 0; i < n; i++) store_at(t, flat_to_offset(t, i), clrt_rng_normal(r));
   return 0;
+}
+
+clrt_tensor *clrt_tensor_to_device(const clrt_tensor *t, int device) {
+  if (device != CLRT_CPU && device != CLRT_CUDA) {
+    clrt_set_error("to: unknown device %d", device);
+    return NULL;
+  }
+  if (device == CLRT_CPU && t->device_id == CLRT_CPU) return clrt_tensor_clone(t);
+  clrt_tensor *src = (clrt_tensor *)t, *tmp = NULL;
+  if (!clrt_tensor_is_contiguous(t)) {
+    if (t->device_id != CLRT_CPU) {
+      clrt_set_error("to: a strided view on cuda cannot be copied (make it contiguous first)");
+      return NULL;
+    }
+    if (!(tmp = clrt_tensor_clone(t))) return NULL;
+    src = tmp;
+  }
+  clrt_tensor *out = clrt_tensor_new(t->dtype_id, t->ndim, t->dims, device);
+  if (out && clrt_tensor_copy_(out, src)) {
+    clrt_tensor_free(out);
+    out = NULL;
+  }
+  clrt_tensor_free(tmp);
+  return out;
 }

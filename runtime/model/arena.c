@@ -1,6 +1,6 @@
 /* arena.c — the activation arena, laid out per call from B and T (grown when a call needs
-   more; the configured max_batch x max_seq is its first size), the RoPE tables, and the host
-   staging of a step's integer inputs. */
+   more; the configured max_batch x max_seq is its first size), the RoPE tables, the host
+   staging of a step's integer inputs and the CPU kernels' workspace. */
 #include "model_internal.h"
 
 #include <stdlib.h>
@@ -10,6 +10,15 @@ static float *take(acts *a, char *base, size_t n) {
   float *p = base ? (float *)base + a->floats : NULL;
   a->floats += (n + 15) & ~(size_t)15;
   return p;
+}
+
+/* The widest input of a LoRA target linear (the dropout scratch's row). */
+static size_t lora_widest(const clrt_model *m) {
+  const clrt_model_config *c = &m->cfg;
+  size_t w = (size_t)c->hidden_size, hd = (size_t)c->num_attention_heads * c->head_dim;
+  if (hd > w) w = hd;
+  if ((size_t)c->intermediate_size > w) w = (size_t)c->intermediate_size;
+  return w;
 }
 
 /* res and la must have room for L+1 and L entries. */
@@ -81,7 +90,7 @@ void model_layout(const clrt_model *m, acts *a, char *base, int B, int T, int Tk
   if (m->lora) {
     if (m->lora->head[0] >= 0) a->lhxa = take(a, base, N * (size_t)m->lora->r);
     if (m->lora->emb[0] >= 0) a->lexa = take(a, base, N * (size_t)m->lora->r);
-    if (m->lora->dropout > 0 && keep) a->lxd = take(a, base, N * model_lora_widest(m));
+    if (m->lora->dropout > 0 && keep) a->lxd = take(a, base, N * lora_widest(m));
     if (keep) a->ldxa = take(a, base, N * (size_t)m->lora->r);
   }
   a->pos0 = (int32_t *)take(a, base, (size_t)B);
@@ -115,6 +124,22 @@ int model_sync_rope(clrt_model *m) {
   return m->ops->upload(d, m->rope_cos, n * sizeof(float)) || m->ops->upload(d + n, m->rope_sin, n * sizeof(float)) ? -1 : 0;
 }
 
+/* Gemma 3's local layers: their own tables (rope_local_theta), host memory. */
+static int ensure_local_rope(clrt_model *m, int P) {
+  if (!m->cfg.gemma3) return 0;
+  int half = m->cfg.head_dim / 2;
+  float *c = realloc(m->rope_cos_local, sizeof(float) * (size_t)P * half);
+  if (c) m->rope_cos_local = c;
+  float *s = realloc(m->rope_sin_local, sizeof(float) * (size_t)P * half);
+  if (s) m->rope_sin_local = s;
+  if (!c || !s) {
+    clrt_set_error("model: out of memory for the local RoPE table of %d positions", P);
+    return -1;
+  }
+  clrt_rope_table(m->rope_cos_local, m->rope_sin_local, m->inv_freq_local, P, m->cfg.head_dim);
+  return 0;
+}
+
 int model_ensure_rope(clrt_model *m, int P) {
   if (P <= m->rope_len) return 0;
   int half = m->cfg.head_dim / 2;
@@ -127,7 +152,7 @@ int model_ensure_rope(clrt_model *m, int P) {
     return -1;
   }
   clrt_rope_table(m->rope_cos, m->rope_sin, m->inv_freq, P, m->cfg.head_dim);
-  if (gemma3_ensure_rope(m, P)) return -1;
+  if (ensure_local_rope(m, P)) return -1;
   m->rope_len = P;
   return model_sync_rope(m);
 }
@@ -153,6 +178,31 @@ int model_bind_acts(clrt_model *m, acts *a, int B, int T, int Tk, int keep) {
   }
   model_layout(m, a, m->acts->data, B, T, Tk, keep);
   return 0;
+}
+
+/* The CPU kernels take their scratch from here (kernels allocate nothing): one host buffer
+   per model, kept at its largest like the arena. */
+int model_reserve_workspace(clrt_model *m, size_t bytes, const char *who) {
+  m->step_failed = 0;
+  if (bytes <= m->ws_bytes) return 0;
+  free(m->ws);   /* nothing in it outlives a product: no copy */
+  m->ws_bytes = 0;
+  if (!(m->ws = malloc(bytes))) {
+    clrt_set_error("%s: out of host memory for the kernels' workspace (%zu MiB)", who, bytes >> 20);
+    return -1;
+  }
+  m->ws_bytes = bytes;
+  return 0;
+}
+
+int model_workspace(clrt_model *m, size_t need, const char *who) {
+  if (need <= m->ws_bytes) return 0;
+  /* Unreachable while model_workspace_bytes covers every product: a product no longer covered
+     fails its step rather than overrun or allocate. */
+  if (!m->step_failed)
+    clrt_set_error("%s: the kernels' workspace holds %zu bytes, the product needs %zu", who, m->ws_bytes, need);
+  m->step_failed = 1;
+  return -1;
 }
 
 /* Host staging for a step's integer inputs, built here and copied into the arena in one

@@ -113,7 +113,7 @@ int clrt_model_backward_hidden(clrt_model *m, const float *dlogp, const float *d
   layer_acts la[L];
   acts a = {.res = res, .la = la};
   model_layout(m, &a, m->acts->data, B, T, T, 1);
-  if (stage_dlogp(m, &a, dlogp)) return -1;
+  if (model_reserve_workspace(m, model_workspace_bytes(m, N), "backward") || stage_dlogp(m, &a, dlogp)) return -1;
   /* Output layer and final norm over the rows with a target (compacted, as in forward). */
   PROF(CLRT_K_OTHER, op->gather_rows(a.tmp, a.res[L], a.rowidx, nv, C));
   PROF(CLRT_K_RMSNORM, model_final_norm(m, a.xn, a.rstdf, a.tmp, nv));
@@ -145,5 +145,6 @@ int clrt_model_backward_hidden(clrt_model *m, const float *dlogp, const float *d
   PROF(CLRT_K_EMBED, model_embed_scale(m, a.dres, N));   /* the scale covers the embedding's adapter too */
   if (!m->lora) PROF(CLRT_K_EMBED, op->embedding_backward(GW(m, m->wte), a.dres, a.tok, N, C));
   else PROF(CLRT_K_LORA, model_lora_embed_backward(m, &a, a.dres, N));
+  if (m->step_failed) return -1;
   return op->sync();   /* the end of the step: report any kernel failure */
 }

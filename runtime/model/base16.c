@@ -15,13 +15,6 @@
 #include <string.h>
 #include <unistd.h>
 
-int model_refuse_base16(const clrt_model *m, const char *who) {
-  if (!m->base16) return 0;
-  clrt_set_error("%s: the model's base is held in bf16 (base_dtype=bf16) and has no f32 weights; "
-                 "load the base again for that", who);
-  return -1;
-}
-
 /* 1 when param p is one of the blocks' linear weights. */
 static int is_block_linear(const clrt_model *m, const clrt_param_info *p) {
   if (p->ndim != 2) return 0;
@@ -54,25 +47,8 @@ void model_base16_pack(const clrt_model *m, const clrt_param_info *p, uint16_t *
   }
 }
 
-int clrt_model_set_base_bf16(clrt_model *m) {
-  if (m->base16) return 0;
-  if (!m->lora) {
-    clrt_set_error("base_dtype=bf16: only a frozen base can drop its f32 weights; add LoRA adapters "
-                   "first (train.lora.r > 0): a full fine-tune trains every weight in f32");
-    return -1;
-  }
-  if (m->device != CLRT_CPU) {
-    clrt_set_error("base_dtype=bf16: runs on the cpu only (the CUDA ops have no bf16 base yet); use "
-                   "base_dtype=f32 on cuda");
-    return -1;
-  }
+int model_base16_convert(clrt_model *m) {
   const clrt_model_config *c = &m->cfg;
-  int HD = c->num_attention_heads * c->head_dim;
-  if (c->hidden_size % 2 || c->intermediate_size % 2 || HD % 2) {
-    clrt_set_error("base_dtype=bf16: needs even hidden (%d), intermediate (%d) and heads x head_dim (%d) "
-                   "sizes (weights in pairs of bf16)", c->hidden_size, c->intermediate_size, HD);
-    return -1;
-  }
   int64_t *old_off = malloc(sizeof(int64_t) * (size_t)m->np);
   if (!old_off) {
     clrt_set_error("base_dtype=bf16: out of memory");
@@ -148,7 +124,6 @@ int clrt_model_set_base_bf16(clrt_model *m) {
   m->base16 = 1;
   m->base16_blank = blank;
   m->saved = 0;
-  model_choose_ops(m);
   return 0;
 }
 
@@ -156,15 +131,14 @@ int clrt_model_base_bf16(const clrt_model *m) { return m->base16; }
 
 static const uint16_t *W16(const clrt_model *m, int64_t w) { return (const uint16_t *)m->b16->data + w; }
 
-static void out_of_memory(const char *who) {
-  /* The layer code has no error path through a product: the step's end reports it. */
-  clrt_set_error("%s: out of memory widening bf16 weights", who);
-}
-
+/* The layer code has no error path through a product: a short workspace fails the step
+   (model_workspace), which its entry point reports. */
 void model_base16_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
                          int64_t N, int K, int O) {
   (void)a;
-  if (!clrt_linear_bf16_forward(y, x, W16(m, w), b, N, K, O, model_fast_kernels(m))) out_of_memory("forward");
+  int fast = model_fast_kernels(m);
+  if (!model_workspace(m, clrt_linear_bf16_workspace_bytes(N, K, O, fast), "bf16 base forward"))
+    clrt_linear_bf16_forward(y, x, W16(m, w), b, N, K, O, fast, m->ws, m->ws_bytes);
 }
 
 /* Products of the same x (q, k, v; gate, up): one parallel pass over all their panels. */
@@ -173,7 +147,8 @@ void model_base16_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N
   clrt_packed_part packed[3] = {{0}};
   if (model_fast_kernels(m) && count <= 3) {
     for (int i = 0; i < count; i++) packed[i] = (clrt_packed_part){parts[i].y, W16(m, parts[i].w), parts[i].b, parts[i].O};
-    if (clrt_linear_packed_bf16_forward_rows(x, N, K, packed, count)) return;
+    if (model_workspace(m, clrt_linear_packed_bf16_workspace_bytes(N, K), "bf16 base forward")) return;
+    if (clrt_linear_packed_bf16_forward_rows(x, N, K, packed, count, m->ws, m->ws_bytes)) return;
   }
   for (int i = 0; i < count; i++) model_base16_linear(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, K, parts[i].O);
 }
@@ -183,6 +158,6 @@ void model_base16_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N
 void model_base16_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
                                   const float *x, int64_t N, int K, int O, int acc) {
   (void)a, (void)db, (void)x;
-  if (dx && !clrt_linear_bf16_backward_dx(dx, dy, W16(m, w), N, K, O, acc, model_fast_kernels(m)))
-    out_of_memory("backward");
+  if (dx && !model_workspace(m, clrt_linear_bf16_backward_dx_workspace_bytes(K, O), "bf16 base backward"))
+    clrt_linear_bf16_backward_dx(dx, dy, W16(m, w), N, K, O, acc, model_fast_kernels(m), m->ws, m->ws_bytes);
 }

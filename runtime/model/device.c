@@ -1,5 +1,6 @@
-/* device.c — where the model runs: the ops table for its device and precision, and moves of
-   its arenas between the CPU and a CUDA device. */
+/* device.c — where the model runs and at what precision: the ops table for its device and
+   precision (a new model, set_matmul, set_base_dtype), and moves of its arenas between the
+   CPU and a CUDA device. */
 #include "model_internal.h"
 
 #include <stddef.h>
@@ -7,6 +8,56 @@
 void model_choose_ops(clrt_model *m) {
   if (m->device == CLRT_CPU) m->ops = m->base16 ? &model_cpu_base16_ops : m->bf16 ? &model_cpu_bf16_ops : &model_cpu_ops;
   else m->ops = model_cuda_ops(m->bf16);
+}
+
+/* A new model starts on the CPU in f32: params.c lays it out, its ops are chosen here. */
+clrt_model *clrt_model_new(const clrt_model_config *cfg) {
+  clrt_model *m = model_params_new(cfg);
+  if (m) model_choose_ops(m);
+  return m;
+}
+
+/* The precision switches: the bf16 base (base16.c converts) and bf16 products (weights.c's
+   copies), each with the ops that run it. */
+int clrt_model_set_base_bf16(clrt_model *m) {
+  if (m->base16) return 0;
+  if (model_mode_allows(m, MODE_BF16_BASE, "base_dtype=bf16") || model_base16_convert(m)) return -1;
+  model_choose_ops(m);
+  return 0;
+}
+
+int clrt_model_set_matmul_bf16(clrt_model *m, int on) {
+  if (on && model_mode_allows(m, MODE_F32_WEIGHTS, "set_matmul(\"bf16\")")) return -1;
+  if (!on) {
+    clrt_storage_release(m->wbf);
+    m->wbf = NULL;
+    m->bf16 = 0;
+    model_choose_ops(m);
+    return 0;
+  }
+  /* On a CPU with a matrix unit every product runs in bf16: the transposed panels too. */
+  const clrt_model_config *c = &m->cfg;
+  int t = m->device == CLRT_CPU && m->pack_decode && clrt_matrix_unit() != CLRT_UNIT_F32 &&
+          c->num_key_value_heads * c->head_dim % 2 == 0 && c->intermediate_size % 2 == 0 &&
+          c->hidden_size % 2 == 0 && c->num_attention_heads * c->head_dim % 2 == 0;
+  size_t need = sizeof(uint16_t) * (size_t)m->total * (t ? 2 : 1);
+  if (m->wbf && m->wbf->bytes != need) {
+    clrt_storage_release(m->wbf);
+    m->wbf = NULL;
+  }
+  if (!m->wbf && !(m->wbf = clrt_storage_new(need, m->device))) return -1;
+  m->wbf_t = t;
+  /* bf16 decode reads the bf16 copies: the packed f32 ones would only take memory. */
+  clrt_storage_release(m->wpk);
+  m->wpk = NULL;
+  /* The activation layout gains the bf16 scratch: rebuild it on the next call. */
+  clrt_storage_release(m->acts);
+  m->acts = NULL;
+  m->saved = 0;
+  m->bf16 = 1;
+  m->wbf_ver = COPY_STALE;
+  model_choose_ops(m);
+  return 0;
 }
 
 typedef int (*copy_fn)(void *dst, const void *src, size_t bytes);
@@ -32,16 +83,7 @@ int clrt_model_to_device(clrt_model *m, int device) {
     return -1;
   }
   if (device == m->device) return 0;
-  if (m->cfg.gemma3 && device == CLRT_CUDA) {
-    clrt_set_error("model:to: Gemma3ForCausalLM runs on the cpu only (its (1 + w) norms, GELU-tanh MLP and "
-                   "scaled, soft-capped attention have no CUDA kernels yet); use device=cpu");
-    return -1;
-  }
-  if (m->base16) {
-    clrt_set_error("model:to: a bf16 base (base_dtype=bf16) runs on the cpu only (the CUDA ops have no "
-                   "bf16 base yet); use base_dtype=f32 on cuda");
-    return -1;
-  }
+  if (device == CLRT_CUDA && model_mode_allows(m, MODE_ON_CUDA, "model:to")) return -1;
   /* The copy runs on the device's side: a download from it, or an upload to it. */
   const model_ops *to = device == CLRT_CPU ? &model_cpu_ops : model_cuda_ops(0);
   copy_fn copy = device == CLRT_CPU ? m->ops->download : to ? to->upload : NULL;

@@ -209,7 +209,9 @@ int clrt_model_logprobs_hidden(clrt_model *m, const int32_t *tokens, int B, int 
   layer_acts la[L];
   acts a = {.res = res, .la = la};
   double t0 = model_prof_on > 0 ? model_now() : 0;
-  if (model_bind_acts(m, &a, B, T, T, keep)) return -1;
+  if (model_bind_acts(m, &a, B, T, T, keep) ||
+      model_reserve_workspace(m, model_workspace_bytes(m, (int64_t)B * T), "logprobs"))
+    return -1;
   int64_t nv = stage_targets(m, &a, tokens, B, T, lengths);
   if (nv < 0) return -1;
   if (model_prof_on > 0) clrt_kernel_seconds[CLRT_K_OTHER] += model_now() - t0;
@@ -232,7 +234,7 @@ int clrt_model_logprobs_hidden(clrt_model *m, const int32_t *tokens, int B, int 
   else
     PROF(CLRT_K_OUT_F, op->output(a.lpv, a.lsef, a.xn, PW(m, m->head), model_packed_weight(m, m->head),
                                   model_output_kernels(m), a.target, nv, C, V, a.logits, a.chunk, hla));
-  if (unstage_logprobs(m, &a, lp, B, T, nv)) return -1;
+  if (m->step_failed || unstage_logprobs(m, &a, lp, B, T, nv)) return -1;
   m->saved = keep;
   m->B = B;
   m->T = T;
@@ -276,7 +278,9 @@ static int forward_cached(clrt_model *m, const int32_t *tokens, int B, int Tn, c
   float *res[L + 1];
   layer_acts la[L];
   acts a = {.res = res, .la = la};
-  if (model_bind_acts(m, &a, B, Tn, Tk, 0)) return -1;
+  if (model_bind_acts(m, &a, B, Tn, Tk, 0) ||
+      model_reserve_workspace(m, model_workspace_bytes(m, (int64_t)B * Tn), "forward_cached"))
+    return -1;
   m->saved = 0;
   const model_ops *op = m->ops;
   /* The kernels read tokens, positions and slots from the model's memory. */
@@ -297,6 +301,7 @@ static int forward_cached(clrt_model *m, const int32_t *tokens, int B, int Tn, c
   PROF(CLRT_K_RMSNORM, model_final_norm(m, a.xn, a.rstdf, a.tmp, B));
   int rc;
   PROF(CLRT_K_OUT_F, rc = op->decode_logits(m, &a, logits, a.xn, B));
+  if (m->step_failed) return -1;
   if (rc == 0) model_softcap_logits(m, logits, B);
   return rc;
 }

@@ -137,18 +137,3 @@ void model_softcap_logits(const clrt_model *m, float *logits, int B) {
   int64_t n = (int64_t)B * m->cfg.vocab_size;
   for (int64_t i = 0; i < n; i++) logits[i] = cap * tanhf(logits[i] / cap);
 }
-
-int gemma3_ensure_rope(clrt_model *m, int P) {
-  if (!m->cfg.gemma3) return 0;
-  int half = m->cfg.head_dim / 2;
-  float *c = realloc(m->rope_cos_local, sizeof(float) * (size_t)P * half);
-  if (c) m->rope_cos_local = c;
-  float *s = realloc(m->rope_sin_local, sizeof(float) * (size_t)P * half);
-  if (s) m->rope_sin_local = s;
-  if (!c || !s) {
-    clrt_set_error("model: out of memory for the local RoPE table of %d positions", P);
-    return -1;
-  }
-  clrt_rope_table(m->rope_cos_local, m->rope_sin_local, m->inv_freq_local, P, m->cfg.head_dim);
-  return 0;
-}

@@ -1,8 +1,9 @@
 /* load_save.c — the parameters in and out of safetensors files (one file or a sharded set,
    each tensor checked against the config's shape; saving copies a GPU model's arena to the
-   host once). */
+   host once), or drawn from a seed. */
 #include "model_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,7 +50,7 @@ static int read_into_base16(clrt_model *m, clrt_safetensors *st, int i, const cl
 }
 
 int clrt_model_load_safetensors(clrt_model *m, const char *path) {
-  if (!loading_into_base16(m) && model_refuse_base16(m, "model load")) return -1;
+  if (!loading_into_base16(m) && model_mode_allows(m, MODE_F32_WEIGHTS, "model load")) return -1;
   if (m->device != CLRT_CPU) {
     clrt_set_error("safetensors %s: load the model on the cpu, then move it with to(\"cuda\")", path);
     return -1;
@@ -113,7 +114,7 @@ int clrt_model_check_loaded(const clrt_model *m, const char *where) {
 }
 
 int clrt_model_save_safetensors(const clrt_model *m, const char *path) {
-  if (model_refuse_base16(m, "model save")) return -1;
+  if (model_mode_allows(m, MODE_F32_WEIGHTS, "model save")) return -1;
   const char **names = calloc((size_t)m->np, sizeof *names);
   const clrt_tensor **ts = calloc((size_t)m->np, sizeof *ts);
   int rc = -1, made = 0;
@@ -142,3 +143,36 @@ done:
   return rc;
 }
 
+/* Weights from a seed instead of a file: normal(0, 0.02) matrices (0.02 / sqrt(2 L) for the
+   projections into the residual stream), norms at their identity, biases zero. */
+int clrt_model_init_random(clrt_model *m, uint64_t seed) {
+  if (model_mode_allows(m, MODE_F32_WEIGHTS, "model init")) return -1;
+  clrt_rng r;
+  clrt_rng_seed(&r, seed);
+  /* On the GPU the values are drawn on the host (the same stream as on the CPU) and copied. */
+  float *w = m->device != CLRT_CPU ? calloc((size_t)m->total, sizeof(float)) : m->params->data;
+  if (!w) {
+    clrt_set_error("model: out of host memory initialising %lld parameters", (long long)m->total);
+    return -1;
+  }
+  double std = 0.02, proj_std = 0.02 / sqrt(2.0 * m->cfg.num_hidden_layers);
+  for (int i = 0; i < m->np; i++) {
+    clrt_param_info *p = &m->p[i];
+    float *d = w + p->offset;
+    const char *n = p->name;
+    size_t len = strlen(n);
+    int is_bias = len > 5 && strcmp(n + len - 5, ".bias") == 0;
+    if (p->ndim == 1) {
+      /* Gemma 3's norms scale by (1 + w): 0 is the identity */
+      for (int64_t k = 0; k < p->numel; k++) d[k] = is_bias || m->cfg.gemma3 ? 0.0f : 1.0f;
+      continue;
+    }
+    double s = (strstr(n, "o_proj") || strstr(n, "down_proj")) ? proj_std : std;
+    for (int64_t k = 0; k < p->numel; k++) d[k] = (float)(s * clrt_rng_normal(&r));
+  }
+  clrt_model_params_changed(m);
+  if (m->device == CLRT_CPU) return 0;
+  int rc = m->ops->upload(m->params->data, w, sizeof(float) * (size_t)m->total);
+  free(w);
+  return rc;
+}

@@ -33,15 +33,6 @@ static int64_t target_weight(const clrt_model *m, int l, int t) {
   return w[t];
 }
 
-void model_lora_free(model_lora *lo) {
-  if (!lo) return;
-  clrt_storage_release(lo->params);
-  clrt_storage_release(lo->grads);
-  free(lo->p);
-  free(lo->ab);
-  free(lo);
-}
-
 /* The next adapter tensor, [rows, cols], at the end of the arena (16-float aligned). */
 static clrt_param_info *next_param(model_lora *lo, int64_t rows, int64_t cols) {
   clrt_param_info *p = &lo->p[lo->np++];
@@ -276,7 +267,7 @@ static int untie_head(clrt_model *m) {
 
 int clrt_model_lora_merge(clrt_model *m) {
   model_lora *lo = need_lora(m, "lora merge");
-  if (!lo || model_refuse_base16(m, "lora merge")) return -1;
+  if (!lo || model_mode_allows(m, MODE_F32_WEIGHTS, "lora merge")) return -1;
   if (m->device != CLRT_CPU) {
     clrt_set_error("lora merge: move the model to the cpu first");
     return -1;
@@ -311,14 +302,6 @@ param_set model_param_set(clrt_model *m, int lora) {
 
 /* ---- the layer hooks ------------------------------------------------------------------------- */
 
-size_t model_lora_widest(const clrt_model *m) {
-  const clrt_model_config *c = &m->cfg;
-  size_t w = (size_t)c->hidden_size, hd = (size_t)c->num_attention_heads * c->head_dim;
-  if (hd > w) w = hd;
-  if ((size_t)c->intermediate_size > w) w = (size_t)c->intermediate_size;
-  return w;
-}
-
 void model_lora_begin(clrt_model *m, int keep) {
   model_lora *lo = m->lora;
   if (!lo) return;
@@ -336,7 +319,7 @@ void model_lora_forward(clrt_model *m, acts *a, layer_acts *A, int l, int t, flo
     m->ops->lora_dropout(a->lxd, x, N * K, clrt_lora_key(lo->seed, lo->fwd_step, l, fused_lead(m, t)), lo->dropout);
     xd = a->lxd;
   }
-  m->ops->lora_forward(y, A->lxa[t], xd, P + lo->ab[l][t][0], P + lo->ab[l][t][1], N, K, O, lo->r, lo->scale);
+  m->ops->lora_forward(m, y, A->lxa[t], xd, P + lo->ab[l][t][0], P + lo->ab[l][t][1], N, K, O, lo->r, lo->scale);
 }
 
 void model_lora_backward(clrt_model *m, acts *a, const layer_acts *A, int l, int t, float *dx,
@@ -352,7 +335,7 @@ void model_lora_backward(clrt_model *m, acts *a, const layer_acts *A, int l, int
     xd = a->lxd;
   }
   int64_t oa = lo->ab[l][t][0], ob = lo->ab[l][t][1];
-  m->ops->lora_backward(dx, G + oa, G + ob, a->ldxa, xd, dy, A->lxa[t], P + oa, P + ob, N, K, O,
+  m->ops->lora_backward(m, dx, G + oa, G + ob, a->ldxa, xd, dy, A->lxa[t], P + oa, P + ob, N, K, O,
                         lo->r, lo->scale, key, p);
 }
 
@@ -426,6 +409,6 @@ void model_lora_head_decode(clrt_model *m, acts *a, float *logits, const float *
   model_lora *lo = m->lora;
   if (!lo || !lo->enabled || lo->head[0] < 0) return;
   const float *P = lo->params->data;
-  m->ops->lora_forward(logits, a->lhxa, xn, P + lo->head[0], P + lo->head[1], B, m->cfg.hidden_size,
+  m->ops->lora_forward(m, logits, a->lhxa, xn, P + lo->head[0], P + lo->head[1], B, m->cfg.hidden_size,
                        m->cfg.vocab_size, lo->r, lo->scale);
 }

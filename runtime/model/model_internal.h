@@ -1,12 +1,14 @@
 /* model_internal.h — the model's private header: its layout (shared with optim.c, decode.c
    and flops.c), the activation arena and the ops table the layer code runs through (not for
    Lua). The files of runtime/model/, one job each:
-     params.c     parameter layout with Hugging Face names, config checks, init, introspection
+     params.c     parameter layout with Hugging Face names, config checks, init, introspection,
+                  the model's memory (the bottom layer: it calls no other model file)
      load_save.c  safetensors in and out
-     arena.c      the activation arena and the RoPE tables
+     arena.c      the activation arena, the RoPE tables and the CPU kernels' workspace
      weights.c    the packed and bf16 weight copies and the one policy for which product runs
      ops_cpu.c    the CPU ops; ops_cuda.c the CUDA ones (the only model file that knows CUDA)
      device.c     placement: moves between devices, choosing the ops for device and precision
+                  (new models, set_matmul, set_base_dtype)
      forward.c    the layer forward and the entry points logprobs and forward_cached
      backward.c   the layer backward and clrt_model_backward
      profile.c    per-kernel timing (CLRT_PROFILE=1)
@@ -120,6 +122,12 @@ struct clrt_model {
   int base16_blank;   /* converted before any weight was in: clrt_model_load_safetensors fills it */
   clrt_storage *b16;
   model_q8 *q8;                 /* quant=int8 (quant8.c): generation's int8 weights, or NULL */
+  /* The CPU kernels' workspace (host memory, arena.c), reserved by each entry point for its
+     rows before any product (weights.c's model_workspace_bytes); step_failed: a product
+     found it short, and the entry point returns the error set then. */
+  void *ws;
+  size_t ws_bytes;
+  int step_failed;
 };
 
 #define COPY_STALE UINT64_MAX
@@ -158,6 +166,12 @@ int model_ensure_rope(clrt_model *m, int P);
 int model_sync_rope(clrt_model *m);
 /* Host staging for a step's integer inputs (m->hidx, grown on demand). */
 int32_t *model_host_ints(clrt_model *m, size_t n);
+/* Grows the kernels' workspace to `bytes` (an error naming `who` when it cannot) and clears
+   step_failed: every entry point calls it before its first product. */
+int model_reserve_workspace(clrt_model *m, size_t bytes, const char *who);
+/* 0 when the workspace (m->ws, m->ws_bytes) holds `need` bytes; else -1, the error set and
+   the step marked failed (the product is skipped). */
+int model_workspace(clrt_model *m, size_t need, const char *who);
 
 /* ---- the ops one device and precision run (ops_cpu.c, ops_cuda.c) -------------------------- */
 
@@ -220,9 +234,9 @@ struct model_ops {
                           float *scratch, int chunk, int logits_ready, const struct clrt_head_lora *hl);
   /* LoRA adapters (kernels/cpu/lora.c's contracts) */
   void (*lora_dropout)(float *out, const float *x, int64_t n, uint64_t key, float p);
-  void (*lora_forward)(float *y, float *xa, const float *xd, const float *A, const float *B,
+  void (*lora_forward)(clrt_model *m, float *y, float *xa, const float *xd, const float *A, const float *B,
                        int64_t N, int K, int O, int r, float scale);
-  void (*lora_backward)(float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
+  void (*lora_backward)(clrt_model *m, float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
                         const float *xa, const float *A, const float *B, int64_t N, int K, int O,
                         int r, float scale, uint64_t key, float p);
   void (*lora_xa)(float *xa, const float *xd, const float *A, int64_t N, int K, int r);
@@ -263,6 +277,14 @@ struct model_ops {
                                   const float *wp, int fast, const int32_t *target, const float *lse, int64_t N, int C,
                                   int V, float *scratch, int chunk, int logits_ready, const struct clrt_head_lora *hl,
                                   float cap);
+  /* AdamW where the arenas are device memory (NULL: optim.c's host loop). adamw_table: the
+     tensor table the fused step walks, made once per optimizer (NULL and the error set when
+     it cannot be); adamw_step: norm, clip and update in one go, the norm back (the update
+     skipped when it is not finite; -1: a failed launch or copy). */
+  clrt_storage *(*adamw_table)(const clrt_param_info *p, int np, const uint8_t *decay);
+  int (*adamw_step)(clrt_storage *table, int np, float *P, float *M1, float *M2, const float *G, int64_t total,
+                    float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip,
+                    float bc1, float bc2_sqrt, double *norm);
   int bf16_scratch;              /* the arena holds x16/dy16 */
   int logits_staged;             /* decode logits land in the arena before the copy to the host */
 };
@@ -296,8 +318,6 @@ void model_embed_scale(const clrt_model *m, float *x, int64_t N);
 /* Gemma 3's final_logit_softcapping on a decode step's logits [B, V] (host memory; no-op
    without it). */
 void model_softcap_logits(const clrt_model *m, float *logits, int B);
-/* Gemma 3's local RoPE tables for positions [0, P) (no-op for the others). */
-int gemma3_ensure_rope(clrt_model *m, int P);
 
 /* ---- weights (weights.c) --------------------------------------------------------------------- */
 
@@ -329,8 +349,17 @@ void model_cpu_linear_parts_bf16(clrt_model *m, acts *a, const float *x, int64_t
 const float *model_packed_weight(const clrt_model *m, int64_t w);
 /* 1 when the CPU's AVX-512 training kernels are wanted (set_decode_pack, on by default). */
 int model_fast_kernels(const clrt_model *m);
+/* The modes' rules (the product policy's other half): 0 when the model's mode lets `who`
+   make the change, else -1 with an error naming who and why. MODE_F32_WEIGHTS: read or write
+   the f32 linear weights (load, save, init, merge, bf16 copies of them); MODE_BF16_BASE:
+   drop them for a bf16 base; MODE_ON_CUDA: move to a CUDA device. */
+enum { MODE_F32_WEIGHTS, MODE_BF16_BASE, MODE_ON_CUDA };
+int model_mode_allows(const clrt_model *m, int change, const char *who);
 /* The output layer's kernel bits (CLRT_OUT_FAST, CLRT_OUT_ROWWISE when batch-invariant). */
 int model_output_kernels(const clrt_model *m);
+/* The most workspace any CPU product (base or adapter) of up to N rows takes in the model's
+   mode, whatever batch invariance or packing it runs (those switch without a new step). */
+size_t model_workspace_bytes(const clrt_model *m, int64_t N);
 /* Its backward (both tables): dx (+)= dy w, dw += dy^T x, db += sum dy. */
 void model_cpu_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
                                const float *x, int64_t N, int K, int O, int acc);
@@ -345,13 +374,16 @@ void model_base16_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, 
 /* A block linear weight p [rows, K] (f32 src) into bf16 panels at dst, a fused tensor's row
    blocks each on their own (model_param_row_blocks). */
 void model_base16_pack(const clrt_model *m, const clrt_param_info *p, uint16_t *dst, const float *src);
+/* Drops the blocks' f32 linear weights for bf16 panels (clrt_model_set_base_bf16, device.c,
+   then picks the ops). */
+int model_base16_convert(clrt_model *m);
 /* quant=int8 (quant8.c): clrt_model_forward_cached runs model_cpu_int8_ops over int8 copies
    remade by model_q8_refresh when the params change; everything else stays f32. */
 extern const model_ops model_cpu_int8_ops;
 int model_q8_active(const clrt_model *m);
 int model_q8_refresh(clrt_model *m);
 void model_q8_free(model_q8 *q);
-/* The optimizer step's in-place refresh of current int8 copies (weights.c: KEEP_INT8). */
+/* The optimizer step's in-place refresh of current int8 copies (optim.c, beside weights.c's). */
 int model_q8_current(const clrt_model *m);
 void model_q8_copy_rows(clrt_model *m, int64_t off, int K, int O, int r0, int r1);
 void model_q8_kept(clrt_model *m);
@@ -359,8 +391,6 @@ void model_q8_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w
                      int64_t N, int K, int O);
 void model_q8_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, int K,
                            const lin_part *parts, int count);
-/* An error naming `who` when the model's base is held in bf16 (no f32 weights to read or write). */
-int model_refuse_base16(const clrt_model *m, const char *who);
 
 /* ---- parameters (params.c) ------------------------------------------------------------------- */
 
@@ -368,6 +398,10 @@ static inline float *PW(const clrt_model *m, int64_t off) { return off < 0 ? NUL
 /* The base's gradient: none when adapters freeze it. */
 static inline float *GW(const clrt_model *m, int64_t off) { return off < 0 || m->lora ? NULL : (float *)m->grads->data + off; }
 int model_ensure_grads(clrt_model *m);
+/* A model on the CPU with its parameter layout and no ops yet (clrt_model_new, device.c,
+   picks them). */
+clrt_model *model_params_new(const clrt_model_config *cfg);
+void model_lora_free(model_lora *lo);
 /* A tensor over one parameter's place in an arena (params, grads). */
 clrt_tensor *model_param_view(clrt_storage *s, const clrt_param_info *p);
 
@@ -384,9 +418,6 @@ void model_linear_backward(clrt_model *m, acts *a, const layer_acts *A, int l, i
                            int O, int acc);
 
 /* ---- LoRA (lora.c) ---------------------------------------------------------------------------- */
-
-/* The widest input of a target linear (the dropout scratch's row). */
-size_t model_lora_widest(const clrt_model *m);
 /* Before a forward: notes whether the adapters run, and for a kept one its dropout step. */
 void model_lora_begin(clrt_model *m, int keep);
 /* y [N, O] += the adapter of (layer l, target t) over x [N, K]; no-op without one. keep: a
@@ -410,7 +441,6 @@ const struct clrt_head_lora *model_lora_head_backward(clrt_model *m, acts *a, st
 void model_lora_head_backward_end(clrt_model *m, acts *a, float *dx, const float *xn, int64_t nv);
 /* A decode step's logits [B, V] (model memory) += the output adapter's share over xn [B, C]. */
 void model_lora_head_decode(clrt_model *m, acts *a, float *logits, const float *xn, int B);
-void model_lora_free(model_lora *lo);
 /* The parameter set an optimizer walks: the adapters' when lora, else the model's. */
 typedef struct param_set {
   clrt_storage *params, *grads;

@@ -123,6 +123,20 @@ static int base16_decode_logits(clrt_model *m, acts *a, float *logits, const flo
   return 0;
 }
 
+/* The adapters' kernels take their scratch from the model's workspace. */
+static void cpu_lora_forward(clrt_model *m, float *y, float *xa, const float *xd, const float *A, const float *B,
+                             int64_t N, int K, int O, int r, float scale) {
+  if (!model_workspace(m, clrt_lora_forward_workspace_bytes(K, O, r), "lora forward"))
+    clrt_lora_forward(y, xa, xd, A, B, N, K, O, r, scale, m->ws, m->ws_bytes);
+}
+
+static void cpu_lora_backward(clrt_model *m, float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
+                              const float *xa, const float *A, const float *B, int64_t N, int K, int O, int r,
+                              float scale, uint64_t key, float p) {
+  if (!model_workspace(m, clrt_lora_backward_workspace_bytes(N, r), "lora backward"))
+    clrt_lora_backward(dx, dA, dB, dxa, xd, dy, xa, A, B, N, K, O, r, scale, key, p, m->ws, m->ws_bytes);
+}
+
 #define CPU_OPS(lin, lin_parts, lin_back, logits_fn, label)                                   \
   {                                                                                           \
     .name = label, .linear = lin, .linear_parts = lin_parts,                                  \
@@ -136,7 +150,7 @@ static int base16_decode_logits(clrt_model *m, acts *a, float *logits, const flo
     .embedding_backward = clrt_embedding_backward, .output = clrt_logsoftmax_gather_forward_lora, \
     .output_backward = clrt_logsoftmax_gather_backward_lora, .gather_rows = cpu_gather_rows,       \
     .scatter_rows = cpu_scatter_rows, .lora_dropout = clrt_lora_dropout,                       \
-    .lora_forward = clrt_lora_forward, .lora_backward = clrt_lora_backward,                \
+    .lora_forward = cpu_lora_forward, .lora_backward = cpu_lora_backward,                  \
     .lora_xa = clrt_lora_xa, .lora_input_backward = clrt_lora_input_backward, .lora_embed_forward = clrt_lora_embed_forward,   \
     .lora_embed_backward = clrt_lora_embed_backward, .zero = cpu_zero, .upload = cpu_copy,                   \
     .download = cpu_copy, .copy = cpu_copy, .sync = cpu_sync,                                     \

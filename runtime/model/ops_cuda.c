@@ -7,6 +7,8 @@
 #ifdef CLRT_HAVE_CUDA
 #include "cuda/cuda_kernels.h"
 
+#include <stdlib.h>
+
 static void cuda_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
                         int64_t N, int K, int O) {
   clrt_cuda_linear_forward(y, x, PW(m, w), b, N, K, O);
@@ -85,6 +87,52 @@ static void cuda_output_backward(float *dx, float *dw, const float *dlp, const f
                                             hl);
 }
 
+/* The adapters' kernels need no host workspace here. */
+static void cuda_lora_forward(clrt_model *m, float *y, float *xa, const float *xd, const float *A, const float *B,
+                              int64_t N, int K, int O, int r, float scale) {
+  (void)m;
+  clrt_cuda_lora_forward(y, xa, xd, A, B, N, K, O, r, scale);
+}
+
+static void cuda_lora_backward(clrt_model *m, float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
+                               const float *xa, const float *A, const float *B, int64_t N, int K, int O, int r,
+                               float scale, uint64_t key, float p) {
+  (void)m;
+  clrt_cuda_lora_backward(dx, dA, dB, dxa, xd, dy, xa, A, B, N, K, O, r, scale, key, p);
+}
+
+/* AdamW's tensor table: the segments [np], then (16-byte aligned) the norm's partials and
+   the norm, uploaded once per optimizer. */
+static size_t adamw_segs_bytes(int np) { return (sizeof(clrt_cuda_adamw_seg) * (size_t)np + 15) & ~(size_t)15; }
+
+static clrt_storage *cuda_adamw_table(const clrt_param_info *p, int np, const uint8_t *decay) {
+  size_t segb = sizeof(clrt_cuda_adamw_seg) * (size_t)np;
+  size_t extra = sizeof(double) * ((size_t)clrt_cuda_adamw_partials() + 1);
+  clrt_cuda_adamw_seg *segs = malloc(segb);
+  if (!segs) {
+    clrt_set_error("adamw: out of memory");
+    return NULL;
+  }
+  for (int i = 0; i < np; i++) segs[i] = (clrt_cuda_adamw_seg){p[i].offset, p[i].numel, decay[i]};
+  clrt_storage *t = clrt_storage_new(adamw_segs_bytes(np) + extra, CLRT_CUDA);
+  if (t && clrt_cuda_memcpy(t->data, segs, segb, 0)) {
+    clrt_storage_release(t);
+    t = NULL;
+  }
+  free(segs);
+  return t;
+}
+
+static int cuda_adamw_step(clrt_storage *table, int np, float *P, float *M1, float *M2, const float *G,
+                           int64_t total, float lr, float beta1, float beta2, float eps, float weight_decay,
+                           float grad_clip, float bc1, float bc2_sqrt, double *norm) {
+  double *partial = (double *)((char *)table->data + adamw_segs_bytes(np)),
+         *norm_dev = partial + clrt_cuda_adamw_partials();
+  clrt_cuda_adamw_step(P, M1, M2, G, total, table->data, np, partial, norm_dev, lr, beta1, beta2, eps,
+                       weight_decay, grad_clip, bc1, bc2_sqrt);
+  return clrt_cuda_sync() || clrt_cuda_memcpy(norm, norm_dev, sizeof *norm, 1) ? -1 : 0;
+}
+
 #define CUDA_OPS(lin, lin_back, to16, bf16, label)                                                      \
   {                                                                                               \
     .name = label, .linear = lin, .linear_parts = cuda_linear_parts, .linear_backward = lin_back, \
@@ -97,13 +145,13 @@ static void cuda_output_backward(float *dx, float *dw, const float *dlp, const f
     .embedding = clrt_cuda_embedding_forward, .embedding_backward = clrt_cuda_embedding_backward, \
     .output = cuda_output, .output_backward = cuda_output_backward,                               \
     .gather_rows = clrt_cuda_gather_rows, .scatter_rows = clrt_cuda_scatter_rows,                 \
-    .lora_dropout = clrt_cuda_lora_dropout, .lora_forward = clrt_cuda_lora_forward,               \
-    .lora_backward = clrt_cuda_lora_backward, .lora_xa = clrt_cuda_lora_xa,                        \
+    .lora_dropout = clrt_cuda_lora_dropout, .lora_forward = cuda_lora_forward,                    \
+    .lora_backward = cuda_lora_backward, .lora_xa = clrt_cuda_lora_xa,                             \
     .lora_input_backward = clrt_cuda_lora_input_backward,                                         \
     .lora_embed_forward = clrt_cuda_lora_embed_forward,                                           \
     .lora_embed_backward = clrt_cuda_lora_embed_backward,                                         \
     .zero = cuda_zero, .upload = cuda_upload, .download = cuda_download, .copy = cuda_copy,        \
-    .sync = clrt_cuda_sync,                                                                       \
+    .sync = clrt_cuda_sync, .adamw_table = cuda_adamw_table, .adamw_step = cuda_adamw_step,       \
     .to_bf16 = to16, .bf16_scratch = bf16, .logits_staged = 1,                            \
   }
 

@@ -4,10 +4,6 @@
 #include "cpu/model_kernels.h"
 #include "model_math.h"
 
-#ifdef CLRT_HAVE_CUDA
-#include "cuda/cuda_kernels.h"
-#endif
-
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -20,7 +16,7 @@ struct clrt_adamw {
   int64_t step;
   int device;              /* where the moments live: the model's device at creation */
   int lora;                /* walks the model's LoRA adapters (the base is frozen) */
-  clrt_storage *gpu;       /* on CUDA: segments [np], norm partials, the norm (device) */
+  clrt_storage *gpu;       /* on a device: the ops' tensor table for its fused step */
 };
 
 clrt_adamw *clrt_adamw_new(clrt_model *m, const uint8_t *decay) {
@@ -38,25 +34,10 @@ clrt_adamw *clrt_adamw_new(clrt_model *m, const uint8_t *decay) {
     clrt_adamw_free(o);
     return NULL;
   }
-#ifdef CLRT_HAVE_CUDA
-  if (o->device == CLRT_CUDA) {
-    /* The tensor table the update kernel walks, uploaded once. */
-    size_t segb = sizeof(clrt_cuda_adamw_seg) * (size_t)ps.np;
-    size_t extra = sizeof(double) * ((size_t)clrt_cuda_adamw_partials() + 1);
-    clrt_cuda_adamw_seg *segs = malloc(segb);
-    if (!segs) goto oom;
-    for (int i = 0; i < ps.np; i++)
-      segs[i] = (clrt_cuda_adamw_seg){ps.p[i].offset, ps.p[i].numel, o->decay[i]};
-    segb = (segb + 15) & ~(size_t)15;   /* the doubles after it stay aligned */
-    int rc = !(o->gpu = clrt_storage_new(segb + extra, CLRT_CUDA)) ||
-             clrt_cuda_memcpy(o->gpu->data, segs, sizeof(clrt_cuda_adamw_seg) * (size_t)ps.np, 0);
-    free(segs);
-    if (rc) {
-      clrt_adamw_free(o);
-      return NULL;
-    }
+  if (m->ops->adamw_table && !(o->gpu = m->ops->adamw_table(ps.p, ps.np, o->decay))) {
+    clrt_adamw_free(o);
+    return NULL;
   }
-#endif
   return o;
 oom:
   clrt_adamw_free(o);
@@ -144,18 +125,15 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
   param_set ps;
   if (step_check(o, &ps, lr, beta1, beta2, eps)) return -1;
   float *P = ps.params->data, *G = ps.grads->data, *M1 = o->m1->data, *M2 = o->m2->data;
-#ifdef CLRT_HAVE_CUDA
-  if (o->device == CLRT_CUDA) {
+  if (o->gpu) {
     /* Norm, clip and update all on the device; the norm comes back once, after the update
-       (which the kernel itself skips when the norm is not finite). */
+       (which the device step itself skips when the norm is not finite). */
     float bc1 = (float)(1.0 - pow(beta1, (double)(o->step + 1)));
     float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)(o->step + 1)));
-    size_t segb = (sizeof(clrt_cuda_adamw_seg) * (size_t)ps.np + 15) & ~(size_t)15;
-    double *partial = (double *)((char *)o->gpu->data + segb), *norm_dev = partial + clrt_cuda_adamw_partials();
-    clrt_cuda_adamw_step(P, M1, M2, G, ps.total, o->gpu->data, ps.np, partial, norm_dev, lr, beta1,
-                         beta2, eps, weight_decay, grad_clip, bc1, bc2_sqrt);
     double norm = 0;
-    if (clrt_cuda_sync() || clrt_cuda_memcpy(&norm, norm_dev, sizeof norm, 1)) return -1;
+    if (m->ops->adamw_step(o->gpu, ps.np, P, M1, M2, G, ps.total, lr, beta1, beta2, eps, weight_decay, grad_clip,
+                           bc1, bc2_sqrt, &norm))
+      return -1;
     if (grad_norm) *grad_norm = norm;
     if (!isfinite(norm)) {
       clrt_set_error("adamw: gradient norm is %g; the step was skipped", norm);
@@ -168,7 +146,6 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
     else clrt_model_params_changed(m);
     return 0;
   }
-#endif
   /* The padding between tensors stays zero in grads, so the whole arena sums correctly. */
   double ss = 0;
 #pragma omp parallel for reduction(+ : ss) schedule(static)
@@ -182,11 +159,12 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
      whole model after the step. A linear weight is then split in whole 48-row panels (a
      multiple of 16 elements, so the update's bits are those of any other split). */
   int keep = o->lora ? 0 : model_copies_to_keep(m);
+  int keep8 = !o->lora && model_q8_current(m);   /* quant=int8's copies, refreshed the same way */
   /* a tensor that starts a linear weight but is not wholly made of them: its copies cannot
      be refreshed row by row, so the whole copies are remade when next needed */
-  for (int i = 0; keep && i < ps.np; i++) {
+  for (int i = 0; (keep || keep8) && i < ps.np; i++) {
     int K, O;
-    if (model_linear_dims(m, ps.p[i].offset, &K, &O) && !linear_blocks(m, &ps.p[i])) keep = 0;
+    if (model_linear_dims(m, ps.p[i].offset, &K, &O) && !linear_blocks(m, &ps.p[i])) keep = keep8 = 0;
   }
   /* One parallel region for all tensors: many are tiny (norms, biases), and a fork/join per
      tensor costs more than their update. */
@@ -197,7 +175,7 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
     float *pp = P + p->offset, *gg = G + p->offset, *m1 = M1 + p->offset, *m2 = M2 + p->offset;
     int64_t nth = omp_get_num_threads(), th = omp_get_thread_num(), k0, k1;
     int K, O;
-    if (keep && linear_blocks(m, p)) {
+    if ((keep || keep8) && linear_blocks(m, p)) {
       /* each linear weight the tensor holds (a fused one, as Phi-3's qkv_proj, holds several
          consecutive row blocks, each packed on its own) */
       for (int64_t base = 0; base < p->numel && model_linear_dims(m, p->offset + base, &K, &O); base += (int64_t)O * K) {
@@ -210,6 +188,7 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
           clrt_adamw_span(pp + k0, m1 + k0, m2 + k0, gg + k0, k1 - k0, gscale, lr, beta1, beta2, eps, decay, bc1,
                           bc2_sqrt);
           model_copy_rows(m, keep, p->offset + base, K, O, a, b);
+          if (keep8) model_q8_copy_rows(m, p->offset + base, K, O, a, b);
         }
       }
       continue;
@@ -229,6 +208,7 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
   } else {
     clrt_model_params_changed(m);
     model_copies_kept(m, keep);
+    if (keep8) model_q8_kept(m);
   }
   return 0;
 }

@@ -103,14 +103,13 @@ static void compute_inv_freq(const clrt_model_config *c, float *inv) {
   }
 }
 
-clrt_model *clrt_model_new(const clrt_model_config *cfg) {
+clrt_model *model_params_new(const clrt_model_config *cfg) {
   if (validate_config(cfg)) return NULL;
   clrt_model *m = calloc(1, sizeof *m);
   if (!m) goto oom;
   m->cfg = *cfg;
   m->pack_decode = 1;
   m->wbf_ver = m->wpk_ver = COPY_STALE;
-  model_choose_ops(m);
   const clrt_model_config *c = &m->cfg;
   int L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size;
   int64_t HD = (int64_t)c->num_attention_heads * c->head_dim, KVD = (int64_t)c->num_key_value_heads * c->head_dim;
@@ -192,6 +191,15 @@ oom:
   return NULL;
 }
 
+void model_lora_free(model_lora *lo) {
+  if (!lo) return;
+  clrt_storage_release(lo->params);
+  clrt_storage_release(lo->grads);
+  free(lo->p);
+  free(lo->ab);
+  free(lo);
+}
+
 void clrt_model_free(clrt_model *m) {
   if (!m) return;
   clrt_storage_release(m->params);
@@ -212,46 +220,17 @@ void clrt_model_free(clrt_model *m) {
   model_q8_free(m->q8);
   model_lora_free(m->lora);
   free(m->hidx);
+  free(m->ws);
   free(m);
 }
 
+
+void clrt_model_params_changed(clrt_model *m) { clrt_storage_written(m->params); }
 
 int model_ensure_grads(clrt_model *m) {
   if (m->grads || m->lora) return 0;   /* adapters: the base is frozen */
   m->grads = clrt_storage_new(sizeof(float) * (size_t)m->total, m->device);
   return m->grads ? 0 : -1;
-}
-
-int clrt_model_init_random(clrt_model *m, uint64_t seed) {
-  if (model_refuse_base16(m, "model init")) return -1;
-  clrt_rng r;
-  clrt_rng_seed(&r, seed);
-  /* On the GPU the values are drawn on the host (the same stream as on the CPU) and copied. */
-  float *w = m->device != CLRT_CPU ? calloc((size_t)m->total, sizeof(float)) : m->params->data;
-  if (!w) {
-    clrt_set_error("model: out of host memory initialising %lld parameters", (long long)m->total);
-    return -1;
-  }
-  double std = 0.02, proj_std = 0.02 / sqrt(2.0 * m->cfg.num_hidden_layers);
-  for (int i = 0; i < m->np; i++) {
-    clrt_param_info *p = &m->p[i];
-    float *d = w + p->offset;
-    const char *n = p->name;
-    size_t len = strlen(n);
-    int is_bias = len > 5 && strcmp(n + len - 5, ".bias") == 0;
-    if (p->ndim == 1) {
-      /* Gemma 3's norms scale by (1 + w): 0 is the identity */
-      for (int64_t k = 0; k < p->numel; k++) d[k] = is_bias || m->cfg.gemma3 ? 0.0f : 1.0f;
-      continue;
-    }
-    double s = (strstr(n, "o_proj") || strstr(n, "down_proj")) ? proj_std : std;
-    for (int64_t k = 0; k < p->numel; k++) d[k] = (float)(s * clrt_rng_normal(&r));
-  }
-  clrt_model_params_changed(m);
-  if (m->device == CLRT_CPU) return 0;
-  int rc = m->ops->upload(m->params->data, w, sizeof(float) * (size_t)m->total);
-  free(w);
-  return rc;
 }
 
 /* ---- introspection ----------------------------------------------------------------------- */

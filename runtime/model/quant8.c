@@ -165,7 +165,7 @@ int clrt_model_set_quant_int8(clrt_model *m, int on) {
     return 0;
   }
   if (m->q8) return 0;
-  if (model_refuse_base16(m, "quant=int8")) return -1;
+  if (model_mode_allows(m, MODE_F32_WEIGHTS, "quant=int8")) return -1;
   if (m->device != CLRT_CPU) {
     clrt_set_error("quant=int8: int8 weights run on the cpu only (this model is on another device)");
     return -1;

@@ -58,6 +58,43 @@ static void pack_linear_weights(const clrt_model *m, void *dst, int bf16) {
 #undef PACK
 }
 
+/* The modes' rules, all here: which modes a model's weights and device let a change have. */
+int model_mode_allows(const clrt_model *m, int change, const char *who) {
+  const clrt_model_config *c = &m->cfg;
+  int HD = c->num_attention_heads * c->head_dim;
+  switch (change) {
+  case MODE_F32_WEIGHTS:
+    if (!m->base16) return 0;
+    clrt_set_error("%s: the model's base is held in bf16 (base_dtype=bf16) and has no f32 weights; "
+                   "load the base again for that", who);
+    return -1;
+  case MODE_BF16_BASE:
+    if (!m->lora)
+      clrt_set_error("%s: only a frozen base can drop its f32 weights; add LoRA adapters first "
+                     "(train.lora.r > 0): a full fine-tune trains every weight in f32", who);
+    else if (m->device != CLRT_CPU)
+      clrt_set_error("%s: runs on the cpu only (the CUDA ops have no bf16 base yet); use base_dtype=f32 on cuda", who);
+    else if (c->hidden_size % 2 || c->intermediate_size % 2 || HD % 2)
+      clrt_set_error("%s: needs even hidden (%d), intermediate (%d) and heads x head_dim (%d) sizes (weights "
+                     "in pairs of bf16)", who, c->hidden_size, c->intermediate_size, HD);
+    else
+      return 0;
+    return -1;
+  case MODE_ON_CUDA:
+    if (c->gemma3)
+      clrt_set_error("%s: Gemma3ForCausalLM runs on the cpu only (its (1 + w) norms, GELU-tanh MLP and "
+                     "scaled, soft-capped attention have no CUDA kernels yet); use device=cpu", who);
+    else if (m->base16)
+      clrt_set_error("%s: a bf16 base (base_dtype=bf16) runs on the cpu only (the CUDA ops have no bf16 "
+                     "base yet); use base_dtype=f32 on cuda", who);
+    else
+      return 0;
+    return -1;
+  }
+  clrt_set_error("%s: unknown mode change %d", who, change);
+  return -1;
+}
+
 /* The packed copies of the linear weights, made on the first CPU forward (decode, logprobs) and remade when the
    weights change. Products of any number of rows run faster over them than over sgemm (see
    linear_packed.c), for a second copy of the weights in memory. */
@@ -102,6 +139,32 @@ int model_fast_kernels(const clrt_model *m) { return m->device == CLRT_CPU && m-
 int model_output_kernels(const clrt_model *m) {
   return (model_fast_kernels(m) ? CLRT_OUT_FAST : 0) |
          (m->device == CLRT_CPU && m->batch_invariant ? CLRT_OUT_ROWWISE : 0);
+}
+
+static size_t larger(size_t a, size_t b) { return a > b ? a : b; }
+
+size_t model_workspace_bytes(const clrt_model *m, int64_t N) {
+  if (m->device != CLRT_CPU || N < 1) return 0;
+  const clrt_model_config *c = &m->cfg;
+  int C = c->hidden_size, I = c->intermediate_size, HD = c->num_attention_heads * c->head_dim,
+      KVD = c->num_key_value_heads * c->head_dim;
+  /* the blocks' seven linear shapes (LORA_Q .. LORA_DOWN's order), then the head's */
+  const int K[LORA_NT + 1] = {C, C, C, HD, C, C, I, C}, O[LORA_NT + 1] = {HD, KVD, KVD, C, I, I, C, c->vocab_size};
+  const model_lora *lo = m->lora;
+  size_t need = 0;
+  for (int i = 0; i <= LORA_NT; i++) {
+    if (m->bf16)   /* the head too: decode's logits run the bf16 product */
+      need = larger(need, larger(clrt_linear_packed_bf16_workspace_bytes(N, K[i]),
+                                 larger(clrt_linear_skinny_bf16_workspace_bytes(N, K[i]),
+                                        clrt_linear_rowwise_bf16_workspace_bytes(N, K[i]))));
+    else if (m->base16 && i < LORA_NT)   /* the head stays f32 */
+      need = larger(need, larger(clrt_linear_bf16_workspace_bytes(N, K[i], O[i], 1),
+                                 clrt_linear_bf16_backward_dx_workspace_bytes(K[i], O[i])));
+    if (lo && (i < LORA_NT || lo->head[0] >= 0))
+      need = larger(need, larger(clrt_lora_forward_workspace_bytes(K[i], O[i], lo->r),
+                                 clrt_lora_backward_workspace_bytes(N, lo->r)));
+  }
+  return need;
 }
 
 /* A linear layer on the CPU in f32: over the packed copy when current, else the same tiles
@@ -152,9 +215,13 @@ void model_cpu_linear_bf16(clrt_model *m, acts *a, float *y, const float *x, int
                            const float *b, int64_t N, int Kd, int O) {
   const uint16_t *w16 = (const uint16_t *)m->wbf->data + w;
   clrt_packed_part part = {y, w16, b, O};
-  if (m->wbf_packed ? clrt_linear_packed_bf16_forward_rows(x, N, Kd, &part, 1)
-                    : m->batch_invariant ? clrt_linear_rowwise_forward_bf16(y, x, w16, b, N, Kd, O)
-                    : clrt_linear_skinny_forward_bf16(y, x, w16, b, N, Kd, O))
+  size_t need = m->wbf_packed        ? clrt_linear_packed_bf16_workspace_bytes(N, Kd)
+                : m->batch_invariant ? clrt_linear_rowwise_bf16_workspace_bytes(N, Kd)
+                                     : clrt_linear_skinny_bf16_workspace_bytes(N, Kd);
+  if (model_workspace(m, need, "bf16 forward")) return;
+  if (m->wbf_packed ? clrt_linear_packed_bf16_forward_rows(x, N, Kd, &part, 1, m->ws, m->ws_bytes)
+                    : m->batch_invariant ? clrt_linear_rowwise_forward_bf16(y, x, w16, b, N, Kd, O, m->ws, m->ws_bytes)
+                    : clrt_linear_skinny_forward_bf16(y, x, w16, b, N, Kd, O, m->ws, m->ws_bytes))
     return;
   model_cpu_linear(m, a, y, x, w, b, N, Kd, O);
 }
@@ -204,7 +271,8 @@ void model_cpu_linear_parts_bf16(clrt_model *m, acts *a, const float *x, int64_t
     for (int i = 0; i < count; i++)
       packed[i] = (clrt_packed_part){parts[i].y, (const uint16_t *)m->wbf->data + parts[i].w,
                                      parts[i].b, parts[i].O};
-    if (clrt_linear_packed_bf16_forward_rows(x, N, Kd, packed, count)) return;
+    if (model_workspace(m, clrt_linear_packed_bf16_workspace_bytes(N, Kd), "bf16 forward")) return;
+    if (clrt_linear_packed_bf16_forward_rows(x, N, Kd, packed, count, m->ws, m->ws_bytes)) return;
   }
   for (int i = 0; i < count; i++)
     model_cpu_linear_bf16(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, Kd, parts[i].O);
@@ -239,40 +307,6 @@ void model_refresh_bf16(clrt_model *m) {
   for (int64_t i = 0; i < m->total; i++) dst[i] = clrt_f32_to_bf16(src[i]);
 }
 
-int clrt_model_set_matmul_bf16(clrt_model *m, int on) {
-  if (on && model_refuse_base16(m, "set_matmul(\"bf16\")")) return -1;
-  if (!on) {
-    clrt_storage_release(m->wbf);
-    m->wbf = NULL;
-    m->bf16 = 0;
-    model_choose_ops(m);
-    return 0;
-  }
-  /* On a CPU with a matrix unit every product runs in bf16: the transposed panels too. */
-  const clrt_model_config *c = &m->cfg;
-  int t = m->device == CLRT_CPU && m->pack_decode && clrt_matrix_unit() != CLRT_UNIT_F32 &&
-          c->num_key_value_heads * c->head_dim % 2 == 0 && c->intermediate_size % 2 == 0 &&
-          c->hidden_size % 2 == 0 && c->num_attention_heads * c->head_dim % 2 == 0;
-  size_t need = sizeof(uint16_t) * (size_t)m->total * (t ? 2 : 1);
-  if (m->wbf && m->wbf->bytes != need) {
-    clrt_storage_release(m->wbf);
-    m->wbf = NULL;
-  }
-  if (!m->wbf && !(m->wbf = clrt_storage_new(need, m->device))) return -1;
-  m->wbf_t = t;
-  /* bf16 decode reads the bf16 copies: the packed f32 ones would only take memory. */
-  clrt_storage_release(m->wpk);
-  m->wpk = NULL;
-  /* The activation layout gains the bf16 scratch: rebuild it on the next call. */
-  clrt_storage_release(m->acts);
-  m->acts = NULL;
-  m->saved = 0;
-  m->bf16 = 1;
-  m->wbf_ver = COPY_STALE;
-  model_choose_ops(m);
-  return 0;
-}
-
 int clrt_model_set_decode_pack(clrt_model *m, int on) {
   if (m->pack_decode != (on != 0)) m->wbf_ver = COPY_STALE;   /* bf16 copies change layout */
   m->pack_decode = on != 0;
@@ -283,7 +317,6 @@ int clrt_model_set_decode_pack(clrt_model *m, int on) {
   return 0;
 }
 
-void clrt_model_params_changed(clrt_model *m) { clrt_storage_written(m->params); }
 
 /* forward_cached's products go through the packed f32 copy for any number of rows, each row
    summed in the same order (linear_packed.c's tiles), and its attention runs every query as a
@@ -295,7 +328,7 @@ void clrt_model_params_changed(clrt_model *m) { clrt_storage_written(m->params);
    they never depend on the rows beside them either. */
 int clrt_model_kv_reusable(const clrt_model *m) {
   if (m->device != CLRT_CPU || m->base16 || m->cfg.gemma3 || !clrt_linear_packed_available()) return 0;
-  return model_q8_active(m) || (!m->bf16 && m->pack_decode);
+  return m->q8 != NULL || (!m->bf16 && m->pack_decode);   /* q8: quant=int8 (quant8.c) */
 }
 
 void clrt_model_weights_stamp(const clrt_model *m, uint64_t out[8]) {
@@ -307,7 +340,7 @@ void clrt_model_weights_stamp(const clrt_model *m, uint64_t out[8]) {
   out[4] = lp ? lp->serial : 0;
   out[5] = lp ? lp->version : 0;
   out[6] = (uint64_t)(m->lora && m->lora->enabled) | (uint64_t)m->bf16 << 1 | (uint64_t)m->base16 << 2 |
-           (uint64_t)m->pack_decode << 3 | (uint64_t)m->batch_invariant << 4 | (uint64_t)model_q8_active(m) << 5 |
+           (uint64_t)m->pack_decode << 3 | (uint64_t)m->batch_invariant << 4 | (uint64_t)(m->q8 != NULL) << 5 |
            (uint64_t)m->device << 8;
   out[7] = (uint64_t)(uintptr_t)m;
 }
@@ -357,16 +390,15 @@ int clrt_set_matrix_unit(const char *name) {
 }
 
 /* The copies an optimizer step refreshes row by row (bit flags): the packed f32 copy and the
-   bf16 panels (with their transposed half), and quant=int8's copies (quant8.c), each only when
-   current before the step — a stale one is remade whole when next needed, as before. */
-enum { KEEP_F32 = 1, KEEP_BF16 = 2, KEEP_INT8 = 4 };
+   bf16 panels (with their transposed half), each only when current before the step — a stale
+   one is remade whole when next needed, as before (quant=int8's copies: optim.c, quant8.c). */
+enum { KEEP_F32 = 1, KEEP_BF16 = 2 };
 
 int model_copies_to_keep(const clrt_model *m) {
   if (m->device != CLRT_CPU || m->base16) return 0;
   int keep = 0;
   if (m->wpk && m->wpk_ver == m->params->version) keep |= KEEP_F32;
   if (m->bf16 && m->wbf && m->wbf_packed && m->wbf_ver == m->params->version) keep |= KEEP_BF16;
-  if (model_q8_current(m)) keep |= KEEP_INT8;   /* quant=int8's copies (quant8.c) */
   return keep;
 }
 
@@ -399,11 +431,9 @@ void model_copy_rows(clrt_model *m, int keep, int64_t off, int K, int O, int r0,
     clrt_pack_rows_bf16(d + off, w, K, O, r0, r1);
     if (m->wbf_t && off != m->head) clrt_pack_rows_bf16_t(d + m->total + off, w, K, O, r0, r1);
   }
-  if (keep & KEEP_INT8) model_q8_copy_rows(m, off, K, O, r0, r1);
 }
 
 void model_copies_kept(clrt_model *m, int keep) {
   if (keep & KEEP_F32) m->wpk_ver = m->params->version;
   if (keep & KEEP_BF16) m->wbf_ver = m->params->version;
-  if (keep & KEEP_INT8) model_q8_kept(m);
 }

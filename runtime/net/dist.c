@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist_shm.h"
+
 #ifdef CLRT_HAVE_MPI
 #include <mpi.h>
-
-#include "dist_shm.h"
 #endif
 #ifdef CLRT_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -217,12 +217,7 @@ int clrt_dist_broadcast(void *data, int64_t count, int dtype, int root) {
 }
 
 void clrt_dist_slice(int64_t count, int rank, int64_t *lo, int64_t *hi) {
-  enum { LINE = 16 };   /* f32 a cache line: a slice starts on its own line */
-  int64_t per = (count + dist_size - 1) / dist_size;
-  per = (per + LINE - 1) / LINE * LINE;
-  int64_t a = (int64_t)rank * per;
-  *lo = a < count ? a : count;
-  *hi = *lo + per < count ? *lo + per : count;
+  dist_shm_slice(count, dist_size, rank, lo, hi);
 }
 
 static double sum_squares(const float *x, int64_t n) {

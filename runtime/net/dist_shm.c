@@ -10,17 +10,18 @@
    every rank copies all the summed slices back. A rank that dies leaves the others in an
    MPI_Barrier, which the launcher ends as it ends MPI's own collectives.
 
-   The sharded optimizer step's reduce-scatter and all-gather (slices by clrt_dist_slice) read
-   the other ranks' buffers directly when the kernel lets them (process_vm_readv), or else
-   stage through the same window. */
-#ifdef CLRT_HAVE_MPI
+   The sharded optimizer step's reduce-scatter and all-gather (slices by dist_shm_slice,
+   clrt_dist_slice's rule) read the other ranks' buffers directly when the kernel lets them
+   (process_vm_readv), or else stage through the same window. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE   /* process_vm_readv */
 #endif
 #include "dist_shm.h"
 
-#include <mpi.h>
 #include <stdint.h>
+
+#ifdef CLRT_HAVE_MPI
+#include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/statvfs.h>
@@ -34,7 +35,7 @@ enum { SLICE_ALIGN = 64 };   /* bytes: slices start on their own cache line */
 static int state;            /* 0: not set up, 1: on, 2: this job does not use it */
 static MPI_Comm node;        /* the ranks sharing this machine's memory */
 static MPI_Comm cross = MPI_COMM_NULL;  /* the ranks with this local rank on every machine */
-static int local_size, local_rank;
+static int local_size, local_rank, world_ranks = 1;   /* world_ranks: MPI_COMM_WORLD's size */
 static MPI_Win win;
 static char **area;          /* area[q]: local rank q's copy of the chunk, then its summed slice */
 static const void **srcs;    /* one slice of every local rank's chunk, in local-rank order */
@@ -97,6 +98,7 @@ static int setup(void) {
   int world_rank, world_size;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  world_ranks = world_size;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node);
   /* For tests: machines of k ranks each on one machine, to take the path between machines. */
   const char *k = getenv("CLRT_DIST_RANKS_PER_NODE");
@@ -331,7 +333,7 @@ static int cma_reduce_scatter(float *data, int64_t count, double *sum_sq) {
     return -1;
   }
   int64_t lo, hi;
-  clrt_dist_slice(count, local_rank, &lo, &hi);
+  dist_shm_slice(count, world_ranks, local_rank, &lo, &hi);
   size_t per = CMA_BLOCK / sizeof(float);
   long long blocks = (long long)(((size_t)(hi - lo) + per - 1) / per);
   double ss = 0;
@@ -370,7 +372,7 @@ static int cma_all_gather(float *data, int64_t count) {
   for (int q = 0; q < local_size && !failed; q++) {
     if (q == local_rank) continue;
     int64_t lo, hi;
-    clrt_dist_slice(count, q, &lo, &hi);
+    dist_shm_slice(count, world_ranks, q, &lo, &hi);
     size_t per = BLOCK * 16 / sizeof(float);
     long long blocks = (long long)(((size_t)(hi - lo) + per - 1) / per);
 #pragma omp parallel for schedule(static) reduction(| : failed) if (blocks > 1)
@@ -387,7 +389,7 @@ static int cma_all_gather(float *data, int64_t count) {
 static int64_t largest_local_slice(int64_t count) {
   int64_t lo, hi, most = 0;
   for (int q = 0; q < local_size; q++) {
-    clrt_dist_slice(count, q, &lo, &hi);
+    dist_shm_slice(count, world_ranks, q, &lo, &hi);
     if (hi - lo > most) most = hi - lo;
   }
   return most;
@@ -405,14 +407,14 @@ int dist_shm_reduce_scatter(float *data, int64_t count, double *sum_sq) {
   size_t sub = piece_floats();
   int64_t lo, hi, most = largest_local_slice(count);
   int64_t mlo, mhi;
-  clrt_dist_slice(count, local_rank, &mlo, &mhi);
+  dist_shm_slice(count, world_ranks, local_rank, &mlo, &mhi);
   double ss = 0;
   node_sync();   /* nobody still reads an area from the collective before */
   for (int64_t j = 0; (size_t)j * sub < (size_t)most; j++) {
     float *stage = (float *)(void *)(area[local_rank] + (size_t)(j % 2) * half_bytes());
     for (int q = 0; q < local_size; q++) {
       if (q == local_rank) continue;
-      clrt_dist_slice(count, q, &lo, &hi);
+      dist_shm_slice(count, world_ranks, q, &lo, &hi);
       int64_t a = lo + j * (int64_t)sub, b = a + (int64_t)sub < hi ? a + (int64_t)sub : hi;
       if (b > a) copy((char *)(stage + (size_t)q * sub), (const char *)(data + a), (size_t)(b - a) * sizeof(float));
     }
@@ -440,7 +442,7 @@ int dist_shm_all_gather(float *data, int64_t count) {
   size_t sub = chunk / sizeof(float);
   int64_t lo, hi, most = largest_local_slice(count);
   int64_t mlo, mhi;
-  clrt_dist_slice(count, local_rank, &mlo, &mhi);
+  dist_shm_slice(count, world_ranks, local_rank, &mlo, &mhi);
   node_sync();
   for (int64_t j = 0; (size_t)j * sub < (size_t)most; j++) {
     size_t half = (size_t)(j % 2) * half_bytes();
@@ -449,7 +451,7 @@ int dist_shm_all_gather(float *data, int64_t count) {
     node_sync();
     for (int q = 0; q < local_size; q++) {
       if (q == local_rank) continue;
-      clrt_dist_slice(count, q, &lo, &hi);
+      dist_shm_slice(count, world_ranks, q, &lo, &hi);
       a = lo + j * (int64_t)sub;
       b = a + (int64_t)sub < hi ? a + (int64_t)sub : hi;
       if (b > a) copy((char *)(data + a), area[q] + half, (size_t)(b - a) * sizeof(float));
@@ -459,3 +461,12 @@ int dist_shm_all_gather(float *data, int64_t count) {
   return 0;
 }
 #endif
+
+void dist_shm_slice(int64_t count, int size, int rank, int64_t *lo, int64_t *hi) {
+  enum { LINE = 16 };   /* f32 a cache line: a slice starts on its own line */
+  int64_t per = (count + size - 1) / size;
+  per = (per + LINE - 1) / LINE * LINE;
+  int64_t a = (int64_t)rank * per;
+  *lo = a < count ? a : count;
+  *hi = *lo + per < count ? *lo + per : count;
+}

@@ -16,5 +16,8 @@ int dist_shm_all_reduce(void *data, int64_t count, int esz, int op);
 int dist_shm_reduce_scatter(float *data, int64_t count, double *sum_sq);
 int dist_shm_all_gather(float *data, int64_t count);
 void dist_shm_finalize(void);
+/* Rank rank's slice [lo, hi) of count f32 among size ranks (clrt_dist_slice's rule, which
+   the window's steps share): contiguous, in rank order, each starting on a cache line. */
+void dist_shm_slice(int64_t count, int size, int rank, int64_t *lo, int64_t *hi);
 
 #endif

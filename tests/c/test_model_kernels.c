@@ -157,10 +157,18 @@ static void test_linear_skinny(void) {
             const float *bb = with_bias ? b : NULL;
             memset(y, 0xff, sizeof(float) * (size_t)N * O);   /* NaN: an output never written fails */
             clrt_packed_part part = {y, wp16, bb, O};
-            int done = packed16 ? K % 2 == 0 && clrt_linear_packed_bf16_forward_parts(x, N, K, &part, 1)
-                       : half   ? clrt_linear_skinny_forward_bf16(y, x, w16, bb, N, K, O)
+            /* the bf16 kernels' workspace, exactly what they ask for (one byte less: refused) */
+            size_t wsb = packed16 ? clrt_linear_packed_bf16_workspace_bytes(N, K)
+                                  : clrt_linear_skinny_bf16_workspace_bytes(N, K);
+            void *ws = malloc(wsb ? wsb : 1);
+            if (half && wsb)
+              CHECK((packed16 ? K % 2 == 0 && clrt_linear_packed_bf16_forward_parts(x, N, K, &part, 1, ws, wsb - 1)
+                              : clrt_linear_skinny_forward_bf16(y, x, w16, bb, N, K, O, ws, wsb - 1)) == 0);
+            int done = packed16 ? K % 2 == 0 && clrt_linear_packed_bf16_forward_parts(x, N, K, &part, 1, ws, wsb)
+                       : half   ? clrt_linear_skinny_forward_bf16(y, x, w16, bb, N, K, O, ws, wsb)
                        : packed ? clrt_linear_packed_forward(y, x, wp, bb, N, K, O)
                                 : clrt_linear_skinny_forward(y, x, w, bb, N, K, O);
+            free(ws);
             if (!done) continue;
             ran = 1;
             double worst = 0;
@@ -194,9 +202,10 @@ static void test_linear_skinny(void) {
   float z[1];
   uint16_t z16[1] = {0};
   CHECK(clrt_linear_skinny_forward(z, z, z, NULL, CLRT_SKINNY_MAX_ROWS + 1, 1, 1) == 0);
-  CHECK(clrt_linear_skinny_forward_bf16(z, z, z16, NULL, CLRT_SKINNY_MAX_ROWS + 1, 1, 1) == 0);
+  static float big[8 * (CLRT_SKINNY_MAX_ROWS + 1)];   /* more workspace than either asks */
+  CHECK(clrt_linear_skinny_forward_bf16(z, z, z16, NULL, CLRT_SKINNY_MAX_ROWS + 1, 1, 1, big, sizeof big) == 0);
   clrt_packed_part part16 = {z, z16, NULL, 1};
-  CHECK(clrt_linear_packed_bf16_forward_parts(z, CLRT_SKINNY_MAX_ROWS + 1, 2, &part16, 1) == 0);
+  CHECK(clrt_linear_packed_bf16_forward_parts(z, CLRT_SKINNY_MAX_ROWS + 1, 2, &part16, 1, big, sizeof big) == 0);
   CHECK(clrt_linear_packed_forward(z, z, z, NULL, 0, 1, 1) == 0);
   if (!ran) fprintf(stderr, "test_linear_skinny: no skinny kernel on this CPU; only the fallback checked\n");
 }
@@ -206,8 +215,12 @@ static void test_linear_skinny(void) {
    (panels 3 + 1 + 1 over two threads) and the prefetch of the next panel crosses them. For
    f32 panels and, where the CPU has AVX512-BF16, bf16 ones (even K). */
 static int packed_call(int half, const float *x, int N, int K, const clrt_packed_part *parts, int count) {
-  return half ? clrt_linear_packed_bf16_forward_parts(x, N, K, parts, count)
-              : clrt_linear_packed_forward_parts(x, N, K, parts, count);
+  if (!half) return clrt_linear_packed_forward_parts(x, N, K, parts, count);
+  size_t wsb = clrt_linear_packed_bf16_workspace_bytes(N, K);
+  void *ws = malloc(wsb);
+  int done = clrt_linear_packed_bf16_forward_parts(x, N, K, parts, count, ws, wsb);
+  free(ws);
+  return done;
 }
 
 static void test_linear_packed_parts(void) {
@@ -688,7 +701,11 @@ static void test_linear_bf16_weights(void) {
           float *y = zerov(no), *y2 = zerov(no);
           clrt_linear_forward(y, x, w, b, N, K, O);
           for (int dot = 0; dot <= 1; dot++) {
-            CHECK(clrt_linear_bf16_forward(y2, x, wp, b, N, K, O, dot) == 1);
+            size_t wsb = clrt_linear_bf16_workspace_bytes(N, K, O, dot);
+            void *ws = malloc(wsb);
+            CHECK(clrt_linear_bf16_forward(y2, x, wp, b, N, K, O, dot, ws, wsb - 1) == 0);   /* short: refused */
+            CHECK(clrt_linear_bf16_forward(y2, x, wp, b, N, K, O, dot, ws, wsb) == 1);
+            free(ws);
             int bad = 0;
             for (int n = 0; n < N; n++)
               for (int j = 0; j < O; j++) {
@@ -707,7 +724,11 @@ static void test_linear_bf16_weights(void) {
               float *dx = randv(nk, 1), *dx2 = malloc(nk * sizeof *dx2);
               memcpy(dx2, dx, nk * sizeof *dx2);
               clrt_linear_backward(dx, NULL, NULL, dy, x, w, N, K, O, acc);
-              CHECK(clrt_linear_bf16_backward_dx(dx2, dy, wp, N, K, O, acc, fast) == 1);
+              size_t wsb = clrt_linear_bf16_backward_dx_workspace_bytes(K, O);
+              void *ws = malloc(wsb);
+              CHECK(clrt_linear_bf16_backward_dx(dx2, dy, wp, N, K, O, acc, fast, ws, wsb - 1) == 0);
+              CHECK(clrt_linear_bf16_backward_dx(dx2, dy, wp, N, K, O, acc, fast, ws, wsb) == 1);
+              free(ws);
               double worst = 0;
               for (size_t i = 0; i < nk; i++) worst = fmax(worst, fabs(dx2[i] - dx[i]) / (1 + fabs(dx[i])));
               if (worst > 1e-4) {

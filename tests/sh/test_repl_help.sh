@@ -32,7 +32,7 @@ type_line 'help(tok)'
 expect "help(tok) lists the tokenizer's methods" "tok:encode(text, opts)"
 
 type_line 'help(m.generate)'
-expect "help(m.generate) prints its comment" "The decoder is kept on the model and grows to the"
+expect "help(m.generate) prints its comment" "the engine runs until they finish; its decoder grows"
 type_line 'help("model.load")'
 expect "help(\"model.load\") by name" "model.load(dir, opts)  (lua/clrt/model.lua:"
 

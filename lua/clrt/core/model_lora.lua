@@ -1,5 +1,5 @@
--- clrt.core.model_lora — LoRA adapters for clrt.model, in PEFT's format. Installed into the Model
--- class by lua/clrt/model.lua.
+-- clrt.core.model_lora — LoRA adapters for clrt.model, in PEFT's format: methods that
+-- lua/clrt/model.lua takes into its Model class (M.methods).
 --   m:add_lora{r = 8, alpha = 16, dropout = 0.05, targets = {"q_proj", ...}, seed = 0}
 --   m:set_adapters(false)          -- run the bare base (the RL reference), true: back on
 --   m:lora_params(), m:lora_grads() -- PEFT name -> tensor view (the optimizer's parameters)
@@ -95,7 +95,10 @@ local function check_base_copy(m, wpath, name, t)
   end
 end
 
-function M.install(Model)
+-- The LoRA methods of clrt.model's Model class (lua/clrt/model.lua takes them).
+local Model = {}
+M.methods = Model
+do
   local function live(m)
     if m.ptr == nil then error("model: used after free()", 3) end
     return m.ptr

@@ -153,6 +153,8 @@ local function check_prompt(p, prompt, V, o, max_len)
   end
 end
 
+M.check_prompt = check_prompt   -- (index, prompt, V, o, max_len): m:generate checks before it queues
+
 -- The position in `text` where the first stop string starts; nil if none. Only the tail
 -- that new text could complete is searched.
 local function find_stop(text, new_from, stops)

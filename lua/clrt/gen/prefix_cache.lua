@@ -41,12 +41,25 @@ local function check_opts(o, who)
   end
 end
 
--- Set the model's bound (MiB) and block size; an existing cache is dropped.
+-- model -> its settings and its cache, kept here rather than on the model. Weak keys: a cache
+-- holds its model's C handle, not its table (LuaJIT's weak keys are not ephemerons).
+local settings = setmetatable({}, { __mode = "k" })
+local caches = setmetatable({}, { __mode = "k" })
+
+-- Free the model's cache now (its blocks go back at once; the next lookup starts empty).
+-- clrt.gen.scheduler calls it when it drops the model's engine.
+function M.release(model)
+  local pc = caches[model]
+  caches[model] = nil
+  if pc then pc:free_storage() end
+end
+
+-- Set the model's bound (MiB) and block size; an existing cache is freed.
 function M.configure(model, opts)
   opts = opts or {}
   check_opts(opts, "prefix_cache.configure")
-  model._prefix_cache_opts = { mb = opts.mb, block_tokens = opts.block_tokens }
-  model._prefix_cache = nil
+  settings[model] = { mb = opts.mb, block_tokens = opts.block_tokens }
+  M.release(model)
 end
 
 function M.new(model, opts)
@@ -57,7 +70,7 @@ function M.new(model, opts)
   local block_bytes = tonumber(C.clrt_kv_block_bytes(model.ptr, bt))
   local blocks = math.floor(mb * 1048576 / block_bytes)
   return setmetatable({
-    model = model, bt = bt, mb = mb, capacity = blocks, block_bytes = block_bytes,
+    mptr = model.ptr, bt = bt, mb = mb, capacity = blocks, block_bytes = block_bytes,
     root = { children = {}, refs = 0 }, nodes = 0, free = {}, next_id = 0, tick = 0,
     stamp = ffi.new("uint64_t[8]"), stamp_key = nil,
     -- totals over the cache's life: what the engine asked for and what it was served
@@ -68,13 +81,13 @@ end
 -- The model's cache (made on first use), or nil when it is off or the model cannot reuse.
 function M.of(model)
   if type(model) ~= "table" or model.ptr == nil then return nil end
-  local o = model._prefix_cache_opts or {}
+  local o = settings[model] or {}
   if (o.mb or M.DEFAULT_MB) <= 0 or C.clrt_model_kv_reusable(model.ptr) == 0 then return nil end
-  local pc = model._prefix_cache
+  local pc = caches[model]
   if not pc then
     pc = M.new(model, o)
     if pc.capacity < 1 then return nil end
-    model._prefix_cache = pc
+    caches[model] = pc
   end
   return pc
 end
@@ -85,9 +98,17 @@ function Cache:clear()
   self.nodes, self.free, self.next_id = 0, {}, 0
 end
 
+-- Drop every block and give the storage back now (a later insert allocates it again).
+function Cache:free_storage()
+  self:clear()
+  local b = self.blocks
+  self.blocks = nil
+  if b then C.clrt_kv_blocks_free(ffi.gc(b, nil)) end
+end
+
 -- Empty the tree when the weights are not the ones its blocks were computed with.
 function Cache:check_weights()
-  C.clrt_model_weights_stamp(self.model.ptr, self.stamp)
+  C.clrt_model_weights_stamp(self.mptr, self.stamp)
   local key = ffi.string(self.stamp, 64)
   if key ~= self.stamp_key then
     if self.nodes > 0 then self.invalidations = self.invalidations + 1 end
@@ -123,7 +144,7 @@ function Cache:allocate()
   if id then return id end
   if self.next_id < self.capacity then
     if not self.blocks then
-      local b = C.clrt_kv_blocks_new(self.model.ptr, self.bt, self.capacity)
+      local b = C.clrt_kv_blocks_new(self.mptr, self.bt, self.capacity)
       if b == nil then core.fail(3) end
       self.blocks = ffi.gc(b, C.clrt_kv_blocks_free)
     end

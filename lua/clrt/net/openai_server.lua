@@ -2,10 +2,13 @@
 -- (JSON or server-sent events; logprobs; tools through the chat template), POST /v1/completions
 -- (a plain prompt continued; no chat template), GET /v1/models,
 -- GET /v1/models/{id}, GET /health (open without the key). Every request's rows join the
--- same generation engine, so requests that arrive together decode in the same batched
--- steps, and a request that arrives mid-way joins at the next step.
+-- model's one generation engine (clrt.gen.scheduler: admission, slots, the KV cache), so
+-- requests that arrive together decode in the same batched steps, and a request that arrives
+-- mid-way joins at the next step.
 local json = require("clrt.json")   -- strict: NaN, Infinity and 0x.. are not JSON; [] stays apart from {}
 local gen = require("clrt.gen.engine")
+local G = require("clrt.gen.scheduler")
+local reply = require("clrt.net.openai_reply")   -- what a request's rows write back
 
 local M = {}
 
@@ -21,29 +24,7 @@ end
 M.json_error = json_error
 
 local function is_int(x) return type(x) == "number" and x == math.floor(x) end
-
--- Is s well-formed UTF-8 (RFC 3629: no overlong forms, surrogates or code points past
--- U+10FFFF), so it can go into a JSON string as it is and the tokenizer takes it?
-local function is_utf8(s)
-  if not s:find("[\128-\255]") then return true end
-  local i, n = 1, #s
-  while i <= n do
-    local c = s:byte(i)
-    local len, lo, hi = 1, 0x80, 0xBF   -- lo, hi: the range of the second byte
-    if c < 0x80 then len = 1
-    elseif c >= 0xC2 and c <= 0xDF then len = 2
-    elseif c >= 0xE0 and c <= 0xEF then len = 3; lo = c == 0xE0 and 0xA0 or 0x80; hi = c == 0xED and 0x9F or 0xBF
-    elseif c >= 0xF0 and c <= 0xF4 then len = 4; lo = c == 0xF0 and 0x90 or 0x80; hi = c == 0xF4 and 0x8F or 0xBF
-    else return false end
-    if i + len - 1 > n then return false end
-    for j = i + 1, i + len - 1 do
-      local b = s:byte(j)
-      if b < (j == i + 1 and lo or 0x80) or b > (j == i + 1 and hi or 0xBF) then return false end
-    end
-    i = i + len
-  end
-  return true
-end
+local is_utf8 = reply.is_utf8
 
 -- The first string (key or value) in a decoded request that is not UTF-8, as a field path
 -- like "messages[0].content"; nil when all are. Stop strings are left out: they are matched
@@ -130,6 +111,8 @@ local function decode_body(body, known)
   return req
 end
 
+local parse_numbers, parse_rules
+
 -- The parameters both endpoints share (model, stream, sampling, length, stop, logit_bias)
 -- into `out`. Returns true or (nil, status, body).
 local function parse_sampling(req, out, limits)
@@ -149,6 +132,11 @@ local function parse_sampling(req, out, limits)
     end
     out.include_usage = so.include_usage == true
   end
+  return parse_numbers(req, out, limits)
+end
+
+-- temperature, top_p, max_tokens, n, seed into `out`, then the rest (parse_rules).
+parse_numbers = function(req, out, limits)
   local t = req.temperature
   if t ~= nil and t ~= json.null then
     if type(t) ~= "number" or t < 0 or t > 2 then return bad("temperature", "must be a number in [0, 2]") end
@@ -176,6 +164,11 @@ local function parse_sampling(req, out, limits)
     if not is_int(seed) then return bad("seed", "must be an integer") end
     out.seed = seed
   end
+  return parse_rules(req, out, limits)
+end
+
+-- stop, the penalties, user and logit_bias into `out`. Returns true or (nil, status, body).
+parse_rules = function(req, out, limits)
   local stop = req.stop
   if stop ~= nil and stop ~= json.null then
     if type(stop) == "string" then stop = { stop } end
@@ -202,54 +195,48 @@ local function parse_sampling(req, out, limits)
   return true
 end
 
--- Validate a chat-completions body. Returns the request table or (nil, status, body).
-function M.parse_chat_request(body, limits)
-  local req, status, err = decode_body(body, CHAT_PARAMETERS)
-  if not req then return nil, status, err end
-  if type(req.messages) ~= "table" or #req.messages == 0 then return bad("messages", "must be a non-empty array") end
-  local msgs, out_uses_tools = {}, false
-  for i, m in ipairs(req.messages) do
-    local f = ("messages[%d]"):format(i - 1)
-    if type(m) ~= "table" then return bad(f, "must be an object") end
-    for k in pairs(m) do
-      if not MESSAGE_FIELDS[k] then return bad(f .. "." .. tostring(k), "is not supported (the chat template has no place for it)") end
-    end
-    if m.refusal ~= nil and m.refusal ~= json.null then return bad(f .. ".refusal", "must be null (a refusal is not rendered)") end
-    local role = m.role == "developer" and "system" or m.role   -- OpenAI's newer name for system
-    if role ~= "system" and role ~= "user" and role ~= "assistant" and role ~= "tool" then
-      return bad(f .. ".role", "must be 'system', 'developer', 'user', 'assistant' or 'tool'")
-    end
-    local content = m.content
-    local calls = m.tool_calls
-    if calls == json.null then calls = nil end
-    if calls ~= nil then
-      if role ~= "assistant" or type(calls) ~= "table" then return bad(f .. ".tool_calls", "must be an array on an assistant message") end
-      for j, c in ipairs(calls) do
-        local fn = type(c) == "table" and c["function"]
-        if type(fn) ~= "table" or type(fn.name) ~= "string" or type(fn.arguments) ~= "string" then
-          return bad(("%s.tool_calls[%d]"):format(f, j - 1), "must be {id, type: 'function', function: {name, arguments (a JSON string)}}")
-        end
-      end
-      if content == nil or content == json.null then content = "" end
-    end
-    if role == "tool" and type(m.tool_call_id) ~= "string" then return bad(f .. ".tool_call_id", "must be a string") end
-    if type(content) == "table" then   -- the array-of-parts form: text parts only
-      local parts = {}
-      for j, part in ipairs(content) do
-        if type(part) ~= "table" or part.type ~= "text" or type(part.text) ~= "string" then
-          return bad(("%s.content[%d]"):format(f, j - 1), "must be a text part ({type: 'text', text: ...})")
-        end
-        parts[#parts + 1] = part.text
-      end
-      content = table.concat(parts)
-    end
-    if type(content) ~= "string" then return bad(f .. ".content", "must be a string") end
-    msgs[i] = { role = role, content = content, tool_calls = calls, tool_call_id = m.tool_call_id }
-    if calls or role == "tool" then out_uses_tools = true end
+-- One message of a chat request (f: its field path) as the chat template takes it, or nil,
+-- status, body.
+local function parse_message(m, f)
+  if type(m) ~= "table" then return bad(f, "must be an object") end
+  for k in pairs(m) do
+    if not MESSAGE_FIELDS[k] then return bad(f .. "." .. tostring(k), "is not supported (the chat template has no place for it)") end
   end
-  local out = { messages = msgs, stream = false, n = 1 }
-  local ok, status2, err2 = parse_sampling(req, out, limits)
-  if not ok then return nil, status2, err2 end
+  if m.refusal ~= nil and m.refusal ~= json.null then return bad(f .. ".refusal", "must be null (a refusal is not rendered)") end
+  local role = m.role == "developer" and "system" or m.role   -- OpenAI's newer name for system
+  if role ~= "system" and role ~= "user" and role ~= "assistant" and role ~= "tool" then
+    return bad(f .. ".role", "must be 'system', 'developer', 'user', 'assistant' or 'tool'")
+  end
+  local content = m.content
+  local calls = m.tool_calls
+  if calls == json.null then calls = nil end
+  if calls ~= nil then
+    if role ~= "assistant" or type(calls) ~= "table" then return bad(f .. ".tool_calls", "must be an array on an assistant message") end
+    for j, c in ipairs(calls) do
+      local fn = type(c) == "table" and c["function"]
+      if type(fn) ~= "table" or type(fn.name) ~= "string" or type(fn.arguments) ~= "string" then
+        return bad(("%s.tool_calls[%d]"):format(f, j - 1), "must be {id, type: 'function', function: {name, arguments (a JSON string)}}")
+      end
+    end
+    if content == nil or content == json.null then content = "" end
+  end
+  if role == "tool" and type(m.tool_call_id) ~= "string" then return bad(f .. ".tool_call_id", "must be a string") end
+  if type(content) == "table" then   -- the array-of-parts form: text parts only
+    local parts = {}
+    for j, part in ipairs(content) do
+      if type(part) ~= "table" or part.type ~= "text" or type(part.text) ~= "string" then
+        return bad(("%s.content[%d]"):format(f, j - 1), "must be a text part ({type: 'text', text: ...})")
+      end
+      parts[#parts + 1] = part.text
+    end
+    content = table.concat(parts)
+  end
+  if type(content) ~= "string" then return bad(f .. ".content", "must be a string") end
+  return { role = role, content = content, tool_calls = calls, tool_call_id = m.tool_call_id }
+end
+
+-- logprobs and top_logprobs into `out`. Returns true or (nil, status, body).
+local function parse_logprobs(req, out)
   local lp, top = req.logprobs, req.top_logprobs
   if lp ~= nil and lp ~= json.null then
     if type(lp) ~= "boolean" then return bad("logprobs", "must be a boolean") end
@@ -260,24 +247,32 @@ function M.parse_chat_request(body, limits)
     if not out.logprobs then return bad("top_logprobs", "needs 'logprobs': true") end
     out.top_logprobs = top
   end
-  out.uses_tools = out_uses_tools
+  return true
+end
+
+-- tools into `out` (their schemas, and the list as sent). Returns true or (nil, status, body).
+local function parse_tools(req, out)
   local tools = req.tools
-  if tools ~= nil and tools ~= json.null then
-    if type(tools) ~= "table" then return bad("tools", "must be an array") end
-    out.tool_schemas = {}
-    for j, t in ipairs(tools) do
-      local fn = type(t) == "table" and t.type == "function" and t["function"]
-      if type(fn) ~= "table" or type(fn.name) ~= "string" or not fn.name:match("^[%w_%-]+$") then
-        return bad(("tools[%d]"):format(j - 1), "must be {type: 'function', function: {name ([a-zA-Z0-9_-]+), description, parameters}}")
-      end
-      local params = fn.parameters
-      if params ~= nil and params ~= json.null and type(params) ~= "table" then
-        return bad(("tools[%d].function.parameters"):format(j - 1), "must be a JSON Schema object")
-      end
-      out.tool_schemas[j] = { name = fn.name, parameters = (params ~= json.null and params) or nil }
+  if tools == nil or tools == json.null then return true end
+  if type(tools) ~= "table" then return bad("tools", "must be an array") end
+  out.tool_schemas = {}
+  for j, t in ipairs(tools) do
+    local fn = type(t) == "table" and t.type == "function" and t["function"]
+    if type(fn) ~= "table" or type(fn.name) ~= "string" or not fn.name:match("^[%w_%-]+$") then
+      return bad(("tools[%d]"):format(j - 1), "must be {type: 'function', function: {name ([a-zA-Z0-9_-]+), description, parameters}}")
     end
-    if #tools > 0 then out.tools = tools end   -- decoded with their key order (decode_body)
+    local params = fn.parameters
+    if params ~= nil and params ~= json.null and type(params) ~= "table" then
+      return bad(("tools[%d].function.parameters"):format(j - 1), "must be a JSON Schema object")
+    end
+    out.tool_schemas[j] = { name = fn.name, parameters = (params ~= json.null and params) or nil }
   end
+  if #tools > 0 then out.tools = tools end   -- decoded with their key order (decode_body)
+  return true
+end
+
+-- tool_choice, response_format and parallel_tool_calls into `out`. Returns true or (nil, status, body).
+local function parse_tool_choice(req, out)
   local choice = req.tool_choice
   if choice ~= nil and choice ~= json.null then
     local named = type(choice) == "table" and type(choice["function"]) == "table" and choice["function"].name
@@ -300,6 +295,27 @@ function M.parse_chat_request(body, limits)
     if type(ptc) ~= "boolean" then return bad("parallel_tool_calls", "must be a boolean") end
     out.single_tool_call = ptc == false
   end
+  return true
+end
+
+-- Validate a chat-completions body. Returns the request table or (nil, status, body).
+function M.parse_chat_request(body, limits)
+  local req, status, err = decode_body(body, CHAT_PARAMETERS)
+  if not req then return nil, status, err end
+  if type(req.messages) ~= "table" or #req.messages == 0 then return bad("messages", "must be a non-empty array") end
+  local msgs, uses_tools = {}, false
+  for i, m in ipairs(req.messages) do
+    local msg, s2, e2 = parse_message(m, ("messages[%d]"):format(i - 1))
+    if not msg then return nil, s2, e2 end
+    msgs[i] = msg
+    if msg.tool_calls or msg.role == "tool" then uses_tools = true end
+  end
+  local out = { messages = msgs, stream = false, n = 1 }
+  for _, parse in ipairs({ parse_sampling, parse_logprobs, parse_tools, parse_tool_choice }) do
+    local ok, s3, e3 = parse(req, out, limits)
+    if not ok then return nil, s3, e3 end
+  end
+  out.uses_tools = uses_tools
   return out
 end
 
@@ -360,7 +376,11 @@ function M.json_response_format(rf, gen_opts)
 end
 
 local Server = {}
-Server.__index = Server
+-- srv.dec and srv.engine: the scheduler's decoder and engine of the moment
+Server.__index = function(srv, k)
+  if k == "dec" or k == "engine" then return rawget(srv, "gen")[k == "dec" and "dec" or "eng"] end
+  return Server[k]
+end
 
 -- new{model = m, tokenizer = tok, name = "model-name", host, port, api_key, slots, max_len,
 --     max_tokens, max_body, log = function(line)}
@@ -372,11 +392,15 @@ function M.new(opts)
   self.limits = { max_tokens = opts.max_tokens or 4096, max_n = math.min(opts.slots or 32, 16) }
   -- prompt caching across requests (clrt.gen.prefix_cache, docs/prefix_cache.md): MiB, 0 off
   if opts.prefix_cache_mb ~= nil then require("clrt.gen.prefix_cache").configure(self.model, { mb = opts.prefix_cache_mb }) end
-  self.dec = opts.decoder or self.model:decoder(opts.slots or 32, opts.max_len or 2048)
-  self.limits.vocab_size = self.dec.vocab_size
-  self.engine = gen.engine(self.dec)
+  -- the model's one engine (clrt.gen.scheduler), its cache sized here; a test's decoder as given
+  if opts.decoder then
+    self.gen = G.attach(opts.model or opts.decoder, opts.decoder)
+  else
+    self.gen = G.reserve(self.model, opts.slots or 32, opts.max_len or 2048)
+  end
+  self.max_len = self.gen.dec.max_len
+  self.limits.vocab_size = self.gen.dec.vocab_size
   self.http = require("clrt.net.httpd").start({ host = opts.host or "127.0.0.1", port = opts.port or 8000, max_body = opts.max_body or 4 * 1024 * 1024 })
-  self.waiting = {}        -- requests accepted but not started: no free slots yet
   self.log = opts.log or function() end
   self.created = os.time()
   self.counter = 0
@@ -405,30 +429,6 @@ function Server:port() return self.http:port() end
 
 function Server:respond(id, status, body) self.http:respond(id, status, body, "application/json") end
 
--- OpenAI's logprob entry of one token: its text (a token that splits a UTF-8 character is
--- written "bytes:\xNN..." as OpenAI does), log-probability and bytes.
-local function token_entry(tok, id, lp)
-  local raw = tok.token_bytes and tok:token_bytes(id) or tok:decode({ id })
-  local bytes = json.array()
-  for i = 1, #raw do bytes[i] = raw:byte(i) end
-  local text = is_utf8(raw) and raw or "bytes:" .. raw:gsub(".", function(c) return ("\\x%02x"):format(c:byte()) end)
-  return { token = text, logprob = lp, bytes = bytes }
-end
-
--- The logprobs.content entries of a row's tokens first..last (end-of-turn ids left out).
-local function logprob_entries(tok, row, first, last)
-  local out = json.array()
-  for i = first, last do
-    local id, info = row.tokens[i], row.model_logprobs[i]
-    if not row.o.stop_ids[id] then
-      local e = token_entry(tok, id, info.lp)
-      e.top_logprobs = json.array()
-      for j, t in ipairs(info.top) do e.top_logprobs[j] = token_entry(tok, t.id, t.lp) end
-      out[#out + 1] = e
-    end
-  end
-  return out
-end
 
 -- The messages with each tool call's arguments (OpenAI's JSON string) decoded, keys in order,
 -- for templates that write them with tojson (a string that is not JSON stays a string).
@@ -508,25 +508,52 @@ local function tool_call_schema(req, args_key)
     required = { "name", args_key }, additionalProperties = false }
 end
 
-local function sse(obj) return "data: " .. json.encode(obj) .. "\n\n" end
 
--- How many bytes at the end of `text` could still grow into one of the stop strings: the
--- longest proper prefix of a stop string that `text` ends with. A stream holds them back.
-function M.stop_holdback(text, stops)
-  local hold = 0
-  for _, s in ipairs(stops) do
-    for k = math.min(#s - 1, #text), hold + 1, -1 do
-      if text:sub(-k) == s:sub(1, k) then hold = k break end
-    end
-  end
-  return hold
+-- How many bytes at the end of `text` could still grow into one of the stop strings (a stream
+-- holds them back).
+M.stop_holdback = reply.stop_holdback
+
+-- The 500 of a request the engine failed: no source path in the message (the log has it all).
+function Server:failure(err)
+  return json_error(500, "internal error: " .. without_source(err), nil, "server_error")
 end
 
-function Server:start_request(r, req)
+-- ==== a request as a job for the engine =========================================================
+
+-- The options both endpoints share; default_max: max_new_tokens when the request sets none.
+function Server:sampling(req, default_max)
+  local stop = {}
+  for _, id in ipairs(self.end_of_turn) do stop[#stop + 1] = id end
+  for _, s in ipairs(req.stop or {}) do stop[#stop + 1] = s end
+  return {
+    n = req.n, max_new_tokens = req.max_tokens or default_max,
+    temperature = req.temperature or 1.0, top_p = req.top_p or 1.0, seed = req.seed or math.random(0, 2 ^ 31),
+    stop = stop, tokenizer = self.tok, logit_bias = req.logit_bias,
+    frequency_penalty = req.frequency_penalty, presence_penalty = req.presence_penalty,
+  }
+end
+
+-- The job: prompt ids, engine options, shape, ids for the response; or nil, status, body when
+-- the prompt and max_tokens exceed the context (`param` names the prompt's field).
+function Server:job(req, ids, opts, shape, param)
+  if #ids + opts.max_new_tokens > self.max_len then
+    return nil, json_error(400, ("the prompt has %d tokens and max_tokens is %d: more than the context of %d")
+      :format(#ids, opts.max_new_tokens, self.max_len), param, nil, "context_length_exceeded")
+  end
+  self.counter = self.counter + 1
+  return { ids = ids, o = gen.options(opts, self.limits.vocab_size), shape = shape, tok = self.tok, model = self.name,
+    id = ("%s-%d-%d"):format(shape.id_prefix, self.created, self.counter), created = os.time(),
+    stream = req.stream, include_usage = req.include_usage, logprobs = req.logprobs,
+    tool_result = function(row) return nil, row.text end }
+end
+
+-- The chat prompt: tools checked, the messages rendered (a tool call forced by tool_choice is
+-- begun in the prompt). Returns ids, tools_on, forced or nil, status, body.
+function Server:chat_prompt(req)
   local tools_on = req.tools ~= nil and req.tool_choice ~= "none"
   if (req.tools or req.uses_tools) and not self.supports_tools then
-    return self:respond(r.id, json_error(400, "tools are not supported by this model: its chat template has no tool format "
-      .. "(clrt renders those of Qwen2.5, Qwen3 and Llama 3.1-3.3)", req.tools and "tools" or "messages", nil, "tools_not_supported"))
+    return nil, json_error(400, "tools are not supported by this model: its chat template has no tool format "
+      .. "(clrt renders those of Qwen2.5, Qwen3 and Llama 3.1-3.3)", req.tools and "tools" or "messages", nil, "tools_not_supported")
   end
   -- tool_choice "required" or a named function: the reply starts as a tool call and its
   -- JSON is decoded under the call's schema
@@ -534,246 +561,83 @@ function Server:start_request(r, req)
   local fmt = self.tool_format
   local rendered, ids = pcall(self.render, req.messages, { tools = req.tools, prefix = forced and fmt.prefix or nil })
   if not rendered then   -- the chat template refused these messages
-    return self:respond(r.id, json_error(400, "messages could not be rendered: " .. without_source(ids), "messages"))
+    return nil, json_error(400, "messages could not be rendered: " .. without_source(ids), "messages")
   end
-  local stop = {}
-  for _, id in ipairs(self.end_of_turn) do stop[#stop + 1] = id end
-  for _, s in ipairs(req.stop or {}) do stop[#stop + 1] = s end
-  local opts = {
-    n = req.n, max_new_tokens = req.max_tokens or math.min(self.limits.max_tokens, self.dec.max_len - #ids),
-    temperature = req.temperature or 1.0, top_p = req.top_p or 1.0, seed = req.seed or math.random(0, 2 ^ 31),
-    stop = stop, tokenizer = self.tok, top_logprobs = req.logprobs and (req.top_logprobs or 0) or nil,
-    logit_bias = req.logit_bias, frequency_penalty = req.frequency_penalty, presence_penalty = req.presence_penalty,
-  }
+  return ids, tools_on, forced
+end
+
+-- Constrained decoding into opts: response_format's grammar, or the forced tool call's.
+-- Returns true or nil, status, body.
+function Server:constrain(req, opts, forced)
   if req.response_format then
     if not self.on_response_format then
-      return self:respond(r.id, json_error(400, "'response_format' is not supported by this server", "response_format"))
+      return nil, json_error(400, "'response_format' is not supported by this server", "response_format")
     end
     local ok, err = pcall(self.on_response_format, req.response_format, opts)
-    if not ok then return self:respond(r.id, json_error(400, tostring(err), "response_format")) end
+    if not ok then return nil, json_error(400, tostring(err), "response_format") end
   end
   if forced then
     if req.response_format then
-      return self:respond(r.id, json_error(400, "'response_format' cannot be combined with a required tool call", "response_format"))
+      return nil, json_error(400, "'response_format' cannot be combined with a required tool call", "response_format")
     end
     -- compact JSON (no whitespace between tokens): the call fits a small max_tokens
-    local ok, grammar = pcall(require("clrt.gen.json_constraint").compile, tool_call_schema(req, fmt.args_key), { max_ws = 0 })
-    if not ok then return self:respond(r.id, json_error(400, "tools: " .. tostring(grammar), "tools")) end
+    local ok, grammar = pcall(require("clrt.gen.json_constraint").compile, tool_call_schema(req, self.tool_format.args_key), { max_ws = 0 })
+    if not ok then return nil, json_error(400, "tools: " .. tostring(grammar), "tools") end
     opts.json_schema = grammar
   end
-  if #ids + opts.max_new_tokens > self.dec.max_len then
-    return self:respond(r.id, json_error(400, ("the prompt has %d tokens and max_tokens is %d: more than the context of %d")
-      :format(#ids, opts.max_new_tokens, self.dec.max_len), "messages", nil, "context_length_exceeded"))
-  end
-  local o = gen.options(opts, self.dec.vocab_size)
-  self.counter = self.counter + 1
-  local cid = ("chatcmpl-%d-%d"):format(self.created, self.counter)
-  local created = os.time()
-  local remaining, rows = o.n, nil
-  local http = self.http
-  local function usage()
-    local c = 0
-    for _, row in ipairs(rows) do c = c + #row.tokens end
-    -- OpenAI's prompt caching field: the prompt tokens served from the prefix cache
-    local cached = rows[1] and rows[1].cached_tokens or 0
-    return { prompt_tokens = #ids, completion_tokens = c, total_tokens = #ids + c,
-             prompt_tokens_details = { cached_tokens = cached } }
-  end
+  return true
+end
+
+-- A /v1/chat/completions request as a job, or nil, status, body.
+function Server:chat_job(req)
+  local ids, tools_on, forced = self:chat_prompt(req)
+  if not ids then return nil, tools_on, forced end
+  local opts = self:sampling(req, math.min(self.limits.max_tokens, self.max_len - #ids))
+  opts.top_logprobs = req.logprobs and (req.top_logprobs or 0) or nil
+  local ok, status, body = self:constrain(req, opts, forced)
+  if not ok then return nil, status, body end
+  local job, s2, b2 = self:job(req, ids, opts, reply.CHAT, "messages")
+  if not job then return nil, s2, b2 end
+  job.tools_on = tools_on
   -- a finished row's tool calls (OpenAI's shape) and content, when tools are on
-  local function tool_result(row)
+  job.tool_result = function(row)
     if not tools_on then return nil, row.text end
-    local calls, content = M.parse_tool_calls(row.text, forced, fmt)
+    local calls, content = M.parse_tool_calls(row.text, forced, self.tool_format)
     if not calls then return nil, row.text end
     if req.single_tool_call then calls = { calls[1] } end   -- parallel_tool_calls: false
     local out = json.array()
     for j, c in ipairs(calls) do
-      out[j] = { id = ("call_%s_%d_%d"):format(cid:match("%d+%-%d+$"), row.sample, j), type = "function",
+      out[j] = { id = ("call_%s_%d_%d"):format(job.id:match("%d+%-%d+$"), row.sample, j), type = "function",
         ["function"] = { name = c.name, arguments = c.arguments } }
     end
     return out, content
   end
-  local cb = {}
-  if req.stream then
-    http:stream_begin(r.id, 200, "text/event-stream")
-    local open = true
-    local function send(obj)
-      if open and not http:write(r.id, sse(obj)) then
-        open = false
-        for _, row in ipairs(rows or {}) do row.cancelled = true end
-        self.log(("request %d: client went away"):format(r.id))
-      end
-    end
-    local function chunk(choice)
-      send({ id = cid, object = "chat.completion.chunk", created = created, model = self.name,
-        choices = json.array({ choice }) })
-    end
-    for i = 1, o.n do
-      chunk({ index = i - 1, delta = { role = "assistant", content = "" }, logprobs = json.null, finish_reason = json.null })
-    end
-    local sent, lp_sent = {}, {}   -- row -> the text already sent; -> tokens whose logprobs were
-    -- Send row.text up to byte `limit`, past what was sent, with the logprobs of the tokens
-    -- sampled since the last chunk (at the end, `final`, whatever remains of either).
-    local function flush(row, limit, final)
-      local from = #(sent[row] or "")
-      local lp_from = (lp_sent[row] or 0) + 1
-      local logprobs = json.null
-      if req.logprobs and #row.tokens >= lp_from then
-        logprobs = { content = logprob_entries(self.tok, row, lp_from, #row.tokens), refusal = json.null }
-      end
-      if limit > from or (final and logprobs ~= json.null and #logprobs.content > 0) then
-        chunk({ index = row.sample - 1, delta = { content = row.text:sub(from + 1, limit) }, logprobs = logprobs,
-          finish_reason = json.null })
-        sent[row] = row.text:sub(1, limit)
-        lp_sent[row] = #row.tokens
-      end
-    end
-    cb.on_token = function(row)
-      -- a stop string matched: the rest goes out at the end; with tools on, all of it does
-      -- (a tool call is known only once its block is complete)
-      if row.text_cut or tools_on then return end
-      flush(row, #row.text - M.stop_holdback(row.text, o.stop_strings))
-    end
-    cb.on_done = function(row)
-      remaining = remaining - 1
-      if row.finish_reason ~= "cancelled" then
-        local calls = tool_result(row)
-        if calls then
-          for j, c in ipairs(calls) do c.index = j - 1 end
-          chunk({ index = row.sample - 1, delta = { tool_calls = calls }, logprobs = json.null, finish_reason = json.null })
-        else
-          -- the final text extends what was sent (held-back text never passes a stop match)
-          local done_text = sent[row] or ""
-          if row.text:sub(1, #done_text) == done_text then
-            flush(row, #row.text, true)
-          else
-            self.log(("request %d: the final text does not extend the streamed text"):format(r.id))
-          end
-        end
-        chunk({ index = row.sample - 1, delta = json.object(), logprobs = json.null,
-          finish_reason = calls and "tool_calls" or row.finish_reason })
-      end
-      if remaining == 0 then
-        if open then
-          if req.include_usage then
-            send({ id = cid, object = "chat.completion.chunk", created = created, model = self.name,
-              choices = json.array(), usage = usage() })
-          end
-          if open then http:write(r.id, "data: [DONE]\n\n") end
-        end
-        http:stream_end(r.id)
-      end
-    end
-  else
-    cb.on_token = function(row)
-      if not http:is_open(r.id) then row.cancelled = true end   -- the client went away
-    end
-    cb.on_done = function()
-      remaining = remaining - 1
-      if remaining > 0 then return end
-      local choices = json.array()
-      for i, row in ipairs(rows) do
-        local logprobs = json.null
-        if req.logprobs then logprobs = { content = logprob_entries(self.tok, row, 1, #row.tokens), refusal = json.null } end
-        local calls, content = tool_result(row)
-        choices[i] = { index = i - 1, message = { role = "assistant", content = content or json.null, refusal = json.null,
-          tool_calls = calls }, logprobs = logprobs, finish_reason = calls and "tool_calls" or row.finish_reason }
-      end
-      if http:is_open(r.id) then
-        self:respond(r.id, 200, json.encode({ id = cid, object = "chat.completion", created = created,
-          model = self.name, choices = choices, usage = usage() }))
-      end
-    end
-  end
-  rows = self.engine:add(ids, o, cb, 1)
-end
-
--- Start a request; a failure the checks did not foresee is the server's: a 500 whose message
--- carries no source path (the log has the whole error).
-function Server:start_or_fail(r, req)
-  local ok, err = pcall(req.kind == "completion" and self.start_completion or self.start_request, self, r, req)
-  if not ok then
-    self.log("request failed: " .. tostring(err))
-    pcall(self.respond, self, r.id, json_error(500, "internal error: " .. without_source(err), nil, "server_error"))
-  end
+  return job
 end
 
 -- A /v1/completions request: the prompt continued as plain text (no chat template), until
 -- max_tokens (16 by default, as OpenAI's), a stop string, or the end-of-text/turn token.
-function Server:start_completion(r, req)
-  if not self.tok then return self:respond(r.id, json_error(404, "/v1/completions needs the model's tokenizer", "prompt")) end
+function Server:completion_job(req)
+  if not self.tok then return nil, json_error(404, "/v1/completions needs the model's tokenizer", "prompt") end
   local ids = req.prompt_ids or self.tok:encode(req.prompt_text)
-  local stop = {}
-  for _, id in ipairs(self.end_of_turn) do stop[#stop + 1] = id end
-  for _, s in ipairs(req.stop or {}) do stop[#stop + 1] = s end
-  local max_new = req.max_tokens or 16
-  if #ids + max_new > self.dec.max_len then
-    return self:respond(r.id, json_error(400, ("the prompt has %d tokens and max_tokens is %d: more than the context of %d")
-      :format(#ids, max_new, self.dec.max_len), "prompt", nil, "context_length_exceeded"))
+  return self:job(req, ids, self:sampling(req, 16), reply.COMPLETION, "prompt")
+end
+
+-- A parsed request into the scheduler's queue (clrt.gen.scheduler: it starts when its rows fit).
+function Server:submit(r, req)
+  local job, status, body = (req.kind == "completion" and self.completion_job or self.chat_job)(self, req)
+  if not job then return self:respond(r.id, status, body) end
+  G.submit(self.gen, job.ids, job.o, reply.producer(self, job, reply.writer(self, r.id, job)), 1)
+end
+
+-- Submit a request; a failure the checks did not foresee is the server's: a 500 whose message
+-- carries no source path (the log has the whole error).
+function Server:submit_or_fail(r, req)
+  local ok, err = pcall(self.submit, self, r, req)
+  if not ok then
+    self.log("request failed: " .. tostring(err))
+    pcall(self.respond, self, r.id, json_error(500, "internal error: " .. without_source(err), nil, "server_error"))
   end
-  local o = gen.options({ n = req.n, max_new_tokens = max_new, temperature = req.temperature or 1.0, top_p = req.top_p or 1.0,
-    seed = req.seed or math.random(0, 2 ^ 31), stop = stop, tokenizer = self.tok, logit_bias = req.logit_bias,
-    frequency_penalty = req.frequency_penalty, presence_penalty = req.presence_penalty }, self.dec.vocab_size)
-  self.counter = self.counter + 1
-  local cid, created, http = ("cmpl-%d-%d"):format(self.created, self.counter), os.time(), self.http
-  local remaining, rows = o.n, nil
-  local function usage()
-    local c = 0
-    for _, row in ipairs(rows) do c = c + #row.tokens end
-    -- OpenAI's prompt caching field: the prompt tokens served from the prefix cache
-    local cached = rows[1] and rows[1].cached_tokens or 0
-    return { prompt_tokens = #ids, completion_tokens = c, total_tokens = #ids + c,
-             prompt_tokens_details = { cached_tokens = cached } }
-  end
-  local function body(choices, extra)
-    local b = { id = cid, object = "text_completion", created = created, model = self.name, choices = choices }
-    for k, v in pairs(extra or {}) do b[k] = v end
-    return b
-  end
-  local cb = {}
-  if req.stream then
-    http:stream_begin(r.id, 200, "text/event-stream")
-    local open, sent = true, {}
-    local function send(obj)
-      if open and not http:write(r.id, sse(obj)) then
-        open = false
-        for _, row in ipairs(rows or {}) do row.cancelled = true end
-      end
-    end
-    local function flush(row, limit, finish)
-      local from = sent[row] or 0
-      if limit > from or finish then
-        send(body(json.array({ { index = row.sample - 1, text = row.text:sub(from + 1, limit), logprobs = json.null,
-          finish_reason = finish or json.null } })))
-        sent[row] = math.max(from, limit)
-      end
-    end
-    cb.on_token = function(row)
-      if not row.text_cut then flush(row, #row.text - M.stop_holdback(row.text, o.stop_strings)) end
-    end
-    cb.on_done = function(row)
-      remaining = remaining - 1
-      if row.finish_reason ~= "cancelled" then flush(row, #row.text, row.finish_reason) end
-      if remaining == 0 then
-        if open and req.include_usage then send(body(json.array(), { usage = usage() })) end
-        if open then http:write(r.id, "data: [DONE]\n\n") end
-        http:stream_end(r.id)
-      end
-    end
-  else
-    cb.on_token = function(row)
-      if not http:is_open(r.id) then row.cancelled = true end
-    end
-    cb.on_done = function()
-      remaining = remaining - 1
-      if remaining > 0 then return end
-      local choices = json.array()
-      for i, row in ipairs(rows) do
-        choices[i] = { index = i - 1, text = row.text, logprobs = json.null, finish_reason = row.finish_reason }
-      end
-      if http:is_open(r.id) then self:respond(r.id, 200, json.encode(body(choices, { usage = usage() }))) end
-    end
-  end
-  rows = self.engine:add(ids, o, cb, 1)
 end
 
 function Server:model_object()
@@ -813,11 +677,7 @@ function Server:handle(r)
     end
     if not req then return self:respond(r.id, status, body) end
     if req.model and req.model ~= self.name then return self:respond(r.id, model_not_found(req.model)) end
-    if req.n > self.engine:free_slots() then
-      self.waiting[#self.waiting + 1] = { r = r, req = req }
-      return
-    end
-    self:start_or_fail(r, req)
+    self:submit_or_fail(r, req)
   else
     return self:respond(r.id, json_error(404, ("no route for %s %s"):format(r.method, r.path)))
   end
@@ -826,18 +686,17 @@ end
 -- One turn of the loop: take what arrived (waiting up to idle_ms when there is nothing to
 -- decode), start what fits, decode one step for everyone.
 function Server:tick(idle_ms)
-  while #self.waiting > 0 and self.waiting[1].req.n <= self.engine:free_slots() do
-    local w = table.remove(self.waiting, 1)
-    self:start_or_fail(w.r, w.req)
-  end
-  local wait = self.engine:busy() and 0 or (idle_ms or 50)
+  G.admit(self.gen)
+  local wait = G.busy(self.gen) and 0 or (idle_ms or 50)
   while true do
     local r = self.http:next(wait)
     if not r then break end
     wait = 0
     self:handle(r)
   end
-  if self.engine:busy() then self.engine:step() end
+  G.admit(self.gen)
+  local _, err = G.step(self.gen)
+  if G.is_interrupt(err) then error(err, 0) end   -- Ctrl-C stops the server
 end
 
 function Server:run(should_stop)

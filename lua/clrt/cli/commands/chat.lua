@@ -5,6 +5,7 @@ local ffi = require("ffi")
 local json = require("clrt.json")
 local core = require("clrt.core.ffi")
 local gen = require("clrt.gen.engine")
+local G = require("clrt.gen.scheduler")
 
 local args = { ... }
 local usage = "usage: clrt chat MODEL_DIR [--temp X] [--max-tokens N] [--system TEXT] [--seed N] [--adapter DIR] [--quant int8]"
@@ -31,7 +32,6 @@ local chat = require("clrt.chat")
 local m = require("clrt.model").load(dir, { adapter = adapter, quant = quant })
 local tok = require("clrt.tokenizer").load(dir)
 local max_len = math.min(m.config.max_position_embeddings or 2048, 4096)
-local dec = m:decoder(1, max_len)
 local stop_ids = chat.stop_ids(tok)
 local history_file = (os.getenv("HOME") or ".") .. "/.clrt_chat_history"
 core.C.clrt_history_load(history_file)
@@ -87,19 +87,19 @@ while true do
       table.remove(messages)
     else
       turn = turn + 1
-      local eng = gen.engine(dec)
       local o = gen.options({ temperature = temp, max_new_tokens = math.min(max_tokens, room), stop = stop_ids,
-        tokenizer = tok, seed = seed + turn }, dec.vocab_size)
+        tokenizer = tok, seed = seed + turn }, m.config.vocab_size)
       io.write("assistant> ")
-      local rows = eng:add(ids, o, { on_token = function(_, _, piece)
-        if piece and piece ~= "" then io.write(piece); io.flush() end
-      end })
-      local ok, err = pcall(function() while eng:busy() do eng:step() end end)
-      local row = rows[1]
-      if not ok then
+      -- the model's one engine (clrt.gen.scheduler) sizes and keeps the cache across turns
+      local E, row, failed = G.of(m), nil, nil
+      local req = G.submit(E, ids, o, { on_start = function(rows) row = rows[1] end,
+        on_token = function(_, _, piece) if piece and piece ~= "" then io.write(piece); io.flush() end end,
+        on_fail = function(e) failed = e end })
+      local ok, err = pcall(G.drain, E, { req })
+      if ok then err = failed end
+      if err then
         if not tostring(err):find("interrupted", 1, true) then error(err, 0) end
-        eng:cancel(row)
-        io.write(" [stopped]")
+        io.write(" [stopped]")   -- drain cancelled the row
       end
       io.write("\n")
       messages[#messages + 1] = { role = "assistant", content = row.text or tok:decode(row.tokens, { skip_special_tokens = true }) }
