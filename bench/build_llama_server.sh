@@ -5,7 +5,9 @@
 # the per-CPU ggml backends) but no programs. This compiles only the server's own sources,
 # mtmd (which it links) and two vendored hashes against those libraries (~7 min on 2 cores),
 # and puts the binary beside the libraries, where ggml looks for its CPU backends.
-# Prints the binary's path. Then: clrt bench/serve.lua peer=DIR/package/bins/linux-x64/llama-server
+# Also llama-quantize (tools/quantize, one source file over the same libraries), for the
+# Q8_0 peer of bench/serve.lua quant=int8.
+# Prints the server's path. Then: clrt bench/serve.lua peer=DIR/package/bins/linux-x64/llama-server
 set -euo pipefail
 dir=${1:?usage: build_llama_server.sh DIR}
 version=${NODE_LLAMA_CPP_VERSION:-3.22.1}
@@ -28,4 +30,6 @@ for f in $srcs; do echo "$f"; done | xargs -P "$(nproc)" -I{} sh -c \
 gcc -O2 -fPIC -I"$L/vendor/hash" -c "$L/vendor/hash/sha256/sha256.c" -o "$O/sha256.o"
 g++ -o "$P/llama-server" "$O"/*.o -L"$P" -l:libllama-common.so -l:libllama.v0.5.0.so -l:libggml.v0.5.0.so \
   -l:libggml-base.so -Wl,-rpath,"$P" -lpthread -ldl
+g++ -std=c++17 -O2 -DNDEBUG $inc "$L/tools/quantize/quantize.cpp" -o "$P/llama-quantize" -L"$P" -l:libllama-common.so \
+  -l:libllama.v0.5.0.so -l:libggml.v0.5.0.so -l:libggml-base.so -Wl,-rpath,"$P" -lpthread -ldl
 echo "$P/llama-server"

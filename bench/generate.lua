@@ -4,12 +4,15 @@
 -- device=cuda runs both on the GPU (the PyTorch peer too when it has CUDA) and adds the
 -- decode's achieved TFLOP/s (2 FLOPs per parameter per token) and its MFU.
 -- weights=bf16 adds rows where clrt decodes with bf16 weight copies (m:set_matmul("bf16"))
--- against the PyTorch model in bfloat16 (same bytes per weight on both sides).
+-- against the PyTorch model in bfloat16 (same bytes per weight on both sides). weights=int8
+-- (or quant=int8) adds rows where clrt decodes from int8 weights (m:set_quant("int8"),
+-- docs/quantization.md) against PyTorch's dynamic int8 linear layers (per-channel qint8
+-- weights, activations quantized per call: the same scheme). Timings need a quiet machine.
 -- deterministic=0,1 runs clrt both ways, without and with m:set_batch_invariant(true) (what RL
 -- rollouts and `clrt serve --deterministic` run), and prints each mode's decode and prefill
 -- rates and the deterministic one's cost against the other (docs/reproducibility.md).
 --   clrt bench/generate.lua [sizes=15m,110m|0.5b] [batches=1,32] [new=64] [prompt=16] [device=cpu|cuda]
---                           [weights=f32|bf16|f32,bf16] [deterministic=0|1|0,1] [reps=3]
+--                           [weights=f32|bf16|int8|f32,bf16,int8] [quant=int8] [deterministic=0|1|0,1] [reps=3]
 -- Each figure is the median of reps timed runs (the peer's too). CLRT_PYTHON names the peer's
 -- Python (default /usr/bin/python3, Debian's).
 local ffi = require("ffi")
@@ -26,6 +29,7 @@ for _, a in ipairs(arg) do
   local k, v = a:match("^([%w_]+)=(.*)$")
   if k then args[k] = v end
 end
+local device = args.device or "cpu"
 local function list(s, d)
   local out = {}
   for x in (s or d):gmatch("[^,]+") do out[#out + 1] = x end
@@ -36,6 +40,13 @@ local batches = list(args.batches, "1,32")
 local new_tokens = tonumber(args.new or 64)
 local prompt_len = tonumber(args.prompt or 16)
 local weight_kinds = list(args.weights, "f32")
+if args.quant == "int8" and not args.weights then weight_kinds = { "f32", "int8" } end
+for _, wk in ipairs(weight_kinds) do
+  if wk ~= "f32" and wk ~= "bf16" and wk ~= "int8" then error("weights=" .. wk .. ": f32, bf16 or int8") end
+end
+if device ~= "cpu" then
+  for _, wk in ipairs(weight_kinds) do if wk == "int8" then error("weights=int8 runs on the cpu only") end end
+end
 local reps = tonumber(args.reps or 3)
 local modes = list(args.deterministic, "0")
 
@@ -50,7 +61,6 @@ local models = {
     rms_norm_eps = 1e-6, rope_theta = 1000000.0 },
 }
 local here = debug.getinfo(1, "S").source:sub(2):match("^(.*)/") or "."
-local device = args.device or "cpu"
 local peak = 0
 if device == "cuda" then
   if not clrt.cuda_available() then
@@ -116,7 +126,11 @@ for _, size in ipairs(sizes) do
   for k, v in pairs(base) do cfg[k] = v end
   local m = clrt.model.new(cfg, { seed = 0, device = device })
   for _, wk in ipairs(weight_kinds) do
-    m:set_matmul(wk)
+    if wk == "int8" then
+      m:set_matmul("f32"):set_quant("int8")
+    else
+      m:set_quant("none"):set_matmul(wk)
+    end
     local peers = {}   -- batch -> the peer's rate, measured once for both modes
     for _, mode in ipairs(modes) do
       m:set_batch_invariant(mode == "1")

@@ -3,11 +3,16 @@
 -- runs the very same weights. The format is GGUF's public spec: header, key/values, tensor
 -- infos, then the tensor data aligned to 32 bytes. Qwen2 uses NeoX rotary halves as Hugging
 -- Face does, so weights go in as they are (no Q/K permutation as for the "llama" arch).
+-- The safetensors file is read tensor by tensor and copied in pieces of at most COPY_CHUNK
+-- bytes, so a model of any size converts in bounded memory (reading the whole file into one
+-- Lua string failed with "not enough memory" at 0.5B).
 --   require("gguf").write(model_dir, out_path)
 local cjson = require("cjson")
 local ffi = require("ffi")
 
 local M = {}
+
+local COPY_CHUNK = 8 * 1048576
 
 local T = { u32 = 4, i32 = 5, f32 = 6, bool = 7, str = 8, arr = 9, u64 = 10 }
 
@@ -40,10 +45,16 @@ function M.write(dir, out)
   local cfg = cjson.decode(read(dir .. "/config.json"))
   local tj = cjson.decode(read(dir .. "/tokenizer.json"))
   local tc = cjson.decode(read(dir .. "/tokenizer_config.json"))
-  local st = read(dir .. "/model.safetensors")
-  local hlen = ffi.cast("uint64_t*", ffi.cast("const char*", st))[0]
-  local header = cjson.decode(st:sub(9, 8 + tonumber(hlen)))
-  local data0 = 8 + tonumber(hlen)
+  local st_path = dir .. "/model.safetensors"
+  local st = assert(io.open(st_path, "rb"), "gguf: cannot read " .. st_path)
+  local size = st:seek("end")
+  st:seek("set", 0)
+  local len8 = st:read(8)
+  assert(len8 and #len8 == 8, "gguf: " .. st_path .. " is shorter than a safetensors header")
+  local hlen = tonumber(ffi.cast("const uint64_t*", ffi.cast("const char*", len8))[0])
+  assert(hlen <= size - 8, ("gguf: %s: header length %d runs past the file's %d bytes"):format(st_path, hlen, size))
+  local header = cjson.decode(st:read(hlen))
+  local data0 = 8 + hlen
 
   -- vocabulary: byte-level token strings by id, specials marked control (type 3)
   local V = cfg.vocab_size
@@ -107,17 +118,20 @@ function M.write(dir, out)
   end
   for _, e in ipairs(kv) do p.str(e[1]); p.u32(e[2]); value(e[2], e[3]) end
 
-  local blobs, offset = {}, 0
+  -- the tensor infos; each tensor's bytes are a range of the safetensors file or zeros
+  local spans, offset = {}, 0
   for i, n in ipairs(names) do
     local h = header[n[1]]
-    local bytes
+    local span
     if h then
       assert(h.dtype == "F32", "gguf: " .. n[1] .. " is " .. tostring(h.dtype) .. ", only F32 is written")
-      bytes = st:sub(data0 + h.data_offsets[1] + 1, data0 + h.data_offsets[2])
+      local a, b = h.data_offsets[1], h.data_offsets[2]
+      assert(a <= b and data0 + b <= size, ("gguf: %s: %s's bytes [%d, %d) run past the file"):format(st_path, n[1], a, b))
+      span = { from = data0 + a, bytes = b - a }
     elseif n[2]:match("%.bias$") then   -- a model without QKV bias: zeros (Qwen2 expects them)
       local rows = header[n[1]:gsub("bias$", "weight")].shape[1]
       h = { shape = { rows } }
-      bytes = ("\0"):rep(rows * 4)
+      span = { bytes = rows * 4 }
     else
       error("gguf: the model has no tensor " .. n[1])
     end
@@ -125,16 +139,31 @@ function M.write(dir, out)
     for d = #h.shape, 1, -1 do p.u64(h.shape[d]) end   -- GGUF lists the fastest dimension first
     p.u32(0)                                              -- GGML_TYPE_F32
     p.u64(offset)
-    blobs[i] = bytes
-    offset = offset + #bytes
-    local pad = (32 - offset % 32) % 32
-    if pad > 0 then blobs[i] = bytes .. ("\0"):rep(pad); offset = offset + pad end
+    offset = offset + span.bytes
+    span.pad = (32 - offset % 32) % 32
+    offset = offset + span.pad
+    spans[i] = span
   end
   local head = p.result()
   local f = assert(io.open(out, "wb"))
   f:write(head, ("\0"):rep((32 - #head % 32) % 32))
-  for _, b in ipairs(blobs) do f:write(b) end
-  f:close()
+  head = nil
+  for _, span in ipairs(spans) do
+    if span.from then st:seek("set", span.from) end
+    local left = span.bytes
+    while left > 0 do
+      local n = math.min(left, COPY_CHUNK)
+      local piece = span.from and st:read(n) or ("\0"):rep(n)
+      assert(piece and #piece == n, "gguf: " .. st_path .. " ended inside a tensor")
+      assert(f:write(piece))
+      left = left - n
+      piece = nil
+      collectgarbage()   -- each piece goes before the next is read: memory stays one piece
+    end
+    if span.pad > 0 then f:write(("\0"):rep(span.pad)) end
+  end
+  st:close()
+  assert(f:close())
 end
 
 return M

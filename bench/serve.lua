@@ -3,12 +3,19 @@
 -- llama.cpp's llama-server on the same random weights (written as GGUF by bench/gguf.lua)
 -- when one is given, printed as ratios.
 --   clrt bench/serve.lua [n=64] [max_tokens=32] [levels=1,8,32] [threads=2] [peer=/path/to/llama-server]
+--                        [quant=int8] [quantize=/path/to/llama-quantize]
+-- quant=int8: clrt serves with --quant int8 (docs/quantization.md) and llama-server gets the
+-- GGUF quantized to Q8_0 by llama.cpp's own llama-quantize (quantize=, default beside peer;
+-- bench/build_llama_server.sh builds both). Timings need a quiet machine.
 -- The model is a ~15M-parameter Qwen2 shape (384 wide, 6 layers, 1024 MLP) over a byte-level
 -- BPE trained here; both servers get the same threads and 32 parallel slots. llama-server is
 -- not shipped as a program anywhere here: node-llama-cpp bundles llama.cpp's source and
 -- prebuilt libraries, and its server can be compiled from them (see the README's serve note).
 local bench_args = dofile((debug.getinfo(1, "S").source:sub(2):match("^(.*)/") or ".") .. "/args.lua")
-local opts = bench_args.parse({ n = 64, max_tokens = 32, levels = "1,8,32", threads = 2, peer = os.getenv("LLAMA_SERVER") or "" }, arg)
+local opts = bench_args.parse({ n = 64, max_tokens = 32, levels = "1,8,32", threads = 2, peer = os.getenv("LLAMA_SERVER") or "",
+  quant = "none", quantize = "" }, arg)
+if opts.quant ~= "none" and opts.quant ~= "int8" then error("bench/serve.lua: quant=" .. tostring(opts.quant) .. ": none or int8", 0) end
+if opts.quantize == "" and opts.peer ~= "" then opts.quantize = (opts.peer:match("^(.*)/") or ".") .. "/llama-quantize" end
 local levels = bench_args.numbers(opts.levels)
 local src = os.getenv("CLRT_SOURCE_DIR") or debug.getinfo(1, "S").source:sub(2):match("^(.*)/bench/[^/]*$") or "."
 package.path = src .. "/bench/?.lua;" .. package.path
@@ -67,8 +74,8 @@ end
 
 math.randomseed(os.time() + math.floor(os.clock() * 1e6))
 local servers = {}
-start(("OMP_NUM_THREADS=%d %s serve %s/model --port 0 --slots 32 --max-len 512 --served-model-name bench")
-  :format(opts.threads, bin, dir), dir .. "/clrt.log")
+start(("OMP_NUM_THREADS=%d %s serve %s/model --port 0 --slots 32 --max-len 512 --served-model-name bench --quant %s")
+  :format(opts.threads, bin, dir, opts.quant), dir .. "/clrt.log")
 local port = wait_port(dir .. "/clrt.log", "http://127%.0%.0%.1:(%d+)/v1")
 if not port then cleanup() error("clrt serve did not start: " .. (slurp(dir .. "/clrt.log") or "")) end
 servers[1] = { name = "clrt serve", base = "http://127.0.0.1:" .. port .. "/v1" }
@@ -76,9 +83,19 @@ servers[1] = { name = "clrt serve", base = "http://127.0.0.1:" .. port .. "/v1" 
 local peer_note
 if opts.peer ~= "" and sh("test -x " .. opts.peer) then
   require("gguf").write(dir .. "/model", dir .. "/model.gguf")
+  local gguf_file = dir .. "/model.gguf"
+  if opts.quant == "int8" then   -- Q8_0 (blocks of 32 int8 with one scale), by llama.cpp's own tool
+    if not sh("test -x " .. opts.quantize) then
+      cleanup()
+      error("bench/serve.lua quant=int8: no llama-quantize at " .. opts.quantize .. " (quantize=PATH; bench/build_llama_server.sh builds it)", 0)
+    end
+    assert(sh(("%s %s %s/model-q8_0.gguf Q8_0 %d > %s/quantize.log 2>&1"):format(opts.quantize, gguf_file, dir, opts.threads, dir)),
+      "llama-quantize failed: " .. (slurp(dir .. "/quantize.log") or ""))
+    gguf_file = dir .. "/model-q8_0.gguf"
+  end
   local pport = 18000 + math.random(0, 999)
-  start(("%s -m %s/model.gguf --host 127.0.0.1 --port %d -np 32 -c %d -t %d -tb %d --no-webui --jinja")
-    :format(opts.peer, dir, pport, 32 * 512, opts.threads, opts.threads), dir .. "/peer.log")
+  start(("%s -m %s --host 127.0.0.1 --port %d -np 32 -c %d -t %d -tb %d --no-webui --jinja")
+    :format(opts.peer, gguf_file, pport, 32 * 512, opts.threads, opts.threads), dir .. "/peer.log")
   local ok = false
   for _ = 1, 600 do
     if sh(("curl -sf http://127.0.0.1:%d/health > /dev/null 2>&1"):format(pport)) then ok = true break end
@@ -110,8 +127,9 @@ local function load(s, conc, n)
 end
 
 local main = function()
-print(("bench/serve.lua: %d streamed requests per level, max_tokens %d, %d threads; model 15M-shape Qwen2, vocab %d")
-  :format(opts.n, opts.max_tokens, opts.threads, tok:vocab_size()))
+print(("bench/serve.lua: %d streamed requests per level, max_tokens %d, %d threads; model 15M-shape Qwen2, vocab %d; weights %s")
+  :format(opts.n, opts.max_tokens, opts.threads, tok:vocab_size(),
+    opts.quant == "int8" and "int8 (clrt --quant int8, llama.cpp Q8_0)" or "f32"))
 print(("%-13s %5s %9s %9s %11s %11s"):format("server", "conc", "req/s", "tok/s", "ttft p50 ms", "ttft p90 ms"))
 local rows = {}
 for _, s in ipairs(servers) do load(s, 2, 4) end   -- warm-up: first allocations, page-ins

@@ -308,6 +308,17 @@ int clrt_model_batch_invariant(const clrt_model *m);
    longer be loaded into, saved, merged or moved (load it again for that). */
 int clrt_model_set_base_bf16(clrt_model *m);
 int clrt_model_base_bf16(const clrt_model *m);
+/* quant=int8 (CPU): generation (clrt_model_forward_cached: prefill and decode) reads int8
+   copies of every linear weight, the output layer's included (per-output-channel symmetric
+   scales), and quantizes each product's input rows to int8 on the fly; int32 sums, f32 out.
+   Training, scoring and backward keep the f32 master weights; the copies follow them after
+   they change (an optimizer step refreshes them in place). Off frees the copies; moving the model drops them. clrt_int8_kernel: the
+   path the model's products take ("avx512-vnni", "avx-vnni", "portable": the best this CPU
+   runs, or CLRT_INT8_KERNEL's when set and available when quant was turned on; m NULL: the
+   best). */
+int clrt_model_set_quant_int8(clrt_model *m, int on);
+int clrt_model_quant_int8(const clrt_model *m);
+const char *clrt_int8_kernel(const clrt_model *m);
 /* The bf16 and packed copies follow writes through the tensor API (params views, the
    optimizers, loading); after writing the parameters' memory any other way, call this. */
 void clrt_model_params_changed(clrt_model *m);
@@ -578,11 +589,11 @@ int clrt_decoder_save_blocks(clrt_decoder *d, int slot, int first, int count, co
 int clrt_decoder_load_blocks(clrt_decoder *d, int slot, int count, const int32_t *ids,
                              clrt_kv_blocks *b);
 /* 1 when forward_cached computes a position's keys and values the same bits however the tokens
-   were chunked (CPU f32 over the packed weights with AVX-512); else cached blocks could differ
+   were chunked (CPU f32 over the packed weights, or quant=int8, with AVX-512); else cached blocks could differ
    from a fresh prefill, and the prefix cache stays off. */
 int clrt_model_kv_reusable(const clrt_model *m);
 /* What the keys and values depend on besides the tokens: the weights' arenas and their write
-   counts, the adapters and whether they are on, the precision and the device. Blocks computed
+   counts, the adapters and whether they are on, the precision (quant=int8 included) and the device. Blocks computed
    under another stamp are never served (an optimizer step, a load, an adapter change all
    change it). */
 void clrt_model_weights_stamp(const clrt_model *m, uint64_t out[8]);

@@ -7,6 +7,7 @@
 --   m:params(), m:grads()                          -- Hugging Face name -> tensor view (no copies)
 --   m:save(dir), m:memory(), m:num_params(), m:zero_grad(), m.config
 --   m:set_matmul("bf16"|"f32"), m:set_decode_pack(bool)  -- how decode steps read the weights
+--   m:set_quant("int8"|"none")                     -- generation from int8 weights (docs/quantization.md)
 --   m:set_batch_invariant(bool)    -- a row's logits independent of the rows beside it
 --   m:generate({ids, ...}, {max_new_tokens =, ...}), m:chat([tok,] "text")  -- decoding, a chat reply
 --   m:add_lora{...}, m:set_adapters(bool), m:save_adapter(dir), load(dir, {adapter = DIR})
@@ -328,6 +329,7 @@ function M.new(cfg, opts)
   local m = wrap_model(ptr, complete_config(cfg, parsed), parsed)
   if opts.device and opts.device ~= "cpu" then m:to(opts.device) end
   if opts.matmul then m:set_matmul(opts.matmul) end
+  if opts.quant then m:set_quant(opts.quant) end
   return m
 end
 
@@ -335,7 +337,7 @@ end
 -- top (opts.lora_seed seeds its dropout); opts.base_dtype = "bf16" with opts.adapter or
 -- opts.lora (add_lora's table): the base's block linear weights are converted to bf16 as they
 -- are read (what set_base_dtype("bf16") after loading gives, without the whole f32 copy first).
--- opts.device, opts.matmul as in new.
+-- opts.device, opts.matmul, opts.quant as in new.
 function M.load(dir, opts)
   if type(dir) ~= "string" then
     error(("model.load(dir, opts): dir must be the path of a Hugging Face model folder (a string), got a %s"):format(type(dir)), 2)
@@ -389,6 +391,7 @@ function M.load(dir, opts)
   ok(C.clrt_model_check_loaded(ptr, dir), 2)
   if base16 then
     if opts.matmul then m:set_matmul(opts.matmul) end
+    if opts.quant then m:set_quant(opts.quant) end
     return m
   end
   ffi.gc(ptr, nil)
@@ -398,6 +401,7 @@ function M.load(dir, opts)
   if opts and opts.adapter then m:load_adapter(opts.adapter, { seed = opts.lora_seed }) end
   if opts and opts.device and opts.device ~= "cpu" then m:to(opts.device) end
   if opts and opts.matmul then m:set_matmul(opts.matmul) end
+  if opts and opts.quant then m:set_quant(opts.quant) end
   return m
 end
 
@@ -442,6 +446,20 @@ function Model:set_matmul(kind)
   ok(C.clrt_model_set_matmul_bf16(live(self), kind == "bf16" and 1 or 0), 2)
   return self
 end
+
+-- set_quant("int8" | "none"): on the cpu, generation (prefill and decode: m:generate, the
+-- engine, clrt serve/chat, RL rollouts) reads int8 copies of every linear weight with
+-- per-output-channel scales and int8-quantized input rows (AVX512-VNNI where the CPU has it);
+-- m:logprobs, backward and training keep the f32 weights, and the copies follow them after
+-- every optimizer step. "none" frees the copies. See docs/quantization.md.
+function Model:set_quant(kind)
+  if kind ~= "int8" and kind ~= "none" then error(("model:set_quant: '%s' (int8, none)"):format(tostring(kind)), 2) end
+  ok(C.clrt_model_set_quant_int8(live(self), kind == "int8" and 1 or 0), 2)
+  return self
+end
+
+-- "int8" or "none".
+function Model:quant() return C.clrt_model_quant_int8(live(self)) ~= 0 and "int8" or "none" end
 
 -- set_base_dtype("bf16"): with LoRA adapters, on the cpu, the frozen base's linear weights are
 -- kept only in bf16 (their f32 copy freed; products accumulate in f32; embeddings, head, norms

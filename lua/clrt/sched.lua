@@ -207,7 +207,7 @@ function M.generate_all(model, prompts, o, keys, on_step)
     local got = 0
     local cb = { on_done = function(row)
       outs[(p - 1) * o.n + row.sample] = { tokens = row.tokens, logprobs = row.logprobs,
-        finish_reason = row.finish_reason, text = row.text }
+        finish_reason = row.finish_reason, text = row.text, model_logprobs = row.model_logprobs }
       got = got + 1
       if got == o.n then
         left = left - 1

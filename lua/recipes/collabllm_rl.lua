@@ -31,11 +31,16 @@ local M = {}
 -- evaluation, budget, warm start) and this recipe's training table.
 M.defaults = defaults.shared()
 M.defaults.name = "collabllm_rl"
+-- "int8": rollouts sample from int8 copies of the policy's weights, made again after every
+-- optimizer step (docs/quantization.md); the update then weights each token by truncated
+-- importance sampling, min(pi_train / pi_rollout, train.tis_cap), and logs the mismatch
+M.defaults.rollout.quant = "none"
 M.defaults.train = { lr = 1e-6, decay = "constant", min_lr_ratio = 0.0, warmup_steps = 0, -- verl actor.optim
   weight_decay = 0.01, grad_clip = 1.0,
   mini_batches = 2,                       -- verl ppo_mini_batch_size 8 of 16 prompts
   micro_batch_size = 4,                   -- rows per forward/backward (gradients accumulate)
   clip = 0.2, kl_coef = 0.001, norm_adv_by_std = true,   -- verl kl_loss_coef (low_var_kl), GRPO
+  tis_cap = 2,                            -- rollout.quant=int8: TIS's cap C (verl tis_imp_ratio_cap)
   -- algorithm=ppo: the authors' PPO (TRL PPOTrainer <= 0.10.1, PPOConfig defaults): a value
   -- head on the final hidden state, GAE, the KL as a per-token reward penalty (kl_coef above
   -- is then unused), clip as cliprange (clrt.train.ppo_value)
@@ -55,6 +60,7 @@ function M.world_config_path() return the_world().config_path() end
 M.rules = defaults.rules()
 for _, r in ipairs(defaults.optim_rules()) do M.rules[#M.rules + 1] = r end
 for _, r in ipairs({
+  { "rollout.quant", "one_of", { "none", "int8" } }, { "train.tis_cap", "rate" },
   { "train.mini_batches", "count" }, { "train.micro_batch_size", "count" }, { "train.clip", "rate" },
   { "train.kl_coef", "nonneg" },
   { "train.algorithm", "one_of", { "grpo", "ppo" } }, { "train.gamma", "prob" }, { "train.lam", "prob" },
@@ -133,7 +139,11 @@ function M.run(cfg, run_dir)
     clrt.check_interrupt()
     local t0 = clrt.log.now()
     local samples = prompts.step_prompts(cfg, world, dataset, step)
+    -- rollout.quant=int8: int8 copies of the current weights for the rollouts only
+    -- (evaluations and the update read the f32 ones)
+    if cfg.rollout.quant == "int8" then m:set_quant("int8") end
     local entries, timing = rollout.step(m, tok, cfg, samples, ctx, user, metrics, step)
+    if cfg.rollout.quant == "int8" then m:set_quant("none") end
     local R = reward.batch_rewards(entries, weights, cfg.reward.mode)
     local groups = {}
     for i, e in ipairs(entries) do groups[i] = e.group end

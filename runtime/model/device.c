@@ -120,6 +120,8 @@ int clrt_model_to_device(clrt_model *m, int device) {
   m->bf16 = 0;
   clrt_storage_release(m->wpk);
   m->wpk = NULL;
+  model_q8_free(m->q8);   /* int8 copies too (set_quant again) */
+  m->q8 = NULL;
   model_choose_ops(m);
   return model_sync_rope(m);
 }

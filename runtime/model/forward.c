@@ -259,10 +259,9 @@ static int check_cached(const clrt_model *m, const int32_t *tokens, int B, int T
   return 0;
 }
 
-int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int Tn,
-                              const int32_t *pos0, const int32_t *slot, const int32_t *last,
-                              float *const *kcache, float *const *vcache, int cache_T,
-                              float *logits) {
+static int forward_cached(clrt_model *m, const int32_t *tokens, int B, int Tn, const int32_t *pos0,
+                          const int32_t *slot, const int32_t *last, float *const *kcache,
+                          float *const *vcache, int cache_T, float *logits) {
   const clrt_model_config *c = &m->cfg;
   int L = c->num_hidden_layers, C = c->hidden_size;
   if (B <= 0 || Tn <= 0 || !pos0 || !kcache || !vcache) {
@@ -272,7 +271,8 @@ int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int T
   if (check_cached(m, tokens, B, Tn, pos0, last, cache_T)) return -1;
   int Tk = 0;
   for (int b = 0; b < B; b++) Tk = pos0[b] + Tn > Tk ? pos0[b] + Tn : Tk;
-  if (model_ensure_rope(m, Tk) || model_refresh_packed(m)) return -1;
+  /* int8 generation reads its own copies: no packed f32 copy to make */
+  if (model_ensure_rope(m, Tk) || (!model_q8_active(m) && model_refresh_packed(m))) return -1;
   model_refresh_bf16(m);
   m->threads = omp_get_max_threads();
   float *res[L + 1];
@@ -303,5 +303,19 @@ int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int T
   PROF(CLRT_K_OUT_F, rc = op->decode_logits(m, &a, logits, a.xn, B));
   if (m->step_failed) return -1;
   if (rc == 0) model_softcap_logits(m, logits, B);
+  return rc;
+}
+
+/* quant=int8: the generation's ops for this call only; logprobs and backward stay f32. */
+int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int Tn,
+                              const int32_t *pos0, const int32_t *slot, const int32_t *last,
+                              float *const *kcache, float *const *vcache, int cache_T,
+                              float *logits) {
+  if (!model_q8_active(m)) return forward_cached(m, tokens, B, Tn, pos0, slot, last, kcache, vcache, cache_T, logits);
+  if (model_q8_refresh(m)) return -1;
+  const model_ops *ops = m->ops;
+  m->ops = &model_cpu_int8_ops;
+  int rc = forward_cached(m, tokens, B, Tn, pos0, slot, last, kcache, vcache, cache_T, logits);
+  m->ops = ops;
   return rc;
 }

@@ -14,7 +14,8 @@
      profile.c    per-kernel timing (CLRT_PROFILE=1)
      linear.c     the layer code's one call per product: the base product, then its adapter
      lora.c       LoRA adapters: their arena, names (PEFT's), init, merge, and the layer hooks
-     base16.c     base_dtype=bf16: a frozen base's linear weights only in bf16, and their products */
+     base16.c     base_dtype=bf16: a frozen base's linear weights only in bf16, and their products
+     quant8.c     quant=int8: generation's int8 copies of the linear weights, and their products */
 #ifndef CLRT_MODEL_INTERNAL_H
 #define CLRT_MODEL_INTERNAL_H
 #include "clrt.h"
@@ -36,6 +37,7 @@ typedef struct clrt_layer_offsets {
 } clrt_layer_offsets;
 
 typedef struct model_ops model_ops;
+typedef struct model_q8 model_q8;
 
 /* LoRA: the linear layers an adapter can sit beside (bit t of model_lora.targets): the seven
    of every block, then the output layer and the embedding (one each, off by default). */
@@ -119,6 +121,7 @@ struct clrt_model {
   int base16;
   int base16_blank;   /* converted before any weight was in: clrt_model_load_safetensors fills it */
   clrt_storage *b16;
+  model_q8 *q8;                 /* quant=int8 (quant8.c): generation's int8 weights, or NULL */
   /* The CPU kernels' workspace (host memory, arena.c), reserved by each entry point for its
      rows before any product (weights.c's model_workspace_bytes); step_failed: a product
      found it short, and the entry point returns the error set then. */
@@ -374,6 +377,20 @@ void model_base16_pack(const clrt_model *m, const clrt_param_info *p, uint16_t *
 /* Drops the blocks' f32 linear weights for bf16 panels (clrt_model_set_base_bf16, device.c,
    then picks the ops). */
 int model_base16_convert(clrt_model *m);
+/* quant=int8 (quant8.c): clrt_model_forward_cached runs model_cpu_int8_ops over int8 copies
+   remade by model_q8_refresh when the params change; everything else stays f32. */
+extern const model_ops model_cpu_int8_ops;
+int model_q8_active(const clrt_model *m);
+int model_q8_refresh(clrt_model *m);
+void model_q8_free(model_q8 *q);
+/* The optimizer step's in-place refresh of current int8 copies (optim.c, beside weights.c's). */
+int model_q8_current(const clrt_model *m);
+void model_q8_copy_rows(clrt_model *m, int64_t off, int K, int O, int r0, int r1);
+void model_q8_kept(clrt_model *m);
+void model_q8_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
+                     int64_t N, int K, int O);
+void model_q8_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, int K,
+                           const lin_part *parts, int count);
 
 /* ---- parameters (params.c) ------------------------------------------------------------------- */
 

@@ -156,3 +156,6 @@ const model_ops model_cpu_bf16_ops = CPU_OPS(model_cpu_linear_bf16, model_cpu_li
 const model_ops model_cpu_base16_ops = CPU_OPS(model_base16_linear, model_base16_linear_parts,
                                                model_base16_linear_backward, base16_decode_logits,
                                                "cpu bf16 base");
+/* quant=int8: generation's products over int8 copies (quant8.c); gradients never run here. */
+const model_ops model_cpu_int8_ops = CPU_OPS(model_q8_linear, model_q8_linear_parts, model_cpu_linear_backward,
+                                             cpu_decode_logits, "cpu int8");

@@ -159,11 +159,12 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
      whole model after the step. A linear weight is then split in whole 48-row panels (a
      multiple of 16 elements, so the update's bits are those of any other split). */
   int keep = o->lora ? 0 : model_copies_to_keep(m);
+  int keep8 = !o->lora && model_q8_current(m);   /* quant=int8's copies, refreshed the same way */
   /* a tensor that starts a linear weight but is not wholly made of them: its copies cannot
      be refreshed row by row, so the whole copies are remade when next needed */
-  for (int i = 0; keep && i < ps.np; i++) {
+  for (int i = 0; (keep || keep8) && i < ps.np; i++) {
     int K, O;
-    if (model_linear_dims(m, ps.p[i].offset, &K, &O) && !linear_blocks(m, &ps.p[i])) keep = 0;
+    if (model_linear_dims(m, ps.p[i].offset, &K, &O) && !linear_blocks(m, &ps.p[i])) keep = keep8 = 0;
   }
   /* One parallel region for all tensors: many are tiny (norms, biases), and a fork/join per
      tensor costs more than their update. */
@@ -174,7 +175,7 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
     float *pp = P + p->offset, *gg = G + p->offset, *m1 = M1 + p->offset, *m2 = M2 + p->offset;
     int64_t nth = omp_get_num_threads(), th = omp_get_thread_num(), k0, k1;
     int K, O;
-    if (keep && linear_blocks(m, p)) {
+    if ((keep || keep8) && linear_blocks(m, p)) {
       /* each linear weight the tensor holds (a fused one, as Phi-3's qkv_proj, holds several
          consecutive row blocks, each packed on its own) */
       for (int64_t base = 0; base < p->numel && model_linear_dims(m, p->offset + base, &K, &O); base += (int64_t)O * K) {
@@ -187,6 +188,7 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
           clrt_adamw_span(pp + k0, m1 + k0, m2 + k0, gg + k0, k1 - k0, gscale, lr, beta1, beta2, eps, decay, bc1,
                           bc2_sqrt);
           model_copy_rows(m, keep, p->offset + base, K, O, a, b);
+          if (keep8) model_q8_copy_rows(m, p->offset + base, K, O, a, b);
         }
       }
       continue;
@@ -206,6 +208,7 @@ int clrt_adamw_step(clrt_adamw *o, float lr, float beta1, float beta2, float eps
   } else {
     clrt_model_params_changed(m);
     model_copies_kept(m, keep);
+    if (keep8) model_q8_kept(m);
   }
   return 0;
 }

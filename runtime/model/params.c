@@ -217,6 +217,7 @@ void clrt_model_free(clrt_model *m) {
   clrt_storage_release(m->wbf);
   clrt_storage_release(m->wpk);
   clrt_storage_release(m->b16);
+  model_q8_free(m->q8);
   model_lora_free(m->lora);
   free(m->hidx);
   free(m->ws);

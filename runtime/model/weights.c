@@ -322,10 +322,11 @@ int clrt_model_set_decode_pack(clrt_model *m, int on) {
    summed in the same order (linear_packed.c's tiles), and its attention runs every query as a
    decode row (ops_cpu.c; Gemma 3's scaled, soft-capped one too): a position's keys and values
    do not depend on how the tokens were chunked. bf16 products switch kernels by row count, and
-   other devices promise nothing. */
+   other devices promise nothing. quant=int8's products (quant8.c) quantize each row on its own
+   and sum exact integers, so they never depend on the rows beside them either. */
 int clrt_model_kv_reusable(const clrt_model *m) {
-  return m->device == CLRT_CPU && !m->bf16 && !m->base16 && m->pack_decode &&
-         clrt_linear_packed_available();
+  if (m->device != CLRT_CPU || m->base16 || !clrt_linear_packed_available()) return 0;
+  return m->q8 != NULL || (!m->bf16 && m->pack_decode);   /* q8: quant=int8 (quant8.c) */
 }
 
 void clrt_model_weights_stamp(const clrt_model *m, uint64_t out[8]) {
@@ -337,7 +338,8 @@ void clrt_model_weights_stamp(const clrt_model *m, uint64_t out[8]) {
   out[4] = lp ? lp->serial : 0;
   out[5] = lp ? lp->version : 0;
   out[6] = (uint64_t)(m->lora && m->lora->enabled) | (uint64_t)m->bf16 << 1 | (uint64_t)m->base16 << 2 |
-           (uint64_t)m->pack_decode << 3 | (uint64_t)m->batch_invariant << 4 | (uint64_t)m->device << 8;
+           (uint64_t)m->pack_decode << 3 | (uint64_t)m->batch_invariant << 4 | (uint64_t)(m->q8 != NULL) << 5 |
+           (uint64_t)m->device << 8;
   out[7] = (uint64_t)(uintptr_t)m;
 }
 
@@ -387,7 +389,7 @@ int clrt_set_matrix_unit(const char *name) {
 
 /* The copies an optimizer step refreshes row by row (bit flags): the packed f32 copy and the
    bf16 panels (with their transposed half), each only when current before the step — a stale
-   one is remade whole when next needed, as before. */
+   one is remade whole when next needed, as before (quant=int8's copies: optim.c, quant8.c). */
 enum { KEEP_F32 = 1, KEEP_BF16 = 2 };
 
 int model_copies_to_keep(const clrt_model *m) {

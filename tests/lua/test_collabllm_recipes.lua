@@ -108,4 +108,18 @@ T.case("a cut-off first response earns rollout.cutoff_reward (verl's -1 by defau
   T.raises(function() rl.check_config(config.parse(rl.defaults, { "rollout.cutoff_reward=inf" })) end, "rollout.cutoff_reward")
 end)
 
+-- rollout.quant=int8: rollouts sample from int8 copies of the policy, the update weights each
+-- token by truncated importance sampling, and each step logs the mismatch and the weight.
+T.case("rollout.quant=int8 logs the rollout/train mismatch and the TIS weight per step", function()
+  if not start then T.skip("needs the SFT case") end
+  local dir = root .. "/int8"
+  rl.main(config.parse(rl.defaults, rl_args(dir, { "steps=2", "rollout.quant=int8", "save_every=0" })))
+  for _, row in ipairs(data.read_jsonl(dir .. "/metrics.jsonl")) do
+    local mis, w = row["tis/logp_mismatch"], row["tis/weight_mean"]
+    T.ok(type(mis) == "number" and mis > 0 and mis < 0.5, "step " .. row.step .. ": mismatch " .. tostring(mis))
+    T.ok(type(w) == "number" and math.abs(w - 1) < 0.5, "step " .. row.step .. ": TIS weight " .. tostring(w))
+  end
+  T.raises(function() rl.check_config(config.parse(rl.defaults, { "rollout.quant=int4" })) end, "rollout.quant")
+end)
+
 T.run()

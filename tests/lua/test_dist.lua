@@ -453,6 +453,18 @@ T.case("RL: 2 ranks equal 1 process over 2 steps", function()
   T.ok(d <= 1e-5, ("parameters after step 2 differ by %g (tolerance 1e-5)"):format(d))
 end)
 
+-- rollout.quant=int8: every rank's entries carry their rollout log-probabilities through the
+-- exchange, so each rank's share of the update applies TIS (a row without them is an error).
+T.case("RL with rollout.quant=int8 over 2 ranks logs the TIS figures", function()
+  if not start then T.skip("needs the SFT case") end
+  local dir = root .. "/rl_int8"
+  local out, rc = sh(mpirun(2, "recipes/collabllm_rl.lua " .. rl_args(dir, { "steps=1", "rollout.quant=int8", "save_every=0" })))
+  T.eq(rc, 0, "2 ranks: " .. out)
+  local row = metrics(dir)[1]
+  T.ok(type(row["tis/logp_mismatch"]) == "number" and row["tis/logp_mismatch"] > 0, "mismatch " .. tostring(row["tis/logp_mismatch"]))
+  T.ok(type(row["tis/weight_mean"]) == "number", "TIS weight")
+end)
+
 T.case("a 2-rank RL run stopped and resumed with 2 ranks continues its metrics", function()
   if not start then T.skip("needs the SFT case") end
   local dir = root .. "/rl_resume"

@@ -309,4 +309,44 @@ T.case("bad settings are named", function()
   T.raises(function() PC.configure(m, { block_tokens = 0 }) end, "block_tokens must be an integer")
 end)
 
+-- quant=int8 reads other weights than f32 (their int8 copies): keys and values computed under
+-- one are never served to the other, and an int8 model's own cache gives its cache-off bits.
+T.case("quant=int8 turned on or off invalidates the cache; int8 reuse matches int8 without it", function()
+  local m = model()
+  reusable(m)
+  check_new_weights(m, function() m:set_quant("int8") end, "int8 on")
+  reusable(m)
+  local prompts = {}
+  for c = 1, 3 do prompts[c] = cat(seq(40, 7, 3), seq(6 + c, 5, c)) end
+  PC.configure(m, { mb = 0 })
+  local off = m:generate(prompts, { max_new_tokens = 8, temperature = 1, seed = 4 })
+  PC.configure(m, { block_tokens = 8 })
+  m:generate(prompts, { max_new_tokens = 8, temperature = 1, seed = 4 })   -- fills the cache
+  local on = m:generate(prompts, { max_new_tokens = 8, temperature = 1, seed = 4 })
+  T.ok(PC.of(m):stats().cached_tokens > 0, "int8 prompts were served from the cache")
+  for c = 1, 3 do
+    T.eq(on[c].tokens, off[c].tokens, "int8 prompt " .. c .. " tokens")
+    T.eq(on[c].logprobs, off[c].logprobs, "int8 prompt " .. c .. " log-probabilities")
+  end
+  check_new_weights(m, function() m:set_quant("none") end, "int8 off")
+  -- Gemma 3 with int8 weights: its scaled, soft-capped attention runs per query over the
+  -- cache too, so the cache serves it and changes no bit
+  local g = clrt.model.load(T.source_dir() .. "/tests/fixtures/model/gemma3_tiny")
+  g:set_quant("int8")
+  T.eq(C.clrt_model_kv_reusable(g.ptr), 1, "Gemma 3 with int8 weights reuses its keys")
+  local gp = {}
+  for c = 1, 3 do gp[c] = cat(seq(40, 5, 3), seq(4 + c, 3, c)) end
+  PC.configure(g, { mb = 0 })
+  local goff = g:generate(gp, { max_new_tokens = 8, temperature = 1, seed = 4 })
+  PC.configure(g, { block_tokens = 8 })
+  g:generate(gp, { max_new_tokens = 8, temperature = 1, seed = 4 })
+  local gon = g:generate(gp, { max_new_tokens = 8, temperature = 1, seed = 4 })
+  T.ok(PC.of(g):stats().cached_tokens > 0, "Gemma 3 int8 prompts were served from the cache")
+  for c = 1, 3 do
+    T.eq(gon[c].tokens, goff[c].tokens, "Gemma 3 int8 prompt " .. c .. " tokens")
+    T.eq(gon[c].logprobs, goff[c].logprobs, "Gemma 3 int8 prompt " .. c .. " log-probabilities")
+  end
+  g:free()
+end)
+
 T.run()

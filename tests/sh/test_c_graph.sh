@@ -50,6 +50,8 @@ printf '\nvoid clrt_planted_a(void) { model_workspace_bytes(0, 0); }\n' >> "$tmp
 printf '\nvoid clrt_planted_b(void) { clrt_planted_a(); }\n' >> "$tmp/tree/runtime/model/weights.c"
 if "$py" "$src/scripts/c_graph.py" --check --root "$tmp/tree" > "$tmp/out" 2>&1; then
   echo "FAIL  a planted cycle passed the check"; rc=1
-elif grep -q "cycle: params.c weights.c" "$tmp/out"; then echo "ok    a planted cycle is found and fails the check"
+# (the cycle names every file on its paths: params.c frees quant8.c's int8 copies, and
+# quant8.c reads weights.c's product policy, so quant8.c lies on one)
+elif grep -qE "cycle: params.c( [a-z0-9_]+\.c)* weights.c" "$tmp/out"; then echo "ok    a planted cycle is found and fails the check"
 else echo "FAIL  a planted cycle was not named"; grep "^runtime/model" -A2 "$tmp/out"; rc=1; fi
 exit $rc

@@ -31,17 +31,37 @@ local function live(d)
   return p
 end
 
+-- logits is [slots, V]: a row lands at slot * V. A Lua-owned array too short for the highest
+-- slot written is refused here (the C side would write past it into the Lua heap, which
+-- crashes the garbage collector later, far from the cause); a bare pointer is trusted.
+local function check_logits(self, logits, n, slots, op)
+  if type(logits) ~= "cdata" or ffi.istype("float *", logits) then return end
+  local top = 0   -- over slots in range (the C side names one out of range)
+  for i = 0, n - 1 do
+    local s = tonumber(type(slots) == "number" and slots or slots[i])
+    if s < self.slots then top = math.max(top, s) end
+  end
+  local need = (top + 1) * self.vocab_size * ffi.sizeof("float")
+  if ffi.sizeof(logits) < need then
+    error(("decoder: %s: logits holds %d bytes, and slot %d's row ends at byte %d (logits is [slots, vocab_size] floats)")
+      :format(op, ffi.sizeof(logits), top, need), 3)
+  end
+end
+
 function Decoder:prefill(slot, tokens, T, logits)
   local p = live(self)
+  check_logits(self, logits, 1, slot, "prefill")
   core.ok(C.clrt_decoder_reset(p, slot), 2)
   core.ok(C.clrt_decoder_append(p, slot, tokens, T, logits), 2)
 end
 -- n prompts into n slots in one batched forward per chunk (tokens back to back, lengths[n]).
 function Decoder:prefill_many(n, slots, tokens, lengths, logits)
+  check_logits(self, logits, n, slots, "prefill_many")
   core.ok(C.clrt_decoder_prefill_many(live(self), n, slots, tokens, lengths, logits), 2)
 end
 -- n prompts, each after what its slot holds (a prefix loaded from the prefix cache).
 function Decoder:extend_many(n, slots, tokens, lengths, logits)
+  check_logits(self, logits, n, slots, "extend_many")
   core.ok(C.clrt_decoder_extend_many(live(self), n, slots, tokens, lengths, logits), 2)
 end
 function Decoder:reset(slot) core.ok(C.clrt_decoder_reset(live(self), slot), 2) end
@@ -51,7 +71,10 @@ function Decoder:save_blocks(slot, first, count, ids, blocks)
   core.ok(C.clrt_decoder_save_blocks(live(self), slot, first, count, ids, blocks), 2)
 end
 function Decoder:copy_slot(src, dst) core.ok(C.clrt_decoder_copy_slot(live(self), src, dst), 2) end
-function Decoder:decode(n, slots, tokens, logits) core.ok(C.clrt_decoder_decode(live(self), n, slots, tokens, logits), 2) end
+function Decoder:decode(n, slots, tokens, logits)
+  check_logits(self, logits, n, slots, "decode")
+  core.ok(C.clrt_decoder_decode(live(self), n, slots, tokens, logits), 2)
+end
 function Decoder:length(slot) return C.clrt_decoder_length(live(self), slot) end
 function Decoder:bytes() return tonumber(C.clrt_decoder_bytes(live(self))) end
 function Decoder:freed() return self.ptr == nil end

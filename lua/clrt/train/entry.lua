@@ -13,6 +13,9 @@
 --   message           the first response as the conversation keeps it ({role = "assistant",
 --                     content, reasoning_content}: clrt.train.policy.reply_message)
 --   logprobs_sampled  the sampler's log-probability of each token (nil on other ranks' entries)
+--   logprobs_rollout  rollout.quant=int8: each token's temperature-1 log-probability under the
+--                     int8 weights that sampled it (truncated importance sampling in
+--                     clrt.train.ppo; carried to every rank), else nil
 --   truncated         true when cut at the length limit, empty or malformed: it gets no
 --                     futures and earns cutoff_reward
 --   cutoff_reward     rollout.cutoff_reward when truncated, else nil
@@ -23,6 +26,7 @@
 --   drop_error        the first error message behind dropped
 --   reward            the multiturn-aware reward (set by the recipe; nil: not scored)
 --   advantage         the GRPO advantage (set by the recipe; nil under train.algorithm=ppo)
+local json = require("clrt.json")
 local M = {}
 
 local REQUIRED = { group = "number", sample = "table", prompt_ids = "table", tokens = "table", text = "string",
@@ -36,7 +40,8 @@ function M.new(f)
     end
   end
   return { group = f.group, response = f.response, sample = f.sample, prompt_ids = f.prompt_ids, tokens = f.tokens, text = f.text,
-    message = f.message, logprobs_sampled = f.logprobs_sampled, truncated = f.truncated == true,
+    message = f.message, logprobs_sampled = f.logprobs_sampled, logprobs_rollout = f.logprobs_rollout,
+    truncated = f.truncated == true,
     cutoff_reward = f.cutoff_reward, invalid = f.invalid, convs = {}, scores = {} }
 end
 
@@ -57,13 +62,15 @@ end
 function M.portable(e, offset)
   return { group = e.group + offset, prompt_ids = e.prompt_ids, tokens = e.tokens, text = e.text,
     message = e.message, truncated = e.truncated, invalid = e.invalid, scores = e.scores, convs = e.convs,
-    dropped = e.dropped, drop_error = e.drop_error, cutoff_reward = e.cutoff_reward }
+    dropped = e.dropped, drop_error = e.drop_error, cutoff_reward = e.cutoff_reward,
+    logprobs_rollout = e.logprobs_rollout and json.array(e.logprobs_rollout) }
 end
 
 -- A portable entry back as an entry, with its sample.
 function M.from_portable(p, sample)
   local e = M.new{ group = p.group, sample = sample, prompt_ids = p.prompt_ids, tokens = p.tokens, text = p.text,
-    message = p.message, truncated = p.truncated, cutoff_reward = p.cutoff_reward, invalid = p.invalid }
+    message = p.message, truncated = p.truncated, cutoff_reward = p.cutoff_reward, invalid = p.invalid,
+    logprobs_rollout = p.logprobs_rollout }
   e.convs, e.scores = p.convs or {}, p.scores or {}
   e.dropped, e.drop_error = p.dropped, p.drop_error
   return e

@@ -114,21 +114,31 @@ end
 --   mask   1 for trained tokens, 0 otherwise (default all 1)
 --   denom  token count of the token-mean (default the sum of the mask; pass the mini-batch's
 --          count when accumulating micro-batches), scale (multiplies loss and gradient)
+--   rollout  log pi_rollout of each sampled token where the rollout sampled from other
+--          weights than the trained ones (rollout.quant=int8), or nil: truncated importance
+--          sampling (verl's TIS) then weights each token's policy loss
 -- options: clip (0.2), clip_high (= clip), clip_c (3: verl's dual clip for A < 0; false =
---   off), kl_coef (0.001), kl_type ("low_var_kl" | "kl" | "mse" | "abs").
+--   off), kl_coef (0.001), kl_type ("low_var_kl" | "kl" | "mse" | "abs"), tis_cap (2:
+--   TIS's C).
 -- Loss (verl's compute_policy_loss "vanilla" + kl_penalty, token-mean):
 --   ratio = exp(clamp(logp - old, -20, 20))
 --   pg    = max(-A*ratio, -A*clamp(ratio, 1-clip, 1+clip_high)); if A < 0: min(pg, -A*clip_c)
+--   with rollout: pg *= min(exp(old - rollout), tis_cap), a constant in logp (verl's TIS)
 --   kl    = low_var_kl: d = clamp(ref - logp, -20, 20); clamp(exp(d) - d - 1, -10, 10)
 --   loss  = scale * sum_t mask * (pg + kl_coef * kl) / denom
 -- stats: {loss, pg_loss, kl (mean KL term), clipfrac, approx_kl (mean of old - logp, verl's
---   ppo_kl), ratio_mean, ratio_max, tokens}.
+--   ppo_kl), ratio_mean, ratio_max, tokens}; with rollout also tis_weight (the weight's mean),
+--   tis_capped (share of tokens at the cap) and logp_mismatch (mean |old - rollout|).
 function M.ppo(o, extra)
   -- Every option lives in the one table: a second table would be silently ignored.
   if extra ~= nil then error("losses.ppo: pass the options (clip, kl_coef, ...) in the first table", 2) end
   o = o or {}
   local c = { kind = "ppo", clip = o.clip or 0.2, kl_coef = o.kl_coef or 0.001, kl_type = o.kl_type or "low_var_kl" }
   c.clip_high = o.clip_high or c.clip
+  c.tis_cap = o.tis_cap or 2
+  if type(c.tis_cap) ~= "number" or not (c.tis_cap > 0) or c.tis_cap == math.huge then
+    error("losses.ppo: tis_cap must be a finite number > 0, got " .. tostring(c.tis_cap), 2)
+  end
   c.clip_c = o.clip_c
   if c.clip_c == nil then c.clip_c = 3 end
   if c.clip_c and c.clip_c <= 1 then error("losses.ppo: clip_c must be > 1 (or false)", 2) end
@@ -144,8 +154,10 @@ function Criterion:_ppo(logp, a)
   local old = as_view(a.old, "old") or lp
   local ref = as_view(a.ref, "ref")
   local mask = as_view(a.mask, "mask")
-  same_shape(lp, old, "old"); same_shape(lp, ref, "ref"); same_shape(lp, mask, "mask")
+  local rollout = as_view(a.rollout, "rollout")
+  same_shape(lp, old, "old"); same_shape(lp, ref, "ref"); same_shape(lp, mask, "mask"); same_shape(lp, rollout, "rollout")
   local clip, clip_high, clip_c = self.clip, self.clip_high, self.clip_c
+  local tis_cap, rollout_ = self.tis_cap, rollout and rollout.p
   local kl_coef, kl_type = self.kl_coef, self.kl_type
   local scale = a.scale or 1
   if kl_coef ~= 0 and not ref then error("losses.ppo: ref_logp is required when kl_coef ~= 0", 3) end
@@ -159,6 +171,7 @@ function Criterion:_ppo(logp, a)
   end
   local denom = a.denom or ntok
   local st = { tokens = ntok, pg_loss = 0, kl = 0, clipfrac = 0, approx_kl = 0, ratio_mean = 0, ratio_max = -math.huge }
+  if rollout then st.tis_weight, st.tis_capped, st.logp_mismatch = 0, 0, 0 end
   self.B, self.T, self.grad = B, T, nil
   if denom <= 0 then
     st.loss, st.ratio_max = 0, 0
@@ -193,6 +206,14 @@ function Criterion:_ppo(logp, a)
           local l3 = -A * clip_c
           if l3 < pg then pg, dpg = l3, 0 end
         end
+        if rollout_ then   -- TIS: the sampled token's weight pi_old / pi_rollout, capped
+          local dr = old_[i] - rollout_[i]
+          local tis = math.exp(clamp(dr, -20, 20))
+          if tis >= tis_cap then tis = tis_cap; st.tis_capped = st.tis_capped + mt end
+          pg, dpg = pg * tis, dpg * tis
+          st.tis_weight = st.tis_weight + mt * tis
+          st.logp_mismatch = st.logp_mismatch + mt * math.abs(dr)
+        end
         local kl, dkl = 0, 0
         if kl_coef ~= 0 then
           local x = ref_[i] - lpv                          -- ref - logp
@@ -222,8 +243,8 @@ function Criterion:_ppo(logp, a)
     end
   end
   st.loss = loss * w
-  for _, k in ipairs({ "pg_loss", "kl", "clipfrac", "approx_kl", "ratio_mean" }) do
-    st[k] = st[k] / math.max(ntok, 1e-30)
+  for _, k in ipairs({ "pg_loss", "kl", "clipfrac", "approx_kl", "ratio_mean", "tis_weight", "tis_capped", "logp_mismatch" }) do
+    if st[k] then st[k] = st[k] / math.max(ntok, 1e-30) end
   end
   if st.ratio_max == -math.huge then st.ratio_max = 0 end
   self.grad = g

@@ -19,15 +19,36 @@ function M.row_ids(e)
 end
 
 -- Rows prompt..A1 (ids), first = #prompt: logp index t scores token t+1, trained for
--- first <= t < #ids.
+-- first <= t < #ids. rollout_lp: A1's log-probabilities under the weights that sampled it,
+-- when they were not the trained ones (rollout.quant=int8; the loss then applies TIS).
 function M.training_rows(entries)
   local rows = {}
   for _, e in ipairs(entries) do
     if e.advantage ~= nil then
-      rows[#rows + 1] = { ids = M.row_ids(e), first = #e.prompt_ids, adv = e.advantage }
+      rows[#rows + 1] = { ids = M.row_ids(e), first = #e.prompt_ids, adv = e.advantage, rollout_lp = e.logprobs_rollout }
     end
   end
   return rows
+end
+
+local function has_rollout(rows)
+  for _, r in ipairs(rows) do if r.rollout_lp ~= nil then return true end end
+  return false
+end
+
+-- The [B, T] view of the rows' rollout log-probabilities at their response positions (t =
+-- first + j - 1 scores response token j), or nil when no row has them.
+function M.rollout_view(rows, T)
+  if not has_rollout(rows) then return nil end
+  local v = losses.view(#rows, T)
+  for b, r in ipairs(rows) do
+    if not r.rollout_lp or #r.rollout_lp ~= #r.ids - r.first then
+      error(("ppo: row %d has %s rollout log-probabilities for its %d response tokens"):format(b,
+        r.rollout_lp and #r.rollout_lp or "no", #r.ids - r.first), 0)
+    end
+    for j, lp in ipairs(r.rollout_lp) do v.p[(b - 1) * T + r.first + j - 2] = lp end
+  end
+  return v
 end
 
 -- Returns {loss, pg_loss, kl, clipfrac, grad_norm, tokens}: means over the mini-batches,
@@ -36,9 +57,10 @@ end
 -- mini-batch's tokens), the gradients are summed in update.step and the stats here.
 function M.update(m, ref, opt, rows, t, lr)
   local ranks = require("clrt.dist").world_size()
-  local L = losses.ppo{ clip = t.clip, kl_coef = t.kl_coef }
+  local L = losses.ppo{ clip = t.clip, kl_coef = t.kl_coef, tis_cap = t.tis_cap }
   local nmb = math.max(1, math.min(t.mini_batches, #rows))
   local stats = { loss = 0, pg_loss = 0, kl = 0, clipfrac = 0, grad_norm = 0, tokens = 0 }
+  local tis_keys = { "tis_weight", "tis_capped", "logp_mismatch" }
   local mbs = {}
   local ntoks = {}
   for _, mb in ipairs(update.chunks(rows, math.ceil(#rows / nmb))) do
@@ -68,7 +90,7 @@ function M.update(m, ref, opt, rows, t, lr)
       for b, r in ipairs(part.rows) do adv[b] = r.adv end
       part.batch = function(lp)
         return { old = part.old, ref = part.ref, adv = adv, mask = losses.response_mask(part.rows, lp:size(2)),
-          denom = split and ntok or nil }
+          denom = split and ntok or nil, rollout = M.rollout_view(part.rows, lp:size(2)) }
       end
     end
     local results, gnorm = update.step(m, opt, L, parts, lr)
@@ -79,11 +101,19 @@ function M.update(m, ref, opt, rows, t, lr)
       stats.pg_loss = stats.pg_loss + w * share * (s.pg_loss or 0)
       stats.kl = stats.kl + w * share * (s.kl or 0)
       stats.clipfrac = stats.clipfrac + w * share * (s.clipfrac or 0)
+      for _, k in ipairs(tis_keys) do
+        if s[k] then stats[k] = (stats[k] or 0) + w * share * s[k] end
+      end
       stats.tokens = stats.tokens + (s.tokens or 0)
     end
     stats.grad_norm = stats.grad_norm + w * gnorm
   end
-  return dp.sum(stats, { "loss", "pg_loss", "kl", "clipfrac", "tokens" })
+  local keys = { "loss", "pg_loss", "kl", "clipfrac", "tokens" }
+  -- every rank holds the whole step's rows: the same keys everywhere
+  if has_rollout(rows) then
+    for _, k in ipairs(tis_keys) do keys[#keys + 1] = k end
+  end
+  return dp.sum(stats, keys)
 end
 
 return M

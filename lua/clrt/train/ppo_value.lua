@@ -26,7 +26,7 @@ function M.training_rows(entries)
   local rows = {}
   for _, e in ipairs(entries) do
     if e.reward ~= nil and #e.tokens > 0 then
-      rows[#rows + 1] = { ids = ppo.row_ids(e), first = #e.prompt_ids, score = e.reward }
+      rows[#rows + 1] = { ids = ppo.row_ids(e), first = #e.prompt_ids, score = e.reward, rollout_lp = e.logprobs_rollout }
     end
   end
   return rows
@@ -86,7 +86,7 @@ function M.part_step(m, head, L, part, t, ntok)
   end
   local lp, hidden = m:logprobs(ids, { grad = true, hidden = true })
   local pg, st = L:forward(lp, { old = part.old, adv = adv, mask = losses.response_mask(part.rows, lp:size(2)),
-    denom = ntok })
+    denom = ntok, rollout = ppo.rollout_view(part.rows, lp:size(2)) })
   local dlogp = L:backward() or tensor.zeros({ lp:size(1), lp:size(2) })
   local dhidden = tensor.zeros({ hidden:size(1), hidden:size(2), hidden:size(3) })
   local vf, vclip, vsum = 0, 0, 0
@@ -117,7 +117,7 @@ function M.update(m, ref, head, opt, rows, t, lr, kl_coef)
   if require("clrt.dist").world_size() > 1 then
     error("clrt.train.ppo_value: train.algorithm=ppo runs on one rank (its value head is not shared across ranks); run without mpirun", 0)
   end
-  local L = losses.ppo{ clip = t.clip, kl_coef = 0, clip_c = false }
+  local L = losses.ppo{ clip = t.clip, kl_coef = 0, clip_c = false, tis_cap = t.tis_cap }
   local nmb = math.max(1, math.min(t.mini_batches, #rows))
   local mbs, all_parts = {}, {}
   for _, mb in ipairs(update.chunks(rows, math.ceil(#rows / nmb))) do
@@ -146,6 +146,9 @@ function M.update(m, ref, head, opt, rows, t, lr, kl_coef)
       sums.value_loss = sums.value_loss + w * r.value_loss
       sums.clipfrac = sums.clipfrac + w * (r.stats.clipfrac or 0) * (r.stats.tokens or 0) / math.max(mb.ntok, 1)
       sums.tokens = sums.tokens + (r.stats.tokens or 0)
+      for _, k in ipairs({ "tis_weight", "tis_capped", "logp_mismatch" }) do   -- rollout.quant=int8
+        if r.stats[k] then sums[k] = (sums[k] or 0) + w * r.stats[k] * (r.stats.tokens or 0) / math.max(mb.ntok, 1) end
+      end
       vclip, vsum = vclip + r.vf_clipped, vsum + r.vpred_sum
     end
     sums.vf_clipfrac = sums.vf_clipfrac + w * vclip / math.max(mb.ntok, 1)

@@ -127,9 +127,12 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step, first)
     fns[i] = function()
       local ids = chat.render(tok, s.prompt, ropts)
       local room = math.max(1, math.min(R.max_new_tokens, ctx_len - #ids))
+      -- rollout.quant=int8: each token's temperature-1 log-probability under the int8 weights
+      -- that sampled it, for the update's truncated importance sampling
       local outs = sched.generate(m, ids, { n = R.n, temperature = R.temperature, top_p = R.top_p,
         max_new_tokens = room, stop = stop, tokenizer = tok, seed = seed,
-        seed_key = ("rl/step %d/prompt %d"):format(step, first + i - 1) })
+        seed_key = ("rl/step %d/prompt %d"):format(step, first + i - 1),
+        top_logprobs = R.quant == "int8" and 0 or nil })
       return { ids = ids, outs = outs }
     end
   end
@@ -146,8 +149,14 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step, first)
       local msg, valid, why = policy_mod.reply_message(cfg, text)
       -- cut by the length limit, empty or malformed: rollout.cutoff_reward and no futures
       local truncated = o.finish_reason ~= "stop" or not valid
+      local rollout_lp
+      if o.model_logprobs then
+        rollout_lp = {}
+        for j, t in ipairs(o.model_logprobs) do rollout_lp[j] = t.lp end
+      end
       entries[#entries + 1] = entry.new{ group = i, response = r, sample = s, prompt_ids = firsts[i].ids, tokens = o.tokens,
-        text = text, message = msg, logprobs_sampled = o.logprobs, truncated = truncated,
+        text = text, message = msg, logprobs_sampled = o.logprobs, logprobs_rollout = rollout_lp,
+        truncated = truncated,
         cutoff_reward = truncated and R.cutoff_reward or nil,
         invalid = o.finish_reason == "stop" and not valid and why or nil }
     end

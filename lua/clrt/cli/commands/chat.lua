@@ -1,4 +1,4 @@
--- clrt chat MODEL_DIR [--temp X] [--max-tokens N] [--system TEXT] [--seed N] [--adapter DIR]
+-- clrt chat MODEL_DIR [--temp X] [--max-tokens N] [--system TEXT] [--seed N] [--adapter DIR] [--quant int8]
 -- Talk to a model in the terminal with its chat template; tokens stream as they are made.
 -- Commands: /system TEXT, /reset, /temp X, /save FILE, /help, /quit. Ctrl-C stops a reply.
 local ffi = require("ffi")
@@ -8,8 +8,8 @@ local gen = require("clrt.gen.engine")
 local G = require("clrt.gen.scheduler")
 
 local args = { ... }
-local usage = "usage: clrt chat MODEL_DIR [--temp X] [--max-tokens N] [--system TEXT] [--seed N] [--adapter DIR]"
-local dir, temp, max_tokens, system, seed, adapter = nil, 0.7, 512, nil, os.time(), nil
+local usage = "usage: clrt chat MODEL_DIR [--temp X] [--max-tokens N] [--system TEXT] [--seed N] [--adapter DIR] [--quant int8]"
+local dir, temp, max_tokens, system, seed, adapter, quant = nil, 0.7, 512, nil, os.time(), nil, nil
 local i = 1
 while i <= #args do
   local a = args[i]
@@ -18,6 +18,9 @@ while i <= #args do
   elseif a == "--system" then i = i + 1; system = args[i] or error("clrt chat: --system expects text", 0)
   elseif a == "--seed" then i = i + 1; seed = tonumber(args[i]) or error("clrt chat: --seed expects a number", 0)
   elseif a == "--adapter" then i = i + 1; adapter = args[i] or error("clrt chat: --adapter expects a PEFT LoRA folder", 0)
+  elseif a == "--quant" then
+    i = i + 1; quant = args[i]
+    if quant ~= "int8" and quant ~= "none" then error("clrt chat: --quant expects int8 or none", 0) end
   elseif a == "--help" or a == "-h" then print(usage) return
   elseif not dir then dir = a
   else error("clrt chat: unexpected argument '" .. a .. "'\n" .. usage, 0) end
@@ -26,7 +29,7 @@ end
 if not dir then error("clrt chat: which model folder?\n" .. usage, 0) end
 
 local chat = require("clrt.chat")
-local m = require("clrt.model").load(dir, { adapter = adapter })
+local m = require("clrt.model").load(dir, { adapter = adapter, quant = quant })
 local tok = require("clrt.tokenizer").load(dir)
 local max_len = math.min(m.config.max_position_embeddings or 2048, 4096)
 local stop_ids = chat.stop_ids(tok)

@@ -1,6 +1,6 @@
 -- clrt serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--slots 32]
 --                      [--max-len 2048] [--max-tokens 4096] [--max-body BYTES] [--served-model-name NAME]
---                      [--adapter DIR] [--prefix-cache-mb MB] [--deterministic]
+--                      [--adapter DIR] [--prefix-cache-mb MB] [--deterministic] [--quant int8]
 -- An OpenAI-compatible server for one model folder (see lua/clrt/net/openai_server.lua).
 local args = { ... }
 local usage = [[
@@ -19,6 +19,7 @@ usage: clrt serve MODEL_DIR [options]
   --deterministic    batch-invariant kernels: a request with a seed gets the same tokens and
                      log-probabilities whatever other requests share its steps (CPU; slower
                      prefill, see docs/reproducibility.md)
+  --quant int8       generate from int8 weights (per-output-channel scales; docs/quantization.md)
   --served-model-name NAME
                      the model's name in /v1/models; requests naming another model get a
                      404 model_not_found (default: the folder's name; --name is the same)]]
@@ -49,6 +50,7 @@ while i <= #args do
   elseif a == "--prefix-cache-mb" then opts.prefix_cache_mb = number(a)
   elseif a == "--adapter" then opts.adapter = value(a)
   elseif a == "--deterministic" then opts.deterministic = true
+  elseif a == "--quant" then opts.quant = value(a)
   elseif a == "--served-model-name" or a == "--name" then opts.name = value(a)
   elseif a:sub(1, 2) == "--" then error(("clrt serve: unknown option %s\n%s"):format(a, usage), 0)
   elseif not dir then dir = a
@@ -56,12 +58,15 @@ while i <= #args do
   i = i + 1
 end
 if not dir then error("clrt serve: which model folder?\n" .. usage, 0) end
+if opts.quant and opts.quant ~= "int8" and opts.quant ~= "none" then
+  error(("clrt serve: --quant %s: int8 or none\n%s"):format(opts.quant, usage), 0)
+end
 opts.api_key = opts.api_key or os.getenv("CLRT_API_KEY")
 
-local m = require("clrt.model").load(dir, { adapter = opts.adapter })
+local m = require("clrt.model").load(dir, { adapter = opts.adapter, quant = opts.quant })
 local tok = require("clrt.tokenizer").load(dir)
 if opts.deterministic then m:set_batch_invariant(true) end
-opts.model, opts.tokenizer, opts.adapter, opts.deterministic = m, tok, nil, nil
+opts.model, opts.tokenizer, opts.adapter, opts.deterministic, opts.quant = m, tok, nil, nil, nil
 opts.name = opts.name or dir:gsub("/+$", ""):match("([^/]+)$")
 opts.max_len = opts.max_len or math.min(m.config.max_position_embeddings or 4096, 4096)
 opts.log = function(line) io.stderr:write(os.date("%H:%M:%S "), line, "\n") end
@@ -70,8 +75,9 @@ if not started then   -- a busy port or a bad address: one line, no traceback
   io.stderr:write("clrt serve: ", (tostring(srv):gsub("^serve: ", "")), "\n")
   os.exit(1)
 end
-io.stdout:write(("clrt serve: %s on http://%s:%d/v1 (%d slots x %d tokens)\n")
-  :format(opts.name, opts.host or "127.0.0.1", srv:port(), opts.slots or 32, opts.max_len))
+io.stdout:write(("clrt serve: %s on http://%s:%d/v1 (%d slots x %d tokens%s)\n")
+  :format(opts.name, opts.host or "127.0.0.1", srv:port(), opts.slots or 32, opts.max_len,
+    m:quant() == "int8" and ", int8 weights" or ""))
 io.stdout:flush()
 local ok, err = pcall(srv.run, srv)
 srv:stop()

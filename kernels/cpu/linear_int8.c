@@ -1,0 +1,308 @@
+/* linear_int8.c — int8 x int8 -> int32 products for generation (see linear_int8.h for the
+   layout and why activations are quantized): AVX512-VNNI (vpdpbusd on 16 outputs) where the
+   CPU has it, else AVX-VNNI (the 256-bit VEX form, 8 outputs: CPUs without AVX-512), else a
+   portable loop. All compute the same exact integer sums and the same f32 epilogue, so their
+   outputs are bit-identical. */
+#include "linear_int8.h"
+#include "simd512.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+#include <math.h>
+#include <stdlib.h>
+
+/* ---- packing and quantization (shared by every path) ---------------------------------------- */
+
+/* Output row o (o >= O: a zero padding row) into its panel lane, its scale and its sum. */
+static void pack_row(int8_t *wq, float *ws, int32_t *wsum, const float *w, int K, int O, int o) {
+  int K4 = clrt_int8_k4(K);
+  int8_t *panel = wq + (size_t)(o / 16) * 16 * K4;
+  int lane = o % 16;
+  float scale = 1, inv = 0;
+  if (o < O) {
+    float amax = 0;
+    for (int k = 0; k < K; k++) amax = fmaxf(amax, fabsf(w[(size_t)o * K + k]));
+    if (amax > 0) {
+      scale = amax / 127.0f;
+      inv = 127.0f / amax;
+    }
+  }
+  int32_t sum = 0;
+  for (int k = 0; k < K4; k++) {
+    long q = o < O && k < K ? lrintf(w[(size_t)o * K + k] * inv) : 0;
+    q = q > 127 ? 127 : q < -127 ? -127 : q;
+    panel[(size_t)(k / 4) * 64 + lane * 4 + k % 4] = (int8_t)q;
+    sum += (int32_t)q;
+  }
+  if (o < O) {
+    ws[o] = scale;
+    wsum[o] = sum;
+  }
+}
+
+void clrt_int8_pack(int8_t *wq, float *ws, int32_t *wsum, const float *w, int K, int O) {
+  int O16 = clrt_int8_o16(O);
+#pragma omp parallel for schedule(static)
+  for (int o = 0; o < O16; o++) pack_row(wq, ws, wsum, w, K, O, o);
+}
+
+void clrt_int8_pack_rows(int8_t *wq, float *ws, int32_t *wsum, const float *w, int K, int O, int r0, int r1) {
+  for (int o = r0; o < r1 && o < O; o++) pack_row(wq, ws, wsum, w, K, O, o);
+}
+
+void clrt_int8_quantize_rows(int8_t *xq, float *xs, const float *x, int64_t N, int K) {
+  int K4 = clrt_int8_k4(K);
+#pragma omp parallel for schedule(static) if (N * K > 65536)
+  for (int64_t n = 0; n < N; n++) {
+    const float *xr = x + n * K;
+    int8_t *qr = xq + n * K4;
+    float amax = 0;
+    for (int k = 0; k < K; k++) amax = fmaxf(amax, fabsf(xr[k]));
+    float inv = amax > 0 ? 127.0f / amax : 0;
+    xs[n] = amax > 0 ? amax / 127.0f : 1;
+    for (int k = 0; k < K4; k++) {
+      long q = k < K ? lrintf(xr[k] * inv) : 0;
+      qr[k] = (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
+    }
+  }
+}
+
+int32_t clrt_int8_dot_ref(const int8_t *xq_row, const int8_t *wq, int K, int o) {
+  int K4 = clrt_int8_k4(K);
+  const int8_t *panel = wq + (size_t)(o / 16) * 16 * K4;
+  int32_t acc = 0;
+  for (int k = 0; k < K4; k++) acc += (int32_t)xq_row[k] * panel[(size_t)(k / 4) * 64 + (o % 16) * 4 + k % 4];
+  return acc;
+}
+
+/* The epilogue every path shares, so that they agree to the bit. */
+static inline float int8_out(int32_t acc, float xs, float ws, float b) { return fmaf((float)acc * xs, ws, b); }
+
+/* ---- portable ---------------------------------------------------------------------------------- */
+
+static void linear_portable(float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws,
+                            const float *b, int64_t N, int K, int O) {
+  int K4 = clrt_int8_k4(K), panels = clrt_int8_o16(O) / 16;
+#pragma omp parallel for schedule(static)
+  for (int p = 0; p < panels; p++) {
+    const int8_t *panel = wq + (size_t)p * 16 * K4;
+    for (int64_t n = 0; n < N; n++) {
+      const int8_t *xr = xq + n * K4;
+      int32_t acc[16] = {0};
+      for (int g = 0; g < K4 / 4; g++) {
+        const int8_t *wg = panel + (size_t)g * 64, *xg = xr + 4 * g;
+        for (int lane = 0; lane < 16; lane++)
+          acc[lane] += xg[0] * wg[lane * 4] + xg[1] * wg[lane * 4 + 1] + xg[2] * wg[lane * 4 + 2] +
+                       xg[3] * wg[lane * 4 + 3];
+      }
+      for (int lane = 0; lane < 16 && p * 16 + lane < O; lane++) {
+        int o = p * 16 + lane;
+        y[n * O + o] = int8_out(acc[lane], xs[n], ws[o], b ? b[o] : 0.0f);
+      }
+    }
+  }
+}
+
+/* ---- AVX512-VNNI ------------------------------------------------------------------------------- */
+
+#if CLRT_AVX512
+#define TARGET_VNNI __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni")))
+
+static int have_avx512vnni(void) {
+  static int known = -1;
+  if (known < 0) known = clrt_have_avx512() && __builtin_cpu_supports("avx512vnni");
+  return known;
+}
+
+/* R rows (n0..) by P panels (p0..): vpdpbusd takes unsigned inputs, so x goes in as x + 128
+   (the sign bit flipped) and 128 * wsum comes off at the end: the same exact integer sum. */
+TARGET_VNNI static inline __attribute__((always_inline)) void vnni_tile(
+    float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws, const int32_t *wsum,
+    const float *b, int64_t n0, int p0, int K, int O, const int R, const int P) {
+  int K4 = clrt_int8_k4(K);
+  __m512i acc[4][4];
+  for (int i = 0; i < R; i++)
+    for (int j = 0; j < P; j++) acc[i][j] = _mm512_setzero_si512();
+  const int8_t *pw[4];
+  for (int j = 0; j < P; j++) pw[j] = wq + (size_t)(p0 + j) * 16 * K4;
+  const int8_t *px[4];
+  for (int i = 0; i < R; i++) px[i] = xq + (n0 + i) * K4;
+  const __m512i flip = _mm512_set1_epi32((int)0x80808080u);
+  for (int g = 0; g < K4 / 4; g++) {
+    __m512i wv[4];
+    for (int j = 0; j < P; j++) wv[j] = _mm512_loadu_si512((const void *)(pw[j] + (size_t)g * 64));
+    for (int i = 0; i < R; i++) {
+      int32_t x4;
+      __builtin_memcpy(&x4, px[i] + 4 * g, 4);
+      __m512i xv = _mm512_xor_si512(_mm512_set1_epi32(x4), flip);
+      for (int j = 0; j < P; j++) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xv, wv[j]);
+    }
+  }
+  for (int j = 0; j < P; j++) {
+    int o0 = (p0 + j) * 16, lanes = O - o0 < 16 ? O - o0 : 16;
+    __mmask16 m = lanes == 16 ? (__mmask16)0xFFFF : clrt_tail_mask16(lanes);
+    __m512i corr = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(m, wsum + o0), 7);
+    __m512 sv = _mm512_maskz_loadu_ps(m, ws + o0);
+    __m512 bv = b ? _mm512_maskz_loadu_ps(m, b + o0) : _mm512_setzero_ps();
+    for (int i = 0; i < R; i++) {
+      __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr));
+      f = _mm512_mul_ps(f, _mm512_set1_ps(xs[n0 + i]));
+      _mm512_mask_storeu_ps(y + (n0 + i) * O + o0, m, _mm512_fmadd_ps(f, sv, bv));
+    }
+  }
+}
+
+#define TILE_R(R)                                                                              \
+  switch (P) {                                                                                 \
+    case 4: vnni_tile(y, xq, xs, wq, ws, wsum, b, n, p0, K, O, R, 4); break;                   \
+    case 3: vnni_tile(y, xq, xs, wq, ws, wsum, b, n, p0, K, O, R, 3); break;                   \
+    case 2: vnni_tile(y, xq, xs, wq, ws, wsum, b, n, p0, K, O, R, 2); break;                   \
+    default: vnni_tile(y, xq, xs, wq, ws, wsum, b, n, p0, K, O, R, 1); break;                  \
+  }
+
+/* One block of four panels (64 outputs) by every row, in tiles of four rows, so the block's
+   weights (up to 64 x K bytes) stay in cache while the rows stream past. */
+TARGET_VNNI static void vnni_block(float *y, const int8_t *xq, const float *xs, const int8_t *wq,
+                                   const float *ws, const int32_t *wsum, const float *b, int64_t N,
+                                   int K, int O, int blk) {
+  int panels = clrt_int8_o16(O) / 16, p0 = blk * 4, P = panels - p0 < 4 ? panels - p0 : 4;
+  int64_t n = 0;
+  for (; n + 4 <= N; n += 4) TILE_R(4)
+  switch (N - n) {
+    case 3: TILE_R(3) break;
+    case 2: TILE_R(2) break;
+    case 1: TILE_R(1) break;
+    default: break;
+  }
+}
+
+/* The blocks over the threads. The parallel loop lives outside the target("avx512...")
+   function: clang outlines an OpenMP region into a function without its caller's target
+   features, and inlining the VNNI tiles there fails to compile. */
+static void linear_vnni(float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws,
+                        const int32_t *wsum, const float *b, int64_t N, int K, int O) {
+  int blocks = (clrt_int8_o16(O) / 16 + 3) / 4;
+#pragma omp parallel for schedule(static)
+  for (int blk = 0; blk < blocks; blk++) vnni_block(y, xq, xs, wq, ws, wsum, b, N, K, O, blk);
+}
+#undef TILE_R
+#else
+static int have_avx512vnni(void) { return 0; }
+#endif
+
+/* ---- AVX-VNNI (256-bit) ------------------------------------------------------------------------ */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define CLRT_AVXVNNI 1
+#define TARGET_AVXVNNI __attribute__((target("avx2,fma,avxvnni")))
+
+/* AVX-VNNI is CPUID leaf 7, sub-leaf 1, EAX bit 4: read directly, as clang's
+   __builtin_cpu_supports does not know the name "avxvnni". */
+static int have_avxvnni(void) {
+  static int known = -1;
+  if (known < 0) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    __builtin_cpu_init();
+    known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+            __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 4) & 1);
+  }
+  return known;
+}
+
+/* R rows by one panel: a panel group's 64 bytes are two 256-bit operands (outputs 0-7 and
+   8-15); the same unsigned-input correction as above, and the shared scalar epilogue. */
+TARGET_AVXVNNI static inline __attribute__((always_inline)) void avxvnni_tile(
+    float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws, const int32_t *wsum,
+    const float *b, int64_t n0, int p, int K, int O, const int R) {
+  int K4 = clrt_int8_k4(K);
+  __m256i acc[4][2];
+  for (int i = 0; i < R; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+  const int8_t *pw = wq + (size_t)p * 16 * K4;
+  const __m256i flip = _mm256_set1_epi32((int)0x80808080u);
+  for (int g = 0; g < K4 / 4; g++) {
+    __m256i w0 = _mm256_loadu_si256((const __m256i *)(pw + (size_t)g * 64));
+    __m256i w1 = _mm256_loadu_si256((const __m256i *)(pw + (size_t)g * 64 + 32));
+    for (int i = 0; i < R; i++) {
+      int32_t x4;
+      __builtin_memcpy(&x4, xq + (n0 + i) * K4 + 4 * g, 4);
+      __m256i xv = _mm256_xor_si256(_mm256_set1_epi32(x4), flip);
+      acc[i][0] = _mm256_dpbusd_avx_epi32(acc[i][0], xv, w0);
+      acc[i][1] = _mm256_dpbusd_avx_epi32(acc[i][1], xv, w1);
+    }
+  }
+  int o0 = p * 16, lanes = O - o0 < 16 ? O - o0 : 16;
+  for (int i = 0; i < R; i++) {
+    int32_t sums[16];
+    _mm256_storeu_si256((__m256i *)sums, acc[i][0]);
+    _mm256_storeu_si256((__m256i *)(sums + 8), acc[i][1]);
+    for (int lane = 0; lane < lanes; lane++) {
+      int o = o0 + lane;
+      y[(n0 + i) * O + o] = int8_out(sums[lane] - 128 * wsum[o], xs[n0 + i], ws[o], b ? b[o] : 0.0f);
+    }
+  }
+}
+
+TARGET_AVXVNNI static void avxvnni_panel(float *y, const int8_t *xq, const float *xs, const int8_t *wq,
+                                         const float *ws, const int32_t *wsum, const float *b, int64_t N,
+                                         int K, int O, int p) {
+  int64_t n = 0;
+  for (; n + 4 <= N; n += 4) avxvnni_tile(y, xq, xs, wq, ws, wsum, b, n, p, K, O, 4);
+  switch (N - n) {
+    case 3: avxvnni_tile(y, xq, xs, wq, ws, wsum, b, n, p, K, O, 3); break;
+    case 2: avxvnni_tile(y, xq, xs, wq, ws, wsum, b, n, p, K, O, 2); break;
+    case 1: avxvnni_tile(y, xq, xs, wq, ws, wsum, b, n, p, K, O, 1); break;
+    default: break;
+  }
+}
+
+/* The panels over the threads (the parallel loop outside the target function, as above). */
+static void linear_avxvnni(float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws,
+                           const int32_t *wsum, const float *b, int64_t N, int K, int O) {
+  int panels = clrt_int8_o16(O) / 16;
+#pragma omp parallel for schedule(static)
+  for (int p = 0; p < panels; p++) avxvnni_panel(y, xq, xs, wq, ws, wsum, b, N, K, O, p);
+}
+#else
+#define CLRT_AVXVNNI 0
+static int have_avxvnni(void) { return 0; }
+#endif
+
+/* ---- dispatch ---------------------------------------------------------------------------------- */
+
+int clrt_int8_path(void) {
+  return have_avx512vnni() ? CLRT_INT8_AVX512VNNI : have_avxvnni() ? CLRT_INT8_AVXVNNI : CLRT_INT8_PORTABLE;
+}
+
+const char *clrt_int8_path_name(int path) {
+  return path == CLRT_INT8_AVX512VNNI ? "avx512-vnni" : path == CLRT_INT8_AVXVNNI ? "avx-vnni" : "portable";
+}
+
+int clrt_int8_path_available(int path) {
+  return path == CLRT_INT8_PORTABLE || (path == CLRT_INT8_AVX512VNNI && have_avx512vnni()) ||
+         (path == CLRT_INT8_AVXVNNI && have_avxvnni());
+}
+
+int clrt_int8_linear(float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws,
+                     const int32_t *wsum, const float *b, int64_t N, int K, int O, int path) {
+  if (path == CLRT_INT8_AVX512VNNI) {
+#if CLRT_AVX512
+    if (!have_avx512vnni()) return -1;
+    linear_vnni(y, xq, xs, wq, ws, wsum, b, N, K, O);
+    return 0;
+#else
+    return -1;
+#endif
+  }
+  if (path == CLRT_INT8_AVXVNNI) {
+#if CLRT_AVXVNNI
+    if (!have_avxvnni()) return -1;
+    linear_avxvnni(y, xq, xs, wq, ws, wsum, b, N, K, O);
+    return 0;
+#else
+    return -1;
+#endif
+  }
+  linear_portable(y, xq, xs, wq, ws, b, N, K, O);
+  return 0;
+}
