@@ -10,7 +10,8 @@ comments, strings and preprocessor lines removed; inline and __device__ function
 file's own). Prints, per folder, its files, lines, the edges between its files and their
 cycles (strongly connected groups of more than one file); then the edges between folders,
 the kernels that include a runtime header or name a runtime function (the CUDA kernels'
-launch context, LAUNCH_CONTEXT, apart), memory allocation in the CPU kernels (they take
+stream and cuBLAS handle are their own, kernels/cuda/launch_context.cu, which the runtime
+makes and destroys), memory allocation in the CPU kernels (they take
 their workspace from the caller) and the uses of CLRT_HAVE_CUDA outside the files that may
 know CUDA (DEVICE_FILES).
 --edges also lists every edge. With --check the exit status is 1 when a folder has a cycle,
@@ -29,9 +30,6 @@ SOURCES = {"runtime": (".c", ".cu"), "kernels": (".c", ".cu", ".h", ".cuh")}
 DEVICE_FILES = ("runtime/model/ops_cuda.c", "runtime/model/device.c", "runtime/core/cuda_tensor.c",
                 "runtime/core/cuda_context.cu", "runtime/net/dist.c")
 DEVICE_FOLDERS = ("kernels/cuda/",)
-# The one runtime file the CUDA kernels reach: their launch context (the stream, the cuBLAS
-# handle, a failed launch noted for the step's end), which sets the runtime's errors.
-LAUNCH_CONTEXT = "runtime/core/cuda_context.cu"
 ALLOC = re.compile(r"\b(malloc|calloc|realloc|free|aligned_alloc|posix_memalign)\s*\(")
 CUDA_MACRO = re.compile(r"\bCLRT_HAVE_CUDA\b")
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
@@ -191,7 +189,7 @@ def main(argv):
     for dirpath, _, names in os.walk(os.path.join(root, "runtime")):
         runtime_headers.update(n for n in names if n.endswith(".h"))
     problems = []
-    kernel_includes, kernel_calls, kernel_allocs, cuda_uses, context_calls = [], [], [], [], []
+    kernel_includes, kernel_calls, kernel_allocs, cuda_uses = [], [], [], []
     for p in sorted(files):
         if p.startswith("kernels/"):
             for inc in INCLUDE.findall(files[p]):
@@ -200,10 +198,7 @@ def main(argv):
             for q in sorted(edges[p]):
                 if q.startswith("runtime/"):
                     names = sorted(n for n in set(IDENT.findall(code[p])) - own[p] if q in defined.get(n, ()))
-                    if p.startswith("kernels/cuda/") and all(LAUNCH_CONTEXT in defined[n] for n in names):
-                        context_calls.append((p, names))
-                    else:
-                        kernel_calls.append((p, q, names))
+                    kernel_calls.append((p, q, names))
         if p.startswith("kernels/cpu/"):
             for m in ALLOC.finditer(code[p]):
                 kernel_allocs.append((p, code[p].count("\n", 0, m.start()) + 1, m.group(1)))
@@ -247,10 +242,6 @@ def main(argv):
     print(f"kernels naming a runtime function: {len(kernel_calls)}")
     for p, q, names in kernel_calls:
         print(f"  {p} -> {q}: {', '.join(names)}")
-    print(f"CUDA kernels reaching their launch context ({LAUNCH_CONTEXT}): {len(context_calls)}")
-    if show_edges:
-        for p, names in context_calls:
-            print(f"  {p}: {', '.join(names)}")
     print(f"allocations in kernels/cpu: {len(kernel_allocs)}")
     for p, line, fn in kernel_allocs:
         print(f"  {p}:{line}: {fn}")

@@ -2,8 +2,8 @@
    signature of its CPU twin in kernels/cpu/model_kernels.h with the prefix clrt_cuda_ and
    device pointers; all run in order on the one clrt stream (clrt_cuda_stream()), so a step
    is a sequence of launches with no host synchronisation. Launch and cuBLAS failures are
-   remembered (first one wins) and reported by clrt_cuda_sync(), which the runtime calls at
-   the end of a step. Only built with CLRT_CUDA; include only under CLRT_HAVE_CUDA. */
+   remembered (first one wins) until the runtime takes them (clrt_cuda_take_note) at the end
+   of a step. Only built with CLRT_CUDA; include only under CLRT_HAVE_CUDA. */
 #ifndef CLRT_CUDA_KERNELS_H
 #define CLRT_CUDA_KERNELS_H
 #include <stddef.h>
@@ -13,24 +13,15 @@
 extern "C" {
 #endif
 
-/* ---- runtime/core/cuda_context.cu: device, stream, cuBLAS, memory ------------------------------------- */
-int clrt_cuda_device_count(void);
-/* Creates the stream and cuBLAS handle on first use; -1 with a message if no GPU. */
-int clrt_cuda_init(void);
-/* Destroys the stream and cuBLAS handle (clrt_cuda_init makes them again on next use). */
-void clrt_cuda_shutdown(void);
+/* ---- launch_context.cu: the stream and cuBLAS handle every kernel launches on ------------ */
+/* Made and destroyed by the runtime (runtime/core/cuda_context.h: clrt_cuda_init,
+   clrt_cuda_shutdown); -1 and a message in err when the stream or the handle cannot be made. */
+int clrt_cuda_launch_context_create(char *err, size_t n);
+void clrt_cuda_launch_context_destroy(void);
 void *clrt_cuda_stream(void);                       /* cudaStream_t */
-/* Waits for the stream; -1 with the first recorded error ("<kernel>: <cuda error>"). */
-int clrt_cuda_sync(void);
-/* Device memory: NULL and a message naming the size requested and the free memory. */
-void *clrt_cuda_malloc(size_t bytes, const char *what);
-void clrt_cuda_free(void *p);
-/* Copies on the stream; kind: 0 host->device, 1 device->host, 2 device->device. The
-   device->host copy synchronises (the host reads the result next). */
-int clrt_cuda_memcpy(void *dst, const void *src, size_t bytes, int kind);
-int clrt_cuda_memset0(void *p, size_t bytes);
-/* The device's name and bf16 dense peak in TFLOP/s (0 if unknown; see runtime/model/flops.c). */
-int clrt_cuda_device_name(char *buf, size_t n);
+/* The first launch or cuBLAS failure since the last call ("cuda: <kernel>: <error>"), then
+   cleared: 1 and the message in buf, or 0 when there was none. */
+int clrt_cuda_take_note(char *buf, size_t n);
 
 /* ---- elementwise.cu -------------------------------------------------------------------- */
 void clrt_cuda_embedding_forward(float *out /* [N, C] */, const int32_t *tok /* [N] */,

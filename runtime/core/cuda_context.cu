@@ -1,8 +1,8 @@
-// cuda_context.cu — the process's CUDA context for clrt: one stream, one cuBLAS handle, device
-// memory with clear out-of-memory errors, and the first asynchronous error of a step. It is
-// the runtime's device layer (it sets the runtime's errors), so it lives here and not among
-// the kernels, which only record a launch failure for clrt_cuda_sync() to report.
+// cuda_context.cu — the runtime's side of CUDA: the device, the kernels' launch context made on
+// first use (kernels/cuda/launch_context.cu), device memory with clear out-of-memory errors,
+// and the first asynchronous failure of a step turned into the runtime's error at sync.
 #include "cuda/common.cuh"
+#include "cuda_context.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -11,14 +11,7 @@ extern "C" {
 #include "clrt.h"
 }
 
-static cudaStream_t g_stream;
-static cublasHandle_t g_blas;
 static int g_ready;
-static char g_err[512];
-
-void clrt_cuda_note(const char *what, const char *err) {
-  if (!g_err[0]) snprintf(g_err, sizeof g_err, "cuda: %s: %s", what, err);
-}
 
 static char g_status[160] = "no CUDA device";
 
@@ -48,17 +41,9 @@ extern "C" int clrt_cuda_init(void) {
     clrt_set_error("cuda: no CUDA device is available");
     return -1;
   }
-  cudaError_t e = cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking);
-  if (e != cudaSuccess) {
-    clrt_set_error("cuda: creating the stream: %s", cudaGetErrorString(e));
-    return -1;
-  }
-  cublasStatus_t s = cublasCreate(&g_blas);
-  if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(g_blas, g_stream);
-  // fp32 GEMMs stay true fp32 (no TF32): the CPU comparison tests rely on it.
-  if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetMathMode(g_blas, CUBLAS_DEFAULT_MATH);
-  if (s != CUBLAS_STATUS_SUCCESS) {
-    clrt_set_error("cuda: creating the cuBLAS handle: %s", cublasGetStatusString(s));
+  char err[256];
+  if (clrt_cuda_launch_context_create(err, sizeof err) != 0) {
+    clrt_set_error("%s", err);
     return -1;
   }
   g_ready = 1;
@@ -69,23 +54,17 @@ extern "C" int clrt_cuda_init(void) {
 // not need it; a leak check that runs at exit (compute-sanitizer's) does.
 extern "C" void clrt_cuda_shutdown(void) {
   if (!g_ready) return;
-  cudaStreamSynchronize(g_stream);
-  cublasDestroy(g_blas);
-  cudaStreamDestroy(g_stream);
+  clrt_cuda_launch_context_destroy();
   g_ready = 0;
 }
 
-cublasHandle_t clrt_cuda_blas(void) { return g_blas; }
-cudaStream_t clrt_cuda_cstream(void) { return g_stream; }
-extern "C" void *clrt_cuda_stream(void) { return (void *)g_stream; }
-
 extern "C" int clrt_cuda_sync(void) {
   if (!g_ready) return 0;
-  cudaError_t e = cudaStreamSynchronize(g_stream);
+  cudaError_t e = cudaStreamSynchronize(clrt_cuda_cstream());
   if (e != cudaSuccess) clrt_cuda_note("stream", cudaGetErrorString(e));
-  if (g_err[0]) {
-    clrt_set_error("%s", g_err);
-    g_err[0] = 0;
+  char err[512];
+  if (clrt_cuda_take_note(err, sizeof err)) {
+    clrt_set_error("%s", err);
     return -1;
   }
   return 0;
@@ -116,9 +95,9 @@ extern "C" int clrt_cuda_memcpy(void *dst, const void *src, size_t bytes, int ki
   if (bytes == 0) return 0;
   cudaMemcpyKind k = kind == 0 ? cudaMemcpyHostToDevice : kind == 1 ? cudaMemcpyDeviceToHost
                                                                     : cudaMemcpyDeviceToDevice;
-  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, k, g_stream);
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, k, clrt_cuda_cstream());
   // Host memory may be pageable and reused by the caller right away: wait for host copies.
-  if (e == cudaSuccess && kind != 2) e = cudaStreamSynchronize(g_stream);
+  if (e == cudaSuccess && kind != 2) e = cudaStreamSynchronize(clrt_cuda_cstream());
   if (e != cudaSuccess) {
     clrt_set_error("cuda: copying %zu bytes (%s): %s", bytes,
                    kind == 0 ? "host to device" : kind == 1 ? "device to host" : "device to device",
@@ -130,7 +109,7 @@ extern "C" int clrt_cuda_memcpy(void *dst, const void *src, size_t bytes, int ki
 
 extern "C" int clrt_cuda_memset0(void *p, size_t bytes) {
   if (clrt_cuda_init() != 0) return -1;
-  cudaError_t e = cudaMemsetAsync(p, 0, bytes, g_stream);
+  cudaError_t e = cudaMemsetAsync(p, 0, bytes, clrt_cuda_cstream());
   if (e != cudaSuccess) {
     clrt_set_error("cuda: clearing %zu bytes: %s", bytes, cudaGetErrorString(e));
     return -1;

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 
 #ifdef CLRT_HAVE_CUDA
-#include "cuda/cuda_kernels.h"
+#include "cuda_context.h"
 
 clrt_storage *clrt_cuda_storage_new(size_t bytes) {
   clrt_storage *s = calloc(1, sizeof *s);

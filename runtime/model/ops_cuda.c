@@ -5,6 +5,7 @@
 #include "lora_math.h"
 
 #ifdef CLRT_HAVE_CUDA
+#include "core/cuda_context.h"
 #include "cuda/cuda_kernels.h"
 
 #include <stdlib.h>

@@ -17,6 +17,7 @@
 #ifdef CLRT_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "core/cuda_context.h"
 #include "cuda/cuda_kernels.h"
 #endif
 #ifdef CLRT_HAVE_NCCL

@@ -18,6 +18,7 @@ int main(void) {
   return 77;
 }
 #else
+#include "core/cuda_context.h"
 #include "cuda/cuda_kernels.h"
 
 static clrt_rng rng;

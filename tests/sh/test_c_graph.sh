@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The C side's map, read from the source by scripts/c_graph.py: no folder's files call each
 # other in a cycle (runtime/model is layered), kernels include no runtime
-# header and name no runtime function (the CUDA kernels' launch context apart), the CPU
+# header and name no runtime function (the CUDA kernels' stream and handle are their own), the CPU
 # kernels allocate nothing (their workspace is the caller's), and CLRT_HAVE_CUDA appears only
 # in the device files. The script must also see each kind of fault: a copy of runtime/ and
 # kernels/ with one planted is checked to fail.
@@ -33,6 +33,7 @@ plant "free in a CPU kernel" kernels/cpu/lora.c 'void clrt_planted(void *p) { fr
 plant "runtime header in a kernel" kernels/cpu/swiglu.c '#include "model_internal.h"'
 plant "runtime header in a CUDA kernel" kernels/cuda/rope.cu '#include "clrt.h"'
 plant "runtime error set by a kernel" kernels/cpu/embedding.c 'void clrt_planted(void) { clrt_set_error("x"); }'
+plant "a CUDA kernel reaching the runtime's device layer" kernels/cuda/rope.cu 'void clrt_planted(void) { clrt_cuda_sync(); }'
 plant "CUDA ifdef in optim.c" runtime/model/optim.c '#ifdef CLRT_HAVE_CUDA
 #endif'
 plant "CUDA ifdef in decode.c" runtime/model/decode.c '#if defined(CLRT_HAVE_CUDA)
