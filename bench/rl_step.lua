@@ -168,12 +168,15 @@ end
 local function f(x, fmt) return x and (fmt or "%.2f"):format(x) or "-" end
 local function print_rows(title, rows)
   print(title)
-  print(("  %4s %8s %8s %8s %8s %8s %8s %7s %8s %8s %8s %6s %5s %5s"):format("step", "wall_s", "first_s", "futures_s",
-    "prefill", "decode", "wait_http", "tests", "update", "products", "outside", "cache%", "cut", "http"))
+  print(("  %4s %8s %8s %9s %8s %8s %9s %8s %7s %8s %8s %8s %6s %5s %5s"):format("step", "wall_s", "first_s", "futures_s",
+    "prefill", "decode", "wait_http", "rest", "tests", "update", "products", "outside", "cache%", "cut", "http"))
   for _, r in ipairs(rows) do
-    print(("  %4d %8s %8s %8s %8s %8s %8s %7s %8s %8s %8s %6s %5s %5s"):format(r.step, f(r.time_step_s),
+    -- rest: the rollouts' time outside the engine and the HTTP wait (Lua, rendering, metrics)
+    local rest = r.time_prefill_s and r.time_generate_first_s + r.time_rollout_s - r.time_prefill_s - r.time_decode_s
+      - (r.time_wait_http_s or 0)
+    print(("  %4d %8s %8s %9s %8s %8s %9s %8s %7s %8s %8s %8s %6s %5s %5s"):format(r.step, f(r.time_step_s),
       f(r.time_generate_first_s), f(r.time_rollout_s), f(r.time_prefill_s), f(r.time_decode_s), f(r.time_wait_http_s),
-      f(r.time_tests_s), f(r.time_update_s), f(r.time_update_products_s), f(r.time_update_outside_products_s),
+      f(rest), f(r.time_tests_s), f(r.time_update_s), f(r.time_update_products_s), f(r.time_update_outside_products_s),
       r.prefix_cache_hit_rate and f(100 * r.prefix_cache_hit_rate, "%.1f") or "-", tostring(r.truncated or "-"),
       tostring(r.http_calls or 0)))
   end
@@ -253,15 +256,23 @@ local ok, err = pcall(function()
   if opts.quant ~= "none" then mine[#mine + 1] = "rollout.quant=" .. opts.quant end
   if opts.prefix_cache_mb ~= "" then mine[#mine + 1] = "rollout.prefix_cache_mb=" .. opts.prefix_cache_mb end
   for x in tostring(opts.args):gmatch("%S+") do mine[#mine + 1] = x end
+  -- each run's requests in a file of their own (the endpoint opens its log per request)
+  local function requests_of(name)
+    local path = work .. "/requests-" .. name .. ".jsonl"
+    assert(os.rename(reqlog, path))
+    return check_requests(path)
+  end
   local rows = run_recipe(BIN, "after", model_dir, data_path, url, mine)
-  local n, users, judges = check_requests(reqlog)
+  local n, users, judges = requests_of("after")
   print_rows(("this build (%s):"):format(BIN), rows)
   print(("  requests to the endpoint: %d (%d to the user, %d to the judges)"):format(n, users, judges))
   if opts.compare ~= "" then
     local theirs = {}
     for x in tostring(opts.compare_args):gmatch("%S+") do theirs[#theirs + 1] = x end
     local old = run_recipe(opts.compare, "before", model_dir, data_path, url, theirs)
+    n, users, judges = requests_of("before")
     print_rows(("compared build (%s):"):format(opts.compare), old)
+    print(("  requests to the endpoint: %d (%d to the user, %d to the judges)"):format(n, users, judges))
     local a, b = typical(rows), typical(old)
     print(("step time, %s: before %.2f s, after %.2f s, %.2fx faster"):format(
       #rows > 1 and "median of the steps after the first" or "step 1", b, a, b / a))
