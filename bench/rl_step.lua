@@ -36,7 +36,7 @@ local chat = require("clrt.chat")
 local shell = require("clrt.util.shell")
 local q = shell.quote
 
-local function fail(msg) io.stderr:write("bench/rl_step.lua: ", msg, "\n") os.exit(2) end
+local function fail(msg) io.stdout:flush() io.stderr:write("bench/rl_step.lua: ", msg, "\n") os.exit(2) end
 if opts.quant ~= "none" and opts.quant ~= "int8" then fail("quant must be none or int8, got " .. tostring(opts.quant)) end
 
 -- this clrt binary (the one running the bench)
@@ -162,6 +162,11 @@ local function run_recipe(bin, name, model_dir, data_path, url, extra)
     if r.time_step_s then rows[#rows + 1] = r end
   end
   if #rows == 0 then error("no step rows in " .. run_dir .. "/metrics.jsonl", 0) end
+  for _, r in ipairs(rows) do   -- the endpoint held its replies as asked, or the split means nothing
+    if (r.http_calls or 0) > 0 and (r.http_latency_mean_s or 0) < 0.9 * opts.delay then
+      error(("step %d: the HTTP latency was %.3f s on average, under delay=%g"):format(r.step, r.http_latency_mean_s or 0, opts.delay), 0)
+    end
+  end
   return rows, wall
 end
 
