@@ -31,7 +31,8 @@
 -- after all have finished when opts.raise is set. A third result holds
 -- {generate_calls = batched model:generate calls (models without a decoder),
 --  engine_steps = decode steps of the engines, engine_steps_during_procs = those taken
---  while a task waited on a child process, tracebacks = {[i] = traceback of errors[i]}}.
+--  while a task waited on a child process, wait_http_s = seconds the run waited with HTTP
+--  requests in flight and no engine work to do, tracebacks = {[i] = traceback of errors[i]}}.
 -- opts.timeout bounds the whole run: the functions still unfinished then get
 -- errors[i] = "... timed out ..." and their HTTP requests and rows are cancelled.
 --
@@ -436,7 +437,7 @@ function M.run(fns, opts)
   local st = {
     n = n, tasks = {}, by_co = {}, ready = {}, timers = {}, gen_queue = {},
     results = {}, errors = {}, tracebacks = {}, done = 0, next_start = 1, generate_calls = 0,
-    engines = {}, engine_set = {}, engine_steps = 0, procs = {}, engine_steps_during_procs = 0,
+    engines = {}, engine_set = {}, engine_steps = 0, procs = {}, engine_steps_during_procs = 0, wait_http_s = 0,
   }
   for i, f in ipairs(fns) do st.tasks[i] = { index = i, fn = f, run = st } end
   local limit = opts.max_concurrency or n
@@ -479,7 +480,9 @@ function M.run(fns, opts)
           if fd then fds[#fds + 1] = fd else wait = math.min(wait, 0.01) end
           if w.deadline then wait = math.min(wait, w.deadline - http.now()) end
         end
+        local http_busy, w0 = http.pending() > 0, http.now()
         http.pump(math.max(0, math.ceil(wait * 1000)), fds)
+        if http_busy then st.wait_http_s = st.wait_http_s + (http.now() - w0) end
         fire_timers(st)
         check_procs(st)
       end
@@ -501,7 +504,8 @@ function M.run(fns, opts)
     end
   end
   return st.results, st.errors, { generate_calls = st.generate_calls, engine_steps = st.engine_steps,
-                                  engine_steps_during_procs = st.engine_steps_during_procs, tracebacks = st.tracebacks }
+                                  engine_steps_during_procs = st.engine_steps_during_procs, wait_http_s = st.wait_http_s,
+                                  tracebacks = st.tracebacks }
 end
 
 return M

@@ -63,6 +63,16 @@ T.case("RL steps, checkpoints, and a resumed run equal to an uninterrupted one",
       T.ok(type(h) == "number" and h >= 0 and h < 1, ("step %d: prefix_cache_hit_rate %s"):format(step, tostring(h)))
     end
   end
+  -- the rollouts' split: the engine's prefill and decode seconds within the step's generation
+  -- and futures (the world's user is scripted: no HTTP to wait on)
+  for _, r in ipairs(data.read_jsonl(root .. "/straight/metrics.jsonl")) do
+    if r.time_rollout_s then
+      local roll = r.time_generate_first_s + r.time_rollout_s
+      T.ok(r.time_prefill_s > 0 and r.time_decode_s > 0 and r.time_prefill_s + r.time_decode_s <= roll,
+        ("step %d: prefill %s s + decode %s s within the rollouts' %.3f s"):format(r.step, tostring(r.time_prefill_s), tostring(r.time_decode_s), roll))
+      T.eq(r.time_wait_http_s, 0, "no HTTP in the built-in world")
+    end
+  end
   -- the steps before the stop must change the model and the optimizer, or resuming proves nothing
   T.ok(a[3].grad_norm > 0 and (a[2].grad_norm > 0 or a[1].grad_norm > 0), "updates happen before step 3")
   T.ok(T.read(root .. "/straight/checkpoint-5/trainer_state.json"), "a checkpoint is written")

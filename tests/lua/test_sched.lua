@@ -451,6 +451,50 @@ T.case("engine: HTTP moves and coroutines go on while rows decode", function()
   T.eq(results, { 100, "echo:first [latency:30]|echo:second [latency:30]|2" })
 end)
 
+T.case("time split: waiting on HTTP with no engine work, and the engine's prefill and decode seconds", function()
+  need_python()
+  local G = require("clrt.gen.scheduler")
+  local srv = fake.start({ "--lifetime", "30" })
+  local c = llm.client { base_url = srv.base_url, model = "m", timeout = 10 }
+  -- two answers of 300 ms one after the other, nothing else to do: the run waits on HTTP
+  local t0 = http.now()
+  local _, errors, info = sched.run({ function()
+    c:chat({ { role = "user", content = "a [latency:300]" } })
+    c:chat({ { role = "user", content = "b [latency:300]" } })
+  end })
+  local wall = http.now() - t0
+  T.eq(errors, {})
+  T.ok(info.wait_http_s >= 0.55 and info.wait_http_s <= wall, ("waited %.3f s on HTTP in a %.3f s run"):format(info.wait_http_s, wall))
+  -- a timer is not HTTP
+  _, errors, info = sched.run({ function() sched.sleep(0.3) end })
+  T.eq(errors, {})
+  T.ok(info.wait_http_s < 0.05, ("a sleep is no HTTP wait: %.3f s"):format(info.wait_http_s))
+  -- an answer that comes while the engine decodes (~1 s of 20 ms steps) is no wait; the
+  -- engine's seconds go to prefill (100 ms, slowed here) and decode (the steps)
+  local m = engine_model(20)
+  local decoder = m.decoder
+  function m:decoder(slots, max_len)
+    local d = decoder(self, slots, max_len)
+    local prefill, prefill_many = d.prefill, d.prefill_many
+    local function slow() local t_end = http.now() + 0.1 while http.now() < t_end do end end
+    function d:prefill(...) slow() return prefill(self, ...) end
+    function d:prefill_many(n, ...) slow() return prefill_many(self, n, ...) end
+    return d
+  end
+  local e0 = G.times(m)
+  T.eq(e0, { prefill_s = 0, decode_s = 0 }, "no engine yet: zeros")
+  _, errors, info = sched.run({
+    function() return sched.generate(m, { 1, 2 }, { temperature = 0, max_new_tokens = 50 }) end,
+    function() return c:chat({ { role = "user", content = "c [latency:200]" } }) end,
+  })
+  srv.stop()
+  T.eq(errors, {})
+  T.ok(info.wait_http_s < 0.1, ("no HTTP wait while the engine decodes: %.3f s"):format(info.wait_http_s))
+  local e1 = G.times(m)
+  T.ok(e1.prefill_s >= 0.1 and e1.prefill_s < 0.5, ("prefill %.3f s (one slowed prefill of 0.1 s)"):format(e1.prefill_s))
+  T.ok(e1.decode_s >= 0.9 and e1.decode_s < 5, ("decode %.3f s (49 decode steps of 20 ms)"):format(e1.decode_s))
+end)
+
 T.case("child processes: decoding and HTTP go on while a task waits on one; a deadline kills its whole group", function()
   need_python()
   local proc = require("clrt.proc")

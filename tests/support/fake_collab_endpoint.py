@@ -3,7 +3,7 @@
 CollabLLM run -- simulated user, judge and extractor -- by the JSON schema each request asks
 for, and records every request. For the real-path test, where no API can be reached.
 
-    fake_collab_endpoint.py LOG_FILE [--lifetime S] [--delay-ms MAX]
+    fake_collab_endpoint.py LOG_FILE [--lifetime S] [--delay-ms MAX] [--fixed-delay-ms MS]
 
 Binds 127.0.0.1 on an ephemeral port, prints "PORT PID" on stdout, appends each request body
 (one JSON object a line) to LOG_FILE, and exits after --lifetime seconds. The role is read
@@ -17,7 +17,8 @@ Choices depend on a hash of the request, so replies differ between conversations
 vary, yet a rerun sees the same answers. A request without response_format gets 400: every
 caller in a CollabLLM run is expected to ask for its schema. --delay-ms holds each reply for
 a random time up to MAX ms (an unseeded draw), so replies come back in a different order in
-every run while their content stays a function of the request.
+every run while their content stays a function of the request. --fixed-delay-ms holds each
+reply exactly MS ms (an API's latency, for bench/rl_step.lua; requests are served in parallel).
 """
 import argparse
 import hashlib
@@ -100,6 +101,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.send(404, {"error": {"message": "no route " + self.path, "type": "invalid_request_error"}})
         if self.server.delay_ms > 0:
             time.sleep(random.uniform(0, self.server.delay_ms) / 1000)
+        if self.server.fixed_delay_ms > 0:
+            time.sleep(self.server.fixed_delay_ms / 1000)
         out = reply_for(body)
         if out is None:
             got = json.dumps(body.get("response_format"))[:300]
@@ -121,6 +124,7 @@ def main():
     ap.add_argument("log")
     ap.add_argument("--lifetime", type=float, default=600)
     ap.add_argument("--delay-ms", type=float, default=0)
+    ap.add_argument("--fixed-delay-ms", type=float, default=0)
     a = ap.parse_args()
     # a listen backlog for a run's 64 concurrent requests (socketserver's default is 5: on a
     # loaded machine connections were refused and the run counted dropped futures)
@@ -130,6 +134,7 @@ def main():
     srv.lock = threading.Lock()
     srv.log_path = a.log
     srv.delay_ms = a.delay_ms
+    srv.fixed_delay_ms = a.fixed_delay_ms
     sys.stdout.write("%d %d\n" % (srv.server_address[1], os.getpid()))
     sys.stdout.flush()
     threading.Timer(a.lifetime, lambda: os._exit(0)).start()

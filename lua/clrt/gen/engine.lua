@@ -20,6 +20,7 @@
 local ffi = require("ffi")
 local bit = require("bit")
 local core = require("clrt.core.ffi")
+local clock = require("clrt.log").now
 local C = core.C
 
 local M = {}
@@ -211,6 +212,9 @@ function M.engine(dec, eopts)
     free = {}, active = {},
     pending = {},                            -- rows added since the last step, not yet prefilled
     no_cache = no_cache,
+    -- eopts.times: {prefill_s, decode_s} the caller sums steps into (clrt.gen.scheduler keeps one
+    -- per model, across the engines growth makes), so a caller can split its time
+    times = eopts and eopts.times,
   }, Engine)
   for s = S - 1, 0, -1 do self.free[#self.free + 1] = s end
   return self
@@ -515,9 +519,22 @@ function Engine:model_logprobs(row, logits, tok)
   row.model_logprobs[#row.model_logprobs + 1] = { lp = self.chosen_lp[0], top = top }
 end
 
--- One token for every active row, then one batched decode for those that go on.
+-- Prefill the rows added since the last step, then one token for every active row and one
+-- batched decode for those that go on; the seconds of each part go into self.times.
 function Engine:step()
+  local t0 = clock()
   self:prefill()
+  local t1 = clock()
+  self:decode_step()
+  local times = self.times
+  if times then
+    times.prefill_s = times.prefill_s + (t1 - t0)
+    times.decode_s = times.decode_s + (clock() - t1)
+  end
+end
+
+-- One token for every active row (sampling), then one batched decode for those that go on.
+function Engine:decode_step()
   local V = self.V
   local masks = nil
   for _, row in ipairs(self.active) do

@@ -10,6 +10,7 @@
 --   G.step(E)                              -- one decode step of the rows running
 --   G.drain(E, reqs, on_step)              -- admit and step until reqs have finished
 --   G.drop(model)                          -- free the decoder and the prefix cache now
+--   G.times(model)                         -- seconds so far in prefills and decode steps
 --
 -- cb.on_token(row, id, piece) and cb.on_done(row) are the engine's per-row callbacks;
 -- cb.on_start(rows) runs when the request's rows join, cb.on_fail(err) when it cannot run
@@ -39,7 +40,8 @@ function M.of(model)
   end
   local E = states[model]
   if not E then
-    E = { owner = setmetatable({ model }, { __mode = "v" }), waiting = {}, live = {} }
+    E = { owner = setmetatable({ model }, { __mode = "v" }), waiting = {}, live = {},
+      times = { prefill_s = 0, decode_s = 0 } }
     states[model] = E
   end
   return E
@@ -47,6 +49,14 @@ end
 
 -- The state of an existing engine, or nil (no request has made one).
 function M.peek(model) return states[model] end
+
+-- The model's running totals of engine seconds, {prefill_s, decode_s} (zeros before any
+-- request): prefills (the prefix cache's lookups and copies included) and decode steps
+-- (sampling included). A caller takes differences around its work.
+function M.times(model)
+  local E = states[model]
+  return E and { prefill_s = E.times.prefill_s, decode_s = E.times.decode_s } or { prefill_s = 0, decode_s = 0 }
+end
 
 -- Free the engine's decoder now (its rows must have finished or been failed).
 local function release(E)
@@ -59,7 +69,7 @@ end
 function M.attach(key, dec)
   local E = M.of(key)
   if E.dec ~= dec then release(E) end
-  E.dec, E.eng = dec, gen.engine(dec)
+  E.dec, E.eng = dec, gen.engine(dec, { times = E.times })
   E.max_slots, E.max_len = dec.slots, dec.max_len
   return E
 end
@@ -78,7 +88,7 @@ function M.reserve(model, slots, max_len)
   if d and (d.slots ~= slots or d.max_len ~= max_len) and not M.busy(E) then release(E) end
   if not E.dec then
     E.dec = model:decoder(slots, max_len)
-    E.eng = gen.engine(E.dec)
+    E.eng = gen.engine(E.dec, { times = E.times })
   end
   return E
 end
@@ -123,7 +133,7 @@ local function grow(E, model, alive)
   local len = math.min(max_len, math.max(need, 2 * need, d and d.max_len or 0))
   release(E)   -- the old cache goes before the new one is allocated
   E.dec = model:decoder(slots, len)
-  E.eng = gen.engine(E.dec)
+  E.eng = gen.engine(E.dec, { times = E.times })
 end
 
 local function start(E, req)

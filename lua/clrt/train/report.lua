@@ -2,7 +2,7 @@
 -- step (reward, losses, timings, request counts, API tokens and dollars) and the before/after table at the end.
 local M = {}
 
--- The step's row. timing: generate_first_s, rollout_s; t0/t1/t2: step start, rollouts
+-- The step's row. timing: generate_first_s, rollout_s, prefill_s, decode_s, wait_http_s; t0/t1/t2: step start, rollouts
 -- done, update done (clrt.log.now). ctx.counters and clrt.llm's records are read and reset.
 function M.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
   local reward = require("clrt.train.reward")
@@ -23,6 +23,9 @@ function M.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
     first_reply_ask_rate = firsts > 0 and asks / firsts or 0,
     time_generate_first_s = timing.generate_first_s, time_rollout_s = timing.rollout_s,
     time_update_s = t2 - t1, time_step_s = t2 - t0, prefix_cache_hit_rate = timing.prefix_cache_hit_rate,
+    -- the rollouts' time in the policy's prefills and decode steps, and waiting on HTTP with
+    -- no engine work (the rest of time_generate_first_s + time_rollout_s: Lua, rendering, metrics)
+    time_prefill_s = timing.prefill_s, time_decode_s = timing.decode_s, time_wait_http_s = timing.wait_http_s,
     -- the update's matrix products (forward and backward, old and reference log-probs
     -- included) and the rest of it: attention, norms, the optimizer step, Lua
     time_update_products_s = timing.update_products_s,

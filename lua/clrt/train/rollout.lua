@@ -121,6 +121,7 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step, first)
   local ropts = policy_mod.render_opts(cfg)
   local t0 = clock()
   local cache0 = M.prefix_cache_totals(m)
+  local engine0 = require("clrt.gen.scheduler").times(m)
   -- Phase 1: first responses, all prompts in one batched generate.
   local fns = {}
   for i, s in ipairs(samples) do
@@ -136,7 +137,7 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step, first)
       return { ids = ids, outs = outs }
     end
   end
-  local firsts, errs = sched.run(fns)
+  local firsts, errs, info1 = sched.run(fns)
   failure.check_stop(ctx)
   for i in pairs(errs) do
     error(("%s: sampling the first responses of prompt %d failed: %s"):format(ctx.who or "clrt.train.rollout", i, errs[i]), 0)
@@ -197,8 +198,14 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step, first)
   -- that a blocking test run would have held back
   local cache1 = M.prefix_cache_totals(m)
   local prompt_tokens = cache1.prompt_tokens - cache0.prompt_tokens
+  local engine1 = require("clrt.gen.scheduler").times(m)
   return entries, { generate_first_s = t_gen1, rollout_s = clock() - t0 - t_gen1,
     engine_steps_during_tests = info and info.engine_steps_during_procs or 0,
+    -- the policy engine's seconds in prefills and in decode steps (sampling included), and the
+    -- seconds the rollouts waited on the simulator and judges with no engine work to do
+    prefill_s = math.max(0, engine1.prefill_s - engine0.prefill_s),
+    decode_s = math.max(0, engine1.decode_s - engine0.decode_s),
+    wait_http_s = ((info1 and info1.wait_http_s) or 0) + ((info and info.wait_http_s) or 0),
     -- the share of the step's prompt tokens served from the prefix cache (nil: cache off)
     prefix_cache_hit_rate = cache1.on and prompt_tokens > 0
       and (cache1.cached_tokens - cache0.cached_tokens) / prompt_tokens or nil }
