@@ -26,13 +26,7 @@ local turns = 0
 for _, c in ipairs(usable) do turns = turns + #c.messages end
 print(("%s: %d conversations (%.1f messages each on average), %d renderings each way"):format(name, #usable, turns / #usable, n))
 
-local ffi = require("ffi")
-pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } clrt_bench_ts; int clock_gettime(int, clrt_bench_ts *);")
-local function now()      -- wall clock (CLOCK_MONOTONIC), as the JS side measures
-  local ts = ffi.new("clrt_bench_ts")
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+local now = require("clrt.log").now   -- wall clock (CLOCK_MONOTONIC), as the JS side measures
 
 local function timed(label, fn)
   local t0 = now()

@@ -15,14 +15,8 @@
 --                           [weights=f32|bf16|int8|f32,bf16,int8] [quant=int8] [deterministic=0|1|0,1] [reps=3]
 -- Each figure is the median of reps timed runs (the peer's too). CLRT_PYTHON names the peer's
 -- Python (default /usr/bin/python3, Debian's).
-local ffi = require("ffi")
 local cjson = require("cjson")
-ffi.cdef [[ struct bench_ts { long tv_sec; long tv_nsec; }; int clock_gettime(int, struct bench_ts *); ]]
-local function now()
-  local t = ffi.new("struct bench_ts")
-  ffi.C.clock_gettime(1, t)
-  return tonumber(t.tv_sec) + tonumber(t.tv_nsec) * 1e-9
-end
+local now = require("clrt.log").now   -- monotonic seconds (the library's one clock)
 
 local args = {}
 for _, a in ipairs(arg) do

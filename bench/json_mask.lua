@@ -13,15 +13,7 @@ local C = require("clrt.core.ffi").C
 local JC = require("clrt.gen.json_constraint")
 local cjson = require("cjson")
 
-ffi.cdef [[
-typedef struct { long tv_sec; long tv_nsec; } clrt_bench_timespec;
-int clock_gettime(int clk, clrt_bench_timespec *ts);
-]]
-local ts = ffi.new("clrt_bench_timespec")
-local function now()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+local now = require("clrt.log").now   -- monotonic seconds (the library's one clock)
 
 local V = 151936
 

@@ -16,7 +16,6 @@ local here = debug.getinfo(1, "S").source:sub(2):match("^(.*)/") or "."
 package.path = here .. "/?.lua;" .. package.path
 local opts = dofile(here .. "/args.lua").parse({ bin = "", size = "0.5b", pp = 512, prompt = 16, new = 32, batch = 32,
   threads = 2, rounds = 3, clrt = "f32,bf16,int8", types = "f32,bf16,q8_0,q4_0" }, arg)
-local ffi = require("ffi")
 local shell = require("clrt.util.shell")
 local gen = require("clrt.gen.engine")
 
@@ -31,12 +30,7 @@ for _, p in ipairs({ batched, quantize }) do
   if not clrt.files.exists(p) then print("bench/llama_cpp.lua: " .. p .. " is missing (bench/build_llama_server.sh builds it)") os.exit(2) end
 end
 
-ffi.cdef [[ struct llb_ts { long tv_sec; long tv_nsec; }; int clock_gettime(int, struct llb_ts *); ]]
-local function now()
-  local t = ffi.new("struct llb_ts")
-  ffi.C.clock_gettime(1, t)
-  return tonumber(t.tv_sec) + tonumber(t.tv_nsec) * 1e-9
-end
+local now = require("clrt.log").now   -- monotonic seconds (the library's one clock)
 local function median(xs)
   local s = {}
   for i, x in ipairs(xs) do s[i] = x end

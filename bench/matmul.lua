@@ -23,12 +23,8 @@ local sizes = {}
 for s in tostring(opts.sizes):gmatch("%d+") do sizes[#sizes + 1] = tonumber(s) end
 local seconds = tonumber(opts.seconds)
 
-pcall(ffi.cdef, "struct clrt_bench_ts { long tv_sec; long tv_nsec; }; int clock_gettime(int, struct clrt_bench_ts *);")
-local ts = ffi.new("struct clrt_bench_ts")
-local function now()
-  ffi.C.clock_gettime(1, ts)   -- CLOCK_MONOTONIC: wall time, not CPU time summed over threads
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+-- wall time (CLOCK_MONOTONIC), not CPU time summed over threads: the library's one clock
+local now = require("clrt.log").now
 
 -- Best seconds per product over one batch repeated for at least `secs` after a warm-up.
 local function clrt_time(a, b, secs)

@@ -16,6 +16,8 @@ for _, a in ipairs({ ... }) do
 end
 -- The checkout this script runs from (its peers and fixtures sit beside it).
 local src = os.getenv("CLRT_SOURCE_DIR") or debug.getinfo(1, "S").source:sub(2):match("^(.*)/bench/[^/]*$") or "."
+-- absolute: the JS peer runs from tests/js and reads the tokenizer files by these paths
+if src:sub(1, 1) ~= "/" then src = os.getenv("PWD") .. "/" .. src end
 local js = src .. "/tests/js"
 local SP = { llama2 = true, gemma3 = true }
 local models = {}
@@ -82,13 +84,7 @@ local mb = #text / 1e6
 local path = os.tmpname()
 local f = assert(io.open(path, "wb")); f:write(text); f:close()
 
-local function now()
-  local ffi = require("ffi")
-  pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } clrt_bench_ts; int clock_gettime(int, clrt_bench_ts *);")
-  local ts = ffi.new("clrt_bench_ts")
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+local now = require("clrt.log").now   -- monotonic seconds (the library's one clock)
 
 local cores = tonumber(args.threads) or clrt.num_threads()
 local q = require("clrt.util.shell").quote

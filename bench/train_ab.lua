@@ -5,10 +5,7 @@
 -- built-in world's SFT model (0.9M: hidden 128, intermediate 384, 4 layers, vocabulary 512)
 -- at its batch (32 conversations of up to 256 tokens).
 --   clrt bench/train_ab.lua [C=128] [I=384] [L=4] [V=512] [B=32] [T=256] [steps=4]
-local ffi = require("ffi")
-pcall(ffi.cdef, "struct pk_ts { long s; long ns; }; int clock_gettime(int, struct pk_ts *);")
-local ts = ffi.new("struct pk_ts")
-local function now() ffi.C.clock_gettime(1, ts); return tonumber(ts.s) + tonumber(ts.ns) * 1e-9 end
+local now = require("clrt.log").now   -- monotonic seconds (the library's one clock)
 local sft = require("clrt.sft")
 local update = require("clrt.train.update")
 local losses = require("clrt.train.losses")

@@ -25,20 +25,26 @@ L.__index = L
 ---------------------------------------------------------------- wall clock
 local now
 do
+  -- libc's clock_gettime through a pointer of our own type: a script may have declared the
+  -- function first with a timespec struct of its own (the FFI keeps the first declaration),
+  -- and a call with ours would then fail, whichever of the two came first.
   local ok, ffi = pcall(require, "ffi")
-  local ok2 = ok and pcall(ffi.cdef, [[
-    typedef struct { long tv_sec; long tv_nsec; } clrt_log_timespec;
-    int clock_gettime(int clk, clrt_log_timespec *tp);
-  ]])
+  local ok2, clock_gettime = false, nil
+  if ok and pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } clrt_log_timespec;") then
+    pcall(ffi.cdef, "int clock_gettime(int clk, clrt_log_timespec *tp);")
+    ok2, clock_gettime = pcall(function()
+      return ffi.cast("int (*)(int, clrt_log_timespec *)", ffi.C.clock_gettime)
+    end)
+  end
   if ok2 then
     local ts = ffi.new("clrt_log_timespec")
     now = function()
-      ffi.C.clock_gettime(1, ts) -- CLOCK_MONOTONIC
+      clock_gettime(1, ts) -- CLOCK_MONOTONIC
       return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
     end
     -- seconds since the epoch, for TensorBoard's wall_time
     M.wall_time = function()
-      ffi.C.clock_gettime(0, ts) -- CLOCK_REALTIME
+      clock_gettime(0, ts) -- CLOCK_REALTIME
       return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
     end
   else

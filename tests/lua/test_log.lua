@@ -95,4 +95,26 @@ T.case("nice ticks and a well-formed SVG", function()
   T.eq(res, "xml ok\n")
 end)
 
+-- A script may declare libc's clock_gettime with a timespec struct of its own before or after
+-- the library loads (the FFI keeps the first declaration): the library's clock must work either
+-- way, and so must a generate call, which times its steps with it.
+T.case("the clock works whether a script declared clock_gettime first or not", function()
+  local bin = os.getenv("CLRT_BIN") or arg[-1]
+  local mine = 'local ffi = require("ffi") ffi.cdef("struct my_ts { long s; long ns; }; int clock_gettime(int, struct my_ts *);") '
+  local use = 'local log = require("clrt.log") local a = log.now() local w = log.wall_time() '
+    .. 'assert(type(a) == "number" and a > 0 and w > 1.7e9, "clock") '
+    .. 'local m = clrt.model.new({ vocab_size = 64, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 1, '
+    .. 'num_attention_heads = 2, num_key_value_heads = 2, max_position_embeddings = 64, rms_norm_eps = 1e-5, '
+    .. 'rope_theta = 10000 }, { seed = 1 }) '
+    .. 'assert(#m:generate({ { 1, 2, 3 } }, { max_new_tokens = 3, temperature = 0 })[1].tokens == 3, "generate") '
+  local mine_call = 'local t = ffi.new("struct my_ts") assert(ffi.C.clock_gettime(1, t) == 0) '
+  for _, order in ipairs({ { "script first", mine .. use }, { "library first", use .. mine } }) do
+    local code = order[2] .. (order[1] == "script first" and mine_call or "") .. 'print("clock-ok")'
+    local p = io.popen(("%s -e %s 2>&1"):format(bin, require("clrt.util.shell").quote(code)))
+    local out = p:read("*a")
+    p:close()
+    T.ok(out:find("clock-ok", 1, true), order[1] .. ": " .. out)
+  end
+end)
+
 T.run()
