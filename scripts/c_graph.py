@@ -40,9 +40,10 @@ DEF_HEAD = re.compile(r"(\w+)\s*\(((?:[^()]|\([^()]*\))*)\)\s*$")
 NOT_FUNCTIONS = {"if", "for", "while", "switch", "return", "sizeof", "defined"}
 
 
-def strip(text):
-    """text with comments and preprocessor lines blanked and string and character literals
-    emptied (newlines kept, so line numbers stay)."""
+def strip(text, keep_directives=False):
+    """text with comments (and, unless keep_directives, preprocessor lines) blanked and string
+    and character literals emptied (newlines kept, so line numbers stay). keep_directives is
+    for finding CLRT_HAVE_CUDA, which only directives use."""
     out, i, n = [], 0, len(text)
     line_start = True
     while i < n:
@@ -51,7 +52,7 @@ def strip(text):
             out.append(c)
             i += 1
             continue
-        if line_start and c == "#":   # a directive, with its continuation lines
+        if line_start and c == "#" and not keep_directives:   # a directive, with its continuation lines
             j = i
             while j < n and (text[j] != "\n" or text[j - 1] == "\\"):
                 j += 1
@@ -67,9 +68,9 @@ def strip(text):
             j = n if j < 0 else j + 2
             out.append("\n" * text.count("\n", i, j))
             i = j
-        elif c in "\"'":
+        elif c in "\"'":   # a literal ends at its quote or, unterminated (#error don't), at the line's end
             j = i + 1
-            while j < n and text[j] != c:
+            while j < n and text[j] != c and text[j] != "\n":
                 j += 2 if text[j] == "\\" else 1
             out.append(c + c)
             i = j + 1
@@ -203,7 +204,7 @@ def main(argv):
             for m in ALLOC.finditer(code[p]):
                 kernel_allocs.append((p, code[p].count("\n", 0, m.start()) + 1, m.group(1)))
         if not is_device_file(p):
-            kept = code_with_directives(files[p])
+            kept = strip(files[p], keep_directives=True)
             for m in CUDA_MACRO.finditer(kept):
                 cuda_uses.append((p, kept.count("\n", 0, m.start()) + 1))
 
@@ -254,31 +255,6 @@ def main(argv):
               ", ".join(DEVICE_FILES + DEVICE_FOLDERS))
         return 1
     return 0
-
-
-def code_with_directives(text):
-    """text with comments blanked and strings emptied but preprocessor lines kept (where
-    CLRT_HAVE_CUDA is used)."""
-    out, i, n = [], 0, len(text)
-    while i < n:
-        if text.startswith("//", i):
-            j = text.find("\n", i)
-            i = n if j < 0 else j
-        elif text.startswith("/*", i):
-            j = text.find("*/", i + 2)
-            j = n if j < 0 else j + 2
-            out.append("\n" * text.count("\n", i, j))
-            i = j
-        elif text[i] in "\"'":
-            q, j = text[i], i + 1
-            while j < n and text[j] != q and text[j] != "\n":
-                j += 2 if text[j] == "\\" else 1
-            out.append(q + q)
-            i = j + 1
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
 
 
 if __name__ == "__main__":
