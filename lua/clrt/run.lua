@@ -16,7 +16,9 @@ function M.resume_command(script, run_dir)
 end
 
 -- run_dir= as given, which must not exist yet (or be an empty folder): a new run never
--- writes into an old run's folder. Without run_dir=: out/name-YYYYmmdd-HHMMSS, with -2, -3,
+-- writes into an old run's folder. A folder that holds only what an interrupted atomic write
+-- leaves (NAME.tmp.PID: a run killed while it wrote its first config.json) counts as empty,
+-- so the same command starts that run again. Without run_dir=: out/name-YYYYmmdd-HHMMSS, with -2, -3,
 -- ... appended when that name is taken.
 function M.new_dir(cfg, who)
   -- every rank writes into rank 0's choice (its clock names the folder)
@@ -25,10 +27,20 @@ function M.new_dir(cfg, who)
   return dist.broadcast_string(M._new_dir(cfg, who))
 end
 
+-- Whether a folder holds nothing but leftovers of interrupted atomic writes; if so they go.
+function M._only_leftovers(dir)
+  local names = files.list(dir)
+  for _, n in ipairs(names) do
+    if not n:match("%.tmp%.%d+$") or files.is_dir(dir .. "/" .. n) then return false end
+  end
+  for _, n in ipairs(names) do os.remove(dir .. "/" .. n) end
+  return true
+end
+
 function M._new_dir(cfg, who)
   local dir = cfg.run_dir
   if dir then
-    if files.exists(dir) and (not files.is_dir(dir) or #files.list(dir) > 0) then
+    if files.exists(dir) and (not files.is_dir(dir) or not M._only_leftovers(dir)) then
       error(("%s: run folder %s already exists; continue it with resume=%s, or choose another run_dir="):format(who, dir, dir), 0)
     end
     return dir

@@ -153,6 +153,26 @@ T.case("resume= applies overrides that may change and refuses the ones that may 
   T.eq(saved.sample_every, 2)
 end)
 
+T.case("a run killed while it wrote its first config.json starts again with the same command", function()
+  -- kill -9 between open() and rename() of the atomic write leaves only NAME.tmp.PID
+  local dir = root .. "/torn_start"
+  files.mkdir_p(dir)
+  files.append(dir .. "/config.json.tmp.4242", '{"steps": ')
+  local out, rc = sh(clrt_cmd("recipes/collabllm_rl.lua", rl_args(dir, { "steps=2" })))
+  T.eq(rc, 0, out)
+  T.eq(#data.read_jsonl(dir .. "/metrics.jsonl"), 2)
+  T.ok(not files.exists(dir .. "/config.json.tmp.4242"), "the leftover is removed")
+  -- anything else in the folder is a run's content: refused, and left as it was
+  for _, name in ipairs({ "notes.txt", "checkpoint.tmp.7" }) do
+    local other = root .. "/not_empty_" .. name
+    files.mkdir_p(other)
+    if name == "notes.txt" then files.append(other .. "/" .. name, "mine\n") else files.mkdir_p(other .. "/" .. name) end
+    files.append(other .. "/config.json.tmp.4242", "{")
+    T.raises(function() rl.main(config.parse(rl.defaults, rl_args(other))) end, "already exists")
+    T.ok(files.exists(other .. "/" .. name) and files.exists(other .. "/config.json.tmp.4242"), "nothing removed in " .. other)
+  end
+end)
+
 T.case("summary.json keeps `before` across a resume", function()
   local dir = root .. "/summary"
   rl.main(config.parse(rl.defaults, rl_args(dir, { "steps=3", "stop_after=1", "eval.before=true", "eval.after=true",
