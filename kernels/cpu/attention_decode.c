@@ -2,8 +2,13 @@
    cached in its slot. Through sgemm this is two 1-row products per (row, head), hundreds of
    calls per step, each spending more on setup than on its few thousand multiply-adds; here
    each (row, head) is one pass over its keys for the scores and one over its values.
-   Scores are dot products accumulated in 16 lanes four keys at a time (the horizontal sums
-   shared by the four); the output accumulates p_t v_t in registers, 64 dims at a time.
+   The query heads that share a KV head (grouped-query attention) go through it together, up
+   to four at a time, so each key and value is loaded once for all of them. A score is a dot
+   product accumulated in 16 lanes, 16 dims at a time, then summed by one fixed tree of its
+   own lanes (clrt_reduce4_512's, which sums each of its four inputs alone), whatever the
+   tile, the key's place in it or the number of keys; the output accumulates p_t v_t in
+   registers, 64 dims at a time, t in order. So a query's bits do not depend on which heads
+   it was tiled with.
    Same math as the sgemm path (scaled scores, soft-capped when asked, max-subtracted exp,
    normalised sum), summed in another order: results agree to rounding. AVX-512 only, chosen
    at run time.
@@ -31,54 +36,58 @@ static inline __mmask16 chunk_mask(int d, int D) {
   return d + 16 <= D ? (__mmask16)0xFFFF : d < D ? clrt_tail_mask16(D - d) : (__mmask16)0;
 }
 
-/* s[t] = scale * q . k_t for t < n; keys are rows of k with stride ldk. */
-TARGET static void scores(float *s /* [n] */, const float *q /* [D] */, const float *k /* [n, ldk] */,
-                          int64_t ldk, int n, int D, float scale) {
-  int t = 0;
-  for (; t + 4 <= n; t += 4) {
-    const float *k0 = k + t * ldk, *k1 = k0 + ldk, *k2 = k1 + ldk, *k3 = k2 + ldk;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int d = 0; d < D; d += 16) {
-      __mmask16 m = chunk_mask(d, D);
-      __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
-      a0 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + d), a0);
-      a1 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k1 + d), a1);
-      a2 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k2 + d), a2);
-      a3 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k3 + d), a3);
-    }
-    _mm_storeu_ps(s + t, _mm_mul_ps(_mm_set1_ps(scale), clrt_reduce4_512(a0, a1, a2, a3)));
-  }
-  for (; t < n; t++) {
+/* Up to four queries (R, the heads of one tile) against the same keys: s[i * lds + t] =
+   scale * q_i . k_t for t < n. Keys go four at a time; a missing fourth (the range's end)
+   is a zero vector whose score is not stored. */
+TARGET static inline __attribute__((always_inline)) void scores_tile(
+    float *s /* [R, lds] */, int64_t lds, const float *q /* [R, D], rows ldq apart */, int64_t ldq,
+    const float *k /* [n, ldk] */, int64_t ldk, int n, int D, float scale, const int R) {
+  const __m128 sc = _mm_set1_ps(scale);
+  for (int t = 0; t < n; t += 4) {
+    int have = n - t < 4 ? n - t : 4;
     const float *kt = k + t * ldk;
-    __m512 a = _mm512_setzero_ps();
+    __m512 acc[4][4];
+    for (int i = 0; i < R; i++)
+      for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
     for (int d = 0; d < D; d += 16) {
       __mmask16 m = chunk_mask(d, D);
-      a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), _mm512_maskz_loadu_ps(m, kt + d), a);
+      __m512 kv[4];
+      for (int j = 0; j < 4; j++) kv[j] = j < have ? _mm512_maskz_loadu_ps(m, kt + j * ldk + d) : _mm512_setzero_ps();
+      for (int i = 0; i < R; i++) {
+        __m512 qv = _mm512_maskz_loadu_ps(m, q + i * ldq + d);
+        for (int j = 0; j < 4; j++) acc[i][j] = _mm512_fmadd_ps(qv, kv[j], acc[i][j]);
+      }
     }
-    s[t] = scale * _mm512_reduce_add_ps(a);
+    __mmask8 keep = (__mmask8)((1u << have) - 1);
+    for (int i = 0; i < R; i++)
+      _mm_mask_storeu_ps(s + i * lds + t, keep, _mm_mul_ps(sc, clrt_reduce4_512(acc[i][0], acc[i][1], acc[i][2], acc[i][3])));
   }
 }
 
-/* o[d] = inv * sum_t p[t] v_t[d]: 64 dims per pass over the values, four independent sums. */
-TARGET static void weighted_sum(float *o /* [D] */, const float *p /* [n] */,
-                                const float *v /* [n, ldv] */, int64_t ldv, int n, int D, float inv) {
+/* o_i[d] = inv[i] * sum_t p_i[t] v_t[d] for R queries over the same values: 64 dims per pass,
+   each value chunk loaded once for the R sums, t in order. */
+TARGET static inline __attribute__((always_inline)) void weighted_sum_tile(
+    float *o /* [R, D], rows ldo apart */, int64_t ldo, const float *p /* [R, lds] */, int64_t lds,
+    const float *inv /* [R] */, const float *v /* [n, ldv] */, int64_t ldv, int n, int D, const int R) {
   for (int d0 = 0; d0 < D; d0 += 64) {
-    __mmask16 m0 = chunk_mask(d0, D), m1 = chunk_mask(d0 + 16, D), m2 = chunk_mask(d0 + 32, D),
-              m3 = chunk_mask(d0 + 48, D);
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __mmask16 m[4];
+    for (int c = 0; c < 4; c++) m[c] = chunk_mask(d0 + 16 * c, D);
+    __m512 acc[4][4];
+    for (int i = 0; i < R; i++)
+      for (int c = 0; c < 4; c++) acc[i][c] = _mm512_setzero_ps();
     for (int t = 0; t < n; t++) {
       const float *vt = v + t * ldv + d0;
-      __m512 pt = _mm512_set1_ps(p[t]);
-      a0 = _mm512_fmadd_ps(pt, _mm512_maskz_loadu_ps(m0, vt), a0);
-      a1 = _mm512_fmadd_ps(pt, _mm512_maskz_loadu_ps(m1, vt + 16), a1);
-      a2 = _mm512_fmadd_ps(pt, _mm512_maskz_loadu_ps(m2, vt + 32), a2);
-      a3 = _mm512_fmadd_ps(pt, _mm512_maskz_loadu_ps(m3, vt + 48), a3);
+      __m512 vv[4];
+      for (int c = 0; c < 4; c++) vv[c] = _mm512_maskz_loadu_ps(m[c], vt + 16 * c);
+      for (int i = 0; i < R; i++) {
+        __m512 pt = _mm512_set1_ps(p[i * lds + t]);
+        for (int c = 0; c < 4; c++) acc[i][c] = _mm512_fmadd_ps(pt, vv[c], acc[i][c]);
+      }
     }
-    __m512 iv = _mm512_set1_ps(inv);
-    _mm512_mask_storeu_ps(o + d0, m0, _mm512_mul_ps(a0, iv));
-    _mm512_mask_storeu_ps(o + d0 + 16, m1, _mm512_mul_ps(a1, iv));
-    _mm512_mask_storeu_ps(o + d0 + 32, m2, _mm512_mul_ps(a2, iv));
-    _mm512_mask_storeu_ps(o + d0 + 48, m3, _mm512_mul_ps(a3, iv));
+    for (int i = 0; i < R; i++) {
+      __m512 iv = _mm512_set1_ps(inv[i]);
+      for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(o + i * ldo + d0 + 16 * c, m[c], _mm512_mul_ps(acc[i][c], iv));
+    }
   }
 }
 
@@ -97,14 +106,31 @@ static inline void prefetch_rows(const float *p, int64_t ld, int n, int D) {
 }
 #endif
 
-/* The keys query (b, t) sees, k0 .. its position (a sliding window starts them later), and
-   its flat index (b * Tq + t) * H + h as `item`: returns how many, with the first in *k0. */
-static inline int item_keys(int64_t item, int Tq, int H, const int32_t *pos0, int window, int *b, int *k0) {
-  int64_t bt = item / H;
-  *b = (int)(bt / Tq);
-  int p = (pos0 ? pos0[*b] : 0) + (int)(bt % Tq);
+/* The keys position t of row b sees, k0 .. its position (a sliding window starts them later):
+   returns how many, with the first in *k0. */
+static inline int query_keys(int b, int t, const int32_t *pos0, int window, int *k0) {
+  int p = (pos0 ? pos0[b] : 0) + t;
   *k0 = clrt_window_first_key(p, window);
   return p + 1 - *k0;
+}
+
+/* A unit of work: R (<= 4) query heads h0.. of one KV head at (row b, position t). Units are
+   numbered ((b * Tq + t) * KV + kv head) * tiles + tile. */
+typedef struct {
+  int b, t, h0, R;
+} attn_unit;
+
+static inline attn_unit unit_of(int64_t u, int Tq, int KV, int group, int tiles, int qt) {
+  attn_unit w;
+  int j = (int)(u % tiles);
+  int64_t rest = u / tiles;
+  int kvh = (int)(rest % KV);
+  int64_t bt = rest / KV;
+  w.b = (int)(bt / Tq);
+  w.t = (int)(bt % Tq);
+  w.h0 = kvh * group + j * qt;
+  w.R = group - j * qt < qt ? group - j * qt : qt;
+  return w;
 }
 
 /* Gemma 3's attn_logit_softcapping (cap > 0): each score becomes cap tanh(s / cap). */
@@ -113,16 +139,35 @@ static void softcap_scores(float *s /* [n] */, int n, float cap) {
     for (int t = 0; t < n; t++) s[t] = clrt_attn_softcap(s[t], cap);
 }
 
-/* One (query, head): scores, softmax, weighted sum, each in an order fixed by its own key
-   range: the AVX-512 passes, or plain loops on other CPUs. */
+/* R query heads of one KV head (q, out rows D apart; lse entries lse_step apart) over the
+   same n keys: scores, softmax, weighted sum, each query's in an order fixed by its own key
+   range (scratch: R rows of lds floats). The AVX-512 passes; plain loops on other CPUs. */
 #if CLRT_AVX512
-TARGET static void one_query_simd(float *out, float *lse, const float *q, const float *k, const float *v,
-                                  int64_t ldk, int n, int D, float scale, float cap, float *s) {
-  scores(s, q, k, ldk, n, D, scale);
-  softcap_scores(s, n, cap);
-  float mx = clrt_row_max(s, n), l = clrt_row_exp_(s, n, mx);
-  weighted_sum(out, s, v, ldk, n, D, 1.0f / l);
-  if (lse) *lse = clrt_lse_value(mx, l);
+TARGET static inline __attribute__((always_inline)) void tile_simd_r(
+    float *out, float *lse, int64_t lse_step, const float *q, const float *k, const float *v, int64_t ldk, int n,
+    int D, float scale, float cap, float *s, int64_t lds, const int R) {
+  scores_tile(s, lds, q, D, k, ldk, n, D, scale, R);
+  float inv[4], mx[4], l[4];
+  for (int i = 0; i < R; i++) {
+    float *si = s + i * lds;
+    softcap_scores(si, n, cap);
+    mx[i] = clrt_row_max(si, n);
+    l[i] = clrt_row_exp_(si, n, mx[i]);
+    inv[i] = 1.0f / l[i];
+  }
+  weighted_sum_tile(out, D, s, lds, inv, v, ldk, n, D, R);
+  if (lse)
+    for (int i = 0; i < R; i++) lse[i * lse_step] = clrt_lse_value(mx[i], l[i]);
+}
+
+TARGET static void tile_simd(float *out, float *lse, int64_t lse_step, const float *q, const float *k, const float *v,
+                             int64_t ldk, int n, int D, float scale, float cap, float *s, int64_t lds, int R) {
+  switch (R) {
+    case 4: tile_simd_r(out, lse, lse_step, q, k, v, ldk, n, D, scale, cap, s, lds, 4); break;
+    case 3: tile_simd_r(out, lse, lse_step, q, k, v, ldk, n, D, scale, cap, s, lds, 3); break;
+    case 2: tile_simd_r(out, lse, lse_step, q, k, v, ldk, n, D, scale, cap, s, lds, 2); break;
+    default: tile_simd_r(out, lse, lse_step, q, k, v, ldk, n, D, scale, cap, s, lds, 1); break;
+  }
 }
 #endif
 
@@ -140,44 +185,52 @@ static void one_query_plain(float *out, float *lse, const float *q, const float 
   if (lse) *lse = clrt_lse_value(mx, l);
 }
 
-/* Every (query, head) of the step, each alone (see one_query): what a query computes does
-   not depend on the other rows, the other queries of its row, or how threads split them.
-   scale 0: 1/sqrt(D); cap 0: no soft cap. */
+/* Every (query, head) of the step, each alone: what a query computes does not depend on the
+   other rows, the other queries of its row, the heads it is tiled with, or how threads split
+   the work. Tiles of up to four heads of a KV group, smaller when the units would otherwise be
+   fewer than the threads (a decode step at batch 1). scale 0: 1/sqrt(D); cap 0: no soft cap. */
 static void rows_all(float *out, float *lse, const float *q, const float *k, const float *v, int B, int Tq,
                      int H, int KV, int D, const int32_t *pos0, int64_t kv_bstride, const int32_t *kv_row,
                      int window, float *scratch, int64_t scratch_stride, int nthreads, int simd, float scale,
                      float cap) {
   if (!(scale > 0)) scale = 1.0f / sqrtf((float)D);
-  const int64_t ldk = (int64_t)KV * D, items = (int64_t)B * Tq * H;
-  const int group = H / KV;
+  const int64_t ldk = (int64_t)KV * D, base = (int64_t)B * Tq * KV;
+  const int group = H / KV, threads = nthreads > 0 ? nthreads : 1;
+  int tiles = (group + 3) / 4;
+  if (base * tiles < threads) tiles = (int)((threads + base - 1) / base) < group ? (int)((threads + base - 1) / base) : group;
+  const int qt = (group + tiles - 1) / tiles;
+  tiles = (group + qt - 1) / qt;
+  const int64_t units = base * tiles, lds = scratch_stride / 4;
   int64_t work = 0;
   for (int b = 0; b < B; b++) work += (int64_t)H * Tq * ((pos0 ? pos0[b] : 0) + Tq) * D * 2;
-#pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1) \
-    if (work > CLRT_OMP_MIN_WORK)
-  for (int64_t item = 0; item < items; item++) {   /* item = (b * Tq + t) * H + h */
+#pragma omp parallel for schedule(static) num_threads(threads) if (work > CLRT_OMP_MIN_WORK)
+  for (int64_t u = 0; u < units; u++) {
     float *s = scratch + (int64_t)omp_get_thread_num() * scratch_stride;
-    int b, k0, h = (int)(item % H), n = item_keys(item, Tq, H, pos0, window, &b, &k0);
-    int64_t off = kv_offset(b, h, group, D, kv_row, kv_bstride) + (int64_t)k0 * ldk;
+    attn_unit w = unit_of(u, Tq, KV, group, tiles, qt);
+    int k0, n = query_keys(w.b, w.t, pos0, window, &k0);
+    int64_t off = kv_offset(w.b, w.h0, group, D, kv_row, kv_bstride) + (int64_t)k0 * ldk;
+    int64_t item = ((int64_t)w.b * Tq + w.t) * H + w.h0;   /* the tile's first query row */
+    float *lse_at = lse ? lse + ((int64_t)w.b * H + w.h0) * Tq + w.t : NULL;
 #if CLRT_AVX512
-    /* Each (row, head) reads a few KiB of keys and values, too short a stream for the
-       hardware prefetcher: fetching the next one's while this one computes took a 110M
-       model's batch-32 attention from 4.4-4.6 to 3.2-3.7 ms per step in a microbenchmark
-       (the KV cache comes from memory every step). */
-    if (simd && item + 1 < items) {
-      int b1, k1, n1 = item_keys(item + 1, Tq, H, pos0, window, &b1, &k1);
-      int64_t off1 = kv_offset(b1, (int)((item + 1) % H), group, D, kv_row, kv_bstride) + (int64_t)k1 * ldk;
+    /* Each unit reads a few KiB of keys and values, too short a stream for the hardware
+       prefetcher: fetching the next unit's while this one computes took a 110M model's
+       batch-32 attention from 4.4-4.6 to 3.2-3.7 ms per step in a microbenchmark (the KV
+       cache comes from memory every step). The next tile of the same group reads these. */
+    if (simd && u + 1 < units && (u + 1) % tiles == 0) {
+      attn_unit w1 = unit_of(u + 1, Tq, KV, group, tiles, qt);
+      int k1, n1 = query_keys(w1.b, w1.t, pos0, window, &k1);
+      int64_t off1 = kv_offset(w1.b, w1.h0, group, D, kv_row, kv_bstride) + (int64_t)k1 * ldk;
       prefetch_rows(k + off1, ldk, n1, D);
       prefetch_rows(v + off1, ldk, n1, D);
     }
-#endif
-    float *lse_at = lse ? lse + ((int64_t)b * H + h) * Tq + (item / H) % Tq : NULL;
-#if CLRT_AVX512
     if (simd) {
-      one_query_simd(out + item * D, lse_at, q + item * D, k + off, v + off, ldk, n, D, scale, cap, s);
+      tile_simd(out + item * D, lse_at, Tq, q + item * D, k + off, v + off, ldk, n, D, scale, cap, s, lds, w.R);
       continue;
     }
 #endif
-    one_query_plain(out + item * D, lse_at, q + item * D, k + off, v + off, ldk, n, D, scale, cap, s);
+    for (int i = 0; i < w.R; i++)
+      one_query_plain(out + (item + i) * D, lse_at ? lse_at + (int64_t)i * Tq : NULL, q + (item + i) * D, k + off,
+                      v + off, ldk, n, D, scale, cap, s);
   }
 }
 

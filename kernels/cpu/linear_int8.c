@@ -51,20 +51,59 @@ void clrt_int8_pack_rows(int8_t *wq, float *ws, int32_t *wsum, const float *w, i
   for (int o = r0; o < r1 && o < O; o++) pack_row(wq, ws, wsum, w, K, O, o);
 }
 
+/* One row, scalar: the reference the vector form below matches bit for bit. */
+static void quantize_row(int8_t *qr, float *xs, const float *xr, int K) {
+  int K4 = clrt_int8_k4(K);
+  float amax = 0;
+  for (int k = 0; k < K; k++) amax = fmaxf(amax, fabsf(xr[k]));
+  float inv = amax > 0 ? 127.0f / amax : 0;
+  *xs = amax > 0 ? amax / 127.0f : 1;
+  for (int k = 0; k < K4; k++) {
+    long q = k < K ? lrintf(xr[k] * inv) : 0;
+    qr[k] = (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
+  }
+}
+
+#if CLRT_AVX512
+/* The same row 16 lanes at a time: max(|x|, m) keeps m where x is NaN, as fmaxf does;
+   vcvtps2dq rounds to nearest even under the default MXCSR, as lrintf does, and gives
+   INT_MIN for NaN, which the clamp turns into -127 as the scalar form's does. The lanes
+   past K load as zeros, so the K4 padding is 0. */
+CLRT_TARGET_AVX512 static void quantize_row_avx512(int8_t *qr, float *xs, const float *xr, int K) {
+  int K4 = clrt_int8_k4(K);
+  __m512 m = _mm512_setzero_ps();
+  for (int k = 0; k < K; k += 16) {
+    __mmask16 lm = K - k >= 16 ? (__mmask16)0xFFFF : clrt_tail_mask16(K - k);
+    m = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(lm, xr + k)), m);
+  }
+  float amax = _mm512_reduce_max_ps(m);
+  float inv = amax > 0 ? 127.0f / amax : 0;
+  *xs = amax > 0 ? amax / 127.0f : 1;
+  const __m512 iv = _mm512_set1_ps(inv);
+  const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
+  for (int k = 0; k < K4; k += 16) {
+    int left = K - k < 0 ? 0 : K - k, out = K4 - k;
+    __mmask16 lm = left >= 16 ? (__mmask16)0xFFFF : clrt_tail_mask16(left);
+    __mmask16 sm = out >= 16 ? (__mmask16)0xFFFF : clrt_tail_mask16(out);
+    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(lm, xr + k), iv));
+    q = _mm512_max_epi32(_mm512_min_epi32(q, hi), lo);
+    _mm_mask_storeu_epi8(qr + k, sm, _mm512_cvtepi32_epi8(q));
+  }
+}
+#endif
+
 void clrt_int8_quantize_rows(int8_t *xq, float *xs, const float *x, int64_t N, int K) {
   int K4 = clrt_int8_k4(K);
+  int wide = CLRT_AVX512 && clrt_have_avx512();
 #pragma omp parallel for schedule(static) if (N * K > 65536)
   for (int64_t n = 0; n < N; n++) {
-    const float *xr = x + n * K;
-    int8_t *qr = xq + n * K4;
-    float amax = 0;
-    for (int k = 0; k < K; k++) amax = fmaxf(amax, fabsf(xr[k]));
-    float inv = amax > 0 ? 127.0f / amax : 0;
-    xs[n] = amax > 0 ? amax / 127.0f : 1;
-    for (int k = 0; k < K4; k++) {
-      long q = k < K ? lrintf(xr[k] * inv) : 0;
-      qr[k] = (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
+#if CLRT_AVX512
+    if (wide) {
+      quantize_row_avx512(xq + n * K4, xs + n, x + n * K, K);
+      continue;
     }
+#endif
+    quantize_row(xq + n * K4, xs + n, x + n * K, K);
   }
 }
 

@@ -273,7 +273,8 @@ void clrt_attention_forward(float *out /* [B, Tq, H, D] */, float *lse /* [B, H,
                             const int32_t *kv_row /* [B] or NULL */, int window, float *scratch,
                             int nthreads);
 /* attention_decode.c: the forward for Tq = 1 (a decode step) without sgemm; q/out rows are
-   [B, H, D] and scratch holds scratch_stride floats per thread (>= the longest key range).
+   [B, H, D] and scratch holds scratch_stride floats per thread (>= 4 x the longest key range:
+   a tile of four heads keeps a row of scores each).
    scale: the score scale, scale q.k (0: 1/sqrt(D)); cap > 0 soft-caps the scores to
    cap tanh(s / cap) (Gemma 3; 0: none). Returns 1 when it computed out (and lse), 0 when this
    CPU has no kernel for it. */

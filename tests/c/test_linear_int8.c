@@ -64,6 +64,11 @@ static void check_shape(int64_t N, int K, int O, int with_bias, int zero_rows) {
   }
   for (int64_t n = 0; n < N; n++) scales_ok &= xs[n] == rxs[n];
   CHECK(scales_ok);
+  /* the activations' bytes, the K4 padding zero */
+  int xq_ok = 1;
+  for (int64_t n = 0; n < N; n++)
+    for (int k = 0; k < K4; k++) xq_ok &= xq[n * K4 + k] == (k < K ? qx[n * K + k] : 0);
+  CHECK(xq_ok);
   CHECK(sums_ok);
   float *yref = malloc(sizeof(float) * (size_t)N * O), *yf = malloc(sizeof(float) * (size_t)N * O);
   int dot_ok = 1;
@@ -124,6 +129,27 @@ static void check_shape(int64_t N, int K, int O, int with_bias, int zero_rows) {
   free(rws), free(rxs), free(yref), free(yf), free(y), free(y1);
 }
 
+/* Halves round to even, the largest |x| maps to exactly +-127, and the row's scale is exact:
+   rows built so that x * (127 / amax) lands on .5 (amax = 127, so the factor is 1). */
+static void check_quantize_ties(void) {
+  const int K = 37;   /* two 16-lane blocks and a tail */
+  float x[2 * 37];
+  for (int k = 0; k < K; k++) x[k] = (float)(k % 9) - 4.5f;   /* -4.5 .. 3.5: every one a half */
+  x[5] = 127.0f;
+  for (int k = 0; k < K; k++) x[K + k] = -x[k];
+  int8_t q[2 * 40];
+  float xs[2];
+  memset(q, 0x55, sizeof q);
+  clrt_int8_quantize_rows(q, xs, x, 2, K);
+  int ok = xs[0] == 1.0f && xs[1] == 1.0f;
+  for (int n = 0; n < 2; n++)
+    for (int k = 0; k < 40; k++) {
+      float v = k < K ? x[n * K + k] : 0;
+      ok &= q[n * 40 + k] == (int8_t)nearbyintf(v);   /* v is the scaled value here */
+    }
+  CHECK(ok);
+}
+
 int main(void) {
   clrt_rng_seed(&rng, 7);
   printf("int8 path on this CPU: %s\n", clrt_int8_path_name(clrt_int8_path()));
@@ -137,5 +163,7 @@ int main(void) {
   check_shape(5, 130, 70, 0, 1);   /* zero rows, no bias, P = 1..4 panels, R tails */
   check_shape(9, 256, 200, 1, 0);
   check_shape(7, 896, 128, 1, 0);  /* Qwen2.5-0.5B's k/v shape */
+  check_shape(80, 903, 48, 1, 0);  /* enough rows for the threaded quantization, K % 16 != 0 */
+  check_quantize_ties();
   return check_summary();
 }

@@ -514,6 +514,63 @@ static void test_attention_decode(void) {
     }
 }
 
+/* The per-query pass tiles the heads of a KV group (up to four share each key load), with
+   fewer heads per tile when threads outnumber the work. A query's bits must not depend on that:
+   7 heads of one KV head (tiles of 4 + 3, or smaller on more threads), 6 new positions, equal
+   bit for bit to each head alone (a tile of one) and to each position as its own decode step
+   (Tq = 1), with soft-capped scores too (Gemma 3), within 2e-5 of the definition. */
+static void test_attention_rows_tiles(void) {
+  enum { H = 7, D = 64, Tq = 6, P0 = 37, MAXT = 48 };
+  const int32_t pos0[1] = {P0};
+  const int64_t cbs = (int64_t)MAXT * D;
+  float *kc = randv((size_t)cbs, 1), *vc = randv((size_t)cbs, 1), *q = randv((size_t)Tq * H * D, 2);
+  float *scr = zerov(clrt_attention_scratch_floats(Tq, MAXT, 4));
+  const int64_t stride = (int64_t)clrt_attention_scratch_floats(Tq, MAXT, 1);
+  for (int capped = 0; capped <= 1; capped++) {
+    float cap = capped ? 3.0f : 0.0f;
+    float *ref = zerov((size_t)Tq * H * D), *ref_lse = zerov((size_t)H * Tq);
+    clrt_attention_rows_forward(ref, ref_lse, q, kc, vc, 1, Tq, H, 1, D, pos0, cbs, NULL, 0, scr, stride, 1, 0, cap);
+    for (int threads = 2; threads <= 4; threads += 2) {
+      float *o = zerov((size_t)Tq * H * D), *lse = zerov((size_t)H * Tq);
+      clrt_set_num_threads(threads);
+      clrt_attention_rows_forward(o, lse, q, kc, vc, 1, Tq, H, 1, D, pos0, cbs, NULL, 0, scr, stride, threads, 0, cap);
+      clrt_set_num_threads(1);
+      CHECK(memcmp(o, ref, sizeof(float) * Tq * H * D) == 0);
+      CHECK(memcmp(lse, ref_lse, sizeof(float) * H * Tq) == 0);
+      free(o), free(lse);
+    }
+    int alone_ok = 1, decode_ok = 1;
+    float one[D], one_lse;
+    for (int t = 0; t < Tq; t++)
+      for (int h = 0; h < H; h++) {
+        const float *qh = q + ((int64_t)t * H + h) * D, *rh = ref + ((int64_t)t * H + h) * D;
+        int32_t p = P0 + t;
+        clrt_attention_rows_forward(one, &one_lse, qh, kc, vc, 1, 1, 1, 1, D, &p, cbs, NULL, 0, scr, stride, 1, 0, cap);
+        alone_ok &= memcmp(one, rh, sizeof one) == 0 && one_lse == ref_lse[h * Tq + t];
+        if (!capped) {
+          double want[D];
+          naive_attention(want, qh, kc, vc, 0, 0, 0, p + 1, cbs, 1, 1, 1, D);
+          for (int e = 0; e < D; e++) CHECK_NEAR(rh[e], want[e], 2e-5);
+        }
+      }
+    /* each position as a decode step of all 7 heads */
+    for (int t = 0; t < Tq; t++) {
+      float o7[H * D];
+      int32_t p = P0 + t;
+      int threads = t % 2 ? 4 : 1;   /* 4 threads on one unit of work: tiles of 2 heads */
+      clrt_set_num_threads(threads);
+      clrt_attention_rows_forward(o7, NULL, q + (int64_t)t * H * D, kc, vc, 1, 1, H, 1, D, &p, cbs, NULL, 0, scr, stride,
+                                  threads, 0, cap);
+      clrt_set_num_threads(1);
+      decode_ok &= memcmp(o7, ref + (int64_t)t * H * D, sizeof o7) == 0;
+    }
+    CHECK(alone_ok);
+    CHECK(decode_ok);
+    free(ref), free(ref_lse);
+  }
+  free(kc), free(vc), free(q), free(scr);
+}
+
 /* ---- swiglu and residual --------------------------------------------------------------------- */
 typedef struct { int n; float *g, *u, *h, *R; } sw_ctx;
 static double sw_loss(void *p) {
@@ -757,6 +814,7 @@ int main(void) {
   test_attention();
   test_attention_decode();
   test_attention_window();
+  test_attention_rows_tiles();
   test_swiglu_residual();
   test_logsoftmax_gather();
   test_logsoftmax_gather_blocks();
