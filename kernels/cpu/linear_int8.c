@@ -160,12 +160,12 @@ TARGET_VNNI static inline __attribute__((always_inline)) void vnni_tile(
     float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws, const int32_t *wsum,
     const float *b, int64_t n0, int p0, int K, int O, const int R, const int P) {
   int K4 = clrt_int8_k4(K);
-  __m512i acc[4][4];
+  __m512i acc[8][4];
   for (int i = 0; i < R; i++)
     for (int j = 0; j < P; j++) acc[i][j] = _mm512_setzero_si512();
   const int8_t *pw[4];
   for (int j = 0; j < P; j++) pw[j] = wq + (size_t)(p0 + j) * 16 * K4;
-  const int8_t *px[4];
+  const int8_t *px[8];
   for (int i = 0; i < R; i++) px[i] = xq + (n0 + i) * K4;
   const __m512i flip = _mm512_set1_epi32((int)0x80808080u);
   for (int g = 0; g < K4 / 4; g++) {
@@ -216,11 +216,36 @@ TARGET_VNNI static void vnni_block(float *y, const int8_t *xq, const float *xs, 
   }
 }
 
+/* Many rows (a prefill, a batched decode step): two panels (32 outputs) by eight rows, so each
+   weight load feeds eight vpdpbusd instead of four and the pair's weights (32 x K bytes) stay
+   in L1 while the rows pass at K = 896. At Qwen2.5-0.5B's four product shapes and 480 rows on
+   2 threads (AMD Zen 5) this ran 548 GOP/s against the 4 x 4 tiles' 379. The sums are the
+   same exact integers, so the outputs are the same bits. */
+#define TILE_RP(R, P)                                                                            if ((P) == 2) vnni_tile(y, xq, xs, wq, ws, wsum, b, n, p0, K, O, R, 2);                         else vnni_tile(y, xq, xs, wq, ws, wsum, b, n, p0, K, O, R, 1);
+
+TARGET_VNNI static void vnni_pair(float *y, const int8_t *xq, const float *xs, const int8_t *wq,
+                                  const float *ws, const int32_t *wsum, const float *b, int64_t N,
+                                  int K, int O, int pair) {
+  int panels = clrt_int8_o16(O) / 16, p0 = pair * 2, P = panels - p0 < 2 ? panels - p0 : 2;
+  int64_t n = 0;
+  for (; n + 8 <= N; n += 8) { TILE_RP(8, P) }
+  if (N - n >= 4) { TILE_RP(4, P) n += 4; }
+  if (N - n >= 2) { TILE_RP(2, P) n += 2; }
+  if (N - n >= 1) { TILE_RP(1, P) }
+}
+#undef TILE_RP
+
 /* The blocks over the threads. The parallel loop lives outside the target("avx512...")
    function: clang outlines an OpenMP region into a function without its caller's target
    features, and inlining the VNNI tiles there fails to compile. */
 static void linear_vnni(float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws,
                         const int32_t *wsum, const float *b, int64_t N, int K, int O) {
+  if (N >= 8) {
+    int pairs = (clrt_int8_o16(O) / 16 + 1) / 2;
+#pragma omp parallel for schedule(static)
+    for (int pair = 0; pair < pairs; pair++) vnni_pair(y, xq, xs, wq, ws, wsum, b, N, K, O, pair);
+    return;
+  }
   int blocks = (clrt_int8_o16(O) / 16 + 3) / 4;
 #pragma omp parallel for schedule(static)
   for (int blk = 0; blk < blocks; blk++) vnni_block(y, xq, xs, wq, ws, wsum, b, N, K, O, blk);

@@ -164,6 +164,8 @@ int main(void) {
   check_shape(9, 256, 200, 1, 0);
   check_shape(7, 896, 128, 1, 0);  /* Qwen2.5-0.5B's k/v shape */
   check_shape(80, 903, 48, 1, 0);  /* enough rows for the threaded quantization, K % 16 != 0 */
+  check_shape(15, 130, 70, 1, 1);  /* 8-row tiles, then 4 + 2 + 1; a last pair of one panel */
+  check_shape(13, 64, 16, 0, 0);   /* 8 + 4 + 1 rows, one panel */
   check_quantize_ties();
   return check_summary();
 }
