@@ -223,6 +223,11 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
    position with a target (what the output layer reads; a value head's input), 0 elsewhere. */
 int clrt_model_logprobs_hidden(clrt_model *m, const int32_t *tokens, int B, int T,
                                const int32_t *lengths, float *lp, float *hidden, int keep);
+/* clrt_model_logprobs_hidden where row b's first context[b] tokens are context only (a
+   prompt): lp[b][t] is 0 for t + 1 < context[b] and the output layer skips those positions
+   (the others' values are the same bits). context: [B] or NULL (none); hidden may be NULL. */
+int clrt_model_logprobs_context(clrt_model *m, const int32_t *tokens, int B, int T, const int32_t *lengths,
+                                const int32_t *context, float *lp, float *hidden, int keep);
 /* dlogp: [B, T-1] of the last kept forward; accumulates into the gradients. */
 int clrt_model_backward(clrt_model *m, const float *dlogp);
 /* As clrt_model_backward, with dhidden [B, T-1, C] (or NULL): dL/d the hidden states that

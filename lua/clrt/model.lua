@@ -617,6 +617,8 @@ local function token_batch(tokens, lengths)
 end
 
 -- logprobs(tokens, {lengths =, grad = true}) -> f32 tensor [B, T-1]
+-- context = {n_1, ..., n_B}: row b's first n_b tokens are context only (a prompt): their
+-- entries come back 0 and the output layer skips them; the others are the same bits.
 -- With hidden = true also the final norm's output at each position with a target, f32
 -- [B, T-1, hidden_size] (0 elsewhere): what a value head reads (clrt.train.value_head).
 function Model:logprobs(tokens, opts)
@@ -625,10 +627,28 @@ function Model:logprobs(tokens, opts)
   local lp = tensor.zeros({ B, T - 1 })
   local keep = opts.grad ~= false
   local p = T > 1 and ffi.cast("float *", lp:data_ptr()) or ffi.new("float[1]")
-  local hidden
+  local hidden, hp
   if opts.hidden then
     hidden = tensor.zeros({ B, T - 1, self.config.hidden_size })
-    local hp = T > 1 and ffi.cast("float *", hidden:data_ptr()) or ffi.new("float[1]")
+    hp = T > 1 and ffi.cast("float *", hidden:data_ptr()) or ffi.new("float[1]")
+  end
+  local ctx
+  if opts.context then   -- each row's leading context tokens: no log-probs, no output-layer work
+    if type(opts.context) ~= "table" or #opts.context ~= B then
+      error(("logprobs: context must list one count per row (%d rows)"):format(B), 2)
+    end
+    ctx = ffi.new("int32_t[?]", B)
+    for b = 1, B do
+      local n = opts.context[b]
+      if type(n) ~= "number" or n < 0 or n ~= math.floor(n) then
+        error(("logprobs: context[%d] must be a count >= 0, got %s"):format(b, tostring(n)), 2)
+      end
+      ctx[b - 1] = n
+    end
+  end
+  if ctx then
+    ok(C.clrt_model_logprobs_context(live(self), buf, B, T, lens, ctx, p, hp, keep and 1 or 0), 2)
+  elseif hp then
     ok(C.clrt_model_logprobs_hidden(live(self), buf, B, T, lens, p, hp, keep and 1 or 0), 2)
   else
     ok(C.clrt_model_logprobs(live(self), buf, B, T, lens, p, keep and 1 or 0), 2)

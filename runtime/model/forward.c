@@ -124,16 +124,16 @@ static int check_batch(const clrt_model *m, const int32_t *tokens, int B, int T,
    stays in m->hidx for backward) and copied into the arena; the count of rows with a target,
    or -1. */
 static int64_t stage_targets(clrt_model *m, acts *a, const int32_t *tokens, int B, int T,
-                             const int32_t *lengths) {
+                             const int32_t *lengths, const int32_t *context) {
   int64_t N = (int64_t)B * T, nv = 0;
   int32_t *rowidx = model_host_ints(m, 3 * (size_t)N);
   if (!rowidx) return -1;
   int32_t *tok = rowidx + N, *target = rowidx + 2 * N;
   for (int b = 0; b < B; b++) {
-    int len = lengths ? lengths[b] : T;
+    int len = lengths ? lengths[b] : T, from = context ? context[b] : 0;
     for (int t = 0; t < T; t++) {
       tok[(int64_t)b * T + t] = t < len ? tokens[(int64_t)b * T + t] : 0;
-      if (t + 1 < len) {
+      if (t + 1 < len && t + 1 >= from) {
         rowidx[nv] = (int32_t)((int64_t)b * T + t);
         target[nv] = tokens[(int64_t)b * T + t + 1];
         nv++;
@@ -197,8 +197,21 @@ int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
 
 int clrt_model_logprobs_hidden(clrt_model *m, const int32_t *tokens, int B, int T,
                                const int32_t *lengths, float *lp, float *hidden, int keep) {
+  return clrt_model_logprobs_context(m, tokens, B, T, lengths, NULL, lp, hidden, keep);
+}
+
+/* A row's context tokens (an RL or DPO row's prompt) need no log-probabilities: leaving them
+   out of the targets spares the output layer (and its backward) every prompt position, most
+   of a row whose prompt is longer than its response. */
+int clrt_model_logprobs_context(clrt_model *m, const int32_t *tokens, int B, int T, const int32_t *lengths,
+                                const int32_t *context, float *lp, float *hidden, int keep) {
   const clrt_model_config *c = &m->cfg;
   int L = c->num_hidden_layers, C = c->hidden_size, V = c->vocab_size;
+  for (int b = 0; context && b < B; b++)
+    if (context[b] < 0) {
+      clrt_set_error("logprobs: context %d of row %d is negative", context[b], b + 1);
+      return -1;
+    }
   if (check_batch(m, tokens, B, T, lengths) || model_ensure_rope(m, T) || model_refresh_packed_logprobs(m))
     return -1;
   model_refresh_bf16(m);
@@ -212,7 +225,7 @@ int clrt_model_logprobs_hidden(clrt_model *m, const int32_t *tokens, int B, int 
   if (model_bind_acts(m, &a, B, T, T, keep) ||
       model_reserve_workspace(m, model_workspace_bytes(m, (int64_t)B * T), "logprobs"))
     return -1;
-  int64_t nv = stage_targets(m, &a, tokens, B, T, lengths);
+  int64_t nv = stage_targets(m, &a, tokens, B, T, lengths, context);
   if (nv < 0) return -1;
   if (model_prof_on > 0) clrt_kernel_seconds[CLRT_K_OTHER] += model_now() - t0;
   model_lora_begin(m, keep);

@@ -26,10 +26,15 @@ end
 -- The model's log-probabilities of rows (ragged; T the longest): [B, T-1]. The id lists go
 -- to the model as they are (it pads with 0 in its own buffer), not through a padded B x T
 -- copy in Lua tables.
+-- Rows that carry `first` (RL and DPO rows: their prompt's length) score only what follows
+-- it: the output layer skips the prompt's positions, whose log-probs no loss reads.
 function M.logprobs(model, rows, grad)
-  local ids = {}
-  for b, r in ipairs(rows) do ids[b] = r.ids end
-  return model:logprobs(ids, { grad = grad })
+  local ids, context = {}, {}
+  for b, r in ipairs(rows) do
+    ids[b] = r.ids
+    if context and type(r.first) == "number" then context[b] = r.first else context = nil end
+  end
+  return model:logprobs(ids, { grad = grad, context = context })
 end
 
 -- Rows ordered by length (ties in their given order): consecutive micro-batches of the
