@@ -326,7 +326,9 @@ int clrt_model_set_decode_pack(clrt_model *m, int on) {
    and sum exact integers, so they never depend on the rows beside them either. */
 int clrt_model_kv_reusable(const clrt_model *m) {
   if (m->device != CLRT_CPU || m->base16 || !clrt_linear_packed_available()) return 0;
-  return m->q8 != NULL || (!m->bf16 && m->pack_decode);   /* q8: quant=int8 (quant8.c) */
+  /* q8: quant=int8 (quant8.c). bf16 products are row-count independent only when batch
+     invariant (the bf16 copy at every row count, not sgemm past 32 rows). */
+  return m->q8 != NULL || (!m->bf16 && m->pack_decode) || (m->bf16 && m->batch_invariant);
 }
 
 void clrt_model_weights_stamp(const clrt_model *m, uint64_t out[8]) {

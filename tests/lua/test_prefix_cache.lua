@@ -140,6 +140,25 @@ T.case("every fixture architecture: bit-identical with the cache on", function()
   end
 end)
 
+-- bf16 products (train.precision=bf16's policy) reuse keys and values only when batch
+-- invariant: then the bf16 copy serves every row count, so a cached prefix is the bits a
+-- prefill from the start computes; without it the cache stays off.
+T.case("bf16 products: reused when batch invariant, bit-identical to the cache off", function()
+  local m = model()
+  reusable(m)
+  m:set_matmul("bf16")
+  T.eq(C.clrt_model_kv_reusable(m.ptr), 0, "bf16 without batch invariance: no reuse (sgemm past 32 rows)")
+  m:set_batch_invariant(true)
+  T.eq(C.clrt_model_kv_reusable(m.ptr), 1, "bf16, batch invariant: reuse")
+  PC.configure(m, { mb = 0 })
+  local off = conversations(m, 1)
+  PC.configure(m, { block_tokens = 4 })
+  local on = conversations(m, 1)
+  same_bits(on, off, "bf16, batch invariant")
+  local st = PC.of(m):stats()
+  T.ok(st.cached_tokens > 0.5 * st.prompt_tokens, ("cached %d of %d"):format(st.cached_tokens, st.prompt_tokens))
+end)
+
 -- Gemma 3's attention (score scale, soft cap, windowed local layers) runs per query over the
 -- KV cache as the others' does: its cache serves tokens, and replies keep their bits.
 for _, name in ipairs({ "gemma3_tiny", "gemma3_softcap" }) do
