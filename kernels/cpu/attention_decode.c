@@ -196,8 +196,10 @@ static void rows_all(float *out, float *lse, const float *q, const float *k, con
   if (!(scale > 0)) scale = 1.0f / sqrtf((float)D);
   const int64_t ldk = (int64_t)KV * D, base = (int64_t)B * Tq * KV;
   const int group = H / KV, threads = nthreads > 0 ? nthreads : 1;
+  /* tiles per group: of at most four heads, and at least enough units for the threads */
   int tiles = (group + 3) / 4;
-  if (base * tiles < threads) tiles = (int)((threads + base - 1) / base) < group ? (int)((threads + base - 1) / base) : group;
+  const int64_t need = (threads + base - 1) / base;
+  if (need > tiles) tiles = need < group ? (int)need : group;
   const int qt = (group + tiles - 1) / tiles;
   tiles = (group + qt - 1) / qt;
   const int64_t units = base * tiles, lds = scratch_stride / 4;

@@ -646,13 +646,7 @@ function Model:logprobs(tokens, opts)
       ctx[b - 1] = n
     end
   end
-  if ctx then
-    ok(C.clrt_model_logprobs_context(live(self), buf, B, T, lens, ctx, p, hp, keep and 1 or 0), 2)
-  elseif hp then
-    ok(C.clrt_model_logprobs_hidden(live(self), buf, B, T, lens, p, hp, keep and 1 or 0), 2)
-  else
-    ok(C.clrt_model_logprobs(live(self), buf, B, T, lens, p, keep and 1 or 0), 2)
-  end
+  ok(C.clrt_model_logprobs_context(live(self), buf, B, T, lens, ctx, p, hp, keep and 1 or 0), 2)
   local _ = anchor
   self._last = keep and { B, T - 1 } or nil
   return lp, hidden

@@ -18,8 +18,8 @@ end
 -- run_dir= as given, which must not exist yet (or be an empty folder): a new run never
 -- writes into an old run's folder. A folder that holds only what an interrupted atomic write
 -- leaves (NAME.tmp.PID: a run killed while it wrote its first config.json) counts as empty,
--- so the same command starts that run again. Without run_dir=: out/name-YYYYmmdd-HHMMSS, with -2, -3,
--- ... appended when that name is taken.
+-- so the same command starts that run again. Without run_dir=: out/name-YYYYmmdd-HHMMSS,
+-- with -2, -3, ... appended when that name is taken.
 function M.new_dir(cfg, who)
   -- every rank writes into rank 0's choice (its clock names the folder)
   local dist = require("clrt.dist")
