@@ -307,6 +307,16 @@ int clrt_model_set_decode_pack(clrt_model *m, int on);
    docs/reproducibility.md). Off by default; the CUDA tables ignore it. */
 int clrt_model_set_batch_invariant(clrt_model *m, int on);
 int clrt_model_batch_invariant(const clrt_model *m);
+/* Shared prefixes: clrt_model_logprobs_context runs a context that two rows or more share
+   (identical leading tokens, the same context length: an RL group's prompt, a DPO pair's)
+   once, forward and backward, and each row's continuation after it. The same log-probs (the
+   same bits on a batch-invariant model) and gradients within rounding, for a fraction of the
+   work. On by default (CPU; the CUDA tables run rows as they are). */
+int clrt_model_set_share_prefix(clrt_model *m, int on);
+int clrt_model_share_prefix(const clrt_model *m);
+/* The positions the last logprobs ran through the layers: B x T as called, fewer when it
+   packed shared contexts (0 before any). */
+int64_t clrt_model_logprobs_positions(const clrt_model *m);
 /* train.base_dtype=bf16 (CPU, a model with LoRA adapters): the frozen base's blocks' linear
    weights are kept only in bf16 (packed panels) and their f32 copy is freed; products
    accumulate in f32. Embeddings, head, norms and biases stay f32. One way: the base can no

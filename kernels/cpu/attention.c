@@ -99,28 +99,30 @@ void clrt_attention_scaled_forward(float *out /* [B, Tq, H, D] */, float *lse /*
                     scale, cap);
 }
 
-static void attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, KV, D] */,
-                               float *dv /* [B, T, KV, D] */, const float *dout /* [B, T, H, D] */,
+/* Queries t = 0 .. Tq-1 of each row sit at positions p0 + t and see keys 0 .. p0 + t (training:
+   p0 = 0; a branch of a shared prefix: the prefix's p0 keys come first, see the header). */
+static void attention_backward(float *dq /* [B, Tq, H, D] */, float *dk /* [B, p0 + Tq, KV, D] */,
+                               float *dv /* [B, p0 + Tq, KV, D] */, const float *dout /* [B, Tq, H, D] */,
                                const float *q, const float *k, const float *v,
-                               const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
-                               int B, int T, int H, int KV, int D, int window, float *scratch,
+                               const float *out /* [B, Tq, H, D] */, const float *lse /* [B, H, Tq] */,
+                               int B, int Tq, int p0, int H, int KV, int D, int window, float *scratch,
                                int nthreads, float scale, float cap) {
-  const int ldq = H * D, ldk = KV * D, group = H / KV;
+  const int ldq = H * D, ldk = KV * D, group = H / KV, Tk = p0 + Tq;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(nthreads > 0 ? nthreads : 1)
   for (int b = 0; b < B; b++)
     for (int g = 0; g < KV; g++) {
-      float *P = scratch + (size_t)omp_get_thread_num() * 2 * QB * (size_t)T;
-      float *dP = P + (size_t)QB * T;
-      const int64_t kvoff = (int64_t)b * T * ldk + (int64_t)g * D;
-      for (int t = 0; t < T; t++) {
+      float *P = scratch + (size_t)omp_get_thread_num() * 2 * QB * (size_t)Tk;
+      float *dP = P + (size_t)QB * Tk;
+      const int64_t kvoff = (int64_t)b * Tk * ldk + (int64_t)g * D;
+      for (int t = 0; t < Tk; t++) {
         memset(dk + kvoff + (int64_t)t * ldk, 0, sizeof(float) * (size_t)D);
         memset(dv + kvoff + (int64_t)t * ldk, 0, sizeof(float) * (size_t)D);
       }
       for (int h = g * group; h < (g + 1) * group; h++) {
-        const int64_t qoff = ((int64_t)b * T * H + h) * D;
-        for (int i0 = 0; i0 < T; i0 += QB) {
-          int bq = T - i0 < QB ? T - i0 : QB;
-          int k0 = clrt_window_first_key(i0, window), nk = i0 + bq - k0;
+        const int64_t qoff = ((int64_t)b * Tq * H + h) * D;
+        for (int i0 = 0; i0 < Tq; i0 += QB) {
+          int bq = Tq - i0 < QB ? Tq - i0 : QB;
+          int k0 = clrt_window_first_key(p0 + i0, window), nk = p0 + i0 + bq - k0;
           const int64_t kvblk = kvoff + (int64_t)k0 * ldk;   /* the block's first key */
           const float *qblk = q + qoff + (int64_t)i0 * ldq, *doblk = dout + qoff + (int64_t)i0 * ldq;
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, nk, D, scale, qblk, ldq,
@@ -130,8 +132,8 @@ static void attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T,
           for (int r = 0; r < bq; r++) {
             float *p = P + (int64_t)r * nk, *dp = dP + (int64_t)r * nk;
             const float *o = out + qoff + (int64_t)(i0 + r) * ldq, *dor = doblk + (int64_t)r * ldq;
-            float L = lse[((int64_t)b * H + h) * T + i0 + r], Di = clrt_row_dot(dor, o, D);
-            int lo = clrt_window_first_key(i0 + r, window) - k0, lim = i0 + r + 1 - k0;
+            float L = lse[((int64_t)b * H + h) * Tq + i0 + r], Di = clrt_row_dot(dor, o, D);
+            int lo = clrt_window_first_key(p0 + i0 + r, window) - k0, lim = p0 + i0 + r + 1 - k0;
             for (int j = 0; j < lo; j++) p[j] = dp[j] = 0;
             for (int j = lo; j < lim; j++) {
               float c = clrt_attn_softcap(p[j], cap);   /* the capped score; its slope is 1 - (c / cap)^2 */
@@ -158,7 +160,17 @@ void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, K
                              const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
                              int B, int T, int H, int KV, int D, int window, float *scratch,
                              int nthreads) {
-  attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, window, scratch, nthreads,
+  attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, 0, H, KV, D, window, scratch, nthreads,
+                     1.0f / sqrtf((float)D), 0.0f);
+}
+
+void clrt_attention_backward_offset(float *dq /* [B, Tq, H, D] */, float *dk /* [B, p0 + Tq, KV, D] */,
+                                    float *dv /* [B, p0 + Tq, KV, D] */, const float *dout /* [B, Tq, H, D] */,
+                                    const float *q, const float *k, const float *v,
+                                    const float *out /* [B, Tq, H, D] */, const float *lse /* [B, H, Tq] */,
+                                    int B, int Tq, int p0, int H, int KV, int D, int window, float *scratch,
+                                    int nthreads) {
+  attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, Tq, p0, H, KV, D, window, scratch, nthreads,
                      1.0f / sqrtf((float)D), 0.0f);
 }
 
@@ -168,5 +180,5 @@ void clrt_attention_scaled_backward(float *dq /* [B, T, H, D] */, float *dk /* [
                                     const float *out /* [B, T, H, D] */, const float *lse /* [B, H, T] */,
                                     int B, int T, int H, int KV, int D, int window, float *scratch,
                                     int nthreads, float scale, float cap) {
-  attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, window, scratch, nthreads, scale, cap);
+  attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, 0, H, KV, D, window, scratch, nthreads, scale, cap);
 }

@@ -304,6 +304,16 @@ void clrt_attention_backward(float *dq /* [B, T, H, D] */, float *dk /* [B, T, K
                              int B, int T, int H, int KV, int D, int window, float *scratch,
                              int nthreads);
 
+/* The same backward for queries at positions p0 .. p0 + Tq - 1 of every row over keys 0 ..
+   p0 + Tq - 1 (a shared prefix's branch: the prefix's keys, then the branch's own); dk/dv
+   cover every key. scratch: clrt_attention_scratch_floats(Tq, p0 + Tq, nthreads) floats. */
+void clrt_attention_backward_offset(float *dq /* [B, Tq, H, D] */, float *dk /* [B, p0 + Tq, KV, D] */,
+                                    float *dv /* [B, p0 + Tq, KV, D] */, const float *dout /* [B, Tq, H, D] */,
+                                    const float *q, const float *k, const float *v,
+                                    const float *out /* [B, Tq, H, D] */, const float *lse /* [B, H, Tq] */,
+                                    int B, int Tq, int p0, int H, int KV, int D, int window, float *scratch,
+                                    int nthreads);
+
 /* The same attention (one window convention) with scores scale * q.k in place of 1/sqrt(D)
    and, when cap > 0, soft-capped to cap tanh(s / cap) (Gemma 3; 0: none); one query takes the
    decode kernel, as above. */

@@ -100,7 +100,7 @@ static __global__ void gather_rows_k(float *dst, const float *src, const int32_t
 static __global__ void scatter_rows_k(float *dst, const float *src, const int32_t *rowidx, int64_t nv, int C) {
   GRID_STRIDE(e, nv * C) {
     int64_t i = e / C;
-    dst[(int64_t)rowidx[i] * C + (e - i * C)] = src[e];
+    dst[(int64_t)rowidx[i] * C + (e - i * C)] += src[e];   /* rows are distinct here: no race */
   }
 }
 

@@ -9,6 +9,7 @@
 --   m:set_matmul("bf16"|"f32"), m:set_decode_pack(bool)  -- how decode steps read the weights
 --   m:set_quant("int8"|"none")                     -- generation from int8 weights (docs/quantization.md)
 --   m:set_batch_invariant(bool)    -- a row's logits independent of the rows beside it
+--   m:set_share_prefix(bool)       -- rows with one context run it once in logprobs (default on)
 --   m:generate({ids, ...}, {max_new_tokens =, ...}), m:chat([tok,] "text")  -- decoding, a chat reply
 --   m:add_lora{...}, m:set_adapters(bool), m:save_adapter(dir), load(dir, {adapter = DIR})
 --                                                  -- LoRA (lua/clrt/core/model_lora.lua)
@@ -497,6 +498,19 @@ function Model:set_batch_invariant(on)
   return self
 end
 function Model:batch_invariant() return C.clrt_model_batch_invariant(live(self)) == 1 end
+
+-- set_share_prefix(on): logprobs with `context` runs a context that several rows share (an RL
+-- group's prompt, a DPO pair's) once, forward and backward, then each row's continuation; the
+-- same log-probs (the same bits when batch invariant) and gradients within rounding. On by
+-- default (CPU). share_prefix() reads it.
+function Model:set_share_prefix(on)
+  if type(on) ~= "boolean" then error("model:set_share_prefix: expects true or false", 2) end
+  ok(C.clrt_model_set_share_prefix(live(self), on and 1 or 0), 2)
+  return self
+end
+function Model:share_prefix() return C.clrt_model_share_prefix(live(self)) == 1 end
+-- The positions the last logprobs ran through the layers (B x T, fewer when it shared prefixes).
+function Model:logprobs_positions() return tonumber(C.clrt_model_logprobs_positions(live(self))) end
 
 -- The bf16 and packed weight copies follow writes through params() views and the optimizers
 -- by themselves; after writing parameter memory by other means (data_ptr()), call this.

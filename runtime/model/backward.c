@@ -32,11 +32,16 @@ static void layer_backward(clrt_model *m, acts *a, int l, const float *x, int B,
   PROF(CLRT_K_RMSNORM, op->rmsnorm_backward(a->dres, GW(m, o->ln2), a->dxn, A->xmid, PW(m, o->ln2), A->rstd2, N, C));
   /* Attention: xmid = x + att Wo^T; the residual passes dres to x unchanged. */
   model_linear_backward(m, a, A, l, LORA_O, a->datt, o->wo, GW(m, o->bo), a->dres, A->att, N, H * D, C, 0);
-  PROF(CLRT_K_ATTN_B, op->attention_backward(m, a, A, B, T, model_layer_window(m, l)));
-  PROF(CLRT_K_ROPE, {
-    op->rope_backward(a->dq, m->rope_kc, m->rope_ks, NULL, B, T, H, D);
-    op->rope_backward(a->dk, m->rope_kc, m->rope_ks, NULL, B, T, KV, D);
-  });
+  if (m->packed) {
+    PROF(CLRT_K_ATTN_B, model_pack_attention_backward(m, a, &m->pack, A, model_layer_window(m, l)));
+    PROF(CLRT_K_ROPE, model_pack_rope(m, &m->pack, a->dq, a->dk, 1));
+  } else {
+    PROF(CLRT_K_ATTN_B, op->attention_backward(m, a, A, B, T, model_layer_window(m, l)));
+    PROF(CLRT_K_ROPE, {
+      op->rope_backward(a->dq, m->rope_kc, m->rope_ks, NULL, B, T, H, D);
+      op->rope_backward(a->dk, m->rope_kc, m->rope_ks, NULL, B, T, KV, D);
+    });
+  }
   float *dq = a->dq, *dk = a->dk;
   if (c->qk_norm) {
     /* datt is spent: it takes dL/dq before the norm; dk2 takes dL/dk before it. */
@@ -107,13 +112,15 @@ int clrt_model_backward_hidden(clrt_model *m, const float *dlogp, const float *d
   if (model_ensure_grads(m)) return -1;
   const model_ops *op = m->ops;
   const clrt_model_config *c = &m->cfg;
-  int L = c->num_hidden_layers, C = c->hidden_size, V = c->vocab_size, B = m->B, T = m->T;
+  /* the activations' layout (packed: one row of segments), not the caller's rows */
+  int L = c->num_hidden_layers, C = c->hidden_size, V = c->vocab_size, B = m->lay_B, T = m->lay_T;
   int64_t N = (int64_t)B * T, nv = m->nv;
   float *res[L + 1];
   layer_acts la[L];
   acts a = {.res = res, .la = la};
   model_layout(m, &a, m->acts->data, B, T, T, 1);
-  if (model_reserve_workspace(m, model_workspace_bytes(m, N), "backward") || stage_dlogp(m, &a, dlogp)) return -1;
+  size_t ws = model_workspace_bytes(m, N), pws = m->packed ? model_pack_workspace_bytes(m, &m->pack) : 0;
+  if (model_reserve_workspace(m, ws > pws ? ws : pws, "backward") || stage_dlogp(m, &a, dlogp)) return -1;
   /* Output layer and final norm over the rows with a target (compacted, as in forward). */
   PROF(CLRT_K_OTHER, op->gather_rows(a.tmp, a.res[L], a.rowidx, nv, C));
   PROF(CLRT_K_RMSNORM, model_final_norm(m, a.xn, a.rstdf, a.tmp, nv));

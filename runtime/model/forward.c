@@ -44,8 +44,12 @@ static void layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, cons
       op->rmsnorm(A->k, A->krstd, A->kpre, PW(m, o->kn), N * KV, D, eps);
     });
   PROF(CLRT_K_ROPE, {
-    op->rope(A->q, m->rope_kc, m->rope_ks, s->pos0, B, T, H, D);
-    op->rope(A->k, m->rope_kc, m->rope_ks, s->pos0, B, T, KV, D);
+    if (s->pack) {
+      model_pack_rope(m, s->pack, A->q, A->k, 0);
+    } else {
+      op->rope(A->q, m->rope_kc, m->rope_ks, s->pos0, B, T, H, D);
+      op->rope(A->k, m->rope_kc, m->rope_ks, s->pos0, B, T, KV, D);
+    }
   });
   attn_args at = {B, T, H, KV, D, model_layer_window(m, l), s->pos0, NULL, (int64_t)T * KV * D};
   const float *keys = A->k, *vals = A->v;
@@ -57,7 +61,11 @@ static void layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, cons
     keys = kc;
     vals = vc;
   }
-  PROF(CLRT_K_ATTN_F, op->attention(m, a, A->att, s->keep ? A->lse : NULL, A->q, keys, vals, &at));
+  if (s->pack)
+    PROF(CLRT_K_ATTN_F, model_pack_attention(m, a, s->pack, A->att, s->keep ? A->lse : NULL, A->q, keys, vals,
+                                             at.window));
+  else
+    PROF(CLRT_K_ATTN_F, op->attention(m, a, A->att, s->keep ? A->lse : NULL, A->q, keys, vals, &at));
   lin_part proj = {a->tmp, o->wo, PW(m, o->bo), C, LORA_O};
   model_linear(m, a, A, l, s->keep, A->att, N, H * D, &proj, 1);
   PROF(CLRT_K_RESIDUAL, op->add(A->xmid, x, a->tmp, N * C));
@@ -120,28 +128,30 @@ static int check_batch(const clrt_model *m, const int32_t *tokens, int B, int T,
   return 0;
 }
 
-/* The step's tokens (padding: any id) and the rows with a target, built on the host (rowidx
-   stays in m->hidx for backward) and copied into the arena; the count of rows with a target,
-   or -1. */
+/* The step's tokens (padding: any id; packed: m->pack's) and the rows with a target, built on
+   the host and copied into the arena; the count of rows with a target, or -1. m->hidx keeps
+   each target's place in the caller's rows (b * T + t) for backward and the copies out;
+   rowidx, uploaded, its row in the layout (the packed position when pk). */
 static int64_t stage_targets(clrt_model *m, acts *a, const int32_t *tokens, int B, int T,
-                             const int32_t *lengths, const int32_t *context) {
+                             const int32_t *lengths, const int32_t *context, const model_pack *pk) {
   int64_t N = (int64_t)B * T, nv = 0;
-  int32_t *rowidx = model_host_ints(m, 3 * (size_t)N);
-  if (!rowidx) return -1;
-  int32_t *tok = rowidx + N, *target = rowidx + 2 * N;
+  int32_t *place = model_host_ints(m, 4 * (size_t)N);
+  if (!place) return -1;
+  int32_t *rowidx = place + N, *tok = place + 2 * N, *target = place + 3 * N;
   for (int b = 0; b < B; b++) {
     int len = lengths ? lengths[b] : T, from = context ? context[b] : 0;
     for (int t = 0; t < T; t++) {
-      tok[(int64_t)b * T + t] = t < len ? tokens[(int64_t)b * T + t] : 0;
+      if (!pk) tok[(int64_t)b * T + t] = t < len ? tokens[(int64_t)b * T + t] : 0;
       if (t + 1 < len && t + 1 >= from) {
-        rowidx[nv] = (int32_t)((int64_t)b * T + t);
+        place[nv] = (int32_t)((int64_t)b * T + t);
+        rowidx[nv] = (int32_t)(pk ? model_pack_index(pk, b, t) : (int64_t)b * T + t);
         target[nv] = tokens[(int64_t)b * T + t + 1];
         nv++;
       }
     }
   }
   const model_ops *op = m->ops;
-  if (op->upload(a->tok, tok, sizeof(int32_t) * (size_t)N) ||
+  if (op->upload(a->tok, pk ? pk->tok : tok, sizeof(int32_t) * (size_t)(pk ? pk->N : N)) ||
       op->upload(a->rowidx, rowidx, sizeof(int32_t) * (size_t)nv) ||
       op->upload(a->target, target, sizeof(int32_t) * (size_t)nv))
     return -1;
@@ -222,14 +232,20 @@ int clrt_model_logprobs_context(clrt_model *m, const int32_t *tokens, int B, int
   layer_acts la[L];
   acts a = {.res = res, .la = la};
   double t0 = model_prof_on > 0 ? model_now() : 0;
-  if (model_bind_acts(m, &a, B, T, T, keep) ||
-      model_reserve_workspace(m, model_workspace_bytes(m, (int64_t)B * T), "logprobs"))
+  m->saved = 0;
+  /* Rows that share their context run it once (shared_prefix.c): one row of segments. */
+  int packed = context && model_pack_wanted(m) ? model_pack_plan(m, tokens, B, T, lengths, context) : 0;
+  if (packed < 0) return -1;
+  const model_pack *pk = packed ? &m->pack : NULL;
+  int LB = pk ? 1 : B, LT = pk ? pk->N : T;
+  size_t ws = model_workspace_bytes(m, (int64_t)LB * LT), pws = pk ? model_pack_workspace_bytes(m, pk) : 0;
+  if (model_bind_acts(m, &a, LB, LT, LT, keep) || model_reserve_workspace(m, ws > pws ? ws : pws, "logprobs"))
     return -1;
-  int64_t nv = stage_targets(m, &a, tokens, B, T, lengths, context);
+  int64_t nv = stage_targets(m, &a, tokens, B, T, lengths, context, pk);
   if (nv < 0) return -1;
   if (model_prof_on > 0) clrt_kernel_seconds[CLRT_K_OTHER] += model_now() - t0;
   model_lora_begin(m, keep);
-  fwd_step s = {.B = B, .T = T, .keep = keep};
+  fwd_step s = {.B = LB, .T = LT, .keep = keep, .pack = pk};
   const float *xl = run_layers(m, &a, &s, "logprobs");
   if (!xl) return -1;
   /* The output layer over the rows with a target only. */
@@ -251,6 +267,9 @@ int clrt_model_logprobs_context(clrt_model *m, const int32_t *tokens, int B, int
   m->saved = keep;
   m->B = B;
   m->T = T;
+  m->lay_B = LB;
+  m->lay_T = LT;
+  m->packed = packed;
   m->nv = nv;
   return 0;
 }

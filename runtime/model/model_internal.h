@@ -15,7 +15,8 @@
      linear.c     the layer code's one call per product: the base product, then its adapter
      lora.c       LoRA adapters: their arena, names (PEFT's), init, merge, and the layer hooks
      base16.c     base_dtype=bf16: a frozen base's linear weights only in bf16, and their products
-     quant8.c     quant=int8: generation's int8 copies of the linear weights, and their products */
+     quant8.c     quant=int8: generation's int8 copies of the linear weights, and their products
+     shared_prefix.c  rows that share a leading context packed so that the context runs once */
 #ifndef CLRT_MODEL_INTERNAL_H
 #define CLRT_MODEL_INTERNAL_H
 #include "clrt.h"
@@ -38,6 +39,24 @@ typedef struct clrt_layer_offsets {
 
 typedef struct model_ops model_ops;
 typedef struct model_q8 model_q8;
+
+/* Rows that share their leading context (an RL group's responses to one prompt, a DPO pair)
+   packed into one row of segments (shared_prefix.c): each group's context once, then each
+   member's continuation, a "branch" whose queries see the context's keys before their own. */
+typedef struct pack_seg {
+  int start, len;              /* packed positions [start, start + len) */
+  int prefix;                  /* a branch: the packed start of its context; -1: none */
+  int plen;                    /* a branch: the context's length (its first position); 0: none */
+} pack_seg;
+
+typedef struct model_pack {
+  int N;                       /* packed positions */
+  int nseg, seg_cap, row_cap, tok_cap;
+  pack_seg *seg;               /* [nseg], each context before its branches */
+  int *pre, *plen, *br;        /* [B] each (one block of 4 B ints): a row's first segment's start and
+                                  length, its branch's start (-1: none) */
+  int32_t *tok;                /* [N] the packed tokens */
+} model_pack;
 
 /* LoRA: the linear layers an adapter can sit beside (bit t of model_lora.targets): the seven
    of every block, then the output layer and the embedding (one each, off by default). */
@@ -80,8 +99,12 @@ struct clrt_model {
   float *rope_cos, *rope_sin;  /* [rope_len, D/2] */
   const float *rope_kc, *rope_ks;   /* the tables as the kernels read them (host or device) */
   int rope_len;
-  /* The last forward kept for backward. */
-  int saved, B, T;
+  /* The last forward kept for backward: its caller's rows [B, T]; the activations' layout
+     [lay_B, lay_T] ([1, pack.N] when packed, else [B, T]). */
+  int saved, B, T, lay_B, lay_T;
+  int share_prefix;            /* clrt_model_set_share_prefix (on by default) */
+  int packed;                  /* the last logprobs ran packed (pack holds its layout) */
+  model_pack pack;
   int64_t nv;                  /* rows with a target */
   int threads;                 /* OpenMP threads the activation layout was made for */
   /* Where the arenas live (clrt_device). On CUDA the RoPE tables are mirrored on the device
@@ -216,6 +239,11 @@ struct model_ops {
   void (*attention)(const clrt_model *m, acts *a, float *out, float *lse, const float *q,
                     const float *k, const float *v, const attn_args *s);
   void (*attention_backward)(const clrt_model *m, acts *a, const layer_acts *A, int B, int T, int window);
+  /* One row's queries at positions p0 .. p0 + Tq - 1 over keys 0 .. p0 + Tq - 1 (a packed
+     branch; NULL: no packing on this device). dk, dv cover every key. */
+  void (*attention_backward_offset)(const clrt_model *m, acts *a, float *dq, float *dk, float *dv,
+                                    const float *dout, const float *q, const float *k, const float *v,
+                                    const float *out, const float *lse, int Tq, int p0, int window);
   size_t (*attention_scratch)(const clrt_model *m, int B, int T, int Tk);
   void (*kv_write)(float *kc, float *vc, const float *k, const float *v, const int32_t *pos0,
                    const int32_t *slot, int B, int T, int row, int64_t bstride);
@@ -247,6 +275,7 @@ struct model_ops {
   void (*lora_embed_backward)(float *dA, float *dB, float *dea, const float *dy, const float *ea,
                               const int32_t *tok, const float *B, int64_t N, int V, int C, int r, float scale);
   void (*gather_rows)(float *dst, const float *src, const int32_t *rowidx, int64_t nv, int C);
+  /* dst[rowidx[i]] += src[i]; rows may repeat on the CPU (packed rows), never on CUDA */
   void (*scatter_rows)(float *dst, const float *src, const int32_t *rowidx, int64_t nv, int C);
   /* memory: zero, host -> model, model -> host (waits and reports a failed kernel), model ->
      model (queued in order with the kernels), end of step */
@@ -304,7 +333,30 @@ typedef struct fwd_step {
   const int32_t *pos0, *slot;       /* model memory: each row's first position and cache slot */
   float *const *kcache, *const *vcache;   /* [L] caches [slots, cache_T, KV, D], or NULL */
   int cache_T;
+  const model_pack *pack;           /* B = 1 row of packed segments, or NULL */
 } fwd_step;
+
+/* ---- rows that share a prefix (shared_prefix.c) ---------------------------------------------- */
+
+/* 1 when the model packs rows with a shared context (set_share_prefix, a device op for it, not
+   Gemma 3's layers). */
+int model_pack_wanted(const clrt_model *m);
+/* Groups rows [B, T] (lengths, context: each row's leading context tokens) by identical
+   context and packs them into m->pack; 1 when some context is shared by two rows or more (the
+   forward then runs packed), 0 when none is (m->pack unused), -1 on error. */
+int model_pack_plan(clrt_model *m, const int32_t *tokens, int B, int T, const int32_t *lengths,
+                    const int32_t *context);
+/* Row b's position t in the packed row. */
+int64_t model_pack_index(const model_pack *pk, int b, int t);
+/* The workspace bytes the packed attention borrows (gathered keys and values). */
+size_t model_pack_workspace_bytes(const clrt_model *m, const model_pack *pk);
+/* RoPE over q [N, H, D] and k [N, KV, D] at each segment's positions (backward: the inverse). */
+void model_pack_rope(const clrt_model *m, const model_pack *pk, float *q, float *k, int backward);
+/* The packed attention: out [N, H, D], lse [N, H] by segment ([H, len] each; NULL: not kept). */
+void model_pack_attention(clrt_model *m, acts *a, const model_pack *pk, float *out, float *lse,
+                          const float *q, const float *k, const float *v, int window);
+/* Its backward into a->dq, a->dk, a->dv from a->datt. */
+void model_pack_attention_backward(clrt_model *m, acts *a, const model_pack *pk, const layer_acts *A, int window);
 
 /* Gemma 3's layer: x [N, C] -> out [N, C] (forward), and a->dres from dL/dout to dL/dx. */
 void gemma3_layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, const float *x, float *out);

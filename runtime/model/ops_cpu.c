@@ -66,6 +66,14 @@ static void cpu_attention_scaled_backward(const clrt_model *m, acts *a, const la
                                  m->threads, scale, cap);
 }
 
+static void cpu_attention_backward_offset(const clrt_model *m, acts *a, float *dq, float *dk, float *dv,
+                                          const float *dout, const float *q, const float *k, const float *v,
+                                          const float *out, const float *lse, int Tq, int p0, int window) {
+  const clrt_model_config *c = &m->cfg;
+  clrt_attention_backward_offset(dq, dk, dv, dout, q, k, v, out, lse, 1, Tq, p0, c->num_attention_heads,
+                                 c->num_key_value_heads, c->head_dim, window, a->attn, m->threads);
+}
+
 /* One slice per thread; backward keeps the forward's thread count (m->threads). */
 static size_t cpu_attention_scratch(const clrt_model *m, int B, int T, int Tk) {
   return clrt_attention_scratch_floats(T, Tk, m->threads);
@@ -89,9 +97,10 @@ static void cpu_gather_rows(float *dst, const float *src, const int32_t *rowidx,
     memcpy(dst + i * C, src + (int64_t)rowidx[i] * C, sizeof(float) * (size_t)C);
 }
 
+/* Adds: a shared context's last position is the row of every branch's first target. */
 static void cpu_scatter_rows(float *dst, const float *src, const int32_t *rowidx, int64_t nv, int C) {
-  for (int64_t i = 0; i < nv; i++)
-    memcpy(dst + (int64_t)rowidx[i] * C, src + i * C, sizeof(float) * (size_t)C);
+  for (int64_t i = 0; i < nv; i++) clrt_residual_forward(dst + (int64_t)rowidx[i] * C, dst + (int64_t)rowidx[i] * C,
+                                                         src + i * C, C);
 }
 
 static void cpu_zero(float *p, size_t n) { memset(p, 0, sizeof(float) * n); }
@@ -132,6 +141,7 @@ static void cpu_lora_backward(clrt_model *m, float *dx, float *dA, float *dB, fl
     .rmsnorm = clrt_rmsnorm_forward, .rmsnorm_backward = clrt_rmsnorm_backward,               \
     .rope = clrt_rope_forward, .rope_backward = clrt_rope_backward,                           \
     .attention = cpu_attention, .attention_backward = cpu_attention_backward,                 \
+    .attention_backward_offset = cpu_attention_backward_offset,                                 \
     .attention_scratch = cpu_attention_scratch, .kv_write = cpu_kv_write,                     \
     .swiglu = clrt_swiglu_forward, .swiglu_backward = clrt_swiglu_backward,                   \
     .add = clrt_residual_forward, .embedding = clrt_embedding_forward,                        \

@@ -109,6 +109,7 @@ clrt_model *model_params_new(const clrt_model_config *cfg) {
   if (!m) goto oom;
   m->cfg = *cfg;
   m->pack_decode = 1;
+  m->share_prefix = 1;
   m->wbf_ver = m->wpk_ver = COPY_STALE;
   const clrt_model_config *c = &m->cfg;
   int L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size;
@@ -220,6 +221,9 @@ void clrt_model_free(clrt_model *m) {
   model_q8_free(m->q8);
   model_lora_free(m->lora);
   free(m->hidx);
+  free(m->pack.seg);   /* shared_prefix.c's layout; pre's block holds plen and br too */
+  free(m->pack.pre);
+  free(m->pack.tok);
   free(m->ws);
   free(m);
 }

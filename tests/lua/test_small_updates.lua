@@ -161,4 +161,44 @@ T.case("RL update: micro-batches grouped by length give the whole mini-batch's s
   oa:free(); ob:free(); a:free(); b:free(); ref:free()
 end)
 
+T.case("RL update: a prompt's rows share micro-batches and run its prompt once", function()
+  -- 3 prompts x 4 responses, interleaved as a data-parallel gather may leave them
+  local g = rng.new(17)
+  local prompts = {}
+  for p = 1, 3 do prompts[p] = items_of(1, 300 + p)[1].ids end
+  local rows = {}
+  for i = 1, 12 do
+    local p = (i - 1) % 3 + 1
+    local ids = {}
+    for _, x in ipairs(prompts[p]) do ids[#ids + 1] = x end
+    for _ = 1, 1 + (i * 7) % 9 do ids[#ids + 1] = math.floor(g:random() * ARCH.vocab_size) end
+    rows[i] = { ids = ids, first = #prompts[p], adv = g:random() * 2 - 1, prompt = p }
+  end
+  local order = update.by_prompt(rows)
+  T.eq(#order, 12)
+  for k = 1, 12 do
+    T.eq(order[k].prompt, rows[1 + 4 * math.floor((k - 1) / 4)].prompt, "groups are contiguous, first come first")
+    if k % 4 ~= 1 then T.ok(#order[k].ids >= #order[k - 1].ids, "each group shortest first") end
+  end
+  local mixed = update.by_prompt({ { ids = { 1, 2 } }, rows[2], { ids = { 3 }, first = 0 }, rows[5] })
+  T.ok(mixed[1].first == 0 and mixed[2].first == nil and mixed[3] == rows[2] and mixed[4] == rows[5],
+    "rows without a prompt form one group of their own, shortest first")
+  local ref = clrt.model.new(ARCH, { seed = 9 })
+  local a, b = clrt.model.new(ARCH, { seed = 9 }), clrt.model.new(ARCH, { seed = 9 })
+  b:set_share_prefix(false)
+  local oa = clrt.optim.adamw(a, { lr = 0.01, grad_clip = 1.0 })
+  local ob = clrt.optim.adamw(b, { lr = 0.01, grad_clip = 1.0 })
+  local t = { clip = 0.2, kl_coef = 0.5, mini_batches = 1, micro_batch_size = 4 }
+  local st = ppo.update(a, ref, oa, rows, t, 0.01)
+  local positions = a:logprobs_positions()
+  local st_plain = ppo.update(b, ref, ob, rows, t, 0.01)
+  T.ok(positions < b:logprobs_positions() / 2, ("the last micro-batch ran %d positions shared, %d not"):format(
+    positions, b:logprobs_positions()))
+  T.near(st.loss, st_plain.loss, 1e-5 * math.abs(st_plain.loss))
+  T.eq(st.tokens, st_plain.tokens)
+  local d = max_diff(params_copy(a), params_copy(b))
+  T.ok(d <= 1e-2 * 0.01, ("parameters differ by %g, one step is 0.01"):format(d))
+  oa:free(); ob:free(); a:free(); b:free(); ref:free()
+end)
+
 T.run()

@@ -72,8 +72,9 @@ function M.update(m, ref, opt, rows, t, lr)
     -- the sampling-time policy, so its old log-probs are that forward's own (the loss's
     -- default, ratio 1) and need no forward of their own
     local on_policy = #mbs == 0
-    -- micro-batches of rows of similar length (each padded to its own longest row)
-    local micro = #mine > t.micro_batch_size and update.chunks(update.by_length(mine), t.micro_batch_size)
+    -- micro-batches of one prompt's rows (its prompt then runs once) where the model shares
+    -- prefixes, else of rows of similar length (each padded to its own longest row)
+    local micro = #mine > t.micro_batch_size and update.chunks(update.micro_order(m)(mine), t.micro_batch_size)
       or { mine }
     for _, part in ipairs(#mine > 0 and micro or {}) do
       parts[#parts + 1] = { rows = part, old = not on_policy and update.logprobs(m, part, false) or nil,

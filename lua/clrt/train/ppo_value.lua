@@ -123,7 +123,7 @@ function M.update(m, ref, head, opt, rows, t, lr, kl_coef)
   for _, mb in ipairs(update.chunks(rows, math.ceil(#rows / nmb))) do
     local ntok = 0
     for _, r in ipairs(mb) do ntok = ntok + (#r.ids - r.first) end
-    local micro = #mb > t.micro_batch_size and update.chunks(update.by_length(mb), t.micro_batch_size) or { mb }
+    local micro = #mb > t.micro_batch_size and update.chunks(update.micro_order(m)(mb), t.micro_batch_size) or { mb }
     local parts = {}
     for _, p in ipairs(micro) do
       parts[#parts + 1] = { rows = p }

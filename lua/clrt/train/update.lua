@@ -7,6 +7,7 @@
 --   local results, grad_norm = update.step(m, opt, L, parts, lr)
 --   local parts = update.chunks(list, size)                 -- consecutive groups of `size`
 --   local rows = update.by_length(rows)                     -- shortest first (micro-batching)
+--   local rows = update.by_prompt(rows)                     -- rows of one prompt together
 -- results[i] = {loss =, stats =} of part i, in order.
 local M = {}
 
@@ -51,6 +52,41 @@ function M.by_length(rows)
   local out = {}
   for i, k in ipairs(order) do out[i] = rows[k] end
   return out
+end
+
+-- Rows that share a prompt (the same `first` and the same leading ids: an RL group) next to
+-- each other, groups in the order they first come, each group shortest first: consecutive
+-- micro-batches then hold whole groups, whose prompt the model runs once (m:set_share_prefix).
+function M.by_prompt(rows)
+  local groups, key_of = {}, {}
+  for i, r in ipairs(rows) do
+    local k = "-"
+    if type(r.first) == "number" and r.first > 0 then
+      k = r.first .. ":" .. table.concat(r.ids, ",", 1, math.min(r.first, #r.ids))
+    end
+    local g = key_of[k]
+    if not g then
+      g = {}
+      groups[#groups + 1] = g
+      key_of[k] = g
+    end
+    g[#g + 1] = i
+  end
+  local out = {}
+  for _, g in ipairs(groups) do
+    table.sort(g, function(a, b)
+      local la, lb = #rows[a].ids, #rows[b].ids
+      if la ~= lb then return la < lb end
+      return a < b
+    end)
+    for _, i in ipairs(g) do out[#out + 1] = rows[i] end
+  end
+  return out
+end
+
+-- The micro-batch order for model m: by_prompt where it shares prefixes, else by_length.
+function M.micro_order(m)
+  return (type(m.share_prefix) == "function" and m:share_prefix()) and M.by_prompt or M.by_length
 end
 
 -- Split a list into consecutive parts of at most `size` (all in one when size is nil).
