@@ -19,7 +19,7 @@
    unsigned bytes by signed ones; storing them so once per row spares the products an XOR per
    row and group of 4 inputs. Every path subtracts 128 * wsum[o] from its sum, which gives
    back the signed sum exactly; a padding input is q = 0 (byte 128) against padding weights
-   of 0, so it adds nothing either way. */
+   of 0, so it adds 0 to the unsigned sum, and wsum holds no padding to correct for. */
 #ifndef CLRT_LINEAR_INT8_H
 #define CLRT_LINEAR_INT8_H
 #include <stddef.h>
@@ -53,8 +53,9 @@ void clrt_int8_pack_rows(int8_t *wq /* [clrt_int8_packed_bytes] */, float *ws /*
 void clrt_int8_quantize_rows(uint8_t *xq /* [N, K4] */, float *xs /* [N] */, const float *x /* [N, K] */,
                              int64_t N, int K);
 
-/* y [N, O] = (xq . wq) * xs[n] * ws[o] + b[o], on the given path (one the CPU runs; the
-   portable path runs everywhere). Returns 0, or -1 for a path this CPU lacks. */
+/* y [N, O] = (q . wq) * xs[n] * ws[o] + b[o] with q = xq - 128 (clrt_int8_quantize_rows's
+   bytes), on the given path (one the CPU runs; the portable path runs everywhere). Returns 0,
+   or -1 for a path this CPU lacks. */
 int clrt_int8_linear(float *y /* [N, O] */, const uint8_t *xq /* [N, K4], q + 128 */, const float *xs /* [N] */,
                      const int8_t *wq /* packed */, const float *ws /* [O] */, const int32_t *wsum /* [O] */,
                      const float *b /* [O] or NULL */, int64_t N, int K, int O, int path);
