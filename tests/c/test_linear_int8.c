@@ -155,19 +155,19 @@ static void check_quantize_ties(void) {
 /* The ends of the stored range, sums known in closed form: rows of all +a, all -a (q = +-127,
    bytes 255 and 1) and zeros (byte 128) against weight rows of all +c and all -c (q = +-127)
    give +-127 * 127 * K and 0, on every path; K % 4 != 0 puts padding bytes beside them, and
-   9 rows cover the 8-row and 1-row tiles. A lost or doubled 128 offset, or a correction
-   dropped, moves these sums by 128 * 127 * K. */
+   9 rows cover the 8-row and 1-row tiles. A byte read without its offset, flipped a second
+   time, or a 128 * wsum correction dropped moves these sums by 128 * 127 * K or more. */
 static void check_offset_extremes(void) {
-  enum { N = 9, K = 38, O = 18 };
+  enum { N = 9, K = 38, K4 = 40, O = 18 };
   static const float row_sign[N] = {1, -1, 0, 1, -1, 0, -1, 1, 1};
   float x[N * K], w[O * K], y[N * O];
   for (int n = 0; n < N; n++)
     for (int k = 0; k < K; k++) x[n * K + k] = row_sign[n] * 0.75f;
   for (int o = 0; o < O; o++)
     for (int k = 0; k < K; k++) w[o * K + k] = (o % 3 == 1 ? -0.25f : 0.25f);
-  int K4 = clrt_int8_k4(K);
+  CHECK(clrt_int8_k4(K) == K4);
   int8_t *wq = aligned_alloc(64, clrt_int8_packed_bytes(K, O));
-  uint8_t xq[N * 40];
+  uint8_t xq[N * K4];
   float ws[O], xs[N];
   int32_t wsum[O];
   clrt_int8_pack(wq, ws, wsum, w, K, O);
