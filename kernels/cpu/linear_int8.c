@@ -51,8 +51,9 @@ void clrt_int8_pack_rows(int8_t *wq, float *ws, int32_t *wsum, const float *w, i
   for (int o = r0; o < r1 && o < O; o++) pack_row(wq, ws, wsum, w, K, O, o);
 }
 
-/* One row, scalar: the reference the vector form below matches bit for bit. */
-static void quantize_row(int8_t *qr, float *xs, const float *xr, int K) {
+/* One row, scalar: the reference the vector form below matches bit for bit. Stored as q + 128
+   (linear_int8.h). */
+static void quantize_row(uint8_t *qr, float *xs, const float *xr, int K) {
   int K4 = clrt_int8_k4(K);
   float amax = 0;
   for (int k = 0; k < K; k++) amax = fmaxf(amax, fabsf(xr[k]));
@@ -60,7 +61,7 @@ static void quantize_row(int8_t *qr, float *xs, const float *xr, int K) {
   *xs = amax > 0 ? amax / 127.0f : 1;
   for (int k = 0; k < K4; k++) {
     long q = k < K ? lrintf(xr[k] * inv) : 0;
-    qr[k] = (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
+    qr[k] = (uint8_t)((q > 127 ? 127 : q < -127 ? -127 : q) + 128);
   }
 }
 
@@ -68,8 +69,8 @@ static void quantize_row(int8_t *qr, float *xs, const float *xr, int K) {
 /* The same row 16 lanes at a time: max(|x|, m) keeps m where x is NaN, as fmaxf does;
    vcvtps2dq rounds to nearest even under the default MXCSR, as lrintf does, and gives
    INT_MIN for NaN, which the clamp turns into -127 as the scalar form's does. The lanes
-   past K load as zeros, so the K4 padding is 0. */
-CLRT_TARGET_AVX512 static void quantize_row_avx512(int8_t *qr, float *xs, const float *xr, int K) {
+   past K load as zeros, so the K4 padding is q = 0 (byte 128). */
+CLRT_TARGET_AVX512 static void quantize_row_avx512(uint8_t *qr, float *xs, const float *xr, int K) {
   int K4 = clrt_int8_k4(K);
   __m512 m = _mm512_setzero_ps();
   for (int k = 0; k < K; k += 16) {
@@ -80,19 +81,19 @@ CLRT_TARGET_AVX512 static void quantize_row_avx512(int8_t *qr, float *xs, const 
   float inv = amax > 0 ? 127.0f / amax : 0;
   *xs = amax > 0 ? amax / 127.0f : 1;
   const __m512 iv = _mm512_set1_ps(inv);
-  const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
+  const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127), offset = _mm512_set1_epi32(128);
   for (int k = 0; k < K4; k += 16) {
     int left = K - k < 0 ? 0 : K - k, out = K4 - k;
     __mmask16 lm = left >= 16 ? (__mmask16)0xFFFF : clrt_tail_mask16(left);
     __mmask16 sm = out >= 16 ? (__mmask16)0xFFFF : clrt_tail_mask16(out);
     __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(lm, xr + k), iv));
-    q = _mm512_max_epi32(_mm512_min_epi32(q, hi), lo);
-    _mm_mask_storeu_epi8(qr + k, sm, _mm512_cvtepi32_epi8(q));
+    q = _mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(q, hi), lo), offset);
+    _mm_mask_storeu_epi8(qr + k, sm, _mm512_cvtepi32_epi8(q));   /* 1..255: the low byte */
   }
 }
 #endif
 
-void clrt_int8_quantize_rows(int8_t *xq, float *xs, const float *x, int64_t N, int K) {
+void clrt_int8_quantize_rows(uint8_t *xq, float *xs, const float *x, int64_t N, int K) {
   int K4 = clrt_int8_k4(K);
   int wide = CLRT_AVX512 && clrt_have_avx512();
 #pragma omp parallel for schedule(static) if (N * K > 65536)
@@ -107,11 +108,12 @@ void clrt_int8_quantize_rows(int8_t *xq, float *xs, const float *x, int64_t N, i
   }
 }
 
-int32_t clrt_int8_dot_ref(const int8_t *xq_row, const int8_t *wq, int K, int o) {
+int32_t clrt_int8_dot_ref(const uint8_t *xq_row, const int8_t *wq, int K, int o) {
   int K4 = clrt_int8_k4(K);
   const int8_t *panel = wq + (size_t)(o / 16) * 16 * K4;
   int32_t acc = 0;
-  for (int k = 0; k < K4; k++) acc += (int32_t)xq_row[k] * panel[(size_t)(k / 4) * 64 + (o % 16) * 4 + k % 4];
+  for (int k = 0; k < K4; k++)
+    acc += ((int32_t)xq_row[k] - 128) * panel[(size_t)(k / 4) * 64 + (o % 16) * 4 + k % 4];
   return acc;
 }
 
@@ -120,24 +122,26 @@ static inline float int8_out(int32_t acc, float xs, float ws, float b) { return 
 
 /* ---- portable ---------------------------------------------------------------------------------- */
 
-static void linear_portable(float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws,
-                            const float *b, int64_t N, int K, int O) {
+/* The unsigned bytes times the weights, less 128 * wsum, as the VNNI paths sum them. */
+static void linear_portable(float *y, const uint8_t *xq, const float *xs, const int8_t *wq, const float *ws,
+                            const int32_t *wsum, const float *b, int64_t N, int K, int O) {
   int K4 = clrt_int8_k4(K), panels = clrt_int8_o16(O) / 16;
 #pragma omp parallel for schedule(static)
   for (int p = 0; p < panels; p++) {
     const int8_t *panel = wq + (size_t)p * 16 * K4;
     for (int64_t n = 0; n < N; n++) {
-      const int8_t *xr = xq + n * K4;
+      const uint8_t *xr = xq + n * K4;
       int32_t acc[16] = {0};
       for (int g = 0; g < K4 / 4; g++) {
-        const int8_t *wg = panel + (size_t)g * 64, *xg = xr + 4 * g;
+        const int8_t *wg = panel + (size_t)g * 64;
+        const uint8_t *xg = xr + 4 * g;
         for (int lane = 0; lane < 16; lane++)
           acc[lane] += xg[0] * wg[lane * 4] + xg[1] * wg[lane * 4 + 1] + xg[2] * wg[lane * 4 + 2] +
                        xg[3] * wg[lane * 4 + 3];
       }
       for (int lane = 0; lane < 16 && p * 16 + lane < O; lane++) {
         int o = p * 16 + lane;
-        y[n * O + o] = int8_out(acc[lane], xs[n], ws[o], b ? b[o] : 0.0f);
+        y[n * O + o] = int8_out(acc[lane] - 128 * wsum[o], xs[n], ws[o], b ? b[o] : 0.0f);
       }
     }
   }
@@ -154,10 +158,10 @@ static int have_avx512vnni(void) {
   return known;
 }
 
-/* R rows (n0..) by P panels (p0..): vpdpbusd takes unsigned inputs, so x goes in as x + 128
-   (the sign bit flipped) and 128 * wsum comes off at the end: the same exact integer sum. */
+/* R rows (n0..) by P panels (p0..): vpdpbusd takes unsigned inputs, which the activations
+   already are (q + 128), and 128 * wsum comes off at the end: the same exact integer sum. */
 TARGET_VNNI static inline __attribute__((always_inline)) void vnni_tile(
-    float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws, const int32_t *wsum,
+    float *y, const uint8_t *xq, const float *xs, const int8_t *wq, const float *ws, const int32_t *wsum,
     const float *b, int64_t n0, int p0, int K, int O, const int R, const int P) {
   int K4 = clrt_int8_k4(K);
   __m512i acc[8][4];
@@ -165,16 +169,15 @@ TARGET_VNNI static inline __attribute__((always_inline)) void vnni_tile(
     for (int j = 0; j < P; j++) acc[i][j] = _mm512_setzero_si512();
   const int8_t *pw[4];
   for (int j = 0; j < P; j++) pw[j] = wq + (size_t)(p0 + j) * 16 * K4;
-  const int8_t *px[8];
+  const uint8_t *px[8];
   for (int i = 0; i < R; i++) px[i] = xq + (n0 + i) * K4;
-  const __m512i flip = _mm512_set1_epi32((int)0x80808080u);
   for (int g = 0; g < K4 / 4; g++) {
     __m512i wv[4];
     for (int j = 0; j < P; j++) wv[j] = _mm512_loadu_si512((const void *)(pw[j] + (size_t)g * 64));
     for (int i = 0; i < R; i++) {
       int32_t x4;
       __builtin_memcpy(&x4, px[i] + 4 * g, 4);
-      __m512i xv = _mm512_xor_si512(_mm512_set1_epi32(x4), flip);
+      __m512i xv = _mm512_set1_epi32(x4);
       for (int j = 0; j < P; j++) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xv, wv[j]);
     }
   }
@@ -202,7 +205,7 @@ TARGET_VNNI static inline __attribute__((always_inline)) void vnni_tile(
 
 /* One block of four panels (64 outputs) by every row, in tiles of four rows, so the block's
    weights (up to 64 x K bytes) stay in cache while the rows stream past. */
-TARGET_VNNI static void vnni_block(float *y, const int8_t *xq, const float *xs, const int8_t *wq,
+TARGET_VNNI static void vnni_block(float *y, const uint8_t *xq, const float *xs, const int8_t *wq,
                                    const float *ws, const int32_t *wsum, const float *b, int64_t N,
                                    int K, int O, int blk) {
   int panels = clrt_int8_o16(O) / 16, p0 = blk * 4, P = panels - p0 < 4 ? panels - p0 : 4;
@@ -223,13 +226,13 @@ TARGET_VNNI static void vnni_block(float *y, const int8_t *xq, const float *xs, 
    same exact integers, so the outputs are the same bits. */
 /* One tile of R rows by one or two panels (R constant where it is inlined, so the tile unrolls). */
 TARGET_VNNI static inline __attribute__((always_inline)) void vnni_tile_p(
-    float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws, const int32_t *wsum,
+    float *y, const uint8_t *xq, const float *xs, const int8_t *wq, const float *ws, const int32_t *wsum,
     const float *b, int64_t n, int p0, int K, int O, const int R, int P) {
   if (P == 2) vnni_tile(y, xq, xs, wq, ws, wsum, b, n, p0, K, O, R, 2);
   else vnni_tile(y, xq, xs, wq, ws, wsum, b, n, p0, K, O, R, 1);
 }
 
-TARGET_VNNI static void vnni_pair(float *y, const int8_t *xq, const float *xs, const int8_t *wq,
+TARGET_VNNI static void vnni_pair(float *y, const uint8_t *xq, const float *xs, const int8_t *wq,
                                   const float *ws, const int32_t *wsum, const float *b, int64_t N,
                                   int K, int O, int pair) {
   int panels = clrt_int8_o16(O) / 16, p0 = pair * 2, P = panels - p0 < 2 ? panels - p0 : 2;
@@ -243,7 +246,7 @@ TARGET_VNNI static void vnni_pair(float *y, const int8_t *xq, const float *xs, c
 /* The blocks over the threads. The parallel loop lives outside the target("avx512...")
    function: clang outlines an OpenMP region into a function without its caller's target
    features, and inlining the VNNI tiles there fails to compile. */
-static void linear_vnni(float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws,
+static void linear_vnni(float *y, const uint8_t *xq, const float *xs, const int8_t *wq, const float *ws,
                         const int32_t *wsum, const float *b, int64_t N, int K, int O) {
   if (N >= 8) {
     int pairs = (clrt_int8_o16(O) / 16 + 1) / 2;
@@ -282,20 +285,19 @@ static int have_avxvnni(void) {
 /* R rows by one panel: a panel group's 64 bytes are two 256-bit operands (outputs 0-7 and
    8-15); the same unsigned-input correction as above, and the shared scalar epilogue. */
 TARGET_AVXVNNI static inline __attribute__((always_inline)) void avxvnni_tile(
-    float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws, const int32_t *wsum,
+    float *y, const uint8_t *xq, const float *xs, const int8_t *wq, const float *ws, const int32_t *wsum,
     const float *b, int64_t n0, int p, int K, int O, const int R) {
   int K4 = clrt_int8_k4(K);
   __m256i acc[4][2];
   for (int i = 0; i < R; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
   const int8_t *pw = wq + (size_t)p * 16 * K4;
-  const __m256i flip = _mm256_set1_epi32((int)0x80808080u);
   for (int g = 0; g < K4 / 4; g++) {
     __m256i w0 = _mm256_loadu_si256((const __m256i *)(pw + (size_t)g * 64));
     __m256i w1 = _mm256_loadu_si256((const __m256i *)(pw + (size_t)g * 64 + 32));
     for (int i = 0; i < R; i++) {
       int32_t x4;
       __builtin_memcpy(&x4, xq + (n0 + i) * K4 + 4 * g, 4);
-      __m256i xv = _mm256_xor_si256(_mm256_set1_epi32(x4), flip);
+      __m256i xv = _mm256_set1_epi32(x4);
       acc[i][0] = _mm256_dpbusd_avx_epi32(acc[i][0], xv, w0);
       acc[i][1] = _mm256_dpbusd_avx_epi32(acc[i][1], xv, w1);
     }
@@ -312,7 +314,7 @@ TARGET_AVXVNNI static inline __attribute__((always_inline)) void avxvnni_tile(
   }
 }
 
-TARGET_AVXVNNI static void avxvnni_panel(float *y, const int8_t *xq, const float *xs, const int8_t *wq,
+TARGET_AVXVNNI static void avxvnni_panel(float *y, const uint8_t *xq, const float *xs, const int8_t *wq,
                                          const float *ws, const int32_t *wsum, const float *b, int64_t N,
                                          int K, int O, int p) {
   int64_t n = 0;
@@ -326,7 +328,7 @@ TARGET_AVXVNNI static void avxvnni_panel(float *y, const int8_t *xq, const float
 }
 
 /* The panels over the threads (the parallel loop outside the target function, as above). */
-static void linear_avxvnni(float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws,
+static void linear_avxvnni(float *y, const uint8_t *xq, const float *xs, const int8_t *wq, const float *ws,
                            const int32_t *wsum, const float *b, int64_t N, int K, int O) {
   int panels = clrt_int8_o16(O) / 16;
 #pragma omp parallel for schedule(static)
@@ -352,7 +354,7 @@ int clrt_int8_path_available(int path) {
          (path == CLRT_INT8_AVXVNNI && have_avxvnni());
 }
 
-int clrt_int8_linear(float *y, const int8_t *xq, const float *xs, const int8_t *wq, const float *ws,
+int clrt_int8_linear(float *y, const uint8_t *xq, const float *xs, const int8_t *wq, const float *ws,
                      const int32_t *wsum, const float *b, int64_t N, int K, int O, int path) {
   if (path == CLRT_INT8_AVX512VNNI) {
 #if CLRT_AVX512
@@ -372,6 +374,6 @@ int clrt_int8_linear(float *y, const int8_t *xq, const float *xs, const int8_t *
     return -1;
 #endif
   }
-  linear_portable(y, xq, xs, wq, ws, b, N, K, O);
+  linear_portable(y, xq, xs, wq, ws, wsum, b, N, K, O);
   return 0;
 }

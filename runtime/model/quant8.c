@@ -25,7 +25,7 @@ struct model_q8 {
   q8_weight *wt;
   uint64_t ver;     /* params->version the copies were made from (COPY_STALE: none yet) */
   int path;         /* clrt_int8_path() when turned on */
-  int8_t *xq;       /* the input rows quantized: [rows, K4] */
+  uint8_t *xq;      /* the input rows quantized: [rows, K4], q + 128 (linear_int8.h) */
   float *xs;        /* [rows] */
   size_t xq_cap, xs_cap;
 };

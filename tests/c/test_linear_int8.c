@@ -1,7 +1,8 @@
 /* test_linear_int8.c — the int8 products (kernels/cpu/linear_int8.c): every path this CPU runs
    (AVX512-VNNI, AVX-VNNI, portable; the others are named as skipped) against a
    scalar int8 reference written here from the definition (exact, to the bit), against the f32
-   product within the quantization's error bound, and the same outputs whatever the row count. */
+   product within the quantization's error bound, and the same outputs whatever the row count;
+   the activations' stored form (q + 128) byte by byte, and sums at the ends of its range. */
 #include "clrt.h"
 #include "check.h"
 #include "cpu/linear_int8.h"
@@ -44,7 +45,8 @@ static void check_shape(int64_t N, int K, int O, int with_bias, int zero_rows) {
     memset(x, 0, sizeof(float) * (size_t)K);
   }
   int K4 = clrt_int8_k4(K);
-  int8_t *wq = aligned_alloc(64, clrt_int8_packed_bytes(K, O)), *xq = malloc((size_t)N * K4);
+  int8_t *wq = aligned_alloc(64, clrt_int8_packed_bytes(K, O));
+  uint8_t *xq = malloc((size_t)N * K4);
   float *ws = malloc(sizeof(float) * O), *xs = malloc(sizeof(float) * N);
   int32_t *wsum = malloc(sizeof(int32_t) * O);
   clrt_int8_pack(wq, ws, wsum, w, K, O);
@@ -64,10 +66,10 @@ static void check_shape(int64_t N, int K, int O, int with_bias, int zero_rows) {
   }
   for (int64_t n = 0; n < N; n++) scales_ok &= xs[n] == rxs[n];
   CHECK(scales_ok);
-  /* the activations' bytes, the K4 padding zero */
+  /* the activations' bytes: q + 128, the K4 padding q = 0 */
   int xq_ok = 1;
   for (int64_t n = 0; n < N; n++)
-    for (int k = 0; k < K4; k++) xq_ok &= xq[n * K4 + k] == (k < K ? qx[n * K + k] : 0);
+    for (int k = 0; k < K4; k++) xq_ok &= xq[n * K4 + k] == (k < K ? qx[n * K + k] : 0) + 128;
   CHECK(xq_ok);
   CHECK(sums_ok);
   float *yref = malloc(sizeof(float) * (size_t)N * O), *yf = malloc(sizeof(float) * (size_t)N * O);
@@ -137,7 +139,7 @@ static void check_quantize_ties(void) {
   for (int k = 0; k < K; k++) x[k] = (float)(k % 9) - 4.5f;   /* -4.5 .. 3.5: every one a half */
   x[5] = 127.0f;
   for (int k = 0; k < K; k++) x[K + k] = -x[k];
-  int8_t q[2 * 40];
+  uint8_t q[2 * 40];
   float xs[2];
   memset(q, 0x55, sizeof q);
   clrt_int8_quantize_rows(q, xs, x, 2, K);
@@ -145,9 +147,50 @@ static void check_quantize_ties(void) {
   for (int n = 0; n < 2; n++)
     for (int k = 0; k < 40; k++) {
       float v = k < K ? x[n * K + k] : 0;
-      ok &= q[n * 40 + k] == (int8_t)nearbyintf(v);   /* v is the scaled value here */
+      ok &= q[n * 40 + k] == (int)nearbyintf(v) + 128;   /* v is the scaled value here */
     }
   CHECK(ok);
+}
+
+/* The ends of the stored range, sums known in closed form: rows of all +a, all -a (q = +-127,
+   bytes 255 and 1) and zeros (byte 128) against weight rows of all +c and all -c (q = +-127)
+   give +-127 * 127 * K and 0, on every path; K % 4 != 0 puts padding bytes beside them, and
+   9 rows cover the 8-row and 1-row tiles. A byte read without its offset, flipped a second
+   time, or a 128 * wsum correction dropped moves these sums by 128 * 127 * K or more. */
+static void check_offset_extremes(void) {
+  enum { N = 9, K = 38, K4 = 40, O = 18 };
+  static const float row_sign[N] = {1, -1, 0, 1, -1, 0, -1, 1, 1};
+  float x[N * K], w[O * K], y[N * O];
+  for (int n = 0; n < N; n++)
+    for (int k = 0; k < K; k++) x[n * K + k] = row_sign[n] * 0.75f;
+  for (int o = 0; o < O; o++)
+    for (int k = 0; k < K; k++) w[o * K + k] = (o % 3 == 1 ? -0.25f : 0.25f);
+  CHECK(clrt_int8_k4(K) == K4);
+  int8_t *wq = aligned_alloc(64, clrt_int8_packed_bytes(K, O));
+  uint8_t xq[N * K4];
+  float ws[O], xs[N];
+  int32_t wsum[O];
+  clrt_int8_pack(wq, ws, wsum, w, K, O);
+  clrt_int8_quantize_rows(xq, xs, x, N, K);
+  int bytes_ok = 1;
+  for (int n = 0; n < N; n++)
+    for (int k = 0; k < K4; k++) bytes_ok &= xq[n * K4 + k] == (k < K ? 128 + 127 * (int)row_sign[n] : 128);
+  CHECK(bytes_ok);
+  for (int path = 0; path < CLRT_INT8_PATHS; path++) {
+    if (!clrt_int8_path_available(path)) continue;
+    CHECK(clrt_int8_linear(y, xq, xs, wq, ws, wsum, NULL, N, K, O, path) == 0);
+    int ok = 1;
+    for (int n = 0; n < N; n++)
+      for (int o = 0; o < O; o++) {
+        int32_t acc = (int32_t)row_sign[n] * (o % 3 == 1 ? -1 : 1) * 127 * 127 * K;
+        ok &= clrt_int8_dot_ref(xq + n * K4, wq, K, o) == acc;
+        ok &= y[n * O + o] == fmaf((float)acc * xs[n], ws[o], 0.0f);
+      }
+    if (!ok)
+      fprintf(stderr, "path %s: the closed-form sums at the ends of the range differ\n", clrt_int8_path_name(path));
+    CHECK(ok);
+  }
+  free(wq);
 }
 
 int main(void) {
@@ -167,5 +210,6 @@ int main(void) {
   check_shape(15, 130, 70, 1, 1);  /* 8-row tiles, then 4 + 2 + 1; a last pair of one panel */
   check_shape(13, 64, 16, 0, 0);   /* 8 + 4 + 1 rows, one panel */
   check_quantize_ties();
+  check_offset_extremes();
   return check_summary();
 }
