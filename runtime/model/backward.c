@@ -113,14 +113,16 @@ int clrt_model_backward_hidden(clrt_model *m, const float *dlogp, const float *d
   const model_ops *op = m->ops;
   const clrt_model_config *c = &m->cfg;
   /* the activations' layout (packed: one row of segments), not the caller's rows */
-  int L = c->num_hidden_layers, C = c->hidden_size, V = c->vocab_size, B = m->lay_B, T = m->lay_T;
+  int L = c->num_hidden_layers, C = c->hidden_size, V = c->vocab_size, B, T;
+  model_kept_layout(m, &B, &T);
   int64_t N = (int64_t)B * T, nv = m->nv;
   float *res[L + 1];
   layer_acts la[L];
   acts a = {.res = res, .la = la};
   model_layout(m, &a, m->acts->data, B, T, T, 1);
-  size_t ws = model_workspace_bytes(m, N), pws = m->packed ? model_pack_workspace_bytes(m, &m->pack) : 0;
-  if (model_reserve_workspace(m, ws > pws ? ws : pws, "backward") || stage_dlogp(m, &a, dlogp)) return -1;
+  if (model_reserve_workspace(m, model_step_workspace_bytes(m, N, m->packed ? &m->pack : NULL), "backward") ||
+      stage_dlogp(m, &a, dlogp))
+    return -1;
   /* Output layer and final norm over the rows with a target (compacted, as in forward). */
   PROF(CLRT_K_OTHER, op->gather_rows(a.tmp, a.res[L], a.rowidx, nv, C));
   PROF(CLRT_K_RMSNORM, model_final_norm(m, a.xn, a.rstdf, a.tmp, nv));

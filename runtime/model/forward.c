@@ -238,8 +238,8 @@ int clrt_model_logprobs_context(clrt_model *m, const int32_t *tokens, int B, int
   if (packed < 0) return -1;
   const model_pack *pk = packed ? &m->pack : NULL;
   int LB = pk ? 1 : B, LT = pk ? pk->N : T;
-  size_t ws = model_workspace_bytes(m, (int64_t)LB * LT), pws = pk ? model_pack_workspace_bytes(m, pk) : 0;
-  if (model_bind_acts(m, &a, LB, LT, LT, keep) || model_reserve_workspace(m, ws > pws ? ws : pws, "logprobs"))
+  if (model_bind_acts(m, &a, LB, LT, LT, keep) ||
+      model_reserve_workspace(m, model_step_workspace_bytes(m, (int64_t)LB * LT, pk), "logprobs"))
     return -1;
   int64_t nv = stage_targets(m, &a, tokens, B, T, lengths, context, pk);
   if (nv < 0) return -1;
@@ -267,8 +267,6 @@ int clrt_model_logprobs_context(clrt_model *m, const int32_t *tokens, int B, int
   m->saved = keep;
   m->B = B;
   m->T = T;
-  m->lay_B = LB;
-  m->lay_T = LT;
   m->packed = packed;
   m->nv = nv;
   return 0;

@@ -99,9 +99,9 @@ struct clrt_model {
   float *rope_cos, *rope_sin;  /* [rope_len, D/2] */
   const float *rope_kc, *rope_ks;   /* the tables as the kernels read them (host or device) */
   int rope_len;
-  /* The last forward kept for backward: its caller's rows [B, T]; the activations' layout
-     [lay_B, lay_T] ([1, pack.N] when packed, else [B, T]). */
-  int saved, B, T, lay_B, lay_T;
+  /* The last forward kept for backward: its caller's rows [B, T] (its activations' layout:
+     model_kept_layout). */
+  int saved, B, T;
   int share_prefix;            /* clrt_model_set_share_prefix (on by default) */
   int packed;                  /* the last logprobs ran packed (pack holds its layout) */
   model_pack pack;
@@ -348,8 +348,11 @@ int model_pack_plan(clrt_model *m, const int32_t *tokens, int B, int T, const in
                     const int32_t *context);
 /* Row b's position t in the packed row. */
 int64_t model_pack_index(const model_pack *pk, int b, int t);
-/* The workspace bytes the packed attention borrows (gathered keys and values). */
-size_t model_pack_workspace_bytes(const clrt_model *m, const model_pack *pk);
+/* The workspace a step over N layout rows reserves: its products', and with pk the packed
+   attention's gathered keys and values, whichever is more. */
+size_t model_step_workspace_bytes(const clrt_model *m, int64_t N, const model_pack *pk);
+/* The last logprobs' activation layout: [1, pack.N] when it ran packed, else its [B, T]. */
+void model_kept_layout(const clrt_model *m, int *B, int *T);
 /* RoPE over q [N, H, D] and k [N, KV, D] at each segment's positions (backward: the inverse). */
 void model_pack_rope(const clrt_model *m, const model_pack *pk, float *q, float *k, int backward);
 /* The packed attention: out [N, H, D], lse [N, H] by segment ([H, len] each; NULL: not kept). */

@@ -28,7 +28,16 @@ int clrt_model_set_share_prefix(clrt_model *m, int on) {
 
 int clrt_model_share_prefix(const clrt_model *m) { return m->share_prefix; }
 
-int64_t clrt_model_logprobs_positions(const clrt_model *m) { return (int64_t)m->lay_B * m->lay_T; }
+void model_kept_layout(const clrt_model *m, int *B, int *T) {
+  *B = m->packed ? 1 : m->B;
+  *T = m->packed ? m->pack.N : m->T;
+}
+
+int64_t clrt_model_logprobs_positions(const clrt_model *m) {
+  int B, T;
+  model_kept_layout(m, &B, &T);
+  return (int64_t)B * T;
+}
 
 int model_pack_wanted(const clrt_model *m) {
   return m->share_prefix && m->ops->attention_backward_offset && !m->cfg.gemma3;
@@ -63,15 +72,7 @@ static int row_context(const int32_t *lengths, const int32_t *context, int T, in
 int model_pack_plan(clrt_model *m, const int32_t *tokens, int B, int T, const int32_t *lengths,
                     const int32_t *context) {
   model_pack *pk = &m->pack;
-  if (B > pk->row_cap) {
-    int *rows = realloc(pk->pre, sizeof(int) * 4 * (size_t)B);
-    if (!rows) {
-      clrt_set_error("logprobs: out of host memory for the shared-prefix layout");
-      return -1;
-    }
-    pk->pre = rows;
-    pk->row_cap = B;
-  }
+  if (grow((void **)&pk->pre, &pk->row_cap, B, 4 * sizeof(int))) return -1;   /* pre, plen, br, lead */
   pk->plen = pk->pre + B;
   pk->br = pk->pre + 2 * B;
   int *lead = pk->pre + 3 * B;   /* the first row with b's context (b itself when none before it) */
@@ -129,11 +130,13 @@ int64_t model_pack_index(const model_pack *pk, int b, int t) {
   return t < pk->plen[b] ? (int64_t)pk->pre[b] + t : (int64_t)pk->br[b] + (t - pk->plen[b]);
 }
 
-size_t model_pack_workspace_bytes(const clrt_model *m, const model_pack *pk) {
+size_t model_step_workspace_bytes(const clrt_model *m, int64_t N, const model_pack *pk) {
+  size_t products = model_workspace_bytes(m, N);
   int64_t tk = 0, kvd = (int64_t)m->cfg.num_key_value_heads * m->cfg.head_dim;
-  for (int i = 0; i < pk->nseg; i++)
+  for (int i = 0; pk && i < pk->nseg; i++)
     if (pk->seg[i].plen + pk->seg[i].len > tk) tk = pk->seg[i].plen + pk->seg[i].len;
-  return sizeof(float) * 4 * (size_t)(tk * kvd);   /* keys, values and their gradients */
+  size_t gathered = sizeof(float) * 4 * (size_t)(tk * kvd);   /* keys, values and their gradients */
+  return products > gathered ? products : gathered;
 }
 
 void model_pack_rope(const clrt_model *m, const model_pack *pk, float *q, float *k, int backward) {

@@ -86,7 +86,7 @@ end
 
 -- The micro-batch order for model m: by_prompt where it shares prefixes, else by_length.
 function M.micro_order(m)
-  return (type(m.share_prefix) == "function" and m:share_prefix()) and M.by_prompt or M.by_length
+  return m:share_prefix() and M.by_prompt or M.by_length
 end
 
 -- Split a list into consecutive parts of at most `size` (all in one when size is nil).
