@@ -280,15 +280,22 @@ int clrt_model_device(const clrt_model *m);
    copies are kept current by the optimizer step. Without one: decode-sized products over bf16
    copies widened to f32, the rest f32. Moving the model drops the copies. */
 int clrt_model_set_matmul_bf16(clrt_model *m, int on);
-/* The unit bf16 products run on in this process: "amx-bf16", "avx512-bf16" or "f32" (none);
-   and the best this CPU offers. clrt_set_matrix_unit caps it ("f32", "avx512-bf16",
-   "amx-bf16"; as CLRT_MATRIX_UNIT does); -1 on an unknown name. Set it before making bf16
+/* The unit bf16 products run on in this process: "amx-bf16", "avx512-bf16", "fma-bf16" (AVX2
+   FMAs summing as vdpbf16ps does) or "f32" (none); and the best this CPU offers at its level.
+   clrt_set_matrix_unit caps it ("f32", "fma-bf16", "avx512-bf16", "amx-bf16"; as
+   CLRT_MATRIX_UNIT does); -1 on an unknown name. Set it before making bf16
    copies: copies made under another cap are remade by set_matmul. */
 /* How many times the model packed a whole weight copy (packed f32 or bf16 panels): once
    when a copy is first made; an optimizer step refreshes current copies in place instead. */
 int64_t clrt_model_copy_repacks(const clrt_model *m);
 const char *clrt_matrix_unit_active(void);
 const char *clrt_matrix_unit_available(void);
+/* The CPU kernels in use, one line: "kernels avx2 (this CPU: avx2; ...), bf16 products
+   fma-bf16, int8 portable" (cpu_paths.c). clrt_set_cpu_level caps the level for this process
+   as CLRT_CPU does ("portable", "avx2", "avxvnni", "avx512"), before any model is made; -1 on
+   an unknown name. */
+const char *clrt_cpu_paths(void);
+int clrt_set_cpu_level(const char *name);
 int clrt_set_matrix_unit(const char *name);
 /* The measured peak of a unit ("f32": AVX-512 FMA; "avx512-bf16"; "amx-bf16") over `threads`
    threads, operands in registers (~0.3 s): GFLOP/s, 0 when the CPU lacks it, -1 on bad

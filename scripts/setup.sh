@@ -41,4 +41,4 @@ cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="
       "${cuda_flag[@]}" > "$build.configure.log" 2>&1 || { mkdir -p "$build"; cat "$build.configure.log"; exit 1; }
 cmake --build "$build" -j"$(nproc)"
 cmake --install "$build" > /dev/null
-echo "setup: clrt $("$prefix/bin/clrt" --version | cut -d' ' -f2) installed in $prefix/bin"
+echo "setup: clrt $("$prefix/bin/clrt" --version | head -1 | cut -d' ' -f2) installed in $prefix/bin"

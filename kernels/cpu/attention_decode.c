@@ -10,8 +10,8 @@
    registers, 64 dims at a time, t in order. So a query's bits do not depend on which heads
    it was tiled with.
    Same math as the sgemm path (scaled scores, soft-capped when asked, max-subtracted exp,
-   normalised sum), summed in another order: results agree to rounding. AVX-512 only, chosen
-   at run time.
+   normalised sum), summed in another order: results agree to rounding. AVX-512, or the same
+   passes 8 lanes wide on AVX2 (a fixed 8-lane tree), chosen at run time.
    clrt_attention_rows_forward runs the same per-query pass for any number of queries per row
    (a prefill, a training forward) and on any CPU (plain loops without AVX-512): a query's
    output then depends on its own keys only, never on the batch or the prefill's padding,
@@ -93,6 +93,76 @@ TARGET static inline __attribute__((always_inline)) void weighted_sum_tile(
 
 #endif
 
+#if CLRT_AVX2
+/* The AVX2 passes: the same tiles 8 lanes wide. A score's 8 lanes are summed by one fixed
+   tree (reduce4_256, each input alone), whatever the tile or the key's place in it. */
+#define TARGET2 CLRT_TARGET_AVX2
+
+TARGET2 static inline __m256i lanes8(int n) {
+  n = n < 0 ? 0 : n > 8 ? 8 : n;
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* Four 8-lane sums a, b, c, d -> {sum a, sum b, sum c, sum d}. */
+TARGET2 static inline __m128 reduce4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
+  __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+TARGET2 static inline __attribute__((always_inline)) void scores_tile_avx2(
+    float *s /* [R, lds] */, int64_t lds, const float *q /* [R, D], rows ldq apart */, int64_t ldq,
+    const float *k /* [n, ldk] */, int64_t ldk, int n, int D, float scale, const int R) {
+  const __m128 sc = _mm_set1_ps(scale);
+  for (int t = 0; t < n; t += 4) {
+    int have = n - t < 4 ? n - t : 4;
+    const float *kt = k + t * ldk;
+    __m256 acc[4][4];
+    for (int i = 0; i < R; i++)
+      for (int j = 0; j < 4; j++) acc[i][j] = _mm256_setzero_ps();
+    for (int d = 0; d < D; d += 8) {
+      __m256i m = lanes8(D - d);
+      __m256 kv[4];
+      for (int j = 0; j < 4; j++) kv[j] = j < have ? _mm256_maskload_ps(kt + j * ldk + d, m) : _mm256_setzero_ps();
+      for (int i = 0; i < R; i++) {
+        __m256 qv = _mm256_maskload_ps(q + i * ldq + d, m);
+        for (int j = 0; j < 4; j++) acc[i][j] = _mm256_fmadd_ps(qv, kv[j], acc[i][j]);
+      }
+    }
+    for (int i = 0; i < R; i++) {
+      float four[4];
+      _mm_storeu_ps(four, _mm_mul_ps(sc, reduce4_256(acc[i][0], acc[i][1], acc[i][2], acc[i][3])));
+      for (int j = 0; j < have; j++) s[i * lds + t + j] = four[j];
+    }
+  }
+}
+
+/* o_i[d] = inv[i] * sum_t p_i[t] v_t[d]: 32 dims per pass, t in order. */
+TARGET2 static inline __attribute__((always_inline)) void weighted_sum_tile_avx2(
+    float *o /* [R, D], rows ldo apart */, int64_t ldo, const float *p /* [R, lds] */, int64_t lds,
+    const float *inv /* [R] */, const float *v /* [n, ldv] */, int64_t ldv, int n, int D, const int R) {
+  for (int d0 = 0; d0 < D; d0 += 32) {
+    __m256i m[4];
+    for (int c = 0; c < 4; c++) m[c] = lanes8(D - d0 - 8 * c);
+    __m256 acc[4][4];
+    for (int i = 0; i < R; i++)
+      for (int c = 0; c < 4; c++) acc[i][c] = _mm256_setzero_ps();
+    for (int t = 0; t < n; t++) {
+      const float *vt = v + t * ldv + d0;
+      __m256 vv[4];
+      for (int c = 0; c < 4; c++) vv[c] = _mm256_maskload_ps(vt + 8 * c, m[c]);
+      for (int i = 0; i < R; i++) {
+        __m256 pt = _mm256_set1_ps(p[i * lds + t]);
+        for (int c = 0; c < 4; c++) acc[i][c] = _mm256_fmadd_ps(pt, vv[c], acc[i][c]);
+      }
+    }
+    for (int i = 0; i < R; i++) {
+      __m256 iv = _mm256_set1_ps(inv[i]);
+      for (int c = 0; c < 4; c++) _mm256_maskstore_ps(o + i * ldo + d0 + 8 * c, m[c], _mm256_mul_ps(acc[i][c], iv));
+    }
+  }
+}
+#endif
+
 /* Where row b's keys (and values) for query head h start: its cache slot, its KV head. */
 static inline int64_t kv_offset(int b, int h, int group, int D, const int32_t *kv_row, int64_t kv_bstride) {
   return (kv_row ? kv_row[b] : b) * kv_bstride + (int64_t)(h / group) * D;
@@ -171,6 +241,35 @@ TARGET static void tile_simd(float *out, float *lse, int64_t lse_step, const flo
 }
 #endif
 
+#if CLRT_AVX2
+TARGET2 static inline __attribute__((always_inline)) void tile_avx2_r(
+    float *out, float *lse, int64_t lse_step, const float *q, const float *k, const float *v, int64_t ldk, int n,
+    int D, float scale, float cap, float *s, int64_t lds, const int R) {
+  scores_tile_avx2(s, lds, q, D, k, ldk, n, D, scale, R);
+  float inv[4], mx[4], l[4];
+  for (int i = 0; i < R; i++) {
+    float *si = s + i * lds;
+    softcap_scores(si, n, cap);
+    mx[i] = clrt_row_max(si, n);
+    l[i] = clrt_row_exp_(si, n, mx[i]);
+    inv[i] = 1.0f / l[i];
+  }
+  weighted_sum_tile_avx2(out, D, s, lds, inv, v, ldk, n, D, R);
+  if (lse)
+    for (int i = 0; i < R; i++) lse[i * lse_step] = clrt_lse_value(mx[i], l[i]);
+}
+
+TARGET2 static void tile_avx2(float *out, float *lse, int64_t lse_step, const float *q, const float *k, const float *v,
+                              int64_t ldk, int n, int D, float scale, float cap, float *s, int64_t lds, int R) {
+  switch (R) {
+    case 4: tile_avx2_r(out, lse, lse_step, q, k, v, ldk, n, D, scale, cap, s, lds, 4); break;
+    case 3: tile_avx2_r(out, lse, lse_step, q, k, v, ldk, n, D, scale, cap, s, lds, 3); break;
+    case 2: tile_avx2_r(out, lse, lse_step, q, k, v, ldk, n, D, scale, cap, s, lds, 2); break;
+    default: tile_avx2_r(out, lse, lse_step, q, k, v, ldk, n, D, scale, cap, s, lds, 1); break;
+  }
+}
+#endif
+
 static void one_query_plain(float *out, float *lse, const float *q, const float *k, const float *v,
                             int64_t ldk, int n, int D, float scale, float cap, float *s) {
   for (int t = 0; t < n; t++) s[t] = scale * clrt_row_dot(q, k + t * ldk, D);
@@ -183,6 +282,11 @@ static void one_query_plain(float *out, float *lse, const float *q, const float 
   }
   for (int d = 0; d < D; d++) out[d] *= inv;
   if (lse) *lse = clrt_lse_value(mx, l);
+}
+
+/* The passes rows_all runs: AVX-512's, AVX2's, or plain loops (CLRT_CPU_PORTABLE). */
+static int rows_level(void) {
+  return clrt_have_avx512() ? CLRT_CPU_AVX512 : clrt_have_avx2() ? CLRT_CPU_AVX2 : CLRT_CPU_PORTABLE;
 }
 
 /* Every (query, head) of the step, each alone: what a query computes does not depend on the
@@ -218,15 +322,21 @@ static void rows_all(float *out, float *lse, const float *q, const float *k, con
        prefetcher: fetching the next unit's while this one computes took a 110M model's
        batch-32 attention from 4.4-4.6 to 3.2-3.7 ms per step in a microbenchmark (the KV
        cache comes from memory every step). The next tile of the same group reads these. */
-    if (simd && u + 1 < units && (u + 1) % tiles == 0) {
+    if (simd == CLRT_CPU_AVX512 && u + 1 < units && (u + 1) % tiles == 0) {
       attn_unit w1 = unit_of(u + 1, Tq, KV, group, tiles, qt);
       int k1, n1 = query_keys(w1.b, w1.t, pos0, window, &k1);
       int64_t off1 = kv_offset(w1.b, w1.h0, group, D, kv_row, kv_bstride) + (int64_t)k1 * ldk;
       prefetch_rows(k + off1, ldk, n1, D);
       prefetch_rows(v + off1, ldk, n1, D);
     }
-    if (simd) {
+    if (simd == CLRT_CPU_AVX512) {
       tile_simd(out + item * D, lse_at, Tq, q + item * D, k + off, v + off, ldk, n, D, scale, cap, s, lds, w.R);
+      continue;
+    }
+#endif
+#if CLRT_AVX2
+    if (simd == CLRT_CPU_AVX2) {
+      tile_avx2(out + item * D, lse_at, Tq, q + item * D, k + off, v + off, ldk, n, D, scale, cap, s, lds, w.R);
       continue;
     }
 #endif
@@ -244,7 +354,7 @@ int clrt_attention_decode_forward(float *out /* [B, H, D] */, float *lse /* [B, 
                                   int64_t scratch_stride, int nthreads, float scale, float cap) {
   if (!clrt_attention_rows_fast()) return 0;
   rows_all(out, lse, q, k, v, B, 1, H, KV, D, pos0, kv_bstride, kv_row, window, scratch, scratch_stride,
-           nthreads, 1, scale, cap);
+           nthreads, rows_level(), scale, cap);
   return 1;
 }
 
@@ -255,7 +365,7 @@ void clrt_attention_rows_forward(float *out /* [B, Tq, H, D] */, float *lse /* [
                                  const int32_t *kv_row /* [B] or NULL */, int window, float *scratch,
                                  int64_t scratch_stride, int nthreads, float scale, float cap) {
   rows_all(out, lse, q, k, v, B, Tq, H, KV, D, pos0, kv_bstride, kv_row, window, scratch, scratch_stride,
-           nthreads, clrt_attention_rows_fast(), scale, cap);
+           nthreads, rows_level(), scale, cap);
 }
 
-int clrt_attention_rows_fast(void) { return CLRT_AVX512 && clrt_have_avx512(); }
+int clrt_attention_rows_fast(void) { return rows_level() != CLRT_CPU_PORTABLE; }

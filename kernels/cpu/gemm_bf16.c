@@ -10,8 +10,9 @@
    multiplying 16 columns' pairs per vdpbf16ps (2 multiply-adds a lane). Each panel takes AMX
    when its shape suits (clrt_amx_panel_fits: the shape only), else the AVX512-BF16 tile.
    Every output is its row's sum over k in order within its unit, so a row's bits do not
-   depend on the other rows of the product. Without either unit the calls return 0 and the
-   caller multiplies in f32. */
+   depend on the other rows of the product. Without either unit, AVX2 computes vdpbf16ps's
+   sums with FMAs (fma-bf16, panels_avx2.c); without that the calls return 0 and the caller
+   multiplies in f32. */
 #include "model_kernels.h"
 
 #include "bf16.h"
@@ -133,17 +134,29 @@ TARGET static void item(float *c, int64_t ldc, const uint16_t *a, int64_t lda, c
 }
 #endif
 
+/* Rows [i0, i1) against panel p on AVX2's FMAs (fma-bf16: panels_avx2.c, vdpbf16ps's sums). */
+static void item_fma(float *c, int64_t ldc, const uint16_t *a, int64_t lda, const uint16_t *bp, int Nc, int64_t Kp,
+                     const float *bias, int add, int64_t i0, int64_t i1, int p) {
+  int j0 = p * PANEL, pw = Nc - j0 < PANEL ? Nc - j0 : PANEL;
+  clrt_avx2_panel_bf16(c + i0 * ldc + j0, ldc, a + i0 * lda, lda, i1 - i0, bp + (int64_t)j0 * Kp, pw, Kp,
+                       bias ? bias + j0 : NULL, add);
+}
+
 int clrt_gemm_bf16(float *c /* [M, ldc] */, int64_t ldc, const uint16_t *a /* [M, lda] bf16, Kp used */, int64_t lda,
                    int64_t M, const uint16_t *bp /* [Nc * Kp] pair panels */, int Nc, int64_t Kp,
                    const float *bias /* [Nc] or NULL */, int accumulate) {
 #if CLRT_AVX512
-  if (M < 1 || Nc < 1 || Kp < 2 || Kp % 2 || clrt_matrix_unit() == CLRT_UNIT_F32) return 0;
+  int unit = clrt_matrix_unit();
+  if (M < 1 || Nc < 1 || Kp < 2 || Kp % 2 || unit == CLRT_UNIT_F32) return 0;
   int64_t panels = (Nc + PANEL - 1) / PANEL, mblocks = (M + MBLOCK - 1) / MBLOCK, items = panels * mblocks;
   /* a thread's items run along the panels of one row block: its rows of a stay in cache */
 #pragma omp parallel for schedule(static) if (M * Nc * Kp > CLRT_OMP_MIN_WORK)
   for (int64_t t = 0; t < items; t++) {
     int64_t mb = t / panels, i0 = mb * MBLOCK, i1 = M - i0 < MBLOCK ? M : i0 + MBLOCK;
-    item(c, ldc, a, lda, bp, Nc, Kp, bias, accumulate, i0, i1, (int)(t % panels));
+    if (unit == CLRT_UNIT_FMA_BF16)
+      item_fma(c, ldc, a, lda, bp, Nc, Kp, bias, accumulate, i0, i1, (int)(t % panels));
+    else
+      item(c, ldc, a, lda, bp, Nc, Kp, bias, accumulate, i0, i1, (int)(t % panels));
   }
   return 1;
 #else

@@ -15,8 +15,9 @@
    slice of a (192 KiB) stays in L2 across the group's panels and each panel's [KBLOCK, 48]
    slice of b (48 KiB) stays in L1/L2 while every 8-row tile passes over it, the tile's sums
    being added into c at the end of each step. Each element of c is a sum over k in order per k block, so results
-   agree with sgemm to rounding, not bit for bit. AVX-512 only, chosen at run time: without it
-   clrt_gemm_strided returns 0 and the caller runs sgemm. */
+   agree with sgemm to rounding, not bit for bit. The tile is AVX-512's or AVX2's
+   (panels_avx2.c's 6 x 16 tiles, the same order per element: the same bits), chosen at run
+   time; without either clrt_gemm_strided returns 0 and the caller runs sgemm. */
 #include "model_kernels.h"
 
 #include "simd512.h"
@@ -38,7 +39,7 @@ static inline __mmask16 chunk_mask(int c, int pw) {
 
 /* c[r, 0 .. pw) (+)= sum over k in [0, kn) of a(r, k) b[k, 0 .. pw) for the nr (<= 8) rows of
    a tile; add: add onto c (else store). Inlined with constant nr and pw for full tiles. */
-TARGET static inline __attribute__((always_inline)) void tile(
+TARGET static inline __attribute__((always_inline)) void tile_avx512(
     float *c /* [nr, ldc] */, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks,
     const float *b /* [kn, ldb] */, int64_t ldb, int nr, int kn, int pw, int add) {
   const __mmask16 m0 = chunk_mask(0, pw), m1 = chunk_mask(1, pw), m2 = chunk_mask(2, pw);
@@ -69,12 +70,37 @@ TARGET static inline __attribute__((always_inline)) void tile(
   }
 }
 
+/* The full tile inlined with constants, or the general one. */
+TARGET static void tile512(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks, const float *b,
+                           int64_t ldb, int nr, int kn, int pw, int add) {
+  if (nr == TILE_ROWS && pw == PANEL)
+    tile_avx512(c, ldc, a, a_rs, a_ks, b, ldb, TILE_ROWS, kn, PANEL, add);
+  else
+    tile_avx512(c, ldc, a, a_rs, a_ks, b, ldb, nr, kn, pw, add);
+}
+#endif
+
+/* A tile of nr (<= 8) rows by pw (<= 48) columns, kn deep: AVX-512's or AVX2's. */
+typedef void (*tile_fn)(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks, const float *b,
+                        int64_t ldb, int nr, int kn, int pw, int add);
+
+static void tile_avx2(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks, const float *b,
+                      int64_t ldb, int nr, int kn, int pw, int add) {
+  clrt_avx2_tile_strided(c, ldc, a, a_rs, a_ks, b, ldb, nr, kn, pw, add);
+}
+
+static tile_fn level_tile(void) {
+#if CLRT_AVX512
+  if (clrt_have_avx512()) return tile512;
+#endif
+  return clrt_have_avx2() ? tile_avx2 : NULL;
+}
+
 /* One work item: rows [i0, i1) of c against the column panels [p0, p1). k runs outermost, so
    the item's [MBLOCK, KBLOCK] block of a stays in L2 while every panel's [KBLOCK, 48] slice of
    b passes under it. */
-TARGET static void item(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks,
-                        const float *b, int64_t ldb, int i0, int i1, int p0, int p1, int Nc, int Kc,
-                        int accumulate) {
+static void item(tile_fn tile, float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks,
+                 const float *b, int64_t ldb, int i0, int i1, int p0, int p1, int Nc, int Kc, int accumulate) {
   for (int k0 = 0; k0 < Kc; k0 += KBLOCK) {
     int kn = Kc - k0 < KBLOCK ? Kc - k0 : KBLOCK, add = accumulate || k0 > 0;
     const float *ak = a + (int64_t)k0 * a_ks;
@@ -85,10 +111,7 @@ TARGET static void item(float *c, int64_t ldc, const float *a, int64_t a_rs, int
         int nr = i1 - i < TILE_ROWS ? i1 - i : TILE_ROWS;
         float *ct = c + (int64_t)i * ldc + j0;
         const float *at = ak + (int64_t)i * a_rs;
-        if (nr == TILE_ROWS && pw == PANEL)
-          tile(ct, ldc, at, a_rs, a_ks, bk, ldb, TILE_ROWS, kn, PANEL, add);
-        else
-          tile(ct, ldc, at, a_rs, a_ks, bk, ldb, nr, kn, pw, add);
+        tile(ct, ldc, at, a_rs, a_ks, bk, ldb, nr, kn, pw, add);
       }
     }
   }
@@ -97,8 +120,8 @@ TARGET static void item(float *c, int64_t ldc, const float *a, int64_t a_rs, int
 /* The forward's work item: y rows [i0, i1) against w's 48-row panels [p0, p1), each panel's
    [KBLOCK, 48] slice transposed into buf on the fly (once per slice and row block: 1/MBLOCK
    of the multiply-adds), then the same tiles as above over it. */
-TARGET static void item_fwd(float *y, const float *x, const float *w, int K, int O, int i0, int i1,
-                            int p0, int p1) {
+static void item_fwd(tile_fn tile, float *y, const float *x, const float *w, int K, int O, int i0, int i1,
+                     int p0, int p1) {
   float buf[FWD_KBLOCK * PANEL] __attribute__((aligned(64)));
   for (int k0 = 0; k0 < K; k0 += FWD_KBLOCK) {
     int kn = K - k0 < FWD_KBLOCK ? K - k0 : FWD_KBLOCK;
@@ -112,10 +135,7 @@ TARGET static void item_fwd(float *y, const float *x, const float *w, int K, int
         int nr = i1 - i < TILE_ROWS ? i1 - i : TILE_ROWS;
         float *yt = y + (int64_t)i * O + j0;
         const float *xt = x + (int64_t)i * K + k0;
-        if (nr == TILE_ROWS && pw == PANEL)
-          tile(yt, O, xt, K, 1, buf, PANEL, TILE_ROWS, kn, PANEL, 1);
-        else
-          tile(yt, O, xt, K, 1, buf, PANEL, nr, kn, pw, 1);
+        tile(yt, O, xt, K, 1, buf, PANEL, nr, kn, pw, 1);
       }
     }
   }
@@ -141,13 +161,12 @@ static int64_t plan(int64_t M, int Nc, int mblock, int *mrows_out, int *groups_o
   *groups_out = groups;
   return mblocks * groups;
 }
-#endif
 
 int clrt_gemm_strided(float *c /* [M, ldc] */, int64_t ldc, const float *a /* a(i, k) at a[i a_rs + k a_ks] */,
                       int64_t a_rs, int64_t a_ks, const float *b /* [Kc, ldb] */, int64_t ldb, int64_t M,
                       int Nc, int64_t Kc, int accumulate) {
-#if CLRT_AVX512
-  if (M < 1 || Nc < 1 || M > INT32_MAX || Kc > INT32_MAX || !clrt_have_avx512()) return 0;
+  tile_fn tile = level_tile();
+  if (M < 1 || Nc < 1 || M > INT32_MAX || Kc > INT32_MAX || !tile) return 0;
   if (Kc < 1) {   /* an empty sum: c = 0 (or unchanged) */
     if (!accumulate)
       for (int64_t i = 0; i < M; i++)
@@ -162,14 +181,9 @@ int clrt_gemm_strided(float *c /* [M, ldc] */, int64_t ldc, const float *a /* a(
     int g = (int)(t % groups), mb = (int)(t / groups);
     int p0 = (int)((int64_t)panels * g / groups), p1 = (int)((int64_t)panels * (g + 1) / groups);
     int i0 = mb * mrows, i1 = (int)(M - i0 < mrows ? M : i0 + mrows);
-    item(c, ldc, a, a_rs, a_ks, b, ldb, i0, i1, p0, p1, Nc, (int)Kc, accumulate);
+    item(tile, c, ldc, a, a_rs, a_ks, b, ldb, i0, i1, p0, p1, Nc, (int)Kc, accumulate);
   }
   return 1;
-#else
-  (void)c, (void)ldc, (void)a, (void)a_rs, (void)a_ks, (void)b, (void)ldb, (void)M, (void)Nc,
-      (void)Kc, (void)accumulate;
-  return 0;
-#endif
 }
 
 /* The linear layer's backward over clrt_gemm_strided (db as linear.c); 0 when this CPU has no
@@ -177,7 +191,7 @@ int clrt_gemm_strided(float *c /* [M, ldc] */, int64_t ldc, const float *a /* a(
 int clrt_linear_backward_strided(float *dx /* [N, K] */, float *dw /* [O, K] += */, float *db /* [O] += */,
                                  const float *dy /* [N, O] */, const float *x /* [N, K] */,
                                  const float *w /* [O, K] */, int64_t N, int K, int O, int dx_accumulate) {
-  if (N < 1 || !clrt_have_avx512()) return 0;
+  if (N < 1 || !level_tile()) return 0;
   if (dx && !clrt_gemm_strided(dx, K, dy, O, 1, w, K, N, K, O, dx_accumulate)) return 0;
   if (dw && !clrt_gemm_strided(dw, K, dy, 1, O, x, K, O, K, N, 1)) return 0;
   if (db) {
@@ -195,8 +209,8 @@ int clrt_linear_backward_strided(float *dx /* [N, K] */, float *dw /* [O, K] += 
    second copy of the weights; 0 when this CPU has no kernel for it (then sgemm). */
 int clrt_linear_forward_strided(float *y /* [N, O] */, const float *x /* [N, K] */, const float *w /* [O, K] */,
                                 const float *b /* [O] or NULL */, int64_t N, int K, int O) {
-#if CLRT_AVX512
-  if (N < 1 || O < 1 || K < 1 || N > INT32_MAX || !clrt_have_avx512()) return 0;
+  tile_fn tile = level_tile();
+  if (N < 1 || O < 1 || K < 1 || N > INT32_MAX || !tile) return 0;
 #pragma omp parallel for schedule(static) if (N * O > CLRT_OMP_MIN_WORK)
   for (int64_t n = 0; n < N; n++)
     for (int o = 0; o < O; o++) y[n * O + o] = b ? b[o] : 0.0f;
@@ -208,11 +222,7 @@ int clrt_linear_forward_strided(float *y /* [N, O] */, const float *x /* [N, K] 
     int g = (int)(t % groups), mb = (int)(t / groups);
     int p0 = (int)((int64_t)panels * g / groups), p1 = (int)((int64_t)panels * (g + 1) / groups);
     int i0 = mb * mrows, i1 = (int)(N - i0 < mrows ? N : i0 + mrows);
-    item_fwd(y, x, w, K, O, i0, i1, p0, p1);
+    item_fwd(tile, y, x, w, K, O, i0, i1, p0, p1);
   }
   return 1;
-#else
-  (void)y, (void)x, (void)w, (void)b, (void)N, (void)K, (void)O;
-  return 0;
-#endif
 }

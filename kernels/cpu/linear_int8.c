@@ -1,14 +1,11 @@
 /* linear_int8.c — int8 x int8 -> int32 products for generation (see linear_int8.h for the
    layout and why activations are quantized): AVX512-VNNI (vpdpbusd on 16 outputs) where the
-   CPU has it, else AVX-VNNI (the 256-bit VEX form, 8 outputs: CPUs without AVX-512), else a
-   portable loop. All compute the same exact integer sums and the same f32 epilogue, so their
+   CPU has it, else AVX-VNNI (the 256-bit VEX form, 8 outputs: CPUs without AVX-512), else
+   AVX2 (vpmaddubsw + vpmaddwd on |q| and sign-carrying weights), else a portable loop. All compute the same exact integer sums and the same f32 epilogue, so their
    outputs are bit-identical. */
 #include "linear_int8.h"
 #include "simd512.h"
 
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 #include <math.h>
 #include <stdlib.h>
 
@@ -154,8 +151,8 @@ static void linear_portable(float *y, const uint8_t *xq, const float *xs, const 
 
 static int have_avx512vnni(void) {
   static int known = -1;
-  if (known < 0) known = clrt_have_avx512() && __builtin_cpu_supports("avx512vnni");
-  return known;
+  if (known < 0) known = __builtin_cpu_supports("avx512vnni");
+  return known && clrt_have_avx512();
 }
 
 /* The accumulators' type: sixteen int32 lanes, the type GCC's vpdpbusd builtin works in. Kept
@@ -276,18 +273,8 @@ static int have_avx512vnni(void) { return 0; }
 #define CLRT_AVXVNNI 1
 #define TARGET_AVXVNNI __attribute__((target("avx2,fma,avxvnni")))
 
-/* AVX-VNNI is CPUID leaf 7, sub-leaf 1, EAX bit 4: read directly, as clang's
-   __builtin_cpu_supports does not know the name "avxvnni". */
-static int have_avxvnni(void) {
-  static int known = -1;
-  if (known < 0) {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    __builtin_cpu_init();
-    known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-            __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 4) & 1);
-  }
-  return known;
-}
+/* AVX-VNNI (cpu_level.c reads its CPUID bit): at the avxvnni level and above. */
+static int have_avxvnni(void) { return clrt_cpu_level() >= CLRT_CPU_AVXVNNI && clrt_cpu_has_avxvnni(); }
 
 /* Eight int32 lanes, for the reason vnni_acc above has sixteen. */
 typedef int avxvnni_acc __attribute__((vector_size(32)));
@@ -349,19 +336,90 @@ static void linear_avxvnni(float *y, const uint8_t *xq, const float *xs, const i
 static int have_avxvnni(void) { return 0; }
 #endif
 
+/* ---- AVX2 (no VNNI: Zen 2/3, Intel before Alder Lake) ----------------------------------------- */
+
+#if CLRT_AVX2
+#define TARGET_AVX2_INT8 CLRT_TARGET_AVX2
+
+/* The same exact sums without vpdpbusd. vpmaddubsw multiplies unsigned bytes by signed ones
+   into saturating 16-bit pair sums: fed the stored q + 128 it could reach 2 * 255 * 127 and
+   clip. Fed |q| (<= 127) against the weights carrying q's sign (vpsignb; weights are in
+   [-127, 127], so no -128 to negate), a pair is at most 2 * 127 * 127 = 32258: exact. vpmaddwd
+   then adds the pairs into each output's int32 lane. The sum is the signed q . w itself, so
+   no 128 * wsum correction; the epilogue is the shared one. */
+TARGET_AVX2_INT8 static inline __attribute__((always_inline)) void avx2_tile(
+    float *y, const uint8_t *xq, const float *xs, const int8_t *wq, const float *ws, const float *b, int64_t n0,
+    int p, int K, int O, const int R) {
+  int K4 = clrt_int8_k4(K);
+  __m256i acc[4][2];
+  for (int i = 0; i < R; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+  const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+  const int8_t *pw = wq + (size_t)p * 16 * K4;
+  for (int g = 0; g < K4 / 4; g++) {
+    __m256i w0 = _mm256_loadu_si256((const __m256i *)(pw + (size_t)g * 64));
+    __m256i w1 = _mm256_loadu_si256((const __m256i *)(pw + (size_t)g * 64 + 32));
+    for (int i = 0; i < R; i++) {
+      int32_t x4;
+      __builtin_memcpy(&x4, xq + (n0 + i) * K4 + 4 * g, 4);
+      __m256i q = _mm256_xor_si256(_mm256_set1_epi32(x4), flip);   /* the signed q */
+      __m256i aq = _mm256_abs_epi8(q);
+      __m256i p0 = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(w0, q));
+      __m256i p1 = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(w1, q));
+      acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(p0, ones));
+      acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(p1, ones));
+    }
+  }
+  int o0 = p * 16, lanes = O - o0 < 16 ? O - o0 : 16;
+  for (int i = 0; i < R; i++) {
+    int32_t sums[16];
+    _mm256_storeu_si256((__m256i *)sums, acc[i][0]);
+    _mm256_storeu_si256((__m256i *)(sums + 8), acc[i][1]);
+    for (int lane = 0; lane < lanes; lane++) {
+      int o = o0 + lane;
+      y[(n0 + i) * O + o] = int8_out(sums[lane], xs[n0 + i], ws[o], b ? b[o] : 0.0f);
+    }
+  }
+}
+
+TARGET_AVX2_INT8 static void avx2_panel(float *y, const uint8_t *xq, const float *xs, const int8_t *wq,
+                                        const float *ws, const float *b, int64_t N, int K, int O, int p) {
+  int64_t n = 0;
+  for (; n + 4 <= N; n += 4) avx2_tile(y, xq, xs, wq, ws, b, n, p, K, O, 4);
+  switch (N - n) {
+    case 3: avx2_tile(y, xq, xs, wq, ws, b, n, p, K, O, 3); break;
+    case 2: avx2_tile(y, xq, xs, wq, ws, b, n, p, K, O, 2); break;
+    case 1: avx2_tile(y, xq, xs, wq, ws, b, n, p, K, O, 1); break;
+    default: break;
+  }
+}
+
+static void linear_avx2(float *y, const uint8_t *xq, const float *xs, const int8_t *wq, const float *ws,
+                        const float *b, int64_t N, int K, int O) {
+  int panels = clrt_int8_o16(O) / 16;
+#pragma omp parallel for schedule(static)
+  for (int p = 0; p < panels; p++) avx2_panel(y, xq, xs, wq, ws, b, N, K, O, p);
+}
+#endif
+
 /* ---- dispatch ---------------------------------------------------------------------------------- */
 
 int clrt_int8_path(void) {
-  return have_avx512vnni() ? CLRT_INT8_AVX512VNNI : have_avxvnni() ? CLRT_INT8_AVXVNNI : CLRT_INT8_PORTABLE;
+  return have_avx512vnni() ? CLRT_INT8_AVX512VNNI
+         : have_avxvnni()  ? CLRT_INT8_AVXVNNI
+         : clrt_have_avx2() ? CLRT_INT8_AVX2
+                            : CLRT_INT8_PORTABLE;
 }
 
 const char *clrt_int8_path_name(int path) {
-  return path == CLRT_INT8_AVX512VNNI ? "avx512-vnni" : path == CLRT_INT8_AVXVNNI ? "avx-vnni" : "portable";
+  return path == CLRT_INT8_AVX512VNNI ? "avx512-vnni"
+         : path == CLRT_INT8_AVXVNNI  ? "avx-vnni"
+         : path == CLRT_INT8_AVX2     ? "avx2"
+                                      : "portable";
 }
 
 int clrt_int8_path_available(int path) {
   return path == CLRT_INT8_PORTABLE || (path == CLRT_INT8_AVX512VNNI && have_avx512vnni()) ||
-         (path == CLRT_INT8_AVXVNNI && have_avxvnni());
+         (path == CLRT_INT8_AVXVNNI && have_avxvnni()) || (path == CLRT_INT8_AVX2 && clrt_have_avx2());
 }
 
 int clrt_int8_linear(float *y, const uint8_t *xq, const float *xs, const int8_t *wq, const float *ws,
@@ -379,6 +437,15 @@ int clrt_int8_linear(float *y, const uint8_t *xq, const float *xs, const int8_t 
 #if CLRT_AVXVNNI
     if (!have_avxvnni()) return -1;
     linear_avxvnni(y, xq, xs, wq, ws, wsum, b, N, K, O);
+    return 0;
+#else
+    return -1;
+#endif
+  }
+  if (path == CLRT_INT8_AVX2) {
+#if CLRT_AVX2
+    if (!clrt_have_avx2()) return -1;
+    linear_avx2(y, xq, xs, wq, ws, b, N, K, O);
     return 0;
 #else
     return -1;

@@ -12,7 +12,8 @@
    Each output is a sum over k in order (one lane per output), so results agree with sgemm to
    rounding, not bit for bit, and a row's outputs are the same bits at any number of rows and
    any position among them (batch invariance: one row, three panels at a time, keeps that
-   order too). AVX-512 only, chosen at run time.
+   order too). AVX-512 here, AVX2 + FMA in panels_avx2.c (the same order: the same bits),
+   chosen at run time (cpu_level.c).
    At 32 rows a panel is read from memory by its first tile of rows and from cache by the
    other three, so the first tile waits on memory while the others compute. Each tile asks for
    its share of the next panel as it goes (software prefetch), which spreads the weight stream
@@ -70,6 +71,34 @@ void clrt_linear_pack(float *wp /* [O * K] panels */, const float *w /* [O, K] *
 void clrt_linear_pack_bf16(uint16_t *wp /* [O * K] panels of pairs */, const float *w /* [O, K] */,
                            int K, int O) {
   pack(wp, w, K, O, 1);
+}
+
+/* Where panel p of a part starts (elements of esize bytes) and how wide it is. */
+static inline const char *panel_at(const clrt_packed_part *part, int K, int p, int esize, int *pw) {
+  int o0 = p * PANEL;
+  *pw = part->O - o0 < PANEL ? part->O - o0 : PANEL;
+  return (const char *)part->wp + (int64_t)o0 * K * esize;
+}
+
+static inline int64_t panels_of(const clrt_packed_part *part) { return (part->O + PANEL - 1) / PANEL; }
+
+/* Panels [g0, g1) of the parts laid end to end, each for all N rows, on AVX2 + FMA
+   (panels_avx2.c: the same sums as the AVX-512 tiles below; bf16 ones when x16 is given). */
+static void panel_range_avx2(const clrt_packed_part *parts, const float *x, const uint16_t *x16, int N, int K,
+                             int64_t g0, int64_t g1) {
+  int i = 0;
+  int64_t base = 0;
+  for (int64_t g = g0; g < g1; g++) {
+    while (g - base >= panels_of(&parts[i])) base += panels_of(&parts[i++]);
+    int p = (int)(g - base), pw, o0 = p * PANEL;
+    const char *panel = panel_at(&parts[i], K, p, x16 ? 2 : 4, &pw);
+    const float *b = parts[i].b ? parts[i].b + o0 : NULL;
+    float *y = parts[i].y + o0;
+    if (x16)
+      clrt_avx2_panel_bf16(y, parts[i].O, x16, K, N, (const uint16_t *)panel, pw, K, b, 0);
+    else
+      clrt_avx2_panel_f32(y, parts[i].O, x, K, N, (const float *)panel, pw, K, b, 0);
+  }
 }
 
 #if CLRT_AVX512
@@ -150,15 +179,6 @@ TARGET static inline __attribute__((always_inline)) void row_panels(
       _mm512_storeu_ps(y + o, _mm512_add_ps(acc[i][c], bias));
     }
 }
-
-/* Where panel p of a part starts (elements of esize bytes) and how wide it is. */
-static inline const char *panel_at(const clrt_packed_part *part, int K, int p, int esize, int *pw) {
-  int o0 = p * PANEL;
-  *pw = part->O - o0 < PANEL ? part->O - o0 : PANEL;
-  return (const char *)part->wp + (int64_t)o0 * K * esize;
-}
-
-static inline int64_t panels_of(const clrt_packed_part *part) { return (part->O + PANEL - 1) / PANEL; }
 
 /* Every row of part's y against its panel p; next (NULL at the end of this thread's share)
    is the panel computed after it, next_bytes its size. Called from the parallel region rather
@@ -290,36 +310,41 @@ TARGET static void panel_range(const clrt_packed_part *parts, const float *x, co
 }
 #endif
 
-int clrt_linear_packed_available(void) { return clrt_have_avx512(); }
+int clrt_linear_packed_available(void) { return clrt_have_avx512() || clrt_have_avx2(); }
 
-/* bf16 panels need a matrix unit in use (clrt_matrix_unit: capped to f32, none). */
-int clrt_linear_packed_bf16_available(void) { return clrt_have_avx512bf16() && clrt_matrix_unit() != CLRT_UNIT_F32; }
+/* bf16 panels need a matrix unit in use (clrt_matrix_unit: capped to f32, none); without bf16
+   hardware (fma-bf16) AVX2 computes the same sums. */
+int clrt_linear_packed_bf16_available(void) { return clrt_matrix_unit() != CLRT_UNIT_F32; }
 
-/* Both forwards: x16 NULL for f32 panels, else x rounded to bf16 for bf16 ones. */
+/* Both forwards: x16 NULL for f32 panels, else x rounded to bf16 for bf16 ones. AVX-512's
+   tiles where the CPU level has them (and, for bf16, a bf16 unit), else AVX2's. */
 static int forward_parts(const float *x, const uint16_t *x16, int64_t N, int K,
                          const clrt_packed_part *parts, int count) {
-#if CLRT_AVX512
   int64_t panels = 0, outs = 0;
   for (int i = 0; i < count; i++) {
     if (parts[i].O < 1) return 0;
     panels += panels_of(&parts[i]), outs += parts[i].O;
   }
+  int wide = x16 ? clrt_matrix_unit() >= CLRT_UNIT_AVX512BF16 : clrt_have_avx512();
+  if (!wide && !clrt_have_avx2()) return 0;
 #pragma omp parallel if (N * outs * K > CLRT_OMP_MIN_WORK)
   {
     /* Contiguous shares (schedule(static) by hand) so each thread knows its next panel. */
     int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    panel_range(parts, x, x16, (int)N, K, panels * t / nt, panels * (t + 1) / nt);
+    int64_t g0 = panels * t / nt, g1 = panels * (t + 1) / nt;
+#if CLRT_AVX512
+    if (wide)
+      panel_range(parts, x, x16, (int)N, K, g0, g1);
+    else
+#endif
+      panel_range_avx2(parts, x, x16, (int)N, K, g0, g1);
   }
   return 1;
-#else
-  (void)x, (void)x16, (void)N, (void)K, (void)parts, (void)count;
-  return 0;
-#endif
 }
 
 int clrt_linear_packed_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
                                      const clrt_packed_part *parts, int count) {
-  if (N < 1 || N > INT32_MAX || count < 1 || !clrt_have_avx512()) return 0;
+  if (N < 1 || N > INT32_MAX || count < 1 || !clrt_linear_packed_available()) return 0;
   return forward_parts(x, NULL, N, K, parts, count);
 }
 

@@ -1,7 +1,9 @@
-/* matrix_unit.c — which unit multiplies bf16 here, chosen once at run time: AMX tiles
+/* matrix_unit.c — which unit multiplies bf16 here, chosen at run time: AMX tiles
    (AMX-TILE + AMX-BF16, after Linux grants this process the tile data state), else
-   AVX512-BF16 (vdpbf16ps), else none (the callers then multiply in f32).
-   CLRT_MATRIX_UNIT=f32|avx512-bf16|amx-bf16 caps the choice (a test compares every unit the CPU
+   AVX512-BF16 (vdpbf16ps), else AVX2's FMA units computing vdpbf16ps's sums (fma-bf16:
+   bf16 numerics without bf16 hardware), else none (the callers then multiply in f32). The
+   CPU level (cpu_level.c, CLRT_CPU) bounds it: a Zen 5 capped to avx2 gets fma-bf16.
+   CLRT_MATRIX_UNIT=f32|fma-bf16|avx512-bf16|amx-bf16 caps the choice (a test compares every unit the CPU
    has; a user can rule a unit out), and clrt_matrix_unit_cap does the same from code.
    The choice never depends on how many rows a product has: the same row gives the same bits
    in a decode step of 1 row and a prefill of 512. */
@@ -39,6 +41,7 @@ static int cap_from_env(void) {
   const char *s = getenv("CLRT_MATRIX_UNIT");
   if (!s || !*s) return CLRT_UNIT_AMX;
   if (!strcmp(s, "f32")) return CLRT_UNIT_F32;
+  if (!strcmp(s, "fma-bf16")) return CLRT_UNIT_FMA_BF16;
   if (!strcmp(s, "avx512bf16") || !strcmp(s, "avx512-bf16")) return CLRT_UNIT_AVX512BF16;
   return CLRT_UNIT_AMX;
 }
@@ -48,17 +51,16 @@ static int cap = -1;
 void clrt_matrix_unit_cap(int unit) { cap = unit; }
 
 int clrt_matrix_unit_best(void) {
-  static int best = -1;
-  if (best < 0) {
 #if CLRT_AVX512
-    best = clrt_have_avx512bf16() && cpu_has_amx_bf16() ? CLRT_UNIT_AMX
-           : clrt_have_avx512bf16()                     ? CLRT_UNIT_AVX512BF16
-                                                        : CLRT_UNIT_F32;
+  static int amx = -1;   /* asked of the OS once: the grant is for the process */
+  if (clrt_have_avx512bf16() && amx < 0) amx = cpu_has_amx_bf16();
+  return clrt_have_avx512bf16() && amx > 0 ? CLRT_UNIT_AMX
+         : clrt_have_avx512bf16()          ? CLRT_UNIT_AVX512BF16
+         : clrt_have_avx2()                ? CLRT_UNIT_FMA_BF16
+                                           : CLRT_UNIT_F32;
 #else
-    best = CLRT_UNIT_F32;
+  return CLRT_UNIT_F32;
 #endif
-  }
-  return best;
 }
 
 int clrt_matrix_unit(void) {
@@ -68,5 +70,8 @@ int clrt_matrix_unit(void) {
 }
 
 const char *clrt_matrix_unit_name(int unit) {
-  return unit == CLRT_UNIT_AMX ? "amx-bf16" : unit == CLRT_UNIT_AVX512BF16 ? "avx512-bf16" : "f32";
+  return unit == CLRT_UNIT_AMX           ? "amx-bf16"
+         : unit == CLRT_UNIT_AVX512BF16  ? "avx512-bf16"
+         : unit == CLRT_UNIT_FMA_BF16    ? "fma-bf16"
+                                         : "f32";
 }

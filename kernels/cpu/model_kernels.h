@@ -115,7 +115,7 @@ int clrt_linear_skinny_dpbf16(float *y /* [N, O] */, const uint16_t *x /* [N, K]
 /* wp: w in panels of 48 weight rows, each transposed to [K, 48] (the last panel narrower);
    the same size as w. */
 void clrt_linear_pack(float *wp /* [O * K] panels */, const float *w /* [O, K] */, int K, int O);
-/* 1 when this CPU runs clrt_linear_packed_forward (AVX-512). */
+/* 1 when this CPU runs clrt_linear_packed_forward (AVX-512, or AVX2 + FMA: the same bits). */
 int clrt_linear_packed_available(void);
 /* The forward over packed weights, any number of rows: 1 when it computed y, 0 when this CPU
    has no kernel for it (then use clrt_linear_forward on w). */
@@ -133,8 +133,8 @@ typedef struct {
 int clrt_linear_packed_forward_parts(const float *x /* [N, K] */, int64_t N, int K,
                                      const clrt_packed_part *parts, int count);
 /* bf16: panels of bf16 pairs of k (K even), x rounded to bf16, f32 sums and y, on the matrix
-   unit (AMX panels where the shape suits, else AVX512-BF16); 0 without one (capped to f32
-   included) or ws short of clrt_linear_packed_bf16_workspace_bytes (x in bf16).
+   unit (AMX panels where the shape suits, else AVX512-BF16, else AVX2's FMAs with the same
+   sums: CLRT_UNIT_FMA_BF16); 0 without one (capped to f32 included) or ws short of clrt_linear_packed_bf16_workspace_bytes (x in bf16).
    _parts: decode-sized products only (N <= CLRT_SKINNY_MAX_ROWS). */
 void clrt_linear_pack_bf16(uint16_t *wp /* [O * K] */, const float *w /* [O, K] */, int K, int O);
 int clrt_linear_packed_bf16_available(void);
@@ -146,6 +146,21 @@ int clrt_linear_packed_bf16_forward_parts(const float *x /* [N, K] */, int64_t N
 int clrt_linear_packed_bf16_forward_rows(const float *x /* [N, K] */, int64_t N, int K,
                                          const clrt_packed_part *parts, int count,
                                          void *ws /* x in bf16 [N, K] */, size_t ws_bytes);
+
+/* ---- panels_avx2.c: one panel of the above on AVX2 + FMA --------------------------------- */
+/* c[i, 0..pw) (= or +=) a[i] . panel + bias for the M rows of a: f32 panels (clrt_linear_pack's,
+   K deep) in the AVX-512 tiles' order (the same bits), or pair panels (clrt_pack_pairs', Kp
+   deep, a in bf16) as vdpbf16ps sums them. 0 when the CPU (or CLRT_CPU) has no AVX2. */
+int clrt_avx2_panel_f32(float *c /* [M, ldc] */, int64_t ldc, const float *a /* [M, lda] */, int64_t lda,
+                        int64_t M, const float *wp /* [K, pw] */, int pw, int K, const float *bias /* [pw] or NULL */,
+                        int add);
+/* c[r, 0..pw) (+)= sum over k < kn of a(r, k) b[k, 0..pw) for nr rows, a(r, k) at
+   a[r a_rs + k a_ks]: gemm_strided.c's tile; 0 without AVX2. */
+int clrt_avx2_tile_strided(float *c /* [nr, ldc] */, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks,
+                           const float *b /* [kn, ldb] */, int64_t ldb, int nr, int kn, int pw, int add);
+int clrt_avx2_panel_bf16(float *c /* [M, ldc] */, int64_t ldc, const uint16_t *a /* [M, lda] bf16 */, int64_t lda,
+                         int64_t M, const uint16_t *bp /* [Kp / 2, pw, 2] */, int pw, int64_t Kp,
+                         const float *bias /* [pw] or NULL */, int add);
 
 /* ---- linear_bf16.c: products over a weight held only in bf16 (a frozen base) ----------- */
 /* wp: w [O, K] in clrt_linear_pack_bf16's panels of bf16 pairs (K even); f32 accumulation.
@@ -169,9 +184,11 @@ int clrt_linear_bf16_backward_dx(float *dx /* [N, K] */, const float *dy /* [N, 
                                  size_t ws_bytes);
 
 /* ---- matrix_unit.c: the unit bf16 products run on, chosen at run time ------------------ */
-enum { CLRT_UNIT_F32 = 0, CLRT_UNIT_AVX512BF16 = 1, CLRT_UNIT_AMX = 2 };
-/* The best unit this CPU (and OS) offers, and the one in use: the best, capped by
-   CLRT_MATRIX_UNIT=f32|avx512-bf16|amx-bf16 or clrt_matrix_unit_cap. */
+/* FMA_BF16: no bf16 hardware, bf16 numerics on AVX2's FMA units (panels_avx2.c: vdpbf16ps's
+   sums, two FMAs a pair). */
+enum { CLRT_UNIT_F32 = 0, CLRT_UNIT_FMA_BF16 = 1, CLRT_UNIT_AVX512BF16 = 2, CLRT_UNIT_AMX = 3 };
+/* The best unit this CPU (and OS) offers at the CPU level in use, and the one in use: the
+   best, capped by CLRT_MATRIX_UNIT=f32|fma-bf16|avx512-bf16|amx-bf16 or clrt_matrix_unit_cap. */
 int clrt_matrix_unit_best(void);
 int clrt_matrix_unit(void);
 void clrt_matrix_unit_cap(int unit);
@@ -202,7 +219,8 @@ int clrt_amx_panel(float *c /* [M, ldc] */, int64_t ldc, const uint16_t *a /* [M
                    const float *bias /* [pw] or NULL */, int add);
 
 /* ---- peak.c: a core's peak per unit (operands in registers), for benchmarks: the flops
-   done in iters rounds on the calling thread, 0 without the unit (CLRT_UNIT_F32: AVX-512 FMA). */
+   done in iters rounds on the calling thread, 0 without the unit (CLRT_UNIT_F32: the widest f32
+   FMA the CPU level has, AVX-512 or AVX2; CLRT_UNIT_FMA_BF16: the same units, two FMAs a pair). */
 int64_t clrt_unit_peak_flops(int unit, int64_t iters);
 int64_t clrt_amx_peak_flops(int64_t iters);
 

@@ -1,30 +1,31 @@
-/* simd512.h — what the AVX-512 kernels share: the target attribute (the build targets
-   x86-64-v2, so each AVX-512 function opts in and is only called after clrt_have_avx512()),
-   the run-time checks, and the horizontal sums. CPU only. */
+/* simd512.h — what the AVX-512 and AVX2 kernels share: the target attributes (the build
+   targets x86-64-v2, so each wider function opts in and is only called after
+   clrt_have_avx512() or clrt_have_avx2()), the run-time checks (the CPU's level, capped by
+   CLRT_CPU: cpu_level.c), and the horizontal sums. CPU only. */
 #ifndef CLRT_SIMD512_H
 #define CLRT_SIMD512_H
+
+#include "cpu_level.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define CLRT_AVX512 1
+#define CLRT_AVX2 1   /* the compiler emits both; the run-time checks below choose */
 #define CLRT_TARGET_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
 
-static inline int clrt_have_avx512(void) {
-  static int known = -1;
-  if (known < 0) {
-    __builtin_cpu_init();
-    known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-  }
-  return known;
-}
+#define CLRT_TARGET_AVX2 __attribute__((target("avx2,fma")))
+
+static inline int clrt_have_avx512(void) { return clrt_cpu_level() >= CLRT_CPU_AVX512; }
+
+/* AVX2 + FMA: every level from avx2 up (an AVX-512 CPU runs these too when capped to avx2). */
+static inline int clrt_have_avx2(void) { return clrt_cpu_level() >= CLRT_CPU_AVX2; }
 
 /* AVX512-BF16 (vdpbf16ps) on top of the above. */
 #define CLRT_TARGET_AVX512BF16 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16")))
 static inline int clrt_have_avx512bf16(void) {
   static int known = -1;
-  if (known < 0) known = clrt_have_avx512() && __builtin_cpu_supports("avx512bf16");
-  return known;
+  if (known < 0) known = __builtin_cpu_supports("avx512bf16");
+  return known && clrt_have_avx512();
 }
 
 /* Four 16-lane sums a, b, c, d -> {sum a, sum b, sum c, sum d}. */
@@ -48,8 +49,10 @@ static inline __mmask16 clrt_tail_mask16(int n) { return (__mmask16)((1u << n) -
 
 #else
 #define CLRT_AVX512 0
+#define CLRT_AVX2 0
 #define CLRT_WIDE
 static inline int clrt_have_avx512(void) { return 0; }
+static inline int clrt_have_avx2(void) { return 0; }
 static inline int clrt_have_avx512bf16(void) { return 0; }
 #endif
 

@@ -314,7 +314,7 @@ int main(int argc, char **argv) {
       lua_close(L);
       return rc;
     } else if (!strcmp(a, "-v") || !strcmp(a, "--version")) {
-      printf("clrt %s (%s)\n", clrt_version(), LUAJIT_VERSION);
+      printf("clrt %s (%s)\ncpu: %s\n", clrt_version(), LUAJIT_VERSION, clrt_cpu_paths());
       return 0;
     } else if (!strcmp(a, "-e")) {
       if (i + 1 >= argc) {

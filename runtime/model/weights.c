@@ -221,7 +221,10 @@ void model_cpu_linear_bf16(clrt_model *m, acts *a, float *y, const float *x, int
   if (model_workspace(m, need, "bf16 forward")) return;
   if (m->wbf_packed ? clrt_linear_packed_bf16_forward_rows(x, N, Kd, &part, 1, m->ws, m->ws_bytes)
                     : m->batch_invariant ? clrt_linear_rowwise_forward_bf16(y, x, w16, b, N, Kd, O, m->ws, m->ws_bytes)
-                    : clrt_linear_skinny_forward_bf16(y, x, w16, b, N, Kd, O, m->ws, m->ws_bytes))
+                    : clrt_linear_skinny_forward_bf16(y, x, w16, b, N, Kd, O, m->ws, m->ws_bytes) ||
+                          /* no skinny kernel (no AVX-512): the plain loop keeps bf16 numerics */
+                          (N <= CLRT_SKINNY_MAX_ROWS &&
+                           clrt_linear_rowwise_forward_bf16(y, x, w16, b, N, Kd, O, m->ws, m->ws_bytes)))
     return;
   model_cpu_linear(m, a, y, x, w, b, N, Kd, O);
 }
@@ -364,7 +367,7 @@ double clrt_matrix_unit_peak_gflops(const char *name, int threads) {
   for (int u = CLRT_UNIT_F32; u <= CLRT_UNIT_AMX; u++)
     if (name && !strcmp(name, clrt_matrix_unit_name(u))) unit = u;
   if (unit < 0 || threads < 1) {
-    clrt_set_error("matrix unit peak: unit '%s' (f32, avx512-bf16, amx-bf16), threads %d", name ? name : "(null)", threads);
+    clrt_set_error("matrix unit peak: unit '%s' (f32, fma-bf16, avx512-bf16, amx-bf16), threads %d", name ? name : "(null)", threads);
     return -1;
   }
   int64_t iters = 20000;
@@ -385,7 +388,7 @@ int clrt_set_matrix_unit(const char *name) {
       clrt_matrix_unit_cap(u);
       return 0;
     }
-  clrt_set_error("matrix unit '%s' (f32, avx512-bf16, amx-bf16)", name ? name : "(null)");
+  clrt_set_error("matrix unit '%s' (f32, fma-bf16, avx512-bf16, amx-bf16)", name ? name : "(null)");
   return -1;
 }
 

@@ -1,5 +1,5 @@
 /* test_gemm_bf16.c — the bf16 products of gemm_bf16.c on every matrix unit this CPU has (AMX
-   tiles, AVX512-BF16), each against a double-precision sum of the same bf16-rounded inputs:
+   tiles, AVX512-BF16, fma-bf16 on AVX2), each against a double-precision sum of the same bf16-rounded inputs:
    shapes with full and narrow panels, row counts that are and are not multiples of a tile,
    k that AMX takes (a multiple of 32) and k it leaves to the AVX512-BF16 tiles, bias and
    accumulation; a row's bits alone and among others (batch invariance); the packing against
@@ -129,13 +129,14 @@ int main(void) {
   int best = clrt_matrix_unit_best();
   printf("best matrix unit here: %s\n", clrt_matrix_unit_name(best));
   if (best == CLRT_UNIT_F32) {
-    printf("SKIP: this CPU has neither AMX-BF16 nor AVX512-BF16; clrt_gemm_bf16 must decline\n");
+    printf("SKIP: this CPU (level) has no AMX-BF16, AVX512-BF16 or AVX2 FMA; clrt_gemm_bf16 must decline\n");
     clrt_matrix_unit_cap(CLRT_UNIT_F32);
     float c = 0;
     uint16_t a[2] = {0}, b[2] = {0};
     if (clrt_gemm_bf16(&c, 1, a, 2, 1, b, 1, 2, NULL, 0) != 0) return 1;
     return 77;
   }
+  one_unit(CLRT_UNIT_FMA_BF16);   /* every level with AVX2: vdpbf16ps's sums on FMAs */
   if (best >= CLRT_UNIT_AVX512BF16) one_unit(CLRT_UNIT_AVX512BF16);
   if (best >= CLRT_UNIT_AMX) {
     one_unit(CLRT_UNIT_AMX);

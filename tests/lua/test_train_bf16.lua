@@ -85,10 +85,12 @@ end
 local active, best = clrt.model.matrix_unit()
 io.stderr:write(("matrix unit: %s (best here: %s)\n"):format(active, best))
 local units = {}
+-- fma-bf16: bf16 sums on AVX2's FMAs (every x86 level from avx2 up can run it)
+if best ~= "f32" then units[#units + 1] = "fma-bf16" end
 if best == "avx512-bf16" or best == "amx-bf16" then units[#units + 1] = "avx512-bf16" end
 if best == "amx-bf16" then units[#units + 1] = "amx-bf16" end
 if #units == 0 then
-  print("SKIP: this CPU has neither AMX-BF16 nor AVX512-BF16 (or no AVX-512): bf16 products run in f32 here")
+  print("SKIP: no unit computes bf16 products here (no AVX2 FMA, AVX512-BF16 or AMX, or CLRT_CPU=portable)")
   os.exit(77)
 end
 if best ~= "amx-bf16" then
@@ -166,6 +168,14 @@ for _, unit in ipairs(units) do
   end)
 end
 
+if by_unit["avx512-bf16"] then
+  -- fma-bf16 sums each pair as vdpbf16ps does (odd element, then even, each rounded): the same
+  -- bits while no input or sum is denormal (vdpbf16ps flushes those), as none are here
+  T.case("fma-bf16 (AVX2) and AVX512-BF16 give the same log-prob bits", function()
+    T.eq(max_diff(by_unit["fma-bf16"], by_unit["avx512-bf16"]), 0)
+  end)
+end
+
 if by_unit["amx-bf16"] then
   T.case("AMX and AVX512-BF16 agree to f32 rounding", function()
     local d = max_diff(by_unit["amx-bf16"], by_unit["avx512-bf16"])
@@ -232,8 +242,10 @@ T.case("train.precision: set_precision turns bf16 on (full and LoRA), refuses ot
   T.eq(lora.set_precision(ref, "bf16", "test"), ref, "the RL reference's table (the policy's adapters off) is left as is")
 end)
 
-T.case("capped to f32 (no matrix unit): bf16 mode multiplies in f32", function()
+T.case("capped to f32 (no matrix unit): bf16 mode multiplies in f32, train.precision=bf16 refuses", function()
   clrt.model.matrix_unit("f32")
+  T.raises(function() require("clrt.train.lora").set_precision(model(false), "bf16", "collabllm_rl") end,
+    "collabllm_rl: train.precision=bf16 needs bf16 products")
   local lp, g = run(model(true))
   T.ok(max_diff(lp, ref_lp) <= 1e-5, "log-probs within f32 rounding of the f32 model")
   local worst = 0

@@ -21,6 +21,12 @@ run "$bin" -e 'local c = require("clrt"); print(c == clrt, type(clrt.tensor))'
 
 run "$bin" --version
 [ "$rc" -eq 0 ] && [[ "$out" =~ ^clrt\ [0-9]+\.[0-9]+\.[0-9]+\ \(LuaJIT ]] && ok "--version" || bad "--version" "rc=$rc out=$out"
+# the second line names the CPU kernels in use; CLRT_CPU=portable forces the plain loops
+[[ "$out" =~ $'\n'cpu:\ kernels\ (portable|avx2|avxvnni|avx512)\ \(this\ CPU:\ [a-z0-9]+ ]] && has "bf16 products " && has ", int8 " &&
+  ok "--version names the kernels" || bad "--version kernels" "$out"
+run env CLRT_CPU=portable "$bin" --version
+has "cpu: kernels portable" && has "bf16 products f32" && has "int8 portable" && ok "CLRT_CPU=portable: plain loops, no bf16 unit" ||
+  bad "CLRT_CPU=portable" "$out"
 run "$bin" -v
 [ "$rc" -eq 0 ] && has "clrt " && ok "-v" || bad "-v" "$out"
 run "$bin" --help

@@ -51,7 +51,16 @@ function M.set_precision(m, precision, who)
   if precision ~= "f32" and precision ~= "bf16" then
     error(("%s: train.precision must be f32 or bf16, got '%s'"):format(who, tostring(precision)), 0)
   end
-  if precision == "bf16" and type(m.set_matmul) == "function" and m:base_dtype() ~= "bf16" then m:set_matmul("bf16") end
+  if precision == "bf16" and type(m.set_matmul) == "function" and m:base_dtype() ~= "bf16" then
+    -- never f32 under a bf16 name: without a unit that computes bf16 sums (no AVX2 FMA, or
+    -- CLRT_CPU=portable / CLRT_MATRIX_UNIT=f32) the run refuses to start
+    if m:device() == "cpu" and model.matrix_unit() == "f32" then
+      error(("%s: train.precision=bf16 needs bf16 products, and this CPU (CLRT_CPU=%s, CLRT_MATRIX_UNIT=%s) "
+        .. "has none: no AVX2 FMA, AVX512-BF16 or AMX; use train.precision=f32"):format(who,
+        os.getenv("CLRT_CPU") or "unset", os.getenv("CLRT_MATRIX_UNIT") or "unset"), 0)
+    end
+    m:set_matmul("bf16")
+  end
   return m
 end
 
