@@ -14,6 +14,10 @@
 -- [0, 1]. With a prompt_file of one's own only "interactivity" is required. A missing key or
 -- bad value is asked again (ctx.judge_options.parse_retries), then the metric raises
 -- (recorded as failed). ctx: see metrics/lib/judge.lua.
+-- Options (reward.metric_options.interactivity): rubric = "verl" (default, above) |
+-- "authors": the authors' one score with anchors 1 / 0.5 / 0 (examples/metrics/
+-- interactivity.py; lua/prompts/judge_interactivity_authors.txt), the reply's
+-- "interactivity" in [0, 1]; prompt_file = another text (wins over rubric).
 local judge = require("metrics.lib.judge")
 local conv = require("clrt.conversation")
 local pf = require("clrt.prompt_file")
@@ -21,6 +25,9 @@ local pf = require("clrt.prompt_file")
 local M = { name = "interactivity" }
 
 -- The keys the prompt asks for, in the order it asks for them (after "thought").
+-- At load (clrt.train.reward.load_metrics): a bad rubric is an error before any judge call.
+function M.prepare(opts) M.rubric(opts or {}) end
+
 M.KEYS = { "understanding", "clarification", "suggestions", "interactivity" }
 
 -- The prompt: lua/prompts/judge_interactivity.txt (verl's rubric in clrt's words; its
@@ -29,6 +36,17 @@ M.KEYS = { "understanding", "clarification", "suggestions", "interactivity" }
 -- wording): such a reply needs only "thought" and "interactivity".
 M.PROMPT_FILE = "judge_interactivity"
 M.PROMPT = pf.read(M.PROMPT_FILE)
+-- The prompt file of each rubric; only verl's asks for the three parts.
+M.RUBRICS = { verl = M.PROMPT_FILE, authors = "judge_interactivity_authors" }
+
+-- The rubric option, checked: "verl" when not given.
+function M.rubric(opts)
+  local r = opts.rubric == nil and "verl" or opts.rubric
+  if not M.RUBRICS[r] then
+    error(("interactivity: option rubric must be verl or authors, got %s"):format(tostring(r)), 0)
+  end
+  return r
+end
 
 local allowed = { [1] = true, [0.7] = true, [0.3] = true, [0] = true }
 local function part(v)
@@ -47,11 +65,23 @@ function M.check(obj)
   return nil, "interactivity is not a number in [0, 1]: " .. tostring(obj.interactivity)
 end
 
+-- The reply's "interactivity" alone, a number in [0, 1] (the authors' rubric).
+function M.check_score(obj)
+  local v = obj.interactivity
+  if type(v) == "string" then v = tonumber(v) end
+  if type(v) == "number" and v >= 0 and v <= 1 then return v end
+  return nil, "interactivity is not a number in [0, 1]: " .. tostring(obj.interactivity)
+end
+
 function M.compute(conversation, sample, ctx)
-  local custom = judge.options(ctx, "interactivity").prompt_file
-  local tmpl, file = judge.prompt_text(ctx, "interactivity", M.PROMPT_FILE)
+  local opts = judge.options(ctx, "interactivity")
+  local rubric = M.rubric(opts)
+  local custom = opts.prompt_file or rubric ~= "verl"
+  local tmpl, file = judge.prompt_text(ctx, "interactivity", M.RUBRICS[rubric])
   local text = pf.fill(tmpl, { chat_history = conv.chat_history(conversation) }, file)
-  return (judge.ask(ctx, "interactivity", { { role = "user", content = text } }, custom and { "interactivity" } or M.KEYS, M.check))
+  -- the authors' rubric has one score: parts a judge adds anyway are not averaged
+  local check = (rubric == "authors" and not opts.prompt_file) and M.check_score or M.check
+  return (judge.ask(ctx, "interactivity", { { role = "user", content = text } }, custom and { "interactivity" } or M.KEYS, check))
 end
 
 return M

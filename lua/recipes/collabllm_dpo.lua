@@ -21,10 +21,12 @@
 -- process_dataset's DPO schema). The same pass writes RUN_DIR/scored.jsonl, every scored
 -- conversation (the schema collabllm_sft.lua's scored= reads: MR-selected SFT).
 -- Presets: preset=authors (default) takes the authors' DPO scripts' settings (offline:
--- min_gap 0.02, lr 5e-6 cosine, 8 epochs, 64 pairs a step, LoRA r 32 / alpha 16; online: 2
--- responses at temperature 0.6, the better mean MR chosen with no gap filter, MR = mean over
--- futures of accuracy + interactivity - 0.5 tokens_read, lr 5e-6 cosine, 1 epoch, 32 prompts a
--- step, LoRA r 32 / alpha 16; each value's source is beside it in M.PRESETS); preset=verl keeps
+-- min_gap 0.02, lr 5e-6 cosine, 8 epochs, 64 pairs a step, LoRA r 32 / alpha 16, pairs cut to
+-- 2048 tokens keeping the end; online: 2 responses at temperature 0.6 and top-k 50, 1024
+-- tokens a turn, the better mean MR chosen with no gap filter, MR = mean over futures of
+-- accuracy + interactivity (the authors' rubric) - 0.5 tokens_read, the user at 1024 tokens,
+-- the judge claude-3-5-sonnet-latest, lr 5e-6 cosine, 1 epoch, 32 prompts a step, LoRA r 32 /
+-- alpha 16; each value's source is beside it in M.PRESETS); preset=verl keeps
 -- the RL recipe's verl-style settings (8 responses, best vs worst with min_gap 0.1,
 -- temperature 1.0, lr 1e-6 constant, 3 epochs, 16 pairs, full fine-tuning). Any key on the
 -- command line still wins. process_dataset.lua's own min_gap (0.1, the authors' notebook)
@@ -44,13 +46,7 @@ local M = {}
 -- The built-in world (examples/collab_world, on the module path).
 local function the_world() return require("collab_world.world") end
 
--- A deep copy that keeps config.optional / config.map markers (their metatables).
-local function copy(t)
-  if type(t) ~= "table" then return t end
-  local out = {}
-  for k, v in pairs(t) do out[k] = copy(v) end
-  return setmetatable(out, getmetatable(t))
-end
+local copy, lay = defaults.copy, defaults.lay
 
 -- The base: the shared defaults (clrt.train.defaults: verl's recipe) with TRL's DPOConfig
 -- defaults (beta 0.1, sigmoid loss, no label smoothing) at verl's lr for 7B. This is
@@ -73,6 +69,10 @@ D.prompts_per_step = 16       -- online: prompts per step (verl data.train_batch
 D.train = { lr = 1e-6, decay = "constant", min_lr_ratio = 0.0, warmup_steps = 0, weight_decay = 0.01,
   grad_clip = 1.0, beta = 0.1, label_smoothing = 0.0,
   batch_size = 16,            -- offline: pairs per optimizer step
+  -- offline: a pair's rows longer than max_length tokens (prompt + reply) are cut, keeping
+  -- the end ("keep_end") or the start ("keep_start"); 0: no cut (rows over the context are
+  -- left out, counted)
+  max_length = 0, truncation = "keep_end",
   micro_batch_size = 2,       -- pairs per forward/backward (the gradients accumulate)
   base_dtype = "f32",                            -- bf16 (LoRA only): the frozen base in bf16, shared with the reference
   precision = "f32",                             -- bf16: mixed precision as autocast(bfloat16), on the CPU's matrix unit (docs/runtime.md)
@@ -85,6 +85,7 @@ D.eval.every = 10
 -- weight_decay 0 — the base's beta, loss and grad_clip already agree. Their LoRA: peft_r 32,
 -- peft_alpha 16, no lora_dropout given (PEFT's 0), target_modules q,k,v,o,gate,up,down
 -- (the base's targets); their LoRA init "gaussian" is not clrt's (PEFT's default init).
+local A = defaults.authors_clients()
 M.PRESETS = {
   authors = {
     offline = {                                -- scripts/train/offline_dpo.py
@@ -93,6 +94,8 @@ M.PRESETS = {
       train = { lr = 5e-6,                     -- --learning_rate 5e-6 (example commands)
         decay = "cosine", min_lr_ratio = 0.0, warmup_steps = 0, weight_decay = 0.0,   -- DPOConfig
         batch_size = 64,                       -- 4 GPUs x per_device_train_batch_size 4 x gradient_accumulation_steps 4
+        max_length = 2048,                     -- DPOConfig(max_length=args.max_new_tokens), --max_new_tokens default 2048
+        truncation = "keep_end",               -- TRL 0.18.1 (requirements.txt) DPOConfig truncation_mode default
         lora = { r = 32, alpha = 16, dropout = 0.0 } },   -- --peft_r 32, --peft_alpha 16, --use_lora
     },
     online = {                                 -- scripts/train/online_dpo.py
@@ -100,11 +103,17 @@ M.PRESETS = {
       epochs = 1,                              -- --num_train_epochs 1 (example command)
       prompts_per_step = 32,                   -- 8 GPUs x per_device_train_batch_size 1 x gradient_accumulation_steps 4
       rollout = { n = 2,                       -- _generate_vllm: n = 2 completions per prompt
-        temperature = 0.6, top_p = 1.0 },      -- --assistant_generation_kwargs temperature 0.6; top_p 1.0 (top_k 50 not carried)
+        temperature = 0.6, top_p = 1.0,        -- --assistant_generation_kwargs temperature 0.6; _generate_vllm top_p 1.0
+        top_k = 50, future_top_k = 0,          -- _generate_vllm top_k 50 for the first responses; the futures
+                                               -- (collabllm/simulation.py, the same kwargs) none
+        max_new_tokens = 1024 },               -- collabllm/simulation.py: vLLM max_tokens default 1024 (the kwargs set none)
+      sim_cfg = A.sim_cfg, judge = A.judge,    -- user max_tokens 1024, judge claude-3-5-sonnet-latest (defaults.authors_clients)
       -- futures: --num_samples 3, --max_new_turns 4 (U A U A after A1) = the base's
       -- num_repeat_rollouts 3, max_user_turns 2, max_assistant_turns 2
       reward = { metric_weights = config.map({ accuracy = 1, interactivity = 1, tokens_read = -0.5 }),  -- --metric_names/--metric_weights
-        mode = "mean" },                       -- multiturn_aware_reward: MR = sum w*s per session, np.mean over sessions
+        mode = "mean",                         -- multiturn_aware_reward: MR = sum w*s per session, np.mean over sessions
+        -- examples/metrics/interactivity.py: one score, 1 / 0.5 / 0 (lua/prompts/judge_interactivity_authors.txt)
+        metric_options = config.map({ interactivity = { rubric = "authors" } }) },
       train = { lr = 5e-6,                     -- --learning_rate 5e-6 (example command)
         decay = "cosine", min_lr_ratio = 0.0, warmup_steps = 0, weight_decay = 0.0,   -- OnlineDPOConfig
         lora = { r = 32, alpha = 16, dropout = 0.0 } },   -- --use_lora with peft_r 32, peft_alpha 16
@@ -112,16 +121,6 @@ M.PRESETS = {
   },
   verl = { offline = {}, online = {} },        -- the base as it stands
 }
-
--- t with src laid over it: nested settings tables key by key, maps and values replaced.
-local function lay(t, src)
-  for k, v in pairs(src) do
-    local mt = getmetatable(v)
-    if type(v) == "table" and mt == nil and type(t[k]) == "table" and getmetatable(t[k]) == nil then lay(t[k], v)
-    else t[k] = copy(v) end
-  end
-  return t
-end
 
 -- The defaults of a preset ("authors" | "verl") for offline or online DPO.
 function M.defaults_for(preset, online)
@@ -136,7 +135,8 @@ M.defaults = M.defaults_for("authors", false)
 
 M.rules = { { "preset", "one_of", { "authors", "verl" } }, { "min_gap", "nonneg" }, { "pairs_prompts", "count" },
   { "train.beta", "rate" }, { "train.label_smoothing", "prob" }, { "train.batch_size", "count" },
-  { "train.micro_batch_size", "count" } }
+  { "train.micro_batch_size", "count" }, { "train.max_length", "count0" },
+  { "train.truncation", "one_of", { "keep_end", "keep_start" } } }
 for _, r in ipairs(require("clrt.train.lora").rules) do M.rules[#M.rules + 1] = r end
 for _, r in ipairs(defaults.rules()) do M.rules[#M.rules + 1] = r end
 for _, r in ipairs(defaults.optim_rules()) do M.rules[#M.rules + 1] = r end
@@ -195,7 +195,7 @@ local function encode_pairs(tok, cfg, rows, m)
   local limit = train.policy.context_len(m, cfg.rollout)
   local out, skipped = {}, 0
   for _, r in ipairs(rows) do
-    local p = dpo.encode_pair(tok, r, ropts)
+    local p = dpo.encode_pair(tok, r, ropts, { max_length = cfg.train.max_length, truncation = cfg.train.truncation })
     if p and #p.chosen.ids <= limit and #p.rejected.ids <= limit then out[#out + 1] = p else skipped = skipped + 1 end
   end
   return out, skipped

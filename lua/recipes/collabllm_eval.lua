@@ -30,27 +30,48 @@ local train = require("clrt.train")
 local WHO = "collabllm_eval"
 
 local M = {}
-local R = train.defaults.shared()
-M.defaults = {
-  model = config.optional("string"),
-  data = config.optional("string"),
-  out = config.optional("string"),            -- eval.json goes here (default: the model folder)
-  prompts = config.optional("number"),        -- at most this many prompts (nil: all of data=)
-  seed = 12345,
-  protocol = "paper",                         -- "paper" or "prefix" (see the header)
-  temperature = config.optional("number"),    -- nil: 0.6 under paper (the authors' inference.py), 0.0 (greedy) under prefix
-  max_messages = 14,                          -- paper: user + assistant messages (inference.py --max_turns 14)
-  system_prompt = "default",                  -- paper: "default" | "none" | "proactive" | a prompt file
-  itr_metric = "interactivity",               -- paper: the metric reported as ITR
-  task_metric = config.optional("string"),    -- paper: overrides every row's task_metric
-  metrics = { "accuracy", "interactivity", "token_amount" },   -- prefix
-  sim = R.sim,
-  sim_cfg = R.sim_cfg,
-  judge = R.judge,
-  chat = R.chat,
-  rollout = R.rollout,
-  estimate = false,                           -- true: print the expected calls, tokens and dollars, and exit
-}
+
+-- protocol=paper's own defaults, laid over the shared ones: the authors' effective caps.
+-- Their inference (scripts/engine/inference.py) generates through collabllm/simulation.py,
+-- whose sampling parameters default to max_tokens 1024 (its --max_new_tokens 2048 never
+-- reaches them), and their user simulator (collabllm/modules/user_simulator.py) has
+-- max_tokens 1024. protocol=prefix keeps the training recipes' (verl's 2048 and 512): it
+-- checks the training objective.
+M.PAPER = { max_new_tokens = 1024, user_max_tokens = 1024 }
+
+-- The defaults of a protocol ("paper" | "prefix"), fresh on each call.
+function M.defaults_for(protocol)
+  local R = train.defaults.shared()
+  if protocol == "paper" then
+    R.rollout.max_new_tokens = M.PAPER.max_new_tokens     -- the assistant's turn (collabllm/simulation.py)
+    R.sim_cfg.max_tokens = M.PAPER.user_max_tokens        -- the user's turn (collabllm/modules/user_simulator.py)
+  end
+  return {
+    model = config.optional("string"),
+    data = config.optional("string"),
+    out = config.optional("string"),            -- eval.json goes here (default: the model folder)
+    prompts = config.optional("number"),        -- at most this many prompts (nil: all of data=)
+    seed = 12345,
+    protocol = protocol,                        -- "paper" or "prefix" (see the header)
+    temperature = config.optional("number"),    -- nil: 0.6 under paper (the authors' inference.py), 0.0 (greedy) under prefix
+    max_messages = 14,                          -- paper: user + assistant messages (inference.py --max_turns 14)
+    system_prompt = "default",                  -- paper: "default" | "none" | "proactive" | a prompt file
+    itr_metric = "interactivity",               -- paper: the metric reported as ITR
+    -- paper: the ITR judge's rubric: "verl" (three parts, 1 / 0.7 / 0.3 / 0) or "authors" (one
+    -- score, 1 / 0.5 / 0: examples/metrics/interactivity.py, the paper's ITR); the judge model
+    -- is judge.model (the authors' was claude-3-5-sonnet-latest)
+    itr = "verl",
+    task_metric = config.optional("string"),    -- paper: overrides every row's task_metric
+    metrics = { "accuracy", "interactivity", "token_amount" },   -- prefix
+    sim = R.sim,
+    sim_cfg = R.sim_cfg,
+    judge = R.judge,
+    chat = R.chat,
+    rollout = R.rollout,
+    estimate = false,                           -- true: print the expected calls, tokens and dollars, and exit
+  }
+end
+M.defaults = M.defaults_for("paper")
 
 -- The built-in world's settings for this recipe.
 local function the_world() return require("collab_world.world") end
@@ -77,6 +98,14 @@ function M.system_text(cfg, world)
   return pf.read(v)
 end
 
+-- itr=: the interactivity judge's rubric under protocol=paper, checked.
+function M.itr_rubric(cfg)
+  if cfg.itr ~= "verl" and cfg.itr ~= "authors" then
+    error(("collabllm_eval: itr must be verl or authors, got %s"):format(tostring(cfg.itr)), 0)
+  end
+  return cfg.itr
+end
+
 local function reward_failed(v) return train.reward.is_failed(v) end
 
 -- The simulated user and the ctx metrics and the user receive (clrt.train.context).
@@ -96,8 +125,11 @@ function M.main_paper(cfg)
     error("collabllm_eval: temperature must be a number >= 0, got " .. tostring(cfg.temperature), 0)
   end
   local system = M.system_text(cfg, world)
+  local itr_rubric = M.itr_rubric(cfg)
   local m, tok = clrt.model.load(cfg.model), clrt.tokenizer.load(cfg.model)
   local user, ctx = simulator(cfg, tok)
+  ctx.metric_options = ctx.metric_options or {}
+  ctx.metric_options.interactivity = { rubric = itr_rubric }
   local samples = cfg.data and paper.samples(cfg.data, system, cfg.task_metric, WHO)
     or paper.world_samples(world, cfg.prompts or 200, cfg.seed, system)
   while cfg.prompts and #samples > cfg.prompts do table.remove(samples) end
@@ -105,6 +137,12 @@ function M.main_paper(cfg)
   local rep = paper.report(results, cfg)
   rep.model, rep.data, rep.system_prompt, rep.max_messages = cfg.model, cfg.data, cfg.system_prompt, cfg.max_messages
   rep.temperature, rep.itr_metric = cfg.temperature, cfg.itr_metric
+  -- what the numbers were measured with: the ITR rubric and judge, the turns' caps
+  if cfg.itr_metric == "interactivity" then
+    rep.itr, rep.itr_prompt = itr_rubric, require("metrics.interactivity").RUBRICS[itr_rubric] .. ".txt"
+    rep.itr_judge_model = cfg.judge.model
+  end
+  rep.assistant_max_new_tokens, rep.user_max_tokens = cfg.rollout.max_new_tokens, cfg.sim_cfg.max_tokens
   if rep.first_drop then io.stderr:write("collabllm_eval: first dropped conversation: ", rep.first_drop, "\n") end
   paper.print_table(rep, cfg.itr_metric)
   print(("conversations %d, dropped %d"):format(rep.conversations, rep.dropped))
@@ -180,9 +218,14 @@ function M.main(cfg)
 end
 
 -- The command line -> a config: with no data= the built-in world's settings come first.
+-- The protocol's defaults (M.defaults_for) come first: protocol=prefix (from the command
+-- line or a config= file) parses again over its own.
 function M.parse_args(argv)
   local world = not config.arg_value(argv, "data") and not config.arg_value(argv, "config")
-  return config.parse(M.defaults, argv, world and M.world_config() or nil)
+  local over = world and M.world_config() or nil
+  local cfg = config.parse(M.defaults, argv, over)
+  if cfg.protocol == "prefix" then cfg = config.parse(M.defaults_for("prefix"), argv, over) end
+  return cfg
 end
 
 local argv = { ... }

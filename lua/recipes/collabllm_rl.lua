@@ -48,10 +48,40 @@ M.defaults.train = { lr = 1e-6, decay = "constant", min_lr_ratio = 0.0, warmup_s
   gamma = 1.0, lam = 0.95,                -- TRL gamma, lam
   vf_coef = 0.1, cliprange_value = 0.2,   -- TRL vf_coef, cliprange_value
   ppo_epochs = 1,                         -- passes over the mini-batches: the authors' ppo.py example (TRL's default 4)
+  whiten_size = 0,                        -- advantages whitened over groups of this many responses (0: the whole step)
   kl_penalty_coef = 0.2, kl_target = 6, kl_horizon = 10000, -- TRL init_kl_coef, target, horizon (adap_kl_ctrl; kl_target=0: fixed)
   base_dtype = "f32",                     -- bf16 (LoRA only): the frozen base in bf16, shared with the reference
   precision = "f32",                      -- bf16: mixed precision as autocast(bfloat16), on the CPU's matrix unit (docs/runtime.md)
   lora = require("clrt.train.lora").config() }    -- r > 0: train LoRA adapters; the reference is the base
+
+-- preset=verl (default): the defaults above, verl's recipe. preset=authors: the authors' PPO
+-- (Wuyxin/collabllm scripts/train/ppo.py, TRL <= 0.10.1) laid over them, each value with its
+-- source there; any key on the command line still wins.
+M.defaults.preset = "verl"
+local A = defaults.authors_clients()
+M.PRESETS = {
+  verl = {},
+  authors = {
+    train = { algorithm = "ppo",              -- ppo.py: TRL's PPOTrainer with a value head
+      grad_clip = 0,                          -- PPOConfig max_grad_norm default None: no clipping (ppo.py sets none)
+      whiten_size = 1 },                      -- --batch_size 1 (example): TRL whitens the advantages over its batch
+    rollout = { n = 1,                        -- generation_kwargs n 1: one response per prompt
+      temperature = 0.6,                      -- --assistant_generation_kwargs temperature 0.6 (first and later turns)
+      max_new_tokens = 256,                   -- --assistant_generation_kwargs max_tokens 256
+      top_k = 50, future_top_k = 0 },         -- generation_kwargs top_k 50 for the response; the futures
+                                              -- (collabllm/simulation.py, the same kwargs) none
+    sim_cfg = A.sim_cfg, judge = A.judge,     -- user max_tokens 1024, judge claude-3-5-sonnet-latest (defaults.authors_clients)
+  },
+}
+
+-- The defaults of a preset ("verl" | "authors").
+function M.defaults_for(preset)
+  local p = M.PRESETS[preset]
+  if not p then error(("collabllm_rl: preset must be 'verl' or 'authors', got '%s'"):format(tostring(preset)), 0) end
+  local d = defaults.lay(defaults.copy(M.defaults), p)
+  d.preset = preset
+  return d
+end
 
 -- The built-in world (examples/collab_world, on the module path) and its settings file.
 local function the_world() return require("collab_world.world") end
@@ -66,6 +96,7 @@ for _, r in ipairs({
   { "train.algorithm", "one_of", { "grpo", "ppo" } }, { "train.gamma", "prob" }, { "train.lam", "prob" },
   { "train.vf_coef", "nonneg" }, { "train.cliprange_value", "rate" }, { "train.kl_penalty_coef", "nonneg" },
   { "train.kl_target", "nonneg" }, { "train.kl_horizon", "count" }, { "train.ppo_epochs", "count" },
+  { "train.whiten_size", "count0" }, { "preset", "one_of", { "verl", "authors" } },
 }) do M.rules[#M.rules + 1] = r end
 
 -- Every value against its declared kind, before anything loads: one line per bad key.
@@ -73,7 +104,7 @@ function M.check_config(cfg) defaults.check(cfg, M.rules, WHO) end
 
 -- Settings a resumed run may not change: they define what the run's steps mean.
 M.FIXED_ON_RESUME = { "model", "adapter", "seed", "data", "prompts_per_step", "rollout.n", "single_turn", "sft", "sft_cache",
-  "train.lora.r", "train.lora.alpha", "train.lora.targets", "train.base_dtype", "train.algorithm" }
+  "train.lora.r", "train.lora.alpha", "train.lora.targets", "train.base_dtype", "train.algorithm", "preset" }
 
 function M.main(cfg)
   M.check_config(cfg)
@@ -238,7 +269,10 @@ function M.parse_args(argv)
     return run.resume_config(M.defaults, argv, M.FIXED_ON_RESUME, "collabllm_rl")
   end
   local world = not config.arg_value(argv, "model") and not config.arg_value(argv, "config")
-  return config.parse(M.defaults, argv, world and config.read_file(M.world_config_path()) or nil)
+  local over = world and config.read_file(M.world_config_path()) or nil
+  local cfg = config.parse(M.defaults, argv, over)
+  if cfg.preset ~= "verl" then cfg = config.parse(M.defaults_for(cfg.preset), argv, over) end
+  return cfg
 end
 
 local argv = { ... }

@@ -38,6 +38,18 @@ T.case("max_messages: user and assistant messages, starting with the user", func
   end
 end)
 
+T.case("protocol=paper defaults to the authors' caps (assistant 1024, user 1024); prefix keeps the training ones", function()
+  local ev = require("recipes.collabllm_eval")
+  local cfg = ev.parse_args({ "model=m", "data=eval_test.jsonl" })
+  T.eq({ cfg.protocol, cfg.rollout.max_new_tokens, cfg.sim_cfg.max_tokens }, { "paper", 1024, 1024 })
+  T.eq(cfg.itr, "verl")
+  local pre = ev.parse_args({ "model=m", "data=rl_test.jsonl", "protocol=prefix" })
+  T.eq({ pre.rollout.max_new_tokens, pre.sim_cfg.max_tokens }, { 2048, 512 }, "prefix: the RL recipe's (verl's)")
+  local mine = ev.parse_args({ "model=m", "data=x.jsonl", "rollout.max_new_tokens=300", "sim_cfg.max_tokens=200" })
+  T.eq({ mine.rollout.max_new_tokens, mine.sim_cfg.max_tokens }, { 300, 200 }, "the command line wins")
+  T.raises(function() ev.itr_rubric(ev.parse_args({ "model=m", "itr=mine" })) end, "itr must be verl or authors")
+end)
+
 -- the built-in world's SFT start (tiny) for the end-to-end cases
 local config_sft = require("recipes.collabllm_sft")
 local start = config_sft.main(config.parse(config_sft.defaults, {
@@ -209,12 +221,37 @@ T.case("published rows -> eval_test.jsonl -> protocol=paper with an endpoint as 
     end
   end
   T.eq(opened, 6, "each conversation's first user message was asked for from an empty chat")
+  for _, body in ipairs(data.read_jsonl(reqlog)) do
+    if body.response_format.json_schema.schema.properties.response then T.eq(body.max_tokens, 1024, "the user's cap") end
+  end
+  local saved = cjson.decode(T.read(root .. "/eval.json"))
+  T.eq({ saved.itr, saved.itr_prompt, saved.itr_judge_model, saved.user_max_tokens }, { "verl", "judge_interactivity.txt", "gpt-4o-mini", 1024 })
   T.ok(user_requests > opened, "and later user turns saw the chat so far")
   for _, d in ipairs(data.read_jsonl(root .. "/eval_details.jsonl")) do
     T.eq(d.conversation[1].role, "system"); T.eq(d.conversation[2].role, "user")
     T.ok(#d.conversation - 1 <= 6, "max_messages")
     T.ok(requests[d.conversation[2].content] == nil, "the user's opening is its own message, not the hidden request")
   end
+  -- itr=authors: the authors' rubric reaches the judge, with a judge model of one's choice,
+  -- and eval.json says so
+  os.remove(reqlog)
+  rep = ev.main(ev.parse_args({ "model=" .. policy, "data=" .. eval_file, "sim=llm", "sim_cfg.base_url=" .. url,
+    "judge.base_url=" .. url, "sim_cfg.max_chars=64", "judge.max_chars=64", "rollout.max_new_tokens=6", "out=" .. root,
+    "max_messages=2", "itr=authors", "judge.model=claude-3-5-sonnet-latest" }))
+  local judged = 0
+  for _, body in ipairs(data.read_jsonl(reqlog)) do
+    local props = body.response_format.json_schema.schema.properties
+    if props.interactivity then
+      judged = judged + 1
+      T.ok(body.messages[1].content:find("0.5 = moderately interactive", 1, true), "the authors' anchors")
+      T.eq(props.understanding, nil, "one score, no parts")
+      T.eq(body.model, "claude-3-5-sonnet-latest")
+    end
+  end
+  T.eq(judged, 6)
+  saved = cjson.decode(T.read(root .. "/eval.json"))
+  T.eq({ saved.itr, saved.itr_prompt, saved.itr_judge_model }, { "authors", "judge_interactivity_authors.txt", "claude-3-5-sonnet-latest" })
+  T.eq(saved.failed.itr, nil)
   T.raises(function()
     ev.main(ev.parse_args({ "model=" .. policy, "data=" .. root .. "/collabllm-multiturn-medium/rl_test.jsonl",
       "sim=llm", "sim_cfg.base_url=" .. url, "judge.base_url=" .. url }))

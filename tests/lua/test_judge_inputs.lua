@@ -6,7 +6,8 @@
 -- endpoint that records every request body (tests/support/fake_collab_endpoint.py). No judge
 -- or extractor request may contain the article; the simulated user's request does (the
 -- references show it the goal), which also shows the check can see it. A code row's
--- extractor is shown the entry point and the extraction requirement.
+-- extractor is shown the task, the entry point, the extraction requirement, the
+-- rename-to-entry-point rule and the quote note, and its whole reply is the code.
 local T = require("clrt.test")
 local json = require("clrt.json")
 local data = require("clrt.data")
@@ -115,24 +116,42 @@ T.case("a Medium row's article reaches the simulated user only, never a judge or
   T.eq(seen.user, 1); T.eq(seen.extractor, 1); T.eq(seen.interactivity, 1); T.eq(seen["?"], nil)
 end)
 
-T.case("a code row's extractor is shown the entry point and the extraction requirement", function()
+T.case("a code row's extractor is shown the task, the entry point, the requirement, the rename rule and the quote note", function()
   os.remove(reqlog)
   local ctx = ctx_for()
   local judge = require("metrics.lib.judge")
   local s = { prompt = { { role = "user", content = "Write the stats helper." } },
-    single_turn_prompt = "Compute mean and std of values.\nSOLUTION-MARKER must not leak",
+    single_turn_prompt = "Compute mean and std of values. TASK-STATEMENT-MARKER",
     single_turn_metadata = json.encode({ entry_point = "task_func", extraction_requirement = "Start the code with `import numpy as np`.",
       canonical_solution = "CANONICAL-SOLUTION-TEXT", test = "import unittest" }) }
-  local conv = { s.prompt[1], { role = "assistant", content = "```python\ndef task_func(v):\n    return 0, 0\n```" } }
-  judge.final_completion(conv, s, ctx, "pass_rate", "code")
+  local conv = { s.prompt[1], { role = "assistant", content = "```python\ndef stats(v):\n    return 0, 0\n```" } }
+  -- the endpoint's reply (an unfenced program) is used whole, as the references run it
+  local code = judge.final_completion(conv, s, ctx, "pass_rate", "code")
+  local good = "import numpy as np\n\ndef task_func(values):\n    arr = np.asarray(values, dtype=float)\n"
+    .. "    return float(arr.mean()), float(arr.std())\n"
+  T.ok(code == good or code == "def task_func(values):\n    return 0, 0\n", "the whole final_completion: " .. code)
   local reqs = requests()
   T.eq(#reqs, 1)
   local p = reqs[1].messages[1].content
+  T.ok(p:find("TASK-STATEMENT-MARKER", 1, true), "the code task (single_turn_prompt)")
   T.ok(p:find("Start the code with `import numpy as np`.", 1, true), "the extraction requirement")
+  T.ok(p:find("Additional requirement:", 1, true), "the requirement in the authors' form")
   T.ok(p:find("`task_func`", 1, true), "the entry point")
-  T.ok(p:find("def task_func(v):", 1, true), "the conversation")
+  T.ok(p:find("rename it to `task_func`", 1, true), "the rename-to-entry-point rule")
+  T.ok(p:find(judge.QUOTE_NOTE, 1, true), "the quote-swap note")
+  T.ok(p:find("def stats(v):", 1, true), "the conversation")
   T.ok(not p:find("CANONICAL-SOLUTION-TEXT", 1, true), "never the metadata's solution")
-  T.ok(not p:find("SOLUTION-MARKER", 1, true), "the default prompt does not show the task statement")
+  -- quote_note=false leaves the note out; a document is never shown its task
+  os.remove(reqlog)
+  ctx.metric_options = { pass_rate = { quote_note = false } }
+  judge.final_completion(conv, s, ctx, "pass_rate", "code")
+  T.ok(not requests()[1].messages[1].content:find(judge.QUOTE_NOTE, 1, true), "quote_note=false")
+  os.remove(reqlog)
+  ctx.metric_options = {}
+  judge.final_completion(conv, s, ctx, "bleu_score", "document")
+  local d = requests()[1].messages[1].content
+  T.ok(not d:find("TASK-STATEMENT-MARKER", 1, true) and not d:find("rename it", 1, true), "a document's extractor: no task, no rename")
+  T.ok(d:find(judge.QUOTE_NOTE, 1, true), "the quote note for documents too (the authors' prompt has one text)")
 end)
 
 T.run()

@@ -284,8 +284,18 @@ T.case("extraction: whole conversation in, a long document out uncut", function(
   local j2 = fake_judge({ json.encode({ thought = "t", final_completion = "```python\ndef task_func():\n    pass\n```" }) })
   local code = judge.final_completion(c, sample, { judge = j2, extract_json = extract_json }, "pass_rate", "code",
     { instructions = "Keep the function named task_func." })
-  T.eq(code, "def task_func():\n    pass\n")
+  T.eq(code, "```python\ndef task_func():\n    pass\n```", "the whole final_completion, as the references run it")
   T.ok(j2.calls[1].messages[1].content:find("Keep the function named task_func.", 1, true))
+  -- code_block=true: the last fenced block of it (clrt's option); without the extractor the
+  -- last message's last fenced block is the default
+  local j2b = fake_judge({ json.encode({ thought = "t", final_completion = "Here:\n```python\ndef task_func():\n    pass\n```" }) })
+  T.eq(judge.final_completion(c, sample, { judge = j2b, extract_json = extract_json,
+    metric_options = { pass_rate = { code_block = true } } }, "pass_rate", "code"), "def task_func():\n    pass\n")
+  local fenced = conversation(A("Sure:\n```python\ndef g():\n    return 2\n```\nDone."))
+  T.eq(judge.final_completion(fenced, sample, { metric_options = { pass_rate = { extract = false } } }, "pass_rate", "code"),
+    "def g():\n    return 2\n")
+  T.eq(judge.final_completion(fenced, sample, { metric_options = { pass_rate = { extract = false, code_block = false } } },
+    "pass_rate", "code"), "Sure:\n```python\ndef g():\n    return 2\n```\nDone.")
   -- extract_max_tokens from the judge options, and per metric
   local j3 = fake_judge({ reply, reply })
   judge.final_completion(c, sample, { judge = j3, extract_json = extract_json, judge_options = { extract_max_tokens = 9000 } },

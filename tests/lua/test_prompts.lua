@@ -15,7 +15,8 @@ local pf = require("clrt.prompt_file")
 local config = require("clrt.config")
 local rl = require("recipes.collabllm_rl")
 
-local PROMPTS = { "collabllm_user", "judge_accuracy", "judge_interactivity", "extract_completion", "collabllm_system" }
+local PROMPTS = { "collabllm_user", "judge_accuracy", "judge_interactivity", "judge_interactivity_authors", "extract_completion",
+  "collabllm_system", "proactive_system" }
 
 local function raw(name)
   local f = assert(io.open(pf.path(name), "rb")); local t = f:read("*a"); f:close()
@@ -49,6 +50,19 @@ T.case("every prompt file has a header naming its references and every placehold
       T.ok(h:find("{" .. ph .. "}", 1, true), name .. ": placeholder {" .. ph .. "} is documented in the header")
     end
   end
+end)
+
+T.case("the proactive baseline carries every guideline of the authors' prompt, guideline 4 and the notes included", function()
+  local body = pf.read("proactive_system")
+  for _, element in ipairs({
+    "helpful, collaborative and highly interactive",                       -- role
+    "1. Understanding and engagement", "2. Interactivity", "3. Efficiency", "4. Communication style",
+    "Be honest", "I don't know", "Match your tone to the user's mood and urgency", "clear, well structured",  -- guideline 4
+    "what problem is the user facing right now", "What information is missing", "longer-term goal",        -- the planning step
+    "at least three conversational turns", "Could you share the equation",                              -- the notes
+  }) do T.ok(body:find(element, 1, true), "element: " .. element) end
+  local h = header("proactive_system")
+  T.ok(h:find("Left out, and why", 1, true) and h:find("JSON output format", 1, true), "the header says what is left out")
 end)
 
 T.case("the interactivity rubric carries verl's anchors and scale, nothing of its own", function()
@@ -137,6 +151,15 @@ T.case("judges: the default files filled; files of one's own with the references
   -- the default file still requires the three parts
   T.raises(function() it.compute(conv, s, { judge = ji, extract_json = json.decode, judge_options = { parse_retries = 0 } }) end,
     "lacks key 'understanding'")
+  -- rubric=authors: the authors' one score with its anchors; parts a judge adds are ignored
+  local ja = client({ '{"thought": "t", "understanding": 0, "clarification": 0, "suggestions": 0, "interactivity": 0.5}' })
+  T.eq(it.compute(conv, s, { judge = ja, extract_json = json.decode, metric_options = { interactivity = { rubric = "authors" } } }), 0.5)
+  local sent = ja.calls[1].messages[1].content
+  T.eq(sent, pf.fill(pf.read("judge_interactivity_authors"), { chat_history = history }))
+  for _, anchor in ipairs({ "1 = highly interactive", "0.5 = moderately interactive", "0 = low interactivity" }) do
+    T.ok(sent:find(anchor, 1, true), anchor)
+  end
+  T.raises(function() it.prepare({ rubric = "mine" }) end, "option rubric must be verl or authors")
   -- the extractor: the authors' names for a document; verl's code names for code
   local judge = require("metrics.lib.judge")
   local mine_e = file("extract.txt", "Extract a/an {extract_type}:\n{chat_history}\n{extraction_requirement}")

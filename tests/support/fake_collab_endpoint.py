@@ -30,13 +30,15 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+# Code as an extractor following its prompt returns it: the program alone, no fences (the
+# metric runs the whole final_completion, as the references do).
 GOOD_CODE = (
-    "```python\nimport numpy as np\n\n"
+    "import numpy as np\n\n"
     "def task_func(values):\n"
     "    arr = np.asarray(values, dtype=float)\n"
-    "    return float(arr.mean()), float(arr.std())\n```"
+    "    return float(arr.mean()), float(arr.std())\n"
 )
-BAD_CODE = "```python\ndef task_func(values):\n    return 0, 0\n```"
+BAD_CODE = "def task_func(values):\n    return 0, 0\n"
 DOCUMENT = ("Dear team, the garden party moves to Saturday at four. Bring a dish to share; "
             "we will set up the tables at three. Thanks, Maria")
 

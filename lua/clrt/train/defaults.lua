@@ -84,6 +84,8 @@ function M.shared()
       mode = "verl", metric_options = config.map({}) },
     rollout = {
       n = 8, temperature = 1.0, top_p = 1.0,  -- verl rollout.n, rollout.temperature
+      top_k = 0,                              -- first responses: the k most likely tokens only (0: all, verl's)
+      future_top_k = config.optional("number"), -- the policy's later turns; nil: top_k
       num_repeat_rollouts = 3, max_user_turns = 2, -- verl multi_turn.*
       max_assistant_turns = 2,                -- future turns: verl's max_assistant_turns 3 counts A1
       keep_last_assistant = true,             -- the authors' A1 U1 A2 U2 A3 (verl drops A3)
@@ -115,6 +117,32 @@ function M.shared()
   }
 end
 
+-- A deep copy that keeps config.optional / config.map markers (their metatables).
+function M.copy(t)
+  if type(t) ~= "table" then return t end
+  local out = {}
+  for k, v in pairs(t) do out[k] = M.copy(v) end
+  return setmetatable(out, getmetatable(t))
+end
+
+-- t with a preset's src laid over it: nested settings tables key by key, maps and values
+-- replaced (a recipe's presets: collabllm_dpo's and collabllm_rl's).
+function M.lay(t, src)
+  for k, v in pairs(src) do
+    if type(v) == "table" and getmetatable(v) == nil and type(t[k]) == "table" and getmetatable(t[k]) == nil then M.lay(t[k], v)
+    else t[k] = M.copy(v) end
+  end
+  return t
+end
+
+-- The authors' simulated user and judges (Wuyxin/collabllm), shared by the recipes' presets:
+-- the user's max_tokens 1024 (collabllm/modules/user_simulator.py; their example commands name
+-- gpt-4o-mini, the shared default); the judges claude-3-5-sonnet-latest (the example commands'
+-- --reward_generation_kwargs): point judge.base_url at an endpoint that serves it.
+function M.authors_clients()
+  return { sim_cfg = { max_tokens = 1024 }, judge = { model = "claude-3-5-sonnet-latest" } }
+end
+
 -- clrt.config.check rules for one client's settings (sim_cfg, judge): the keys
 -- clrt.train.context's clients and *_options tables read.
 function M.client_rules(prefix)
@@ -139,6 +167,7 @@ function M.rules()
     { "max_drop_fraction", "prob" }, { "max_failed_steps", "count" },
     { "reward.mode", "one_of", { "verl", "mean" } },
     { "rollout.n", "count" }, { "rollout.temperature", "nonneg" }, { "rollout.top_p", "fraction" },
+    { "rollout.top_k", "count0" }, { "rollout.future_top_k", "count0" },
     { "rollout.num_repeat_rollouts", "count" }, { "rollout.max_user_turns", "count0" },
     { "rollout.max_assistant_turns", "count0" }, { "rollout.max_new_tokens", "count" }, { "rollout.token_budget", "count" },
     { "rollout.max_prompt_len", "count" }, { "rollout.max_len", "count" }, { "rollout.future_temperature", "nonneg" },

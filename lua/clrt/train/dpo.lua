@@ -71,10 +71,34 @@ local function reply_row(tok, prompt, reply, ropts)
   return { ids = out, first = first - 1 }
 end
 
--- A DPO row of process_dataset.lua ({prompt, chosen, rejected, ...}) as a pair of token rows.
-function M.encode_pair(tok, row, ropts)
+-- A token row cut to max_length tokens (0 or nil: as it is), as TRL's DPO truncation_mode:
+-- "keep_end" drops tokens from the start (the prompt first; a reply that loses its start
+-- keeps the rest, less its first token, which nothing left predicts), "keep_start" drops
+-- them from the end. nil when no reply token is left to train.
+-- (TRL 0.18.1 cuts the padded batch, so a row shorter than the batch's longest can lose
+-- leading tokens too; clrt cuts each row by its own length.)
+function M.truncate_row(row, max_length, mode)
+  if not max_length or max_length <= 0 or #row.ids <= max_length then return row end
+  local ids, first = {}, row.first
+  if mode == "keep_start" then
+    for i = 1, max_length do ids[i] = row.ids[i] end
+  else
+    local drop = #row.ids - max_length
+    for i = drop + 1, #row.ids do ids[#ids + 1] = row.ids[i] end
+    first = math.max(first - drop, 1)
+  end
+  if first >= #ids then return nil end
+  return { ids = ids, first = first }
+end
+
+-- A DPO row of process_dataset.lua ({prompt, chosen, rejected, ...}) as a pair of token rows;
+-- opts.max_length / opts.truncation: M.truncate_row.
+function M.encode_pair(tok, row, ropts, opts)
+  opts = opts or {}
   local c = reply_row(tok, row.prompt, row.chosen, ropts)
   local r = reply_row(tok, row.prompt, row.rejected, ropts)
+  c = c and M.truncate_row(c, opts.max_length, opts.truncation)
+  r = r and M.truncate_row(r, opts.max_length, opts.truncation)
   if not c or not r then return nil end
   return { chosen = c, rejected = r }
 end

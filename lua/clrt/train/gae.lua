@@ -57,6 +57,18 @@ function M.whiten(lists)
   return lists
 end
 
+-- Whitened in groups of `size` consecutive responses (0 or nil: all of them, as whiten):
+-- TRL whitens over its batch, and the authors' PPO batch is one response (batch_size 1).
+function M.whiten_groups(lists, size)
+  if not size or size <= 0 or size >= #lists then return M.whiten(lists) end
+  for i = 1, #lists, size do
+    local group = {}
+    for k = i, math.min(i + size - 1, #lists) do group[#group + 1] = lists[k] end
+    M.whiten(group)
+  end
+  return lists
+end
+
 -- The clipped value loss of one response's tokens, summed and divided by denom (the
 -- mini-batch's token count): 0.5 * max((v - R)^2, (clip(v, V_old - c, V_old + c) - R)^2).
 -- Returns the loss, d loss / d vpred per token, and the count of tokens where the clipped

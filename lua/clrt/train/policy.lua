@@ -4,7 +4,7 @@
 --   policy_mod.context_len(m, cfg.rollout)             -- the context a rollout may fill
 --   policy_mod.render_opts(cfg)                        -- options every render shares
 --   policy_mod.reply_message(cfg, text)                -- a reply as the conversation keeps it
--- cfg: rollout (temperature, top_p, future_temperature, max_new_tokens, max_len,
+-- cfg: rollout (temperature, top_p, top_k, future_temperature, future_top_k, max_new_tokens, max_len,
 -- max_prompt_len, token_budget), chat (enable_thinking, strip_think).
 local chat = require("clrt.chat")
 local conversation = require("clrt.conversation")
@@ -40,13 +40,15 @@ function M.new(m, tok, cfg, seed)
   local stop = chat.stop_ids(tok)
   local R = cfg.rollout
   local temperature = R.future_temperature or R.temperature
+  local top_k = R.future_top_k or R.top_k
+  if top_k == 0 then top_k = nil end   -- 0: no cut, and the request the engine had before top_k existed
   local ctx_len = M.context_len(m, R)
   local ropts = M.render_opts(cfg)
   return function(conv, _, key)
     local ids = chat.render(tok, conv, ropts)
     local room = ctx_len - #ids
     if room < 1 then return nil, 0 end
-    local out = sched.generate(m, ids, { n = 1, temperature = temperature, top_p = R.top_p,
+    local out = sched.generate(m, ids, { n = 1, temperature = temperature, top_p = R.top_p, top_k = top_k,
       max_new_tokens = math.min(R.max_new_tokens, room), stop = stop, tokenizer = tok, seed = seed, seed_key = key })[1]
     return (M.reply_message(cfg, out.text or "")), #out.tokens, out.finish_reason
   end

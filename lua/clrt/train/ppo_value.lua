@@ -4,7 +4,8 @@
 --      its value head (clrt.train.value_head), the reference's log-probs;
 --   2. per response token the reward -kl_coef (old - ref), plus the conversation's score
 --      (the multiturn-aware reward) on its last token; GAE(train.gamma, train.lam) gives
---      advantages and returns; the advantages are whitened over the step's tokens;
+--      advantages and returns; the advantages are whitened over the step's tokens (or over
+--      groups of train.whiten_size responses: TRL whitens per batch);
 --   3. train.ppo_epochs passes of train.mini_batches optimizer steps, each over its rows in
 --      micro-batches: the PPO-clip
 --      loss on the advantages (no KL term: the KL is in the reward) plus train.vf_coef times
@@ -66,7 +67,7 @@ function M.prepare(m, ref, head, parts, t, kl_coef)
       nonscore = nonscore - kl_coef * (r.old[k] - r.ref[k])
     end
   end
-  gae.whiten(advs)
+  gae.whiten_groups(advs, t.whiten_size)   -- train.whiten_size responses a group (0: the step)
   local ret_mean, ret_var, ntok = gae.moments(rets)
   local val_mean = gae.moments(vals)
   return { kl_per_response = kl_sum / math.max(#all, 1), kl = kl_sum / math.max(ntok, 1),

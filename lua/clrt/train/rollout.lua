@@ -131,6 +131,7 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step, first)
       -- rollout.quant=int8: each token's temperature-1 log-probability under the int8 weights
       -- that sampled it, for the update's truncated importance sampling
       local outs = sched.generate(m, ids, { n = R.n, temperature = R.temperature, top_p = R.top_p,
+        top_k = (R.top_k or 0) > 0 and R.top_k or nil,   -- rollout.top_k (0: all tokens)
         max_new_tokens = room, stop = stop, tokenizer = tok, seed = seed,
         seed_key = ("rl/step %d/prompt %d"):format(step, first + i - 1),
         top_logprobs = R.quant == "int8" and 0 or nil })

@@ -94,12 +94,18 @@ end
 
 M.EXTRACT_FILE = "extract_completion"
 
--- What the extractor is shown, as placeholders of its prompt: the conversation, and for
--- code the entry point and the dataset's extraction requirement (what the references show
--- it). sample.single_turn_prompt only for code (verl's code extractor shows the task, which
--- holds no solution); never for a document, whose single_turn_prompt in the published
--- Medium rows carries the reference article itself.
-function M.extract_vars(conversation, sample, kind, instructions)
+-- The quote note of the authors' extractor (their prompt's note 2), in clrt's words: a
+-- double quote inside the extracted text would end the JSON string early.
+M.QUOTE_NOTE = 'Inside "final_completion", write every double quote (") of the extracted text as a single quote (\') so that the JSON reply parses.'
+
+-- What the extractor is shown, as placeholders of its prompt: the conversation; for code the
+-- task (sample.single_turn_prompt: verl's code extractor shows it, and a code task holds no
+-- solution), the rename-to-entry-point rule, the entry point and the dataset's extraction
+-- requirement (what the references show it). Never a document's single_turn_prompt: in the
+-- published Medium rows it carries the reference article itself.
+-- instructions: the caller's lines about the entry point and requirement (pass_rate gives
+-- them); nil: clrt's own. opts: the metric's options (quote_note=false drops the quote note).
+function M.extract_vars(conversation, sample, kind, instructions, opts)
   local md = M.metadata(sample)
   local req = type(md.extraction_requirement) == "string" and md.extraction_requirement or ""
   local vars = {
@@ -107,46 +113,57 @@ function M.extract_vars(conversation, sample, kind, instructions)
     chat_history = conv.chat_history(conversation),
     entry_point = type(md.entry_point) == "string" and md.entry_point or "",
     extraction_requirement = req ~= "" and ("Additional requirement:\n" .. req) or "",
+    quote_note = (opts and opts.quote_note == false) and "" or M.QUOTE_NOTE,
     instructions = "",
   }
-  if type(instructions) == "string" and instructions ~= "" then vars.instructions = instructions .. "\n"
+  local lines = {}
+  if kind == "code" and sample and sample.single_turn_prompt ~= nil then
+    vars.single_turn_prompt = tostring(sample.single_turn_prompt)
+    lines[#lines + 1] = "The task the code solves:\n<task>\n" .. vars.single_turn_prompt .. "\n</task>"
+  end
+  if kind == "code" and vars.entry_point ~= "" then
+    lines[#lines + 1] = ("The tests import the function `%s`. If the assistant gave the main function another name, "
+      .. "rename it to `%s` in the extracted code and change nothing else."):format(vars.entry_point, vars.entry_point)
+  end
+  if type(instructions) == "string" and instructions ~= "" then lines[#lines + 1] = instructions
   else
-    local lines = {}
     if vars.entry_point ~= "" then
       lines[#lines + 1] = ("The tests call `%s`: keep its definition under that exact name and signature."):format(vars.entry_point)
     end
-    if req ~= "" then lines[#lines + 1] = req end
-    if #lines > 0 then vars.instructions = table.concat(lines, "\n") .. "\n" end
+    if req ~= "" then lines[#lines + 1] = "Additional requirement:\n" .. req end
   end
-  if kind == "code" and sample and sample.single_turn_prompt ~= nil then
-    vars.single_turn_prompt = tostring(sample.single_turn_prompt)
-  end
+  if #lines > 0 then vars.instructions = table.concat(lines, "\n") .. "\n" end
   return vars
 end
 
 -- The document ("document") or code ("code") the conversation produced. The extractor sees
 -- the whole conversation (prompt turns too) without the system message, and what
--- M.extract_vars gives it. opts.instructions: extra text for the extractor (e.g. the
--- function name the code must keep). With metric_options[name].extract == false (or no
--- judge) it is the last assistant message (for code: its last fenced block), which needs
--- no LLM call.
+-- M.extract_vars gives it; its whole final_completion is the result, as both references run
+-- or score it. opts.instructions: extra text for the extractor (e.g. the function name the
+-- code must keep). With metric_options[name].extract == false (or no judge) it is the last
+-- assistant message, for code its last fenced block, which needs no LLM call.
+-- metric_options[name].code_block: true cuts the extractor's code to its last fenced block
+-- too, false keeps the whole last message without the extractor (defaults: false with the
+-- extractor, true without).
 function M.final_completion(conversation, sample, ctx, name, kind, opts)
   opts = opts or {}
   local mopts = M.options(ctx, name)
-  if mopts.extract == false or not (ctx and ctx.judge) then
+  local extract = not (mopts.extract == false or not (ctx and ctx.judge))
+  local cut = kind == "code" and mopts.code_block
+  if cut == nil then cut = kind == "code" and not extract end
+  if not extract then
     local text = conv.last_reply(conversation, sample) or ""
-    if kind == "code" then return M.code_block(text) end
-    return text
+    return cut and M.code_block(text) or text
   end
   local tmpl, file = M.prompt_text(ctx, name, M.EXTRACT_FILE)
-  local msgs = { { role = "user", content = pf.fill(tmpl, M.extract_vars(conversation, sample, kind, opts.instructions), file) } }
+  local vars = M.extract_vars(conversation, sample, kind, opts.instructions, mopts)
+  local msgs = { { role = "user", content = pf.fill(tmpl, vars, file) } }
   local text = M.ask(ctx, name, msgs, { "final_completion" }, function(o)
     local s = llm_reply.text(o.final_completion)
     if s == nil then return nil, "final_completion is not text" end
     return s
   end, mopts.extract_max_tokens or judge_option(ctx, "extract_max_tokens"), "extractor")
-  if kind == "code" then return M.code_block(text) end
-  return text
+  return cut and M.code_block(text) or text
 end
 
 -- The last fenced code block (```python ... ```), or the text itself when it has none.
