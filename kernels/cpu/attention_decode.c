@@ -307,6 +307,7 @@ static void rows_all(float *out, float *lse, const float *q, const float *k, con
   const int qt = (group + tiles - 1) / tiles;
   tiles = (group + qt - 1) / qt;
   const int64_t units = base * tiles, lds = scratch_stride / 4;
+  (void)lds;   /* the plain loops (a build without x86 SIMD) do not read it */
   int64_t work = 0;
   for (int b = 0; b < B; b++) work += (int64_t)H * Tq * ((pos0 ? pos0[b] : 0) + Tq) * D * 2;
 #pragma omp parallel for schedule(static) num_threads(threads) if (work > CLRT_OMP_MIN_WORK)

@@ -11,7 +11,7 @@
    when its shape suits (clrt_amx_panel_fits: the shape only), else the AVX512-BF16 tile.
    Every output is its row's sum over k in order within its unit, so a row's bits do not
    depend on the other rows of the product. Without either unit, AVX2 computes vdpbf16ps's
-   sums with FMAs (fma-bf16, panels_avx2.c); without that the calls return 0 and the caller
+   sums with FMAs (fma-bf16, panels_avx2.c; on aarch64 NEON, panels_neon.c); without that the calls return 0 and the caller
    multiplies in f32. */
 #include "model_kernels.h"
 
@@ -134,6 +134,7 @@ TARGET static void item(float *c, int64_t ldc, const uint16_t *a, int64_t lda, c
 }
 #endif
 
+#if CLRT_AVX512
 /* Rows [i0, i1) against panel p on AVX2's FMAs (fma-bf16: panels_avx2.c, vdpbf16ps's sums). */
 static void item_fma(float *c, int64_t ldc, const uint16_t *a, int64_t lda, const uint16_t *bp, int Nc, int64_t Kp,
                      const float *bias, int add, int64_t i0, int64_t i1, int p) {
@@ -141,6 +142,7 @@ static void item_fma(float *c, int64_t ldc, const uint16_t *a, int64_t lda, cons
   clrt_avx2_panel_bf16(c + i0 * ldc + j0, ldc, a + i0 * lda, lda, i1 - i0, bp + (int64_t)j0 * Kp, pw, Kp,
                        bias ? bias + j0 : NULL, add);
 }
+#endif
 
 int clrt_gemm_bf16(float *c /* [M, ldc] */, int64_t ldc, const uint16_t *a /* [M, lda] bf16, Kp used */, int64_t lda,
                    int64_t M, const uint16_t *bp /* [Nc * Kp] pair panels */, int Nc, int64_t Kp,
@@ -157,6 +159,18 @@ int clrt_gemm_bf16(float *c /* [M, ldc] */, int64_t ldc, const uint16_t *a /* [M
       item_fma(c, ldc, a, lda, bp, Nc, Kp, bias, accumulate, i0, i1, (int)(t % panels));
     else
       item(c, ldc, a, lda, bp, Nc, Kp, bias, accumulate, i0, i1, (int)(t % panels));
+  }
+  return 1;
+#elif CLRT_NEON
+  /* aarch64: fma-bf16 on NEON's FMAs (panels_neon.c, the same sums), the same items */
+  if (M < 1 || Nc < 1 || Kp < 2 || Kp % 2 || clrt_matrix_unit() == CLRT_UNIT_F32) return 0;
+  int64_t panels = (Nc + PANEL - 1) / PANEL, mblocks = (M + MBLOCK - 1) / MBLOCK, items = panels * mblocks;
+#pragma omp parallel for schedule(static) if (M * Nc * Kp > CLRT_OMP_MIN_WORK)
+  for (int64_t t = 0; t < items; t++) {
+    int64_t mb = t / panels, i0 = mb * MBLOCK, i1 = M - i0 < MBLOCK ? M : i0 + MBLOCK;
+    int j0 = (int)(t % panels) * PANEL, pw = Nc - j0 < PANEL ? Nc - j0 : PANEL;
+    clrt_neon_panel_bf16(c + i0 * ldc + j0, ldc, a + i0 * lda, lda, i1 - i0, bp + (int64_t)j0 * Kp, pw, Kp,
+                         bias ? bias + j0 : NULL, accumulate);
   }
   return 1;
 #else

@@ -84,16 +84,28 @@ TARGET static void tile512(float *c, int64_t ldc, const float *a, int64_t a_rs, 
 typedef void (*tile_fn)(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks, const float *b,
                         int64_t ldb, int nr, int kn, int pw, int add);
 
+#if CLRT_NEON
+/* aarch64: panels_neon.c's tiles, the same order per element. */
+static void tile_neon(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks, const float *b,
+                      int64_t ldb, int nr, int kn, int pw, int add) {
+  clrt_neon_tile_strided(c, ldc, a, a_rs, a_ks, b, ldb, nr, kn, pw, add);
+}
+#else
 static void tile_avx2(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks, const float *b,
                       int64_t ldb, int nr, int kn, int pw, int add) {
   clrt_avx2_tile_strided(c, ldc, a, a_rs, a_ks, b, ldb, nr, kn, pw, add);
 }
+#endif
 
 static tile_fn level_tile(void) {
 #if CLRT_AVX512
   if (clrt_have_avx512()) return tile512;
 #endif
+#if CLRT_NEON
+  return clrt_have_neon() ? tile_neon : NULL;
+#else
   return clrt_have_avx2() ? tile_avx2 : NULL;
+#endif
 }
 
 /* One work item: rows [i0, i1) of c against the column panels [p0, p1). k runs outermost, so

@@ -93,6 +93,7 @@ CLRT_TARGET_AVX512 static void quantize_row_avx512(uint8_t *qr, float *xs, const
 void clrt_int8_quantize_rows(uint8_t *xq, float *xs, const float *x, int64_t N, int K) {
   int K4 = clrt_int8_k4(K);
   int wide = CLRT_AVX512 && clrt_have_avx512();
+  (void)wide;   /* unread where the build has no AVX-512 path */
 #pragma omp parallel for schedule(static) if (N * K > 65536)
   for (int64_t n = 0; n < N; n++) {
 #if CLRT_AVX512

@@ -13,7 +13,7 @@
    rounding, not bit for bit, and a row's outputs are the same bits at any number of rows and
    any position among them (batch invariance: one row, three panels at a time, keeps that
    order too). AVX-512 here, AVX2 + FMA in panels_avx2.c (the same order: the same bits),
-   chosen at run time (cpu_level.c).
+   chosen at run time (cpu_level.c); on aarch64 NEON in panels_neon.c (the same order again).
    At 32 rows a panel is read from memory by its first tile of rows and from cache by the
    other three, so the first tile waits on memory while the others compute. Each tile asks for
    its share of the next panel as it goes (software prefetch), which spreads the weight stream
@@ -82,6 +82,26 @@ static inline const char *panel_at(const clrt_packed_part *part, int K, int p, i
 
 static inline int64_t panels_of(const clrt_packed_part *part) { return (part->O + PANEL - 1) / PANEL; }
 
+#if CLRT_NEON
+/* Panels [g0, g1) of the parts laid end to end, each for all N rows, on aarch64's NEON
+   (panels_neon.c: the same sums as the AVX2 and AVX-512 tiles; bf16 ones when x16 is given). */
+static void panel_range_neon(const clrt_packed_part *parts, const float *x, const uint16_t *x16, int N, int K,
+                             int64_t g0, int64_t g1) {
+  int i = 0;
+  int64_t base = 0;
+  for (int64_t g = g0; g < g1; g++) {
+    while (g - base >= panels_of(&parts[i])) base += panels_of(&parts[i++]);
+    int p = (int)(g - base), pw, o0 = p * PANEL;
+    const char *panel = panel_at(&parts[i], K, p, x16 ? 2 : 4, &pw);
+    const float *b = parts[i].b ? parts[i].b + o0 : NULL;
+    float *y = parts[i].y + o0;
+    if (x16)
+      clrt_neon_panel_bf16(y, parts[i].O, x16, K, N, (const uint16_t *)panel, pw, K, b, 0);
+    else
+      clrt_neon_panel_f32(y, parts[i].O, x, K, N, (const float *)panel, pw, K, b, 0);
+  }
+}
+#else
 /* Panels [g0, g1) of the parts laid end to end, each for all N rows, on AVX2 + FMA
    (panels_avx2.c: the same sums as the AVX-512 tiles below; bf16 ones when x16 is given). */
 static void panel_range_avx2(const clrt_packed_part *parts, const float *x, const uint16_t *x16, int N, int K,
@@ -100,6 +120,7 @@ static void panel_range_avx2(const clrt_packed_part *parts, const float *x, cons
       clrt_avx2_panel_f32(y, parts[i].O, x, K, N, (const float *)panel, pw, K, b, 0);
   }
 }
+#endif
 
 #if CLRT_AVX512
 #define TARGET CLRT_TARGET_AVX512
@@ -310,10 +331,10 @@ TARGET static void panel_range(const clrt_packed_part *parts, const float *x, co
 }
 #endif
 
-int clrt_linear_packed_available(void) { return clrt_have_avx512() || clrt_have_avx2(); }
+int clrt_linear_packed_available(void) { return clrt_have_avx512() || clrt_have_avx2() || clrt_have_neon(); }
 
 /* bf16 panels need a matrix unit in use (clrt_matrix_unit: capped to f32, none); without bf16
-   hardware (fma-bf16) AVX2 computes the same sums. */
+   hardware (fma-bf16) AVX2 or NEON computes the same sums. */
 int clrt_linear_packed_bf16_available(void) { return clrt_matrix_unit() != CLRT_UNIT_F32; }
 
 /* Both forwards: x16 NULL for f32 panels, else x rounded to bf16 for bf16 ones. AVX-512's
@@ -326,7 +347,7 @@ static int forward_parts(const float *x, const uint16_t *x16, int64_t N, int K,
     panels += panels_of(&parts[i]), outs += parts[i].O;
   }
   int wide = x16 ? clrt_matrix_unit() >= CLRT_UNIT_AVX512BF16 : clrt_have_avx512();
-  if (!wide && !clrt_have_avx2()) return 0;
+  if (!wide && !clrt_have_avx2() && !clrt_have_neon()) return 0;
 #pragma omp parallel if (N * outs * K > CLRT_OMP_MIN_WORK)
   {
     /* Contiguous shares (schedule(static) by hand) so each thread knows its next panel. */
@@ -337,7 +358,11 @@ static int forward_parts(const float *x, const uint16_t *x16, int64_t N, int K,
       panel_range(parts, x, x16, (int)N, K, g0, g1);
     else
 #endif
+#if CLRT_NEON
+      panel_range_neon(parts, x, x16, (int)N, K, g0, g1);
+#else
       panel_range_avx2(parts, x, x16, (int)N, K, g0, g1);
+#endif
   }
   return 1;
 }

@@ -1,7 +1,7 @@
 /* matrix_unit.c — which unit multiplies bf16 here, chosen at run time: AMX tiles
    (AMX-TILE + AMX-BF16, after Linux grants this process the tile data state), else
    AVX512-BF16 (vdpbf16ps), else AVX2's FMA units computing vdpbf16ps's sums (fma-bf16:
-   bf16 numerics without bf16 hardware), else none (the callers then multiply in f32). The
+   bf16 numerics without bf16 hardware; on aarch64 NEON's FMAs, panels_neon.c), else none (the callers then multiply in f32). The
    CPU level (cpu_level.c, CLRT_CPU) bounds it: a Zen 5 capped to avx2 gets fma-bf16.
    CLRT_MATRIX_UNIT=f32|fma-bf16|avx512-bf16|amx-bf16 caps the choice (a test compares every unit the CPU
    has; a user can rule a unit out), and clrt_matrix_unit_cap does the same from code.
@@ -59,7 +59,7 @@ int clrt_matrix_unit_best(void) {
          : clrt_have_avx2()                ? CLRT_UNIT_FMA_BF16
                                            : CLRT_UNIT_F32;
 #else
-  return CLRT_UNIT_F32;
+  return clrt_have_neon() ? CLRT_UNIT_FMA_BF16 : CLRT_UNIT_F32;   /* aarch64: NEON's FMAs */
 #endif
 }
 

@@ -162,6 +162,18 @@ int clrt_avx2_panel_bf16(float *c /* [M, ldc] */, int64_t ldc, const uint16_t *a
                          int64_t M, const uint16_t *bp /* [Kp / 2, pw, 2] */, int pw, int64_t Kp,
                          const float *bias /* [pw] or NULL */, int add);
 
+/* ---- panels_neon.c: the same three on aarch64's NEON ------------------------------------ */
+/* As the clrt_avx2_ ones above, in the same order per output (the same bits); 0 when the
+   build is not for aarch64 or the level is capped below neon (CLRT_CPU=portable). */
+int clrt_neon_panel_f32(float *c /* [M, ldc] */, int64_t ldc, const float *a /* [M, lda] */, int64_t lda,
+                        int64_t M, const float *wp /* [K, pw] */, int pw, int K, const float *bias /* [pw] or NULL */,
+                        int add);
+int clrt_neon_tile_strided(float *c /* [nr, ldc] */, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks,
+                           const float *b /* [kn, ldb] */, int64_t ldb, int nr, int kn, int pw, int add);
+int clrt_neon_panel_bf16(float *c /* [M, ldc] */, int64_t ldc, const uint16_t *a /* [M, lda] bf16 */, int64_t lda,
+                         int64_t M, const uint16_t *bp /* [Kp / 2, pw, 2] */, int pw, int64_t Kp,
+                         const float *bias /* [pw] or NULL */, int add);
+
 /* ---- linear_bf16.c: products over a weight held only in bf16 (a frozen base) ----------- */
 /* wp: w [O, K] in clrt_linear_pack_bf16's panels of bf16 pairs (K even); f32 accumulation.
    Rows [r0, r1) of w (r0 a multiple of 48) widened back to f32, row-major. */

@@ -24,11 +24,11 @@
 
 enum { PANEL = 48, ROWS_F32 = 6, ROWS_BF16 = 4 };
 
+#if CLRT_AVX2
 /* The packed products add their bias or these zeros, as the AVX-512 tiles do (a sum of -0
    then stores +0); the strided tiles add nothing, as theirs. */
 static const float zero_bias[PANEL];
 
-#if CLRT_AVX2
 #define TARGET CLRT_TARGET_AVX2
 
 /* The first n (0..8) lanes. */

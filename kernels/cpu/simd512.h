@@ -1,4 +1,4 @@
-/* simd512.h — what the AVX-512 and AVX2 kernels share: the target attributes (the build
+/* simd512.h — what the AVX-512 and AVX2 kernels share (and, on aarch64, whether NEON's run): the target attributes (the build
    targets x86-64-v2, so each wider function opts in and is only called after
    clrt_have_avx512() or clrt_have_avx2()), the run-time checks (the CPU's level, capped by
    CLRT_CPU: cpu_level.c), and the horizontal sums. CPU only. */
@@ -47,6 +47,9 @@ CLRT_TARGET_AVX512 static inline __m128 clrt_reduce4_512(__m512 a, __m512 b, __m
 /* The mask of the first n (< 16) lanes: the tail of a row whose length is not a multiple of 16. */
 static inline __mmask16 clrt_tail_mask16(int n) { return (__mmask16)((1u << n) - 1); }
 
+#define CLRT_NEON 0
+static inline int clrt_have_neon(void) { return 0; }
+
 #else
 #define CLRT_AVX512 0
 #define CLRT_AVX2 0
@@ -54,6 +57,20 @@ static inline __mmask16 clrt_tail_mask16(int n) { return (__mmask16)((1u << n) -
 static inline int clrt_have_avx512(void) { return 0; }
 static inline int clrt_have_avx2(void) { return 0; }
 static inline int clrt_have_avx512bf16(void) { return 0; }
+
+#if defined(__aarch64__) && defined(__GNUC__)
+/* aarch64: Advanced SIMD is in the Armv8-A baseline the build targets, so the NEON kernels
+   (panels_neon.c, linear_int8.c) need no attribute; the dot product does
+   (CLRT_TARGET_DOTPROD, after clrt_cpu_has_dotprod()). The neon level can be capped off
+   (CLRT_CPU=portable), so every NEON kernel asks clrt_have_neon() first. */
+#include <arm_neon.h>
+#define CLRT_NEON 1
+#define CLRT_TARGET_DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
+static inline int clrt_have_neon(void) { return clrt_cpu_level() >= CLRT_CPU_NEON; }
+#else
+#define CLRT_NEON 0
+static inline int clrt_have_neon(void) { return 0; }
+#endif
 #endif
 
 #endif

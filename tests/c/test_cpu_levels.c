@@ -1,5 +1,5 @@
 /* test_cpu_levels.c — every CPU level this machine can run (cpu_level.c: portable, avx2,
-   avxvnni, avx512, capped in-process), its products against scalar references that sum in the
+   avxvnni, avx512 on x86-64, portable and neon on aarch64, capped in-process), its products against scalar references that sum in the
    order the design fixes, bit for bit:
      packed f32 forward   y = (fma chain over k from 0) + (bias or 0): every level with a kernel
      strided gemm         c (+)= per 256-deep block of k, an fma chain from 0 added onto c
@@ -167,14 +167,18 @@ static void check_bf16(int unit) {
 int main(void) {
   int best = clrt_cpu_level_best();
   printf("cpu level: best %s, CLRT_CPU cap gives %s\n", clrt_cpu_level_name(best), clrt_cpu_level_name(clrt_cpu_level()));
+#if defined(__aarch64__)
+  CHECK(clrt_cpu_level_by_name("neon") == CLRT_CPU_NEON && clrt_cpu_level_by_name("avx2") == -1);
+#else
   CHECK(clrt_cpu_level_by_name("avx2") == CLRT_CPU_AVX2 && clrt_cpu_level_by_name("sse") == -1);
+#endif
   for (int level = CLRT_CPU_PORTABLE; level <= best; level++) {
     clrt_cpu_level_cap(level);
     CHECK(clrt_cpu_level() == level);
-    CHECK(clrt_linear_packed_available() == (level >= CLRT_CPU_AVX2));
+    CHECK(clrt_linear_packed_available() == (level >= CLRT_CPU_SIMD));
     check_packed(level);
     check_strided(level);
-    if (level >= CLRT_CPU_AVX2) {
+    if (level >= CLRT_CPU_SIMD) {   /* avx2 and up, or neon */
       check_bf16(CLRT_UNIT_FMA_BF16);
       if (level == CLRT_CPU_AVX512) {
         check_bf16(CLRT_UNIT_AVX512BF16);
