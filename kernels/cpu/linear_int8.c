@@ -1,7 +1,8 @@
 /* linear_int8.c — int8 x int8 -> int32 products for generation (see linear_int8.h for the
    layout and why activations are quantized): AVX512-VNNI (vpdpbusd on 16 outputs) where the
    CPU has it, else AVX-VNNI (the 256-bit VEX form, 8 outputs: CPUs without AVX-512), else
-   AVX2 (vpmaddubsw + vpmaddwd on |q| and sign-carrying weights), else a portable loop. All compute the same exact integer sums and the same f32 epilogue, so their
+   AVX2 (vpmaddubsw + vpmaddwd on |q| and sign-carrying weights); on aarch64 NEON (SDOT with
+   the dot product, else vmull_s8 + vpadalq_s16); else a portable loop. All compute the same exact integer sums and the same f32 epilogue, so their
    outputs are bit-identical. */
 #include "linear_int8.h"
 #include "simd512.h"
@@ -402,12 +403,128 @@ static void linear_avx2(float *y, const uint8_t *xq, const float *xs, const int8
 }
 #endif
 
+/* ---- NEON (aarch64) ---------------------------------------------------------------------------- */
+
+#if CLRT_NEON
+/* Both forms undo the stored offset once per group (an XOR of 0x80 gives the signed q) and sum
+   the signed q . w exactly, so no 128 * wsum correction; the epilogue is the shared one. A
+   group's 64 bytes are four 16-byte vectors, outputs 4v .. 4v + 3, four inputs each.
+   With the dot product (Armv8.2 SDOT, HWCAP_ASIMDDP): vdotq_s32 adds each output's four
+   products into its int32 lane, 16 multiply-adds an instruction. Without it: vmull_s8 forms
+   the products in 16 bits (|q|, |w| <= 127: at most 16129, exact) and vpadalq_s16 adds their
+   pairs into int32 lanes, two per output, which a pairwise add joins at the end. */
+static int have_neon_dot(void) { return clrt_have_neon() && clrt_cpu_has_dotprod(); }
+
+/* The signed q of a row's group of 4 inputs, in all four 32-bit lanes. */
+static inline int8x16_t group_q(const uint8_t *x) {
+  uint32_t x4;
+  __builtin_memcpy(&x4, x, 4);
+  return vreinterpretq_s8_u8(veorq_u8(vreinterpretq_u8_u32(vdupq_n_u32(x4)), vdupq_n_u8(0x80)));
+}
+
+/* y for rows n0 .. n0 + R of one panel, from the 16 int32 sums of each row. */
+static inline void neon_store(float *y, const int32_t sums[][16], const float *xs, const float *ws, const float *b,
+                              int64_t n0, int p, int O, int R) {
+  int o0 = p * 16, lanes = O - o0 < 16 ? O - o0 : 16;
+  for (int i = 0; i < R; i++)
+    for (int lane = 0; lane < lanes; lane++) {
+      int o = o0 + lane;
+      y[(n0 + i) * O + o] = int8_out(sums[i][lane], xs[n0 + i], ws[o], b ? b[o] : 0.0f);
+    }
+}
+
+CLRT_TARGET_DOTPROD static inline __attribute__((always_inline)) void neon_dot_tile(
+    float *y, const uint8_t *xq, const float *xs, const int8_t *wq, const float *ws, const float *b, int64_t n0,
+    int p, int K, int O, const int R) {
+  int K4 = clrt_int8_k4(K);
+  int32x4_t acc[4][4];
+  for (int i = 0; i < R; i++)
+    for (int v = 0; v < 4; v++) acc[i][v] = vdupq_n_s32(0);
+  const int8_t *pw = wq + (size_t)p * 16 * K4;
+  for (int g = 0; g < K4 / 4; g++) {
+    const int8_t *wg = pw + (size_t)g * 64;
+    int8x16_t w0 = vld1q_s8(wg), w1 = vld1q_s8(wg + 16), w2 = vld1q_s8(wg + 32), w3 = vld1q_s8(wg + 48);
+    for (int i = 0; i < R; i++) {
+      int8x16_t q = group_q(xq + (n0 + i) * K4 + 4 * g);
+      acc[i][0] = vdotq_s32(acc[i][0], q, w0);
+      acc[i][1] = vdotq_s32(acc[i][1], q, w1);
+      acc[i][2] = vdotq_s32(acc[i][2], q, w2);
+      acc[i][3] = vdotq_s32(acc[i][3], q, w3);
+    }
+  }
+  int32_t sums[4][16];
+  for (int i = 0; i < R; i++)
+    for (int v = 0; v < 4; v++) vst1q_s32(sums[i] + 4 * v, acc[i][v]);
+  neon_store(y, (const int32_t(*)[16])sums, xs, ws, b, n0, p, O, R);
+}
+
+CLRT_TARGET_DOTPROD static void neon_dot_panel(float *y, const uint8_t *xq, const float *xs, const int8_t *wq,
+                                               const float *ws, const float *b, int64_t N, int K, int O, int p) {
+  int64_t n = 0;
+  for (; n + 4 <= N; n += 4) neon_dot_tile(y, xq, xs, wq, ws, b, n, p, K, O, 4);
+  switch (N - n) {
+    case 3: neon_dot_tile(y, xq, xs, wq, ws, b, n, p, K, O, 3); break;
+    case 2: neon_dot_tile(y, xq, xs, wq, ws, b, n, p, K, O, 2); break;
+    case 1: neon_dot_tile(y, xq, xs, wq, ws, b, n, p, K, O, 1); break;
+    default: break;
+  }
+}
+
+/* Without the dot product: two rows a tile (8 pair sums a row: 16 accumulators). */
+static inline __attribute__((always_inline)) void neon_tile(float *y, const uint8_t *xq, const float *xs,
+                                                            const int8_t *wq, const float *ws, const float *b,
+                                                            int64_t n0, int p, int K, int O, const int R) {
+  int K4 = clrt_int8_k4(K);
+  int32x4_t acc[2][8];   /* [v][0]: outputs 4v, 4v + 1 (two pair sums each); [v][1]: 4v + 2, 4v + 3 */
+  for (int i = 0; i < R; i++)
+    for (int j = 0; j < 8; j++) acc[i][j] = vdupq_n_s32(0);
+  const int8_t *pw = wq + (size_t)p * 16 * K4;
+  for (int g = 0; g < K4 / 4; g++) {
+    const int8_t *wg = pw + (size_t)g * 64;
+    int8x16_t w[4] = {vld1q_s8(wg), vld1q_s8(wg + 16), vld1q_s8(wg + 32), vld1q_s8(wg + 48)};
+    for (int i = 0; i < R; i++) {
+      int8x16_t q = group_q(xq + (n0 + i) * K4 + 4 * g);
+      for (int v = 0; v < 4; v++) {
+        acc[i][2 * v] = vpadalq_s16(acc[i][2 * v], vmull_s8(vget_low_s8(w[v]), vget_low_s8(q)));
+        acc[i][2 * v + 1] = vpadalq_s16(acc[i][2 * v + 1], vmull_high_s8(w[v], q));
+      }
+    }
+  }
+  int32_t sums[2][16];
+  for (int i = 0; i < R; i++)
+    for (int v = 0; v < 4; v++) vst1q_s32(sums[i] + 4 * v, vpaddq_s32(acc[i][2 * v], acc[i][2 * v + 1]));
+  neon_store(y, (const int32_t(*)[16])sums, xs, ws, b, n0, p, O, R);
+}
+
+static void neon_panel(float *y, const uint8_t *xq, const float *xs, const int8_t *wq, const float *ws,
+                       const float *b, int64_t N, int K, int O, int p) {
+  int64_t n = 0;
+  for (; n + 2 <= N; n += 2) neon_tile(y, xq, xs, wq, ws, b, n, p, K, O, 2);
+  if (n < N) neon_tile(y, xq, xs, wq, ws, b, n, p, K, O, 1);
+}
+
+/* The panels over the threads (the parallel loop outside the target function, as above). */
+static void linear_neon(float *y, const uint8_t *xq, const float *xs, const int8_t *wq, const float *ws,
+                        const float *b, int64_t N, int K, int O, int dot) {
+  int panels = clrt_int8_o16(O) / 16;
+#pragma omp parallel for schedule(static)
+  for (int p = 0; p < panels; p++) {
+    if (dot) neon_dot_panel(y, xq, xs, wq, ws, b, N, K, O, p);
+    else neon_panel(y, xq, xs, wq, ws, b, N, K, O, p);
+  }
+}
+#else
+static int have_neon_dot(void) { return 0; }
+#endif
+
 /* ---- dispatch ---------------------------------------------------------------------------------- */
 
 int clrt_int8_path(void) {
   return have_avx512vnni() ? CLRT_INT8_AVX512VNNI
          : have_avxvnni()  ? CLRT_INT8_AVXVNNI
          : clrt_have_avx2() ? CLRT_INT8_AVX2
+         : have_neon_dot()  ? CLRT_INT8_NEON_DOT
+         : clrt_have_neon() ? CLRT_INT8_NEON
                             : CLRT_INT8_PORTABLE;
 }
 
@@ -415,12 +532,15 @@ const char *clrt_int8_path_name(int path) {
   return path == CLRT_INT8_AVX512VNNI ? "avx512-vnni"
          : path == CLRT_INT8_AVXVNNI  ? "avx-vnni"
          : path == CLRT_INT8_AVX2     ? "avx2"
+         : path == CLRT_INT8_NEON_DOT ? "neon-dotprod"
+         : path == CLRT_INT8_NEON     ? "neon"
                                       : "portable";
 }
 
 int clrt_int8_path_available(int path) {
   return path == CLRT_INT8_PORTABLE || (path == CLRT_INT8_AVX512VNNI && have_avx512vnni()) ||
-         (path == CLRT_INT8_AVXVNNI && have_avxvnni()) || (path == CLRT_INT8_AVX2 && clrt_have_avx2());
+         (path == CLRT_INT8_AVXVNNI && have_avxvnni()) || (path == CLRT_INT8_AVX2 && clrt_have_avx2()) ||
+         (path == CLRT_INT8_NEON_DOT && have_neon_dot()) || (path == CLRT_INT8_NEON && clrt_have_neon());
 }
 
 int clrt_int8_linear(float *y, const uint8_t *xq, const float *xs, const int8_t *wq, const float *ws,
@@ -447,6 +567,15 @@ int clrt_int8_linear(float *y, const uint8_t *xq, const float *xs, const int8_t 
 #if CLRT_AVX2
     if (!clrt_have_avx2()) return -1;
     linear_avx2(y, xq, xs, wq, ws, b, N, K, O);
+    return 0;
+#else
+    return -1;
+#endif
+  }
+  if (path == CLRT_INT8_NEON_DOT || path == CLRT_INT8_NEON) {
+#if CLRT_NEON
+    if (path == CLRT_INT8_NEON_DOT ? !have_neon_dot() : !clrt_have_neon()) return -1;
+    linear_neon(y, xq, xs, wq, ws, b, N, K, O, path == CLRT_INT8_NEON_DOT);
     return 0;
 #else
     return -1;

@@ -26,8 +26,10 @@
 #include <stdint.h>
 
 /* Paths; clrt_int8_path() is the best this CPU runs at its level (AVX512-VNNI, else AVX-VNNI,
-   else AVX2, else portable); clrt_int8_path_available says whether it runs a given one. */
-enum { CLRT_INT8_PORTABLE = 0, CLRT_INT8_AVX512VNNI = 1, CLRT_INT8_AVXVNNI = 2, CLRT_INT8_AVX2 = 3, CLRT_INT8_PATHS = 4 };
+   else AVX2; on aarch64 NEON with the dot product, else NEON; else portable);
+   clrt_int8_path_available says whether it runs a given one. */
+enum { CLRT_INT8_PORTABLE = 0, CLRT_INT8_AVX512VNNI = 1, CLRT_INT8_AVXVNNI = 2, CLRT_INT8_AVX2 = 3,
+       CLRT_INT8_NEON_DOT = 4, CLRT_INT8_NEON = 5, CLRT_INT8_PATHS = 6 };
 int clrt_int8_path(void);
 int clrt_int8_path_available(int path);
 const char *clrt_int8_path_name(int path);
