@@ -20,7 +20,18 @@ set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE BOTH)
 set(ENV{PKG_CONFIG_LIBDIR} /usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig)
 set(ENV{PKG_CONFIG_PATH} "")
 
+# qemu's -L is where the arm64 loader and libraries are. The -dev packages above bring
+# Debian's libc6:arm64 into /lib/aarch64-linux-gnu, a later build than the cross toolchain's
+# copy in /usr/aarch64-linux-gnu (2.36-9+deb12u14 against 2.36-8cross1 on Debian 12): with
+# -L /usr/aarch64-linux-gnu qemu takes that loader but the other libc.so.6 (the loader finds
+# it in the multiarch folder), and the mismatched pair spins forever in the first
+# pthread_create (any OpenMP region of 2 threads). So -L / wherever libc6:arm64 is installed.
 find_program(CLRT_QEMU_AARCH64 NAMES qemu-aarch64 qemu-aarch64-static)
+if(EXISTS /lib/ld-linux-aarch64.so.1)
+  set(CLRT_QEMU_SYSROOT / CACHE PATH "qemu-aarch64 -L: the arm64 loader's root")
+else()
+  set(CLRT_QEMU_SYSROOT /usr/aarch64-linux-gnu CACHE PATH "qemu-aarch64 -L: the arm64 loader's root")
+endif()
 if(CLRT_QEMU_AARCH64)
-  set(CMAKE_CROSSCOMPILING_EMULATOR ${CLRT_QEMU_AARCH64} -L /usr/aarch64-linux-gnu)
+  set(CMAKE_CROSSCOMPILING_EMULATOR ${CLRT_QEMU_AARCH64} -L ${CLRT_QEMU_SYSROOT})
 endif()
