@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test.sh — install everything (runtime and test references), build, and run every test:
 # the Release build through ctest, then the C tests again under AddressSanitizer + UBSan,
-# with the libFuzzer targets run briefly.
+# with the libFuzzer targets run briefly, then the aarch64 cross build's C tests under qemu.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # node/npm: Debian's packages on a fresh machine; a node from elsewhere (e.g. NodeSource,
@@ -30,3 +30,8 @@ cmake --build "$asan" -j"$jobs"
 # whatever this ctest version's default is.
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir "$asan" --output-on-failure --no-tests=ignore -j"$jobs" -L 'c|fuzz'
+
+# aarch64: the same sources cross-built (build/arm64) and their C kernel and model tests run
+# under qemu-aarch64 at neon and portable (CLRT_ARM64_SKIP=1 leaves it out).
+echo "== aarch64 cross build, C tests under qemu-aarch64 (scripts/cross_arm64.sh) =="
+bash "$here/scripts/cross_arm64.sh"
