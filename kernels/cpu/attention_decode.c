@@ -11,7 +11,8 @@
    it was tiled with.
    Same math as the sgemm path (scaled scores, soft-capped when asked, max-subtracted exp,
    normalised sum), summed in another order: results agree to rounding. AVX-512, or the same
-   passes 8 lanes wide on AVX2 (a fixed 8-lane tree), chosen at run time.
+   passes 8 lanes wide on AVX2 (a fixed 8-lane tree), or 4 wide on aarch64's NEON (a fixed
+   4-lane tree: deterministic, not x86's bits), chosen at run time.
    clrt_attention_rows_forward runs the same per-query pass for any number of queries per row
    (a prefill, a training forward) and on any CPU (plain loops without AVX-512): a query's
    output then depends on its own keys only, never on the batch or the prefill's padding,
@@ -163,6 +164,86 @@ TARGET2 static inline __attribute__((always_inline)) void weighted_sum_tile_avx2
 }
 #endif
 
+#if CLRT_NEON
+/* The NEON passes (aarch64): the same tiles 4 lanes wide. A score's 4 lanes are summed by one
+   fixed tree (reduce4_128: pairwise adds, each input alone), whatever the tile or the key's
+   place in it, so a query's bits depend on its own keys only; they are not x86's bits (AVX2
+   and AVX-512 sum 8 and 16 lanes). */
+
+/* The first n (<= 4, may be <= 0) floats at p, zeros past them. */
+static inline float32x4_t att_load(const float *p, int n) {
+  if (n >= 4) return vld1q_f32(p);
+  float t[4] = {0, 0, 0, 0};
+  for (int i = 0; i < n; i++) t[i] = p[i];
+  return vld1q_f32(t);
+}
+
+static inline void att_store(float *p, float32x4_t v, int n) {
+  if (n >= 4) {
+    vst1q_f32(p, v);
+    return;
+  }
+  float t[4];
+  vst1q_f32(t, v);
+  for (int i = 0; i < n; i++) p[i] = t[i];
+}
+
+/* Four 4-lane sums a, b, c, d -> {sum a, sum b, sum c, sum d}: (x0 + x1) + (x2 + x3) each. */
+static inline float32x4_t reduce4_128(float32x4_t a, float32x4_t b, float32x4_t c, float32x4_t d) {
+  return vpaddq_f32(vpaddq_f32(a, b), vpaddq_f32(c, d));
+}
+
+static inline __attribute__((always_inline)) void scores_tile_neon(
+    float *s /* [R, lds] */, int64_t lds, const float *q /* [R, D], rows ldq apart */, int64_t ldq,
+    const float *k /* [n, ldk] */, int64_t ldk, int n, int D, float scale, const int R) {
+  const float32x4_t sc = vdupq_n_f32(scale);
+  for (int t = 0; t < n; t += 4) {
+    int have = n - t < 4 ? n - t : 4;
+    const float *kt = k + t * ldk;
+    float32x4_t acc[4][4];
+    for (int i = 0; i < R; i++)
+      for (int j = 0; j < 4; j++) acc[i][j] = vdupq_n_f32(0);
+    for (int d = 0; d < D; d += 4) {
+      float32x4_t kv[4];
+      for (int j = 0; j < 4; j++) kv[j] = j < have ? att_load(kt + j * ldk + d, D - d) : vdupq_n_f32(0);
+      for (int i = 0; i < R; i++) {
+        float32x4_t qv = att_load(q + i * ldq + d, D - d);
+        for (int j = 0; j < 4; j++) acc[i][j] = vfmaq_f32(acc[i][j], qv, kv[j]);
+      }
+    }
+    for (int i = 0; i < R; i++)
+      att_store(s + i * lds + t, vmulq_f32(sc, reduce4_128(acc[i][0], acc[i][1], acc[i][2], acc[i][3])), have);
+  }
+}
+
+/* o_i[d] = inv[i] * sum_t p_i[t] v_t[d]: 16 dims per pass, t in order. */
+static inline __attribute__((always_inline)) void weighted_sum_tile_neon(
+    float *o /* [R, D], rows ldo apart */, int64_t ldo, const float *p /* [R, lds] */, int64_t lds,
+    const float *inv /* [R] */, const float *v /* [n, ldv] */, int64_t ldv, int n, int D, const int R) {
+  for (int d0 = 0; d0 < D; d0 += 16) {
+    float32x4_t acc[4][4];
+    for (int i = 0; i < R; i++)
+      for (int c = 0; c < 4; c++) acc[i][c] = vdupq_n_f32(0);
+    for (int t = 0; t < n; t++) {
+      const float *vt = v + t * ldv + d0;
+      float32x4_t vv[4];
+      for (int c = 0; c < 4; c++) vv[c] = att_load(vt + 4 * c, D - d0 - 4 * c);
+      for (int i = 0; i < R; i++) {
+        float32x4_t pt = vdupq_n_f32(p[i * lds + t]);
+        for (int c = 0; c < 4; c++) acc[i][c] = vfmaq_f32(acc[i][c], pt, vv[c]);
+      }
+    }
+    for (int i = 0; i < R; i++) {
+      float32x4_t iv = vdupq_n_f32(inv[i]);
+      for (int c = 0; c < 4; c++) {
+        int left = D - d0 - 4 * c;
+        if (left > 0) att_store(o + i * ldo + d0 + 4 * c, vmulq_f32(acc[i][c], iv), left);
+      }
+    }
+  }
+}
+#endif
+
 /* Where row b's keys (and values) for query head h start: its cache slot, its KV head. */
 static inline int64_t kv_offset(int b, int h, int group, int D, const int32_t *kv_row, int64_t kv_bstride) {
   return (kv_row ? kv_row[b] : b) * kv_bstride + (int64_t)(h / group) * D;
@@ -270,6 +351,35 @@ TARGET2 static void tile_avx2(float *out, float *lse, int64_t lse_step, const fl
 }
 #endif
 
+#if CLRT_NEON
+static inline __attribute__((always_inline)) void tile_neon_r(
+    float *out, float *lse, int64_t lse_step, const float *q, const float *k, const float *v, int64_t ldk, int n,
+    int D, float scale, float cap, float *s, int64_t lds, const int R) {
+  scores_tile_neon(s, lds, q, D, k, ldk, n, D, scale, R);
+  float inv[4], mx[4], l[4];
+  for (int i = 0; i < R; i++) {
+    float *si = s + i * lds;
+    softcap_scores(si, n, cap);
+    mx[i] = clrt_row_max(si, n);
+    l[i] = clrt_row_exp_(si, n, mx[i]);
+    inv[i] = 1.0f / l[i];
+  }
+  weighted_sum_tile_neon(out, D, s, lds, inv, v, ldk, n, D, R);
+  if (lse)
+    for (int i = 0; i < R; i++) lse[i * lse_step] = clrt_lse_value(mx[i], l[i]);
+}
+
+static void tile_neon(float *out, float *lse, int64_t lse_step, const float *q, const float *k, const float *v,
+                      int64_t ldk, int n, int D, float scale, float cap, float *s, int64_t lds, int R) {
+  switch (R) {
+    case 4: tile_neon_r(out, lse, lse_step, q, k, v, ldk, n, D, scale, cap, s, lds, 4); break;
+    case 3: tile_neon_r(out, lse, lse_step, q, k, v, ldk, n, D, scale, cap, s, lds, 3); break;
+    case 2: tile_neon_r(out, lse, lse_step, q, k, v, ldk, n, D, scale, cap, s, lds, 2); break;
+    default: tile_neon_r(out, lse, lse_step, q, k, v, ldk, n, D, scale, cap, s, lds, 1); break;
+  }
+}
+#endif
+
 static void one_query_plain(float *out, float *lse, const float *q, const float *k, const float *v,
                             int64_t ldk, int n, int D, float scale, float cap, float *s) {
   for (int t = 0; t < n; t++) s[t] = scale * clrt_row_dot(q, k + t * ldk, D);
@@ -284,9 +394,14 @@ static void one_query_plain(float *out, float *lse, const float *q, const float 
   if (lse) *lse = clrt_lse_value(mx, l);
 }
 
-/* The passes rows_all runs: AVX-512's, AVX2's, or plain loops (CLRT_CPU_PORTABLE). */
+/* The passes rows_all runs: AVX-512's, AVX2's, NEON's (aarch64), or plain loops
+   (CLRT_CPU_PORTABLE). */
 static int rows_level(void) {
+#if CLRT_NEON
+  return clrt_have_neon() ? CLRT_CPU_NEON : CLRT_CPU_PORTABLE;
+#else
   return clrt_have_avx512() ? CLRT_CPU_AVX512 : clrt_have_avx2() ? CLRT_CPU_AVX2 : CLRT_CPU_PORTABLE;
+#endif
 }
 
 /* Every (query, head) of the step, each alone: what a query computes does not depend on the
@@ -338,6 +453,12 @@ static void rows_all(float *out, float *lse, const float *q, const float *k, con
 #if CLRT_AVX2
     if (simd == CLRT_CPU_AVX2) {
       tile_avx2(out + item * D, lse_at, Tq, q + item * D, k + off, v + off, ldk, n, D, scale, cap, s, lds, w.R);
+      continue;
+    }
+#endif
+#if CLRT_NEON
+    if (simd == CLRT_CPU_NEON) {
+      tile_neon(out + item * D, lse_at, Tq, q + item * D, k + off, v + off, ldk, n, D, scale, cap, s, lds, w.R);
       continue;
     }
 #endif
