@@ -6,12 +6,14 @@
      bf16 pair panels     per pair, fma(odd) then fma(even) into one f32 sum (vdpbf16ps's
                           order), + (bias or 0): the fma-bf16 unit; avx512-bf16 and amx-bf16
                           against the same where the CPU has them (inputs kept normal)
+     AdamW span           clrt_adamw_update's operations element by element
    and a forced level really runs its own kernels: a CPU level above portable must compute
    (never fall back to sgemm, which sums in another order), portable must decline. */
 #include "check.h"
 #include "bf16.h"
 #include "cpu/cpu_level.h"
 #include "cpu/model_kernels.h"
+#include "model_math.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -164,6 +166,23 @@ static void check_bf16(int unit) {
   clrt_matrix_unit_cap(CLRT_UNIT_AMX);
 }
 
+/* clrt_adamw_span on spans of every length mod 16, against clrt_adamw_update one by one. */
+static void check_adamw(int level) {
+  int ok = 1;
+  for (int n = 1; n <= 40; n += 3) {
+    float p[40], m[40], v[40], g[40], rp[40], rm[40], rv[40];
+    for (int i = 0; i < n; i++) {
+      rp[i] = p[i] = uniform(), rm[i] = m[i] = 0.1f * uniform(), g[i] = uniform();
+      rv[i] = v[i] = 0.01f * (uniform() + 1.0f);
+    }
+    clrt_adamw_span(p, m, v, g, n, 0.7f, 1e-3f, 0.9f, 0.999f, 1e-8f, 1e-5f, 0.19f, 0.0447f);
+    for (int i = 0; i < n; i++) clrt_adamw_update(&rp[i], &rm[i], &rv[i], g[i] * 0.7f, 1e-3f, 0.9f, 0.999f, 1e-8f, 1e-5f, 0.19f, 0.0447f);
+    ok &= same_bits(p, rp, n, "adamw p", level, n, 0, 0) && same_bits(m, rm, n, "adamw m", level, n, 0, 0) &&
+          same_bits(v, rv, n, "adamw v", level, n, 0, 0);
+  }
+  CHECK(ok);
+}
+
 int main(void) {
   int best = clrt_cpu_level_best();
   printf("cpu level: best %s, CLRT_CPU cap gives %s\n", clrt_cpu_level_name(best), clrt_cpu_level_name(clrt_cpu_level()));
@@ -174,6 +193,7 @@ int main(void) {
     CHECK(clrt_linear_packed_available() == (level >= CLRT_CPU_AVX2));
     check_packed(level);
     check_strided(level);
+    check_adamw(level);
     if (level >= CLRT_CPU_AVX2) {
       check_bf16(CLRT_UNIT_FMA_BF16);
       if (level == CLRT_CPU_AVX512) {
