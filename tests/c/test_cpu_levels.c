@@ -6,6 +6,7 @@
      bf16 pair panels     per pair, fma(odd) then fma(even) into one f32 sum (vdpbf16ps's
                           order), + (bias or 0): the fma-bf16 unit; avx512-bf16 and amx-bf16
                           against the same where the CPU has them (inputs kept normal)
+     narrow gemm          c (+)= one fma chain over all of k from 0, added onto c (LoRA ranks)
      AdamW span           clrt_adamw_update's operations element by element
    and a forced level really runs its own kernels: a CPU level above portable must compute
    (never fall back to sgemm, which sums in another order), portable must decline. */
@@ -166,6 +167,35 @@ static void check_bf16(int unit) {
   clrt_matrix_unit_cap(CLRT_UNIT_AMX);
 }
 
+static void check_narrow(int level) {
+  static const int Ms[] = {1, 6, 17, 70}, Ncs[] = {1, 8, 16, 33, 64}, Kcs[] = {0, 1, 9, 300};
+  int ok = 1;
+  for (size_t e = 0; e < sizeof Ms / sizeof *Ms; e++)
+    for (size_t f = 0; f < sizeof Ncs / sizeof *Ncs; f++)
+      for (size_t g = 0; g < sizeof Kcs / sizeof *Kcs; g++)
+        for (int accumulate = 0; accumulate < 2; accumulate++) {
+          int M = Ms[e], Nc = Ncs[f], Kc = Kcs[g], ldc = Nc + 2, lda = Kc + 1;
+          float *a = malloc(sizeof(float) * (M * lda + 1)), *b = malloc(sizeof(float) * (Kc * Nc + 1));
+          float *c = malloc(sizeof(float) * M * ldc), *r = malloc(sizeof(float) * M * ldc);
+          for (int i = 0; i < M * lda; i++) a[i] = uniform();
+          for (int i = 0; i < Kc * Nc; i++) b[i] = uniform();
+          for (int i = 0; i < M * ldc; i++) c[i] = r[i] = uniform();
+          int done = clrt_gemm_narrow(c, ldc, a, lda, 1, b, Nc, M, Nc, Kc, accumulate);
+          if (level == CLRT_CPU_PORTABLE) ok &= !done;
+          else {
+            for (int i = 0; i < M; i++)
+              for (int j = 0; j < Nc; j++) {
+                float sum = 0;
+                for (int k = 0; k < Kc; k++) sum = fmaf(a[i * lda + k], b[k * Nc + j], sum);
+                r[i * ldc + j] = accumulate ? sum + r[i * ldc + j] : sum;
+              }
+            ok &= done && same_bits(c, r, (int64_t)M * ldc, "narrow gemm", level, M, Kc, Nc);
+          }
+          free(a), free(b), free(c), free(r);
+        }
+  CHECK(ok);
+}
+
 /* clrt_adamw_span on spans of every length mod 16, against clrt_adamw_update one by one. */
 static void check_adamw(int level) {
   int ok = 1;
@@ -194,6 +224,7 @@ int main(void) {
     check_packed(level);
     check_strided(level);
     check_adamw(level);
+    check_narrow(level);
     if (level >= CLRT_CPU_AVX2) {
       check_bf16(CLRT_UNIT_FMA_BF16);
       if (level == CLRT_CPU_AVX512) {
