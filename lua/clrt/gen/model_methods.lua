@@ -113,5 +113,5 @@ end
 -- A model's KV cache and prefix cache go before it frees or moves its arenas.
 models.on_release[#models.on_release + 1] = G.drop
 
--- Requiring this is what it is for: it has nothing to call.
+-- Loading this module is its whole use: it has nothing to call.
 return {}
