@@ -18,6 +18,7 @@ local opts = dofile(here .. "/args.lua").parse({ bin = "", size = "0.5b", pp = 5
   threads = 2, rounds = 3, clrt = "f32,bf16,int8", types = "f32,bf16,q8_0,q4_0" }, arg)
 local shell = require("clrt.util.shell")
 local gen = require("clrt.gen.engine")
+local options = require("clrt.gen.options")
 
 local function list(s) local out = {} for x in tostring(s):gmatch("[^,]+") do out[#out + 1] = x end return out end
 local function sh(cmd) return os.execute(cmd) == 0 end
@@ -109,7 +110,7 @@ local ok, err = pcall(function()
     return out
   end
   local function engine_run(dec, ps, new)
-    local o = gen.options({ temperature = 0, max_new_tokens = new }, cfg.vocab_size)
+    local o = options.check({ temperature = 0, max_new_tokens = new }, cfg.vocab_size)
     local eng = gen.engine(dec)
     for _, p in ipairs(ps) do eng:add(p, o) end
     local t0 = now()
