@@ -141,6 +141,7 @@ local ok, err = pcall(function()
   local cpu = (io.popen("lscpu | sed -n 's/^Model name: *//p'"):read("*l") or "?")
   local unit, avail = clrt.model.matrix_unit()
   print(("CPU: %s; %d threads; clrt's bf16 unit: %s (available: %s)"):format(cpu, opts.threads, unit, avail))
+  print("clrt's paths: " .. clrt.model.cpu_paths())
   print(("model: %s shape, random weights; prefill %d tokens at batch 1; decode %d tokens after %d at batch 1 and %d; %d rounds")
     :format(opts.size, opts.pp, opts.new, opts.prompt, opts.batch, opts.rounds))
   local cells = {}   -- name -> measure -> list of rates

@@ -739,15 +739,24 @@ end
 -- gives kernel times rather than launch times (it slows the steps it times).
 function M.profile_sync(on) C.clrt_profile_sync(on and 1 or 0) end
 
--- The unit bf16 products run on ("amx-bf16", "avx512-bf16", "f32": none) and the best this
--- CPU offers: matrix_unit() -> active, available. matrix_unit(name) caps it for this process
+-- The CPU kernels in use, one line (clrt --version's): the level (CLRT_CPU caps it), what the
+-- CPU has, the bf16 unit and the int8 path. cpu_paths(level) caps the level for this process
+-- first ("portable", "avx2", "avxvnni", "avx512"), before any model is made.
+function M.cpu_paths(level)
+  if level ~= nil then ok(C.clrt_set_cpu_level(level), 2) end
+  return ffi.string(C.clrt_cpu_paths())
+end
+
+-- The unit bf16 products run on ("amx-bf16", "avx512-bf16", "fma-bf16": AVX2's FMAs, "f32":
+-- none) and the best this CPU offers at its level: matrix_unit() -> active, available. matrix_unit(name) caps it for this process
 -- (as CLRT_MATRIX_UNIT does), before set_matmul("bf16").
 function M.matrix_unit(cap)
   if cap ~= nil then ok(C.clrt_set_matrix_unit(cap), 2) end
   return ffi.string(C.clrt_matrix_unit_active()), ffi.string(C.clrt_matrix_unit_available())
 end
 
--- The measured peak GFLOP/s of a unit ("f32": AVX-512 FMA, "avx512-bf16", "amx-bf16") over
+-- The measured peak GFLOP/s of a unit ("f32": the level's widest FMA, AVX-512 or AVX2;
+-- "fma-bf16" runs on those; "avx512-bf16", "amx-bf16") over
 -- `threads` threads, operands in registers; 0 when the CPU lacks it.
 function M.unit_peak_gflops(unit, threads)
   local g = C.clrt_matrix_unit_peak_gflops(unit, threads or 1)
