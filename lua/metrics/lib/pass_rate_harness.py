@@ -363,7 +363,9 @@ def main():
     machinery_mods = module_state(MACHINERY)
     machinery_classes = class_state([v for _, m, attrs in machinery_mods for v in attrs.values()
                                      if isinstance(v, type) and getattr(v, "__module__", "") == m.__name__])
-    mock_attrs = {k: v for k, v in vars(unittest.mock).items() if not k.startswith("_") or k in MOCK_CLASSES}
+    # its functions and classes (mock_open rebinds data globals such as file_spec as it works)
+    mock_attrs = {k: v for k, v in vars(unittest.mock).items()
+                  if (not k.startswith("_") or k in MOCK_CLASSES) and isinstance(v, (type, types.FunctionType))}
     mock_state = class_state(mock_classes)
 
     # BigCodeBench's reliability_guard: builtins.exit and quit are None
@@ -476,7 +478,8 @@ def main():
                 path = args[0]
                 if isinstance_(path, (str, bytes)):
                     p = realpath(os.fsdecode(path))
-                    if "/fd/3" in os.fsdecode(path) or p.startswith("/task") or (p.startswith("/proc/") and (p.endswith("/mem") or "/fd/3" in p)):
+                    if ("/fd/3" in os.fsdecode(path) or p.startswith("/task") or (p.startswith("/proc/") and (
+                            p.endswith("/mem") or "/fd/3" in p))) and untrusted_on_stack(getframe(1)):
                         refuse("opening %s" % p)
         finally:
             state["busy"] = False
@@ -693,6 +696,13 @@ def main():
         return names.get(id(test))
 
     def mark(test, what, err=None):
+        armed, state["armed"] = state["armed"], False
+        try:
+            record(test, what, err)
+        finally:
+            state["armed"] = armed
+
+    def record(test, what, err=None):
         k = key(test) or "<%s>" % type(test).__name__
         if what in ("fail", "error") or outcome.get(k) not in ("fail", "error"):
             outcome[k] = what
