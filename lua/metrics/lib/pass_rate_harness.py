@@ -40,6 +40,8 @@ import gc
 
 REPORT_FD = 3
 DEFENSES = ("token", "skip", "audit", "screen", "machinery", "testfuncs", "imports", "eq")
+# BigCodeBench's namespace, switchable only to show its tests catch the loss (planted faults)
+FAULTS = ("prebind", "exitnone")
 MACHINERY = ("unittest", "unittest.case", "unittest.result", "unittest.suite", "unittest.loader",
              "unittest.runner", "unittest.main", "unittest.util", "unittest.signals", "unittest.async_case")
 # helpers the tests' verdicts rest on: module attributes and class dicts compared around each test
@@ -369,7 +371,7 @@ def main():
     mock_state = class_state(mock_classes)
 
     # BigCodeBench's reliability_guard: builtins.exit and quit are None
-    if semantics == "bigcodebench":
+    if semantics == "bigcodebench" and "exitnone" not in disabled:
         builtins.exit = None
         builtins.quit = None
     builtins_before = dict(vars(builtins))
@@ -388,12 +390,25 @@ def main():
     def imports_changed():
         if not on["imports"]:
             return None
-        if (list(sys.path), list(sys.meta_path), list(sys.path_hooks)) != path_before:
-            return "sys.path, sys.meta_path or sys.path_hooks was changed"
+        # libraries add finders as they import (six's); anything else is the code's own
+        for p in sys.path:
+            if p not in path_before[0] and not (isinstance(p, str) and p.startswith(LIB_PREFIXES)):
+                return "sys.path gained %r" % (p,)
+        for i, hooks in ((1, sys.meta_path), (2, sys.path_hooks)):
+            for h in hooks:
+                if h not in path_before[i] and not from_library(h):
+                    return "an import hook of the code's own was added: %r" % (h,)
         for r, m in imported.items():
             if sys.modules.get(r) is not m:
                 return "sys.modules[%r] was replaced" % r
         return None
+
+    def from_library(obj):
+        owner = obj if isinstance(obj, (type, types.FunctionType)) else type(obj)
+        mod = sys.modules.get(getattr(owner, "__module__", None) or "")
+        f = getattr(mod, "__file__", None) or ""
+        return f.startswith(LIB_PREFIXES) or (mod is not None and not f and getattr(mod, "__spec__", None) is not None
+                                              and getattr(mod.__spec__, "origin", "") in ("frozen", "built-in"))
 
     def everything_changed(state):
         mods, classes, bi = state
@@ -489,7 +504,9 @@ def main():
 
     module = types.ModuleType("__test__")
     module.__dict__.update({"__builtins__": builtins, "__file__": "__test__.py", "__package__": None,
-                            "__doc__": None, "sys": sys, "os": os, "environ": os.environ})
+                            "__doc__": None})
+    if "prebind" not in disabled:   # as BigCodeBench's unsafe_execute pre-binds them
+        module.__dict__.update({"sys": sys, "os": os, "environ": os.environ})
     ns = module.__dict__
     sys.modules["__test__"] = module
     out = BoundedOut(1)
@@ -782,7 +799,7 @@ def main():
         tamper(t) if t not in kinds["tamper"] else None
     if kinds["tamper"]:
         verdict_of_tamper(ran, len(passed))
-    bad = [k for k in names.values() if outcome.get(k) in ("fail", "error")]
+    bad = [k for k, v in outcome.items() if v in ("fail", "error")]   # setUpClass's errors included
     if bad and kinds["env"]:
         finish("FAIL", ran, len(names), len(passed), "env", "modules missing at run time: " + ",".join(sorted(kinds["env"])))
     ok = not bad and len(passed) == len(names)
