@@ -37,6 +37,8 @@ T.case("the modules a row needs: its libs, else the imports of its tests and ref
   T.eq(env.package_of("sklearn"), "python3-sklearn")
   T.eq(env.package_of("cv2"), "python3-opencv")
   T.eq(env.package_of("tensorflow"), nil)
+  T.eq(env.package_of("pytz"), "python3-tz")
+  T.eq(env.package_of("faker"), "faker")
 end)
 
 T.case("a missing module stops the run before the first step, in one line; skip leaves its rows out", function()

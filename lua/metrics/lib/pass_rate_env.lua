@@ -9,25 +9,30 @@ local proc = require("clrt.proc")
 
 local M = {}
 
--- import name -> Debian package (python3-<name> where the names agree is the default)
-M.APT = {
-  sklearn = "python3-sklearn", skimage = "python3-skimage", PIL = "python3-pil", cv2 = "python3-opencv",
-  bs4 = "python3-bs4", dateutil = "python3-dateutil", yaml = "python3-yaml", Crypto = "python3-pycryptodome",
-  docx = "python3-docx", Levenshtein = "python3-levenshtein", flask_login = "python3-flask-login",
-  flask_mail = "python3-flask-mail", flask_restful = "python3-flask-restful", flask_wtf = "python3-flaskext.wtf",
-  wtforms = "python3-wtforms", sendgrid = nil, python_http_client = nil, tensorflow = nil, keras = nil,
-  torch = "python3-torch", soundfile = "python3-soundfile", mpl_toolkits = "python3-matplotlib",
-}
--- not packaged by Debian: the install line says so rather than name a package that is not there
-M.NOT_IN_DEBIAN = { tensorflow = true, keras = true, sendgrid = true, python_http_client = true, blake3 = true,
-  folium = true, librosa = true }
+local function lua_dir() return require("clrt").lua_dir end
 
-function M.package_of(mod)
-  if M.NOT_IN_DEBIAN[mod] then return nil end
-  return M.APT[mod] or ("python3-" .. mod:lower():gsub("_", "-"))
+-- import name -> Debian package, or false where Debian has none: BigCodeBench's libraries
+-- from metrics/lib/bigcodebench_env.tsv (scripts/install_bigcodebench_env.sh reads it too)
+local packages
+local function package_table()
+  if packages then return packages end
+  packages = {}
+  local text = files.read(lua_dir() .. "/metrics/lib/bigcodebench_env.tsv") or ""
+  for line in text:gmatch("[^\n]+") do
+    local _, mod, deb = line:match("^([^#\t][^\t]*)\t([^\t]+)\t([^\t]+)$")
+    if mod then packages[mod] = deb ~= "-" and deb end
+  end
+  return packages
 end
 
-local function lua_dir() return require("clrt").lua_dir end
+-- The Debian package of an import name (python3-<name> for one the table lacks), nil
+-- where Debian has none.
+function M.package_of(mod)
+  local p = package_table()[mod]
+  if p == nil then return "python3-" .. mod:lower():gsub("_", "-") end
+  return p or nil
+end
+
 
 local function run(argv, input_text)
   local dir = files.temp_dir("clrt-pass-rate-env")
