@@ -26,6 +26,10 @@
 --             numpy on 16 BLAS threads reserves 2.6 GB for 79 MB resident (measured)
 --   stack_mb  stack, RLIMIT_STACK (default 10: BigCodeBench's max_stack_limit)
 --   file_mb   size of any file written, the output log included (default 16)
+--   program_mb the whole program's memory, all its processes together (default: 30720, or
+--             3/4 of the host's MemTotal over `parallel` where that is less): a memory
+--             cgroup where this user may make one, else its process tree's RSS polled
+--   memory_bound auto (default: a cgroup where possible) or poll (always poll the RSS)
 --   procs     processes and threads at once, RLIMIT_NPROC in the sandbox's own user
 --             namespace (default 64): a fork bomb stops there
 --   tmp_mb    size of the private /tmp and of /dev/shm, memory-backed (default 512 each)
@@ -55,7 +59,15 @@ local M = { name = "pass_rate" }
 M.DEFAULTS = { timeout = 241, mem_mb = 30720, as_mb = 30720, stack_mb = 10, file_mb = 16, procs = 64,
   tmp_mb = 512, threads = 1, python = "/usr/bin/python3", bwrap = "bwrap", uid = sandbox.DEFAULT_UID }
 
-local NUMBERS = { "timeout", "cpu_s", "mem_mb", "as_mb", "stack_mb", "file_mb", "procs", "tmp_mb", "threads", "parallel", "uid" }
+local NUMBERS = { "timeout", "cpu_s", "program_mb", "mem_mb", "as_mb", "stack_mb", "file_mb", "procs", "tmp_mb", "threads", "parallel", "uid" }
+
+-- The whole program's memory bound by default: BigCodeBench's 30 GiB, or less where the
+-- host's memory, shared by `parallel` programs at once, is smaller (3/4 of MemTotal).
+function M.default_program_mb(parallel)
+  local total = tonumber(((require("clrt.files").read("/proc/meminfo") or ""):match("MemTotal:%s+(%d+) kB")))
+  if not total then return 30720 end
+  return math.max(256, math.min(30720, math.floor(total / 1024 * 0.75 / math.max(1, parallel))))
+end
 
 -- The limits for one run: options over the defaults, each checked.
 function M.limits(opts)
@@ -64,6 +76,7 @@ function M.limits(opts)
   for k, v in pairs(M.DEFAULTS) do l[k] = opts[k] == nil and v or opts[k] end
   l.cpu_s = opts.cpu_s == nil and l.timeout or opts.cpu_s
   l.parallel = opts.parallel == nil and proc.cpu_count() or opts.parallel
+  l.program_mb = opts.program_mb == nil and M.default_program_mb(l.parallel) or opts.program_mb
   for _, k in ipairs(NUMBERS) do
     if type(l[k]) ~= "number" or l[k] <= 0 or l[k] ~= l[k] or l[k] == math.huge then
       error(("pass_rate: option %s must be a positive number, got %s"):format(k, tostring(l[k])), 0)
@@ -87,6 +100,10 @@ function M.limits(opts)
   l.disable_defenses = opts.disable_defenses or ""
   if type(l.disable_defenses) ~= "string" or not l.disable_defenses:match("^[%a,]*$") then
     error("pass_rate: option disable_defenses must be a comma list of names", 0)
+  end
+  l.memory_bound = opts.memory_bound == nil and "auto" or opts.memory_bound
+  if l.memory_bound ~= "auto" and l.memory_bound ~= "poll" then
+    error(("pass_rate: option memory_bound must be auto or poll, got %s"):format(tostring(l.memory_bound)), 0)
   end
   l.missing_modules = opts.missing_modules == nil and "refuse" or opts.missing_modules
   if l.missing_modules ~= "refuse" and l.missing_modules ~= "skip" then
@@ -167,6 +184,15 @@ function M.python_binds(l)
   return binds
 end
 
+-- argv under one memory bound for all its processes (metrics/lib/pass_rate_membound.py:
+-- a cgroup where the machine allows one, else the process tree's resident memory polled).
+function M.bounded(l, argv)
+  local out = { l.python, "-I", require("clrt").lua_dir .. "/metrics/lib/pass_rate_membound.py",
+    tostring(math.floor(l.program_mb * 1048576)), l.memory_bound, "--" }
+  for _, a in ipairs(argv) do out[#out + 1] = a end
+  return out
+end
+
 -- The command and descriptors of one program: run_dir holds its files (private to this user).
 function M.command(l, dir)
   local limits = { cpu_s = l.cpu_s, as_mb = l.as_mb, data_mb = l.mem_mb, stack_mb = l.stack_mb,
@@ -179,7 +205,7 @@ function M.command(l, dir)
       "--data=" .. math.floor(l.mem_mb * 1048576), "--stack=" .. math.floor(l.stack_mb * 1048576),
       "--fsize=" .. math.floor(l.file_mb * 1048576), "--", l.python, "-I", harness_path(),
       dir .. "/solution.py", dir .. "/tests.py", l.semantics, l.disable_defenses }
-    return argv, fds, dir .. "/work"
+    return M.bounded(l, argv), fds, dir .. "/work"
   end
   fds[4] = { path = dir .. "/solution.py" }
   fds[5] = { path = dir .. "/tests.py" }
@@ -189,7 +215,7 @@ function M.command(l, dir)
     data = { { 4, "/task/solution.py" }, { 5, "/task/tests.py" }, { 6, "/task/harness.py" } },
     limits = limits, chdir = "/tmp",
     argv = { l.python, "-I", "/task/harness.py", "/task/solution.py", "/task/tests.py", l.semantics, l.disable_defenses } })
-  return argv, fds, nil
+  return M.bounded(l, argv), fds, nil
 end
 
 local slots = {}   -- parallel -> the semaphore every program of this process takes

@@ -426,8 +426,11 @@ def main():
     skip_code = TestCase.skipTest.__code__
     unittest_files = {os.path.dirname(unittest.__file__) + "/"}
     frame_givers = set()
+    # library functions that hand their caller a frame: the caller is who asked for it
+    import logging
+    import asyncio.base_tasks
     for fn in (inspect.currentframe, inspect.stack, inspect.trace, inspect.getouterframes, inspect.getinnerframes,
-               traceback.walk_stack, traceback.walk_tb):
+               traceback.walk_stack, traceback.walk_tb, logging.currentframe, asyncio.base_tasks._task_get_stack):
         frame_givers.add(fn.__code__)
     test_funcs = {}   # id -> function, filled once the tests have run
     getframe, isinstance_, id_ = sys._getframe, isinstance, id
