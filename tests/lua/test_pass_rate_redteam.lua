@@ -110,4 +110,12 @@ T.case("planted fault: the new attacks and the defects pass under the harness of
   end
 end)
 
+T.case("what remains possible still passes (docs/sandbox.md lists each)", function()
+  sandbox_or_skip()
+  local jobs = {}
+  for _, a in ipairs(corpus.REMAINING) do jobs[#jobs + 1] = { a[2], corpus.TESTS[a[3]], {} } end
+  local r = run_all(jobs)
+  for i, a in ipairs(corpus.REMAINING) do T.eq(r[i][1], true, a[1] .. ": " .. r[i][2]) end
+end)
+
 T.run()
