@@ -12,9 +12,13 @@
 -- that kills every process it started. It is an asynchronous child: inside a clrt.sched
 -- task the scheduler decodes and moves HTTP while it runs, up to `parallel` at once.
 -- The verdict is the test framework's own, read by lua/metrics/lib/pass_rate_harness.py
--- and reported on a descriptor with a nonce: every expected test ran and none failed,
--- errored or was skipped (the exit status means nothing). Where bubblewrap is missing or
--- cannot create its namespaces, pass_rate refuses with one line saying what to allow.
+-- and reported on a descriptor with a nonce (the exit status means nothing): by default
+-- BigCodeBench 0.2.5's rule (no failure and no error; skips the tests declare pass), with
+-- a forged pass (a skip or stop raised from the solution, patched test machinery,
+-- introspection of the harness) a 0 counted as tampering; docs/sandbox.md. Where
+-- bubblewrap is missing or cannot create its namespaces, pass_rate refuses with one line
+-- saying what to allow; a module the code rows need that the sandbox lacks stops the run
+-- before its first step (check; missing_modules=skip leaves those rows out).
 -- Options (ctx.metric_options.pass_rate, so `reward.metric_options.pass_rate.timeout=60`
 -- on the command line); the defaults are BigCodeBench's evaluation's where it sets them:
 --   timeout   wall-clock seconds (default 241: untrusted_check's max(min_time_limit 240, gt_time_limit 60) + 1)
@@ -48,7 +52,8 @@
 --   unsafe_no_sandbox  true: no bubblewrap (limits, clean environment and the harness
 --             only); a warning goes to stderr once. Never chosen silently.
 -- Per step (ctx.counters, logged by clrt.train.report): pass_rate_programs run and
--- pass_rate_seconds spent in them (summed; they overlap).
+-- pass_rate_seconds spent in them (summed; they overlap), pass_rate_tampered and
+-- pass_rate_env_errors (logged as pass_rate/tampered, pass_rate/env_errors).
 local judge = require("metrics.lib.judge")
 local files = require("clrt.files")
 local proc = require("clrt.proc")
