@@ -51,6 +51,23 @@ local PROGRAMS = {
   { "an error in setUpClass", ADD, tests("    @classmethod\n    def setUpClass(cls):\n        raise ValueError('no')\n" .. ADD_TEST), false },
   { "sys.exit at import", ADD .. "import sys\nsys.exit(0)\n", tests(ADD_TEST), false },
   { "a syntax error", "def task_func(a, b)\n    return a + b\n", tests(ADD_TEST), false },
+  -- honest code the defenses must leave alone
+  { "a solution with its own TestCases and unittest.main", ADD .. "import unittest\nclass TestCases(unittest.TestCase):\n"
+    .. "    def test_own(self):\n        self.assertEqual(task_func(1, 1), 2)\nif __name__ == '__main__':\n    unittest.main()\n",
+    tests(ADD_TEST), true },
+  { "a dataclass result and an __eq__ returning NotImplemented", "from dataclasses import dataclass\n@dataclass\nclass P:\n    x: int\n"
+    .. "class Q:\n    def __eq__(self, other):\n        return NotImplemented\n    __hash__ = object.__hash__\n"
+    .. "def task_func(a, b):\n    return P(a + b)\n",
+    tests("    def test_p(self):\n        self.assertEqual(task_func(2, 3), P(5))\n        self.assertNotEqual(Q(), Q())\n"), true },
+  { "a method named get_objects; logging, warnings and a printed traceback", "import logging, warnings, traceback\n"
+    .. "class Store:\n    def get_objects(self):\n        return [1, 2]\n"
+    .. "def task_func(a, b):\n    logging.getLogger('x').warning('adding')\n    warnings.warn('old', DeprecationWarning)\n"
+    .. "    try:\n        1 / 0\n    except ZeroDivisionError:\n        traceback.print_exc()\n    return a + b + len(Store().get_objects()) - 2\n",
+    tests(ADD_TEST), true },
+  { "a pandas FutureWarning (pandas walks the stack for it)", "import pandas as pd\nimport warnings\n"
+    .. "def task_func(a, b):\n    with warnings.catch_warnings(record=True):\n        warnings.simplefilter('always')\n"
+    .. "        df = pd.DataFrame({'a': [a]}).append({'a': b}, ignore_index=True)\n    return int(df['a'].sum())\n",
+    tests(ADD_TEST), true, "pandas" },
   { "reading stdin", "def task_func():\n    return input()\n", tests("    def test_in(self):\n        self.assertEqual(task_func(), '')\n"), false },
 }
 

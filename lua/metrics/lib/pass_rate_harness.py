@@ -54,9 +54,10 @@ MOCK_CLASSES = ("NonCallableMock", "CallableMixin", "Mock", "MagicMixin", "Magic
 # the tests, the unittest control flow, and the test class itself
 SCREENED = frozenset(("_getframe", "_current_frames", "f_back", "f_globals", "f_locals", "f_builtins", "tb_frame",
                       "gi_frame", "cr_frame", "ag_frame", "__code__", "__closure__", "cell_contents",
-                      "get_referrers", "get_referents", "get_objects", "settrace", "setprofile", "currentframe",
+                      "settrace", "setprofile", "currentframe",
                       "addaudithook", "_ShouldStop", "SkipTest", "skipTest", "TestCases", "co_consts",
                       "__unittest_skip__", "_outcome", "PyObj_FromPtr", "string_at", "from_address", "memmove"))
+GC_NAMES = frozenset(("get_referrers", "get_referents", "get_objects"))   # only as gc's: a common method name
 LIB_PREFIXES = tuple(p + "/" for p in sys.path if p.startswith("/usr/")) + ("<frozen ",)
 
 
@@ -173,7 +174,8 @@ def screen(tree):
             name = node.value
         elif isinstance(node, ast.alias):
             name = node.name.split(".")[-1]
-        if name in SCREENED:
+        if name in SCREENED or (name in GC_NAMES and (
+                isinstance(node, ast.Attribute) and dotted(node.value) == "gc" or isinstance(node, ast.alias))):
             return "uses %s (line %d)" % (name, getattr(node, "lineno", 0))
         if isinstance(node, (ast.FunctionDef, ast.Lambda)) and getattr(node, "name", "") in ("__eq__", "__ne__"):
             if trivial_compare(node):
@@ -188,9 +190,14 @@ def screen(tree):
 
 
 def trivial_compare(fn):
+    """An __eq__ (__ne__) that never reads its operand and answers a constant True (False)
+    somewhere; one returning NotImplemented is honest."""
     args = [a.arg for a in fn.args.args] + ([fn.args.vararg.arg] if fn.args.vararg else [])
     used = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)}
-    return len(args) < 2 or not (set(args[1:]) & used)
+    if len(args) >= 2 and set(args[1:]) & used:
+        return False
+    answers = [fn.body] if isinstance(fn, ast.Lambda) else [n.value for n in ast.walk(fn) if isinstance(n, ast.Return)]
+    return any(isinstance(a, ast.Constant) and a.value not in (None, NotImplemented) for a in answers)
 
 
 def module_state(names):
@@ -453,10 +460,13 @@ def main():
         return False
 
     FRAME_ATTRS = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame"))
-    STACK_EVENTS = frozenset(("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.settrace",
-                              "sys.setprofile", "sys._current_frames", "sys._current_exceptions", "sys.addaudithook",
-                              "ctypes.cdata", "ctypes.string_at", "ctypes.wstring_at", "ctypes.PyObj_FromPtr",
-                              "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.addressof", "ctypes.cdata/buffer"))
+    # refused with the solution anywhere on the stack: no library calls these for honest code
+    STACK_EVENTS = frozenset(("sys.settrace", "sys.setprofile", "sys._current_frames", "sys._current_exceptions",
+                              "sys.addaudithook"))
+    # refused when the solution calls them itself: libraries do (threadpoolctl's ctypes, a
+    # library's gc walk), and what they return is theirs
+    CALLER_EVENTS = frozenset(("gc.get_objects", "gc.get_referrers", "gc.get_referents", "ctypes.cdata",
+                               "ctypes.string_at", "ctypes.wstring_at", "ctypes.PyObj_FromPtr", "code.__new__"))
 
     def refuse(what):
         tamper("the solution's code tried " + what)
@@ -478,9 +488,9 @@ def main():
             elif event in STACK_EVENTS:
                 if untrusted_on_stack(getframe(1)):
                     refuse(event)
-            elif event == "code.__new__":
+            elif event in CALLER_EVENTS:
                 if caller_untrusted(getframe(1)):
-                    refuse("making a code object")
+                    refuse(event)
             elif event == "compile":
                 filename = args[1]
                 if isinstance_(filename, str) and (startswith(filename, LIB_PREFIXES) or filename.startswith("/task")):
@@ -588,7 +598,7 @@ def main():
             tamper("%s was not made by the test source" % cls.__name__)
     if kinds["tamper"]:
         verdict_of_tamper(0, 0)
-    if not classes and semantics == "strict" and not declared:
+    if not classes and semantics == "strict":
         # strict, no TestCase at all: the source is one test that passed by running to its end
         state["armed"] = False
         why = everything_changed(helpers_first)
