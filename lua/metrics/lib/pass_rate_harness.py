@@ -76,11 +76,13 @@ def make_reporter():
     os.close(devnull)
     chunks = None
     me = getpid()
+    # the real streams' flush, bound now: nothing the code put in sys runs at report time
+    streams = [(type(s).flush, s) for s in (sys.stdout, sys.stderr) if s is not None]
 
     def report(verdict, counts):
-        for s in (sys.__stdout__, sys.__stderr__):   # the program's own output, for the log
+        for flush, stream in streams:   # the program's own output, for the log
             try:
-                s.flush()
+                flush(stream)
             except BaseException:
                 pass
         if getpid() == me:
@@ -539,11 +541,9 @@ def main():
     try:
         exec(sol_code, ns)
     except BaseException as e:   # SystemExit at import included: the tests never ran
-        state["armed"] = False
         if kinds["tamper"]:
             verdict_of_tamper(0, 0)
         finish("FAIL", 0, n_declared, 0, error_kind(e), "the solution raised %s: %s" % (type(e).__name__, e))
-    state["armed"] = False
     why = everything_changed(helpers_first)
     if why:
         tamper("the solution changed the test machinery: " + why)
@@ -557,15 +557,12 @@ def main():
                     pass
     if kinds["tamper"]:
         verdict_of_tamper(0, 0)
-    state["armed"] = True
     try:
         exec(test_code, ns)
     except BaseException as e:
-        state["armed"] = False
         if kinds["tamper"]:
             verdict_of_tamper(0, 0)
         finish("FAIL", 0, n_declared, 0, error_kind(e), "the test source raised %s: %s" % (type(e).__name__, e))
-    state["armed"] = False
     why = everything_changed(helpers_first)
     if why:
         tamper("the test machinery was changed: " + why)
@@ -600,7 +597,6 @@ def main():
         verdict_of_tamper(0, 0)
     if not classes and semantics == "strict":
         # strict, no TestCase at all: the source is one test that passed by running to its end
-        state["armed"] = False
         why = everything_changed(helpers_first)
         if why or kinds["tamper"]:
             finish("FAIL", 1, 1, 0, "tamper", "tampering: " + (why or kinds["tamper"][0]))
@@ -639,16 +635,13 @@ def main():
     def tests_changed():
         if not on["testfuncs"]:
             return None
-        state["armed"] = False
-        try:
-            for f, c, d, kd, fd in codes_before:
-                if f.__code__ is not c or f.__defaults__ is not d or f.__kwdefaults__ is not kd:
-                    return "%s's code was replaced" % f.__qualname__
-                if dict(f.__dict__) != fd:
-                    return "%s's attributes were changed" % f.__qualname__
-            return class_changes(class_dicts, code_only=True)
-        finally:
-            state["armed"] = True
+        for f, c, d, kd, fd in codes_before:
+            if f.__code__ is not c or f.__defaults__ is not d or f.__kwdefaults__ is not kd:
+                return "%s's code was replaced" % f.__qualname__
+            now = f.__dict__   # by identity: an __eq__ of the code's must not decide
+            if now.keys() != fd.keys() or any(now[k] is not v for k, v in fd.items()):
+                return "%s's attributes were changed" % f.__qualname__
+        return class_changes(class_dicts, code_only=True)
 
     # --- per test: a wrapper on the instance (the class stays as it is) runs the real body
     # and sets the test's token after it returns; skips, stops and interrupts are traced
@@ -667,14 +660,10 @@ def main():
         return False
 
     def check(e, key):
-        state["armed"] = False
-        try:
-            if isinstance(e, (SkipTest, ShouldStop, KeyboardInterrupt)) and on["skip"] and from_solution(e.__traceback__):
-                forged.append("%s: %s raised from the solution's code" % (key, type(e).__name__))
-            elif isinstance(e, SkipTest):
-                declared_skip.add(key)
-        finally:
-            state["armed"] = True
+        if isinstance(e, (SkipTest, ShouldStop, KeyboardInterrupt)) and on["skip"] and from_solution(e.__traceback__):
+            forged.append("%s: %s raised from the solution's code" % (key, type(e).__name__))
+        elif isinstance(e, SkipTest):
+            declared_skip.add(key)
 
     def wrapped(original, key, token):
         if inspect.iscoroutinefunction(original):
@@ -726,11 +715,7 @@ def main():
         return names.get(id(test))
 
     def mark(test, what, err=None):
-        armed, state["armed"] = state["armed"], False
-        try:
-            record(test, what, err)
-        finally:
-            state["armed"] = armed
+        record(test, what, err)
 
     def record(test, what, err=None):
         k = key(test) or "<%s>" % type(test).__name__
@@ -751,11 +736,7 @@ def main():
             self._before = watched_state()
 
         def stopTest(self, test):
-            state["armed"] = False
-            try:
-                why = everything_changed(self._before) or tests_changed()
-            finally:
-                state["armed"] = True
+            why = everything_changed(self._before) or tests_changed()
             if why:
                 changed.append("%s: %s" % (key(test), why))
             TestResult.stopTest(self, test)
@@ -792,13 +773,10 @@ def main():
                 mark(test, "fail" if issubclass(err[0], test.failureException) else "error", err)
 
     result = Recorder()
-    state["armed"] = True
     try:
         TestSuite(cases).run(result)
     except BaseException as e:   # an interrupt out of the run: BigCodeBench fails it too
-        state["armed"] = False
         forged.append("the test run raised %s" % type(e).__name__)
-    state["armed"] = False
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     why = everything_changed(helpers_first) or tests_changed()
     if why:
