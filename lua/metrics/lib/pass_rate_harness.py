@@ -39,7 +39,7 @@ import traceback
 import gc
 
 REPORT_FD = 3
-DEFENSES = ("token", "skip", "audit", "screen", "machinery", "testfuncs", "imports", "eq")
+DEFENSES = ("token", "skip", "audit", "screen", "machinery", "testfuncs", "imports", "eq", "signals")
 # BigCodeBench's namespace, switchable only to show its tests catch the loss (planted faults)
 FAULTS = ("prebind", "exitnone")
 MACHINERY = ("unittest", "unittest.case", "unittest.result", "unittest.suite", "unittest.loader",
@@ -493,6 +493,9 @@ def main():
             elif event in CALLER_EVENTS:
                 if caller_untrusted(getframe(1)):
                     refuse(event)
+            elif event == "import" and args[0] in ("_signal", "signal") and on["signals"]:
+                if untrusted_on_stack(getframe(1)):
+                    refuse("importing %s afresh" % args[0])
             elif event == "compile":
                 filename = args[1]
                 if isinstance_(filename, str) and (startswith(filename, LIB_PREFIXES) or filename.startswith("/task")):
@@ -516,6 +519,24 @@ def main():
 
     if on["audit"]:
         sys.addaudithook(hook)
+
+    # a signal handler gets the frame it interrupted (no audit event marks it): the code's
+    # own handlers get None instead; _signal may not be imported afresh (see the hook)
+    if on["signals"]:
+        import _signal
+        import signal as signal_module
+        real_signal = _signal.signal
+
+        def guarded_signal(signalnum, handler):
+            code = getattr(getattr(handler, "__func__", handler), "__code__", None)
+            if callable(handler) and (code is None or untrusted(code)):
+                inner = handler
+
+                def handler(signum, frame):
+                    return inner(signum, None)
+            return real_signal(signalnum, handler)
+        guarded_signal.__name__ = guarded_signal.__qualname__ = "signal"
+        _signal.signal = signal_module.signal = guarded_signal
 
     module = types.ModuleType("__test__")
     module.__dict__.update({"__builtins__": builtins, "__file__": "__test__.py", "__package__": None,
