@@ -39,7 +39,7 @@ import traceback
 import gc
 
 REPORT_FD = 3
-DEFENSES = ("token", "skip", "audit", "screen", "machinery", "testfuncs", "imports", "eq", "signals")
+DEFENSES = ("token", "skip", "audit", "screen", "machinery", "testfuncs", "imports", "eq", "signals", "isolation")
 # BigCodeBench's namespace, switchable only to show its tests catch the loss (planted faults)
 FAULTS = ("prebind", "exitnone")
 MACHINERY = ("unittest", "unittest.case", "unittest.result", "unittest.suite", "unittest.loader",
@@ -54,7 +54,7 @@ MOCK_CLASSES = ("NonCallableMock", "CallableMixin", "Mock", "MagicMixin", "Magic
 # the tests, the unittest control flow, and the test class itself
 SCREENED = frozenset(("_getframe", "_current_frames", "f_back", "f_globals", "f_locals", "f_builtins", "tb_frame",
                       "gi_frame", "cr_frame", "ag_frame", "__code__", "__closure__", "cell_contents",
-                      "settrace", "setprofile", "currentframe",
+                      "settrace", "setprofile", "currentframe", "__globals__",
                       "addaudithook", "_ShouldStop", "SkipTest", "skipTest", "TestCases", "co_consts",
                       "__unittest_skip__", "_outcome", "PyObj_FromPtr", "string_at", "from_address", "memmove"))
 GC_NAMES = frozenset(("get_referrers", "get_referents", "get_objects"))   # only as gc's: a common method name
@@ -254,11 +254,16 @@ def dict_changes(label, before, now):
 BUILTIN_NAMES = frozenset(vars(builtins))
 
 
+# Objects the code can reach (sys.stdout, signal.signal, a test class's setUpClass) are
+# made in namespaces of their own: a function's __globals__ and __closure__ are open to any
+# code (no audit event), so none of them may lead to this file's globals or to main's state.
+ISOLATED = {
+    "out": '''
 class BoundedOut:
     """stdout/stderr while the program runs: to the log, at most `left` bytes (BigCodeBench
     swallows the output; a flood must not end the program at the file-size limit)."""
-    def __init__(self, fd, left=1 << 20, write=os.write):
-        self._fd, self._left, self._write = fd, left, write
+    def __init__(self, fd, left=1 << 20):
+        self._fd, self._left = fd, left
         self.encoding, self.errors = "utf-8", "replace"
 
     def write(self, s):
@@ -268,7 +273,7 @@ class BoundedOut:
             b = s.encode("utf-8", "replace")[:self._left]
             self._left -= len(b)
             try:
-                self._write(self._fd, b)
+                os_write(self._fd, b)
             except OSError:
                 self._left = 0
         return len(s)
@@ -284,6 +289,44 @@ class BoundedOut:
 
     def fileno(self):
         return self._fd
+''',
+    # a skip raised in setUpClass is traced like a test's: the exception is kept for the recorder
+    "setupclass": '''
+def make(original, seen):
+    def setUpClass(cls):
+        try:
+            return original()
+        except BaseException as e:
+            seen.append(e)
+            raise
+    return classmethod(setUpClass)
+''',
+    # a handler of code outside the system's libraries gets None for the frame it interrupted
+    "signal": '''
+def make(real_signal, lib_prefixes):
+    # defaults, not a closure: reading __defaults__ raises an audit event, __closure__ none
+    def signal(signalnum, handler, _real=real_signal, _lib=lib_prefixes):
+        fn = getattr(handler, "__func__", handler)
+        code = getattr(fn, "__code__", None)
+        if callable(handler) and (code is None or not code.co_filename.startswith(_lib)):
+            inner = handler
+
+            def handler(signum, frame):
+                return inner(signum, None)
+        return _real(signalnum, handler)
+    return signal
+''',
+}
+
+
+def isolated(name, trusted, **names):
+    """ISOLATED[name] run in a namespace of its own; its code objects join trusted (the
+    harness's own code, which the audit hook lets through)."""
+    ns = dict(names, __builtins__=builtins, __name__="pass_rate_sandbox")
+    code = compile(ISOLATED[name], "<pass_rate %s>" % name, "exec")
+    trusted.update(code_objects(code, set()))
+    exec(code, ns)
+    return ns
 
 
 def main():
@@ -525,18 +568,9 @@ def main():
     if on["signals"]:
         import _signal
         import signal as signal_module
-        real_signal = _signal.signal
-
-        def guarded_signal(signalnum, handler):
-            code = getattr(getattr(handler, "__func__", handler), "__code__", None)
-            if callable(handler) and (code is None or untrusted(code)):
-                inner = handler
-
-                def handler(signum, frame):
-                    return inner(signum, None)
-            return real_signal(signalnum, handler)
-        guarded_signal.__name__ = guarded_signal.__qualname__ = "signal"
+        guarded_signal = isolated("signal", mine)["make"](_signal.signal, LIB_PREFIXES)
         _signal.signal = signal_module.signal = guarded_signal
+        test_funcs[id(guarded_signal)] = guarded_signal   # its dunders guarded as the tests' functions are
 
     module = types.ModuleType("__test__")
     module.__dict__.update({"__builtins__": builtins, "__file__": "__test__.py", "__package__": None,
@@ -545,8 +579,10 @@ def main():
         module.__dict__.update({"sys": sys, "os": os, "environ": os.environ})
     ns = module.__dict__
     sys.modules["__test__"] = module
-    out = BoundedOut(1)
-    sys.stdout, sys.stderr = out, BoundedOut(2)
+    if on["isolation"]:
+        sys.modules["__main__"] = module   # not this file: its globals stay out of reach
+    BoundedOut = isolated("out", mine, os_write=os.write)["BoundedOut"]
+    sys.stdout, sys.stderr = BoundedOut(1), BoundedOut(2)
 
     def error_kind(e):
         if isinstance(e, ImportError):   # ModuleNotFoundError included
@@ -721,9 +757,12 @@ def main():
             if hasattr(case, part):
                 object.__setattr__(case, part, wrapped(getattr(case, part), name, False))
 
-    for cls in classes:   # a skip raised in setUpClass is traced like a test's
+    class_raised = {}   # class name -> what its setUpClass raised
+    make_setup = isolated("setupclass", mine)["make"]
+    for cls in classes:
         if "setUpClass" in vars(cls) and isinstance(vars(cls)["setUpClass"], classmethod):
-            cls.setUpClass = classmethod(lambda c, f=cls.setUpClass, n=cls.__name__: wrapped(f, n, False)())
+            class_raised[cls.__name__] = []
+            cls.setUpClass = make_setup(cls.setUpClass, class_raised[cls.__name__])
     class_dicts = [(c, dict(vars(c))) for cls in classes for c in cls.__mro__ if c.__module__ == "__test__"]
 
     for case in cases:
@@ -782,6 +821,8 @@ def main():
             k = key(test)
             if k is None:   # setUpClass's skip: "setUpClass (__test__.TestCases)"
                 k = next((c.__name__ for c in classes if ("." + c.__name__ + ")") in str(test)), None)
+                for e in class_raised.get(k, [])[-1:]:
+                    check(e, k)
             if k not in declared_skip and on["skip"]:
                 forged.append("%s skipped from outside the test's code (%s)" % (k, reason))
             mark(test, "skip")
