@@ -486,7 +486,9 @@ def main():
         frame_givers.add(fn.__code__)
     test_funcs = {}   # id -> function, filled once the tests have run
     getframe, isinstance_, id_ = sys._getframe, isinstance, id
-    state = {"busy": False, "armed": False}
+    state = {"armed": False}
+    busy = set()
+    from _thread import get_ident
     realpath, startswith = os.path.realpath, str.startswith
 
     def untrusted(c):
@@ -518,9 +520,12 @@ def main():
         raise RuntimeError("pass_rate sandbox: %s is not allowed" % what)
 
     def hook(event, args):
-        if not state["armed"] or state["busy"]:
+        # busy per thread: the hook's own calls raise events, and a thread the code keeps
+        # busy in the hook must not open a gap for another
+        tid = get_ident()
+        if not state["armed"] or tid in busy:
             return
-        state["busy"] = True
+        busy.add(tid)
         try:
             if event == "sys._getframe" or (event == "object.__getattr__" and args[1] in FRAME_ATTRS):
                 if caller_untrusted(getframe(1)):
@@ -558,7 +563,7 @@ def main():
                             p.endswith("/mem") or "/fd/3" in p))) and untrusted_on_stack(getframe(1)):
                         refuse("opening %s" % p)
         finally:
-            state["busy"] = False
+            busy.discard(tid)
 
     if on["audit"]:
         sys.addaudithook(hook)
