@@ -19,7 +19,7 @@
 -- bubblewrap is missing or cannot create its namespaces, pass_rate refuses with one line
 -- saying what to allow; a module the code rows need that the sandbox lacks stops the run
 -- before its first step (check; missing_modules=skip leaves those rows out).
--- Options (ctx.metric_options.pass_rate, so `reward.metric_options.pass_rate.timeout=60`
+-- Options (ctx.metric_options.pass_rate, so `reward.metric_options.pass_rate.timeout=300`
 -- on the command line); the defaults are BigCodeBench's evaluation's where it sets them:
 --   timeout   wall-clock seconds (default 241: untrusted_check's max(min_time_limit 240, gt_time_limit 60) + 1)
 --   semantics bigcodebench (default: BigCodeBench 0.2.5's verdict, skips the tests declare pass)
@@ -51,6 +51,10 @@
 --   extract   false: no judge call, the last fenced block is the code
 --   unsafe_no_sandbox  true: no bubblewrap (limits, clean environment and the harness
 --             only); a warning goes to stderr once. Never chosen silently.
+--   missing_modules refuse (default: a module the code rows need that the sandbox lacks
+--             stops the run before its first step) or skip (those rows are left out)
+--   disable_defenses tests only: a comma list of the harness's defenses to turn off, to
+--             show each red-team attack passing without them
 -- Per step (ctx.counters, logged by clrt.train.report): pass_rate_programs run and
 -- pass_rate_seconds spent in them (summed; they overlap), pass_rate_tampered and
 -- pass_rate_env_errors (logged as pass_rate/tampered, pass_rate/env_errors).
