@@ -63,6 +63,11 @@ T.case("every attack scores 0 and is counted as tampering, with and without the 
   for i, a in ipairs(corpus.ATTACKS) do
     local full, noscreen = r[2 * i - 1], r[2 * i]
     T.eq({ full[1], full[3], full[4].pass_rate_tampered }, { false, "tamper", 1 }, a[1] .. ": " .. full[2])
+    if i == 1 then   -- the step's row in metrics.jsonl carries the count
+      local row = require("clrt.train.report").step_row({}, { rewards = {}, dropped = 0, truncated = 0 }, {}, {}, 0,
+        { generate_first_s = 0, rollout_s = 0 }, 0, 1, 2, { counters = full[4] })
+      T.eq(row["pass_rate/tampered"], 1, "pass_rate/tampered in the step's row")
+    end
     if a.harmless then
       T.eq(noscreen[1], false, a[1] .. " (no screen): " .. noscreen[2])
     elseif not a.screen_only then
