@@ -39,7 +39,8 @@ import traceback
 import gc
 
 REPORT_FD = 3
-DEFENSES = ("token", "skip", "audit", "screen", "machinery", "testfuncs", "imports", "eq", "signals", "isolation")
+DEFENSES = ("token", "skip", "audit", "screen", "machinery", "testfuncs", "imports", "eq", "signals", "isolation",
+            "dumpable")
 # BigCodeBench's namespace, switchable only to show its tests catch the loss (planted faults)
 FAULTS = ("prebind", "exitnone")
 MACHINERY = ("unittest", "unittest.case", "unittest.result", "unittest.suite", "unittest.loader",
@@ -57,12 +58,26 @@ SCREENED = frozenset(("_getframe", "_current_frames", "f_back", "f_globals", "f_
                       "settrace", "setprofile", "currentframe", "__globals__",
                       "addaudithook", "_ShouldStop", "SkipTest", "skipTest", "TestCases", "co_consts",
                       "__unittest_skip__", "_outcome", "PyObj_FromPtr", "string_at", "from_address", "memmove"))
+PROC_PEEK = __import__("re").compile(r"/proc/[^\s'\"]*/(mem|maps|fd/|environ|syscall)\b")
 GC_NAMES = frozenset(("get_referrers", "get_referents", "get_objects"))   # only as gc's: a common method name
 LIB_PREFIXES = tuple(p + "/" for p in sys.path if p.startswith("/usr/")) + ("<frozen ",)
 
 
-def make_reporter():
+def not_dumpable():
+    """PR_SET_DUMPABLE 0: no other process of the sandbox's uid may read this one's memory
+    (/proc/PID/mem) or its descriptors (/proc/PID/fd): a program the code starts would
+    find the nonce there. Forked children inherit it; what they exec starts afresh."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(4, 0, 0, 0, 0) != 0:   # PR_SET_DUMPABLE
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+def make_reporter(dumpable):
     """The one function that can write a report; the nonce lives only in its closure."""
+    if not dumpable:
+        not_dumpable()
+    os.set_inheritable(REPORT_FD, False)   # programs the code starts do not get it by accident
     read, write, exit_now, getpid = os.read, os.write, os._exit, os.getpid
     chunks = []
     while True:
@@ -176,6 +191,8 @@ def screen(tree):
             name = node.value
         elif isinstance(node, ast.alias):
             name = node.name.split(".")[-1]
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and PROC_PEEK.search(node.value):
+            return "reads another process's memory or descriptors (%r, line %d)" % (node.value[:40], node.lineno)
         if name in SCREENED or (name in GC_NAMES and (
                 isinstance(node, ast.Attribute) and dotted(node.value) == "gc" or isinstance(node, ast.alias))):
             return "uses %s (line %d)" % (name, getattr(node, "lineno", 0))
@@ -330,12 +347,12 @@ def isolated(name, trusted, **names):
 
 
 def main():
-    report = make_reporter()
-    exit_now = os._exit
-    solution_path, tests_path = sys.argv[1], sys.argv[2]
     semantics = sys.argv[3] if len(sys.argv) > 3 else "bigcodebench"
     disabled = set(filter(None, (sys.argv[4] if len(sys.argv) > 4 else "").split(",")))
     on = {d: d not in disabled for d in DEFENSES}
+    report = make_reporter(dumpable=not on["dumpable"])
+    exit_now = os._exit
+    solution_path, tests_path = sys.argv[1], sys.argv[2]
     with open(solution_path, encoding="utf-8") as f:
         code = f.read()
     with open(tests_path, encoding="utf-8") as f:
@@ -513,7 +530,8 @@ def main():
     # refused when the solution calls them itself: libraries do (threadpoolctl's ctypes, a
     # library's gc walk), and what they return is theirs
     CALLER_EVENTS = frozenset(("gc.get_objects", "gc.get_referrers", "gc.get_referents", "ctypes.cdata",
-                               "ctypes.string_at", "ctypes.wstring_at", "ctypes.PyObj_FromPtr", "code.__new__"))
+                               "ctypes.string_at", "ctypes.wstring_at", "ctypes.PyObj_FromPtr", "ctypes.call_function",
+                               "ctypes.dlsym", "code.__new__"))
 
     def refuse(what):
         tamper("the solution's code tried " + what)
