@@ -68,6 +68,9 @@ local PROGRAMS = {
     .. "def task_func(a, b):\n    with warnings.catch_warnings(record=True):\n        warnings.simplefilter('always')\n"
     .. "        df = pd.DataFrame({'a': [a]}).append({'a': b}, ignore_index=True)\n    return int(df['a'].sum())\n",
     tests(ADD_TEST), true, "pandas" },
+  { "an optional import the tests guard with try", ADD, "try:\n    import clrt_not_installed_42\nexcept ImportError:\n"
+    .. "    clrt_not_installed_42 = None\n" .. tests(ADD_TEST), true },
+  { "a module the tests need, missing", ADD, "import clrt_not_installed_42\n" .. tests(ADD_TEST), false },
   { "reading stdin", "def task_func():\n    return input()\n", tests("    def test_in(self):\n        self.assertEqual(task_func(), '')\n"), false },
 }
 

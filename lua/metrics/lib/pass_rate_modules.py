@@ -2,7 +2,8 @@
 (metrics/lib/pass_rate_env.lua). Reads a JSON list of rows {libs, tests, solution} on
 stdin; writes a JSON list of module lists. A row's published library list (BigCodeBench's
 `libs`, a list or its Python repr) wins; else the imports of its tests and its reference
-solution, read from their syntax trees (nothing is run). Standard-library modules are
+solution, read from their syntax trees (nothing is run; the tests' unconditional
+top-level imports, every import of the solution). Standard-library modules are
 left out: the interpreter always has them.
 """
 import ast
@@ -16,13 +17,15 @@ DIST_TO_MODULE = {"sklearn": "sklearn", "scikit-learn": "sklearn", "scikit-image
                   "python-Levenshtein": "Levenshtein"}
 
 
-def imports(src):
+def imports(src, top_level_only=False):
+    """The top-level modules src imports; top_level_only: only its unconditional imports at
+    module level (a test source may guard an optional one with try)."""
     try:
         tree = ast.parse(src or "")
     except SyntaxError:
         return set()
     out = set()
-    for node in ast.walk(tree):
+    for node in (tree.body if top_level_only else ast.walk(tree)):
         if isinstance(node, ast.Import):
             out.update(a.name.split(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -47,7 +50,7 @@ def main():
     for row in json.load(sys.stdin):
         mods = libs_of(row.get("libs")) if row.get("libs") is not None else None
         if mods is None:
-            mods = imports(row.get("tests")) | imports(row.get("solution"))
+            mods = imports(row.get("tests"), True) | imports(row.get("solution"))
         out.append(sorted(m for m in mods if m not in stdlib and m != "__future__"))
     json.dump(out, sys.stdout)
 
