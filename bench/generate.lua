@@ -70,6 +70,7 @@ print(("%-6s %-7s %-5s %5s %12s %12s %12s %8s"):format("model", "weights", "det"
   "prefill tok/s", "torch tok/s", "ratio"))
 local plain = {}   -- (size, weights, batch) -> the non-deterministic decode and prefill rates
 local gen = require("clrt.gen.engine")
+local options = require("clrt.gen.options")
 
 -- The median decode and prefill rates (tokens/s) of reps engine runs of B prompts.
 local function time_clrt(m, cfg, B)
@@ -81,7 +82,7 @@ local function time_clrt(m, cfg, B)
   end
   m:generate(prompts, { temperature = 0, max_new_tokens = 4 })   -- warm-up, sizes the cache
   local dec = m:decoder(B, prompt_len + new_tokens)
-  local o = gen.options({ temperature = 0, max_new_tokens = new_tokens }, cfg.vocab_size)
+  local o = options.check({ temperature = 0, max_new_tokens = new_tokens }, cfg.vocab_size)
   -- Time the decode steps alone, as the peer does: prefill first, then new-1 steps; the
   -- median of reps runs on each side (a 110M batch-1 run is half a second, and a shared
   -- machine's hiccups move a single one by half).

@@ -18,6 +18,7 @@ local opts = dofile(here .. "/args.lua").parse({ bin = "", size = "0.5b", pp = 5
   threads = 2, rounds = 3, clrt = "f32,bf16,int8", types = "f32,bf16,q8_0,q4_0" }, arg)
 local shell = require("clrt.util.shell")
 local gen = require("clrt.gen.engine")
+local options = require("clrt.gen.options")
 
 local function list(s) local out = {} for x in tostring(s):gmatch("[^,]+") do out[#out + 1] = x end return out end
 local function sh(cmd) return os.execute(cmd) == 0 end
@@ -109,7 +110,7 @@ local ok, err = pcall(function()
     return out
   end
   local function engine_run(dec, ps, new)
-    local o = gen.options({ temperature = 0, max_new_tokens = new }, cfg.vocab_size)
+    local o = options.check({ temperature = 0, max_new_tokens = new }, cfg.vocab_size)
     local eng = gen.engine(dec)
     for _, p in ipairs(ps) do eng:add(p, o) end
     local t0 = now()
@@ -140,6 +141,7 @@ local ok, err = pcall(function()
   local cpu = (io.popen("lscpu | sed -n 's/^Model name: *//p'"):read("*l") or "?")
   local unit, avail = clrt.model.matrix_unit()
   print(("CPU: %s; %d threads; clrt's bf16 unit: %s (available: %s)"):format(cpu, opts.threads, unit, avail))
+  print("clrt's paths: " .. clrt.model.cpu_paths())
   print(("model: %s shape, random weights; prefill %d tokens at batch 1; decode %d tokens after %d at batch 1 and %d; %d rounds")
     :format(opts.size, opts.pp, opts.new, opts.prompt, opts.batch, opts.rounds))
   local cells = {}   -- name -> measure -> list of rates

@@ -12,6 +12,7 @@ local args = dofile((debug.getinfo(1, "S").source:sub(2):match("^(.*)/") or ".")
 local opts = args.parse({ shape = "0.5b-4l", prompts = 4, n = 4, new = 32, prompt = 48, micro = 4,
   deterministic = "0,1", seed = 1 }, arg)
 local gen = require("clrt.gen.engine")
+local options = require("clrt.gen.options")
 
 local QWEN = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 896, intermediate_size = 4864,
   num_hidden_layers = 24, num_attention_heads = 14, num_key_value_heads = 2, vocab_size = 151936,
@@ -45,7 +46,7 @@ local function measure(m, cfg, invariant)
   for p = 1, opts.prompts do
     local prompt = {}
     for t = 1, opts.prompt + rnd(8) do prompt[t] = rnd(V) end
-    local o = gen.options({ n = opts.n, max_new_tokens = opts.new, temperature = 1, seed = opts.seed }, V)
+    local o = options.check({ n = opts.n, max_new_tokens = opts.new, temperature = 1, seed = opts.seed }, V)
     for _, row in ipairs(E:add(prompt, o, nil, p)) do rows[#rows + 1] = { prompt = prompt, row = row } end
   end
   while E:busy() do E:step() end

@@ -12,7 +12,7 @@
 -- AVX512-BF16, f32 master weights, AdamW, loss and norms) against PyTorch's step under
 -- autocast(bfloat16). CLRT_PYTHON names the peer's Python (default /usr/bin/python3, Debian's).
 -- On the CPU the bench first measures the peaks it compares with, over its threads, operands
--- in registers: the AVX-512 f32 FMA peak and the bf16 unit's (clrt.model.unit_peak_gflops),
+-- in registers: the f32 FMA peak of the kernel level in use (AVX-512 or AVX2) and the bf16 unit's (clrt.model.unit_peak_gflops),
 -- and prints each row's GFLOP/s as a share of them. It also prints, per step, the time
 -- outside the products (the optimizer and everything not a kernel). Timings need a quiet
 -- machine: a loaded one measures the load.
@@ -174,7 +174,8 @@ local peak_gflops, unit, unit_peak = tonumber(args.peak_gflops), clrt.model.matr
 if device == "cpu" then
   peak_gflops = peak_gflops or clrt.model.unit_peak_gflops("f32", threads)
   if unit ~= "f32" then unit_peak = clrt.model.unit_peak_gflops(unit, threads) end
-  print(("CPU peaks over %d threads (measured): AVX-512 f32 FMA %.0f GFLOP/s; bf16 matrix unit %s%s"):format(threads,
+  print("CPU: " .. clrt.model.cpu_paths())
+  print(("CPU peaks over %d threads (measured): f32 FMA %.0f GFLOP/s; bf16 matrix unit %s%s"):format(threads,
     peak_gflops, unit, unit_peak > 0 and (" %.0f GFLOP/s (%.1fx f32)"):format(unit_peak, unit_peak / peak_gflops) or " (none)"))
 end
 for size in (args.sizes or "5M,50M"):gmatch("[^,]+") do

@@ -9,7 +9,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 js=""
 command -v node >/dev/null || js="$js nodejs"
 command -v npm >/dev/null || js="$js npm"
-export CLRT_EXTRA_PACKAGES="tmux clang libclang-rt-14-dev python3-numpy python3-pandas python3-protobuf python3-nltk openmpi-bin libopenmpi-dev$js ${CLRT_EXTRA_PACKAGES:-}"
+export CLRT_EXTRA_PACKAGES="tmux clang libclang-rt-14-dev python3-numpy python3-pandas python3-matplotlib python3-protobuf python3-nltk openmpi-bin libopenmpi-dev$js ${CLRT_EXTRA_PACKAGES:-}"
 bash "$here/scripts/setup.sh"
 
 # npm references (Hugging Face tokenizers' JS port and its real tokenizer files, jinja).

@@ -5,7 +5,9 @@
    sums (enough to hide the multiply-add latency on two pipes). a is read through two strides
    as in gemm_strided.c (a row stride and a k stride), so dy^T needs no transposed copy.
    Rows are split over the threads in blocks. Each element of c is a sum over k in order, so
-   results agree with sgemm to rounding. AVX-512 only, chosen at run time (0: use sgemm). */
+   results agree with sgemm to rounding. AVX-512, or on AVX2 panels_avx2.c's strided tiles
+   (6 rows by 16 columns, each sum over k in order from 0 then onto c: the same bits), chosen
+   at run time (0: use sgemm). */
 #include "model_kernels.h"
 
 #include "simd512.h"
@@ -53,21 +55,37 @@ TARGET static void nblock(float *c, int64_t ldc, const float *a, int64_t a_rs, i
 }
 #endif
 
+/* The AVX2 block: column groups of up to 48 (one strided tile call each); on aarch64 the same
+   with NEON's strided tiles (panels_neon.c, the same order). */
+#if CLRT_NEON
+#define STRIDED_TILE clrt_neon_tile_strided
+#else
+#define STRIDED_TILE clrt_avx2_tile_strided
+#endif
+static void nblock_avx2(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_ks, const float *b,
+                        int64_t ldb, int64_t i0, int64_t i1, int Nc, int64_t Kc, int add) {
+  for (int j0 = 0; j0 < Nc; j0 += 48) {
+    int pw = Nc - j0 < 48 ? Nc - j0 : 48;
+    STRIDED_TILE(c + i0 * ldc + j0, ldc, a + i0 * a_rs, a_rs, a_ks, b + j0, ldb, (int)(i1 - i0), (int)Kc, pw, add);
+  }
+}
+
 int clrt_gemm_narrow(float *c /* [M, ldc] */, int64_t ldc, const float *a /* a(i, k) at a[i a_rs + k a_ks] */,
                      int64_t a_rs, int64_t a_ks, const float *b /* [Kc, ldb] */, int64_t ldb, int64_t M, int Nc,
                      int64_t Kc, int accumulate) {
-#if CLRT_AVX512
-  if (M < 1 || Nc < 1 || Kc < 0 || !clrt_have_avx512()) return 0;
+  int wide = CLRT_AVX512 && clrt_have_avx512();
+  if (M < 1 || Nc < 1 || Kc < 0 || Kc > INT32_MAX || (!wide && !clrt_have_avx2() && !clrt_have_neon())) return 0;
   int64_t blocks = (M + NBLOCK - 1) / NBLOCK;
 #pragma omp parallel for schedule(static) if (M * Nc * Kc > CLRT_OMP_MIN_WORK)
   for (int64_t t = 0; t < blocks; t++) {
     int64_t i0 = t * NBLOCK, i1 = M - i0 < NBLOCK ? M : i0 + NBLOCK;
-    nblock(c, ldc, a, a_rs, a_ks, b, ldb, i0, i1, Nc, Kc, accumulate);
+#if CLRT_AVX512
+    if (wide) {
+      nblock(c, ldc, a, a_rs, a_ks, b, ldb, i0, i1, Nc, Kc, accumulate);
+      continue;
+    }
+#endif
+    nblock_avx2(c, ldc, a, a_rs, a_ks, b, ldb, i0, i1, Nc, Kc, accumulate);
   }
   return 1;
-#else
-  (void)c, (void)ldc, (void)a, (void)a_rs, (void)a_ks, (void)b, (void)ldb, (void)M, (void)Nc, (void)Kc,
-      (void)accumulate;
-  return 0;
-#endif
 }

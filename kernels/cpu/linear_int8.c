@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* ---- packing and quantization (shared by every path) ---------------------------------------- */
 
@@ -91,15 +92,61 @@ CLRT_TARGET_AVX512 static void quantize_row_avx512(uint8_t *qr, float *xs, const
 }
 #endif
 
+#if CLRT_AVX2
+/* The same row 8 lanes at a time (AVX2), with the AVX-512 form's rules: max(|x|, m) keeps m
+   for a NaN, vcvtps2dq rounds to nearest even and gives INT_MIN for NaN (clamped to -127),
+   the lanes past K are zeros (byte 128). */
+CLRT_TARGET_AVX2 static void quantize_row_avx2(uint8_t *qr, float *xs, const float *xr, int K) {
+  int K4 = clrt_int8_k4(K);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 m = _mm256_setzero_ps();
+  for (int k = 0; k < K; k += 8) {
+    __m256i lm = _mm256_cmpgt_epi32(_mm256_set1_epi32(K - k), idx);
+    m = _mm256_max_ps(_mm256_and_ps(_mm256_maskload_ps(xr + k, lm), abs_mask), m);
+  }
+  float lanes[8], amax = 0;
+  _mm256_storeu_ps(lanes, m);
+  for (int i = 0; i < 8; i++) amax = lanes[i] > amax ? lanes[i] : amax;   /* no NaN left in m */
+  float inv = amax > 0 ? 127.0f / amax : 0;
+  *xs = amax > 0 ? amax / 127.0f : 1;
+  const __m256 iv = _mm256_set1_ps(inv);
+  const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127), offset = _mm256_set1_epi32(128);
+  const __m256i gather = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int k = 0; k < K4; k += 8) {
+    __m256i lm = _mm256_cmpgt_epi32(_mm256_set1_epi32(K - k), idx);
+    __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_maskload_ps(xr + k, lm), iv));
+    q = _mm256_add_epi32(_mm256_max_epi32(_mm256_min_epi32(q, hi), lo), offset);   /* 1..255 */
+    /* 8 dwords -> 8 bytes: pack to words, then bytes (within each 128-bit half), then the
+       two halves' first dwords side by side */
+    __m256i w = _mm256_packus_epi32(q, q), b = _mm256_packus_epi16(w, w);
+    __m128i bytes = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(b, gather));
+    int n = K4 - k < 8 ? K4 - k : 8;
+    if (n == 8) _mm_storel_epi64((__m128i *)(qr + k), bytes);
+    else {
+      uint8_t tmp[16];
+      _mm_storeu_si128((__m128i *)tmp, bytes);
+      memcpy(qr + k, tmp, (size_t)n);
+    }
+  }
+}
+#endif
+
 void clrt_int8_quantize_rows(uint8_t *xq, float *xs, const float *x, int64_t N, int K) {
   int K4 = clrt_int8_k4(K);
-  int wide = CLRT_AVX512 && clrt_have_avx512();
-  (void)wide;   /* unread where the build has no AVX-512 path */
+  int wide = CLRT_AVX512 && clrt_have_avx512(), avx2 = CLRT_AVX2 && clrt_have_avx2();
+  (void)wide, (void)avx2;   /* unread where the build has no x86 SIMD path */
 #pragma omp parallel for schedule(static) if (N * K > 65536)
   for (int64_t n = 0; n < N; n++) {
 #if CLRT_AVX512
     if (wide) {
       quantize_row_avx512(xq + n * K4, xs + n, x + n * K, K);
+      continue;
+    }
+#endif
+#if CLRT_AVX2
+    if (avx2) {
+      quantize_row_avx2(xq + n * K4, xs + n, x + n * K, K);
       continue;
     }
 #endif

@@ -68,7 +68,8 @@ size_t clrt_lora_backward_workspace_bytes(int64_t N, int r) { return sizeof(floa
 
 static int lora_forward_fast(float *y, float *xa, const float *xd, const float *A, const float *B, int64_t N,
                              int K, int O, int r, float scale, void *ws, size_t ws_bytes) {
-  if (!clrt_have_avx512() || ws_bytes < clrt_lora_forward_workspace_bytes(K, O, r)) return 0;
+  if (!clrt_have_avx512() && !clrt_have_avx2()) return 0;   /* the narrow and strided kernels' levels */
+  if (ws_bytes < clrt_lora_forward_workspace_bytes(K, O, r)) return 0;
   float *At = ws, *sBt = At + (size_t)K * r;
   transpose_scaled(At, A, r, K, 1.0f);
   transpose_scaled(sBt, B, O, r, scale);
@@ -80,14 +81,15 @@ static int lora_forward_fast(float *y, float *xa, const float *xd, const float *
 static int lora_backward_fast(float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
                               const float *xa, const float *A, const float *B, int64_t N, int K, int O, int r,
                               float scale, uint64_t key, float p, void *ws, size_t ws_bytes) {
-  if (!clrt_have_avx512() || ws_bytes < clrt_lora_backward_workspace_bytes(N, r)) return 0;
+  if (!clrt_have_avx512() && !clrt_have_avx2()) return 0;
+  if (ws_bytes < clrt_lora_backward_workspace_bytes(N, r)) return 0;
   float *xas = ws;
   for (int64_t i = 0; i < N * r; i++) xas[i] = scale * xa[i];
   /* dxa = s dy B; dB += dy^T (s xa); dA += dxa^T xd */
   int done = clrt_gemm_narrow(dxa, r, dy, O, 1, B, r, N, r, O, 0);
   for (int64_t i = 0; done && i < N * r; i++) dxa[i] *= scale;
   done = done && clrt_gemm_narrow(dB, r, dy, 1, O, xas, r, O, r, N, 1);
-  if (!done) return 0;   /* unreachable with AVX-512: the kernel takes any shape */
+  if (!done) return 0;   /* unreachable with AVX-512 or AVX2: the kernel takes any shape */
   clrt_lora_input_backward(dx, dA, dxa, xd, A, N, K, r, key, p);
   return 1;
 }

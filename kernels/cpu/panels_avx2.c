@@ -143,13 +143,6 @@ TARGET static inline __m256 odd_f32(__m256i v) {
   return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000u)));
 }
 
-static inline float bf16_at(const uint16_t *p) {
-  uint32_t u = (uint32_t)*p << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 /* bf16: nr (<= 4) rows of a (bf16) against outputs j0 .. j0 + n (n <= 16) of a pair panel pw
    wide, Kp / 2 pairs. Each 8 outputs' pairs are 8 32-bit lanes; a masked load keeps the lanes
    of the outputs past n at zero. */
@@ -167,8 +160,11 @@ TARGET static inline __attribute__((always_inline)) void tile_bf16(float *c, int
     __m256i v1 = full ? _mm256_loadu_si256((const __m256i *)(wk + 8)) : _mm256_maskload_epi32(wk + 8, m1);
     __m256 e0 = even_f32(v0), o0 = odd_f32(v0), e1 = even_f32(v1), o1 = odd_f32(v1);
     for (int r = 0; r < nr; r++) {
-      const uint16_t *ar = a + r * lda + 2 * kp;
-      __m256 xe = _mm256_set1_ps(bf16_at(ar)), xo = _mm256_set1_ps(bf16_at(ar + 1));
+      /* the pair broadcast as one 32-bit lane, split into its two bf16 as the weights are */
+      int32_t pair;
+      memcpy(&pair, a + r * lda + 2 * kp, sizeof pair);
+      __m256i xp = _mm256_set1_epi32(pair);
+      __m256 xe = even_f32(xp), xo = odd_f32(xp);
       acc[r][0] = _mm256_fmadd_ps(xe, e0, _mm256_fmadd_ps(xo, o0, acc[r][0]));
       acc[r][1] = _mm256_fmadd_ps(xe, e1, _mm256_fmadd_ps(xo, o1, acc[r][1]));
     }

@@ -58,18 +58,45 @@ CLRT_TARGET_AVX512 static int32_t argmax_row(const float *z /* [V] */, int V) {
 }
 #endif
 
+#if CLRT_AVX2
+/* The same greedy scan 8 lanes wide (AVX2): _mm256_max_ps(z, m) is z > m ? z : m too. */
+CLRT_TARGET_AVX2 static int32_t argmax_row_avx2(const float *z /* [V] */, int V) {
+  if (V < 8 || z[0] != z[0]) return -1;
+  __m256 m = _mm256_set1_ps(z[0]);
+  int i = 0;
+  for (; i + 8 <= V; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(z + i), m);
+  float lanes[8], mx = z[0];
+  _mm256_storeu_ps(lanes, m);
+  for (int l = 0; l < 8; l++) mx = lanes[l] > mx ? lanes[l] : mx;
+  for (; i < V; i++) mx = z[i] > mx ? z[i] : mx;
+  __m256 target = _mm256_set1_ps(mx);
+  for (i = 0; i + 8 <= V; i += 8) {
+    int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(z + i), target, _CMP_EQ_OQ));
+    if (hit) return i + __builtin_ctz((unsigned)hit);
+  }
+  for (; i < V; i++)
+    if (z[i] == mx) return i;
+  return -1;
+}
+#endif
+
 static int32_t sample_row(const float *logits /* [V] */, int V, float temperature, int top_k,
                           float top_p, double u, const uint8_t *allowed /* [V] or NULL */,
                           cand *heap /* [V] scratch */, float *logprob /* out: scalar */) {
+  if (temperature <= 0 && !allowed) {
+    int32_t g = -1;
 #if CLRT_AVX512
-  if (temperature <= 0 && !allowed && clrt_have_avx512()) {
-    int32_t g = argmax_row(logits, V);
+    if (clrt_have_avx512()) g = argmax_row(logits, V);
+    else
+#endif
+#if CLRT_AVX2
+    if (clrt_have_avx2()) g = argmax_row_avx2(logits, V);
+#endif
     if (g >= 0) {
       *logprob = 0;
       return g;
     }
   }
-#endif
   float mx = -FLT_MAX;
   int32_t arg = -1;
   for (int i = 0; i < V; i++)

@@ -16,6 +16,19 @@ setmetatable(clrt, {
   end,
 })
 
+-- clrt.model is the transformer alone (it requires nothing above tensors); for the binary's
+-- users it comes with its generation and chat methods (m:decoder, m:generate, m:chat, from
+-- clrt.gen.model_methods), by whichever name it is first reached: clrt.model, require, help.
+-- Only loading the model pays for generation, as before.
+package.preload["clrt.model"] = function(name)
+  package.preload[name] = nil
+  local path = assert(package.searchpath(name, package.path))
+  package.loaded[name] = assert(loadfile(path))(name)
+  -- nil unless already loading (Lua's sentinel) or loaded: the methods' module requires the model
+  if package.loaded["clrt.gen.model_methods"] == nil then require("clrt.gen.model_methods") end
+  return package.loaded[name]
+end
+
 local core = require("clrt.core.ffi")
 local ffi = require("ffi")
 clrt.version = ffi.string(core.C.clrt_version())

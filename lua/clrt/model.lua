@@ -11,6 +11,7 @@
 --   m:set_batch_invariant(bool)    -- a row's logits independent of the rows beside it
 --   m:set_share_prefix(bool)       -- rows with one context run it once in logprobs (default on)
 --   m:generate({ids, ...}, {max_new_tokens =, ...}), m:chat([tok,] "text")  -- decoding, a chat reply
+--                                                  -- (clrt.gen.model_methods puts them in)
 --   m:add_lora{...}, m:set_adapters(bool), m:save_adapter(dir), load(dir, {adapter = DIR})
 --                                                  -- LoRA (lua/clrt/core/model_lora.lua)
 -- config.json is parsed and checked here; C gets a plain clrt_model_config.
@@ -28,6 +29,14 @@ Model.__index = Model
 M.Model = Model
 
 local read_file = files.read
+
+-- What holds memory for a model beside its arenas (generation's KV cache and prefix cache)
+-- adds a function(m) here, called before the model frees or moves its arenas: the model
+-- knows nothing of those layers above it.
+M.on_release = {}
+local function release_held(m)
+  for _, f in ipairs(M.on_release) do f(m) end
+end
 
 -- json.null, or lua-cjson's null (a NULL light userdata) in a config a caller decoded itself
 local function is_null(v)
@@ -423,8 +432,8 @@ end
 -- Views from params()/grads() taken before keep the old memory; create optimizers and
 -- decoders after the move.
 function Model:to(device)
-  local d = require("clrt.tensor").device_of(device, "model:to")
-  require("clrt.gen.scheduler").drop(self)   -- its KV cache is on the old device
+  local d = tensor.device_of(device, "model:to")
+  release_held(self)   -- its KV cache is on the old device
   ok(C.clrt_model_to_device(live(self), d), 2)
   self._params, self._grads = nil, nil   -- cached views belong to the old memory
   self._lora_params, self._lora_grads = nil, nil
@@ -544,7 +553,7 @@ end
 -- size). Views from params()/grads() keep their own arena alive until they are collected.
 function Model:free()
   if self.ptr ~= nil then
-    require("clrt.gen.scheduler").drop(self)   -- its KV cache and prefix cache first
+    release_held(self)   -- its KV cache and prefix cache first
     C.clrt_model_free(ffi.gc(self.ptr, nil))
     self.ptr = nil
     self._params, self._grads, self._lora_params, self._lora_grads = nil, nil, nil, nil
@@ -703,49 +712,6 @@ function Model:tokenizer()
   return tok
 end
 
--- chat([tok,] text or messages[, opts]) -> the assistant's reply as text (and the generate
--- entry): a text is one user message; messages a list of {role =, content =}. Rendered
--- with the model's chat template (clrt.chat.generate). Without tok, m:tokenizer(). opts as
--- m:generate's; by default temperature 0.7 and up to 512 new tokens (what `clrt chat` uses).
-function Model:chat(tok, input, opts)
-  local usage = "m:chat([tok,] text or messages[, opts])"
-  if not (type(tok) == "table" and type(tok.encode) == "function") then
-    if tok ~= nil and type(tok) ~= "string" and type(tok) ~= "table" then
-      error(("%s: the first argument must be a tokenizer, a text or a list of messages, got a %s"):format(usage, type(tok)), 2)
-    end
-    tok, input, opts = nil, tok, input
-  end
-  local messages = input
-  if type(input) == "string" then
-    messages = { { role = "user", content = input } }
-  elseif type(input) ~= "table" or #input == 0 then
-    error(("%s: give a text or a non-empty list of {role =, content =} messages, got %s"):format(usage,
-      type(input) == "table" and "an empty table" or "a " .. type(input)), 2)
-  else
-    for i, msg in ipairs(input) do
-      if type(msg) ~= "table" or type(msg.role) ~= "string" or type(msg.content) ~= "string" then
-        error(("%s: message %d must be {role = \"user\"|\"assistant\"|\"system\", content = text}"):format(usage, i), 2)
-      end
-    end
-  end
-  if opts ~= nil and type(opts) ~= "table" then error(("%s: opts must be a table, got a %s"):format(usage, type(opts)), 2) end
-  if not tok then
-    local okt, t = pcall(self.tokenizer, self)
-    if not okt then error(("%s: %s"):format(usage, tostring(t)), 2) end
-    tok = t
-  end
-  local o = { temperature = 0.7 }
-  for k, v in pairs(opts or {}) do o[k] = v end
-  local chat = require("clrt.chat")
-  if o.max_new_tokens == nil then
-    local room = (self.config.max_position_embeddings or 4096) - #chat.render(tok, messages, { add_generation_prompt = true })
-    o.max_new_tokens = math.max(1, math.min(512, room))
-  end
-  local okg, text, raw = pcall(chat.generate, self, tok, messages, o)
-  if not okg then error(text, 2) end
-  return text, raw
-end
-
 -- The seconds spent in the matrix products so far (linear layers forward and backward, the
 -- output layer's, LoRA's), with timing turned on (profile_enable(true) or CLRT_PROFILE=1).
 function M.product_seconds()
@@ -773,15 +739,24 @@ end
 -- gives kernel times rather than launch times (it slows the steps it times).
 function M.profile_sync(on) C.clrt_profile_sync(on and 1 or 0) end
 
--- The unit bf16 products run on ("amx-bf16", "avx512-bf16", "f32": none) and the best this
--- CPU offers: matrix_unit() -> active, available. matrix_unit(name) caps it for this process
+-- The CPU kernels in use, one line (clrt --version's): the level (CLRT_CPU caps it), what the
+-- CPU has, the bf16 unit and the int8 path. cpu_paths(level) caps the level for this process
+-- first ("portable", "avx2", "avxvnni", "avx512"), before any model is made.
+function M.cpu_paths(level)
+  if level ~= nil then ok(C.clrt_set_cpu_level(level), 2) end
+  return ffi.string(C.clrt_cpu_paths())
+end
+
+-- The unit bf16 products run on ("amx-bf16", "avx512-bf16", "fma-bf16": AVX2's FMAs, "f32":
+-- none) and the best this CPU offers at its level: matrix_unit() -> active, available. matrix_unit(name) caps it for this process
 -- (as CLRT_MATRIX_UNIT does), before set_matmul("bf16").
 function M.matrix_unit(cap)
   if cap ~= nil then ok(C.clrt_set_matrix_unit(cap), 2) end
   return ffi.string(C.clrt_matrix_unit_active()), ffi.string(C.clrt_matrix_unit_available())
 end
 
--- The measured peak GFLOP/s of a unit ("f32": AVX-512 FMA, "avx512-bf16", "amx-bf16") over
+-- The measured peak GFLOP/s of a unit ("f32": the level's widest FMA, AVX-512 or AVX2;
+-- "fma-bf16" runs on those; "avx512-bf16", "amx-bf16") over
 -- `threads` threads, operands in registers; 0 when the CPU lacks it.
 function M.unit_peak_gflops(unit, threads)
   local g = C.clrt_matrix_unit_peak_gflops(unit, threads or 1)
@@ -789,10 +764,8 @@ function M.unit_peak_gflops(unit, threads)
   return g
 end
 
--- Decoding (m:decoder, m:generate) and LoRA (m:add_lora, ...) are defined beside, in their own
--- files; the class takes them here.
-for _, methods in ipairs({ require("clrt.gen.model_methods").methods, require("clrt.core.model_lora").methods }) do
-  for name, f in pairs(methods) do Model[name] = f end
-end
+-- LoRA (m:add_lora, ...) is defined beside, in its own file; the class takes it here.
+-- Generation (m:decoder, m:generate, m:chat) puts itself in when clrt.gen.model_methods loads.
+for name, f in pairs(require("clrt.core.model_lora").methods) do Model[name] = f end
 
 return M

@@ -6,12 +6,15 @@
      bf16 pair panels     per pair, fma(odd) then fma(even) into one f32 sum (vdpbf16ps's
                           order), + (bias or 0): the fma-bf16 unit; avx512-bf16 and amx-bf16
                           against the same where the CPU has them (inputs kept normal)
+     narrow gemm          c (+)= one fma chain over all of k from 0, added onto c (LoRA ranks)
+     AdamW span           clrt_adamw_update's operations element by element
    and a forced level really runs its own kernels: a CPU level above portable must compute
    (never fall back to sgemm, which sums in another order), portable must decline. */
 #include "check.h"
 #include "bf16.h"
 #include "cpu/cpu_level.h"
 #include "cpu/model_kernels.h"
+#include "model_math.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -164,6 +167,52 @@ static void check_bf16(int unit) {
   clrt_matrix_unit_cap(CLRT_UNIT_AMX);
 }
 
+static void check_narrow(int level) {
+  static const int Ms[] = {1, 6, 17, 70}, Ncs[] = {1, 8, 16, 33, 64}, Kcs[] = {0, 1, 9, 300};
+  int ok = 1;
+  for (size_t e = 0; e < sizeof Ms / sizeof *Ms; e++)
+    for (size_t f = 0; f < sizeof Ncs / sizeof *Ncs; f++)
+      for (size_t g = 0; g < sizeof Kcs / sizeof *Kcs; g++)
+        for (int accumulate = 0; accumulate < 2; accumulate++) {
+          int M = Ms[e], Nc = Ncs[f], Kc = Kcs[g], ldc = Nc + 2, lda = Kc + 1;
+          float *a = malloc(sizeof(float) * (M * lda + 1)), *b = malloc(sizeof(float) * (Kc * Nc + 1));
+          float *c = malloc(sizeof(float) * M * ldc), *r = malloc(sizeof(float) * M * ldc);
+          for (int i = 0; i < M * lda; i++) a[i] = uniform();
+          for (int i = 0; i < Kc * Nc; i++) b[i] = uniform();
+          for (int i = 0; i < M * ldc; i++) c[i] = r[i] = uniform();
+          int done = clrt_gemm_narrow(c, ldc, a, lda, 1, b, Nc, M, Nc, Kc, accumulate);
+          if (level == CLRT_CPU_PORTABLE) ok &= !done;
+          else {
+            for (int i = 0; i < M; i++)
+              for (int j = 0; j < Nc; j++) {
+                float sum = 0;
+                for (int k = 0; k < Kc; k++) sum = fmaf(a[i * lda + k], b[k * Nc + j], sum);
+                r[i * ldc + j] = accumulate ? sum + r[i * ldc + j] : sum;
+              }
+            ok &= done && same_bits(c, r, (int64_t)M * ldc, "narrow gemm", level, M, Kc, Nc);
+          }
+          free(a), free(b), free(c), free(r);
+        }
+  CHECK(ok);
+}
+
+/* clrt_adamw_span on spans of every length mod 16, against clrt_adamw_update one by one. */
+static void check_adamw(int level) {
+  int ok = 1;
+  for (int n = 1; n <= 40; n += 3) {
+    float p[40], m[40], v[40], g[40], rp[40], rm[40], rv[40];
+    for (int i = 0; i < n; i++) {
+      rp[i] = p[i] = uniform(), rm[i] = m[i] = 0.1f * uniform(), g[i] = uniform();
+      rv[i] = v[i] = 0.01f * (uniform() + 1.0f);
+    }
+    clrt_adamw_span(p, m, v, g, n, 0.7f, 1e-3f, 0.9f, 0.999f, 1e-8f, 1e-5f, 0.19f, 0.0447f);
+    for (int i = 0; i < n; i++) clrt_adamw_update(&rp[i], &rm[i], &rv[i], g[i] * 0.7f, 1e-3f, 0.9f, 0.999f, 1e-8f, 1e-5f, 0.19f, 0.0447f);
+    ok &= same_bits(p, rp, n, "adamw p", level, n, 0, 0) && same_bits(m, rm, n, "adamw m", level, n, 0, 0) &&
+          same_bits(v, rv, n, "adamw v", level, n, 0, 0);
+  }
+  CHECK(ok);
+}
+
 int main(void) {
   int best = clrt_cpu_level_best();
   printf("cpu level: best %s, CLRT_CPU cap gives %s\n", clrt_cpu_level_name(best), clrt_cpu_level_name(clrt_cpu_level()));
@@ -178,6 +227,8 @@ int main(void) {
     CHECK(clrt_linear_packed_available() == (level >= CLRT_CPU_SIMD));
     check_packed(level);
     check_strided(level);
+    check_adamw(level);
+    check_narrow(level);
     if (level >= CLRT_CPU_SIMD) {   /* avx2 and up, or neon */
       check_bf16(CLRT_UNIT_FMA_BF16);
       if (level == CLRT_CPU_AVX512) {

@@ -102,13 +102,13 @@ int main(void) {
   CHECK(clrt_sample(logits, 1, V, &g, &u, none, &tok, &lp) == -1);
   CHECK_ERROR("row 0 has no allowed token");
 
-  /* Greedy over wide rows without a mask (16 lanes at a time where the CPU has AVX-512)
+  /* Greedy over wide rows without a mask (16 lanes at a time where the CPU has AVX-512, 8 on AVX2)
      against a plain scan: the first largest logit, NaNs passed over, a NaN at id 0 kept; the
      maximum in the 16-lane body, in the tail, tied, and behind NaNs. */
   static const int widths[] = {16, 17, 33, 1000, 32000};
   uint64_t seed = 7;
   for (size_t w = 0; w < sizeof widths / sizeof *widths; w++)
-    for (int pattern = 0; pattern < 6; pattern++) {
+    for (int pattern = 0; pattern < 7; pattern++) {
       int n = widths[w];
       float *z = malloc(sizeof(float) * (size_t)n);
       for (int i = 0; i < n; i++) {
@@ -120,6 +120,7 @@ int main(void) {
       if (pattern == 3) z[n / 2] = NAN, z[n - 1] = NAN;               /* passed over */
       if (pattern == 4) z[0] = NAN;                                   /* kept (nothing is greater) */
       if (pattern == 5) z[1] = -INFINITY, z[n / 2] = INFINITY;
+      if (pattern == 6) z[9] = z[13] = 50.0f;                         /* tied within one 8- and 16-lane chunk */
       int32_t want = 0;
       for (int i = 1; i < n; i++)
         if (z[i] > z[want]) want = i;

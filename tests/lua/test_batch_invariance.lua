@@ -12,6 +12,7 @@ local T = require("clrt.test")
 local ffi = require("ffi")
 local tensor = clrt.tensor
 local gen = require("clrt.gen.engine")
+local options = require("clrt.gen.options")
 pcall(ffi.cdef, "int memcmp(const void *a, const void *b, size_t n);")
 
 -- Shapes that leave partial panels (48-wide) and odd tails everywhere: K = 96 and 200 for the
@@ -153,11 +154,11 @@ T.case("engine: the same request samples the same tokens and log-probabilities a
     local target
     for i = 1, company + 1 do
       if i == at then
-        target = E:add(PROMPT, gen.options({ max_new_tokens = 12, temperature = 1, seed = 9 }, V), nil, 1, 4)[1]
+        target = E:add(PROMPT, options.check({ max_new_tokens = 12, temperature = 1, seed = 9 }, V), nil, 1, 4)[1]
       else
         local p = {}
         for j = 1, 1 + r(30) do p[j] = r(V) end
-        E:add(p, gen.options({ max_new_tokens = 1 + r(16), temperature = 1, seed = i }, V), nil, i, i)
+        E:add(p, options.check({ max_new_tokens = 1 + r(16), temperature = 1, seed = i }, V), nil, i, i)
       end
     end
     while E:busy() do E:step() end

@@ -111,12 +111,13 @@ end
 
 T.case("requests that arrive together (one batched prefill) sample what each samples alone", function()
   local gen = require("clrt.gen.engine")
+  local options = require("clrt.gen.options")
   local m = clrt.model.load(root .. "qwen2_tied")
   local prompts = { { 5, 6, 7 }, { 8 }, { 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19 }, { 3, 3 } }
   local function run(list, opts_of)
     local eng = gen.engine(m:decoder(8, 64))
     local rows = {}
-    for _, i in ipairs(list) do rows[i] = eng:add(prompts[i], gen.options(opts_of(i), m.config.vocab_size), nil, i) end
+    for _, i in ipairs(list) do rows[i] = eng:add(prompts[i], options.check(opts_of(i), m.config.vocab_size), nil, i) end
     while eng:busy() do eng:step() end
     return rows
   end
@@ -172,7 +173,7 @@ T.case("a full cache and bad input are clear errors, never an overflow", functio
   T.raises(function() d:decode(1, ffi.new("int32_t[1]", { 1 }), ffi.new("int32_t[1]", { 1 }), logits) end, "slot 1 is empty")
   T.raises(function() d:decode(1, ffi.new("int32_t[1]", { 5 }), ffi.new("int32_t[1]", { 1 }), logits) end, "slot 5 out of range")
   T.raises(function() d:prefill(1, ffi.new("int32_t[1]", { V }), 1, logits) end, "outside the vocabulary")
-  T.raises(function() m:generate({ { 1 } }, { max_new_tokens = 100 }) end, "exceeds the model's context of 64")
+  T.raises(function() m:generate({ { 1 } }, { max_new_tokens = 100 }) end, "more than the context of 64")
 end)
 
 -- set_matmul("bf16") on the CPU: decode steps read bf16 copies of the linear layers' weights

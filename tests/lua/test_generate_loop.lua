@@ -1,17 +1,19 @@
--- The generation loop (clrt.gen.engine) over a fake decoder whose next-token logits are a
--- known function of (slot's last token, position): greedy must follow that function, samples
--- must be reproducible by seed, and stop rules, n>1 prefill sharing and limits must hold.
+-- The generation loop (clrt.gen.engine; whole requests through clrt.gen.scheduler.generate)
+-- over a fake decoder whose next-token logits are a known function of (slot's last token,
+-- position): greedy must follow that function, samples must be reproducible by seed, and stop
+-- rules, n>1 prefill sharing and limits must hold.
 local T = require("clrt.test")
 local gen = require("clrt.gen.engine")
+local options = require("clrt.gen.options")
 
 package.path = T.source_dir() .. "/tests/lua/?.lua;" .. package.path
 local fake = require("support.fake_model")
 local V = fake.V
-local fake_decoder, greedy_reference = fake.decoder, fake.greedy_reference
+local fake_decoder, greedy_reference, generate = fake.decoder, fake.greedy_reference, fake.generate
 
 T.case("greedy follows the model on ragged prompts", function()
   local prompts = { { 1, 2, 3 }, { 4 }, { 5, 6, 7, 8, 9, 10 } }
-  local res = gen.run(fake_decoder(8, 64), prompts, { temperature = 0, max_new_tokens = 9 })
+  local res = generate(fake_decoder(8, 64), prompts, { temperature = 0, max_new_tokens = 9 })
   T.eq(#res, 3)
   for i, p in ipairs(prompts) do
     T.eq(res[i].tokens, greedy_reference(p, 9), "prompt " .. i)
@@ -22,13 +24,13 @@ end)
 
 T.case("n samples share one prefill, are reproducible by seed, and differ from each other", function()
   local d = fake_decoder(8, 64)
-  local a = gen.run(d, { { 1, 2 }, { 3 } }, { n = 3, temperature = 1.0, max_new_tokens = 12, seed = 5 })
+  local a = generate(d, { { 1, 2 }, { 3 } }, { n = 3, temperature = 1.0, max_new_tokens = 12, seed = 5 })
   T.eq(d.prefills, 2)
   T.eq(#a, 6)
-  local b = gen.run(fake_decoder(8, 64), { { 1, 2 }, { 3 } }, { n = 3, temperature = 1.0, max_new_tokens = 12, seed = 5 })
+  local b = generate(fake_decoder(8, 64), { { 1, 2 }, { 3 } }, { n = 3, temperature = 1.0, max_new_tokens = 12, seed = 5 })
   for i = 1, 6 do T.eq(a[i].tokens, b[i].tokens) end
   T.ok(not T.deep_eq(a[1].tokens, a[2].tokens), "two samples of one prompt should differ")
-  local c = gen.run(fake_decoder(8, 64), { { 1, 2 }, { 3 } }, { n = 3, temperature = 1.0, max_new_tokens = 12, seed = 6 })
+  local c = generate(fake_decoder(8, 64), { { 1, 2 }, { 3 } }, { n = 3, temperature = 1.0, max_new_tokens = 12, seed = 6 })
   T.ok(not T.deep_eq(a[1].tokens, c[1].tokens), "another seed should differ")
   for _, r in ipairs(a) do for _, lp in ipairs(r.logprobs) do T.ok(lp <= 0 and lp > -50) end end
 end)
@@ -37,17 +39,17 @@ T.case("stop ids end a row, which then stops costing compute", function()
   local ref = greedy_reference({ 2 }, 10)
   local stop_at = 4
   local d = fake_decoder(4, 64)
-  local res = gen.run(d, { { 2 }, { 7 } }, { temperature = 0, max_new_tokens = 10, stop = { ref[stop_at] } })
+  local res = generate(d, { { 2 }, { 7 } }, { temperature = 0, max_new_tokens = 10, stop = { ref[stop_at] } })
   T.eq(res[1].finish_reason, "stop")
   T.eq(#res[1].tokens, (function() for i = 1, 10 do if ref[i] == ref[stop_at] then return i end end end)())
   T.ok(d.decoded_rows < 2 * 9, "finished rows must leave the batch")
 end)
 
 T.case("max_new_tokens 0 and 1", function()
-  local r0 = gen.run(fake_decoder(2, 16), { { 1 } }, { max_new_tokens = 0 })
+  local r0 = generate(fake_decoder(2, 16), { { 1 } }, { max_new_tokens = 0 })
   T.eq(r0[1].tokens, {})
   T.eq(r0[1].finish_reason, "length")
-  local r1 = gen.run(fake_decoder(2, 16), { { 1 } }, { max_new_tokens = 1, temperature = 0 })
+  local r1 = generate(fake_decoder(2, 16), { { 1 } }, { max_new_tokens = 1, temperature = 0 })
   T.eq(r1[1].tokens, greedy_reference({ 1 }, 1))
 end)
 
@@ -86,16 +88,16 @@ T.case("logit_bias and the frequency/presence penalties follow OpenAI's formula,
     local o = { temperature = 0, max_new_tokens = 14 }
     for k, v in pairs(c) do o[k] = v end
     -- beside a row without options, which must stay the plain greedy output
-    local rows_plain = eng:add({ 2, 5 }, gen.options({ temperature = 0, max_new_tokens = 14 }, V), nil, 1)
-    local rows = eng:add({ 2, 5 }, gen.options(o, V), nil, 2)
+    local rows_plain = eng:add({ 2, 5 }, options.check({ temperature = 0, max_new_tokens = 14 }, V), nil, 1)
+    local rows = eng:add({ 2, 5 }, options.check(o, V), nil, 2)
     while eng:busy() do eng:step() end
     T.eq(rows[1].tokens, want, "case " .. i)
     T.eq(rows_plain[1].tokens, plain, "case " .. i .. ": the row beside it")
   end
-  T.raises(function() gen.options({ frequency_penalty = 2.5 }, V) end, "frequency_penalty must be a number in [-2, 2]")
-  T.raises(function() gen.options({ presence_penalty = "1" }, V) end, "presence_penalty must be a number in [-2, 2]")
-  T.raises(function() gen.options({ logit_bias = { [V] = 1 } }, V) end, "not a token id in [0, 11)")
-  T.raises(function() gen.options({ max_tokens = 3 }, V) end, "unknown option 'max_tokens'")
+  T.raises(function() options.check({ frequency_penalty = 2.5 }, V) end, "frequency_penalty must be a number in [-2, 2]")
+  T.raises(function() options.check({ presence_penalty = "1" }, V) end, "presence_penalty must be a number in [-2, 2]")
+  T.raises(function() options.check({ logit_bias = { [V] = 1 } }, V) end, "not a token id in [0, 11)")
+  T.raises(function() options.check({ max_tokens = 3 }, V) end, "unknown option 'max_tokens'")
 end)
 
 -- A tokenizer where id v is the letter ('a' + v); multi-letter stop strings straddle tokens.
@@ -114,7 +116,7 @@ T.case("stop strings are found across token boundaries and cut from the text", f
   local full = fake_tok:decode(ref)
   local stop = full:sub(5, 6)   -- two letters, made by tokens 5 and 6
   local first = full:find(stop, 1, true)
-  local res = gen.run(fake_decoder(2, 64), { { 3, 1 } }, { temperature = 0, max_new_tokens = 12, stop = { stop }, tokenizer = fake_tok })
+  local res = generate(fake_decoder(2, 64), { { 3, 1 } }, { temperature = 0, max_new_tokens = 12, stop = { stop }, tokenizer = fake_tok })
   T.eq(res[1].finish_reason, "stop")
   T.eq(res[1].text, full:sub(1, first - 1))
   T.eq(#res[1].tokens, first + 1)
@@ -122,18 +124,18 @@ end)
 
 T.case("bad input is a clear error", function()
   local d = fake_decoder(2, 8)
-  T.raises(function() gen.run(d, { { 1, 2, 3 } }, { max_new_tokens = 6 }) end, "more than the context of 8")
-  T.raises(function() gen.run(d, { { 1, 99 } }, {}) end, "prompt 1 token 2 (99) is not an id")
-  T.raises(function() gen.run(d, { {} }, {}) end, "prompt 1 must be a non-empty list")
-  T.raises(function() gen.run(d, { { 1 } }, { n = 3, max_new_tokens = 2 }) end, "3 rows (prompts x n) but the decoder has 2 slots")
-  T.raises(function() gen.run(d, { { 1 } }, { stop = { "x" }, max_new_tokens = 2 }) end, "no tokenizer")
-  T.raises(function() gen.run(d, { { 1 } }, { n = 0 }) end, "option n must be a positive integer")
-  T.raises(function() gen.run(d, { { 1 } }, { top_p = 0, max_new_tokens = 2 }) end, "top_p must be in (0, 1]")
+  T.raises(function() generate(d, { { 1, 2, 3 } }, { max_new_tokens = 6 }) end, "more than the context of 8")
+  T.raises(function() generate(d, { { 1, 99 } }, {}) end, "prompt 1 token 2 (99) is not an id")
+  T.raises(function() generate(d, { {} }, {}) end, "prompt 1 must be a non-empty list")
+  T.raises(function() generate(d, { { 1 } }, { n = 3, max_new_tokens = 2 }) end, "3 rows of 3 tokens (prompt + max_new_tokens) do not fit this engine's 2 slots")
+  T.raises(function() generate(d, { { 1 } }, { stop = { "x" }, max_new_tokens = 2 }) end, "no tokenizer")
+  T.raises(function() generate(d, { { 1 } }, { n = 0 }) end, "option n must be a positive integer")
+  T.raises(function() generate(d, { { 1 } }, { top_p = 0, max_new_tokens = 2 }) end, "top_p must be in (0, 1]")
 end)
 
 T.case("rows that join mid-flight (continuous batching) decode as if alone", function()
   local eng = gen.engine(fake_decoder(4, 64))
-  local o = gen.options({ temperature = 0, max_new_tokens = 8 }, V)
+  local o = options.check({ temperature = 0, max_new_tokens = 8 }, V)
   local a = eng:add({ 1, 2 }, o)
   eng:step(); eng:step(); eng:step()
   local done_b
@@ -148,8 +150,8 @@ end)
 T.case("prompts added between two steps are prefilled in one batched call, then decode with the rest", function()
   local d = fake_decoder(8, 64)
   local eng = gen.engine(d)
-  local o = gen.options({ temperature = 0, max_new_tokens = 6 }, V)
-  local s = gen.options({ temperature = 1, max_new_tokens = 6, n = 2, seed = 3 }, V)
+  local o = options.check({ temperature = 0, max_new_tokens = 6 }, V)
+  local s = options.check({ temperature = 1, max_new_tokens = 6, n = 2, seed = 3 }, V)
   local a = eng:add({ 1, 2 }, o)
   local b = eng:add({ 5 }, s)
   local c = eng:add({ 9, 8, 7 }, o)
@@ -168,7 +170,7 @@ T.case("prompts added between two steps are prefilled in one batched call, then 
   end
   T.eq(cancelled[1].finish_reason, "cancelled")
   -- the sampled rows equal the same request run alone
-  local alone = gen.run(fake_decoder(8, 64), { { 5 } }, { temperature = 1, max_new_tokens = 6, n = 2, seed = 3 })
+  local alone = generate(fake_decoder(8, 64), { { 5 } }, { temperature = 1, max_new_tokens = 6, n = 2, seed = 3 })
   T.eq({ b[1].tokens, b[2].tokens }, { alone[1].tokens, alone[2].tokens })
   T.eq(eng:free_slots(), 8)
 end)
@@ -176,8 +178,8 @@ end)
 T.case("rows added together with the same prompt share one prefill and sample as if alone", function()
   local d = fake_decoder(8, 64)
   local eng = gen.engine(d)
-  local o = gen.options({ temperature = 1, max_new_tokens = 6, seed = 2 }, V)
-  local greedy = gen.options({ temperature = 0, max_new_tokens = 6 }, V)
+  local o = options.check({ temperature = 1, max_new_tokens = 6, seed = 2 }, V)
+  local greedy = options.check({ temperature = 0, max_new_tokens = 6 }, V)
   local a = eng:add({ 4, 5, 6 }, o, nil, 1, "asker a")
   local b = eng:add({ 4, 5, 6 }, o, nil, 2, "asker b")
   local c = eng:add({ 4, 5, 7 }, o, nil, 3)   -- as long, other tokens: a prefill of its own
@@ -198,32 +200,32 @@ T.case("rows added together with the same prompt share one prefill and sample as
 end)
 
 T.case("a row's random stream is chosen by the caller, not by its tag or its batch", function()
-  local o = gen.options({ temperature = 1, max_new_tokens = 8, n = 2, seed = 4 }, V)
+  local o = options.check({ temperature = 1, max_new_tokens = 8, n = 2, seed = 4 }, V)
   local eng = gen.engine(fake_decoder(8, 64))
   local others = eng:add({ 3, 3 }, o, nil, 1)
   eng:step()
   local joined = eng:add({ 1, 5 }, o, nil, 7, "asker 3")   -- tag 7 (for messages), key "asker 3"
   while eng:busy() do eng:step() end
   -- m:generate takes one key per prompt: the fourth prompt's rows are those of "asker 3"
-  local ref = gen.run(fake_decoder(8, 64), { { 2 }, { 2 }, { 2 }, { 1, 5 } }, { temperature = 1, max_new_tokens = 8, n = 2, seed = 4,
+  local ref = generate(fake_decoder(8, 64), { { 2 }, { 2 }, { 2 }, { 1, 5 } }, { temperature = 1, max_new_tokens = 8, n = 2, seed = 4,
     seed_key = { "asker 0", "asker 1", "asker 2", "asker 3" } })
   T.eq({ joined[1].tokens, joined[2].tokens }, { ref[7].tokens, ref[8].tokens })
   T.ok(not T.deep_eq(others[1].tokens, joined[1].tokens))
   T.ok(not T.deep_eq(ref[1].tokens, ref[3].tokens), "identical prompts of other askers differ")
   -- without keys the prompt names the stream: identical prompts sample alike, wherever they sit
-  local plain = gen.run(fake_decoder(8, 64), { { 2 }, { 1, 5 }, { 2 } }, { temperature = 1, max_new_tokens = 8, n = 2, seed = 4 })
+  local plain = generate(fake_decoder(8, 64), { { 2 }, { 1, 5 }, { 2 } }, { temperature = 1, max_new_tokens = 8, n = 2, seed = 4 })
   T.eq({ plain[1].tokens, plain[2].tokens }, { plain[5].tokens, plain[6].tokens })
-  T.raises(function() gen.run(fake_decoder(8, 64), { { 2 }, { 1 } }, { seed_key = { "only one" } }) end, "2 prompts")
-  T.raises(function() gen.run(fake_decoder(8, 64), { { 2 }, { 1 } }, { seed_key = "one for both" }) end, "one per prompt")
+  T.raises(function() generate(fake_decoder(8, 64), { { 2 }, { 1 } }, { seed_key = { "only one" } }) end, "2 prompts")
+  T.raises(function() generate(fake_decoder(8, 64), { { 2 }, { 1 } }, { seed_key = "one for both" }) end, "one per prompt")
 end)
 
 T.case("a cancelled row that was to prefill a prompt for its samples hands the prompt on", function()
   local d = fake_decoder(4, 64)
   local eng = gen.engine(d)
-  local rows = eng:add({ 2, 3 }, gen.options({ temperature = 1, max_new_tokens = 5, n = 3, seed = 9 }, V))
+  local rows = eng:add({ 2, 3 }, options.check({ temperature = 1, max_new_tokens = 5, n = 3, seed = 9 }, V))
   eng:cancel(rows[1])
   while eng:busy() do eng:step() end
-  local alone = gen.run(fake_decoder(4, 64), { { 2, 3 } }, { temperature = 1, max_new_tokens = 5, n = 3, seed = 9 })
+  local alone = generate(fake_decoder(4, 64), { { 2, 3 } }, { temperature = 1, max_new_tokens = 5, n = 3, seed = 9 })
   T.eq({ rows[2].tokens, rows[3].tokens }, { alone[2].tokens, alone[3].tokens })
   T.eq(eng:free_slots(), 4)
 end)

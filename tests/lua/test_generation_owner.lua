@@ -153,7 +153,8 @@ T.case("Decoder:free is idempotent, and a freed decoder raises a clear error on 
       name .. " on a freed decoder: " .. tostring(msg))
   end
   -- the engine over a freed decoder fails its request with that error rather than crashing
-  local ok, msg = pcall(require("clrt.gen.engine").run, d, { { 1, 2 } }, { max_new_tokens = 2 })
+  G.attach(d, d)
+  local ok, msg = pcall(G.generate, d, { { 1, 2 } }, { max_new_tokens = 2 })
   T.ok(not ok and tostring(msg):find("used after free()", 1, true), tostring(msg))
 end)
 

@@ -7,7 +7,7 @@ local T = require("clrt.test")
 package.path = T.source_dir() .. "/tests/lua/?.lua;" .. package.path
 local W = require("support.json_world")
 local JC = require("clrt.gen.json_constraint")
-local gen = require("clrt.gen.engine")
+local generate = require("support.fake_model").generate
 local cjson = require("cjson")
 local ffi = require("ffi")
 local C = require("clrt.core.ffi").C
@@ -84,7 +84,7 @@ T.case("sampled outputs of random and adversarial schemas parse and validate (1,
     local prompts = {}
     local n = 4
     for p = 1, math.ceil(per / n) do prompts[p] = { (si * 7 + p) % 200 + 1, p } end
-    local out = gen.run(dec, prompts, { n = n, max_new_tokens = 160, temperature = o.temperature, top_p = o.top_p,
+    local out = generate(dec, prompts, { n = n, max_new_tokens = 160, temperature = o.temperature, top_p = o.top_p,
       top_k = o.top_k, seed = si, tokenizer = tok, stop = { ids.eos, ids.im_end }, json_schema = schema })
     for k, row in ipairs(out) do
       samples = samples + 1
@@ -267,24 +267,24 @@ end)
 
 T.case("m:generate options: json = true, json = 'object', errors without a tokenizer", function()
   local dec = W.decoder(V, 8, 300, bias, 3)
-  local out = gen.run(dec, { { 1, 2, 3 } }, { n = 8, max_new_tokens = 200, json = true, tokenizer = tok, stop = { ids.eos }, seed = 4 })
+  local out = generate(dec, { { 1, 2, 3 } }, { n = 8, max_new_tokens = 200, json = true, tokenizer = tok, stop = { ids.eos }, seed = 4 })
   local done = 0
   for _, row in ipairs(out) do
     if row.finish_reason == "stop" then done = done + 1; check_text(row.text, true, "json = true") end
   end
   T.ok(done >= 6, done .. " of 8 complete")
-  out = gen.run(dec, { { 5 } }, { n = 8, max_new_tokens = 200, json = "object", tokenizer = tok, stop = { ids.eos }, seed = 5 })
+  out = generate(dec, { { 5 } }, { n = 8, max_new_tokens = 200, json = "object", tokenizer = tok, stop = { ids.eos }, seed = 5 })
   for _, row in ipairs(out) do
     if row.finish_reason == "stop" then T.eq(row.text:match("^%s*(.)"), "{"); check_text(row.text, { type = "object" }, "json = object") end
   end
   -- with no stop id, a complete value ends the row by itself
-  out = gen.run(dec, { { 5 } }, { n = 4, max_new_tokens = 200, json_schema = { enum = { "yes", "no" } }, tokenizer = tok, seed = 6 })
+  out = generate(dec, { { 5 } }, { n = 4, max_new_tokens = 200, json_schema = { enum = { "yes", "no" } }, tokenizer = tok, seed = 6 })
   for _, row in ipairs(out) do
     T.eq(row.finish_reason, "stop")
     local v = row.text:match("^%s*(.-)$")
     T.ok(v == '"yes"' or v == '"no"', row.text)
   end
-  T.raises(function() gen.run(dec, { { 1 } }, { json = true }) end, "needs the tokenizer")
+  T.raises(function() generate(dec, { { 1 } }, { json = true }) end, "needs the tokenizer")
 end)
 
 T.run()

@@ -135,9 +135,12 @@ T.case("pass_rate runs the tests in its sandbox (tests/lua/test_pass_rate_sandbo
   if not ok then T.skip("no sandbox here: " .. why) end
   local code = "Here you go:\n```python\ndef add(a, b):\n    return a + b\n```\nEnjoy."
   local s = { prompt = prompt, tests = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n" }
-  T.eq(m.compute(conversation(A(code)), s, {}), 1)
-  T.eq(m.compute(conversation(A("```python\ndef add(a, b):\n    return a - b\n```")), s, {}), 0)
-  T.eq(m.compute(conversation(A("I cannot do that.")), s, {}), 0)
+  -- plain asserts are one test under semantics=strict; BigCodeBench's rule wants TestCases
+  local strict = { metric_options = { pass_rate = { semantics = "strict" } } }
+  T.eq(m.compute(conversation(A(code)), s, strict), 1)
+  T.eq(m.compute(conversation(A(code)), s, {}), 0)
+  T.eq(m.compute(conversation(A("```python\ndef add(a, b):\n    return a - b\n```")), s, strict), 0)
+  T.eq(m.compute(conversation(A("I cannot do that.")), s, strict), 0)
   -- BigCodeBench-style unittest tests from the metadata
   local ut = "import unittest\nclass TestCases(unittest.TestCase):\n    def test_a(self):\n        self.assertEqual(add(1, 1), 2)\n"
   T.eq(m.compute(conversation(A(code)), { prompt = prompt, single_turn_metadata = { test = ut } }, {}), 1)

@@ -156,20 +156,22 @@ T.case("limits are options; the defaults fit numpy on 16 BLAS threads; bad optio
   local ok, detail = pass_rate.run_tests(code, TEST, { python = PYTHON, threads = 16 })
   T.ok(ok, "16 BLAS threads under the default limits: " .. detail)
   local d = pass_rate.limits({})
-  -- BigCodeBench's evaluation: 60 s per task, 30 GiB of address space and of data, 10 MiB of stack
-  T.eq({ d.timeout, d.cpu_s, d.mem_mb, d.as_mb, d.stack_mb, d.file_mb, d.threads, d.procs, d.python },
-    { 60, 60, 30720, 30720, 10, 16, 1, 64, "/usr/bin/python3" })
+  -- BigCodeBench's untrusted_check: max(min_time_limit 240, gt_time_limit 60) + 1 = 241 s
+  -- per task (planted fault: the old 60 s), 30 GiB of address space and of data, 10 MiB of stack
+  T.eq({ d.timeout, d.cpu_s, d.mem_mb, d.as_mb, d.stack_mb, d.file_mb, d.threads, d.procs, d.python, d.semantics },
+    { 241, 241, 30720, 30720, 10, 16, 1, 64, "/usr/bin/python3", "bigcodebench" })
   T.eq(d.parallel, require("clrt.proc").cpu_count())
   T.eq(pass_rate.limits({ timeout = 20 }).cpu_s, 20)
   -- writable memory: a 600 MB array is refused under mem_mb = 256
-  local okm, dm = pass_rate.run_tests("x = bytearray(600 * 1024 * 1024)\n", "", { python = PYTHON, mem_mb = 256 })
+  local okm, dm = pass_rate.run_tests("x = bytearray(600 * 1024 * 1024)\n", "", { python = PYTHON, mem_mb = 256, semantics = "strict" })
   T.eq(okm, false); T.ok(dm:find("MemoryError", 1, true), dm)
   -- the options reach the sandbox through ctx.metric_options: a wall-clock timeout that
   -- sleeping past fails and a longer one passes
   local s = { prompt = {}, tests = "import time\ntime.sleep(2)\n" }
+  local function strict(o) o.semantics = "strict" return o end
   local conv = { { role = "assistant", content = "```python\nx = 1\n```" } }
-  T.eq(pass_rate.compute(conv, s, { metric_options = { pass_rate = { python = PYTHON, extract = false, timeout = 1 } } }), 0)
-  T.eq(pass_rate.compute(conv, s, { metric_options = { pass_rate = { python = PYTHON, extract = false, timeout = 10 } } }), 1)
+  T.eq(pass_rate.compute(conv, s, { metric_options = { pass_rate = strict({ python = PYTHON, extract = false, timeout = 1 }) } }), 0)
+  T.eq(pass_rate.compute(conv, s, { metric_options = { pass_rate = strict({ python = PYTHON, extract = false, timeout = 10 }) } }), 1)
   T.raises(function() pass_rate.compute(conv, s, { metric_options = { pass_rate = { timeout = "soon" } } }) end,
     "option timeout must be a positive number")
   T.raises(function() pass_rate.run_tests("", "", { mem_mb = 0 }) end, "option mem_mb must be a positive number")

@@ -357,7 +357,8 @@ def task_func(records):
   local wrong = solution:gsub("np%.mean", "np.sum")
   local skipped = tests:gsub("    def test_matrix", "    @unittest.skip('later')\n    def test_matrix")
   local cases = {
-    { solution, tests, true }, { wrong, tests, false }, { solution, skipped, false },
+    -- a skip the tests declare: a pass as BigCodeBench counts it, a fail under semantics=strict
+    { solution, tests, true }, { wrong, tests, false }, { solution, skipped, false, { semantics = "strict" } },
     -- a subtest that fails fails its test even when the others pass
     { solution:gsub("return df, mean", "return (df if len(df) != 2 else df.head(1)), mean"), tests, false },
     -- a test that never ends is a failure at the timeout, its processes gone
@@ -370,7 +371,7 @@ def task_func(records):
     T.eq(errors[i], nil)
     T.eq(results[i][1], c[3], ("case %d: %s"):format(i, results[i][2]))
   end
-  T.ok(results[3][2]:find("was skipped", 1, true), results[3][2])
+  T.eq(pass_rate.run_tests(solution, skipped, opts()), true, "a declared skip passes under bigcodebench")
   T.ok(results[5][2]:find("timed out after 3 s", 1, true), results[5][2])
   -- the dataset's rows as compute meets them: the last fenced block of the reply
   local sample = { prompt = {}, single_turn_metadata = { test = tests, entry_point = "task_func" } }
@@ -382,8 +383,10 @@ def task_func(records):
   assert_nothing_left("honest runs")
 end)
 
-T.case("a test source without TestCase classes is one test: it passes when it runs to its end", function()
+T.case("strict: a test source without TestCase classes is one test: it passes when it runs to its end", function()
   sandbox_or_skip()
+  -- BigCodeBench requires the class TestCases: no class, no pass
+  T.eq(pass_rate.run_tests("def task_func(a, b):\n    return a + b\n", "assert task_func(2, 3) == 5\n", opts()), false)
   local asserts = "assert task_func(2, 3) == 5\nassert task_func(-1, 1) == 0\n"
   local cases = {
     { RIGHT, asserts, true }, { WRONG, asserts, false },
@@ -398,7 +401,11 @@ T.case("a test source without TestCase classes is one test: it passes when it ru
       "    raise SystemExit('loopback works')\nexcept OSError:\n    pass\n", "", true },
   }
   local fns = {}
-  for i, c in ipairs(cases) do fns[i] = function() return { pass_rate.run_tests(c[1], c[2], opts(c[4])) } end end
+  for i, c in ipairs(cases) do
+    local o = c[4] or {}
+    o.semantics = "strict"
+    fns[i] = function() return { pass_rate.run_tests(c[1], c[2], opts(o)) } end
+  end
   local results, errors = sched.run(fns)
   for i, c in ipairs(cases) do
     T.eq(errors[i], nil)

@@ -287,8 +287,9 @@ T.case("a row whose weights changed while it decoded puts nothing into the cache
   reusable(m)
   PC.configure(m, { block_tokens = 8 })
   local gen = require("clrt.gen.engine")
+  local options = require("clrt.gen.options")
   local eng = gen.engine(m:decoder(2, 256))
-  local rows = eng:add(seq(40, 3, 3), gen.options({ n = 2, max_new_tokens = 30, temperature = 0 }, m.config.vocab_size))
+  local rows = eng:add(seq(40, 3, 3), options.check({ n = 2, max_new_tokens = 30, temperature = 0 }, m.config.vocab_size))
   for _ = 1, 5 do eng:step() end
   T.eq(PC.of(m):stats().blocks, 5, "the prompt's five blocks are in")
   local w = m:params()["model.norm.weight"]

@@ -13,6 +13,7 @@
 local T = require("clrt.test")
 local ffi = require("ffi")
 local gen = require("clrt.gen.engine")
+local options = require("clrt.gen.options")
 pcall(ffi.cdef, [[
 void clrt_logsoftmax_gather_forward(float *lp, float *lse, const float *x, const float *w, const float *wp, int fast,
                                     const int32_t *target, int64_t N, int C, int V, float *scratch, int chunk);
@@ -73,7 +74,7 @@ local function step(invariant, kind)
   for p = 1, PROMPTS do
     local prompt = {}
     for t = 1, 10 + rnd(30) do prompt[t] = rnd(V) end
-    local o = gen.options({ n = N, max_new_tokens = NEW, temperature = 1, seed = 1 }, V)
+    local o = options.check({ n = N, max_new_tokens = NEW, temperature = 1, seed = 1 }, V)
     for _, row in ipairs(E:add(prompt, o, nil, p)) do rows[#rows + 1] = { prompt = prompt, row = row } end
   end
   while E:busy() do E:step() end

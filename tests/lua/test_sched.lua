@@ -1,33 +1,13 @@
--- clrt.sched: ordering, error isolation, batching of generate requests, HTTP overlapping
--- generation, bounds and timeouts. The "model" here is a fake whose outputs are a function
--- of its inputs, so every coroutine can check it got its own rows back.
+-- clrt.sched: ordering, error isolation, generate requests of many tasks sharing the model's
+-- engine, HTTP overlapping generation, bounds and timeouts. The models here have a fake decoder
+-- whose logits are a function of its inputs, so every coroutine can check it got its own rows
+-- back, and every request goes through the one owner of generation (clrt.gen.scheduler).
 local T = require("clrt.test")
 local http = require("clrt.net.http")
 local sched, llm = clrt.sched, clrt.llm
 local fake = dofile(T.source_dir() .. "/tests/support/fake_openai.lua")
 local function need_python()
   if io.open("/usr/bin/python3") == nil then T.skip("/usr/bin/python3 is needed for the fake server") end
-end
-
--- generate() returns, for prompt row p and sample s, tokens {sum(p) * 10 + s, #p, max_new}.
-local function fake_model()
-  local m = { calls = {}, steps = 0 }
-  function m:generate(prompts, opts)
-    local n = opts.n or 1
-    self.calls[#self.calls + 1] = { rows = #prompts, n = n, temperature = opts.temperature }
-    if self.before then self.before(opts) end
-    local outs = {}
-    for _, p in ipairs(prompts) do
-      local sum = 0
-      for _, t in ipairs(p) do sum = sum + t end
-      for s = 1, n do
-        outs[#outs + 1] = { tokens = { sum * 10 + s, #p, opts.max_new_tokens or 0 }, logprobs = { -0.5, -0.25, -1 },
-                            finish_reason = "length" }
-      end
-    end
-    return outs
-  end
-  return m
 end
 
 -- A model with a decoder (the fake of tests/lua/support/fake_model.lua): sched feeds its
@@ -102,76 +82,75 @@ T.case("raise = true raises the failed function's error after the others finish"
   T.ok(finished)
 end)
 
-T.case("generate requests of all waiting coroutines become one batched call", function()
-  local m = fake_model()
-  local fns = {}
+T.case("generate requests of all waiting coroutines decode together, each getting its own rows", function()
+  local m = engine_model()
+  local opts = { n = 2, max_new_tokens = 5, temperature = 1 }
+  local fns, alone = {}, {}
   for i = 1, 10 do
-    fns[i] = function()
-      local outs = sched.generate(m, { i, 100 }, { n = 2, max_new_tokens = 5, temperature = 1 })
-      return outs
-    end
+    alone[i] = sched.generate(engine_model(), { i, 10 }, opts)
+    fns[i] = function() return sched.generate(m, { i, 10 }, opts) end
   end
   local results, errors = sched.run(fns)
   T.eq(errors, {})
-  T.eq(#m.calls, 1)
-  T.eq(m.calls[1].rows, 10)
+  T.eq(#m.decs, 1, "one decoder")
+  T.eq(m.decs[1].max_batch, 20, "the 10 requests' 20 rows in one decode batch")
   for i = 1, 10 do
     T.eq(#results[i], 2)
-    T.eq(results[i][1].tokens, { (i + 100) * 10 + 1, 2, 5 })
-    T.eq(results[i][2].tokens, { (i + 100) * 10 + 2, 2, 5 })
+    T.eq({ results[i][1].tokens, results[i][2].tokens }, { alone[i][1].tokens, alone[i][2].tokens })
   end
 end)
 
-T.case("requests with different opts go to separate calls; multi-turn makes one call per turn", function()
-  local m = fake_model()
-  local fns = {}
-  for i = 1, 8 do
-    fns[i] = function()
-      local temp = (i % 2 == 0) and 0.5 or 1.0
-      local toks = { i }
-      for _ = 1, 3 do   -- three turns of a conversation
-        local o = sched.generate(m, toks, { temperature = temp, max_new_tokens = 1 })
-        toks[#toks + 1] = o[1].tokens[1]
-      end
-      return toks
+T.case("requests with different options share the steps; each turn of a conversation joins the batch", function()
+  local function conversation(m, i)
+    local temp = (i % 2 == 0) and 0.5 or 1.0
+    local toks = { i }
+    for _ = 1, 3 do   -- three turns of a conversation
+      local o = sched.generate(m, toks, { temperature = temp, max_new_tokens = 2, seed = i })
+      for _, t in ipairs(o[1].tokens) do toks[#toks + 1] = t end
     end
+    return toks
   end
+  local m = engine_model()
+  local fns = {}
+  for i = 1, 8 do fns[i] = function() return conversation(m, i) end end
   local results, errors = sched.run(fns)
   T.eq(errors, {})
-  T.eq(#m.calls, 6)   -- 3 turns x 2 temperatures
-  for _, c in ipairs(m.calls) do T.eq(c.rows, 4) end
-  -- turn 1: i*10+1; turn 2: (i + t1)*10 + 1; ...
-  for i = 1, 8 do
-    local toks, sum = { i }, i
-    for _ = 1, 3 do
-      local v = sum * 10 + 1
-      toks[#toks + 1] = v
-      sum = sum + v
-    end
-    T.eq(results[i], toks)
+  T.eq(m.decs[1].max_batch, 8, "both temperatures in one batch")
+  T.eq(m:steps(), 3, "one decode step per turn for all 8 conversations")
+  for i = 1, 8 do T.eq(results[i], conversation(engine_model(), i), "conversation " .. i .. " as alone") end
+end)
+
+T.case("a failing decoder fails only the requests of its model", function()
+  local bad = engine_model()
+  local decoder = bad.decoder
+  function bad:decoder(slots, max_len)
+    local d = decoder(self, slots, max_len)
+    function d:decode() error("out of memory in decode") end
+    return d
   end
-end)
-
-T.case("a failing or malformed generate fails only the coroutines in that batch", function()
-  local bad = { generate = function() error("out of memory in decode") end }
-  local short = { generate = function() return {} end }
-  local good = fake_model()
+  local none = engine_model()
+  function none:decoder() error("cannot allocate the cache") end
+  local good = engine_model()
+  local o = { temperature = 0, max_new_tokens = 4 }
   local results, errors = sched.run({
-    function() return sched.generate(bad, { 1 }, {}) end,
-    function() return sched.generate(short, { 1 }, {}) end,
-    function() return sched.generate(good, { 1 }, {})[1].tokens[1] end,
+    function() return sched.generate(bad, { 1 }, o) end,
+    function() return sched.generate(none, { 1 }, o) end,
+    function() return sched.generate(good, { 1 }, o)[1].tokens end,
   })
-  T.ok(errors[1]:find("model:generate failed: .*out of memory in decode"), errors[1])
-  T.ok(errors[2]:find("returned 0 entries for 1 prompts x n=1", 1, true), errors[2])
-  T.eq(results[3], 11)
+  T.ok(errors[1]:find("generate failed: .*out of memory in decode"), errors[1])
+  T.ok(errors[2]:find("model:decoder failed: .*cannot allocate the cache"), errors[2])
+  T.eq(results[3], fakedec.greedy_reference({ 1 }, 4))
 end)
 
-T.case("outside a scheduler generate calls the model directly", function()
-  local m = fake_model()
-  local o = sched.generate(m, { 2, 3 }, { n = 3 })
+T.case("outside a scheduler generate runs the model's engine alone, on_step between steps", function()
+  local m = engine_model()
+  local o = sched.generate(m, { 2, 3 }, { n = 3, temperature = 0, max_new_tokens = 5 })
   T.eq(#o, 3)
-  T.eq(o[3].tokens[1], 53)
-  T.eq(#m.calls, 1)
+  for s = 1, 3 do T.eq(o[s].tokens, fakedec.greedy_reference({ 2, 3 }, 5)) end
+  T.eq(#m.decs, 1)
+  local calls = 0
+  require("clrt.gen.scheduler").generate(m, { { 4 } }, { temperature = 0, max_new_tokens = 5, on_step = function() calls = calls + 1 end })
+  T.eq(calls, 1 + 5, "once before the first step and after each of the 5")
 end)
 
 T.case("max_concurrency bounds the coroutines alive at once", function()
@@ -223,41 +202,7 @@ T.case("bad input and misuse are clear errors", function()
   T.ok(errors[1]:find("runs do not nest", 1, true), tostring(errors[1]))
   _, errors = sched.run({ function() coroutine.yield(5) end })
   T.ok(errors[1]:find("yielded a value itself", 1, true), tostring(errors[1]))
-  T.raises(function() sched.generate(fake_model(), "abc") end, "prompt_tokens must be a table")
-end)
-
-T.case("HTTP moves while the model decodes: on_step resumes coroutines whose replies came in", function()
-  need_python()
-  local srv = fake.start({ "--lifetime", "30" })
-  local c = llm.client { base_url = srv.base_url, model = "m", timeout = 10 }
-  local m = fake_model()
-  local chats_done = 0
-  -- The fake model "decodes" until both chat coroutines have finished, calling on_step
-  -- between steps; without the hook they could only finish after generate returned.
-  m.before = function(opts)
-    local t_end = http.now() + 10
-    while chats_done < 2 and http.now() < t_end do
-      m.steps = m.steps + 1
-      opts.on_step()
-    end
-    m.chats_done_in_generate = chats_done
-  end
-  local results, errors = sched.run({
-    function()
-      local r1 = c:chat({ { role = "user", content = "first [latency:30]" } })
-      local r2 = c:chat({ { role = "user", content = "second [latency:30]" } })   -- sent from on_step
-      chats_done = chats_done + 1
-      return r1.content .. "|" .. r2.content
-    end,
-    function() chats_done = chats_done + 1 + (c:chat({ { role = "user", content = "third [latency:30]" } }) and 0) end,
-    function() return sched.generate(m, { 1 }, {})[1].tokens[1] end,
-  })
-  srv.stop()
-  T.eq(errors, {})
-  T.eq(m.chats_done_in_generate, 2, "both chats finished during the generate call")
-  T.eq(#m.calls, 1)
-  T.eq(results[1], "echo:first [latency:30]|echo:second [latency:30]")
-  T.eq(results[3], 11)
+  T.raises(function() sched.generate(engine_model(), "abc") end, "prompt_tokens must be a table")
 end)
 
 T.case("engine: a conversation's next turn joins the running batch between decode steps", function()
@@ -382,23 +327,10 @@ T.case("engine: who asks (seed_key) decides a request's stream, never its arriva
   local n = 0
   for _ in pairs(distinct) do n = n + 1 end
   T.eq(n, 4, "four futures, four streams")
-  -- the same through a model without a decoder: one batched call lists each prompt's key
-  local fm, seen = { calls = 0 }, {}
-  function fm:generate(prompts, o)
-    self.calls = self.calls + 1
-    local out = {}
-    for i = 1, #prompts do
-      seen[#seen + 1] = o.seed_key[i]
-      out[i] = { tokens = { #seen }, logprobs = { 0 }, finish_reason = "length" }
-    end
-    return out
-  end
-  local _, errors = sched.run({
-    function() return sched.generate(fm, { 1 }, { seed = 1, seed_key = "a" }) end,
-    function() return sched.generate(fm, { 1 }, { seed = 1 }) end,
-  })
-  T.eq(errors, {})
-  T.eq({ fm.calls, seen }, { 1, { "a", false } })
+  -- the same through m:generate's list of keys, one per prompt, in one call outside a run
+  local outs = require("clrt.gen.scheduler").generate(engine_model(), { { 4, 2 }, { 4, 2 } },
+    { temperature = 1, max_new_tokens = 12, seed = 3, seed_key = { "future 2", "future 4" } })
+  T.eq({ outs[1].tokens, outs[2].tokens }, { forward[2], forward[4] })
 end)
 
 T.case("engine on a real model: a request alone and among others gives the same tokens and logprobs", function()

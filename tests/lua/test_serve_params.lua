@@ -7,6 +7,7 @@ local T = require("clrt.test")
 package.path = T.source_dir() .. "/tests/?.lua;" .. package.path
 local cjson = require("cjson")
 local gen = require("clrt.gen.engine")
+local options = require("clrt.gen.options")
 
 if os.execute("command -v curl > /dev/null 2>&1") ~= 0 then
   io.write("skip: curl is not installed\n")
@@ -100,7 +101,7 @@ T.case("a bias on one row leaves the rows decoded beside it unchanged (one engin
     local eng = gen.engine(dec)
     local rows = {}
     for i, x in ipairs(list) do
-      rows[i] = eng:add(x[1], gen.options(x[2], V), nil, 1, 0)[1]
+      rows[i] = eng:add(x[1], options.check(x[2], V), nil, 1, 0)[1]
     end
     while eng:busy() do eng:step() end
     return rows
@@ -130,8 +131,8 @@ T.case("a bias on one row leaves the rows decoded beside it unchanged (one engin
     T.near(row.model_logprobs[i].lp, lp:get(1, #prompt + i - 1), 1e-3, "token " .. i)
   end
   T.ok(row.model_logprobs[1].lp < -1, "a forced token the model finds unlikely keeps its low log-probability")
-  T.raises(function() gen.options({ logit_bias = { [V] = 1 } }, V) end, "logit_bias")
-  T.raises(function() gen.options({ logit_bias = { [1] = 101 } }, V) end, "logit_bias")
+  T.raises(function() options.check({ logit_bias = { [V] = 1 } }, V) end, "logit_bias")
+  T.raises(function() options.check({ logit_bias = { [1] = 101 } }, V) end, "logit_bias")
 end)
 
 T.case("frequency_penalty and presence_penalty: the reply equals in-process generation with them", function()

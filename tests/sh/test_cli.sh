@@ -27,6 +27,9 @@ run "$bin" --version
 run env CLRT_CPU=portable "$bin" --version
 has "cpu: kernels portable" && has "bf16 products f32" && has "int8 portable" && ok "CLRT_CPU=portable: plain loops, no bf16 unit" ||
   bad "CLRT_CPU=portable" "$out"
+run "$bin" -e 'print(clrt.model.cpu_paths("portable")); print(pcall(clrt.model.cpu_paths, "sse"))'
+has "kernels portable" && has "cpu level 'sse' (portable, avx2, avxvnni, avx512)" && ok "clrt.model.cpu_paths caps the level, names a bad one" ||
+  bad "cpu_paths" "$out"
 run "$bin" -v
 [ "$rc" -eq 0 ] && has "clrt " && ok "-v" || bad "-v" "$out"
 run "$bin" --help

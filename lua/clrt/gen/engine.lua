@@ -21,140 +21,10 @@ local ffi = require("ffi")
 local bit = require("bit")
 local core = require("clrt.core.ffi")
 local clock = require("clrt.log").now
+local options = require("clrt.gen.options")
 local C = core.C
 
 local M = {}
-
--- The options generate takes (anything else is a mistake worth naming: max_tokens for
--- max_new_tokens would otherwise be ignored without a word).
-local KNOWN_OPTIONS = { "n", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "seed_key", "stop", "tokenizer",
-  "top_logprobs", "logit_bias", "frequency_penalty", "presence_penalty", "stream_text", "mask", "json_schema", "json",
-  "json_whitespace", "on_step" }
-local known_option = {}
-for _, k in ipairs(KNOWN_OPTIONS) do known_option[k] = true end
-
--- logit_bias {[token id] = bias in [-100, 100]} -> parallel arrays, ids in increasing order.
-local function parse_logit_bias(lb, vocab, bad)
-  if type(lb) ~= "table" then bad("logit_bias", "must be a table {[token id] = bias}") end
-  local ids = {}
-  for id, b in pairs(lb) do
-    if type(id) ~= "number" or id ~= math.floor(id) or id < 0 or id >= vocab then
-      bad("logit_bias", ("has key %s, not a token id in [0, %d)"):format(tostring(id), vocab))
-    end
-    if type(b) ~= "number" or not (b >= -100 and b <= 100) then
-      bad("logit_bias", ("[%d] = %s is not a number in [-100, 100]"):format(id, tostring(b)))
-    end
-    ids[#ids + 1] = id
-  end
-  if #ids == 0 then return nil end
-  table.sort(ids)
-  local vals = {}
-  for i, id in ipairs(ids) do vals[i] = lb[id] end
-  return { ids = ids, vals = vals }
-end
-
--- Validate options once per request; returns the normalised copy rows keep.
-function M.options(opts, vocab)
-  opts = opts or {}
-  if type(opts) ~= "table" then error(("generate: opts must be a table of options, got a %s"):format(type(opts)), 0) end
-  for k in pairs(opts) do
-    if not known_option[k] then
-      error(("generate: unknown option '%s' (the options are: %s)"):format(tostring(k), table.concat(KNOWN_OPTIONS, ", ")), 0)
-    end
-  end
-  local o = {
-    n = opts.n or 1,
-    max_new_tokens = opts.max_new_tokens or 64,
-    temperature = opts.temperature or 1.0,
-    top_p = opts.top_p or 1.0,
-    top_k = opts.top_k or 0,
-    seed = opts.seed or 0,
-  }
-  local function bad(k, why) error(("generate: option %s %s"):format(k, why), 0) end
-  if type(o.n) ~= "number" or o.n < 1 or o.n ~= math.floor(o.n) then bad("n", "must be a positive integer") end
-  if type(o.max_new_tokens) ~= "number" or o.max_new_tokens < 0 then bad("max_new_tokens", "must be >= 0") end
-  if type(o.temperature) ~= "number" or o.temperature < 0 then bad("temperature", "must be >= 0") end
-  if type(o.top_p) ~= "number" or o.top_p <= 0 or o.top_p > 1 then bad("top_p", "must be in (0, 1]") end
-  if type(o.top_k) ~= "number" or o.top_k < 0 then bad("top_k", "must be >= 0") end
-  if type(o.seed) ~= "number" then bad("seed", "must be a number") end
-  -- who asks (clrt.sched: "rl/step 3/prompt 2/future 1/turn 2"): with the seed it names the
-  -- request's random stream; a list gives m:generate one key per prompt
-  local key = opts.seed_key
-  if key ~= nil then
-    local ok = type(key) == "string" or type(key) == "number"
-    if type(key) == "table" then
-      ok = #key > 0
-      for _, k in ipairs(key) do ok = ok and (type(k) == "string" or type(k) == "number" or k == false) end
-    end
-    if not ok then bad("seed_key", "must be a string or number naming the request (or, for m:generate, a list of them, one per prompt)") end
-    o.seed_key = key
-  end
-  local stop = opts.stop
-  if stop ~= nil and type(stop) ~= "table" then stop = { stop } end
-  o.stop_ids, o.stop_strings = {}, {}
-  for _, s in ipairs(stop or {}) do
-    if type(s) == "number" then
-      if s < 0 or s >= vocab then bad("stop", ("has token id %d outside the vocabulary of %d"):format(s, vocab)) end
-      o.stop_ids[s] = true
-    elseif type(s) == "string" then
-      if s == "" then bad("stop", "has an empty string") end
-      o.stop_strings[#o.stop_strings + 1] = s
-    else
-      bad("stop", "entries must be token ids or strings")
-    end
-  end
-  -- report the model's own log-probabilities (temperature 1) of each sampled token and of
-  -- the top_logprobs most likely ones: row.model_logprobs[i] = {lp, top = {{id, lp}, ...}}
-  if opts.top_logprobs ~= nil then
-    local k = opts.top_logprobs
-    if type(k) ~= "number" or k < 0 or k > 64 or k ~= math.floor(k) then bad("top_logprobs", "must be an integer in [0, 64]") end
-    o.top_logprobs = math.min(k, vocab)
-  end
-  if opts.logit_bias ~= nil then o.logit_bias = parse_logit_bias(opts.logit_bias, vocab, bad) end
-  -- OpenAI's penalties: a token's logit drops by count * frequency_penalty + presence_penalty
-  -- once the row has sampled it count (> 0) times
-  o.frequency_penalty, o.presence_penalty = opts.frequency_penalty or 0, opts.presence_penalty or 0
-  for _, k in ipairs({ "frequency_penalty", "presence_penalty" }) do
-    if type(o[k]) ~= "number" or not (o[k] >= -2 and o[k] <= 2) then bad(k, "must be a number in [-2, 2]") end
-  end
-  o.tokenizer = opts.tokenizer
-  if (#o.stop_strings > 0 or opts.stream_text) and not o.tokenizer then
-    bad("stop", "has strings but no tokenizer was given (opts.tokenizer) to decode with")
-  end
-  o.mask = opts.mask   -- function(row) -> uint8_t* [V], nil (no mask) or false (end the row)
-  local js = opts.json_schema
-  if js == nil and opts.json then js = opts.json end   -- true: any value; "object": any object
-  if js ~= nil and js ~= false then
-    if o.mask then bad("json", "cannot be combined with a mask") end
-    if not o.tokenizer then bad("json", "needs the tokenizer (opts.tokenizer) for the bytes of every token") end
-    local JC = require("clrt.gen.json_constraint")
-    local stop_ids = {}
-    for id in pairs(o.stop_ids) do stop_ids[#stop_ids + 1] = id end
-    table.sort(stop_ids)
-    local grammar = type(js) == "table" and js.grammar and js or JC.compile(js, { max_ws = opts.json_whitespace })
-    local c = JC.new({ tokenizer = o.tokenizer, V = vocab, grammar = grammar, stop_ids = stop_ids })
-    o.constraint = c
-    o.mask = function(row) return c:mask(row) end
-  end
-  return o
-end
-
-local function check_prompt(p, prompt, V, o, max_len)
-  if type(prompt) ~= "table" or #prompt == 0 then
-    error(("generate: prompt %d must be a non-empty list of token ids"):format(p), 0)
-  end
-  for i, t in ipairs(prompt) do
-    if type(t) ~= "number" or t < 0 or t >= V or t ~= math.floor(t) then
-      error(("generate: prompt %d token %d (%s) is not an id in [0, %d)"):format(p, i, tostring(t), V), 0)
-    end
-  end
-  if #prompt + o.max_new_tokens > max_len then
-    error(("generate: prompt %d has %d tokens + max_new_tokens %d = %d, more than the context of %d")
-      :format(p, #prompt, o.max_new_tokens, #prompt + o.max_new_tokens, max_len), 0)
-  end
-end
-
-M.check_prompt = check_prompt   -- (index, prompt, V, o, max_len): m:generate checks before it queues
 
 -- The position in `text` where the first stop string starts; nil if none. Only the tail
 -- that new text could complete is searched.
@@ -250,19 +120,18 @@ local function stream_hash(seed, name) return fnv64(("%.17g|%s"):format(seed, na
 local function sample_seed(h, s) return fnv64(("%s|%d"):format(tostring(h), s)) end
 function M.row_seed(seed, name, s) return sample_seed(stream_hash(seed, name), s) end
 
--- Start n = o.n rows for one prompt (o from M.options). cb.on_token(row, id, text_piece)
--- and cb.on_done(row) are optional. Returns the rows; each ends with row.finish_reason set.
--- Sample s of the request draws its random numbers from the stream M.row_seed(o.seed, name,
--- s), name = M.stream_name(prompt, key or o.seed_key): a row's tokens depend on its seed,
--- its key (or prompt) and s only, never on which rows it shares a step with or when it came.
+-- Start n = o.n rows for one prompt (o from clrt.gen.options.check). cb.on_token(row, id,
+-- text_piece) and cb.on_done(row) are optional. Returns the rows; each ends with
+-- row.finish_reason set. Sample s of the request draws its random numbers from the stream
+-- M.row_seed(o.seed, name, s), name = M.stream_name(prompt, key) (key: the request's one seed
+-- key, clrt.gen.options.seed_keys; nil or false: none): a row's tokens depend on its seed, its
+-- key (or prompt) and s only, never on which rows it shares a step with or when it came.
 function Engine:add(prompt, o, cb, tag, key)
   cb = cb or {}
-  check_prompt(tag or 1, prompt, self.V, o, self.dec.max_len)
+  options.check_prompt(tag or 1, prompt, self.V, o, self.dec.max_len)
   if o.n > #self.free then
     error(("generate: %d rows need slots but the decoder has %d free of %d"):format(o.n, #self.free, self.dec.slots), 0)
   end
-  if key == nil then key = o.seed_key end
-  if type(key) == "table" then error("generate: a list of seed_key is one key per prompt of m:generate; a request takes one", 0) end
   local h = stream_hash(o.seed, M.stream_name(prompt, key))
   local rows = {}
   for s = 1, o.n do
@@ -646,40 +515,6 @@ function Engine:decode_step()
     end
     self.dec:decode(#still, self.slot_ids, self.feed, self.logits)
   end
-end
-
--- generate(dec, prompts, opts): every prompt x n rows decoded together. Returns one entry
--- per (prompt, sample), prompt-major: { tokens, logprobs, finish_reason = "stop"|"length",
--- text (only with a tokenizer; it ends before a matched stop string) }.
-function M.run(dec, prompts, opts)
-  if type(prompts) ~= "table" then error("generate: prompts must be a list of token rows", 2) end
-  local ok, o = pcall(M.options, opts, dec.vocab_size)
-  if not ok then error(o, 2) end
-  if #prompts * o.n > dec.slots then
-    error(("generate: %d rows (prompts x n) but the decoder has %d slots"):format(#prompts * o.n, dec.slots), 2)
-  end
-  local keys = o.seed_key
-  if keys ~= nil and type(keys) ~= "table" then keys = { keys } end
-  if keys and #keys ~= #prompts then
-    error(("generate: seed_key lists %d keys for %d prompts (one per prompt)"):format(#keys, #prompts), 2)
-  end
-  local eng = M.engine(dec)
-  local all = {}
-  for p, prompt in ipairs(prompts) do
-    local ok2, rows = pcall(eng.add, eng, prompt, o, nil, p, keys and keys[p])
-    if not ok2 then error(rows, 2) end
-    for _, r in ipairs(rows) do all[#all + 1] = r end
-  end
-  if opts and opts.on_step then opts.on_step() end
-  while eng:busy() do
-    eng:step()
-    if opts and opts.on_step then opts.on_step() end
-  end
-  local out = {}
-  for i, r in ipairs(all) do
-    out[i] = { tokens = r.tokens, logprobs = r.logprobs, finish_reason = r.finish_reason, text = r.text }
-  end
-  return out
 end
 
 return M

@@ -1,14 +1,13 @@
--- clrt.gen.model_methods — KV-cache decoding for clrt.model: m:decoder(slots, max_len) and
--- m:generate(prompts, opts), methods that lua/clrt/model.lua takes into its Model class.
--- m:generate submits to the model's one engine (clrt.gen.scheduler, through clrt.sched).
-local gen = require("clrt.gen.engine")
+-- clrt.gen.model_methods — generation for clrt.model, put into its Model class when this loads:
+-- m:decoder(slots, max_len), m:generate(prompts, opts) and m:chat([tok,] text). clrt.model is
+-- the transformer alone and requires nothing of generation; the binary's `clrt` (init.lua)
+-- loads this with it, by whichever name the model is reached, and a script outside the
+-- binary requires it once. m:generate submits to the model's one engine (clrt.gen.scheduler).
+local models = require("clrt.model")
 local decoder = require("clrt.gen.decoder")
-local sched = require("clrt.sched")
+local G = require("clrt.gen.scheduler")
 
-local M = {}
--- The methods of clrt.model's Model class defined here (lua/clrt/model.lua takes them).
-local Model = {}
-M.methods = Model
+local Model = models.Model
 
 local function is_tokenizer(x) return type(x) == "table" and type(x.encode) == "function" and type(x.decode) == "function" end
 
@@ -63,26 +62,56 @@ end
 -- the engine runs until they finish; its decoder grows to the largest request seen.
 function Model:generate(prompts, opts)
   check_prompts(prompts, opts)
-  local checked, o = pcall(gen.options, opts, self.config.vocab_size)
-  if not checked then error(o, 2) end
-  local longest = 0
-  for _, p in ipairs(prompts) do if #p > longest then longest = #p end end
-  local limit = self.config.max_position_embeddings
-  if limit and longest + o.max_new_tokens > limit then
-    error(("generate: a prompt of %d tokens + max_new_tokens %d exceeds the model's context of %d"):format(longest, o.max_new_tokens, limit), 2)
-  end
-  local keys = o.seed_key
-  if keys ~= nil and type(keys) ~= "table" then keys = { keys } end
-  if keys and #keys ~= #prompts then
-    error(("generate: seed_key lists %d keys for %d prompts (one per prompt)"):format(#keys, #prompts), 2)
-  end
-  for p, prompt in ipairs(prompts) do
-    local ok, err = pcall(gen.check_prompt, p, prompt, self.config.vocab_size, o, limit or math.huge)
-    if not ok then error(err, 2) end
-  end
-  local ok, res = pcall(sched.generate_all, self, prompts, o, keys, opts and opts.on_step)
+  local ok, res = pcall(G.generate, self, prompts, opts)
   if not ok then error(res, 2) end
   return res
 end
 
-return M
+-- chat([tok,] text or messages[, opts]) -> the assistant's reply as text (and the generate
+-- entry): a text is one user message; messages a list of {role =, content =}. Rendered
+-- with the model's chat template (clrt.chat.generate). Without tok, m:tokenizer(). opts as
+-- m:generate's; by default temperature 0.7 and up to 512 new tokens (what `clrt chat` uses).
+function Model:chat(tok, input, opts)
+  local usage = "m:chat([tok,] text or messages[, opts])"
+  if not (type(tok) == "table" and type(tok.encode) == "function") then
+    if tok ~= nil and type(tok) ~= "string" and type(tok) ~= "table" then
+      error(("%s: the first argument must be a tokenizer, a text or a list of messages, got a %s"):format(usage, type(tok)), 2)
+    end
+    tok, input, opts = nil, tok, input
+  end
+  local messages = input
+  if type(input) == "string" then
+    messages = { { role = "user", content = input } }
+  elseif type(input) ~= "table" or #input == 0 then
+    error(("%s: give a text or a non-empty list of {role =, content =} messages, got %s"):format(usage,
+      type(input) == "table" and "an empty table" or "a " .. type(input)), 2)
+  else
+    for i, msg in ipairs(input) do
+      if type(msg) ~= "table" or type(msg.role) ~= "string" or type(msg.content) ~= "string" then
+        error(("%s: message %d must be {role = \"user\"|\"assistant\"|\"system\", content = text}"):format(usage, i), 2)
+      end
+    end
+  end
+  if opts ~= nil and type(opts) ~= "table" then error(("%s: opts must be a table, got a %s"):format(usage, type(opts)), 2) end
+  if not tok then
+    local okt, t = pcall(self.tokenizer, self)
+    if not okt then error(("%s: %s"):format(usage, tostring(t)), 2) end
+    tok = t
+  end
+  local o = { temperature = 0.7 }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  local chat = require("clrt.chat")
+  if o.max_new_tokens == nil then
+    local room = (self.config.max_position_embeddings or 4096) - #chat.render(tok, messages, { add_generation_prompt = true })
+    o.max_new_tokens = math.max(1, math.min(512, room))
+  end
+  local okg, text, raw = pcall(chat.generate, self, tok, messages, o)
+  if not okg then error(text, 2) end
+  return text, raw
+end
+
+-- A model's KV cache and prefix cache go before it frees or moves its arenas.
+models.on_release[#models.on_release + 1] = G.drop
+
+-- Loading this module is its whole use: it has nothing to call.
+return {}

@@ -4,8 +4,9 @@
 -- evaluation), m:generate (and so clrt.chat and the REPL), `clrt chat` and `clrt serve`.
 --
 --   local G = require("clrt.gen.scheduler")
+--   local outs = G.generate(model, prompts, opts) -- the one generate: checked, queued, waited for
 --   local E = G.of(model)                  -- the model's engine state, made on first use
---   local req = G.submit(E, prompt, o, cb) -- o from clrt.gen.engine.options; queued in order
+--   local req = G.submit(E, prompt, o, cb) -- o from clrt.gen.options.check; queued in order
 --   G.admit(E, alive)                      -- start the queued requests that fit
 --   G.step(E)                              -- one decode step of the rows running
 --   G.drain(E, reqs, on_step)              -- admit and step until reqs have finished
@@ -23,6 +24,7 @@
 -- frees the decoder (its rows belong to no one); G.drop frees the decoder and the model's
 -- prefix cache (m:free(), m:to(device), clrt.gen.prefix_cache.configure drops the cache alone).
 local gen = require("clrt.gen.engine")
+local options = require("clrt.gen.options")
 local prefix_cache = require("clrt.gen.prefix_cache")
 
 local M = {}
@@ -95,19 +97,20 @@ end
 
 -- The largest request the engine can ever take: rows, tokens (prompt + new).
 function M.capacity(E, model)
-  local ctx = model and model.config and model.config.max_position_embeddings or math.huge
+  local ctx = options.context(model) or math.huge
   return E.max_slots or math.huge, math.min(E.max_len or math.huge, ctx)
 end
 
 function M.busy(E) return E.eng ~= nil and E.eng:busy() end
 
--- A request waits in E.waiting until it fits. prompt: token ids; o: clrt.gen.engine.options;
--- tag, key: the engine's prompt index (in errors) and seed key (nil: o.seed_key).
+-- A request waits in E.waiting until it fits. prompt: token ids; o: clrt.gen.options.check's;
+-- tag, key: the engine's prompt index (in errors) and seed key (clrt.gen.options.seed_keys;
+-- nil or false: none).
 function M.submit(E, prompt, o, cb, tag, key)
   local usage = "clrt.gen.scheduler.submit(E, prompt, o, cb)"
   if type(E) ~= "table" or type(E.waiting) ~= "table" then error(usage .. ": E must be scheduler.of(model)", 2) end
   if type(prompt) ~= "table" then error(("%s: prompt must be a list of token ids, got a %s"):format(usage, type(prompt)), 2) end
-  if type(o) ~= "table" or type(o.stop_ids) ~= "table" then error(usage .. ": o must come from clrt.gen.engine.options(opts, V)", 2) end
+  if type(o) ~= "table" or type(o.stop_ids) ~= "table" then error(usage .. ": o must come from clrt.gen.options.check(opts, V)", 2) end
   if cb ~= nil and type(cb) ~= "table" then error(("%s: cb must be a table of callbacks, got a %s"):format(usage, type(cb)), 2) end
   local req = { E = E, prompt = prompt, o = o, cb = cb or {}, tag = tag, key = key, need = #prompt + o.max_new_tokens }
   E.waiting[#E.waiting + 1] = req
@@ -265,6 +268,63 @@ function M.drop(model)
     states[model] = nil
   end
   prefix_cache.release(model)
+end
+
+-- How a request waits when its caller is a clrt.sched task: clrt.sched sets this when it loads
+-- (it requires this module to step the engines, so this one cannot require it). waiter(E) ->
+-- nil outside a task, else {wake = function(ok), wait = function(on_cancel)}: the task's run
+-- now admits and steps E, and wait parks the task until wake.
+M.waiter = nil
+
+-- The one generate. prompts: a list of token lists; opts: clrt.gen.options' (seed_key: one
+-- key per prompt, or one for a lone prompt). Returns one entry per (prompt, sample),
+-- prompt-major: {tokens, logprobs, finish_reason, text, model_logprobs}. model: a model
+-- (m:decoder, m.config) or the key of a decoder given with M.attach. Inside a clrt.sched task
+-- the requests wait beside the other tasks'; outside one the engine runs here until they
+-- finish, opts.on_step() between steps. Errors carry no position (callers add theirs).
+function M.generate(model, prompts, opts)
+  if type(prompts) ~= "table" then error(("generate: prompts must be a list of token lists, got a %s"):format(type(prompts)), 0) end
+  local E = M.of(model)
+  local cfg = type(model.config) == "table" and model.config or nil
+  local V = cfg and cfg.vocab_size or (E.dec and E.dec.vocab_size)
+  local o = options.check(opts, V)
+  local keys = options.seed_keys(o, #prompts)
+  local limit = options.context(model) or (E.dec and E.dec.max_len) or math.huge
+  for p, prompt in ipairs(prompts) do options.check_prompt(p, prompt, V, o, limit) end
+  local waiter = M.waiter and M.waiter(E)
+  local reqs, outs, left, failed = {}, {}, #prompts, nil
+  for p, prompt in ipairs(prompts) do
+    local got = 0
+    local cb = { on_done = function(row)
+      outs[(p - 1) * o.n + row.sample] = { tokens = row.tokens, logprobs = row.logprobs,
+        finish_reason = row.finish_reason, text = row.text, model_logprobs = row.model_logprobs }
+      got = got + 1
+      if got == o.n then
+        left = left - 1
+        if left == 0 and waiter then waiter.wake(true) end
+      end
+    end, on_fail = function(err)
+      failed = failed or err
+      if waiter then waiter.wake(false) end
+    end }
+    reqs[p] = M.submit(E, prompt, o, cb, p, keys and keys[p])
+  end
+  if waiter then
+    waiter.wait(function() for _, req in ipairs(reqs) do M.cancel(req) end end)
+  else
+    M.drain(E, reqs, opts and opts.on_step)
+  end
+  if failed then
+    for _, req in ipairs(reqs) do M.cancel(req) end
+    error(failed, 0)
+  end
+  return outs
+end
+
+-- A run that ends leaves rows nobody waits for (a task failed or timed out): the next run starts
+-- with a fresh engine.
+function M.abandon(E)
+  if M.busy(E) or #E.waiting > 0 then M.drop_engine(E) end
 end
 
 return M

@@ -5,7 +5,7 @@
 -- (job.stream) or one JSON body. The endpoint's shape (M.CHAT, M.COMPLETION) says what a chunk
 -- and a choice look like.
 --   local cb = reply.producer(srv, job, reply.writer(srv, request_id, job))
--- job: {ids, o (clrt.gen.engine.options), shape, tok, model, id, created, stream, include_usage,
+-- job: {ids, o (clrt.gen.options.check), shape, tok, model, id, created, stream, include_usage,
 --       logprobs, tools_on, tool_result(row) -> calls, content}
 local json = require("clrt.json")
 

@@ -6,7 +6,7 @@
 -- requests that arrive together decode in the same batched steps, and a request that arrives
 -- mid-way joins at the next step.
 local json = require("clrt.json")   -- strict: NaN, Infinity and 0x.. are not JSON; [] stays apart from {}
-local gen = require("clrt.gen.engine")
+local options = require("clrt.gen.options")
 local G = require("clrt.gen.scheduler")
 local reply = require("clrt.net.openai_reply")   -- what a request's rows write back
 
@@ -541,7 +541,7 @@ function Server:job(req, ids, opts, shape, param)
       :format(#ids, opts.max_new_tokens, self.max_len), param, nil, "context_length_exceeded")
   end
   self.counter = self.counter + 1
-  return { ids = ids, o = gen.options(opts, self.limits.vocab_size), shape = shape, tok = self.tok, model = self.name,
+  return { ids = ids, o = options.check(opts, self.limits.vocab_size), shape = shape, tok = self.tok, model = self.name,
     id = ("%s-%d-%d"):format(shape.id_prefix, self.created, self.counter), created = os.time(),
     stream = req.stream, include_usage = req.include_usage, logprobs = req.logprobs,
     tool_result = function(row) return nil, row.text end }

@@ -44,6 +44,9 @@ function M.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
   -- run beside decoding, so this can exceed the step's time
   row.tests_run, row.time_tests_s = cnt.pass_rate_programs, cnt.pass_rate_seconds
   if cnt.pass_rate_programs then row.engine_steps_during_tests = timing.engine_steps_during_tests end
+  -- programs the harness caught forging a pass, and those that met a missing module (an
+  -- environment error, not a wrong answer); rows left out because their modules are missing
+  row["pass_rate/tampered"], row["pass_rate/env_errors"] = cnt.pass_rate_tampered, cnt.pass_rate_env_errors
   for k in pairs(cnt) do cnt[k] = nil end
   local calls = require("clrt.llm").drain_records()
   if #calls > 0 then

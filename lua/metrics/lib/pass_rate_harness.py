@@ -1,28 +1,31 @@
 """pass_rate's harness: runs the policy's code and the task's tests inside the sandbox and
-reports the verdict of the test framework itself (metrics/pass_rate.lua).
+reports the verdict of the test framework itself (metrics/pass_rate.lua, docs/sandbox.md).
 
-    python3 -I pass_rate_harness.py SOLUTION.py TESTS.py    (fd 0: the nonce, fd 3: the report)
+    python3 -I pass_rate_harness.py SOLUTION.py TESTS.py [SEMANTICS [DISABLED]]
+    (fd 0: the nonce, fd 3: the report)
 
-Before any untrusted line runs, it reads the run's nonce from descriptor 0 (then closes
-it), counts the tests the test source defines (from its syntax tree, so the code cannot
-remove tests), keeps its own references to unittest's suite, loader and result classes
-and to the os functions it reports with, and takes a snapshot of the attributes of
-unittest's modules and classes, of builtins and of numpy's and pandas' testing modules.
+SEMANTICS is `bigcodebench` (default) or `strict`. DISABLED is a comma list of defenses to
+turn off (tests only: each red-team attack is shown to pass without the defense it meets).
 
-The code and then the tests run in one namespace (module __test__, as BigCodeBench's
-evaluation names it, so `if __name__ == "__main__": unittest.main()` stays off). Every test
-runs under a result object of this file that records each outcome itself. The verdict is
-PASS when every expected test ran and succeeded (a failure, error, skip, failed subtest,
-unexpected success or missing test is a FAIL) and no snapshot changed; without TestCase
-classes, the test source is one test that passes when it runs to its end. The verdict goes
-to descriptor 3 as one line `CLRT-PASS-RATE <nonce> <verdict> <counts>`, written only by
-this process (a forked child never reports), after which the process ends at once
-(os._exit: no atexit handler, no late thread, no __del__ runs). The trainer accepts the
-report only when descriptor 3 holds exactly that one line with its nonce.
+bigcodebench reproduces BigCodeBench 0.2.5 untrusted_check's verdict: the code and the
+tests run as one program `code + "\\n" + tests` in a module `__test__` with sys, os and
+environ pre-bound and builtins.exit/quit set to None; the class TestCases (required) is
+loaded with unittest's loader and run; PASS when there is no failure and no error (skips
+the tests declare, expected failures, unexpected successes and zero tests pass). strict
+also fails skips, unexpected successes and a missing expected test; without TestCase
+classes it runs the source as one test that passes when it ends.
 
-docs/sandbox.md lists what this resists and what it cannot: in-process Python can always
-reach this file's own objects (frames, gc, ctypes), so the harness raises the cost of a
-forged pass; it does not make one impossible.
+Beyond BigCodeBench, a verdict the code cannot forge (each defense has a name, see
+DEFENSES): a test passes only when its body returned (a token set by a wrapper after the
+real body, kept in a closure); a skip, stop or interrupt raised from the solution's code
+is tampering; the test machinery (unittest, unittest.mock, numpy/pandas comparison
+helpers, builtins, sys.path, the test functions and their code objects, the modules the
+tests import) is compared around every test; an audit hook (which no code can remove)
+refuses introspection from the solution's code (frames, gc, tracing, ctypes memory,
+code objects of the tests, opening /task); a syntax-tree screen is a second means. The
+report is one line `CLRT-PASS-RATE <nonce> <PASS|FAIL> ran=.. expected=.. ok=.. kind=..`
+on descriptor 3, kind one of pass, wrong, tamper, env (a module missing: missing=a,b),
+written only by this process, which then ends at once (os._exit).
 """
 import ast
 import builtins
@@ -30,15 +33,51 @@ import os
 import sys
 import types
 import unittest
+import unittest.mock
+import inspect
+import traceback
+import gc
 
 REPORT_FD = 3
+DEFENSES = ("token", "skip", "audit", "screen", "machinery", "testfuncs", "imports", "eq", "signals", "isolation",
+            "dumpable")
+# BigCodeBench's namespace, switchable only to show its tests catch the loss (planted faults)
+FAULTS = ("prebind", "exitnone")
 MACHINERY = ("unittest", "unittest.case", "unittest.result", "unittest.suite", "unittest.loader",
              "unittest.runner", "unittest.main", "unittest.util", "unittest.signals", "unittest.async_case")
-ASSERTION_MODULES = {"numpy": ("numpy.testing",), "pandas": ("pandas.testing",)}
+# helpers the tests' verdicts rest on: module attributes and class dicts compared around each test
+HELPERS = {"numpy": ("numpy", "numpy.testing", "numpy.core.numeric"),
+           "pandas": ("pandas", "pandas.testing", "pandas._testing")}
+HELPER_CLASSES = {"pandas": ("DataFrame", "Series", "Index")}
+MOCK_CLASSES = ("NonCallableMock", "CallableMixin", "Mock", "MagicMixin", "MagicMock", "NonCallableMagicMock",
+                "AsyncMockMixin", "AsyncMock", "_Call", "_CallList", "_patch", "_ANY")
+# names an honest solution has no reason to use: introspection that reaches the harness or
+# the tests, the unittest control flow, and the test class itself
+SCREENED = frozenset(("_getframe", "_current_frames", "f_back", "f_globals", "f_locals", "f_builtins", "tb_frame",
+                      "gi_frame", "cr_frame", "ag_frame", "__code__", "__closure__", "cell_contents",
+                      "settrace", "setprofile", "currentframe", "__globals__",
+                      "addaudithook", "_ShouldStop", "SkipTest", "skipTest", "TestCases", "co_consts",
+                      "__unittest_skip__", "_outcome", "PyObj_FromPtr", "string_at", "from_address", "memmove"))
+PROC_PEEK = __import__("re").compile(r"/proc/[^\s'\"]*/(mem|maps|fd/|environ|syscall)\b")
+GC_NAMES = frozenset(("get_referrers", "get_referents", "get_objects"))   # only as gc's: a common method name
+LIB_PREFIXES = tuple(p + "/" for p in sys.path if p.startswith("/usr/")) + ("<frozen ",)
 
 
-def make_reporter():
+def not_dumpable():
+    """PR_SET_DUMPABLE 0: no other process of the sandbox's uid may read this one's memory
+    (/proc/PID/mem) or its descriptors (/proc/PID/fd): a program the code starts would
+    find the nonce there. Forked children inherit it; what they exec starts afresh."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(4, 0, 0, 0, 0) != 0:   # PR_SET_DUMPABLE
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+def make_reporter(dumpable):
     """The one function that can write a report; the nonce lives only in its closure."""
+    if not dumpable:
+        not_dumpable()
+    os.set_inheritable(REPORT_FD, False)   # programs the code starts do not get it by accident
     read, write, exit_now, getpid = os.read, os.write, os._exit, os.getpid
     chunks = []
     while True:
@@ -52,6 +91,7 @@ def make_reporter():
     os.close(devnull)
     chunks = None
     me = getpid()
+    # the real streams' flush, bound now: nothing the code put in sys runs at report time
     streams = [(type(s).flush, s) for s in (sys.stdout, sys.stderr) if s is not None]
 
     def report(verdict, counts):
@@ -61,9 +101,8 @@ def make_reporter():
             except BaseException:
                 pass
         if getpid() == me:
-            line = b"CLRT-PASS-RATE " + nonce + b" " + verdict.encode() + b" " + counts.encode() + b"\n"
             try:
-                write(REPORT_FD, line)
+                write(REPORT_FD, b"CLRT-PASS-RATE " + nonce + b" " + verdict.encode() + b" " + counts.encode() + b"\n")
             except OSError:
                 pass
         exit_now(0)
@@ -78,48 +117,25 @@ def say(text, write=os.write):
         pass
 
 
-def dotted(node):
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = dotted(node.value)
-        return base + "." + node.attr if base else node.attr
-    return ""
+def code_objects(code, out):
+    """Every code object inside code (functions, classes, lambdas, comprehensions)."""
+    out.add(code)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            code_objects(c, out)
+    return out
 
 
-def expected_tests(tree):
-    """{class name: [test method names]} from the test source's top-level classes: those
-    deriving (within the file or directly) from a *TestCase class; only TestCases when the
-    source defines it, as BigCodeBench runs that class alone."""
-    classes = {}
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef):
-            methods = [n.name for n in node.body
-                       if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test")]
-            classes[node.name] = ([dotted(b) for b in node.bases], methods)
-
-    def is_test(name, depth=0):
-        if depth > 50:
-            return False
-        for base in classes[name][0]:
-            if base.split(".")[-1].endswith("TestCase"):
-                return True
-            if base in classes and base != name and is_test(base, depth + 1):
-                return True
-        return False
-
-    def tests_of(name, depth=0):
-        out = set(classes[name][1])
-        if depth < 50:
-            for base in classes[name][0]:
-                if base in classes and base != name:
-                    out |= tests_of(base, depth + 1)
-        return out
-
-    found = {name: sorted(tests_of(name)) for name in classes if is_test(name)}
-    if "TestCases" in found:
-        return {"TestCases": found["TestCases"]}
-    return found
+def harness_codes():
+    out = set()
+    for v in list(globals().values()):
+        if isinstance(v, types.FunctionType):
+            code_objects(v.__code__, out)
+    f = sys._getframe()
+    while f is not None:   # the frames below main (the module's own code)
+        out.add(f.f_code)
+        f = f.f_back
+    return out
 
 
 def imported_roots(tree):
@@ -132,31 +148,88 @@ def imported_roots(tree):
     return roots
 
 
-def module_state(names, packages=()):
-    """(module name, module object, its attributes) for the loaded modules among names and
-    the packages with their submodules (unittest.mock, whose globals change as it is used,
-    is not among them)."""
-    out = []
-    for name, mod in list(sys.modules.items()):
-        if isinstance(mod, types.ModuleType) and (
-                name in names or any(name == n or name.startswith(n + ".") for n in packages)):
-            out.append((name, mod, dict(vars(mod))))
-    return out
+def dotted(node):
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted(node.value)
+        return base + "." + node.attr if base else node.attr
+    return ""
 
 
-def class_state(modules):
-    """The attribute dicts of the classes these modules define."""
-    out = []
-    for name, mod, attrs in modules:
-        for value in attrs.values():
-            if isinstance(value, type) and getattr(value, "__module__", "") == name:
-                out.append((value, dict(vars(value))))
-    return out
+def expected_tests(tree):
+    """{class name: {test names}} the test source's syntax declares: the test* methods of its
+    top-level classes (inherited ones within the file included). Tests are found by the
+    real classes after the source runs; this only guards against tests disappearing."""
+    classes = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            methods = {n.name for n in node.body
+                       if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test")}
+            classes[node.name] = ([dotted(b) for b in node.bases], methods)
+
+    def tests_of(name, depth=0):
+        out = set(classes[name][1])
+        if depth < 50:
+            for base in classes[name][0]:
+                if base in classes and base != name:
+                    out |= tests_of(base, depth + 1)
+        return out
+    return {name: tests_of(name) for name in classes}
 
 
-def module_changes(state):
-    """Rebound or removed attributes, and new ones shadowing a builtin (a new global a
-    module's functions would find before the builtin); lazily added submodules are fine."""
+def screen(tree):
+    """The syntax-tree screen (second means beside the audit hook): the first use of a
+    screened name, or an __eq__/__ne__ that answers without looking at its operands."""
+    for node in ast.walk(tree):
+        name = None
+        if isinstance(node, ast.Attribute):
+            name = node.attr
+        elif isinstance(node, ast.Name):
+            name = node.id
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            name = node.value
+        elif isinstance(node, ast.alias):
+            name = node.name.split(".")[-1]
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and PROC_PEEK.search(node.value):
+            return "reads another process's memory or descriptors (%r, line %d)" % (node.value[:40], node.lineno)
+        if name in SCREENED or (name in GC_NAMES and (
+                isinstance(node, ast.Attribute) and dotted(node.value) == "gc" or isinstance(node, ast.alias))):
+            return "uses %s (line %d)" % (name, getattr(node, "lineno", 0))
+        if isinstance(node, (ast.FunctionDef, ast.Lambda)) and getattr(node, "name", "") in ("__eq__", "__ne__"):
+            if trivial_compare(node):
+                return "defines an %s that ignores its operands (line %d)" % (node.name, node.lineno)
+        if isinstance(node, (ast.Dict, ast.Call, ast.Assign)):
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Lambda) and trivial_compare(sub) and any(
+                        isinstance(c, ast.Constant) and c.value in ("__eq__", "__ne__") or
+                        isinstance(c, ast.Attribute) and c.attr in ("__eq__", "__ne__") for c in ast.walk(node)):
+                    return "sets an __eq__/__ne__ that ignores its operands (line %d)" % node.lineno
+    return None
+
+
+def trivial_compare(fn):
+    """An __eq__ (__ne__) that never reads its operand and answers a constant True (False)
+    somewhere; one returning NotImplemented is honest."""
+    args = [a.arg for a in fn.args.args] + ([fn.args.vararg.arg] if fn.args.vararg else [])
+    used = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)}
+    if len(args) >= 2 and set(args[1:]) & used:
+        return False
+    answers = [fn.body] if isinstance(fn, ast.Lambda) else [n.value for n in ast.walk(fn) if isinstance(n, ast.Return)]
+    return any(isinstance(a, ast.Constant) and a.value not in (None, NotImplemented) for a in answers)
+
+
+def module_state(names):
+    """(name, module, a copy of its dict) for each loaded module among names."""
+    return [(n, sys.modules[n], dict(vars(sys.modules[n]))) for n in names
+            if isinstance(sys.modules.get(n), types.ModuleType)]
+
+
+def class_state(classes):
+    return [(c, dict(vars(c))) for c in classes if isinstance(c, type)]
+
+
+def module_changes(state, strict_new=True):
     for name, mod, attrs in state:
         if sys.modules.get(name) is not mod:
             return "sys.modules[%r] was replaced" % name
@@ -164,211 +237,653 @@ def module_changes(state):
         for k, v in attrs.items():
             if k not in now or now[k] is not v:
                 return "%s.%s was changed" % (name, k)
-        for k in now:
-            if k not in attrs and k in BUILTIN_NAMES:
-                return "%s.%s shadows a builtin" % (name, k)
+        if strict_new:
+            for k in now:
+                if k not in attrs and k in BUILTIN_NAMES:
+                    return "%s.%s shadows a builtin" % (name, k)
     return None
 
 
-def class_changes(state):
+CODE_TYPES = (types.FunctionType, classmethod, staticmethod, property)
+
+
+def class_changes(state, code_only=False):
+    """Rebound, removed or added attributes; code_only (the tests' own classes, whose data
+    attributes setUpClass and unittest's suite set): only methods and properties count."""
     for cls, attrs in state:
         now = vars(cls)
-        if now.keys() != attrs.keys():
-            return "%s gained or lost attributes" % cls.__qualname__
         for k, v in attrs.items():
-            if now[k] is not v:
+            if (k not in now or now[k] is not v) and (not code_only or isinstance(v, CODE_TYPES)):
                 return "%s.%s was changed" % (cls.__qualname__, k)
+        for k, v in now.items():
+            if k not in attrs and not k.startswith("_abc_") and (not code_only or isinstance(v, CODE_TYPES)):
+                return "%s.%s was added" % (cls.__qualname__, k)
     return None
 
 
-def builtin_changes(attrs):
-    now = vars(builtins)
-    for k, v in attrs.items():
+def dict_changes(label, before, now):
+    for k, v in before.items():
         if k not in now or now[k] is not v:
-            return "builtins.%s was changed" % k
+            return "%s.%s was changed" % (label, k)
     return None
 
 
 BUILTIN_NAMES = frozenset(vars(builtins))
 
 
+# Objects the code can reach (sys.stdout, signal.signal, a test class's setUpClass) are
+# made in namespaces of their own: a function's __globals__ and __closure__ are open to any
+# code (no audit event), so none of them may lead to this file's globals or to main's state.
+ISOLATED = {
+    "out": '''
+class BoundedOut:
+    """stdout/stderr while the program runs: to the log, at most `left` bytes (BigCodeBench
+    swallows the output; a flood must not end the program at the file-size limit)."""
+    def __init__(self, fd, left=1 << 20):
+        self._fd, self._left = fd, left
+        self.encoding, self.errors = "utf-8", "replace"
+
+    def write(self, s):
+        if not isinstance(s, str):
+            raise TypeError("write() argument must be str, not %s" % type(s).__name__)
+        if self._left > 0:
+            b = s.encode("utf-8", "replace")[:self._left]
+            self._left -= len(b)
+            try:
+                os_write(self._fd, b)
+            except OSError:
+                self._left = 0
+        return len(s)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+    def writable(self):
+        return True
+
+    def fileno(self):
+        return self._fd
+''',
+    # a skip raised in setUpClass is traced like a test's: the exception is kept for the recorder
+    "setupclass": '''
+def make(original, seen):
+    def setUpClass(cls):
+        try:
+            return original()
+        except BaseException as e:
+            seen.append(e)
+            raise
+    return classmethod(setUpClass)
+''',
+    # a handler of code outside the system's libraries gets None for the frame it interrupted
+    "signal": '''
+def make(real_signal, lib_prefixes):
+    # defaults, not a closure: reading __defaults__ raises an audit event, __closure__ none
+    def signal(signalnum, handler, _real=real_signal, _lib=lib_prefixes):
+        fn = getattr(handler, "__func__", handler)
+        code = getattr(fn, "__code__", None)
+        if callable(handler) and (code is None or not code.co_filename.startswith(_lib)):
+            inner = handler
+
+            def handler(signum, frame):
+                return inner(signum, None)
+        return _real(signalnum, handler)
+    return signal
+''',
+}
+
+
+def isolated(name, trusted, **names):
+    """ISOLATED[name] run in a namespace of its own; its code objects join trusted (the
+    harness's own code, which the audit hook lets through)."""
+    ns = dict(names, __builtins__=builtins, __name__="pass_rate_sandbox")
+    code = compile(ISOLATED[name], "<pass_rate %s>" % name, "exec")
+    trusted.update(code_objects(code, set()))
+    exec(code, ns)
+    return ns
+
+
 def main():
-    report = make_reporter()
+    semantics = sys.argv[3] if len(sys.argv) > 3 else "bigcodebench"
+    disabled = set(filter(None, (sys.argv[4] if len(sys.argv) > 4 else "").split(",")))
+    on = {d: d not in disabled for d in DEFENSES}
+    report = make_reporter(dumpable=not on["dumpable"])
     exit_now = os._exit
     solution_path, tests_path = sys.argv[1], sys.argv[2]
     with open(solution_path, encoding="utf-8") as f:
         code = f.read()
     with open(tests_path, encoding="utf-8") as f:
         tests = f.read()
+    kinds = {"tamper": [], "env": set()}
+
+    def finish(verdict, ran, expected, ok, kind, why=None):
+        if why:
+            say(why)
+        counts = "ran=%d expected=%d ok=%d kind=%s" % (ran, expected, ok, kind)
+        if kind == "env" and kinds["env"]:
+            counts += " missing=" + ",".join(sorted(kinds["env"]))
+        report(verdict, counts)
+
+    def tamper(why):
+        kinds["tamper"].append(why)
+
+    # --- the program, as BigCodeBench builds it: code + "\n" + tests, compiled as
+    # __test__.py; its top-level statements split at the solution's last line so that
+    # the machinery can be checked between the two (the same statements, the same order)
+    n_code = (code + "\n").count("\n")
+    full = code + "\n" + tests
     try:
-        tree = ast.parse(tests, tests_path)
+        tree = ast.parse(full, "__test__.py")
     except SyntaxError as e:
-        say("the test source does not parse: %s" % e)
-        report("ERROR", "tests-unparsable")
-    expected = expected_tests(tree)
-    n_expected = sum(len(v) for v in expected.values()) if expected else 1
+        finish("FAIL", 0, 0, 0, "wrong", "the program does not parse: %s" % e)
+    try:
+        tests_tree = ast.parse(tests, "tests.py")
+    except SyntaxError:
+        tests_tree = ast.Module(body=[], type_ignores=[])
+    sol_body = [s for s in tree.body if s.lineno <= n_code]
+    test_body = [s for s in tree.body if s.lineno > n_code]
+    if sol_body and sol_body[-1].end_lineno > n_code:
+        finish("FAIL", 0, 0, 0, "tamper", "the solution's last statement swallows the tests")
+    sol_tree = ast.Module(body=sol_body, type_ignores=[])
+    flags = 0
+    for s in sol_body:
+        if isinstance(s, ast.ImportFrom) and s.module == "__future__":
+            for a in s.names:
+                feature = getattr(__import__("__future__"), a.name, None)
+                flags |= getattr(feature, "compiler_flag", 0)
+    sol_code = compile(sol_tree, "__test__.py", "exec", dont_inherit=True)
+    test_code = compile(ast.Module(body=test_body, type_ignores=[]), "__test__.py", "exec", flags=flags,
+                        dont_inherit=True)
+    test_codes = code_objects(test_code, set())
+    sol_codes = code_objects(sol_code, set())
+    declared = expected_tests(tests_tree)
+    n_declared = sum(len(v) for k, v in declared.items() if "TestCases" not in declared or k == "TestCases")
 
-    # The verdict's machinery, bound before the code can touch it.
-    TestCase, TestSuite, TestLoader, TestResult = (unittest.TestCase, unittest.TestSuite,
-                                                   unittest.TestLoader, unittest.TestResult)
-    for root, mods in ASSERTION_MODULES.items():
-        if root in imported_roots(tree):
-            for m in mods:
-                try:
-                    __import__(m)
-                except Exception:
-                    pass
-    assertion_packages = [m for mods in ASSERTION_MODULES.values() for m in mods]
+    if on["screen"]:
+        why = screen(sol_tree)
+        if why:
+            finish("FAIL", 0, n_declared, 0, "tamper", "the solution " + why)
 
-    def watched():
-        return module_state(MACHINERY, assertion_packages)
+    # --- what the tests import is imported before the code runs (so the code cannot plant
+    # its own numpy) and must stay the same object; a module missing is an environment error
+    # (an import the source makes unconditionally at its top level: one inside a try or a
+    # function may be allowed to fail, and then fails, if at all, where the tests say)
+    test_roots = sorted(imported_roots(tests_tree))
+    required = imported_roots(ast.Module(body=[n for n in tests_tree.body if isinstance(n, (ast.Import, ast.ImportFrom))],
+                                         type_ignores=[]))
+    for root in test_roots:
+        try:
+            __import__(root)
+        except ImportError as e:
+            if root in required:
+                kinds["env"].add(getattr(e, "name", None) or root)
+        except BaseException:
+            pass
+        for sub in HELPERS.get(root, ()):
+            try:
+                __import__(sub)
+            except BaseException:
+                pass
+    if kinds["env"]:
+        finish("FAIL", 0, n_declared, 0, "env", "modules the tests import are missing: " + ",".join(sorted(kinds["env"])))
+    imported = {r: sys.modules[r] for r in test_roots if r in sys.modules}
+    path_before = (list(sys.path), list(sys.meta_path), list(sys.path_hooks))
 
-    modules = watched()
-    machinery_modules = module_state(MACHINERY)
-    machinery_classes = class_state(machinery_modules)
-    builtins_before = dict(vars(builtins))
+    helper_mods = [m for r in test_roots for m in HELPERS.get(r, ())]
+    helper_classes = [getattr(sys.modules[r], c, None) for r in test_roots for c in HELPER_CLASSES.get(r, ())
+                      if r in sys.modules]
+    mock_classes = [getattr(unittest.mock, c, None) for c in MOCK_CLASSES]
+    machinery_mods = module_state(MACHINERY)
+    machinery_classes = class_state([v for _, m, attrs in machinery_mods for v in attrs.values()
+                                     if isinstance(v, type) and getattr(v, "__module__", "") == m.__name__])
+    # its functions and classes (mock_open rebinds data globals such as file_spec as it works)
+    mock_attrs = {k: v for k, v in vars(unittest.mock).items()
+                  if (not k.startswith("_") or k in MOCK_CLASSES) and isinstance(v, (type, types.FunctionType))}
+    mock_state = class_state(mock_classes)
+
+    # BigCodeBench's reliability_guard: builtins.exit and quit are None
+    if semantics == "bigcodebench" and "exitnone" not in disabled:
+        builtins.exit = None
+        builtins.quit = None
+
+    def watched_state():
+        return (module_state(helper_mods), class_state(helper_classes), dict(vars(builtins)))
+
+    helpers_first = watched_state()
 
     def machinery_changed():
-        """unittest itself: no test has a reason to patch it, so it is checked at any time."""
-        return module_changes(machinery_modules) or class_changes(machinery_classes)
+        if not on["machinery"]:
+            return None
+        return (module_changes(machinery_mods) or class_changes(machinery_classes) or class_changes(mock_state)
+                or dict_changes("unittest.mock", mock_attrs, vars(unittest.mock)))
 
-    def tampered():
-        """Everything watched, against the state before the code ran: true between the code
-        and the tests and after the last test (a test's own patches are undone by then)."""
-        return machinery_changed() or module_changes(modules) or builtin_changes(builtins_before)
+    def imports_changed():
+        if not on["imports"]:
+            return None
+        # libraries add finders as they import (six's); anything else is the code's own
+        for p in sys.path:
+            if p not in path_before[0] and not (isinstance(p, str) and p.startswith(LIB_PREFIXES)):
+                return "sys.path gained %r" % (p,)
+        for i, hooks in ((1, sys.meta_path), (2, sys.path_hooks)):
+            for h in hooks:
+                if h not in path_before[i] and not from_library(h):
+                    return "an import hook of the code's own was added: %r" % (h,)
+        for r, m in imported.items():
+            if sys.modules.get(r) is not m:
+                return "sys.modules[%r] was replaced" % r
+        return None
 
-    ns = {"__name__": "__test__", "__file__": "__test__.py", "__builtins__": builtins,
-          "__package__": None, "__doc__": None}
+    def from_library(obj):
+        owner = obj if isinstance(obj, (type, types.FunctionType)) else type(obj)
+        mod = sys.modules.get(getattr(owner, "__module__", None) or "")
+        f = getattr(mod, "__file__", None) or ""
+        return f.startswith(LIB_PREFIXES) or (mod is not None and not f and getattr(mod, "__spec__", None) is not None
+                                              and getattr(mod.__spec__, "origin", "") in ("frozen", "built-in"))
+
+    def everything_changed(state):
+        mods, classes, bi = state
+        if not on["machinery"]:
+            return imports_changed()
+        return (machinery_changed() or module_changes(mods) or class_changes(classes)
+                or dict_changes("builtins", bi, vars(builtins)) or imports_changed())
+
+    # --- the audit hook: refuses introspection from code that is neither the tests', this
+    # harness's nor the system's libraries (read-only in the sandbox); installed last
+    mine = harness_codes()
+    TestCase, TestSuite, TestLoader, TestResult = (unittest.TestCase, unittest.TestSuite,
+                                                   unittest.TestLoader, unittest.TestResult)
+    SkipTest, ShouldStop = unittest.SkipTest, unittest.case._ShouldStop
+    skip_code = TestCase.skipTest.__code__
+    unittest_files = {os.path.dirname(unittest.__file__) + "/"}
+    frame_givers = set()
+    # library functions that hand their caller a frame: the caller is who asked for it
+    import logging
+    import asyncio.base_tasks
+    for fn in (inspect.currentframe, inspect.stack, inspect.trace, inspect.getouterframes, inspect.getinnerframes,
+               traceback.walk_stack, traceback.walk_tb, logging.currentframe, asyncio.base_tasks._task_get_stack):
+        frame_givers.add(fn.__code__)
+    test_funcs = {}   # id -> function, filled once the tests have run
+    getframe, isinstance_, id_ = sys._getframe, isinstance, id
+    state = {"armed": False}
+    busy = set()
+    from _thread import get_ident
+    realpath, startswith = os.path.realpath, str.startswith
+
+    def untrusted(c):
+        return c not in test_codes and c not in mine and not startswith(c.co_filename, LIB_PREFIXES)
+
+    def caller_untrusted(f):
+        while f is not None and f.f_code in frame_givers:
+            f = f.f_back
+        return f is not None and untrusted(f.f_code)
+
+    def untrusted_on_stack(f):
+        while f is not None:
+            if untrusted(f.f_code):
+                return True
+            f = f.f_back
+        return False
+
+    FRAME_ATTRS = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame"))
+    # refused with the solution anywhere on the stack: no library calls these for honest code
+    STACK_EVENTS = frozenset(("sys.settrace", "sys.setprofile", "sys._current_frames", "sys._current_exceptions",
+                              "sys.addaudithook"))
+    # refused when the solution calls them itself: libraries do (threadpoolctl's ctypes, a
+    # library's gc walk), and what they return is theirs
+    CALLER_EVENTS = frozenset(("gc.get_objects", "gc.get_referrers", "gc.get_referents", "ctypes.cdata",
+                               "ctypes.string_at", "ctypes.wstring_at", "ctypes.PyObj_FromPtr", "ctypes.call_function",
+                               "ctypes.dlsym", "code.__new__"))
+
+    def refuse(what):
+        tamper("the solution's code tried " + what)
+        raise RuntimeError("pass_rate sandbox: %s is not allowed" % what)
+
+    def hook(event, args):
+        # busy per thread: the hook's own calls raise events, and a thread the code keeps
+        # busy in the hook must not open a gap for another
+        tid = get_ident()
+        if not state["armed"] or tid in busy:
+            return
+        busy.add(tid)
+        try:
+            if event == "sys._getframe" or (event == "object.__getattr__" and args[1] in FRAME_ATTRS):
+                if caller_untrusted(getframe(1)):
+                    refuse(event if event == "sys._getframe" else "frame access (%s)" % args[1])
+            elif event in ("object.__getattr__", "object.__setattr__", "object.__delattr__"):
+                obj, name = args[0], args[1]
+                if id_(obj) in test_funcs and name.startswith("__"):
+                    if event != "object.__getattr__" or untrusted_on_stack(getframe(1)):
+                        refuse("%s of a test function's %s" % (event.split(".")[1], name))
+            elif event in STACK_EVENTS:
+                if untrusted_on_stack(getframe(1)):
+                    refuse(event)
+            elif event in CALLER_EVENTS:
+                if caller_untrusted(getframe(1)):
+                    refuse(event)
+            elif event == "import" and args[0] in ("_signal", "signal") and on["signals"]:
+                if untrusted_on_stack(getframe(1)):
+                    refuse("importing %s afresh" % args[0])
+            elif event == "compile":
+                filename = args[1]
+                if isinstance_(filename, str) and (startswith(filename, LIB_PREFIXES) or filename.startswith("/task")):
+                    src = args[0]
+                    try:
+                        with open(filename, "rb") as fh:
+                            same = isinstance_(src, bytes) and fh.read() == src
+                    except OSError:
+                        same = False
+                    if not same:
+                        refuse("compiling code as %s" % filename)
+            elif event == "open":
+                path = args[0]
+                if isinstance_(path, (str, bytes)):
+                    p = realpath(os.fsdecode(path))
+                    if ("/fd/3" in os.fsdecode(path) or p.startswith("/task") or (p.startswith("/proc/") and (
+                            p.endswith("/mem") or "/fd/3" in p))) and untrusted_on_stack(getframe(1)):
+                        refuse("opening %s" % p)
+        finally:
+            busy.discard(tid)
+
+    if on["audit"]:
+        sys.addaudithook(hook)
+
+    # a signal handler gets the frame it interrupted (no audit event marks it): the code's
+    # own handlers get None instead; _signal may not be imported afresh (see the hook)
+    if on["signals"]:
+        import _signal
+        import signal as signal_module
+        guarded_signal = isolated("signal", mine)["make"](_signal.signal, LIB_PREFIXES)
+        _signal.signal = signal_module.signal = guarded_signal
+        test_funcs[id(guarded_signal)] = guarded_signal   # its dunders guarded as the tests' functions are
+
     module = types.ModuleType("__test__")
-    module.__dict__.update(ns)
+    module.__dict__.update({"__builtins__": builtins, "__file__": "__test__.py", "__package__": None,
+                            "__doc__": None})
+    if "prebind" not in disabled:   # as BigCodeBench's unsafe_execute pre-binds them
+        module.__dict__.update({"sys": sys, "os": os, "environ": os.environ})
     ns = module.__dict__
     sys.modules["__test__"] = module
+    if on["isolation"]:
+        sys.modules["__main__"] = module   # not this file: its globals stay out of reach
+    BoundedOut = isolated("out", mine, os_write=os.write)["BoundedOut"]
+    sys.stdout, sys.stderr = BoundedOut(1), BoundedOut(2)
 
-    def fail(why, counts):
-        say(why)
-        report("FAIL", counts)
+    def error_kind(e):
+        if isinstance(e, ImportError):   # ModuleNotFoundError included
+            kinds["env"].add(getattr(e, "name", None) or str(e))
+            return "env"
+        return "wrong"
 
+    def verdict_of_tamper(ran, ok):
+        why = kinds["tamper"][0]
+        finish("FAIL", ran, n_declared, ok, "tamper", "tampering: " + why)
+
+    state["armed"] = True
     try:
-        exec(compile(code, "solution.py", "exec"), ns)
+        exec(sol_code, ns)
     except BaseException as e:   # SystemExit at import included: the tests never ran
-        fail("the solution raised %s: %s" % (type(e).__name__, e), "ran=0 expected=%d" % n_expected)
-    why = tampered()
+        if kinds["tamper"]:
+            verdict_of_tamper(0, 0)
+        finish("FAIL", 0, n_declared, 0, error_kind(e), "the solution raised %s: %s" % (type(e).__name__, e))
+    why = everything_changed(helpers_first)
     if why:
-        fail("the solution changed the test machinery: " + why, "ran=0 expected=%d" % n_expected)
-
-    if not expected:
-        try:
-            exec(compile(tests, "tests.py", "exec"), ns)
-        except BaseException as e:
-            fail("the tests raised %s: %s" % (type(e).__name__, e), "ran=1 expected=1 ok=0")
-        why = tampered()
-        if why:
-            fail("the test machinery was changed: " + why, "ran=1 expected=1 ok=0")
-        report("PASS", "ran=1 expected=1 ok=1")
-
+        tamper("the solution changed the test machinery: " + why)
+    if on["eq"]:
+        for v in list(ns.values()):
+            if isinstance(v, type) and v.__module__ == "__test__" and "__eq__" in vars(v):
+                try:
+                    if object.__new__(v) == object():
+                        tamper("%s compares equal to anything" % v.__name__)
+                except BaseException:
+                    pass
+    if kinds["tamper"]:
+        verdict_of_tamper(0, 0)
     try:
-        exec(compile(tests, "tests.py", "exec"), ns)
+        exec(test_code, ns)
     except BaseException as e:
-        fail("the test source raised %s: %s" % (type(e).__name__, e), "ran=0 expected=%d" % n_expected)
-    why = tampered()
+        if kinds["tamper"]:
+            verdict_of_tamper(0, 0)
+        finish("FAIL", 0, n_declared, 0, error_kind(e), "the test source raised %s: %s" % (type(e).__name__, e))
+    why = everything_changed(helpers_first)
     if why:
-        fail("the test machinery was changed: " + why, "ran=0 expected=%d" % n_expected)
+        tamper("the test machinery was changed: " + why)
+    if kinds["tamper"]:
+        verdict_of_tamper(0, 0)
 
-    names, cases = {}, []
-    loader = TestLoader()
-    for cname, methods in expected.items():
-        cls = ns.get(cname)
+    # --- the tests: the real classes the source made (TestCases alone, as BigCodeBench)
+    binds_testcases = any(isinstance(n, ast.ClassDef) and n.name == "TestCases" or
+                          isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "TestCases"
+                                                            for t in n.targets)
+                          for n in tests_tree.body)
+
+    def made_by_tests(cls):
+        """The class the test source bound (a solution's own TestCases is never run), with
+        no function of the solution's in it."""
+        if cls.__name__ == "TestCases" and ns.get("TestCases") is cls and not binds_testcases:
+            return False
+        return not any(isinstance(f, types.FunctionType) and f.__code__ in sol_codes for f in vars(cls).values())
+
+    found = [v for k, v in ns.items() if isinstance(v, type) and issubclass(v, TestCase) and v.__module__ == "__test__"]
+    if semantics == "bigcodebench" or "TestCases" in ns:
+        cls = ns.get("TestCases")
         if not (isinstance(cls, type) and issubclass(cls, TestCase)):
-            fail("%s is not a unittest.TestCase class after the code ran" % cname, "ran=0 expected=%d" % n_expected)
-        wanted = list(methods)
-        for extra in loader.getTestCaseNames(cls):   # tests made at run time count as well
-            if extra not in wanted:
-                wanted.append(extra)
-        for m in wanted:
-            try:
-                case = cls(m)
-            except BaseException as e:
-                fail("test %s.%s is missing (%s)" % (cname, m, e), "ran=0 expected=%d" % n_expected)
-            names[id(case)] = "%s.%s" % (cname, m)
-            cases.append(case)
+            finish("FAIL", 0, n_declared, 0, "wrong", "the tests define no unittest.TestCase class TestCases")
+        classes = [cls]
+    else:
+        classes = found
+    for cls in classes:
+        if on["testfuncs"] and not made_by_tests(cls):
+            tamper("%s was not made by the test source" % cls.__name__)
+    if kinds["tamper"]:
+        verdict_of_tamper(0, 0)
+    if not classes and semantics == "strict":
+        # strict, no TestCase at all: the source is one test that passed by running to its end
+        why = everything_changed(helpers_first)
+        if why or kinds["tamper"]:
+            finish("FAIL", 1, 1, 0, "tamper", "tampering: " + (why or kinds["tamper"][0]))
+        finish("PASS", 1, 1, 1, "pass")
 
-    ok, bad, problems, changed = set(), set(), [], []
+    loader = TestLoader()
+    cases, names = [], {}
+    for cls in classes:
+        wanted = list(loader.getTestCaseNames(cls))
+        missing = declared.get(cls.__name__, set()) - set(wanted)
+        if missing and on["testfuncs"]:
+            tamper("tests disappeared: %s" % ",".join(sorted(missing)))
+        for m in wanted:
+            case = cls(m)
+            names[id(case)] = "%s.%s" % (cls.__name__, m)
+            cases.append(case)
+    if kinds["tamper"]:
+        verdict_of_tamper(0, 0)
+
+    # every function of the test classes (and what it wraps): their code must not change
+    funcs = []
+    for cls in classes:
+        for c in cls.__mro__:
+            if c.__module__ == "__test__":
+                for v in vars(c).values():
+                    v = getattr(v, "__func__", v)
+                    while v is not None:
+                        if isinstance(v, types.FunctionType):
+                            funcs.append(v)
+                        v = getattr(v, "__wrapped__", None) if not isinstance(v, type) else None
+    if on["testfuncs"]:
+        for f in funcs:
+            test_funcs[id(f)] = f
+    codes_before = [(f, f.__code__, f.__defaults__, f.__kwdefaults__, dict(f.__dict__)) for f in funcs]
+
+    def tests_changed():
+        if not on["testfuncs"]:
+            return None
+        for f, c, d, kd, fd in codes_before:
+            if f.__code__ is not c or f.__defaults__ is not d or f.__kwdefaults__ is not kd:
+                return "%s's code was replaced" % f.__qualname__
+            now = f.__dict__   # by identity: an __eq__ of the code's must not decide
+            if now.keys() != fd.keys() or any(now[k] is not v for k, v in fd.items()):
+                return "%s's attributes were changed" % f.__qualname__
+        return class_changes(class_dicts, code_only=True)
+
+    # --- per test: a wrapper on the instance (the class stays as it is) runs the real body
+    # and sets the test's token after it returns; skips, stops and interrupts are traced
+    # back to where they were raised
+    done = set()
+    declared_skip = set()
+    forged = []
+
+    def from_solution(tb):
+        """Whether code that is neither the tests' nor the libraries' is on the way from the
+        test to where the exception was raised."""
+        while tb is not None:
+            if untrusted(tb.tb_frame.f_code):
+                return True
+            tb = tb.tb_next
+        return False
+
+    def check(e, key):
+        if isinstance(e, (SkipTest, ShouldStop, KeyboardInterrupt)) and on["skip"] and from_solution(e.__traceback__):
+            forged.append("%s: %s raised from the solution's code" % (key, type(e).__name__))
+        elif isinstance(e, SkipTest):
+            declared_skip.add(key)
+
+    def wrapped(original, key, token):
+        if inspect.iscoroutinefunction(original):
+            async def body(*a, **k):
+                try:
+                    r = await original(*a, **k)
+                except BaseException as e:
+                    check(e, key)
+                    raise
+                if token:
+                    done.add(key)
+                return r
+        else:
+            def body(*a, **k):
+                try:
+                    r = original(*a, **k)
+                except BaseException as e:
+                    check(e, key)
+                    raise
+                if token:
+                    done.add(key)
+                return r
+        for attr in ("__unittest_skip__", "__unittest_skip_why__", "__unittest_expecting_failure__"):
+            if hasattr(original, attr):
+                setattr(body, attr, getattr(original, attr))
+        return body
+
+    def wrap(case, name):
+        original = getattr(case, case._testMethodName)
+        if getattr(original, "__unittest_skip__", False) or getattr(case, "__unittest_skip__", False):
+            declared_skip.add(name)
+        object.__setattr__(case, case._testMethodName, wrapped(original, name, True))
+        for part in ("setUp", "tearDown", "asyncSetUp", "asyncTearDown"):
+            if hasattr(case, part):
+                object.__setattr__(case, part, wrapped(getattr(case, part), name, False))
+
+    class_raised = {}   # class name -> what its setUpClass raised
+    make_setup = isolated("setupclass", mine)["make"]
+    for cls in classes:
+        if "setUpClass" in vars(cls) and isinstance(vars(cls)["setUpClass"], classmethod):
+            class_raised[cls.__name__] = []
+            cls.setUpClass = make_setup(cls.setUpClass, class_raised[cls.__name__])
+    class_dicts = [(c, dict(vars(c))) for cls in classes for c in cls.__mro__ if c.__module__ == "__test__"]
+
+    for case in cases:
+        wrap(case, names[id(case)])
+
+    outcome = {}   # test -> "ok" | "fail" | "skip" | "xfail" | "xpass"
+    problems, changed = [], []
 
     def key(test):
         return names.get(id(test))
 
-    def mark_bad(test, what, err=None):
-        k = key(test)
-        bad.add(k if k else "<%s>" % what)
-        detail = ""
+    def mark(test, what, err=None):
+        record(test, what, err)
+
+    def record(test, what, err=None):
+        k = key(test) or "<%s>" % type(test).__name__
+        if what in ("fail", "error") or outcome.get(k) not in ("fail", "error"):
+            outcome[k] = what
         if err is not None:
             try:
-                detail = ": " + "".join(__import__("traceback").format_exception(*err))[-1500:]
+                if issubclass(err[0], ImportError):
+                    kinds["env"].add(getattr(err[1], "name", None) or str(err[1]))
+                detail = "".join(traceback.format_exception(*err))[-1500:]
             except Exception:
                 detail = ""
-        problems.append("%s %s%s" % (k or test, what, detail))
+            problems.append("%s %s: %s" % (k, what, detail))
 
-    def class_dicts(test):
-        return [(c, dict(vars(c))) for c in type(test).__mro__ if c not in (object,) and c.__module__ == "__test__"]
+    # the result: a plain TestResult whose methods are set on the instance (a subclass would
+    # be found by TestResult.__subclasses__(), and its methods' closures with it)
+    result = TestResult()
+    before = {}
 
-    class Recorder(TestResult):
-        def startTest(self, test):
-            TestResult.startTest(self, test)
-            self._before = (class_dicts(test), dict(vars(builtins)), watched())
+    def startTest(test):
+        TestResult.startTest(result, test)
+        before["state"] = watched_state()
 
-        def stopTest(self, test):
-            classes, bi, mods = self._before
-            # builtins and the assertion modules against the test's start: patches a
-            # setUpClass made stay out of it, what the test left behind does not
-            why = class_changes(classes) or builtin_changes(bi) or module_changes(mods) or machinery_changed()
-            if why:
-                changed.append("%s: %s" % (key(test), why))
-            TestResult.stopTest(self, test)
+    def stopTest(test):
+        why = everything_changed(before["state"]) or tests_changed()
+        if why:
+            changed.append("%s: %s" % (key(test), why))
+        TestResult.stopTest(result, test)
 
-        def addSuccess(self, test):
-            k = key(test)
-            if k:
-                ok.add(k)
+    def addSuccess(test):
+        k = key(test)
+        if k not in done and on["token"]:
+            forged.append("%s reported success but its body never returned" % k)
+        if k not in outcome:
+            outcome[k] = "ok"
 
-        def addExpectedFailure(self, test, err):
-            k = key(test)   # the test source's own decision
-            if k:
-                ok.add(k)
+    def addSkip(test, reason):
+        k = key(test)
+        if k is None:   # setUpClass's skip: "setUpClass (__test__.TestCases)"
+            k = next((c.__name__ for c in classes if ("." + c.__name__ + ")") in str(test)), None)
+            for e in class_raised.get(k, [])[-1:]:
+                check(e, k)
+        if k not in declared_skip and on["skip"]:
+            forged.append("%s skipped from outside the test's code (%s)" % (k, reason))
+        mark(test, "skip")
 
-        def addFailure(self, test, err):
-            mark_bad(test, "failed", err)
+    def addSubTest(test, subtest, err):
+        if err is not None:
+            mark(test, "fail" if issubclass(err[0], test.failureException) else "error", err)
 
-        def addError(self, test, err):
-            mark_bad(test, "raised an error", err)
-
-        def addSkip(self, test, reason):
-            mark_bad(test, "was skipped (%s)" % reason)
-
-        def addUnexpectedSuccess(self, test):
-            mark_bad(test, "succeeded unexpectedly")
-
-        def addSubTest(self, test, subtest, err):
-            if err is not None:
-                mark_bad(test, "had a failing subtest", err)
-
-    result = Recorder()
+    result.startTest, result.stopTest, result.addSuccess, result.addSkip, result.addSubTest = (
+        startTest, stopTest, addSuccess, addSkip, addSubTest)
+    result.addExpectedFailure = lambda test, err: mark(test, "xfail")
+    result.addFailure = lambda test, err: mark(test, "fail", err)
+    result.addError = lambda test, err: mark(test, "error", err)
+    result.addUnexpectedSuccess = lambda test: mark(test, "xpass")
     try:
         TestSuite(cases).run(result)
-    except BaseException as e:
-        fail("the test run raised %s: %s" % (type(e).__name__, e),
-             "ran=%d expected=%d" % (len(ok | bad), n_expected))
-    why = tampered()
+    except BaseException as e:   # an interrupt out of the run: BigCodeBench fails it too
+        forged.append("the test run raised %s" % type(e).__name__)
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    why = everything_changed(helpers_first) or tests_changed()
     if why:
-        changed.append(why)
-    passed = [n for n in names.values() if n in ok and n not in bad]
-    counts = "ran=%d expected=%d ok=%d" % (len(ok | bad), len(names), len(passed))
+        changed.append("after the tests: " + why)
     for p in problems[:20]:
         say(p)
-    for c in changed[:5]:
-        say("the test machinery was changed during " + c)
-    if changed or bad or len(passed) != len(names) or len(names) < n_expected:
-        report("FAIL", counts)
-    report("PASS", counts)
+    ran = len(outcome)
+    good = {"ok", "xfail"} if semantics == "strict" else {"ok", "xfail", "skip", "xpass"}
+    passed = [k for k in names.values() if outcome.get(k) in good and (k in done or outcome[k] != "ok" or not on["token"])]
+    for t in kinds["tamper"] + forged + changed:
+        tamper(t) if t not in kinds["tamper"] else None
+    if kinds["tamper"]:
+        verdict_of_tamper(ran, len(passed))
+    bad = [k for k, v in outcome.items() if v in ("fail", "error")]   # setUpClass's errors included
+    if bad and kinds["env"]:
+        finish("FAIL", ran, len(names), len(passed), "env", "modules missing at run time: " + ",".join(sorted(kinds["env"])))
+    ok = not bad and len(passed) == len(names)
+    if semantics == "strict":
+        ok = ok and all(len(declared.get(c.__name__, ())) <= len([n for n in names.values()
+                                                                   if n.startswith(c.__name__ + ".")]) for c in classes)
+    finish("PASS" if ok else "FAIL", ran, len(names), len(passed), "pass" if ok else "wrong")
     exit_now(0)
 
 

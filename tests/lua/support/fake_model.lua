@@ -45,6 +45,14 @@ function M.decoder(slots, max_len)
   return d
 end
 
+-- Generate over a decoder (this fake or another test's) as every caller does: through the
+-- one owner, clrt.gen.scheduler, the decoder given as its own key (it never grows).
+function M.generate(dec, prompts, opts)
+  local G = require("clrt.gen.scheduler")
+  G.attach(dec, dec)
+  return G.generate(dec, prompts, opts)
+end
+
 function M.greedy_reference(prompt, steps, stop_id)
   local last, pos, out = prompt[#prompt], #prompt, {}
   for _ = 1, steps do

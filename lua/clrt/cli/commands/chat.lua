@@ -4,7 +4,7 @@
 local ffi = require("ffi")
 local json = require("clrt.json")
 local core = require("clrt.core.ffi")
-local gen = require("clrt.gen.engine")
+local options = require("clrt.gen.options")
 local G = require("clrt.gen.scheduler")
 
 local args = { ... }
@@ -87,7 +87,7 @@ while true do
       table.remove(messages)
     else
       turn = turn + 1
-      local o = gen.options({ temperature = temp, max_new_tokens = math.min(max_tokens, room), stop = stop_ids,
+      local o = options.check({ temperature = temp, max_new_tokens = math.min(max_tokens, room), stop = stop_ids,
         tokenizer = tok, seed = seed + turn }, m.config.vocab_size)
       io.write("assistant> ")
       -- the model's one engine (clrt.gen.scheduler) sizes and keeps the cache across turns
