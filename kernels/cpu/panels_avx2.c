@@ -172,8 +172,36 @@ TARGET static inline __attribute__((always_inline)) void tile_bf16(float *c, int
   store16(c + j0, ldc, acc, nr, n, bias ? bias + j0 : NULL, add);
 }
 
+/* bf16, one row against a whole pair panel of 48 outputs: six sums in flight (each still its
+   own chain, odd then even per pair), where the 16-output tile keeps two and waits on the FMA
+   latency at every pair (a decode step of one sequence). */
+TARGET static void row_bf16(float *c, const uint16_t *a, const uint16_t *bp, int64_t Kp, const float *bias, int add) {
+  __m256 acc[6];
+  for (int i = 0; i < 6; i++) acc[i] = _mm256_setzero_ps();
+  for (int64_t kp = 0; kp < Kp / 2; kp++) {
+    int32_t pair;
+    memcpy(&pair, a + 2 * kp, sizeof pair);
+    __m256i xp = _mm256_set1_epi32(pair);
+    __m256 xe = even_f32(xp), xo = odd_f32(xp);
+    const __m256i *wk = (const __m256i *)(bp + kp * 2 * PANEL);
+    for (int i = 0; i < 6; i++) {
+      __m256i v = _mm256_loadu_si256(wk + i);
+      acc[i] = _mm256_fmadd_ps(xe, even_f32(v), _mm256_fmadd_ps(xo, odd_f32(v), acc[i]));
+    }
+  }
+  for (int i = 0; i < 6; i++) {
+    __m256 v = _mm256_add_ps(acc[i], _mm256_loadu_ps(bias + 8 * i));
+    if (add) v = _mm256_add_ps(_mm256_loadu_ps(c + 8 * i), v);
+    _mm256_storeu_ps(c + 8 * i, v);
+  }
+}
+
 TARGET static void panel_bf16(float *c, int64_t ldc, const uint16_t *a, int64_t lda, int64_t M, const uint16_t *bp,
                               int pw, int64_t Kp, const float *bias, int add) {
+  if (M == 1 && pw == PANEL) {
+    row_bf16(c, a, bp, Kp, bias, add);
+    return;
+  }
   for (int64_t i = 0; i < M;) {
     int nr = M - i < ROWS_BF16 ? (int)(M - i) : ROWS_BF16;
     for (int j0 = 0; j0 < pw; j0 += 16) {

@@ -346,7 +346,7 @@ function M.applies(sample) return M.tests_of(sample) ~= nil end
 -- Before the first step (clrt.train.reward.check_samples): every module the code rows
 -- need must be importable in the sandbox (metrics/lib/pass_rate_env.lua). Returns the
 -- samples to run and the number left out (missing_modules=skip), or stops with one line.
-function M.check(samples, opts)
+function M.check_samples(samples, opts)
   local l = M.prepare(opts)
   local kept, left_out, names = require("metrics.lib.pass_rate_env").check(samples, l, M)
   if left_out > 0 then

@@ -181,7 +181,7 @@ function M.main(cfg)
   local samples
   if cfg.data then
     samples = train.prompts.filter_prompts(m, tok, cfg, train.prompts.dataset_samples(cfg.data, WHO), cfg.data, WHO)
-    -- the code rows' modules must be in the sandbox before any conversation (pass_rate.check)
+    -- the code rows' modules must be in the sandbox before any conversation (pass_rate.check_samples)
     samples = train.reward.check_samples(metrics, samples, ctx.metric_options, print)
   else
     samples = world.eval_prompts(cfg.prompts or 200, cfg.seed)

@@ -156,7 +156,7 @@ function M.run(cfg, run_dir)
 
   local ctx, user = train.context{ config = cfg, tokenizer = tok, who = WHO }
   local metrics = reward.load_metrics(weights, cfg.reward.metric_options)
-  -- a dataset's code rows need their modules in the sandbox (pass_rate.check); the world's
+  -- a dataset's code rows need their modules in the sandbox (pass_rate.check_samples); the world's
   -- generated prompts have no code tasks
   if dataset then dataset = reward.check_samples(metrics, dataset, cfg.reward.metric_options, function(s) lg:print(s) end) end
   local ev = train.evals.new{ run_dir = run_dir, cfg = cfg, model = m, tokenizer = tok, world = world, user = user,

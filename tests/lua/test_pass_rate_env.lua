@@ -46,7 +46,7 @@ T.case("a missing module stops the run before the first step, in one line; skip 
   local samples = { row(TESTS_OK, "def task_func():\n    return 1\n"), row(TESTS_MISSING, ""),
     row(TESTS_OK, "", "['" .. MISSING .. "', 'json']"), { prompt = {}, answer = "not a code row" } }
   local opts = { python = PYTHON }
-  local ok, err = pcall(pass_rate.check, samples, opts)
+  local ok, err = pcall(pass_rate.check_samples, samples, opts)
   T.eq(ok, false)
   T.ok(err:find("lacks " .. MISSING .. ", needed by 2 of 3 code rows", 1, true), err)
   T.ok(err:find("apt-get install python3-" .. MISSING:gsub("_", "-"), 1, true), err)
@@ -63,7 +63,7 @@ T.case("a missing module stops the run before the first step, in one line; skip 
   T.eq(notes, { "pass_rate: 2 of 4 rows left out before the run" })
   -- nothing missing: every row stays
   T.eq(#reward.check_samples(metrics, { samples[1], samples[4] }, { pass_rate = opts }), 2)
-  T.raises(function() pass_rate.check(samples, { python = PYTHON, missing_modules = "maybe" }) end,
+  T.raises(function() pass_rate.check_samples(samples, { python = PYTHON, missing_modules = "maybe" }) end,
     "option missing_modules must be refuse or skip")
 end)
 

@@ -71,14 +71,14 @@ function M.load_metrics(weights, options)
   return out
 end
 
--- Before the first step, with the run's samples: a plug-in's check(samples, options), when
+-- Before the first step, with the run's samples: a plug-in's check_samples(samples, options), when
 -- it has one, may stop the run (pass_rate: a module the code tasks need is missing in the
 -- sandbox) or return the samples to keep and how many it left out (logged once).
 -- Returns the samples to run.
 function M.check_samples(metrics, samples, options, log)
   for _, m in ipairs(metrics) do
-    if m.metric and type(m.metric.check) == "function" then
-      local kept, left_out = m.metric.check(samples, (options or {})[m.name] or {})
+    if m.metric and type(m.metric.check_samples) == "function" then
+      local kept, left_out = m.metric.check_samples(samples, (options or {})[m.name] or {})
       if left_out and left_out > 0 and log then
         log(("%s: %d of %d rows left out before the run"):format(m.name, left_out, #samples))
       end
