@@ -82,29 +82,19 @@ static inline const char *panel_at(const clrt_packed_part *part, int K, int p, i
 
 static inline int64_t panels_of(const clrt_packed_part *part) { return (part->O + PANEL - 1) / PANEL; }
 
+/* The 256-bit / 128-bit panel kernels of this architecture: NEON's on aarch64 (panels_neon.c),
+   AVX2's elsewhere (panels_avx2.c); both sum as the AVX-512 tiles below do. */
 #if CLRT_NEON
-/* Panels [g0, g1) of the parts laid end to end, each for all N rows, on aarch64's NEON
-   (panels_neon.c: the same sums as the AVX2 and AVX-512 tiles; bf16 ones when x16 is given). */
-static void panel_range_neon(const clrt_packed_part *parts, const float *x, const uint16_t *x16, int N, int K,
-                             int64_t g0, int64_t g1) {
-  int i = 0;
-  int64_t base = 0;
-  for (int64_t g = g0; g < g1; g++) {
-    while (g - base >= panels_of(&parts[i])) base += panels_of(&parts[i++]);
-    int p = (int)(g - base), pw, o0 = p * PANEL;
-    const char *panel = panel_at(&parts[i], K, p, x16 ? 2 : 4, &pw);
-    const float *b = parts[i].b ? parts[i].b + o0 : NULL;
-    float *y = parts[i].y + o0;
-    if (x16)
-      clrt_neon_panel_bf16(y, parts[i].O, x16, K, N, (const uint16_t *)panel, pw, K, b, 0);
-    else
-      clrt_neon_panel_f32(y, parts[i].O, x, K, N, (const float *)panel, pw, K, b, 0);
-  }
-}
+#define SIMD_PANEL_F32 clrt_neon_panel_f32
+#define SIMD_PANEL_BF16 clrt_neon_panel_bf16
 #else
-/* Panels [g0, g1) of the parts laid end to end, each for all N rows, on AVX2 + FMA
-   (panels_avx2.c: the same sums as the AVX-512 tiles below; bf16 ones when x16 is given). */
-static void panel_range_avx2(const clrt_packed_part *parts, const float *x, const uint16_t *x16, int N, int K,
+#define SIMD_PANEL_F32 clrt_avx2_panel_f32
+#define SIMD_PANEL_BF16 clrt_avx2_panel_bf16
+#endif
+
+/* Panels [g0, g1) of the parts laid end to end, each for all N rows, through those kernels
+   (bf16 ones when x16 is given). */
+static void panel_range_simd(const clrt_packed_part *parts, const float *x, const uint16_t *x16, int N, int K,
                              int64_t g0, int64_t g1) {
   int i = 0;
   int64_t base = 0;
@@ -115,12 +105,11 @@ static void panel_range_avx2(const clrt_packed_part *parts, const float *x, cons
     const float *b = parts[i].b ? parts[i].b + o0 : NULL;
     float *y = parts[i].y + o0;
     if (x16)
-      clrt_avx2_panel_bf16(y, parts[i].O, x16, K, N, (const uint16_t *)panel, pw, K, b, 0);
+      SIMD_PANEL_BF16(y, parts[i].O, x16, K, N, (const uint16_t *)panel, pw, K, b, 0);
     else
-      clrt_avx2_panel_f32(y, parts[i].O, x, K, N, (const float *)panel, pw, K, b, 0);
+      SIMD_PANEL_F32(y, parts[i].O, x, K, N, (const float *)panel, pw, K, b, 0);
   }
 }
-#endif
 
 #if CLRT_AVX512
 #define TARGET CLRT_TARGET_AVX512
@@ -358,11 +347,7 @@ static int forward_parts(const float *x, const uint16_t *x16, int64_t N, int K,
       panel_range(parts, x, x16, (int)N, K, g0, g1);
     else
 #endif
-#if CLRT_NEON
-      panel_range_neon(parts, x, x16, (int)N, K, g0, g1);
-#else
-      panel_range_avx2(parts, x, x16, (int)N, K, g0, g1);
-#endif
+      panel_range_simd(parts, x, x16, (int)N, K, g0, g1);
   }
   return 1;
 }
