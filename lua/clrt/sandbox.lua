@@ -84,6 +84,10 @@ function M.command(o)
   add(o.bwrap or "bwrap", "--unshare-all")
   if own_netns then add("--share-net") end
   add("--unshare-user", "--disable-userns", "--die-with-parent", "--new-session", "--hostname", "sandbox")
+  -- without root the program would be uid 0 of its user namespace, and what it starts (an
+  -- exec as uid 0 regains the namespace's capabilities, CAP_SYS_PTRACE among them) could
+  -- read a non-dumpable process's memory: it runs as the unprivileged uid there too
+  if not root then add("--uid", o.uid or M.DEFAULT_UID, "--gid", o.uid or M.DEFAULT_UID) end
   for _, d in ipairs(M.SYSTEM_DIRS) do
     local target = read_link(d)
     if target then add("--symlink", target, d)

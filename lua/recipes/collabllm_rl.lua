@@ -136,11 +136,15 @@ function M.run(cfg, run_dir)
   clrt.model.profile_enable(true)   -- the update's time in products and outside them, per step
   -- prompts without room for a response are left out before anything trains on them
   local dataset, val_set, notes = prompts.load_sets(m, tok, cfg, WHO)
+  local weights = cfg.reward.metric_weights
+  local metrics = reward.load_metrics(weights, cfg.reward.metric_options)
+  -- a dataset's code rows need their modules in the sandbox (pass_rate.check_samples), before the
+  -- step count is taken from the rows kept; the world's generated prompts have no code tasks
+  if dataset then dataset = reward.check_samples(metrics, dataset, cfg.reward.metric_options, function(s) notes[#notes + 1] = s end) end
   if not cfg.steps then
     if not dataset then error("collabllm_rl: steps= is required without data=", 0) end
     cfg.steps = cfg.epochs * math.ceil(#dataset / cfg.prompts_per_step)
   end
-  local weights = cfg.reward.metric_weights
   local plot = { "reward", "first_reply_ask_rate", "kl", "grad_norm" }
   for name in pairs(weights) do plot[#plot + 1] = "metric/" .. name end
   local lg = clrt.log.run({ dir = run_dir, config = cfg, total_steps = cfg.steps, plot = plot,
@@ -155,10 +159,6 @@ function M.run(cfg, run_dir)
   local ppo = cfg.train.algorithm == "ppo" and M.ppo_state(m, cfg, ckpt_dir, resume_state) or nil
 
   local ctx, user = train.context{ config = cfg, tokenizer = tok, who = WHO }
-  local metrics = reward.load_metrics(weights, cfg.reward.metric_options)
-  -- a dataset's code rows need their modules in the sandbox (pass_rate.check_samples); the world's
-  -- generated prompts have no code tasks
-  if dataset then dataset = reward.check_samples(metrics, dataset, cfg.reward.metric_options, function(s) lg:print(s) end) end
   local ev = train.evals.new{ run_dir = run_dir, cfg = cfg, model = m, tokenizer = tok, world = world, user = user,
     ctx = ctx, metrics = metrics, val_set = val_set, can_eval = not dataset and cfg.sim == "scripted", log = lg,
     resume_state = resume_state }

@@ -117,6 +117,107 @@ T.case("planted fault: the new attacks and the defects pass under the harness of
   end
 end)
 
+-- A trainer without root: the sandbox's program is then a user namespace's own, and uid 0
+-- there regains the namespace's capabilities on exec; a program it starts could read the
+-- non-dumpable harness unless it runs as another uid. Run as root, the case runs the trainer
+-- again as nobody (setpriv); without root, in this process.
+T.case("a root-less trainer: a program the code starts cannot read the harness for the nonce", function()
+  sandbox_or_skip()
+  local attack
+  for _, a in ipairs(corpus.ATTACKS) do
+    if a[4] == "dumpable" then attack = a end
+  end
+  T.ok(attack ~= nil, "the corpus has the dumpable attack")
+  local settings = { {}, { disable_defenses = "screen" }, { disable_defenses = "screen,dumpable" } }
+  local got
+  if not sandbox.is_root() then
+    local jobs = {}
+    for i, o in ipairs(settings) do jobs[i] = { attack[2], corpus.TESTS[attack[3]], o } end
+    got = {}
+    for i, r in ipairs(run_all(jobs)) do got[i] = { r[1], r[3] } end
+  else
+    if io.open("/usr/bin/setpriv") == nil then T.skip("no setpriv to run a root-less trainer") end
+    local dir = T.tmpdir()
+    local script = dir .. "/rootless.lua"
+    local f = assert(io.open(script, "w"))
+    f:write(([==[
+local pass_rate = require("metrics.pass_rate")
+package.path = %q .. "/tests/fixtures/?.lua;" .. package.path
+local corpus = require("redteam.attacks")
+local a = corpus.ATTACKS[%d]
+for _, o in ipairs({ {}, { disable_defenses = "screen" }, { disable_defenses = "screen,dumpable" } }) do
+  o.python, o.timeout = %q, 60
+  local p, _, k = pass_rate.run_tests(a[2], corpus.TESTS[a[3]], o, { counters = {} })
+  print("RESULT", tostring(p), k)
+end
+]==]):format(T.source_dir(), (function() for i, a in ipairs(corpus.ATTACKS) do if a == attack then return i end end end)(),
+      PYTHON))
+    f:close()
+    os.execute(("chmod 755 %q; chmod 644 %q"):format(dir, script))
+    local bin = os.getenv("CLRT_BIN") or arg[-1]
+    if bin:sub(1, 1) ~= "/" then bin = os.getenv("PWD") .. "/" .. bin end
+    local cmd = ("cd %q && setpriv --reuid=65534 --regid=65534 --clear-groups env HOME=%q CLRT_LUA_DIR=%q %q %q 2>&1")
+      :format(dir, dir, os.getenv("CLRT_LUA_DIR") or (T.source_dir() .. "/lua"), bin, script)
+    local p = assert(io.popen(cmd))
+    local out = p:read("*a")
+    p:close()
+    if out:find("no sandbox", 1, true) then T.skip("no root-less sandbox here: " .. out:sub(1, 200)) end
+    T.ok(out:find("RESULT", 1, true), "the root-less trainer ran: " .. out:sub(1, 300))
+    got = {}
+    for passed, kind in out:gmatch("RESULT%s+(%a+)%s+(%a+)") do got[#got + 1] = { passed == "true", kind } end
+  end
+  T.eq(got[1], { false, "tamper" }, "all defenses")
+  T.eq(got[2][1], false, "without the screen (the program must find no nonce)")
+  T.eq(got[3][1], true, "planted fault: without dumpable the program reads the nonce, so the case can fail")
+end)
+
+-- What the frame rules (depth, givers, bdb) and the open rule must let through: libraries
+-- reading the solution's frame for honest reasons, tracebacks printed with their lines.
+local HONEST_FRAMES = {
+  { "libraries that read their caller's frame", [[
+import logging, warnings, collections, typing, enum, dataclasses, inspect
+import pandas as pd
+logging.basicConfig(level=logging.INFO)
+P = collections.namedtuple("P", "x y")
+class Q(typing.NamedTuple):
+    a: int
+class C(enum.Enum):
+    A = 1
+def task_func(a, b):
+    logging.info("adding %s %s", a, b)
+    warnings.warn("careful")
+    R = collections.namedtuple("R", "x")
+    T = typing.NamedTuple("T", [("v", int)])
+    D = dataclasses.make_dataclass("D", ["q"])
+    k = a
+    df = pd.DataFrame({"v": [a, b]})
+    s = df.query("v == @k")["v"].sum()
+    e = pd.eval("k + 0")
+    inspect.signature(task_func)
+    return int(R(a).x + T(b).v + D(0).q + (s - a) + (e - k))
+]] },
+  { "tracebacks and stacks printed with their lines", [[
+import traceback, logging, sys
+def task_func(a, b):
+    try:
+        raise ValueError("x")
+    except ValueError:
+        traceback.print_exc()
+        logging.exception("seen")
+        traceback.extract_tb(sys.exc_info()[2])
+    traceback.print_stack()
+    traceback.extract_stack()
+    return a + b
+]] },
+}
+
+T.case("honest code whose libraries read frames or print tracebacks passes", function()
+  sandbox_or_skip()
+  local jobs = {}
+  for i, h in ipairs(HONEST_FRAMES) do jobs[i] = { h[2], corpus.TESTS.add, {} } end
+  for i, r in ipairs(run_all(jobs)) do T.eq({ r[1], r[3] }, { true, "pass" }, HONEST_FRAMES[i][1] .. ": " .. r[2]) end
+end)
+
 T.case("what remains possible still passes (docs/sandbox.md lists each)", function()
   sandbox_or_skip()
   local jobs = {}

@@ -35,12 +35,13 @@ import types
 import unittest
 import unittest.mock
 import inspect
+import opcode
 import traceback
 import gc
 
 REPORT_FD = 3
 DEFENSES = ("token", "skip", "audit", "screen", "machinery", "testfuncs", "imports", "eq", "signals", "isolation",
-            "dumpable")
+            "dumpable", "depth", "givers")
 # BigCodeBench's namespace, switchable only to show its tests catch the loss (planted faults)
 FAULTS = ("prebind", "exitnone")
 MACHINERY = ("unittest", "unittest.case", "unittest.result", "unittest.suite", "unittest.loader",
@@ -502,8 +503,10 @@ def main():
     # library functions that hand their caller a frame: the caller is who asked for it
     import logging
     import asyncio.base_tasks
+    import bdb
     for fn in (inspect.currentframe, inspect.stack, inspect.trace, inspect.getouterframes, inspect.getinnerframes,
-               traceback.walk_stack, traceback.walk_tb, logging.currentframe, asyncio.base_tasks._task_get_stack):
+               traceback.walk_stack, traceback.walk_tb, logging.currentframe, asyncio.base_tasks._task_get_stack,
+               bdb.Bdb.get_stack):   # get_stack(None, tb): the traceback's frames in a list
         frame_givers.add(fn.__code__)
     test_funcs = {}   # id -> function, filled once the tests have run
     getframe, isinstance_, id_ = sys._getframe, isinstance, id
@@ -515,10 +518,46 @@ def main():
     def untrusted(c):
         return c not in test_codes and c not in mine and not startswith(c.co_filename, LIB_PREFIXES)
 
+    # a library function that returns the frame it asked for hands it to its caller, listed
+    # above or not: the instruction after the call (f_lasti) returns it, at once or from the
+    # local it was stored in. Read from the deoptimised bytecode, once per call site.
+    RETURN_VALUE, STORE_FAST, LOAD_FAST, CACHE = (opcode.opmap[n] for n in
+                                                  ("RETURN_VALUE", "STORE_FAST", "LOAD_FAST", "CACHE"))
+    returns_it = {}
+
+    def hands_out(f):
+        key = (f.f_code, f.f_lasti)
+        known = returns_it.get(key)
+        if known is None:
+            b = f.f_code.co_code
+            i = f.f_lasti + 2
+            while i < len(b) and b[i] == CACHE:
+                i += 2
+            known = False
+            if i < len(b) and b[i] == RETURN_VALUE:
+                known = True
+            elif i < len(b) and b[i] == STORE_FAST:
+                slot = b[i + 1]
+                known = any(b[j] == LOAD_FAST and b[j + 1] == slot and b[j + 2] == RETURN_VALUE
+                            for j in range(0, len(b) - 2, 2))
+            returns_it[key] = known
+        return known
+
     def caller_untrusted(f):
-        while f is not None and f.f_code in frame_givers:
+        while f is not None and (f.f_code in frame_givers or (on["givers"] and hands_out(f))):
             f = f.f_back
         return f is not None and untrusted(f.f_code)
+
+    def reaches_below_solution(f, target):
+        """A library's sys._getframe(n) whose frame lies below a frame of the solution's:
+        the frame's locals are the tests' or the harness's (ply.lex.get_caller_module_dict,
+        pandas.eval(level=n) hand them back). Honest uses (typing's and namedtuple's module
+        name, pandas' query scope) read their caller's frame, the solution's at most."""
+        while f is not None and f is not target:
+            if untrusted(f.f_code):
+                return True
+            f = f.f_back
+        return False
 
     def untrusted_on_stack(f):
         while f is not None:
@@ -552,6 +591,8 @@ def main():
             if event == "sys._getframe" or (event == "object.__getattr__" and args[1] in FRAME_ATTRS):
                 if caller_untrusted(getframe(1)):
                     refuse(event if event == "sys._getframe" else "frame access (%s)" % args[1])
+                if event == "sys._getframe" and on["depth"] and reaches_below_solution(getframe(1), args[0]):
+                    refuse("a library's sys._getframe below the solution's frames (%s)" % getframe(1).f_code.co_name)
             elif event in ("object.__getattr__", "object.__setattr__", "object.__delattr__"):
                 obj, name = args[0], args[1]
                 if id_(obj) in test_funcs and name.startswith("__"):
@@ -583,7 +624,12 @@ def main():
                     p = realpath(os.fsdecode(path))
                     if ("/fd/3" in os.fsdecode(path) or p.startswith("/task") or (p.startswith("/proc/") and (
                             p.endswith("/mem") or "/fd/3" in p))) and untrusted_on_stack(getframe(1)):
-                        refuse("opening %s" % p)
+                        if caller_untrusted(getframe(1)):
+                            refuse("opening %s" % p)
+                        # a library's open on the solution's behalf: linecache showing the
+                        # harness's or the tests' lines in a traceback the code prints is
+                        # honest; the library sees an unreadable file and carries on
+                        raise PermissionError(13, "pass_rate sandbox: not readable", p)
         finally:
             busy.discard(tid)
 
