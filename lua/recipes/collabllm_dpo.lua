@@ -235,6 +235,7 @@ end
 function M.main(cfg)
   M.check_config(cfg)
   if cfg.estimate then return require("clrt.train.estimate").run(cfg, "dpo", { world = the_world() }) end
+  if not cfg.resume then require("clrt.model_path").apply(cfg, "collabllm_dpo") end
   local run = require("clrt.run")
   local run_dir = cfg.resume or run.new_dir(cfg, "collabllm_dpo")
   cfg.run_dir = run_dir

@@ -49,7 +49,7 @@ function M.defaults_for(protocol)
   return {
     model = config.optional("string"),
     data = config.optional("string"),
-    out = config.optional("string"),            -- eval.json goes here (default: the model folder)
+    out = config.optional("string"),            -- eval.json goes here (default: a new runs/collabllm_eval-DATE folder)
     prompts = config.optional("number"),        -- at most this many prompts (nil: all of data=)
     seed = 12345,
     protocol = protocol,                        -- "paper" or "prefix" (see the header)
@@ -126,7 +126,7 @@ function M.main_paper(cfg)
   end
   local system = M.system_text(cfg, world)
   local itr_rubric = M.itr_rubric(cfg)
-  local m, tok = clrt.model.load(cfg.model), clrt.tokenizer.load(cfg.model)
+  local m, tok = clrt.model.load(cfg.model, { adapter = cfg.adapter }), clrt.tokenizer.load(cfg.model)
   local user, ctx = simulator(cfg, tok)
   ctx.metric_options = ctx.metric_options or {}
   ctx.metric_options.interactivity = { rubric = itr_rubric }
@@ -135,7 +135,7 @@ function M.main_paper(cfg)
   while cfg.prompts and #samples > cfg.prompts do table.remove(samples) end
   local results = paper.run(m, tok, cfg, samples, user, ctx)
   local rep = paper.report(results, cfg)
-  rep.model, rep.data, rep.system_prompt, rep.max_messages = cfg.model, cfg.data, cfg.system_prompt, cfg.max_messages
+  rep.model, rep.adapter, rep.data, rep.system_prompt, rep.max_messages = cfg.model, cfg.adapter, cfg.data, cfg.system_prompt, cfg.max_messages
   rep.temperature, rep.itr_metric = cfg.temperature, cfg.itr_metric
   -- what the numbers were measured with: the ITR rubric and judge, the turns' caps
   if cfg.itr_metric == "interactivity" then
@@ -146,7 +146,7 @@ function M.main_paper(cfg)
   if rep.first_drop then io.stderr:write("collabllm_eval: first dropped conversation: ", rep.first_drop, "\n") end
   paper.print_table(rep, cfg.itr_metric)
   print(("conversations %d, dropped %d"):format(rep.conversations, rep.dropped))
-  local dir = cfg.out or cfg.model
+  local dir = cfg.out
   local json, data = require("clrt.json"), require("clrt.data")
   local details = {}
   for _, r in ipairs(results) do
@@ -163,17 +163,24 @@ end
 
 function M.main(cfg)
   if cfg.estimate then return train.estimate.run(cfg, "eval", { world = the_world() }) end
-  if not cfg.model then error("collabllm_eval: model= is required (a Hugging Face model folder)", 0) end
-  -- the judges' reply cache: beside eval.json unless judge.cache_dir names one (a training
-  -- run's RUN_DIR/llm_cache: the same conversations are then not judged again)
-  cfg.judge.cache_dir = cfg.judge.cache_dir or ((cfg.out or cfg.model) .. "/llm_cache")
-  if cfg.protocol == "paper" then return M.main_paper(cfg) end
-  if cfg.protocol ~= "prefix" then
+  if not cfg.model then error("collabllm_eval: model= is required (a model folder, a run folder or a checkpoint)", 0) end
+  require("clrt.model_path").apply(cfg, WHO)
+  if cfg.protocol ~= "paper" and cfg.protocol ~= "prefix" then
     error(("collabllm_eval: protocol must be paper or prefix, got %s"):format(tostring(cfg.protocol)), 0)
   end
+  -- an evaluation's own folder, never the model's: two evaluations of one model (the default
+  -- and the proactive baseline) must not replace each other's results
+  cfg.out = cfg.out or require("clrt.run").new_dir({ out = "runs", name = "collabllm_eval" }, WHO)
+  require("clrt.files").mkdir_p(cfg.out)
+  require("clrt.data").write_atomic(cfg.out .. "/config.json", require("clrt.json").encode(cfg) .. "\n")
+  print("evaluation folder: " .. cfg.out)
+  -- the judges' reply cache: beside eval.json unless judge.cache_dir names one (a training
+  -- run's RUN_DIR/llm_cache: the same conversations are then not judged again)
+  cfg.judge.cache_dir = cfg.judge.cache_dir or (cfg.out .. "/llm_cache")
+  if cfg.protocol == "paper" then return M.main_paper(cfg) end
   cfg.temperature = cfg.temperature or 0.0
   local world = the_world()
-  local m, tok = clrt.model.load(cfg.model), clrt.tokenizer.load(cfg.model)
+  local m, tok = clrt.model.load(cfg.model, { adapter = cfg.adapter }), clrt.tokenizer.load(cfg.model)
   local user, ctx = simulator(cfg, tok)
   local weights = {}
   for _, name in ipairs(cfg.metrics) do weights[name] = 1 end
@@ -190,7 +197,7 @@ function M.main(cfg)
   local rep, results = train.validation.validate(m, tok, { rollout = cfg.rollout, chat = cfg.chat,
     eval = { temperature = cfg.temperature, seed = cfg.seed } }, samples, user, ctx, metrics)
   if rep.first_drop then io.stderr:write("collabllm_eval: first dropped conversation: ", rep.first_drop, "\n") end
-  local report = { model = cfg.model, conversations = rep.conversations, dropped = rep.dropped, invalid = rep.invalid,
+  local report = { model = cfg.model, adapter = cfg.adapter, conversations = rep.conversations, dropped = rep.dropped, invalid = rep.invalid,
     failed = rep.failed, first_reply_ask_rate = rep.first_reply_ask_rate,
     tokens_per_conversation = rep.tokens_per_conversation, metrics = rep.metrics }
   local spend = ctx.spend:add(clrt.llm.drain_records())
@@ -213,7 +220,7 @@ function M.main(cfg)
   end
   print(("conversations %d, dropped %d, invalid first replies %d"):format(rep.conversations, rep.dropped, rep.invalid))
   if report.api then print(require("clrt.api.usage").line(report.api)) end
-  local path = (cfg.out or cfg.model) .. "/eval.json"
+  local path = cfg.out .. "/eval.json"
   require("clrt.data").write_atomic(path, require("clrt.json").encode(report) .. "\n")
   print("wrote " .. path)
   return report

@@ -109,6 +109,7 @@ M.FIXED_ON_RESUME = { "model", "adapter", "seed", "data", "prompts_per_step", "r
 function M.main(cfg)
   M.check_config(cfg)
   if cfg.estimate then return require("clrt.train.estimate").run(cfg, "rl", { world = the_world() }) end
+  if not cfg.resume then require("clrt.model_path").apply(cfg, WHO) end
   local run_dir = cfg.resume or run.new_dir(cfg, "collabllm_rl")
   if cfg.resume and cfg.run_dir ~= cfg.resume then
     error("collabllm_rl: resume= needs the run's config: pass the command line through parse_args", 0)

@@ -115,6 +115,11 @@ end
 
 function M.main(cfg)
   config.check(cfg, M.rules, "collabllm_sft")
+  if not cfg.resume then require("clrt.model_path").apply(cfg, "collabllm_sft") end
+  if cfg.adapter then
+    error(("collabllm_sft: model= names a LoRA checkpoint (%s over %s); fold it into its base first (clrt merge %s OUT) and pass model=OUT")
+      :format(cfg.adapter, cfg.model, cfg.adapter), 0)
+  end
   local run = require("clrt.run")
   local run_dir = cfg.resume or run.new_dir(cfg, "collabllm_sft")
   cfg.run_dir = run_dir

@@ -29,8 +29,9 @@ end
 if not dir then error("clrt chat: which model folder?\n" .. usage, 0) end
 
 local chat = require("clrt.chat")
-local m = require("clrt.model").load(dir, { adapter = adapter, quant = quant })
-local tok = require("clrt.tokenizer").load(dir)
+local where = require("clrt.model_path").resolve(dir, { who = "clrt chat", adapter = adapter })
+local m = require("clrt.model").load(where.model, { adapter = where.adapter, quant = quant })
+local tok = require("clrt.tokenizer").load(where.tokenizer)
 local max_len = math.min(m.config.max_position_embeddings or 2048, 4096)
 local stop_ids = chat.stop_ids(tok)
 local history_file = (os.getenv("HOME") or ".") .. "/.clrt_chat_history"

@@ -1,16 +1,25 @@
--- clrt merge BASE_DIR ADAPTER_DIR OUT_DIR
+-- clrt merge BASE_DIR ADAPTER_DIR OUT_DIR, or clrt merge RUN_OR_CHECKPOINT OUT_DIR
 -- Folds a LoRA adapter (PEFT's adapter_config.json + adapter_model.safetensors) into its base:
 -- OUT_DIR is a full Hugging Face folder (config.json, model.safetensors and the base's tokenizer
 -- files) whose weights are W + alpha/r B A, so its logits equal the base with the adapter.
+-- With two folders the first is a LoRA run's folder (its latest checkpoint) or checkpoint,
+-- over the base its adapter_config.json names.
 local files = require("clrt.files")
-local usage = "usage: clrt merge BASE_DIR ADAPTER_DIR OUT_DIR"
+local model_path = require("clrt.model_path")
+local usage = "usage: clrt merge BASE_DIR ADAPTER_DIR OUT_DIR | clrt merge RUN_OR_CHECKPOINT_DIR OUT_DIR"
 local args = { ... }
 if args[1] == "--help" or args[1] == "-h" then print(usage) return end
-if #args ~= 3 then error("clrt merge: expected three folders\n" .. usage, 0) end
-local base, adapter, out = args[1], args[2], args[3]
-for _, d in ipairs({ base, adapter }) do
-  if not files.is_dir(d) then error(("clrt merge: %s is not a folder\n%s"):format(d, usage), 0) end
+if #args ~= 3 and #args ~= 2 then error("clrt merge: expected two or three folders\n" .. usage, 0) end
+local out = args[#args]
+local base, adapter
+if #args == 3 then
+  base = model_path.resolve(args[1], { who = "clrt merge" }).model
+  adapter = model_path.resolve(args[2], { who = "clrt merge", base = base }).adapter
+else
+  local where = model_path.resolve(args[1], { who = "clrt merge" })
+  base, adapter = where.model, where.adapter
 end
+if not adapter then error(("clrt merge: %s holds no LoRA adapter (adapter_config.json)\n%s"):format(args[#args - 1], usage), 0) end
 local m = require("clrt.model").load(base, { adapter = adapter })
 local n = #m.lora_names
 m:merge_adapter()

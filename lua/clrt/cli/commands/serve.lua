@@ -63,8 +63,9 @@ if opts.quant and opts.quant ~= "int8" and opts.quant ~= "none" then
 end
 opts.api_key = opts.api_key or os.getenv("CLRT_API_KEY")
 
-local m = require("clrt.model").load(dir, { adapter = opts.adapter, quant = opts.quant })
-local tok = require("clrt.tokenizer").load(dir)
+local where = require("clrt.model_path").resolve(dir, { who = "clrt serve", adapter = opts.adapter })
+local m = require("clrt.model").load(where.model, { adapter = where.adapter, quant = opts.quant })
+local tok = require("clrt.tokenizer").load(where.tokenizer)
 if opts.deterministic then m:set_batch_invariant(true) end
 opts.model, opts.tokenizer, opts.adapter, opts.deterministic, opts.quant = m, tok, nil, nil, nil
 opts.name = opts.name or dir:gsub("/+$", ""):match("([^/]+)$")
