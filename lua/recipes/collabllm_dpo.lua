@@ -345,6 +345,7 @@ function M.run(cfg, run_dir)
   local first_step = resume_state and resume_state.step + 1 or 1
   local last_step = math.min(cfg.steps, cfg.stop_after or cfg.steps)
   local failed_steps = resume_state and resume_state.failed_steps or 0
+  local ran, failed_here, last_failure = 0, 0, nil   -- this invocation's steps (online)
   local budget, SCRIPT = require("clrt.train.budget"), "recipes/collabllm_dpo.lua"
   budget.check_start(cfg, ctx, SCRIPT, run_dir, "collabllm_dpo")
   for step = first_step, last_step do
@@ -383,7 +384,9 @@ function M.run(cfg, run_dir)
       -- a failed step (simulator or judge down) counts as in collabllm_rl.lua
       local f = train.failure.assess(cfg, entries, R)
       train.failure.mark(row, f)
+      ran = ran + 1
       if f.failed then
+        failed_here, last_failure = failed_here + 1, f
         failed_steps = failed_steps + 1
         lg:print(train.failure.line(step, f, failed_steps, cfg.max_failed_steps))
         if failed_steps >= cfg.max_failed_steps then
@@ -418,6 +421,8 @@ function M.run(cfg, run_dir)
     end
   end
 
+  local none = train.failure.none_succeeded(WHO, ran, failed_here, last_failure)
+  if none then lg:print(none); lg:close(); error(none, 0) end
   if can_eval and cfg.eval.after and last_step == cfg.steps then
     summary.after = train.validation.evaluate(m, tok, cfg, world, user, ctx)
     lg:print("after DPO: " .. json.encode(summary.after))

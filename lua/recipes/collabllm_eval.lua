@@ -126,6 +126,7 @@ function M.main_paper(cfg)
   end
   local system = M.system_text(cfg, world)
   local itr_rubric = M.itr_rubric(cfg)
+  M.open_folder(cfg)
   local m, tok = clrt.model.load(cfg.model, { adapter = cfg.adapter }), clrt.tokenizer.load(cfg.model)
   local user, ctx = simulator(cfg, tok)
   ctx.metric_options = ctx.metric_options or {}
@@ -161,15 +162,11 @@ function M.main_paper(cfg)
   return rep
 end
 
-function M.main(cfg)
-  if cfg.estimate then return train.estimate.run(cfg, "eval", { world = the_world() }) end
-  if not cfg.model then error("collabllm_eval: model= is required (a model folder, a run folder or a checkpoint)", 0) end
-  require("clrt.model_path").apply(cfg, WHO)
-  if cfg.protocol ~= "paper" and cfg.protocol ~= "prefix" then
-    error(("collabllm_eval: protocol must be paper or prefix, got %s"):format(tostring(cfg.protocol)), 0)
-  end
-  -- an evaluation's own folder, never the model's: two evaluations of one model (the default
-  -- and the proactive baseline) must not replace each other's results
+-- The evaluation's own folder, made once its settings are checked (a bad value leaves no
+-- folder behind), never the model's: two evaluations of one model (the default and the
+-- proactive baseline) must not replace each other's results. out= names it; else
+-- runs/collabllm_eval-DATE. Its config.json records what was evaluated.
+function M.open_folder(cfg)
   cfg.out = cfg.out or require("clrt.run").new_dir({ out = "runs", name = "collabllm_eval" }, WHO)
   require("clrt.files").mkdir_p(cfg.out)
   require("clrt.data").write_atomic(cfg.out .. "/config.json", require("clrt.json").encode(cfg) .. "\n")
@@ -177,9 +174,19 @@ function M.main(cfg)
   -- the judges' reply cache: beside eval.json unless judge.cache_dir names one (a training
   -- run's RUN_DIR/llm_cache: the same conversations are then not judged again)
   cfg.judge.cache_dir = cfg.judge.cache_dir or (cfg.out .. "/llm_cache")
+end
+
+function M.main(cfg)
+  if cfg.estimate then return train.estimate.run(cfg, "eval", { world = the_world() }) end
+  if not cfg.model then error("collabllm_eval: model= is required (a model folder, a run folder or a checkpoint)", 0) end
+  require("clrt.model_path").apply(cfg, WHO)
+  if cfg.protocol ~= "paper" and cfg.protocol ~= "prefix" then
+    error(("collabllm_eval: protocol must be paper or prefix, got %s"):format(tostring(cfg.protocol)), 0)
+  end
   if cfg.protocol == "paper" then return M.main_paper(cfg) end
   cfg.temperature = cfg.temperature or 0.0
   local world = the_world()
+  M.open_folder(cfg)
   local m, tok = clrt.model.load(cfg.model, { adapter = cfg.adapter }), clrt.tokenizer.load(cfg.model)
   local user, ctx = simulator(cfg, tok)
   local weights = {}

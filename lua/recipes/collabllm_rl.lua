@@ -168,6 +168,7 @@ function M.run(cfg, run_dir)
   local first_step = resume_state and resume_state.step + 1 or 1
   local last_step = math.min(cfg.steps, cfg.stop_after or cfg.steps)
   local failed_steps = resume_state and resume_state.failed_steps or 0
+  local ran, failed_here, last_failure = 0, 0, nil   -- this invocation's steps
   local budget = require("clrt.train.budget")
   budget.check_start(cfg, ctx, SCRIPT, run_dir, "collabllm_rl")
   for step = first_step, last_step do
@@ -206,7 +207,9 @@ function M.run(cfg, run_dir)
     -- on every conversation) is marked, printed and counted; max_failed_steps stop the run
     local f = train.failure.assess(cfg, entries, R)
     lg:log(step, train.failure.mark(row, f))
+    ran = ran + 1
     if f.failed then
+      failed_here, last_failure = failed_here + 1, f
       failed_steps = failed_steps + 1
       lg:print(train.failure.line(step, f, failed_steps, cfg.max_failed_steps))
       if failed_steps >= cfg.max_failed_steps then error(train.failure.stop_message(WHO, step, f, failed_steps), 0) end
@@ -221,6 +224,8 @@ function M.run(cfg, run_dir)
     if over then budget.stop(over, cfg, ctx, SCRIPT, run_dir, "collabllm_rl", lg, ev) end
   end
 
+  local none = train.failure.none_succeeded(WHO, ran, failed_here, last_failure)
+  if none then lg:print(none); lg:close(); error(none, 0) end
   ev:after(last_step)
   lg:close()
   ev:finish()

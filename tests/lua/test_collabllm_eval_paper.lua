@@ -126,6 +126,38 @@ T.case("protocol=paper on the built-in world: sampled at 0.6, eval.json and the 
   T.raises(function() ev.main(ev.parse_args({ "model=" .. start, "protocol=papr" })) end, "protocol must be")
 end)
 
+T.case("each evaluation writes a folder of its own (runs/collabllm_eval-*), never the model's; a bad value none", function()
+  local files = require("clrt.files")
+  local work = T.tmpdir() .. "/work"
+  files.mkdir_p(work)
+  local bin = os.getenv("CLRT_BIN") or arg[-1]
+  if bin:sub(1, 1) ~= "/" then bin = os.getenv("PWD") .. "/" .. bin end
+  local recipe = T.source_dir() .. "/lua/recipes/collabllm_eval.lua"
+  local function eval(extra)
+    local f = assert(io.popen(("cd %q && %q %q model=%q prompts=2 rollout.max_new_tokens=4 %s 2>&1; echo \"exit=$?\"")
+      :format(work, bin, recipe, start, extra)))
+    local out = f:read("*a")
+    f:close()
+    return out, tonumber(out:match("exit=(%d+)"))
+  end
+  local before = files.list(start)
+  local out, rc = eval("temperature=-1")
+  T.eq(rc, 1, out)
+  T.eq(files.exists(work .. "/runs"), false, "no folder for a bad value: " .. out)
+  local first, rc1 = eval("")
+  local second, rc2 = eval("system_prompt=proactive")
+  T.eq({ rc1, rc2 }, { 0, 0 }, first .. second)
+  local a, b = first:match("evaluation folder: (%S+)"), second:match("evaluation folder: (%S+)")
+  T.ok(a and b and a ~= b and a:match("^runs/collabllm_eval%-"), tostring(a) .. " " .. tostring(b))
+  for _, d in ipairs({ a, b }) do
+    for _, name in ipairs({ "eval.json", "eval_details.jsonl", "config.json" }) do
+      T.ok(files.exists(work .. "/" .. d .. "/" .. name), d .. "/" .. name)
+    end
+  end
+  T.eq(cjson.decode(T.read(work .. "/" .. b .. "/config.json")).system_prompt, "proactive", "the config it ran with")
+  T.eq(files.list(start), before, "nothing written into the model folder")
+end)
+
 ---------------------------------------------------------------- the published schema
 if os.execute("command -v curl > /dev/null 2>&1") ~= 0 then
   io.write("skip (published-schema case): curl is not installed\n")

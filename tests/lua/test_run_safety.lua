@@ -261,6 +261,17 @@ T.case("a simulator that is down: failed steps are logged by cause and the run s
   T.eq(failed[2].step, rows[#rows].step, "the run stops at the second")
 end)
 
+-- fewer steps than max_failed_steps, all failed: the run trained on nothing and says so
+T.case("a run in which no step succeeded exits non-zero, though under max_failed_steps", function()
+  local dir = root .. "/none"
+  local out, rc = llm_run(dir, { "--fault", "500" }, { "steps=2", "max_failed_steps=5", "rollout.max_new_tokens=40" })
+  T.eq(rc, 1, out)
+  T.ok(out:find("collabllm_rl: no step succeeded (2 of 2 failed)", 1, true), out)
+  T.ok(out:find("HTTP 500", 1, true), "why: " .. out)
+  T.ok(not out:find("run folder: ", 1, true), "not reported as a finished run: " .. out)
+  T.ok(not out:find("stack traceback", 1, true), out)
+end)
+
 T.case("bad config values: one line each naming key and value, before anything runs", function()
   local cases = {
     { "rollout.n=0", "rollout.n must be an integer >= 1, got 0" },

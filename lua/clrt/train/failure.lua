@@ -5,6 +5,7 @@
 --   failure.mark(row, f)                        -- dropped/<cause>, failed_step = 1 on the row
 --   failure.line(step, f, failed_steps, cfg.max_failed_steps)   -- the line a failed step prints
 --   error(failure.stop_message(who, step, f, failed_steps), 0)  -- the run's last line
+--   failure.none_succeeded(who, ran, failed, last_f)  -- every step this invocation ran failed: the message
 -- cfg: max_drop_fraction; entries: clrt.train.entry records; R: clrt.train.reward.batch_rewards'.
 local interrupt = require("clrt.core.interrupt")
 local reward = require("clrt.train.reward")
@@ -76,6 +77,14 @@ end
 function M.line(step, f, failed_steps, max_failed_steps)
   return ("step %d failed (%d of %d allowed): %s; first: %s"):format(step, failed_steps, max_failed_steps,
     f.why, tostring(f.first))
+end
+
+-- A run in which every step it ran failed (an endpoint down, a wrong model name) has
+-- trained on nothing: it must not end as a success. The message, or nil when a step succeeded.
+function M.none_succeeded(who, ran, failed, last)
+  if ran == 0 or failed < ran then return nil end
+  return ("%s: no step succeeded (%d of %d failed); the last: %s; first: %s"):format(who, failed, ran,
+    last and last.why or "?", tostring(last and last.first))
 end
 
 function M.stop_message(who, step, f, failed_steps)
