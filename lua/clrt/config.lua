@@ -30,6 +30,7 @@ function M.optional(kind)
   return setmetatable({ kind = kind }, optional_mt)
 end
 local function is_optional(v) return type(v) == "table" and getmetatable(v) == optional_mt end
+M.is_optional = is_optional   -- a setting with no default (model=, data=): help lists it as unset
 
 local map_mt = {}
 function M.map(t)

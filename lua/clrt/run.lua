@@ -90,8 +90,17 @@ local guarding = 0   -- nested guards (a resumed run's): the outermost one repor
 
 local announced = false   -- a guard has said how to continue (interrupted_early stays quiet)
 
+-- A run that fails before its first step is logged (a bad model folder, an endpoint check, a
+-- missing data file) leaves no folder behind: the same command can run again as it was.
+local function started(run_dir)
+  if files.exists(run_dir .. "/latest") then return true end
+  local rows = files.read(run_dir .. "/metrics.jsonl")
+  return rows ~= nil and rows:find("%S") ~= nil
+end
+
 function M.guard(who, script, run_dir, fn)
   if guarding > 0 then return fn() end
+  local fresh = not files.exists(run_dir)
   guarding = guarding + 1
   local res = { xpcall(fn, function(e)
     if os.getenv("CLRT_TRACEBACK") == "1" and type(e) == "string" then return debug.traceback(e, 2) end
@@ -101,7 +110,10 @@ function M.guard(who, script, run_dir, fn)
   if res[1] then return unpack(res, 2, table.maxn(res)) end
   local err = res[2]
   local interrupted = require("clrt.core.interrupt").pressed() or tostring(err) == "interrupted"
-  if files.exists(run_dir .. "/config.json") and require("clrt.dist").is_main() then
+  if fresh and files.is_dir(run_dir) and not started(run_dir) and require("clrt.dist").is_main() then
+    files.remove_tree(run_dir)
+    announced = true
+  elseif files.exists(run_dir .. "/config.json") and require("clrt.dist").is_main() then
     io.stderr:write(("\n%s: %s; continue this run with:\n  %s\n"):format(who,
       interrupted and "interrupted" or "stopped", M.resume_command(script, run_dir)))
     announced = true
@@ -127,6 +139,7 @@ end
 -- A recipe run from the command line: with resume=DIR the guard covers reading the saved
 -- config too, so a Ctrl-C at any moment of a resumed run prints the command that continues it.
 function M.main(who, script, argv, parse_args, main)
+  if require("clrt.recipe_help").handle(who, "recipes." .. who, argv, parse_args) then return end
   local dir = config.arg_value(argv, "resume")
   if not dir or not files.exists(dir .. "/config.json") then return main(parse_args(argv)) end
   return M.guard(who, script, dir, function() return main(parse_args(argv)) end)

@@ -246,4 +246,5 @@ end
 
 local argv = { ... }
 if argv[1] == "recipes.collabllm_eval" then return M end
+if require("clrt.recipe_help").handle(WHO, "recipes.collabllm_eval", argv, M.parse_args) then return end
 M.main(M.parse_args(argv))

@@ -287,4 +287,6 @@ end
 
 local argv = { ... }
 if argv[1] == "recipes.process_dataset" then return M end
-M.main(config.parse(M.defaults, argv))
+local function parse(a) return config.parse(M.defaults, a) end
+if require("clrt.recipe_help").handle("process_dataset", "recipes.process_dataset", argv, parse) then return end
+M.main(parse(argv))

@@ -237,10 +237,15 @@ T.case("an HTTP 401 from the simulator stops the run at once with one line", fun
   T.ok(not out:find("wrong-key", 1, true), "the key never shows")
   T.ok(not out:find("stack traceback", 1, true), out)
   -- a step whose first replies all ended at the length limit calls no simulator and may be
-  -- logged; no step that called it (and met the 401) is
-  for _, r in ipairs(data.read_jsonl(dir .. "/metrics.jsonl")) do
-    T.eq(r.http_calls or 0, 0, "step " .. tostring(r.step) .. " met the 401 yet was logged as if it had worked")
+  -- logged; no step that called it (and met the 401) is. A run stopped before it logged a
+  -- step leaves no folder: the same command runs again once the key is fixed.
+  if files.exists(dir) then
+    for _, r in ipairs(data.read_jsonl(dir .. "/metrics.jsonl")) do
+      T.eq(r.http_calls or 0, 0, "step " .. tostring(r.step) .. " met the 401 yet was logged as if it had worked")
+    end
+    T.ok(#data.read_jsonl(dir .. "/metrics.jsonl") > 0, "a folder kept holds a logged step")
   end
+  T.ok(not out:find("continue this run", 1, true) or files.exists(dir), "no resume command for a removed folder: " .. out)
 end)
 
 T.case("a simulator that is down: failed steps are logged by cause and the run stops", function()
@@ -268,8 +273,41 @@ T.case("a run in which no step succeeded exits non-zero, though under max_failed
   T.eq(rc, 1, out)
   T.ok(out:find("collabllm_rl: no step succeeded (2 of 2 failed)", 1, true), out)
   T.ok(out:find("HTTP 500", 1, true), "why: " .. out)
-  T.ok(not out:find("run folder: ", 1, true), "not reported as a finished run: " .. out)
+  T.ok(not out:find("stopped after step", 1, true) and files.exists(dir .. "/latest"), "a failed run, its steps kept: " .. out)
   T.ok(not out:find("stack traceback", 1, true), out)
+end)
+
+T.case("a run that fails after its folder is made but before its first step leaves no folder", function()
+  local run = require("clrt.run")
+  local dir = root .. "/startup"
+  -- what a recipe has written by then: config.json, an empty metrics.jsonl
+  local err = T.raises(function()
+    run.guard("collabllm_rl", "recipes/collabllm_rl.lua", dir, function()
+      files.mkdir_p(dir)
+      files.write_atomic(dir .. "/config.json", "{}")
+      files.write_atomic(dir .. "/metrics.jsonl", "")
+      error("collabllm_rl: the endpoint check failed", 0)
+    end)
+  end, "the endpoint check failed")
+  T.ok(not err:find("resume=", 1, true), err)
+  T.eq(files.exists(dir), false, "no orphan folder")
+  -- once a step is logged the folder is the run's, kept to resume
+  local kept = root .. "/started"
+  T.raises(function()
+    run.guard("collabllm_rl", "recipes/collabllm_rl.lua", kept, function()
+      files.mkdir_p(kept)
+      files.write_atomic(kept .. "/config.json", "{}")
+      files.write_atomic(kept .. "/metrics.jsonl", '{"step":1}\n')
+      error("collabllm_rl: step 2 failed", 0)
+    end)
+  end, "step 2 failed")
+  T.eq(files.exists(kept .. "/config.json"), true, "a started run's folder stays")
+  -- and a resumed run's folder is never removed, whatever it holds
+  local resumed = root .. "/resumed"
+  files.mkdir_p(resumed)
+  files.write_atomic(resumed .. "/config.json", "{}")
+  T.raises(function() run.guard("collabllm_rl", "recipes/collabllm_rl.lua", resumed, function() error("x", 0) end) end, "x")
+  T.eq(files.exists(resumed .. "/config.json"), true)
 end)
 
 T.case("bad config values: one line each naming key and value, before anything runs", function()

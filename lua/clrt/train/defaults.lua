@@ -14,7 +14,7 @@ local OPENAI = "https://api.openai.com/v1"
 -- Every shared setting with its default (no `train` table: each recipe has its own).
 function M.shared()
   return {
-    model = config.optional("string"),        -- HF folder of the starting policy (and reference)
+    model = config.optional("string"),        -- the starting policy (and reference): a model, run or checkpoint folder
     adapter = config.optional("string"),      -- a PEFT LoRA folder over model=: the policy trains it, the reference is model=
     data = config.optional("string"),         -- RL JSONL from process_dataset.lua; nil: world prompts
     data_val = config.optional("string"),     -- validation JSONL (process_dataset's rl_test.jsonl)
