@@ -404,6 +404,24 @@ local function summarize(records)
 end
 
 -- This client's calls so far, summed up: calls, ok, failed, retries, tokens, latency.
+-- GET <base_url>/models, once, before a run's first step (clrt.train.endpoints): the status
+-- and the served model ids, or the transport error. Not counted in the client's records.
+function Client:list_models()
+  local r = request({ method = "GET", url = self.base_url .. "/models", headers = secret[self].headers,
+    timeout = math.min(self.timeout, 15), ca_file = self.ca_file })
+  if r.error_code ~= 0 then return { error = redact(self, tostring(r.error)) } end
+  local ids = {}
+  if r.status >= 200 and r.status < 300 then
+    local ok, doc = pcall(json.decode, r.body or "")
+    if ok and type(doc) == "table" and type(doc.data) == "table" then
+      for _, m in ipairs(doc.data) do
+        if type(m) == "table" and type(m.id) == "string" then ids[#ids + 1] = m.id end
+      end
+    end
+  end
+  return { status = r.status, ids = ids, message = r.status >= 300 and redact(self, server_message(r.body) or "") or nil }
+end
+
 function Client:stats() return summarize(self.records) end
 function Client:reset_stats() self.records = {} end
 -- The first 401/403 answer this client got since the last call ("MODEL at URL refused the

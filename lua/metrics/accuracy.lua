@@ -10,7 +10,7 @@ local judge = require("metrics.lib.judge")
 local conv = require("clrt.conversation")
 local pf = require("clrt.prompt_file")
 
-local M = { name = "accuracy" }
+local M = { name = "accuracy", uses_judge = true }   -- uses_judge: the run checks the judge's endpoint before its first step
 
 -- The prompt: lua/prompts/judge_accuracy.txt (its header lists what it carries from which
 -- reference and its placeholders); reward.metric_options.accuracy.prompt_file=PATH runs

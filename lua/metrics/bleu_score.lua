@@ -26,7 +26,7 @@
 --              extract the document; extract_max_tokens, prompt_file: metrics/lib/judge.lua
 local judge = require("metrics.lib.judge")
 
-local M = { name = "bleu_score" }
+local M = { name = "bleu_score", uses_judge = true }   -- uses_judge: the run checks the judge's endpoint before its first step
 
 -- NLTK's stand-in for a zero precision (sys.float_info.min).
 M.DBL_MIN = 2.2250738585072014e-308

@@ -22,7 +22,7 @@ local judge = require("metrics.lib.judge")
 local conv = require("clrt.conversation")
 local pf = require("clrt.prompt_file")
 
-local M = { name = "interactivity" }
+local M = { name = "interactivity", uses_judge = true }   -- uses_judge: the run checks the judge's endpoint before its first step
 
 -- The keys the prompt asks for, in the order it asks for them (after "thought").
 -- At load (clrt.train.reward.load_metrics): a bad rubric is an error before any judge call.

@@ -63,7 +63,7 @@ local files = require("clrt.files")
 local proc = require("clrt.proc")
 local sandbox = require("clrt.sandbox")
 
-local M = { name = "pass_rate" }
+local M = { name = "pass_rate", uses_judge = true }   -- uses_judge: the run checks the judge's endpoint before its first step
 
 M.DEFAULTS = { timeout = 241, mem_mb = 30720, as_mb = 30720, stack_mb = 10, file_mb = 16, procs = 64,
   tmp_mb = 512, threads = 1, python = "/usr/bin/python3", bwrap = "bwrap", uid = sandbox.DEFAULT_UID }

@@ -260,6 +260,7 @@ function M.run(cfg, run_dir)
   local ctx, user = train.context{ config = cfg, tokenizer = tok, who = WHO }
   local weights = cfg.reward.metric_weights
   local metrics = reward.load_metrics(weights, cfg.reward.metric_options)
+  if cfg.online then train.endpoints.check(ctx, metrics, cfg, WHO) end   -- the API the rollouts call
   local t = cfg.train
   local notes = {}
 

@@ -64,6 +64,7 @@ function M.defaults_for(protocol)
     task_metric = config.optional("string"),    -- paper: overrides every row's task_metric
     metrics = { "accuracy", "interactivity", "token_amount" },   -- prefix
     sim = R.sim,
+    check_endpoints = R.check_endpoints,
     sim_cfg = R.sim_cfg,
     judge = R.judge,
     chat = R.chat,
@@ -129,6 +130,8 @@ function M.main_paper(cfg)
   M.open_folder(cfg)
   local m, tok = clrt.model.load(cfg.model, { adapter = cfg.adapter }), clrt.tokenizer.load(cfg.model)
   local user, ctx = simulator(cfg, tok)
+  -- the task metrics' and ITR's judge on a dataset's rows (the built-in world scores its own)
+  train.endpoints.check(ctx, cfg.data and { { metric = { uses_judge = true } } } or {}, cfg, WHO)
   ctx.metric_options = ctx.metric_options or {}
   ctx.metric_options.interactivity = { rubric = itr_rubric }
   local samples = cfg.data and paper.samples(cfg.data, system, cfg.task_metric, WHO)
@@ -192,6 +195,7 @@ function M.main(cfg)
   local weights = {}
   for _, name in ipairs(cfg.metrics) do weights[name] = 1 end
   local metrics = train.reward.load_metrics(weights, ctx.metric_options)
+  train.endpoints.check(ctx, metrics, cfg, WHO)
   local samples
   if cfg.data then
     samples = train.prompts.filter_prompts(m, tok, cfg, train.prompts.dataset_samples(cfg.data, WHO), cfg.data, WHO)

@@ -160,6 +160,7 @@ function M.run(cfg, run_dir)
   local ppo = cfg.train.algorithm == "ppo" and M.ppo_state(m, cfg, ckpt_dir, resume_state) or nil
 
   local ctx, user = train.context{ config = cfg, tokenizer = tok, who = WHO }
+  train.endpoints.check(ctx, metrics, cfg, WHO)   -- the simulator's and judges' endpoints, before any rollout
   local ev = train.evals.new{ run_dir = run_dir, cfg = cfg, model = m, tokenizer = tok, world = world, user = user,
     ctx = ctx, metrics = metrics, val_set = val_set, can_eval = not dataset and cfg.sim == "scripted", log = lg,
     resume_state = resume_state }

@@ -248,6 +248,47 @@ T.case("an HTTP 401 from the simulator stops the run at once with one line", fun
   T.ok(not out:find("continue this run", 1, true) or files.exists(dir), "no resume command for a removed folder: " .. out)
 end)
 
+-- Before the first step (clrt.train.endpoints): each endpoint answers GET /models and serves
+-- its model; what does not is one line naming the setting, and no folder is left behind.
+T.case("endpoints and model names are checked before the first step: one line each, no folder", function()
+  local down = root .. "/ep_down"
+  local out, rc = sh(clrt_cmd("recipes/collabllm_rl.lua", rl_args(down, { "sim=llm", "sim_cfg.base_url=http://127.0.0.1:1/v1",
+    "sim_cfg.max_retries=0" })))
+  T.eq(rc, 1, out)
+  T.ok(out:find("clrt: collabllm_rl: sim_cfg.base_url=http://127.0.0.1:1/v1: cannot reach the endpoint", 1, true), out)
+  T.ok(not out:find("step 1", 1, true) and not out:find("traceback", 1, true), out)
+  T.eq(files.exists(down), false, "no folder for a run that never started")
+  local wrong = root .. "/ep_model"
+  out, rc = llm_run(wrong, { "--models", "qwen-a,qwen-b" })
+  T.eq(rc, 1, out)
+  T.ok(out:find("sim_cfg.model=gpt%-4o%-mini is not served at http://127.0.0.1:%d+/v1 %(it serves: qwen%-a, qwen%-b%)"), out)
+  T.eq(files.exists(wrong), false)
+  out, rc = llm_run(root .. "/ep_key", { "--models", "gpt-4o-mini", "--key", "right-key" })
+  T.eq(rc, 1, out)
+  T.ok(out:find("sim_cfg.base_url=http://127.0.0.1:%d+/v1 refused the key: HTTP 401 Incorrect API key provided %(sim_cfg.api_key_env%)"), out)
+  T.ok(not out:find("wrong-key", 1, true), "the key never shows")
+  -- the planted fault's other side: served, the run goes on (one GET /models, then rollouts)
+  local fake = dofile(T.source_dir() .. "/tests/support/fake_openai.lua")
+  local srv = fake.start({ "--models", "x,gpt-4o-mini" })
+  T.cleanup(srv.stop)
+  local ok_dir = root .. "/ep_ok"
+  out, rc = sh("CLRT_TEST_KEY=k " .. clrt_cmd("recipes/collabllm_rl.lua", rl_args(ok_dir, { "sim=llm", "sim_cfg.base_url=" .. srv.base_url,
+    "sim_cfg.api_key_env=CLRT_TEST_KEY", "steps=1", "save_every=1", "rollout.max_new_tokens=8" })))
+  local stats = sh(("curl -s http://127.0.0.1:%d/stats"):format(srv.port))
+  srv.stop()
+  -- past the check, the rollouts ran (this fake's echo is no simulated user: the step fails)
+  T.ok(out:find("no step succeeded (1 of 1 failed)", 1, true) and out:find("simulator failed", 1, true), out)
+  T.ok(stats:find('"models_calls": 1', 1, true), stats)
+  -- check_endpoints=false: nothing asked
+  local endpoints = require("clrt.train.endpoints")
+  local asked = 0
+  local client = { base_url = "http://x/v1", model = "m", list_models = function() asked = asked + 1; return { error = "down" } end }
+  T.eq(endpoints.check({ user = client }, {}, { check_endpoints = false }, "w"), {})
+  T.eq(asked, 0)
+  T.raises(function() endpoints.check({ user = client, judge = client }, {}, {}, "w") end, "w: sim_cfg.base_url=http://x/v1: cannot reach the endpoint (down)")
+  T.eq(asked, 1, "the judge is not asked when no metric uses it, and one endpoint is asked once")
+end)
+
 T.case("a simulator that is down: failed steps are logged by cause and the run stops", function()
   local dir = root .. "/down"
   local out, rc = llm_run(dir, { "--fault", "500" }, { "max_failed_steps=2", "rollout.max_new_tokens=40" })

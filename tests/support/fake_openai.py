@@ -21,6 +21,9 @@ result belongs to its own request. Fault kinds:
   close           close the connection without answering
 With --fault KIND every request gets that fault (e.g. --fault 500: a server that is down).
 With --tls CERT KEY it serves https. With --key K every request must carry "Authorization: Bearer K" (else 401).
+With --models A,B it answers GET /v1/models with those ids (the key checked as above), and
+counts the calls (GET /stats: "models_calls"); without, GET /v1/models is a 404, as on a
+server that does not implement it.
 """
 import argparse
 import json
@@ -44,6 +47,7 @@ class State:
         self.active = 0      # chat requests being handled now
         self.max_active = 0
         self.connections = set()   # client (host, port) pairs: one per TCP connection
+        self.models_calls = 0      # GET /v1/models answered
 
 
 def make_handler(state):
@@ -66,10 +70,19 @@ def make_handler(state):
             self.wfile.write(data)
 
         def do_GET(self):
-            if self.path == "/stats":
+            if self.path == "/v1/models" and args.models:
+                with state.lock:
+                    state.models_calls += 1
+                if args.key and self.headers.get("Authorization", "") != "Bearer " + args.key:
+                    self.send(401, json.dumps({"error": {"message": "Incorrect API key provided"}}))
+                    return
+                self.send(200, json.dumps({"object": "list", "data": [
+                    {"id": m, "object": "model", "owned_by": "fake"} for m in args.models.split(",")]}))
+            elif self.path == "/stats":
                 with state.lock:
                     self.send(200, json.dumps({"requests": state.requests, "max_active": state.max_active,
-                                               "connections": len(state.connections)}))
+                                               "connections": len(state.connections),
+                                               "models_calls": state.models_calls}))
             else:
                 self.send(404, json.dumps({"error": {"message": "no such path " + self.path}}))
 
@@ -186,6 +199,7 @@ def main():
     p.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="serve https with this certificate")
     p.add_argument("--key", default=os.environ.get("FAKE_OPENAI_KEY", ""))
     p.add_argument("--fault", default="", help="answer every request with this fault kind")
+    p.add_argument("--models", default="", help="comma-separated ids GET /v1/models lists")
     args = p.parse_args()
     ThreadingHTTPServer.request_queue_size = 256   # a burst of 64 connects must not hit SYN retries
     server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(State(args)))

@@ -36,6 +36,7 @@ function M.shared()
     -- max_failed_steps failed steps. An HTTP 401/403 from the simulator or judge stops it at once.
     max_drop_fraction = 0.5,
     max_failed_steps = 3,
+    check_endpoints = true,                   -- before the first step: each endpoint answers GET /models and serves its model
     chat = {
       enable_thinking = config.optional("boolean"), -- Qwen3's switch, passed to every render
       strip_think = true,                     -- the user, judges and token_amount see visible text only
