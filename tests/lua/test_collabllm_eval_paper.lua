@@ -85,6 +85,24 @@ T.case("the world's scripted user opens an empty chat; the loop ends at the mark
   end
 end)
 
+T.case("a chat the user ends before the assistant speaks is dropped and counted, never scored", function()
+  local tok = clrt.tokenizer.load(start)
+  local samples = paper.world_samples(world, 2, 3, world.system_prompt)
+  -- a user whose first message already ends the chat (the marker alone)
+  local quitter = { name = "quitter", respond = function() return conv.TERMINATE end }
+  local answered = false
+  local policy = function() answered = true; return "an answer" end
+  local cfg = { max_messages = 14, itr_metric = "asks_question", rollout = {}, seed = 1, temperature = 0.6 }
+  local results = paper.run(nil, tok, cfg, samples, quitter, {}, policy)
+  for _, r in ipairs(results) do
+    T.eq(r.dropped, "no assistant turn", "dropped: " .. tostring(r.dropped))
+    T.eq({ r.task_performance, r.itr }, { nil, nil }, "never scored")
+  end
+  T.eq(answered, false, "the policy was never asked")
+  local rep = paper.report(results, cfg)
+  T.eq({ rep.conversations, rep.dropped, rep.dropped_by["no assistant turn"] }, { 0, 2, 2 })
+end)
+
 T.case("protocol=paper on the built-in world: sampled at 0.6, eval.json and the table", function()
   local sched = require("clrt.sched")
   local real, temps = sched.generate, {}

@@ -104,6 +104,12 @@ function M.run(m, tok, cfg, samples, user, ctx, policy)
         { max_user_turns = max_user, max_assistant_turns = max_asst, keep_last_assistant = true,
           seed_key = ("paper/prompt %d"):format(i) })
       if not c then return { sample = s, dropped = info.dropped, error = info.error } end
+      -- the user ended the chat before the assistant spoke: nothing of the policy's to score
+      -- (an extractor would invent a final answer from the task alone)
+      if not M.assistant_spoke(c, #s.prompt) then
+        return { sample = s, conversation = c, ended = info.ended, dropped = "no assistant turn",
+          error = "the simulated user ended the chat before the assistant's first message" }
+      end
       local scores = reward.score_conversation(c, s, { by_name[s.task_metric], by_name[cfg.itr_metric] }, ctx)
       return { sample = s, conversation = c, ended = info.ended, messages = #c - #s.prompt,
         task_performance = scores[s.task_metric], itr = scores[cfg.itr_metric], tokens_read_k = M.tokens_read_k(tok, c) }
@@ -113,6 +119,14 @@ function M.run(m, tok, cfg, samples, user, ctx, policy)
   failure.check_stop(ctx)
   for i in pairs(errs) do results[i] = { sample = samples[i], dropped = "error", error = errs[i] } end
   return results
+end
+
+-- Whether an assistant message follows the prompt's first `from` messages.
+function M.assistant_spoke(conversation, from)
+  for i = from + 1, #conversation do
+    if conversation[i].role == "assistant" then return true end
+  end
+  return false
 end
 
 -- Mean, standard error (sample standard deviation / sqrt(n); 0 for n = 1) and n of a list.
@@ -144,6 +158,8 @@ function M.report(results, cfg)
   for _, r in ipairs(results) do
     if r.dropped then
       rep.dropped = rep.dropped + 1
+      rep.dropped_by = rep.dropped_by or {}
+      rep.dropped_by[r.dropped] = (rep.dropped_by[r.dropped] or 0) + 1
       rep.first_drop = rep.first_drop or (tostring(r.dropped) .. ": " .. tostring(r.error))
     else
       rep.conversations = rep.conversations + 1
