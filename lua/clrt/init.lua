@@ -36,6 +36,13 @@ clrt.lua_dir = ffi.string(core.C.clrt_lua_dir())
 -- The examples folder beside the Lua dir (source tree and install alike) is on the module
 -- path, so the built-in world loads as require("collab_world.world") from anywhere.
 package.path = package.path .. ";" .. clrt.lua_dir .. "/../examples/?.lua"
+-- CLRT_PATH: the user's own folders of metrics/, interactions/ and prompts/, searched before
+-- the shipped ones (clrt.plugins)
+do
+  local dirs = {}
+  for dir in (os.getenv("CLRT_PATH") or ""):gmatch("[^:]+") do dirs[#dirs + 1] = (dir:gsub("/+$", "")) end
+  for i = #dirs, 1, -1 do package.path = dirs[i] .. "/?.lua;" .. dirs[i] .. "/?/init.lua;" .. package.path end
+end
 
 -- Ctrl-C was pressed during this script; check_interrupt raises "interrupted" then
 -- (clrt.core.interrupt).

@@ -30,7 +30,8 @@ function M.path(name_or_path)
     error(("prompt_file: expected a prompt name or a file path, got %s"):format(tostring(name_or_path)), 2)
   end
   if name_or_path:find("[/.]") then return name_or_path end
-  return lua_dir() .. "/prompts/" .. name_or_path .. ".txt"
+  -- a name: the user's own (CLRT_PATH's prompts/) before the shipped one
+  return require("clrt.plugins").user_prompt(name_or_path) or (lua_dir() .. "/prompts/" .. name_or_path .. ".txt")
 end
 
 -- The prompt text of a file (header dropped); errors name the file.

@@ -18,7 +18,7 @@ T.case("simulated users load by name; an unknown name lists the known ones", fun
   T.eq({ known[1], known[2] }, { "llm", "scripted" })
   T.ok(table.concat(known, ","):find("collabllm_user,scripted_user", 1, true), table.concat(known, ","))
   T.raises(function() users.load("nobody", "collabllm_dpo") end,
-    "collabllm_dpo: sim: unknown simulated user 'nobody' (no lua/interactions/nobody.lua; known: llm, scripted, collabllm_user")
+    "collabllm_dpo: sim: unknown simulated user 'nobody' (no interactions/nobody.lua in ")
   T.raises(function() users.load("../metrics/accuracy", "collabllm_rl") end, "unknown simulated user")
   -- the config check says the same before anything loads
   local rl = require("recipes.collabllm_rl")

@@ -16,9 +16,8 @@ function M.failed(err) return setmetatable({ error = err }, failed_mt) end
 function M.is_failed(v) return type(v) == "table" and getmetatable(v) == failed_mt end
 
 ---------------------------------------------------------------- metrics
-local function metric_known(name)
-  return type(name) == "string" and name:match("^[%w_]+$") and package.searchpath("metrics." .. name, package.path) ~= nil
-end
+local plugins = require("clrt.plugins")
+local function metric_known(name) return plugins.find("metrics", name) ~= nil end
 
 -- A run's reward settings ({metric_weights =, metric_options =}) before anything loads:
 -- every weight names a metric plug-in and is a finite number, every options entry names a
@@ -31,7 +30,8 @@ function M.check_config(rcfg, who)
   else
     for name, v in pairs(w) do
       if not metric_known(name) then
-        errs[#errs + 1] = ("%s: reward.metric_weights: unknown metric '%s' (lua/metrics/%s.lua does not exist)"):format(who, tostring(name), tostring(name))
+        errs[#errs + 1] = ("%s: reward.metric_weights: unknown metric '%s' (no metrics/%s.lua in %s; known: %s; a file: its path)")
+          :format(who, tostring(name), tostring(name), plugins.searched("metrics"), table.concat(plugins.known("metrics"), ", "))
       elseif type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge then
         errs[#errs + 1] = ("%s: reward.metric_weights.%s must be a finite number, got %s"):format(who, name, json.encode(v))
       end
@@ -60,10 +60,11 @@ function M.load_metrics(weights, options)
   for name in pairs(weights) do names[#names + 1] = name end
   table.sort(names)
   for _, name in ipairs(names) do
-    local ok, m = pcall(require, "metrics." .. name)
-    if not ok then error(("clrt.train.reward: cannot load metric '%s' (lua/metrics/%s.lua): %s"):format(name, name, m), 2) end
+    local ok, m = pcall(plugins.load, "metrics", name)
+    local where = plugins.find("metrics", name) or ("metrics/" .. tostring(name) .. ".lua")
+    if not ok then error(("clrt.train.reward: cannot load metric '%s' (%s): %s"):format(name, where, m), 2) end
     if type(m) ~= "table" or type(m.compute) ~= "function" then
-      error(("clrt.train.reward: lua/metrics/%s.lua must return {name = ..., compute = function(conversation, sample, ctx)}"):format(name), 2)
+      error(("clrt.train.reward: %s must return {name = ..., compute = function(conversation, sample, ctx)}"):format(where), 2)
     end
     if type(m.prepare) == "function" then m.prepare((options or {})[name] or {}) end
     out[#out + 1] = { name = name, compute = m.compute, metric = m }

@@ -7,33 +7,21 @@
 --   local user = users.load(cfg.sim, "collabllm_rl")    -- the plug-in, or an error listing the known
 --   users.check(cfg.sim, who)                           -- the same error, without loading it
 --   users.known()                                       -- {"collabllm_user", "scripted_user", ...}
-local files = require("clrt.files")
+local plugins = require("clrt.plugins")
 local M = {}
 
 M.SHORT = { llm = "collabllm_user", scripted = "scripted_user" }
 
--- The plug-in's module name for a `sim` value (a short name or the file's), or nil.
+-- The plug-in's module name or file for a `sim` value (a short name, the file's name under
+-- an interactions/ folder, or a path ending in .lua), or nil.
 local function module_of(name)
   if type(name) ~= "string" then return nil end
-  local file = M.SHORT[name] or name
-  if not file:match("^[%w_]+$") then return nil end
-  return package.searchpath("interactions." .. file, package.path) and ("interactions." .. file) or nil
+  return plugins.find("interactions", M.SHORT[name] or name)
 end
 
 -- Every plug-in on package.path, sorted, short names first.
 function M.known()
-  local seen, out = {}, {}
-  for template in package.path:gmatch("[^;]+") do
-    local dir = template:match("^(.*)/%?%.lua$")
-    if dir and files.is_dir(dir .. "/interactions") then
-      local ok, names = pcall(files.list, dir .. "/interactions")
-      for _, n in ipairs(ok and names or {}) do
-        local name = n:match("^([%w_]+)%.lua$")
-        if name and not seen[name] then seen[name] = true; out[#out + 1] = name end
-      end
-    end
-  end
-  table.sort(out)
+  local out = plugins.known("interactions")
   local shorts = {}
   for short in pairs(M.SHORT) do shorts[#shorts + 1] = short end
   table.sort(shorts)
@@ -42,8 +30,9 @@ function M.known()
 end
 
 local function unknown(name, who)
-  return ("%s: sim: unknown simulated user '%s' (no lua/interactions/%s.lua; known: %s)")
-    :format(who or "clrt.train.users", tostring(name), tostring(name), table.concat(M.known(), ", "))
+  return ("%s: sim: unknown simulated user '%s' (no interactions/%s.lua in %s; known: %s; a file: sim=PATH.lua)")
+    :format(who or "clrt.train.users", tostring(name), tostring(name), plugins.searched("interactions"),
+      table.concat(M.known(), ", "))
 end
 
 function M.check(name, who)
@@ -53,7 +42,7 @@ end
 function M.load(name, who)
   local mod = module_of(name)
   if not mod then error(unknown(name, who), 0) end
-  local ok, user = pcall(require, mod)
+  local ok, user = pcall(plugins.load, "interactions", M.SHORT[name] or name)
   if not ok then error(("%s: sim: cannot load %s: %s"):format(who or "clrt.train.users", mod, tostring(user)), 0) end
   if type(user) ~= "table" or type(user.respond) ~= "function" then
     error(("%s: sim: %s must return {respond = function(conversation, sample, ctx)}"):format(who or "clrt.train.users", mod), 0)
