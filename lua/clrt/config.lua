@@ -74,9 +74,18 @@ local function paths(t, prefix, out)
   return out
 end
 
+-- The known key a mistyped one most likely meant: one that starts with it (a key cut short:
+-- rollout.num_repeat -> rollout.num_repeat_rollouts) or ends with it (a missing table:
+-- n -> rollout.n), the shortest such; else the nearest by edit distance.
 local function closest(known, key)
   local best, bestd
   table.sort(known)
+  for _, p in ipairs(known) do
+    if p:sub(1, #key) == key or p:sub(-#key - 1) == "." .. key then
+      if not best or #p < #best then best = p end
+    end
+  end
+  if best then return best end
   for _, p in ipairs(known) do
     local d = M.edit_distance(key, p)
     if not bestd or d < bestd then best, bestd = p, d end

@@ -147,10 +147,13 @@ function M.run(cfg, run_dir)
     cfg.steps = cfg.epochs * math.ceil(#dataset / cfg.prompts_per_step)
   end
   local plot = { "reward", "first_reply_ask_rate", "kl", "grad_norm" }
-  for name in pairs(weights) do plot[#plot + 1] = "metric/" .. name end
+  local names = {}
+  for name in pairs(weights) do names[#names + 1] = name end
+  table.sort(names)   -- the same progress line and plot order for the same run
+  for _, name in ipairs(names) do plot[#plot + 1] = "metric/" .. name end
   local lg = clrt.log.run({ dir = run_dir, config = cfg, total_steps = cfg.steps, plot = plot,
     sample_every = cfg.sample_every, resume_step = resume_state and resume_state.step or nil,
-    progress_keys = { "reward", "metric/" .. (next(weights)), "kl", "tokens_per_s" } })
+    progress_keys = { "reward", "metric/" .. names[1], "kl", "tokens_per_s" } })
   for _, n in ipairs(notes) do lg:print(n) end
   local ref = train.lora.reference(m, start_dir)
   if cfg.device ~= "cpu" and getmetatable(ref) == getmetatable(m) then ref:to(cfg.device) end

@@ -63,6 +63,10 @@ T.case("config unknown key names the closest", function()
   T.raises(function() config.parse(defaults, { "reward.metric_weight.accuracy=1" }) end,
     "did you mean 'reward.metric_weights.accuracy'")
   T.raises(function() config.parse(defaults, { "setps=3" }) end, "did you mean 'steps'")
+  -- a key cut short means the key it starts; a leaf without its table, the key ending so
+  local rl = require("recipes.collabllm_rl").defaults
+  T.raises(function() config.parse(rl, { "rollout.num_repeat=2" }) end, "did you mean 'rollout.num_repeat_rollouts'")
+  T.raises(function() config.parse(rl, { "max_new_tokens=2" }) end, "did you mean 'rollout.max_new_tokens'")
   T.raises(function() config.parse(defaults, { "reward.metric_weights.bleu=1" }) end, "+reward.metric_weights.bleu=")
 end)
 
@@ -186,6 +190,14 @@ T.case("shuffle and split are seeded permutations", function()
   for _, v in ipairs(tr) do seen[v] = true end
   for _, v in ipairs(va) do T.ok(not seen[v]); seen[v] = true end
   for i = 1, 100 do T.ok(seen[i]) end
+end)
+
+T.case("a generation option of the wrong type says so and names the value", function()
+  local options = require("clrt.gen.options")
+  local check = options.check
+  T.raises(function() check({ temperature = "hot" }) end, 'generate: option temperature must be a number (>= 0), got "hot"')
+  T.raises(function() check({ temperature = -1 }) end, "generate: option temperature must be >= 0, got -1")
+  T.raises(function() check({ top_p = 2 }) end, "option top_p must be in (0, 1], got 2")
 end)
 
 T.run()

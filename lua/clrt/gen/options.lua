@@ -55,7 +55,13 @@ function M.check(opts, vocab)
     top_k = opts.top_k or 0,
     seed = opts.seed or 0,
   }
-  local function bad(k, why) error(("generate: option %s %s"):format(k, why), 0) end
+  -- the value given is named: {temperature = "hot"} is not a number, not "below 0"
+  local function bad(k, why)
+    local v = o[k]
+    local shown = type(v) == "string" and ("%q"):format(v) or tostring(v)
+    if type(v) ~= "number" and k ~= "seed" then why = "must be a number (" .. why:gsub("^must be ", "") .. ")" end
+    error(("generate: option %s %s, got %s"):format(k, why, shown), 0)
+  end
   if type(o.n) ~= "number" or o.n < 1 or o.n ~= math.floor(o.n) then bad("n", "must be a positive integer") end
   if type(o.max_new_tokens) ~= "number" or o.max_new_tokens < 0 then bad("max_new_tokens", "must be >= 0") end
   if type(o.temperature) ~= "number" or o.temperature < 0 then bad("temperature", "must be >= 0") end
