@@ -314,6 +314,12 @@ function M.stop_ids(tok)
   return ids
 end
 
+-- A generation's record (tokens, logprobs, finish_reason, text): printed short, so the REPL
+-- and print(clrt.chat.generate(...)) show the reply and one line, not `table: 0x...`.
+local RESULT = { __tostring = function(r)
+  return ("(%d tokens, finish_reason %s)"):format(#(r.tokens or {}), tostring(r.finish_reason))
+end }
+
 -- One assistant reply as text: render with the generation prompt, sample until the end of
 -- the turn, decode. opts go to m:generate (temperature, top_p, max_new_tokens, seed, stop,
 -- n: with n > 1 a list of replies is returned). Also returns the raw generate entries.
@@ -339,6 +345,7 @@ function M.generate(m, tok, messages, opts)
   for _, s in ipairs(type(opts.stop) == "table" and opts.stop or { opts.stop }) do stop[#stop + 1] = s end
   g.stop, g.tokenizer = stop, tok
   local res = m:generate({ ids }, g)
+  for _, r in ipairs(res) do setmetatable(r, RESULT) end
   if (opts.n or 1) == 1 then return res[1].text, res[1] end
   local texts = {}
   for i, r in ipairs(res) do texts[i] = r.text end

@@ -14,6 +14,10 @@ local C = core.C
 local M = {}
 local Tokenizer = {}
 Tokenizer.__index = Tokenizer
+-- a tokenizer at the REPL prompt: what it is, not its fields
+Tokenizer.__tostring = function(t)
+  return ("clrt.tokenizer(vocab %d%s)"):format(t.n_vocab or 0, t.where and (", " .. tostring(t.where)) or "")
+end
 M.Tokenizer = Tokenizer
 
 -- GPT-4's split (cl100k), used by train(); the same one Llama 3 ships.

@@ -75,6 +75,18 @@ local function help_text(...)
   return table.concat(parts)
 end
 
+T.case("what the REPL prints of a tokenizer and of a reply's record is one short line", function()
+  local show = require("clrt.cli.repl").show or require("clrt.cli.repl").format
+  T.ok(tostring(tok):match("^clrt%.tokenizer%(vocab %d+"), tostring(tok))
+  local text, raw = clrt.chat.generate(m, tok, { { role = "user", content = "Plan a trip." } }, { max_new_tokens = 4, temperature = 0 })
+  T.eq(type(text), "string")
+  T.ok(tostring(raw):match("^%(%d+ tokens, finish_reason %a+%)$"), tostring(raw))
+  T.ok(not tostring(raw):find("table: 0x", 1, true))
+  local _, raw2 = m:chat(tok, "Plan a trip.", { max_new_tokens = 4, temperature = 0 })
+  T.ok(tostring(raw2):match("^%(%d+ tokens"), "m:chat's record too: " .. tostring(raw2))
+  if show then T.ok(not show(tok):find("table: 0x", 1, true), show(tok)) end
+end)
+
 T.case("help(x) prints the doc comments of modules, objects, methods and names", function()
   local all = help_text()
   T.ok(all:find("model%s+the Llama%-family transformer"), "help(): a module's first sentence\n" .. all)
