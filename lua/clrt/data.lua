@@ -12,7 +12,7 @@ local M = { rng = rng, json = json }
 
 local function open(path, mode)
   local f, err = io.open(path, mode)
-  if not f then error("data: cannot open " .. tostring(err), 3) end
+  if not f then error("data: cannot open " .. tostring(err), 0) end
   return f
 end
 

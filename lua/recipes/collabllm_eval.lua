@@ -171,6 +171,7 @@ end
 -- runs/collabllm_eval-DATE. Its config.json records what was evaluated.
 function M.open_folder(cfg)
   cfg.out = cfg.out or require("clrt.run").new_dir({ out = "runs", name = "collabllm_eval" }, WHO)
+  if not require("clrt.files").exists(cfg.out) then M.made_folder = cfg.out end   -- removed if it fails
   require("clrt.files").mkdir_p(cfg.out)
   require("clrt.data").write_atomic(cfg.out .. "/config.json", require("clrt.json").encode(cfg) .. "\n")
   print("evaluation folder: " .. cfg.out)
@@ -237,6 +238,15 @@ function M.main(cfg)
   return report
 end
 
+-- main, and an evaluation that fails before its eval.json leaves no folder of its own behind.
+function M.main_guarded(cfg)
+  local ok, res = xpcall(M.main, function(e) return e end, cfg)
+  if ok then return res end
+  local files = require("clrt.files")
+  if M.made_folder and not files.exists(M.made_folder .. "/eval.json") then files.remove_tree(M.made_folder) end
+  error(res, 0)
+end
+
 -- The command line -> a config: with no data= the built-in world's settings come first.
 -- The protocol's defaults (M.defaults_for) come first: protocol=prefix (from the command
 -- line or a config= file) parses again over its own.
@@ -251,4 +261,4 @@ end
 local argv = { ... }
 if argv[1] == "recipes.collabllm_eval" then return M end
 if require("clrt.recipe_help").handle(WHO, "recipes.collabllm_eval", argv, M.parse_args) then return end
-M.main(M.parse_args(argv))
+M.main_guarded(M.parse_args(argv))

@@ -302,10 +302,12 @@ T.case("published rows -> eval_test.jsonl -> protocol=paper with an endpoint as 
   saved = cjson.decode(T.read(root .. "/eval.json"))
   T.eq({ saved.itr, saved.itr_prompt, saved.itr_judge_model }, { "authors", "judge_interactivity_authors.txt", "claude-3-5-sonnet-latest" })
   T.eq(saved.failed.itr, nil)
+  local refused = root .. "/refused_eval"
   T.raises(function()
-    ev.main(ev.parse_args({ "model=" .. policy, "data=" .. root .. "/collabllm-multiturn-medium/rl_test.jsonl",
-      "sim=llm", "sim_cfg.base_url=" .. url, "judge.base_url=" .. url }))
+    ev.main_guarded(ev.parse_args({ "model=" .. policy, "data=" .. root .. "/collabllm-multiturn-medium/rl_test.jsonl",
+      "sim=llm", "sim_cfg.base_url=" .. url, "judge.base_url=" .. url, "out=" .. refused }))
   end, "protocol=prefix evaluates RL rows")
+  T.eq(require("clrt.files").exists(refused), false, "an evaluation that failed leaves no folder of its own")
 end)
 
 T.run()
