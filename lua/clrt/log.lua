@@ -139,6 +139,10 @@ function M.run(opts)
     self.tb = tensorboard.create(dir .. "/tb", { clock = M.wall_time })
     if opts.resume_step ~= nil then self.tb:session_start(opts.resume_step + 1) end
   end
+  -- said at the start, so TensorBoard (or clrt view) can be pointed at a run still going
+  if not self.quiet and opts.announce ~= false then
+    self.out:write(("run folder: %s%s\n"):format(dir, self.tb and (" (tensorboard --logdir " .. dir .. "/tb)") or ""))
+  end
   return self
 end
 

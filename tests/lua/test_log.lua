@@ -42,7 +42,10 @@ T.case("progress line on a terminal rewrites one line", function()
   lg:log(2, { reward = 2 })
   lg:close()
   local text = out:text()
-  T.ok(text:find("\r\27[K", 1, true)); T.eq(select(2, text:gsub("\n", "")), 1)
+  T.ok(text:find("\r\27[K", 1, true))
+  -- the run folder's line, said at the start, then the one rewritten progress line
+  T.eq(select(2, text:gsub("\n", "")), 2)
+  T.ok(text:find("^run folder: " .. lg.dir:gsub("%p", "%%%0") .. " %(tensorboard %-%-logdir "), text)
   T.eq(log.format_duration(59), "59s"); T.eq(log.format_duration(61), "1m01s"); T.eq(log.format_duration(3700), "1h01m")
 end)
 
