@@ -126,6 +126,18 @@ function M.main(cfg)
   return run.guard("collabllm_sft", "recipes/collabllm_sft.lua", run_dir, function() return M.run(cfg, run_dir) end)
 end
 
+-- One line on what SFT trains on: conversations, tokens, the share of them trained on (the
+-- assistant's), the longest.
+function M.data_summary(train_items, val_items)
+  local tokens, trained, longest = 0, 0, 0
+  for _, it in ipairs(train_items) do
+    tokens, longest = tokens + #it.ids, math.max(longest, #it.ids)
+    for _, x in ipairs(it.mask) do trained = trained + x end
+  end
+  return ("collabllm_sft: %d training conversations, %d tokens (%d trained on, the assistant's: %.0f%%), longest %d; %d validation")
+    :format(#train_items, tokens, trained, tokens > 0 and 100 * trained / tokens or 0, longest, #val_items)
+end
+
 function M.run(cfg, run_dir)
   local data = require("clrt.data")
   local sft = require("clrt.sft")
@@ -176,6 +188,7 @@ function M.run(cfg, run_dir)
   if #train_items == 0 then
     error(("collabllm_sft: no training conversation fits max_len=%d (%d left out)"):format(cfg.max_len, long1), 0)
   end
+  notes[#notes + 1] = M.data_summary(train_items, val_items)
   local t = {}
   for k, v in pairs(cfg.train) do t[k] = v end
   t.seed = cfg.seed

@@ -27,6 +27,9 @@ T.case("SFT from scratch writes a model folder that loads and chats", function()
   T.eq(m.config.vocab_size, tok:vocab_size())
   local text = clrt.chat.generate(m, tok, { { role = "user", content = "Plan a trip for me." } }, { max_new_tokens = 5 })
   T.eq(type(text), "string")
+  -- the data summary SFT prints: counts, tokens and the trained share from the items
+  local line = sft.data_summary({ { ids = { 1, 2, 3, 4 }, mask = { 0, 0, 1, 1 } }, { ids = { 1, 2 }, mask = { 0, 1 } } }, { {} })
+  T.eq(line, "collabllm_sft: 2 training conversations, 6 tokens (3 trained on, the assistant's: 50%), longest 4; 1 validation")
 end)
 
 local function rl_args(run_dir, extra)
