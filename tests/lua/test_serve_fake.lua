@@ -309,6 +309,22 @@ T.case("tools in Llama 3.1's format: the template's tool format is picked, argum
   T.eq(serve.parse_tool_calls('{"name":"f","parameters":{"x":"y"}}', true, f), { { name = "f", arguments = '{"x":"y"}' } })
 end)
 
+T.case("the access log: one line per request, with its status, tokens and milliseconds", function()
+  local said = {}
+  local srv = new_server({ log = function(l) said[#said + 1] = l end })
+  local st = request(srv, "GET", "/v1/models"):wait(srv)
+  T.eq(st, 200)
+  local code, body = request(srv, "POST", "/v1/chat/completions", chat_body("hello there")):wait(srv)
+  T.eq(code, 200, body)
+  local tokens = cjson.decode(body).usage.completion_tokens
+  T.eq(request(srv, "GET", "/nope"):wait(srv), 404)
+  srv:stop()
+  T.eq(#said, 3, table.concat(said, "\n"))
+  T.ok(said[1]:match("^GET /v1/models 200 0 tokens %d+ ms$"), said[1])
+  T.ok(said[2]:match("^POST /v1/chat/completions 200 " .. tokens .. " tokens %d+ ms$"), said[2])
+  T.ok(said[3]:match("^GET /nope 404 0 tokens %d+ ms$"), said[3])
+end)
+
 T.case("a client that hangs up mid-stream frees its slot", function()
   local said = {}
   -- no end-of-turn id: only the hang-up can end these rows before 200 tokens (10 s here)

@@ -177,7 +177,9 @@ function Whole:close(rows)
   local choices = json.array()
   for i, row in ipairs(rows) do choices[i] = self.job.shape.choice(self.job, row, i) end
   if self:is_open() then
-    self.srv:respond(self.id, 200, json.encode(envelope(self.job, self.job.shape.object, choices, usage(self.job, rows))))
+    -- answered here without the server's access line: the producer logs it with its tokens
+    self.http:respond(self.id, 200, json.encode(envelope(self.job, self.job.shape.object, choices, usage(self.job, rows))),
+      "application/json")
   end
 end
 function Whole:fail(status, body) self.srv:respond(self.id, status, body) end
@@ -236,20 +238,27 @@ function Producer:on_done(row)
     end
     self.writer:done(row, text, logprobs, calls)
   end
-  if self.left == 0 then self.writer:close(self.rows) end
+  if self.left == 0 then
+    local tokens = 0
+    for _, r in ipairs(self.rows or {}) do tokens = tokens + #(r.tokens or {}) end
+    self.writer:close(self.rows)
+    if self.srv.access then self.srv:access(self.writer.id, self.gone and 499 or 200, tokens) end
+  end
 end
 
 -- The scheduler's callbacks for one request (clrt.gen.scheduler.submit): srv.log takes a line,
 -- srv:failure(err) gives the status and body of a request the engine failed.
 function M.producer(srv, job, w)
-  local p = setmetatable({ job = job, writer = w, log = srv.log, sent = {}, lp_sent = {}, left = job.o.n }, Producer)
+  local p = setmetatable({ job = job, writer = w, log = srv.log, srv = srv, sent = {}, lp_sent = {}, left = job.o.n }, Producer)
   return {
     on_start = function(rows) p.rows = rows; w:start() end,
     on_token = function(row) p:on_token(row) end,
     on_done = function(row) p:on_done(row) end,
     on_fail = function(err)
       srv.log(("request %d failed: %s"):format(w.id, tostring(err)))
-      w:fail(srv:failure(err))
+      local status, body = srv:failure(err)
+      w:fail(status, body)
+      if srv.access then srv:access(w.id, status, 0) end
     end,
   }
 end

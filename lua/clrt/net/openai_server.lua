@@ -9,6 +9,7 @@ local json = require("clrt.json")   -- strict: NaN, Infinity and 0x.. are not JS
 local options = require("clrt.gen.options")
 local G = require("clrt.gen.scheduler")
 local reply = require("clrt.net.openai_reply")   -- what a request's rows write back
+local http = require("clrt.net.http")   -- its clock: the access log's milliseconds
 
 local M = {}
 
@@ -427,7 +428,19 @@ end
 
 function Server:port() return self.http:port() end
 
-function Server:respond(id, status, body) self.http:respond(id, status, body, "application/json") end
+function Server:respond(id, status, body)
+  self.http:respond(id, status, body, "application/json")
+  self:access(id, status, 0)
+end
+
+-- The access log: one line per request once it is answered (method, path, status, completion
+-- tokens, milliseconds), through opts.log.
+function Server:access(id, status, tokens)
+  local r = self.arrived and self.arrived[id]
+  if not r then return end
+  self.arrived[id] = nil
+  self.log(("%s %s %d %d tokens %.0f ms"):format(r.method, r.path, status, tokens, (http.now() - r.t0) * 1000))
+end
 
 
 -- The messages with each tool call's arguments (OpenAI's JSON string) decoded, keys in order,
@@ -650,6 +663,8 @@ local function model_not_found(name)
 end
 
 function Server:handle(r)
+  self.arrived = self.arrived or {}
+  self.arrived[r.id] = { method = r.method, path = r.path, t0 = http.now() }
   local path = r.path:gsub("/+$", "")
   if path == "/health" then   -- open without the key: load balancers and readiness probes
     if r.method ~= "GET" then return self:respond(r.id, json_error(405, "use GET for /health")) end
