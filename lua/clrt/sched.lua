@@ -278,8 +278,11 @@ function M.run(fns, opts)
   end
 
   run_state = st
+  -- opts.progress: a label; on a terminal the run's count of finished functions and its ETA
+  local bar = opts.progress and require("clrt.progress").new(opts.progress, n, opts.progress_opts) or nil
   local ok, err = pcall(function()
     while st.done < n do
+      if bar then bar:set(st.done) end
       run_ready(st)
       if st.done >= n then break end
       if deadline and http.now() >= deadline then
@@ -318,6 +321,7 @@ function M.run(fns, opts)
     end
   end)
   run_state = nil
+  if bar then bar:set(st.done); bar:finish() end
   for _, E in ipairs(st.engines) do G.abandon(E) end
   if not ok then
     -- The scheduler itself failed (a bug or an interrupt): cancel what is in flight.

@@ -115,7 +115,7 @@ function M.run(m, tok, cfg, samples, user, ctx, policy)
         task_performance = scores[s.task_metric], itr = scores[cfg.itr_metric], tokens_read_k = M.tokens_read_k(tok, c) }
     end
   end
-  local results, errs = sched.run(fns)
+  local results, errs = sched.run(fns, { progress = "evaluation: conversations" })
   failure.check_stop(ctx)
   for i in pairs(errs) do results[i] = { sample = samples[i], dropped = "error", error = errs[i] } end
   return results

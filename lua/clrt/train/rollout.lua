@@ -138,7 +138,7 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step, first)
       return { ids = ids, outs = outs }
     end
   end
-  local firsts, errs, info1 = sched.run(fns)
+  local firsts, errs, info1 = sched.run(fns, { progress = ("step %d: first responses, prompts"):format(step) })
   failure.check_stop(ctx)
   for i in pairs(errs) do
     error(("%s: sampling the first responses of prompt %d failed: %s"):format(ctx.who or "clrt.train.rollout", i, errs[i]), 0)
@@ -184,7 +184,7 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step, first)
       end
     end
   end
-  local results, jerrs, info = sched.run(jobs)
+  local results, jerrs, info = sched.run(jobs, { progress = ("step %d: futures and scores"):format(step) })
   failure.check_stop(ctx)
   for j = 1, #jobs do
     local e = entries[owner[j]]

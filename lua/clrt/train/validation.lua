@@ -31,7 +31,7 @@ function M.evaluate(m, tok, cfg, world, user, ctx)
       return { sample = s, conversation = c or conv }
     end
   end
-  local results, errs = sched.run(fns)
+  local results, errs = sched.run(fns, { progress = "evaluation: conversations" })
   for i in pairs(errs) do
     error(("%s: evaluation conversation %d failed: %s"):format(ctx and ctx.who or "clrt.train.validation", i, errs[i]), 0)
   end
@@ -64,7 +64,7 @@ function M.validate(m, tok, cfg, samples, user, ctx, metrics)
       return { sample = s, conversation = c, scores = reward.score_conversation(c, s, metrics, ctx) }
     end
   end
-  local results, errs = sched.run(fns)
+  local results, errs = sched.run(fns, { progress = "validation: conversations" })
   local rep = { conversations = 0, dropped = 0, invalid = 0, failed = {}, metrics = {} }
   local sums, counts, asks, words = {}, {}, 0, 0
   for i = 1, #samples do
