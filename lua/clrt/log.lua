@@ -385,13 +385,25 @@ function L:plot(keys, path)
     keys = {}
     for i = 1, math.min(12, #list) do keys[i] = list[i] end
   end
+  -- the validation series join whatever keys were asked for (val/*: logged every eval.every)
+  local listed, with_val = {}, {}
+  for _, k in ipairs(keys) do listed[k] = true; with_val[#with_val + 1] = k end
+  local vals = {}
+  for _, r in ipairs(self.rows) do
+    for k, v in pairs(r) do
+      if type(v) == "number" and not listed[k] and (k:match("^val/") or k == "val_loss") then listed[k] = true; vals[#vals + 1] = k end
+    end
+  end
+  table.sort(vals)
+  for _, k in ipairs(vals) do with_val[#with_val + 1] = k end
+  keys = with_val
   local series = {}
   for _, k in ipairs(keys) do
     local xs, ys = {}, {}
     for _, r in ipairs(self.rows) do
       if type(r[k]) == "number" and type(r.step) == "number" then xs[#xs + 1] = r.step; ys[#ys + 1] = r[k] end
     end
-    series[#series + 1] = { name = k, x = xs, y = ys }
+    series[#series + 1] = { name = k, x = xs, y = ys, smooth = not (k == "lr" or k:match("_lr$")) }
   end
   local text = svg.panels(series, { title = self.title or self.dir:match("[^/]+$") })
   files.write_atomic(path or self:path("plot.svg"), text)

@@ -6,7 +6,8 @@
 --     -> one panel per metric of horizontal bars (one per label) with +-error whiskers; the
 --        axis covers range (optional) and every value +- error
 -- One panel per series (small multiples: metrics have different scales); a noisy series
--- (more than 20 points) is drawn faint with an exponential moving average on top.
+-- (more than 20 points) is drawn faint with an exponential moving average on top, unless
+-- the series says smooth = false (a schedule, such as lr, is not noise).
 local M = {}
 
 local palette = { "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2" }
@@ -87,6 +88,11 @@ local function panel(out, s, px, py, w, h, color)
   end
   local yt, ystep = M.nice_ticks(ylo, yhi, 5)
   local xt, xstep = M.nice_ticks(xlo, xhi, 6)
+  if xstep < 1 and xlo == math.floor(xlo) and xhi == math.floor(xhi) then
+    -- steps are whole: a short run's axis ticks each step, never 1.5
+    xt, xstep = {}, 1
+    for v = xlo, math.max(xhi, xlo + 1) do xt[#xt + 1] = v end
+  end
   ylo, yhi = yt[1], yt[#yt]
   xlo, xhi = xt[1], xt[#xt]
   local function X(v) return ml + (v - xlo) / (xhi - xlo) * pw end
@@ -109,7 +115,7 @@ local function panel(out, s, px, py, w, h, color)
   end
   if #xs == 1 then
     out[#out + 1] = ('<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>'):format(X(xs[1]), Y(ys[1]), color)
-  elseif #xs > 20 then
+  elseif #xs > 20 and s.smooth ~= false then
     polyline(ys, color, 1, 0.3)
     local ema, e = {}, ys[1]
     local alpha = 2 / (math.min(50, math.floor(#xs / 10) + 2) + 1)

@@ -98,6 +98,23 @@ T.case("nice ticks and a well-formed SVG", function()
   T.eq(res, "xml ok\n")
 end)
 
+T.case("plot.svg: whole-step ticks on a short run, lr drawn as it is, val/* series included", function()
+  -- a 3-step run: ticks 1, 2, 3 (not 1, 1.5, 2, ...)
+  local short = plot.panels({ { name = "reward", x = { 1, 2, 3 }, y = { 0.1, 0.2, 0.3 } } })
+  T.ok(not short:find(">1.5<", 1, true) and short:find(">2<", 1, true), "whole steps")
+  -- 30 points: a noisy series gets its moving average (two polylines), a schedule does not
+  local xs, ys = {}, {}
+  for i = 1, 30 do xs[i] = i; ys[i] = i * 1e-3 end
+  local function polylines(svg) return select(2, svg:gsub("<polyline", "")) end
+  T.eq(polylines(plot.panels({ { name = "loss", x = xs, y = ys } })), 2)
+  T.eq(polylines(plot.panels({ { name = "lr", x = xs, y = ys, smooth = false } })), 1)
+  local lg = log.run{ dir = T.tmpdir() .. "/v", quiet = true, plot = { "reward" } }
+  for step = 1, 4 do lg:log(step, { reward = step, lr = 1e-3, ["val/accuracy"] = step % 2 == 0 and 0.5 or nil }) end
+  local svg = T.read(lg:plot())
+  T.ok(svg:find("val/accuracy", 1, true), "the validation series joins the asked keys")
+  lg:close()
+end)
+
 -- A script may declare libc's clock_gettime with a timespec struct of its own before or after
 -- the library loads (the FFI keeps the first declaration): the library's clock must work either
 -- way, and so must a generate call, which times its steps with it.
