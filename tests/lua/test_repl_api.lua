@@ -111,6 +111,9 @@ T.case("help(x) prints the doc comments of modules, objects, methods and names",
   T.ok(help_text("clrt.chat.generate"):find("One assistant reply as text", 1, true))
   T.ok(help_text("tokenizer.load"):find("tokenizer_config.json beside it", 1, true))
   T.ok(help_text("model.nope"):find("clrt.model has no 'nope'", 1, true))
+  -- a bare function name: where functions of that name are, not an error
+  local bare = help_text("generate")
+  T.ok(bare:find("'generate' is ", 1, true) and bare:find("Model:generate", 1, true) and bare:find("clrt.chat.generate", 1, true), bare)
   rawset(_G, "mm", m)   -- a global object by name, as typed at the prompt
   T.ok(help_text("mm:chat"):find("chat([tok,] text or messages", 1, true), "help(\"mm:chat\")")
   T.ok(help_text("mm"):find("m:generate(prompts, opts)", 1, true), "help(\"mm\")")

@@ -226,6 +226,29 @@ local function resolve(name)
         break
       end
     end
+    if not cur and #parts == 1 then
+      -- a bare function name ("generate"): the loaded modules' and classes' functions of that name
+      local found, seen = {}, {}
+      for mname, m in pairs(package.loaded) do
+        if type(m) == "table" and type(mname) == "string" and mname:match("^clrt") then
+          if type(m[parts[1]]) == "function" and not seen[m[parts[1]]] then
+            seen[m[parts[1]]] = true
+            found[#found + 1] = mname .. "." .. parts[1]
+          end
+          for cname, c in pairs(m) do
+            if type(cname) == "string" and cname:match("^%u") and type(c) == "table" and type(rawget(c, parts[1])) == "function"
+               and not seen[c[parts[1]]] then
+              seen[c[parts[1]]] = true
+              found[#found + 1] = cname .. ":" .. parts[1]
+            end
+          end
+        end
+      end
+      table.sort(found)
+      if #found > 0 then
+        return nil, ("'%s' is %s: help(\"%s\") for one"):format(parts[1], table.concat(found, ", "), found[1])
+      end
+    end
     if not cur then return nil, ("no module clrt.%s (help() lists them)"):format(parts[1]) end
   end
   for i = 2, #parts do
