@@ -56,7 +56,8 @@ io.stdout:write(("clrt view: %s on http://%s:%d/ (Ctrl-C stops)\n"):format(table
 io.stdout:flush()
 
 -- One request at a time: each is a few file reads; Ctrl-C ends the loop between requests.
-while not clrt.interrupted() do
+local interrupted = require("clrt.core.interrupt").pressed
+while not interrupted() do
   local r = srv:next(200)
   if r then
     local status, body, ctype = routes.route(runs, r.method, r.path)
