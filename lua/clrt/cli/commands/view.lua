@@ -1,7 +1,8 @@
 -- clrt view RUN_DIR [RUN_DIR2] [--host 127.0.0.1] [--port 8765]
--- A local web page over a run folder (two side by side): the metric curves, the before/after
--- evaluation, the API bill and each sampled step's rollouts (prompt -> responses -> futures,
--- with scores and reasons). Read-only; see lua/clrt/view/routes.lua for what it serves.
+-- Shows a run folder, or two side by side, as a local web page.
+-- The page: the metric curves, the before/after evaluation, the API bill and each sampled
+-- step's rollouts (prompt -> responses -> futures, with scores and reasons). Read-only; see
+-- lua/clrt/view/routes.lua for what it serves.
 local args = { ... }
 local usage = [[
 usage: clrt view RUN_DIR [RUN_DIR2] [options]
