@@ -65,7 +65,8 @@ local CONFIG_KEYS = {
   headers = true, ca_file = true, role = true, price = true, rpm = true, tpm = true, rate_window = true, cache = true,
   cache_all = true,
 }
-local CALL_KEYS = { timeout = true, max_retries = true, role = true, cache = true }
+-- call options never sent: tag names who asked (one future of an RL step) in the call's record
+local CALL_KEYS = { timeout = true, max_retries = true, role = true, cache = true, tag = true }
 local inflight = {}   -- cache key hash -> tasks waiting for the same request's reply
 local RETRY_STATUS = { [429] = true, [500] = true, [502] = true, [503] = true, [504] = true }
 
@@ -280,7 +281,7 @@ function Client:chat(messages, opts)
   local t0 = http.now()
   local outcomes = {}
   local rec = { model = body.model, base_url = self.base_url, role = opts.role or self.role, attempts = 0, retries = 0,
-                ok = false, rate_wait_s = 0 }
+                ok = false, rate_wait_s = 0, tag = opts.tag }
   local slots = self.slots
 
   -- a deterministic request (temperature 0) or one asked to be cached: the stored reply, if any

@@ -84,14 +84,14 @@ M.fmt = fmt
 -- opts: dir (exact folder) or root + name (folder root/name-YYYYmmdd-HHMMSS, made unique);
 --   config (saved as config.json); total_steps (for the ETA); plot (keys to draw; default
 --   every numeric key seen, up to 12); plot_every (steps between plot rewrites, 10);
---   sample_every (k: samples every k steps, 0 = never); progress_keys (keys on the
+--   sample_every (k: samples at step 1, every k steps and the last, 0 = never); progress_keys (keys on the
 --   progress line; default the first 4 plot keys); quiet; out (stream, default io.stderr);
 --   resume_step (reopen `dir`, keep metric rows with step <= resume_step); tensorboard
 --   (false: no tb/ event files).
 -- With several data-parallel ranks only rank 0 writes the run's files and prints; the others
 -- get a logger whose methods do nothing (sample_due still answers, so control flow agrees).
 local function rank_logger(opts)
-  local quiet = { dir = opts.dir, sample_every = opts.sample_every or 0, rows = {} }
+  local quiet = { dir = opts.dir, sample_every = opts.sample_every or 0, total = opts.total_steps, rows = {} }
   return setmetatable(quiet, { __index = function(_, k)
     if k == "sample_due" then return L.sample_due end
     return function() end
@@ -154,7 +154,7 @@ function L:append(name, text)
   if not ok then error("log: " .. tostring(err), 0) end
 end
 
--- Reopen a run folder at step s: metrics.jsonl and samples.jsonl keep their rows with
+-- Reopen a run folder at step s: metrics.jsonl, samples.jsonl and rollouts.jsonl keep their rows with
 -- step <= s, samples.txt its blocks up to step s, so a resumed run writes each step once.
 -- A last line of metrics.jsonl cut off mid-write (a kill, a full disk) is dropped with a
 -- warning; a bad line before it is an error naming file and line. Returns the kept rows.
@@ -187,6 +187,7 @@ function M.truncate_run(dir, s, warn)
   end
   local rows = keep_jsonl(dir .. "/metrics.jsonl")
   keep_jsonl(dir .. "/samples.jsonl")
+  keep_jsonl(dir .. "/rollouts.jsonl")   -- clrt.train.rollouts_log: every record has its step
   local f = io.open(dir .. "/samples.txt", "rb")
   if f then
     local text = f:read("*a")
@@ -289,7 +290,13 @@ function L:print(...)
   if self.open_line and self.rows[#self.rows] then self:progress(self.last_step, self.rows[#self.rows]) end
 end
 
-function L:sample_due(step) return self.sample_every > 0 and step % self.sample_every == 0 end
+-- Steps 1, every sample_every-th and the last (`last`, else total_steps) are sampled, so
+-- every run shows its first and last steps whatever its length; sample_every=0: none.
+function L:sample_due(step, last)
+  if self.sample_every <= 0 then return false end
+  last = last or self.total
+  return step == 1 or step % self.sample_every == 0 or step == last
+end
 
 -- items: list of {id =, conversation = {messages}, scores = {metric = value}, reward =,
 -- advantage =, ...}. Written to samples.jsonl (every field) and samples.txt (readable).

@@ -48,15 +48,23 @@ function M.opening(sample)
   return text
 end
 
+-- The second value says which rule answered, as an LLM user's "thought" would (the run's
+-- rollouts.jsonl shows it beside the user's turn; it is never part of the conversation).
 function M.respond(conversation, sample, ctx)
-  if #conv.without_system(conversation) == 0 then return M.opening(sample) end
+  if #conv.without_system(conversation) == 0 then return M.opening(sample), { thought = "opens with its request" } end
   local last = conversation[#conversation]
   if not last or last.role ~= "assistant" then
     error("scripted_user: the conversation must end with an assistant message", 2)
   end
   if sample.value == nil then error("scripted_user: sample has no hidden value (sample.value)", 2) end
-  if M.is_question(last.content) then return M.reply_to_question(sample, last.content) end
-  return conv.marker(ctx, sample)
+  if M.is_question(last.content) then
+    local reply = M.reply_to_question(sample, last.content)
+    local why = reply == M.IRRELEVANT and "the question is not about the missing fact"
+      or reply == M.ALREADY_SAID and "the request already gave this fact"
+      or "the question asks for the missing fact: gives it"
+    return reply, { thought = why }
+  end
+  return conv.marker(ctx, sample), { thought = "the assistant answered: the user is done" }
 end
 
 return M

@@ -36,7 +36,9 @@ function M.compute(conversation, sample, ctx)
   local text = pf.fill(tmpl, { single_turn_prompt = tostring(sample.single_turn_prompt), ground_truth = gt, groundtruth = gt,
     chat_history = conv.chat_history(conversation),
     completion = require("clrt.json").encode(conv.without_system(conversation)) }, file)
-  return (judge.ask(ctx, "accuracy", { { role = "user", content = text } }, { "accuracy" }, M.check))
+  -- the judge's thought goes with the score (clrt.train.reward.score_conversation's note)
+  local v, obj = judge.ask(ctx, "accuracy", { { role = "user", content = text } }, { "accuracy" }, M.check)
+  return v, judge.note(obj)
 end
 
 return M

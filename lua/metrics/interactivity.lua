@@ -81,7 +81,10 @@ function M.compute(conversation, sample, ctx)
   local text = pf.fill(tmpl, { chat_history = conv.chat_history(conversation) }, file)
   -- the authors' rubric has one score: parts a judge adds anyway are not averaged
   local check = (rubric == "authors" and not opts.prompt_file) and M.check_score or M.check
-  return (judge.ask(ctx, "interactivity", { { role = "user", content = text } }, custom and { "interactivity" } or M.KEYS, check))
+  local keys = custom and { "interactivity" } or M.KEYS
+  -- the judge's thought and parts go with the score (clrt.train.reward.score_conversation's note)
+  local v, obj = judge.ask(ctx, "interactivity", { { role = "user", content = text } }, keys, check)
+  return v, judge.note(obj, keys)
 end
 
 return M

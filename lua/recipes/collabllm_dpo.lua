@@ -395,14 +395,11 @@ function M.run(cfg, run_dir)
           error(train.failure.stop_message(WHO, step, f, failed_steps), 0)
         end
       end
-      if lg:sample_due(step) then
-        local items = {}
-        for i = 1, math.min(#entries, 4) do
-          local e = entries[(i - 1) * cfg.rollout.n + 1] or entries[i]
-          items[#items + 1] = { id = e.sample.id, conversation = e.convs[1] or rollout.copy_conv(e.sample.prompt, e.message),
-            scores = e.scores[1], reward = e.reward }
-        end
+      if lg:sample_due(step, last_step) then
+        local items = train.report.sample_items(entries, cfg.rollout.n)
+        for _, it in ipairs(items) do it.advantage = nil end   -- DPO has none
         lg:samples(step, items)
+        train.rollouts_log.write(lg, step, entries, row)   -- the whole step's tree (clrt view)
       end
     end
     if (val_pairs or val_set) and (step == cfg.steps or (cfg.eval.every > 0 and step % cfg.eval.every == 0)) then

@@ -218,7 +218,10 @@ function M.run(cfg, run_dir)
       lg:print(train.failure.line(step, f, failed_steps, cfg.max_failed_steps))
       if failed_steps >= cfg.max_failed_steps then error(train.failure.stop_message(WHO, step, f, failed_steps), 0) end
     end
-    if lg:sample_due(step) then lg:samples(step, train.report.sample_items(entries, cfg.rollout.n)) end
+    if lg:sample_due(step, last_step) then
+      lg:samples(step, train.report.sample_items(entries, cfg.rollout.n))
+      train.rollouts_log.write(lg, step, entries, row)   -- the whole step's tree (clrt view)
+    end
     ev:at_step(step)
     local over = budget.check_step(cfg, ctx)   -- past budget.max_usd with one more step: stop here, resumable
     if over or (cfg.save_every > 0 and (step % cfg.save_every == 0 or step == last_step)) then

@@ -56,6 +56,21 @@ T.case("two RL steps with an LLM user and LLM judges served by clrt serve", func
     T.ok(r["metric/accuracy"] ~= nil and r["metric/interactivity"] ~= nil, "the judges scored every conversation")
     T.ok(r.http_calls and r.http_calls > 0, "the simulator and judges were called over HTTP")
   end
+  -- rollouts.jsonl (steps 1 and 2: the first and the last) keeps the judges' thoughts, the LLM
+  -- user's and each future's own API bill
+  local futures = 0
+  for _, p in ipairs(data.read_jsonl(dir .. "/rollouts.jsonl")) do
+    for _, resp in ipairs(p.type == "prompt" and p.responses or {}) do
+      for _, f in ipairs(resp.futures) do
+        futures = futures + 1
+        T.eq(type(f.rationales.accuracy.rationale), "string", "the accuracy judge's thought")
+        T.eq(type(f.rationales.interactivity.rationale), "string", "the interactivity judge's thought")
+        T.ok(f.api and f.api.calls >= 3 and f.api.prompt_tokens > 0, "the future's user and judge calls, billed to it")
+        T.eq(type(f.messages[1].rationale), "string", "the LLM user's thought")
+      end
+    end
+  end
+  T.ok(futures > 0, "rollouts.jsonl holds futures")
 end)
 
 T.run()

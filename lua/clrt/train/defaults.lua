@@ -29,7 +29,7 @@ function M.shared()
     stop_after = config.optional("number"),   -- end this run after that step (resume later)
     prompts_per_step = 16,                    -- verl data.train_batch_size
     save_every = 100,                         -- verl trainer.save_freq
-    sample_every = 10,
+    sample_every = 10,                        -- samples + rollouts.jsonl at step 1, every 10th and the last (0: none)
     single_turn = false,                      -- ablation: reward the response alone, no futures
     -- A step fails when more than max_drop_fraction of its first responses are dropped (the
     -- simulator failed) or a metric failed on every conversation; the run stops after

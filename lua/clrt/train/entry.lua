@@ -22,6 +22,9 @@
 --   invalid           why a reply that stopped is malformed (verl's think-block rule), else nil
 --   convs             the finished future conversations, one per future that ran
 --   scores            {metric name = score} of each conversation in convs, in the same order
+--   about             what else is known of each conversation in convs, in the same order
+--                     (for rollouts.jsonl): {key, ended, user_turns, assistant_turns, tokens,
+--                     metric_notes = {metric = {rationale, parts}}, user_notes, api = its bill}
 --   dropped           why its futures were lost (the simulator failed, "error: ..."), else nil
 --   drop_error        the first error message behind dropped
 --   reward            the multiturn-aware reward (set by the recipe; nil: not scored)
@@ -42,13 +45,14 @@ function M.new(f)
   return { group = f.group, response = f.response, sample = f.sample, prompt_ids = f.prompt_ids, tokens = f.tokens, text = f.text,
     message = f.message, logprobs_sampled = f.logprobs_sampled, logprobs_rollout = f.logprobs_rollout,
     truncated = f.truncated == true,
-    cutoff_reward = f.cutoff_reward, invalid = f.invalid, convs = {}, scores = {} }
+    cutoff_reward = f.cutoff_reward, invalid = f.invalid, convs = {}, scores = {}, about = {} }
 end
 
 -- A future that finished: its conversation and scores.
-function M.add_future(e, conv, scores)
+function M.add_future(e, conv, scores, about)
   e.convs[#e.convs + 1] = conv
   e.scores[#e.scores + 1] = scores
+  e.about[#e.convs] = about or {}
 end
 
 -- A future that was lost: dropped holds the latest reason, drop_error the first error.
@@ -61,7 +65,7 @@ end
 -- rank has; its group shifted by offset to the step's numbering).
 function M.portable(e, offset)
   return { group = e.group + offset, prompt_ids = e.prompt_ids, tokens = e.tokens, text = e.text,
-    message = e.message, truncated = e.truncated, invalid = e.invalid, scores = e.scores, convs = e.convs,
+    message = e.message, truncated = e.truncated, invalid = e.invalid, scores = e.scores, convs = e.convs, about = e.about,
     dropped = e.dropped, drop_error = e.drop_error, cutoff_reward = e.cutoff_reward,
     logprobs_rollout = e.logprobs_rollout and json.array(e.logprobs_rollout) }
 end
@@ -71,7 +75,7 @@ function M.from_portable(p, sample)
   local e = M.new{ group = p.group, sample = sample, prompt_ids = p.prompt_ids, tokens = p.tokens, text = p.text,
     message = p.message, truncated = p.truncated, cutoff_reward = p.cutoff_reward, invalid = p.invalid,
     logprobs_rollout = p.logprobs_rollout }
-  e.convs, e.scores = p.convs or {}, p.scores or {}
+  e.convs, e.scores, e.about = p.convs or {}, p.scores or {}, p.about or {}
   e.dropped, e.drop_error = p.dropped, p.drop_error
   return e
 end

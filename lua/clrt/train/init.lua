@@ -17,6 +17,7 @@
 --   clrt.train.dpo        preference pairs (best/worst per prompt), reference sums, the DPO step
 --   clrt.train.evals      a run's evaluations before/during/after training, summary.json
 --   clrt.train.report     a step's metrics row, sample items, the before/after table
+--   clrt.train.rollouts_log a sampled step's whole tree in rollouts.jsonl (clrt view)
 --   clrt.train.ppo        the PPO update over clrt.train.update (SFT's is clrt.sft)
 --   clrt.train.budget     budget.max_usd: stop a run before its API spend passes the limit
 --   clrt.train.estimate   estimate=true: the calls, tokens and dollars a run will spend

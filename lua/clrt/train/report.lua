@@ -63,13 +63,18 @@ function M.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
   return row
 end
 
--- Up to four of a step's entries for the samples log (the first response of each group).
+-- Up to four of a step's entries for the samples log: the first response of each of the
+-- first four prompts (groups), each once; a step with fewer prompts gives fewer items.
+-- The whole step (every response and future) is rollouts.jsonl's (clrt.train.rollouts_log).
 function M.sample_items(entries, n)
-  local items = {}
-  for i = 1, math.min(#entries, 4) do
-    local e = entries[(i - 1) * n + 1] or entries[i]
-    items[#items + 1] = { id = e.sample.id, conversation = e.convs[1] or require("clrt.train.rollout").copy_conv(e.sample.prompt, e.message),
-      scores = e.scores[1], reward = e.reward, advantage = e.advantage }
+  local items, seen = {}, {}
+  for _, e in ipairs(entries) do
+    if #items >= 4 then break end
+    if not seen[e.group] then
+      seen[e.group] = true
+      items[#items + 1] = { id = e.sample.id, conversation = e.convs[1] or require("clrt.train.rollout").copy_conv(e.sample.prompt, e.message),
+        scores = e.scores[1], reward = e.reward, advantage = e.advantage }
+    end
   end
   return items
 end

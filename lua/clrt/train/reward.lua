@@ -95,20 +95,24 @@ end
 -- clrt.llm_reply, transport failures in the HTTP client); opts is accepted and ignored.
 -- A metric whose plug-in has applies(sample) returning false (pass_rate on a row without
 -- tests) is not applicable: left out of the result, neither a score nor a failure.
--- Returns {name = number | rl.failed(err)}.
+-- A metric may return a second value, a table saying why (a judge's "thought" and its parts:
+-- metrics.lib.judge.note); it is kept beside the score for the run's rollouts.jsonl, never
+-- in the scores themselves (the reward reads only numbers).
+-- Returns {name = number | rl.failed(err)}, {name = the metric's note} (names without one absent).
 function M.score_conversation(conversation, sample, metrics, ctx, opts)
-  local out = {}
+  local out, notes = {}, {}
   for _, m in ipairs(metrics) do
     if not (m.metric and m.metric.applies) or m.metric.applies(sample) then
-      local ok, v = pcall(m.compute, conversation, sample, ctx)
+      local ok, v, note = pcall(m.compute, conversation, sample, ctx)
       if ok and type(v) == "number" and v == v and v ~= math.huge and v ~= -math.huge then
         out[m.name] = v
+        if type(note) == "table" then notes[m.name] = note end
       else
         out[m.name] = M.failed(ok and ("returned " .. tostring(v) .. ", not a finite number") or tostring(v))
       end
     end
   end
-  return out
+  return out, notes
 end
 
 -- The reward of one first response from the scores of its K future conversations.

@@ -36,8 +36,12 @@ local M = {}
 --   engine in (nil: the engine's fallback, the rendered prompt).
 -- A full context (policy returns nil) ends the conversation; no empty turn is added.
 -- The simulated user's message with the termination marker stays in the conversation.
+-- The user plug-in may return a second value, a table (collabllm_user: its parsed reply);
+-- its "thought" and "current_answer" are kept in info.user_notes, never in the conversation
+-- (the judges and the policy must not see them).
 -- Returns conv, info {ended = "marker" | "max_user_turns" | "max_assistant_turns" |
---   "token_budget" | "context_full", user_turns, assistant_turns, tokens}; or nil,
+--   "token_budget" | "context_full", user_turns, assistant_turns, tokens, user_notes =
+--   {{message = index in conv, thought =, current_answer =}}}; or nil,
 --   {dropped = reason} when the user plug-in raised or returned an empty message.
 function M.conversation(conversation, policy, user, sample, ctx, opts)
   opts = opts or {}
@@ -46,11 +50,11 @@ function M.conversation(conversation, policy, user, sample, ctx, opts)
   local keep_last = opts.keep_last_assistant ~= false
   local budget = opts.token_budget
   local c = conv.copy(conversation)
-  local info = { user_turns = 0, assistant_turns = 0, tokens = opts.first_tokens or 0 }
+  local info = { user_turns = 0, assistant_turns = 0, tokens = opts.first_tokens or 0, user_notes = {} }
   local function over(n) return budget and info.tokens + n > budget end
   while true do
     if info.user_turns >= max_user then info.ended = "max_user_turns" break end
-    local ok, text = pcall(user.respond, c, sample, ctx)
+    local ok, text, said = pcall(user.respond, c, sample, ctx)
     if not ok then return nil, { dropped = "simulator failed", error = tostring(text) } end
     if type(text) ~= "string" or conv.trim(text) == "" then
       return nil, { dropped = "simulator failed", error = "empty user message" }
@@ -58,6 +62,11 @@ function M.conversation(conversation, policy, user, sample, ctx, opts)
     local nuser = (budget and opts.count_tokens) and opts.count_tokens(text) or 0
     if over(nuser) then info.ended = "token_budget" break end
     c[#c + 1] = { role = "user", content = text }
+    if type(said) == "table" and (said.thought ~= nil or said.current_answer ~= nil) then
+      local llm_reply = require("clrt.llm_reply")
+      info.user_notes[#info.user_notes + 1] = { message = #c, thought = llm_reply.text(said.thought),
+        current_answer = llm_reply.text(said.current_answer) }
+    end
     info.user_turns = info.user_turns + 1
     info.tokens = info.tokens + nuser
     if conv.has_marker(text, conv.marker(ctx, sample)) then info.ended = "marker" break end
@@ -172,13 +181,18 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step, first)
       for k = 1, K do
         local key = ("rl/step %d/prompt %d/response %d/future %d"):format(step, first + e.group - 1, e.response, k)
         jobs[#jobs + 1] = function()
-          local conv = M.copy_conv(e.sample.prompt, e.message)
+          -- the future's API calls carry its key, so its tokens and dollars can be told apart
+          local fctx = M.tagged_ctx(ctx, key)
+          local conv, info = M.copy_conv(e.sample.prompt, e.message), nil
           if not cfg.single_turn then
-            local c, info = M.conversation(conv, policy, user, e.sample, ctx, M.rollout_opts(cfg, tok, #e.tokens, key))
-            if not c then return { dropped = info.dropped, error = info.error } end
-            conv = c
+            local c, i = M.conversation(conv, policy, user, e.sample, fctx, M.rollout_opts(cfg, tok, #e.tokens, key))
+            if not c then return { dropped = i.dropped, error = i.error } end
+            conv, info = c, i
           end
-          return { conv = conv, scores = reward.score_conversation(conv, e.sample, metrics, ctx) }
+          local scores, notes = reward.score_conversation(conv, e.sample, metrics, fctx)
+          return { conv = conv, scores = scores, about = { key = key, future = k, metric_notes = notes, ended = info and info.ended,
+            user_turns = info and info.user_turns, assistant_turns = info and info.assistant_turns,
+            tokens = info and info.tokens, user_notes = info and info.user_notes } }
         end
         owner[#jobs] = ei
       end
@@ -186,13 +200,15 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step, first)
   end
   local results, jerrs, info = sched.run(jobs, { progress = ("step %d: futures and scores"):format(step) })
   failure.check_stop(ctx)
+  local bills = M.bills_by_tag(require("clrt.llm").records())
   for j = 1, #jobs do
     local e = entries[owner[j]]
     local r = results[j]
     if jerrs[j] or (r and r.dropped) then
       entry.drop(e, (jerrs[j] and ("error: " .. jerrs[j])) or r.dropped, r and r.error)
     else
-      entry.add_future(e, r.conv, r.scores)
+      r.about.api = bills[r.about.key]
+      entry.add_future(e, r.conv, r.scores, r.about)
     end
   end
   -- decode steps taken while a metric's program (pass_rate's tests) ran: the engine's work
@@ -210,6 +226,42 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step, first)
     -- the share of the step's prompt tokens served from the prefix cache (nil: cache off)
     prefix_cache_hit_rate = cache1.on and prompt_tokens > 0
       and (cache1.cached_tokens - cache0.cached_tokens) / prompt_tokens or nil }
+end
+
+-- ctx for one future: its user and judge clients tag every request with `tag` (clrt.llm
+-- records it beside the call's usage; it is not sent), everything else is ctx's own.
+function M.tagged_ctx(ctx, tag)
+  local function wrap(client)
+    if type(client) ~= "table" or type(client.chat) ~= "function" then return client end
+    return setmetatable({ chat = function(_, messages, opts)
+      local o = {}
+      for k, v in pairs(opts or {}) do o[k] = v end
+      o.tag = tag
+      return client:chat(messages, o)
+    end }, { __index = client })
+  end
+  return setmetatable({ user = wrap(ctx.user), client = wrap(ctx.client), judge = wrap(ctx.judge) }, { __index = ctx })
+end
+
+-- clrt.llm's records of this step -> {tag = {calls, prompt_tokens, cached_tokens,
+-- completion_tokens, usd, roles = {role = usd}}} (clrt.api.usage's sums).
+function M.bills_by_tag(records)
+  local by = {}
+  for _, r in ipairs(records) do
+    if r.tag then
+      by[r.tag] = by[r.tag] or {}
+      table.insert(by[r.tag], r)
+    end
+  end
+  local out = {}
+  for tag, list in pairs(by) do
+    local s = require("clrt.api.usage").summarize(list)
+    local roles = {}
+    for role, t in pairs(s.roles) do roles[role] = t.usd end
+    out[tag] = { calls = s.all.calls, prompt_tokens = s.all.prompt_tokens, cached_tokens = s.all.cached_tokens,
+      completion_tokens = s.all.completion_tokens, usd = s.all.usd, roles = roles }
+  end
+  return out
 end
 
 -- The prefix cache's running totals of prompt tokens asked for and served (clrt.gen.prefix_cache);

@@ -74,6 +74,22 @@ function M.ask(ctx, name, messages, keys, check, max_tokens, role)
   return value, obj
 end
 
+-- What a verdict says beside its score, for the run's rollouts.jsonl (a metric returns it as
+-- its second value): the judge's "thought" as the rationale and the other keys asked for
+-- (interactivity's parts; not the score itself, nor an extracted document).
+function M.note(obj, keys)
+  if type(obj) ~= "table" then return nil end
+  local note = { rationale = llm_reply.text(obj.thought) }
+  for _, k in ipairs(keys or {}) do
+    local v = obj[k]
+    if type(v) == "number" or type(v) == "string" or type(v) == "boolean" then
+      note.parts = note.parts or {}
+      note.parts[k] = v
+    end
+  end
+  return note
+end
+
 -- Prompts live in lua/prompts/ (clrt.prompt_file: a '#' header naming what each carries
 -- from which reference, then the text with Python str.format placeholders). A metric's
 -- options may name another file: reward.metric_options.<metric>.prompt_file=PATH.
