@@ -19,6 +19,11 @@ end
 function M.nice_ticks(lo, hi, n)
   n = n or 5
   if hi < lo then lo, hi = hi, lo end
+  -- values a rounding unit apart are one value: a step that small would not move v below
+  -- (v + step == v), and the loop would never end
+  if hi - lo <= math.max(math.abs(lo), math.abs(hi)) * 1e-9 then
+    hi = lo
+  end
   if hi == lo then
     local d = (lo == 0) and 1 or math.abs(lo) * 0.1
     lo, hi = lo - d, hi + d
@@ -34,7 +39,7 @@ function M.nice_ticks(lo, hi, n)
   local last = math.ceil(hi / step - 1e-9) * step
   local ticks = {}
   local v = first
-  while v <= last + step * 1e-6 do
+  while v <= last + step * 1e-6 and #ticks < 100 do
     ticks[#ticks + 1] = (math.abs(v) < step * 1e-9) and 0 or v
     v = v + step
   end

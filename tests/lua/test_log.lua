@@ -84,6 +84,9 @@ T.case("nice ticks and a well-formed SVG", function()
   local _, s4 = plot.nice_ticks(0, 0.9, 5); T.near(s4, 0.25, 1e-12)
   local t2 = plot.nice_ticks(1, 60, 6)
   T.near(t2, { 0, 20, 40, 60 }, 1e-12)
+  -- values a rounding unit apart (a constant series through float sums): a few ticks, at once
+  local t4 = plot.nice_ticks(0.1 + 0.2, 0.3, 5)
+  T.ok(#t4 >= 2 and #t4 <= 10 and t4[1] <= 0.3 and t4[#t4] >= 0.3, #t4)
   local t3 = plot.nice_ticks(5, 5, 5)
   T.ok(t3[1] <= 5 and t3[#t3] >= 5 and #t3 >= 2)
   local svg = plot.panels({ { name = "a<b", x = { 1, 2, 3 }, y = { 1, 0 / 0, 3 } }, { name = "empty", x = {}, y = {} },
