@@ -52,14 +52,16 @@ function M.resolve(path, opts)
     error(("%s: model=%s: no such folder"):format(who, path), 0)
   end
   local dir, checkpoint = path, nil
-  if not has(path, "config.json") and not has(path, "adapter_config.json") and has(path, "model/config.json") then
+  -- a run folder holds its training config as config.json too: its marks decide first
+  local is_run = not has(path, "trainer_state.json") and (has(path, "latest") or has(path, "metrics.jsonl"))
+  if is_run and has(path, "model/config.json") then
     -- a finished SFT run: its final model (the adapter already merged)
     dir = path .. "/model"
-  elseif not has(path, "config.json") and not has(path, "adapter_config.json") then
+  elseif is_run or (not has(path, "config.json") and not has(path, "adapter_config.json")) then
     -- a run folder: its latest complete checkpoint
     local ckpt = require("clrt.train.checkpoint")._find(path)
     if not ckpt then
-      if has(path, "latest") or has(path, "metrics.jsonl") then
+      if is_run then
         error(("%s: model=%s is a run folder with no complete checkpoint yet"):format(who, path), 0)
       end
       error(("%s: model=%s is not a model folder (no config.json), a LoRA checkpoint (no adapter_config.json) or a run folder (no latest, no checkpoint-N/)"):format(who, path), 0)

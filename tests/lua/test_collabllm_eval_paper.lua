@@ -185,32 +185,13 @@ end
 
 T.case("published rows -> eval_test.jsonl -> protocol=paper with an endpoint as user and judges", function()
   local pd = require("recipes.process_dataset")
-  local function msg(role, content) return { role = role, content = content } end
-  -- two tasks, 10 conversations each with two turns and two candidates: the published
-  -- multiturn schema (one row per conversation, turn, candidate)
-  local kinds = { { file = "collabllm-multiturn-math-hard.jsonl", what = "Compute %d + %d.", ref = "The answer is %d." },
-    { file = "collabllm-multiturn-medium.jsonl", what = "Please write an article about garden number %d (%d).",
-      ref = "Garden %d is a quiet place with old trees and a pond." } }
+  local published = require("support.published_rows")
   local all_eval, refs, requests = {}, {}, {}
-  for _, k in ipairs(kinds) do
-    local rows = {}
-    for c = 1, 10 do
-      local stp = k.what:format(c, c * 3)
-      local ref = k.ref:format(c * 4)
-      refs[#refs + 1] = ref
-      requests[stp] = true
-      for t = 0, 1 do
-        for cand = 1, 2 do
-          local p = { msg("user", "help with task " .. c) }
-          if t == 1 then p[2] = msg("assistant", "which part?"); p[3] = msg("user", "all of it") end
-          rows[#rows + 1] = { prompt = p, completion = "cand " .. cand, conv_id = c, turn_id = t, score = cand / 2,
-            single_turn_prompt = stp, single_turn_completion = ref, single_turn_metadata = { id = c },
-            sessions = {}, rewards = {} }
-        end
-      end
-    end
-    local input = root .. "/" .. k.file
-    data.write_jsonl(input, rows)
+  for _, kind in ipairs({ "math", "medium" }) do
+    local k = published.KINDS[kind]
+    local input, krefs, tasks = published.write(root, kind, 10)
+    for _, r in ipairs(krefs) do refs[#refs + 1] = r end
+    for t in pairs(tasks) do requests[t] = true end
     local out = root .. "/" .. k.file:gsub("%.jsonl$", "")
     local real_print = print
     print = function() end

@@ -26,7 +26,9 @@ local function lora_run(steps)
     files.write_atomic(ck .. "/adapter_config.json", json.encode(cfg))
     files.write_atomic(ck .. "/trainer_state.json", json.encode({ step = step }))
   end
-  files.write_atomic(run .. "/config.json.not_a_model", "{}")
+  -- the run's own training config, which is no model's config.json
+  files.write_atomic(run .. "/config.json", json.encode({ name = "collabllm_rl", steps = 3 }))
+  files.write_atomic(run .. "/metrics.jsonl", "")
   files.write_atomic(run .. "/latest", ("checkpoint-%d\n"):format(steps[#steps]))
   return run
 end
@@ -65,6 +67,7 @@ T.case("a model folder is itself; a run folder is its latest checkpoint, over th
   local sft = T.tmpdir() .. "/collabllm_sft-x"
   files.mkdir_p(sft .. "/model")
   files.copy(BASE .. "/config.json", sft .. "/model/config.json")
+  files.write_atomic(sft .. "/config.json", json.encode({ name = "collabllm_sft" }))
   files.write_atomic(sft .. "/latest", "checkpoint-9\n")
   T.eq(model_path.resolve(sft).model, sft .. "/model")
 end)
