@@ -126,4 +126,31 @@ T.case("a folder model= cannot use is one line naming it, from the library and t
   T.ok(text:find("holds no LoRA adapter", 1, true) and not text:find("traceback", 1, true), text)
 end)
 
+T.case("a busy port is one line naming the address, for clrt serve and clrt view", function()
+  package.path = src .. "/tests/?.lua;" .. package.path
+  local dir = require("support.tiny_model")(T.tmpdir() .. "/tiny", { seed = 2 })
+  -- a process that holds a port: its number in a file, its pid to stop it
+  local held = T.tmpdir() .. "/held_port"
+  os.execute(([[/usr/bin/python3 -c "
+import socket, time
+s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)
+open('%s.tmp', 'w').write(str(s.getsockname()[1])); __import__('os').rename('%s.tmp', '%s')
+time.sleep(60)" > /dev/null 2>&1 & echo $! > %s.pid]]):format(held, held, held, held))
+  local port
+  for _ = 1, 100 do
+    port = T.read(held)
+    if port then break end
+    os.execute("sleep 0.1")
+  end
+  T.ok(port, "a port is held")
+  T.cleanup(function() os.execute("kill $(cat " .. held .. ".pid) 2>/dev/null") end)
+  local ok, text = run_cmd(("%q serve %q --port %s"):format(bin, dir, port))
+  T.eq(ok, false)
+  T.eq(text, ("clrt serve: cannot listen on 127.0.0.1:%s (address in use or not permitted)\n"):format(port))
+  local run = lora_run({ 1 })
+  ok, text = run_cmd(("%q view %q --port %s"):format(bin, run, port))
+  T.eq(ok, false)
+  T.eq(text, ("clrt view: cannot listen on 127.0.0.1:%s (address in use or not permitted)\n"):format(port))
+end)
+
 T.run()

@@ -73,7 +73,7 @@ opts.max_len = opts.max_len or math.min(m.config.max_position_embeddings or 4096
 opts.log = function(line) io.stderr:write(os.date("%H:%M:%S "), line, "\n") end
 local started, srv = pcall(require("clrt.net.openai_server").new, opts)
 if not started then   -- a busy port or a bad address: one line, no traceback
-  io.stderr:write("clrt serve: ", (tostring(srv):gsub("^serve: ", "")), "\n")
+  io.stderr:write("clrt serve: ", (tostring(srv):gsub("^[^\n]-%.lua:%d+: ", ""):gsub("^serve: ", "")), "\n")
   os.exit(1)
 end
 io.stdout:write(("clrt serve: %s on http://%s:%d/v1 (%d slots x %d tokens%s)\n")

@@ -49,7 +49,8 @@ end
 
 local ok, srv = pcall(require("clrt.net.httpd").start, { host = host, port = port, max_body = 4096 })
 if not ok then
-  fail(("clrt view: cannot listen on %s:%d: %s"):format(host, port, (tostring(srv):gsub("^serve: ", ""))))
+  -- httpd's own line names the address; a Lua position before it is not the user's business
+  fail("clrt view: " .. (tostring(srv):gsub("^[^\n]-%.lua:%d+: ", ""):gsub("^serve: ", "")))
 end
 local names = {}
 for k, r in ipairs(runs) do names[k] = r.dir end
