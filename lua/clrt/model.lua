@@ -440,6 +440,9 @@ function Model:to(device)
   return self
 end
 
+-- Whole weight-copy packs made so far (a current copy is refreshed in place by opt:step()).
+function Model:copy_repacks() return tonumber(C.clrt_model_copy_repacks(live(self))) end
+
 -- set_matmul("bf16" | "f32"): bf16 mixed precision (train.precision=bf16). On cuda, the
 -- blocks' matmuls take bf16 inputs (copies of the fp32 master weights) and accumulate in
 -- fp32; the output layer stays fp32. On the CPU with a matrix unit (M.matrix_unit(): AMX,
@@ -448,9 +451,6 @@ end
 -- kept current by the optimizer step); the loss, norms, master weights and AdamW stay f32.
 -- Without a unit, decode-sized products over bf16 copies and the rest in f32.
 -- Greedy output is no longer bit-equal to the f32 path.
--- Whole weight-copy packs made so far (a current copy is refreshed in place by opt:step()).
-function Model:copy_repacks() return tonumber(C.clrt_model_copy_repacks(live(self))) end
-
 function Model:set_matmul(kind)
   if kind ~= "bf16" and kind ~= "f32" then error(("model:set_matmul: '%s' (bf16, f32)"):format(tostring(kind)), 2) end
   ok(C.clrt_model_set_matmul_bf16(live(self), kind == "bf16" and 1 or 0), 2)
