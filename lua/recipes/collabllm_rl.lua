@@ -118,6 +118,15 @@ function M.main(cfg)
   return run.guard("collabllm_rl", SCRIPT, run_dir, function() return M.run(cfg, run_dir) end)
 end
 
+-- The metrics' names, sorted: the same progress line and plot order for the same run (the
+-- weights table's own order changes between runs).
+function M.metric_names(weights)
+  local names = {}
+  for name in pairs(weights) do names[#names + 1] = name end
+  table.sort(names)
+  return names
+end
+
 function M.run(cfg, run_dir)
   local world = the_world()
   -- resume=: the latest complete checkpoint; none yet (stopped during the first steps):
@@ -147,9 +156,7 @@ function M.run(cfg, run_dir)
     cfg.steps = cfg.epochs * math.ceil(#dataset / cfg.prompts_per_step)
   end
   local plot = { "reward", "first_reply_ask_rate", "kl", "grad_norm" }
-  local names = {}
-  for name in pairs(weights) do names[#names + 1] = name end
-  table.sort(names)   -- the same progress line and plot order for the same run
+  local names = M.metric_names(weights)
   for _, name in ipairs(names) do plot[#plot + 1] = "metric/" .. name end
   local lg = clrt.log.run({ dir = run_dir, config = cfg, total_steps = cfg.steps, plot = plot,
     sample_every = cfg.sample_every, resume_step = resume_state and resume_state.step or nil,

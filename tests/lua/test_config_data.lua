@@ -200,4 +200,12 @@ T.case("a generation option of the wrong type says so and names the value", func
   T.raises(function() check({ top_p = 2 }) end, "option top_p must be in (0, 1], got 2")
 end)
 
+T.case("collabllm_rl's progress line and plot name the metrics in one order", function()
+  local rl = require("recipes.collabllm_rl")
+  -- many keys: a hash table's order would differ between runs; the names never do
+  local w = {}
+  for _, n in ipairs({ "token_amount", "exact_match", "accuracy", "bleu_score", "pass_rate", "interactivity" }) do w[n] = 1 end
+  T.eq(rl.metric_names(w), { "accuracy", "bleu_score", "exact_match", "interactivity", "pass_rate", "token_amount" })
+end)
+
 T.run()

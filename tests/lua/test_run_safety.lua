@@ -410,6 +410,16 @@ T.case("data files are checked up front: line numbers, empty files, BOM, invalid
   T.raises(function() sft.read_conversations(sftbad) end, sftbad .. ":3: a row needs a \"messages\" list")
 end)
 
+T.case("a missing data file is one line naming it, from the command line too", function()
+  local gone = root .. "/no_such_rows.jsonl"
+  local out, rc = sh(clrt_cmd("recipes/collabllm_sft.lua", { "data=" .. gone, "run_dir=" .. root .. "/missing_data",
+    "world.conversations=10" }))
+  T.eq(rc, 1, out)
+  T.ok(out:find("clrt: data: cannot open " .. gone .. ": No such file or directory\n", 1, true), out)
+  T.ok(not out:find("traceback", 1, true) and not out:find("%.lua:%d+:"), "no Lua position or traceback: " .. out)
+  T.eq(files.exists(root .. "/missing_data"), false, "no folder left")
+end)
+
 T.case("process_dataset: empty input is an error, line numbers count blank lines", function()
   local pd = require("recipes.process_dataset")
   local empty = root .. "/pd_empty.jsonl"
