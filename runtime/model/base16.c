@@ -123,7 +123,7 @@ int model_base16_convert(clrt_model *m) {
   m->b16 = p16;
   m->base16 = 1;
   m->base16_blank = blank;
-  m->saved = 0;
+  model_forget_contexts(m, 0);
   return 0;
 }
 
@@ -137,8 +137,8 @@ void model_base16_linear(clrt_model *m, acts *a, float *y, const float *x, int64
                          int64_t N, int K, int O) {
   (void)a;
   int fast = model_fast_kernels(m);
-  if (!model_workspace(m, clrt_linear_bf16_workspace_bytes(N, K, O, fast), "bf16 base forward"))
-    clrt_linear_bf16_forward(y, x, W16(m, w), b, N, K, O, fast, m->ws, m->ws_bytes);
+  if (!model_workspace(a->cx, clrt_linear_bf16_workspace_bytes(N, K, O, fast), "bf16 base forward"))
+    clrt_linear_bf16_forward(y, x, W16(m, w), b, N, K, O, fast, a->cx->ws, a->cx->ws_bytes);
 }
 
 /* Products of the same x (q, k, v; gate, up): one parallel pass over all their panels. */
@@ -147,8 +147,8 @@ void model_base16_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N
   clrt_packed_part packed[3] = {{0}};
   if (model_fast_kernels(m) && count <= 3) {
     for (int i = 0; i < count; i++) packed[i] = (clrt_packed_part){parts[i].y, W16(m, parts[i].w), parts[i].b, parts[i].O};
-    if (model_workspace(m, clrt_linear_packed_bf16_workspace_bytes(N, K), "bf16 base forward")) return;
-    if (clrt_linear_packed_bf16_forward_rows(x, N, K, packed, count, m->ws, m->ws_bytes)) return;
+    if (model_workspace(a->cx, clrt_linear_packed_bf16_workspace_bytes(N, K), "bf16 base forward")) return;
+    if (clrt_linear_packed_bf16_forward_rows(x, N, K, packed, count, a->cx->ws, a->cx->ws_bytes)) return;
   }
   for (int i = 0; i < count; i++) model_base16_linear(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, K, parts[i].O);
 }
@@ -158,6 +158,6 @@ void model_base16_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N
 void model_base16_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
                                   const float *x, int64_t N, int K, int O, int acc) {
   (void)a, (void)db, (void)x;
-  if (dx && !model_workspace(m, clrt_linear_bf16_backward_dx_workspace_bytes(K, O), "bf16 base backward"))
-    clrt_linear_bf16_backward_dx(dx, dy, W16(m, w), N, K, O, acc, model_fast_kernels(m), m->ws, m->ws_bytes);
+  if (dx && !model_workspace(a->cx, clrt_linear_bf16_backward_dx_workspace_bytes(K, O), "bf16 base backward"))
+    clrt_linear_bf16_backward_dx(dx, dy, W16(m, w), N, K, O, acc, model_fast_kernels(m), a->cx->ws, a->cx->ws_bytes);
 }

@@ -51,9 +51,7 @@ int clrt_model_set_matmul_bf16(clrt_model *m, int on) {
   clrt_storage_release(m->wpk);
   m->wpk = NULL;
   /* The activation layout gains the bf16 scratch: rebuild it on the next call. */
-  clrt_storage_release(m->acts);
-  m->acts = NULL;
-  m->saved = 0;
+  model_forget_contexts(m, 1);
   m->bf16 = 1;
   m->wbf_ver = COPY_STALE;
   model_choose_ops(m);
@@ -109,9 +107,7 @@ int clrt_model_to_device(clrt_model *m, int device) {
   m->params = np;
   m->grads = ng;
   /* Activations are rebuilt on the new device by the next call. */
-  clrt_storage_release(m->acts);
-  m->acts = NULL;
-  m->saved = 0;
+  model_forget_contexts(m, 1);
   m->device = device;
   /* The bf16 and packed copies live beside the weights: a move drops them (set_matmul again;
      the packed copy is remade by the next CPU decode). */

@@ -6,7 +6,7 @@
 
 void model_linear(clrt_model *m, acts *a, layer_acts *A, int l, int keep, const float *x, int64_t N,
                   int K, const lin_part *parts, int count) {
-  const model_ops *op = m->ops;
+  const model_ops *op = a->cx->ops;   /* the computation's: quant=int8 decodes with its own */
   if (count == 1)
     PROF(CLRT_K_LINEAR_F, op->linear(m, a, parts[0].y, x, parts[0].w, parts[0].b, N, K, parts[0].O));
   else
@@ -21,6 +21,6 @@ void model_linear(clrt_model *m, acts *a, layer_acts *A, int l, int keep, const 
 void model_linear_backward(clrt_model *m, acts *a, const layer_acts *A, int l, int target, float *dx,
                            int64_t w, float *db, const float *dy, const float *x, int64_t N, int K,
                            int O, int acc) {
-  PROF(CLRT_K_LINEAR_B, m->ops->linear_backward(m, a, dx, w, db, dy, x, N, K, O, acc));
+  PROF(CLRT_K_LINEAR_B, a->cx->ops->linear_backward(m, a, dx, w, db, dy, x, N, K, O, acc));
   if (m->lora) PROF(CLRT_K_LORA, model_lora_backward(m, a, A, l, target, dx, dy, x, N, K, O));
 }

@@ -22,6 +22,8 @@
 #include "clrt.h"
 #include "cpu/model_kernels.h"
 
+#include <pthread.h>
+
 typedef struct clrt_param_info {
   char name[96];               /* Hugging Face name */
   int ndim;
@@ -39,6 +41,7 @@ typedef struct clrt_layer_offsets {
 
 typedef struct model_ops model_ops;
 typedef struct model_q8 model_q8;
+typedef struct model_retired model_retired;
 
 /* Rows that share their leading context (an RL group's responses to one prompt, a DPO pair)
    packed into one row of segments (shared_prefix.c): each group's context once, then each
@@ -78,10 +81,9 @@ typedef struct model_lora {
   int64_t head[2];             /* lm_head: A [r, C], B [V, r]; -1 without */
   int64_t emb[2];              /* embed_tokens: A [r, V], B [C, r] (PEFT's Embedding); -1 without */
   /* Dropout masks of a training forward are hash(seed, step, layer, target); step counts
-     kept forwards (saved with a checkpoint), fwd_step is the one the kept forward used. */
-  uint64_t seed, step, fwd_step;
-  int fwd_dropout;             /* the kept forward applied dropout */
-  int fwd_enabled;             /* the last forward ran the adapters */
+     kept forwards (saved with a checkpoint); the step a kept forward used is its context's
+     (clrt_context.lora_step). */
+  uint64_t seed, step;
 } model_lora;
 
 struct clrt_model {
@@ -99,20 +101,12 @@ struct clrt_model {
   float *rope_cos, *rope_sin;  /* [rope_len, D/2] */
   const float *rope_kc, *rope_ks;   /* the tables as the kernels read them (host or device) */
   int rope_len;
-  /* The last forward kept for backward: its caller's rows [B, T] (its activations' layout:
-     model_kept_layout). */
-  int saved, B, T;
+  model_retired *retired;      /* superseded RoPE tables: a running context may still read one */
   int share_prefix;            /* clrt_model_set_share_prefix (on by default) */
-  int packed;                  /* the last logprobs ran packed (pack holds its layout) */
-  model_pack pack;
-  int64_t nv;                  /* rows with a target */
-  int threads;                 /* OpenMP threads the activation layout was made for */
   /* Where the arenas live (clrt_device). On CUDA the RoPE tables are mirrored on the device
-     (rope_dev: cos then sin) and the host stages the step's integer inputs in hidx. */
+     (rope_dev: cos then sin). */
   int device;
   clrt_storage *rope_dev;
-  int32_t *hidx;               /* [hidx_cap]: rowidx of the last forward, then scratch */
-  size_t hidx_cap;
   /* bf16 matmuls: the linear layers take bf16 copies of their inputs and of the weights (wbf,
      refreshed from the fp32 master params when they change) and accumulate in fp32. On CUDA
      the output layer stays fp32; on the CPU, with pack_decode and a matrix unit, the linear
@@ -145,13 +139,75 @@ struct clrt_model {
   int base16_blank;   /* converted before any weight was in: clrt_model_load_safetensors fills it */
   clrt_storage *b16;
   model_q8 *q8;                 /* quant=int8 (quant8.c): generation's int8 weights, or NULL */
+  /* The default context (context.c): what the model-level entry points (clrt_model_logprobs,
+     clrt_model_backward, clrt_model_forward_cached, clrt_decoder_new) compute in. */
+  clrt_context *ctx;
+  /* Bumped by every change that invalidates every context's activations (a move, the bf16
+     switch, adapters added or merged, the bf16 base): a context whose epoch differs drops
+     its arena and its kept forward before its next call. */
+  uint64_t epoch;
+  /* Held while a context makes or refreshes the copies the weights' version and the call
+     need (RoPE tables, packed / bf16 / int8 copies): several contexts may start at once. */
+  pthread_mutex_t copies_lock;
+};
+
+/* One computation over a model (context.c): everything a forward, its backward or a decode
+   step writes besides the gradients. The model is only read while a context runs (apart from
+   the copies made under copies_lock before the first product), so contexts over one model
+   run at the same time from different threads. Gradients stay the model's (the optimizer's):
+   one context trains at a time. */
+struct clrt_context {
+  clrt_model *m;
+  const model_ops *ops;        /* this call's table: m->ops, or quant=int8's for a decode step */
+  clrt_storage *acts;          /* the activation arena, on the model's device */
+  uint64_t epoch;              /* the model's epoch the arena was made in */
+  /* The last forward kept for backward: its caller's rows [B, T] (its activations' layout:
+     model_kept_layout), the weights' version it read (model_weights_version). */
+  int saved, B, T;
+  uint64_t version;
+  int packed;                  /* the last logprobs ran packed (pack holds its layout) */
+  model_pack pack;
+  int64_t nv;                  /* rows with a target */
+  int threads;                 /* OpenMP threads the activation layout was made for */
+  int32_t *hidx;               /* [hidx_cap]: rowidx of the last forward, then scratch */
+  size_t hidx_cap;
+  /* The kept forward's adapters: whether they ran, applied dropout, and its dropout step. */
+  int lora_enabled, lora_dropout;
+  uint64_t lora_step;
   /* The CPU kernels' workspace (host memory, arena.c), reserved by each entry point for its
      rows before any product (weights.c's model_workspace_bytes); step_failed: a product
      found it short, and the entry point returns the error set then. */
   void *ws;
   size_t ws_bytes;
   int step_failed;
+  /* quant=int8: a product's input rows quantized ([rows, K4] q + 128, linear_int8.h; xs [rows]) */
+  uint8_t *xq;
+  float *xs;
+  size_t xq_cap, xs_cap;
 };
+
+/* ---- contexts (context.c) -------------------------------------------------------------------- */
+
+/* The sum of the weight arenas' write counts (params, the bf16 base, the adapters): every
+   optimizer step, load or write through a view bumps it. */
+uint64_t model_weights_version(const clrt_model *m);
+/* At an entry point: binds x to the model's current epoch (dropping a stale arena and kept
+   forward) and sets its ops. */
+void model_context_begin(clrt_context *x, const model_ops *ops);
+/* At its end: 0 when the weights' version is still `started` (the one the call began with),
+   else -1 with an error naming who: the call read two versions and its results are void. */
+int model_context_check_version(const clrt_context *x, uint64_t started, const char *who);
+/* Every context's kept forward is void (bumps m->epoch; the others notice at their next
+   call, dropping an arena on another device); drop_arena: the default context's arena goes
+   now (the others' when they next find it too small or elsewhere). */
+void model_forget_contexts(clrt_model *m, int drop_arena);
+/* The default context and the copies' lock (model_params_new), and their end (clrt_model_free). */
+int model_context_init(clrt_model *m);
+void model_context_fini(clrt_model *m);
+/* What a context holds, released; the context stays usable. */
+void model_context_release(clrt_context *x);
+/* The superseded RoPE tables (arena.c), freed with the model. */
+void model_retired_free(clrt_model *m);
 
 #define COPY_STALE UINT64_MAX
 
@@ -164,6 +220,7 @@ typedef struct layer_acts {
 } layer_acts;
 
 typedef struct acts {
+  clrt_context *cx;              /* the computation these activations belong to */
   uint16_t *x16, *dy16;          /* bf16 copies of a linear layer's input / output gradient */
   float **res;                   /* [L+1] residual stream entering each layer (2 when not kept) */
   layer_acts *la;                /* [L] (1 when not kept) */
@@ -182,19 +239,19 @@ typedef struct acts {
 
 /* Lays out the activations for (B, T, keep) over base (NULL only counts), keys reaching Tk. */
 void model_layout(const clrt_model *m, acts *a, char *base, int B, int T, int Tk, int keep);
-/* Binds a to the arena for (B, T, keep), growing the arena when it is too small. */
-int model_bind_acts(clrt_model *m, acts *a, int B, int T, int Tk, int keep);
+/* Binds a to x's arena for (B, T, keep), growing the arena when it is too small. */
+int model_bind_acts(clrt_context *x, acts *a, int B, int T, int Tk, int keep);
 /* The RoPE tables for positions [0, P), on the model's device. */
 int model_ensure_rope(clrt_model *m, int P);
 int model_sync_rope(clrt_model *m);
-/* Host staging for a step's integer inputs (m->hidx, grown on demand). */
-int32_t *model_host_ints(clrt_model *m, size_t n);
+/* Host staging for a step's integer inputs (x->hidx, grown on demand). */
+int32_t *model_host_ints(clrt_context *x, size_t n);
 /* Grows the kernels' workspace to `bytes` (an error naming `who` when it cannot) and clears
    step_failed: every entry point calls it before its first product. */
-int model_reserve_workspace(clrt_model *m, size_t bytes, const char *who);
-/* 0 when the workspace (m->ws, m->ws_bytes) holds `need` bytes; else -1, the error set and
+int model_reserve_workspace(clrt_context *x, size_t bytes, const char *who);
+/* 0 when the workspace (x->ws, x->ws_bytes) holds `need` bytes; else -1, the error set and
    the step marked failed (the product is skipped). */
-int model_workspace(clrt_model *m, size_t need, const char *who);
+int model_workspace(clrt_context *x, size_t need, const char *who);
 
 /* ---- the ops one device and precision run (ops_cpu.c, ops_cuda.c) -------------------------- */
 
@@ -244,7 +301,7 @@ struct model_ops {
   void (*attention_backward_offset)(const clrt_model *m, acts *a, float *dq, float *dk, float *dv,
                                     const float *dout, const float *q, const float *k, const float *v,
                                     const float *out, const float *lse, int Tq, int p0, int window);
-  size_t (*attention_scratch)(const clrt_model *m, int B, int T, int Tk);
+  size_t (*attention_scratch)(const clrt_model *m, int threads, int B, int T, int Tk);
   void (*kv_write)(float *kc, float *vc, const float *k, const float *v, const int32_t *pos0,
                    const int32_t *slot, int B, int T, int row, int64_t bstride);
   void (*swiglu)(float *h, const float *g, const float *u, int64_t n);
@@ -262,9 +319,9 @@ struct model_ops {
                           float *scratch, int chunk, int logits_ready, const struct clrt_head_lora *hl);
   /* LoRA adapters (kernels/cpu/lora.c's contracts) */
   void (*lora_dropout)(float *out, const float *x, int64_t n, uint64_t key, float p);
-  void (*lora_forward)(clrt_model *m, float *y, float *xa, const float *xd, const float *A, const float *B,
+  void (*lora_forward)(clrt_model *m, acts *a, float *y, float *xa, const float *xd, const float *A, const float *B,
                        int64_t N, int K, int O, int r, float scale);
-  void (*lora_backward)(clrt_model *m, float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
+  void (*lora_backward)(clrt_model *m, acts *a, float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
                         const float *xa, const float *A, const float *B, int64_t N, int K, int O,
                         int r, float scale, uint64_t key, float p);
   void (*lora_xa)(float *xa, const float *xd, const float *A, int64_t N, int K, int r);
@@ -342,9 +399,9 @@ typedef struct fwd_step {
    Gemma 3's layers). */
 int model_pack_wanted(const clrt_model *m);
 /* Groups rows [B, T] (lengths, context: each row's leading context tokens) by identical
-   context and packs them into m->pack; 1 when some context is shared by two rows or more (the
-   forward then runs packed), 0 when none is (m->pack unused), -1 on error. */
-int model_pack_plan(clrt_model *m, const int32_t *tokens, int B, int T, const int32_t *lengths,
+   context and packs them into x->pack; 1 when some context is shared by two rows or more (the
+   forward then runs packed), 0 when none is (x->pack unused), -1 on error. */
+int model_pack_plan(clrt_context *x, const int32_t *tokens, int B, int T, const int32_t *lengths,
                     const int32_t *context);
 /* Row b's position t in the packed row. */
 int64_t model_pack_index(const model_pack *pk, int b, int t);
@@ -352,7 +409,7 @@ int64_t model_pack_index(const model_pack *pk, int b, int t);
    attention's gathered keys and values, whichever is more. */
 size_t model_step_workspace_bytes(const clrt_model *m, int64_t N, const model_pack *pk);
 /* The last logprobs' activation layout: [1, pack.N] when it ran packed, else its [B, T]. */
-void model_kept_layout(const clrt_model *m, int *B, int *T);
+void model_kept_layout(const clrt_context *x, int *B, int *T);
 /* RoPE over q [N, H, D] and k [N, KV, D] at each segment's positions (backward: the inverse). */
 void model_pack_rope(const clrt_model *m, const model_pack *pk, float *q, float *k, int backward);
 /* The packed attention: out [N, H, D], lse [N, H] by segment ([H, len] each; NULL: not kept). */
@@ -474,7 +531,7 @@ void model_linear_backward(clrt_model *m, acts *a, const layer_acts *A, int l, i
 
 /* ---- LoRA (lora.c) ---------------------------------------------------------------------------- */
 /* Before a forward: notes whether the adapters run, and for a kept one its dropout step. */
-void model_lora_begin(clrt_model *m, int keep);
+void model_lora_begin(clrt_context *x, int keep);
 /* y [N, O] += the adapter of (layer l, target t) over x [N, K]; no-op without one. keep: a
    training forward (dropout on, xa kept in A->lxa). */
 void model_lora_forward(clrt_model *m, acts *a, layer_acts *A, int l, int t, float *y, const float *x,

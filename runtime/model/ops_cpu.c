@@ -6,9 +6,10 @@
 #include <string.h>
 
 /* The output layer goes through the same linear policy as the blocks' layers (a bf16 model's
-   decode reads its bf16 copy, an f32 one its packed copy), straight into the caller's memory. */
+   decode reads its bf16 copy, an f32 one its packed copy), straight into the caller's memory;
+   the context's table, so that quant=int8's decode steps read their int8 head. */
 static int cpu_decode_logits(clrt_model *m, acts *a, float *logits, const float *xn, int B) {
-  m->ops->linear(m, a, logits, xn, m->head, NULL, B, m->cfg.hidden_size, m->cfg.vocab_size);
+  a->cx->ops->linear(m, a, logits, xn, m->head, NULL, B, m->cfg.hidden_size, m->cfg.vocab_size);
   model_lora_head_decode(m, a, logits, xn, B);
   return 0;
 }
@@ -31,7 +32,7 @@ static int cpu_attention_per_query(const clrt_model *m, acts *a, float *out, flo
   }
   clrt_attention_rows_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
                               s->slot, s->window, a->attn, (int64_t)clrt_attention_scratch_floats(s->T, Tk, 1),
-                              m->threads, scale, cap);
+                              a->cx->threads, scale, cap);
   return 1;
 }
 
@@ -39,14 +40,14 @@ static void cpu_attention(const clrt_model *m, acts *a, float *out, float *lse, 
                           const float *k, const float *v, const attn_args *s) {
   if (cpu_attention_per_query(m, a, out, lse, q, k, v, s, 0.0f, 0.0f)) return;
   clrt_attention_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
-                         s->slot, s->window, a->attn, m->threads);
+                         s->slot, s->window, a->attn, a->cx->threads);
 }
 
 static void cpu_attention_backward(const clrt_model *m, acts *a, const layer_acts *A, int B, int T, int window) {
   const clrt_model_config *c = &m->cfg;
   clrt_attention_backward(a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, B, T,
                           c->num_attention_heads, c->num_key_value_heads, c->head_dim, window, a->attn,
-                          m->threads);
+                          a->cx->threads);
 }
 
 /* Gemma 3: its score scale and soft-capped scores (its local layers' window comes as the others'),
@@ -55,7 +56,7 @@ static void cpu_attention_scaled(const clrt_model *m, acts *a, float *out, float
                                  const float *k, const float *v, const attn_args *s, float scale, float cap) {
   if (cpu_attention_per_query(m, a, out, lse, q, k, v, s, scale, cap)) return;
   clrt_attention_scaled_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
-                                s->slot, s->window, a->attn, m->threads, scale, cap);
+                                s->slot, s->window, a->attn, a->cx->threads, scale, cap);
 }
 
 static void cpu_attention_scaled_backward(const clrt_model *m, acts *a, const layer_acts *A, int B, int T,
@@ -63,7 +64,7 @@ static void cpu_attention_scaled_backward(const clrt_model *m, acts *a, const la
   const clrt_model_config *c = &m->cfg;
   clrt_attention_scaled_backward(a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, B, T,
                                  c->num_attention_heads, c->num_key_value_heads, c->head_dim, window, a->attn,
-                                 m->threads, scale, cap);
+                                 a->cx->threads, scale, cap);
 }
 
 static void cpu_attention_backward_offset(const clrt_model *m, acts *a, float *dq, float *dk, float *dv,
@@ -71,12 +72,13 @@ static void cpu_attention_backward_offset(const clrt_model *m, acts *a, float *d
                                           const float *out, const float *lse, int Tq, int p0, int window) {
   const clrt_model_config *c = &m->cfg;
   clrt_attention_backward_offset(dq, dk, dv, dout, q, k, v, out, lse, 1, Tq, p0, c->num_attention_heads,
-                                 c->num_key_value_heads, c->head_dim, window, a->attn, m->threads);
+                                 c->num_key_value_heads, c->head_dim, window, a->attn, a->cx->threads);
 }
 
-/* One slice per thread; backward keeps the forward's thread count (m->threads). */
-static size_t cpu_attention_scratch(const clrt_model *m, int B, int T, int Tk) {
-  return clrt_attention_scratch_floats(T, Tk, m->threads);
+/* One slice per thread; backward keeps the forward's thread count (its context's threads). */
+static size_t cpu_attention_scratch(const clrt_model *m, int threads, int B, int T, int Tk) {
+  (void)m, (void)B;
+  return clrt_attention_scratch_floats(T, Tk, threads);
 }
 
 /* cache[slot[b]][pos0[b] + t] = k[b][t] (and v), rows of `row` floats. */
@@ -120,18 +122,20 @@ static int base16_decode_logits(clrt_model *m, acts *a, float *logits, const flo
   return 0;
 }
 
-/* The adapters' kernels take their scratch from the model's workspace. */
-static void cpu_lora_forward(clrt_model *m, float *y, float *xa, const float *xd, const float *A, const float *B,
+/* The adapters' kernels take their scratch from the context's workspace. */
+static void cpu_lora_forward(clrt_model *m, acts *a, float *y, float *xa, const float *xd, const float *A, const float *B,
                              int64_t N, int K, int O, int r, float scale) {
-  if (!model_workspace(m, clrt_lora_forward_workspace_bytes(K, O, r), "lora forward"))
-    clrt_lora_forward(y, xa, xd, A, B, N, K, O, r, scale, m->ws, m->ws_bytes);
+  (void)m;
+  if (!model_workspace(a->cx, clrt_lora_forward_workspace_bytes(K, O, r), "lora forward"))
+    clrt_lora_forward(y, xa, xd, A, B, N, K, O, r, scale, a->cx->ws, a->cx->ws_bytes);
 }
 
-static void cpu_lora_backward(clrt_model *m, float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
+static void cpu_lora_backward(clrt_model *m, acts *a, float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
                               const float *xa, const float *A, const float *B, int64_t N, int K, int O, int r,
                               float scale, uint64_t key, float p) {
-  if (!model_workspace(m, clrt_lora_backward_workspace_bytes(N, r), "lora backward"))
-    clrt_lora_backward(dx, dA, dB, dxa, xd, dy, xa, A, B, N, K, O, r, scale, key, p, m->ws, m->ws_bytes);
+  (void)m;
+  if (!model_workspace(a->cx, clrt_lora_backward_workspace_bytes(N, r), "lora backward"))
+    clrt_lora_backward(dx, dA, dB, dxa, xd, dy, xa, A, B, N, K, O, r, scale, key, p, a->cx->ws, a->cx->ws_bytes);
 }
 
 #define CPU_OPS(lin, lin_parts, lin_back, logits_fn, label)                                   \

@@ -17,7 +17,7 @@ static void cuda_linear(clrt_model *m, acts *a, float *y, const float *x, int64_
 
 static void cuda_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, int K,
                               const lin_part *parts, int count) {
-  for (int i = 0; i < count; i++) m->ops->linear(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, K, parts[i].O);
+  for (int i = 0; i < count; i++) a->cx->ops->linear(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, K, parts[i].O);
 }
 
 static void cuda_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db,
@@ -61,7 +61,8 @@ static void cuda_attention_backward(const clrt_model *m, acts *a, const layer_ac
                                c->num_attention_heads, c->num_key_value_heads, c->head_dim, window, a->attn);
 }
 
-static size_t cuda_attention_scratch(const clrt_model *m, int B, int T, int Tk) {
+static size_t cuda_attention_scratch(const clrt_model *m, int threads, int B, int T, int Tk) {
+  (void)threads;
   return clrt_cuda_attention_scratch_floats(B, T, m->cfg.num_attention_heads);
 }
 
@@ -89,16 +90,16 @@ static void cuda_output_backward(float *dx, float *dw, const float *dlp, const f
 }
 
 /* The adapters' kernels need no host workspace here. */
-static void cuda_lora_forward(clrt_model *m, float *y, float *xa, const float *xd, const float *A, const float *B,
-                              int64_t N, int K, int O, int r, float scale) {
-  (void)m;
+static void cuda_lora_forward(clrt_model *m, acts *a, float *y, float *xa, const float *xd, const float *A,
+                              const float *B, int64_t N, int K, int O, int r, float scale) {
+  (void)m, (void)a;
   clrt_cuda_lora_forward(y, xa, xd, A, B, N, K, O, r, scale);
 }
 
-static void cuda_lora_backward(clrt_model *m, float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
-                               const float *xa, const float *A, const float *B, int64_t N, int K, int O, int r,
+static void cuda_lora_backward(clrt_model *m, acts *a, float *dx, float *dA, float *dB, float *dxa, float *xd,
+                               const float *dy, const float *xa, const float *A, const float *B, int64_t N, int K, int O, int r,
                                float scale, uint64_t key, float p) {
-  (void)m;
+  (void)m, (void)a;
   clrt_cuda_lora_backward(dx, dA, dB, dxa, xd, dy, xa, A, B, N, K, O, r, scale, key, p);
 }
 

@@ -218,13 +218,13 @@ void model_cpu_linear_bf16(clrt_model *m, acts *a, float *y, const float *x, int
   size_t need = m->wbf_packed        ? clrt_linear_packed_bf16_workspace_bytes(N, Kd)
                 : m->batch_invariant ? clrt_linear_rowwise_bf16_workspace_bytes(N, Kd)
                                      : clrt_linear_skinny_bf16_workspace_bytes(N, Kd);
-  if (model_workspace(m, need, "bf16 forward")) return;
-  if (m->wbf_packed ? clrt_linear_packed_bf16_forward_rows(x, N, Kd, &part, 1, m->ws, m->ws_bytes)
-                    : m->batch_invariant ? clrt_linear_rowwise_forward_bf16(y, x, w16, b, N, Kd, O, m->ws, m->ws_bytes)
-                    : clrt_linear_skinny_forward_bf16(y, x, w16, b, N, Kd, O, m->ws, m->ws_bytes) ||
+  if (model_workspace(a->cx, need, "bf16 forward")) return;
+  if (m->wbf_packed ? clrt_linear_packed_bf16_forward_rows(x, N, Kd, &part, 1, a->cx->ws, a->cx->ws_bytes)
+                    : m->batch_invariant ? clrt_linear_rowwise_forward_bf16(y, x, w16, b, N, Kd, O, a->cx->ws, a->cx->ws_bytes)
+                    : clrt_linear_skinny_forward_bf16(y, x, w16, b, N, Kd, O, a->cx->ws, a->cx->ws_bytes) ||
                           /* no skinny kernel (no AVX-512): the plain loop keeps bf16 numerics */
                           (N <= CLRT_SKINNY_MAX_ROWS &&
-                           clrt_linear_rowwise_forward_bf16(y, x, w16, b, N, Kd, O, m->ws, m->ws_bytes)))
+                           clrt_linear_rowwise_forward_bf16(y, x, w16, b, N, Kd, O, a->cx->ws, a->cx->ws_bytes)))
     return;
   model_cpu_linear(m, a, y, x, w, b, N, Kd, O);
 }
@@ -274,8 +274,8 @@ void model_cpu_linear_parts_bf16(clrt_model *m, acts *a, const float *x, int64_t
     for (int i = 0; i < count; i++)
       packed[i] = (clrt_packed_part){parts[i].y, (const uint16_t *)m->wbf->data + parts[i].w,
                                      parts[i].b, parts[i].O};
-    if (model_workspace(m, clrt_linear_packed_bf16_workspace_bytes(N, Kd), "bf16 forward")) return;
-    if (clrt_linear_packed_bf16_forward_rows(x, N, Kd, packed, count, m->ws, m->ws_bytes)) return;
+    if (model_workspace(a->cx, clrt_linear_packed_bf16_workspace_bytes(N, Kd), "bf16 forward")) return;
+    if (clrt_linear_packed_bf16_forward_rows(x, N, Kd, packed, count, a->cx->ws, a->cx->ws_bytes)) return;
   }
   for (int i = 0; i < count; i++)
     model_cpu_linear_bf16(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, Kd, parts[i].O);
