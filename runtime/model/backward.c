@@ -112,7 +112,7 @@ int clrt_model_backward_hidden(clrt_model *m, const float *dlogp, const float *d
 
 int clrt_context_backward(clrt_context *x, const float *dlogp, const float *dhidden) {
   clrt_model *m = x->m;
-  model_context_begin(x, m->ops);
+  model_context_begin(x);
   if (!x->saved) {
     clrt_set_error("backward: no forward pass was kept for it (call logprobs with grad = true first)");
     return -1;

@@ -2,7 +2,8 @@
    struct clrt_context), the weights' version a computation reads, and the model's epoch that
    voids every context's activations after a change of layout. The model stays read-only
    while contexts run; what a call needs made from the weights (RoPE tables, packed, bf16 and
-   int8 copies) its entry point makes under m->copies_lock before the first product. */
+   int8 copies) its entry point makes under m->copies_lock before the first product, then
+   device.c's policy picks the formats its products read. Calls no other model file. */
 #include "model_internal.h"
 
 #include <stdlib.h>
@@ -14,7 +15,6 @@ clrt_context *clrt_context_new(clrt_model *m) {
     return NULL;
   }
   x->m = m;
-  x->ops = m->ops;
   x->epoch = m->epoch;
   return x;
 }
@@ -71,7 +71,7 @@ uint64_t model_weights_version(const clrt_model *m) {
          (m->lora ? m->lora->params->version : 0);
 }
 
-void model_context_begin(clrt_context *x, const model_ops *ops) {
+void model_context_begin(clrt_context *x) {
   if (x->epoch != x->m->epoch) {   /* its kept forward is the model's old layout's */
     x->saved = 0;
     if (x->acts && x->acts->device != x->m->device) {   /* moved: the next call makes a new arena */
@@ -80,8 +80,8 @@ void model_context_begin(clrt_context *x, const model_ops *ops) {
     }
     x->epoch = x->m->epoch;
   }
-  x->ops = ops;
 }
+
 
 int model_context_check_version(const clrt_context *x, uint64_t started, const char *who) {
   uint64_t now = model_weights_version(x->m);

@@ -218,13 +218,15 @@ int clrt_model_logprobs_context(clrt_model *m, const int32_t *tokens, int B, int
 /* What a call reads besides the weights, made from them under the copies' lock (another
    context may be starting at the same time): the RoPE tables for `positions`, and the copies
    its products read (decode: the packed f32 or int8 ones; else logprobs' share of that
-   policy), then the weights' version all of them follow. */
-static int prepare(clrt_model *m, int positions, int decode, uint64_t *version) {
+   policy), then the formats its products read and the weights' version all of them follow. */
+static int prepare(clrt_context *x, int positions, int decode, uint64_t *version) {
+  clrt_model *m = x->m;
   pthread_mutex_lock(&m->copies_lock);
   int rc = model_ensure_rope(m, positions);
   if (!rc && decode) rc = model_q8_active(m) ? model_q8_refresh(m) : model_refresh_packed(m);
   else if (!rc) rc = model_refresh_packed_logprobs(m);
   if (!rc) model_refresh_bf16(m);
+  model_context_choose(x, decode);
   *version = model_weights_version(m);
   pthread_mutex_unlock(&m->copies_lock);
   return rc;
@@ -244,8 +246,8 @@ int clrt_context_logprobs(clrt_context *x, const int32_t *tokens, int B, int T, 
       return -1;
     }
   uint64_t version;
-  model_context_begin(x, m->ops);
-  if (check_batch(m, tokens, B, T, lengths) || prepare(m, T, 0, &version)) return -1;
+  model_context_begin(x);
+  if (check_batch(m, tokens, B, T, lengths) || prepare(x, T, 0, &version)) return -1;
   /* The attention scratch has one slice per thread; backward keeps this forward's count even
      if the thread setting changes in between. */
   x->threads = omp_get_max_threads();
@@ -320,8 +322,8 @@ int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int T
   return clrt_context_forward_cached(m->ctx, tokens, B, Tn, pos0, slot, last, kcache, vcache, cache_T, logits);
 }
 
-/* quant=int8: the generation's products for this call only (its context's ops); logprobs and
-   backward stay f32. */
+/* quant=int8: the generation's products read the int8 copies (the policy's format for a
+   decode step); logprobs and backward stay f32. */
 int clrt_context_forward_cached(clrt_context *x, const int32_t *tokens, int B, int Tn,
                                 const int32_t *pos0, const int32_t *slot, const int32_t *last,
                                 float *const *kcache, float *const *vcache, int cache_T,
@@ -337,8 +339,8 @@ int clrt_context_forward_cached(clrt_context *x, const int32_t *tokens, int B, i
   int Tk = 0;
   for (int b = 0; b < B; b++) Tk = pos0[b] + Tn > Tk ? pos0[b] + Tn : Tk;
   uint64_t version;
-  model_context_begin(x, model_q8_active(m) ? &model_cpu_int8_ops : m->ops);
-  if (prepare(m, Tk, 1, &version)) return -1;
+  model_context_begin(x);
+  if (prepare(x, Tk, 1, &version)) return -1;
   x->threads = omp_get_max_threads();
   float *res[L + 1];
   layer_acts la[L];

@@ -1,14 +1,19 @@
-/* model_internal.h — the model's private header: its layout (shared with optim.c, decode.c
-   and flops.c), the activation arena and the ops table the layer code runs through (not for
-   Lua). The files of runtime/model/, one job each:
+/* model_internal.h — the model's private header: the model and its contexts (shared with
+   optim.c, decode.c and flops.c), the activation arena, the weight formats and the ops table
+   the layer code runs through (not for Lua). The files of runtime/model/, one job each:
+     context.c    contexts: one computation's state over the shared model, the weights' version
+                  it read, the epoch that voids them (the bottom layer: it calls no other model file)
      params.c     parameter layout with Hugging Face names, config checks, init, introspection,
-                  the model's memory (the bottom layer: it calls no other model file)
+                  the model's memory
      load_save.c  safetensors in and out
-     arena.c      the activation arena, the RoPE tables and the CPU kernels' workspace
-     weights.c    the packed and bf16 weight copies and the one policy for which product runs
-     ops_cpu.c    the CPU ops; ops_cuda.c the CUDA ones (the only model file that knows CUDA)
+     arena.c      a context's activation arena and kernels' workspace, the model's RoPE tables
+     weights.c    the packed and bf16 weight copies and the modes' rules
+     format_f32.c, format_bf16.c  the weight formats (f32 rows and panels, bf16 rows and pairs)
+                  and their products per CPU level
+     ops_cpu.c    the CPU ops; ops_cuda.c the CUDA ones and formats (the only model file that knows CUDA)
      device.c     placement: moves between devices, choosing the ops for device and precision
-                  (new models, set_matmul, set_base_dtype)
+                  (new models, set_matmul, set_base_dtype), and the one policy for which weight
+                  format a computation's products read
      forward.c    the layer forward and the entry points logprobs and forward_cached
      backward.c   the layer backward and clrt_model_backward
      profile.c    per-kernel timing (CLRT_PROFILE=1)
@@ -20,6 +25,7 @@
 #ifndef CLRT_MODEL_INTERNAL_H
 #define CLRT_MODEL_INTERNAL_H
 #include "clrt.h"
+#include "cpu/cpu_level.h"
 #include "cpu/model_kernels.h"
 
 #include <pthread.h>
@@ -40,6 +46,8 @@ typedef struct clrt_layer_offsets {
 } clrt_layer_offsets;
 
 typedef struct model_ops model_ops;
+typedef struct linear_kernels linear_kernels;
+typedef struct weight_format weight_format;
 typedef struct model_q8 model_q8;
 typedef struct model_retired model_retired;
 
@@ -94,7 +102,7 @@ struct clrt_model {
   int64_t total;               /* floats in the params arena */
   clrt_layer_offsets *layer;
   int64_t wte, norm, head;     /* head == wte when tied */
-  clrt_storage *params, *grads, *acts;
+  clrt_storage *params, *grads;   /* the master weights and their gradients (the optimizer's) */
   float *inv_freq;             /* [D/2] */
   /* Gemma 3's local layers: their own RoPE (rope_local_theta), host memory (CPU only). */
   float *inv_freq_local, *rope_cos_local, *rope_sin_local;
@@ -125,7 +133,7 @@ struct clrt_model {
   int pack_decode;
   /* Batch invariance (clrt_model_set_batch_invariant): every product and attention on the
      CPU forms a row's results in an order that depends on the weights' shapes only, never on
-     how many rows share the step (weights.c's policy, ops_cpu.c's attention). */
+     how many rows share the step (the weight formats' kernels, ops_cpu.c's attention). */
   int batch_invariant;
   clrt_storage *wpk;           /* [total] f32, CPU */
   /* The params->version each copy was made from (COPY_STALE: not made yet). */
@@ -158,7 +166,11 @@ struct clrt_model {
    one context trains at a time. */
 struct clrt_context {
   clrt_model *m;
-  const model_ops *ops;        /* this call's table: m->ops, or quant=int8's for a decode step */
+  /* The linear products of this call (model_linear_format's choice when it began): its
+     format's kernels, and the f32 ones over the master weights that a declined product and
+     the gradients fall back to. A kept forward's backward runs the forward's. */
+  const weight_format *format;
+  const linear_kernels *lin, *master;
   clrt_storage *acts;          /* the activation arena, on the model's device */
   uint64_t epoch;              /* the model's epoch the arena was made in */
   /* The last forward kept for backward: its caller's rows [B, T] (its activations' layout:
@@ -192,8 +204,11 @@ struct clrt_context {
    optimizer step, load or write through a view bumps it. */
 uint64_t model_weights_version(const clrt_model *m);
 /* At an entry point: binds x to the model's current epoch (dropping a stale arena and kept
-   forward) and sets its ops. */
-void model_context_begin(clrt_context *x, const model_ops *ops);
+   forward). */
+void model_context_begin(clrt_context *x);
+/* The formats x's products read in this call (decode: a forward_cached step), from the
+   policy (device.c; under the copies' lock, once they are made). */
+void model_context_choose(clrt_context *x, int decode);
 /* At its end: 0 when the weights' version is still `started` (the one the call began with),
    else -1 with an error naming who: the call read two versions and its results are void. */
 int model_context_check_version(const clrt_context *x, uint64_t started, const char *who);
@@ -273,17 +288,76 @@ typedef struct attn_args {
   int64_t kv_bstride;
 } attn_args;
 
-/* Everything the layer code runs. Element ops take the kernels' own arguments (model memory);
-   the linear ops take the weight's offset so that the weights policy can pick the copy. */
+/* ---- weight formats (format_f32.c, format_bf16.c, base16.c, quant8.c, ops_cuda.c) ---------- */
+
+/* One format's linear products at one CPU level (or on one device). A product names its
+   weight by its offset w in the params (the format finds its copy at the same place). Each
+   returns 1 when it ran the product (or failed the step through model_workspace), 0 when it
+   declines (a shape or a size its kernel does not take, no memory for its scratch): the
+   computation's f32 kernels over the master weights (its context's `master`) run it then. */
+struct linear_kernels {
+  const char *name;
+  /* y [N, O] = x [N, K] W^T (+ b [O]) */
+  int (*forward)(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
+                 int64_t N, int K, int O);
+  /* parts[i].y [N, O_i] = x [N, K] W_i^T (+ b_i), count <= 3 (q, k, v; gate, up) in one pass;
+     NULL: one forward each */
+  int (*forward_parts)(clrt_model *m, acts *a, const float *x, int64_t N, int K, const lin_part *parts,
+                       int count);
+  /* dx [N, K] (+)= dy [N, O] W, dW [O, K] += dy^T x [N, K], db [O] += sum dy; NULL: the
+     master's (a format that does not train, or whose gradients are f32 anyway) */
+  int (*backward)(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy, const float *x,
+                  int64_t N, int K, int O, int acc);
+};
+
+/* A weight format: the layout of the linear weights' copy (at the params' offsets, in its own
+   storage), how it is made from the master weights, and its products per CPU level, chosen
+   once when the copy is made. The master weights are a format too (f32 rows: make is NULL).
+   Adding a CPU family is adding its kernel set to the formats' tables. */
+struct weight_format {
+  const char *name;              /* the layout, in words */
+  int head;                      /* the copy holds the output layer's weight too (decode's logits) */
+  /* a weight w [O, K] of the master into its copy at dst (the weight's own place), whole and
+     rows [r0, r1) (the optimizer's in-place refresh); NULL: not made so */
+  void (*make)(void *dst, const float *w, int K, int O);
+  void (*make_rows)(void *dst, const float *w, int K, int O, int r0, int r1);
+  const linear_kernels *kernels[CLRT_CPU_TOP + 1];   /* per level (cpu_level.h); NULL: not at that level */
+};
+
+/* A format's kernels[] at each level: its portable set and its vector set (the kernels of
+   kernels/cpu pick their tiles for AVX2, AVX-VNNI, AVX-512 or NEON inside). */
+#if defined(__aarch64__)
+#define FORMAT_LEVELS(portable, simd) {[CLRT_CPU_PORTABLE] = (portable), [CLRT_CPU_NEON] = (simd)}
+#else
+#define FORMAT_LEVELS(portable, simd)                                              \
+  {[CLRT_CPU_PORTABLE] = (portable), [CLRT_CPU_AVX2] = (simd), [CLRT_CPU_AVXVNNI] = (simd), \
+   [CLRT_CPU_AVX512] = (simd)}
+#endif
+
+/* The CPU's formats. f32 rows has a kernel set per use: sgemm, the tiles that pack w on the fly
+   (fast kernels), and batch-invariant row-wise products (each with the f32 backward of
+   sgemm or the tiles). */
+enum { F32_BLAS, F32_TILES, F32_BLAS_INVARIANT, F32_TILES_INVARIANT, F32_ROWS_SETS };
+extern const weight_format model_f32_rows[F32_ROWS_SETS];
+extern const weight_format model_f32_panels;           /* clrt_linear_pack's 48-wide panels (wpk) */
+extern const weight_format model_bf16_rows, model_bf16_rows_invariant;   /* plain bf16 (wbf) */
+extern const weight_format model_bf16_pairs;           /* clrt_linear_pack_bf16's panels of pairs (wbf) */
+extern const weight_format model_bf16_pairs_t;         /* the same, and the transposed pairs for dx */
+extern const weight_format model_bf16_base;            /* base_dtype=bf16's panels (b16), no f32 master */
+extern const weight_format model_int8_blocks;          /* quant=int8's blocks with scales (q8) */
+/* The CUDA formats (cuBLAS over f32 params, or the bf16 copy); NULL when built without CUDA. */
+const weight_format *model_cuda_format(int bf16);
+/* The policy, in one function (device.c): which format this model's linear products read in
+   one computation (decode: a forward_cached step), and the f32 kernels over its master weights
+   that a declined product and the gradients fall back to. */
+const weight_format *model_linear_format(const clrt_model *m, int decode, const weight_format **master);
+/* The format's kernel set at this process's CPU level. */
+const linear_kernels *model_format_kernels(const weight_format *f);
+
+/* Everything the layer code runs besides the linear products (those are the weight formats').
+   Element ops take the kernels' own arguments (model memory). */
 struct model_ops {
   const char *name;
-  /* linear layers (weights.c's policy: sgemm, packed f32, bf16, packed bf16, cuBLAS) */
-  void (*linear)(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
-                 int64_t N, int K, int O);
-  void (*linear_parts)(clrt_model *m, acts *a, const float *x, int64_t N, int K,
-                       const lin_part *parts, int count);
-  void (*linear_backward)(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
-                          const float *x, int64_t N, int K, int O, int acc);
   /* The decode step's logits [B, V] into host memory. */
   int (*decode_logits)(clrt_model *m, acts *a, float *logits, const float *xn, int B);
   void (*rmsnorm)(float *out, float *rstd, const float *x, const float *w, int64_t N, int C, float eps);
@@ -375,10 +449,10 @@ struct model_ops {
   int logits_staged;             /* decode logits land in the arena before the copy to the host */
 };
 
-extern const model_ops model_cpu_ops, model_cpu_bf16_ops, model_cpu_base16_ops;
-/* The CUDA ops (f32 or bf16 products); NULL when built without CUDA. */
+extern const model_ops model_cpu_ops;
+/* The CUDA ops (with or without the bf16 scratch); NULL when built without CUDA. */
 const model_ops *model_cuda_ops(int bf16);
-/* device.c: picks m->ops for m->device and m->bf16. */
+/* device.c: picks m->ops for m->device and m->bf16 (the linear products: the weight formats). */
 void model_choose_ops(clrt_model *m);
 
 /* ---- the layer code (forward.c, backward.c; Gemma 3's in gemma3.c) ------------------------------ */
@@ -446,17 +520,6 @@ int model_copies_to_keep(const clrt_model *m);
 int model_linear_dims(const clrt_model *m, int64_t off, int *K, int *O);
 void model_copy_rows(clrt_model *m, int keep, int64_t off, int K, int O, int r0, int r1);
 void model_copies_kept(clrt_model *m, int keep);
-void model_cpu_linear_backward_bf16(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
-                                    const float *x, int64_t N, int K, int O, int acc);
-/* The CPU's linear products, f32 and bf16 (the policy behind model_cpu_ops / _bf16_ops). */
-void model_cpu_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
-                      int64_t N, int K, int O);
-void model_cpu_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, int K,
-                            const lin_part *parts, int count);
-void model_cpu_linear_bf16(clrt_model *m, acts *a, float *y, const float *x, int64_t w,
-                           const float *b, int64_t N, int K, int O);
-void model_cpu_linear_parts_bf16(clrt_model *m, acts *a, const float *x, int64_t N, int K,
-                                 const lin_part *parts, int count);
 /* The packed copy of the weight at offset w when it is current, else NULL. */
 const float *model_packed_weight(const clrt_model *m, int64_t w);
 /* 1 when the CPU's AVX-512 training kernels are wanted (set_decode_pack, on by default). */
@@ -472,26 +535,16 @@ int model_output_kernels(const clrt_model *m);
 /* The most workspace any CPU product (base or adapter) of up to N rows takes in the model's
    mode, whatever batch invariance or packing it runs (those switch without a new step). */
 size_t model_workspace_bytes(const clrt_model *m, int64_t N);
-/* Its backward (both tables): dx (+)= dy w, dw += dy^T x, db += sum dy. */
-void model_cpu_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
-                               const float *x, int64_t N, int K, int O, int acc);
+/* ---- the bf16 base (base16.c) and int8 copies (quant8.c) --------------------------------------- */
 
-/* The products over the bf16 base (base16.c; model_cpu_base16_ops). */
-void model_base16_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
-                         int64_t N, int K, int O);
-void model_base16_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, int K,
-                               const lin_part *parts, int count);
-void model_base16_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
-                                  const float *x, int64_t N, int K, int O, int acc);
 /* A block linear weight p [rows, K] (f32 src) into bf16 panels at dst, a fused tensor's row
    blocks each on their own (model_param_row_blocks). */
 void model_base16_pack(const clrt_model *m, const clrt_param_info *p, uint16_t *dst, const float *src);
 /* Drops the blocks' f32 linear weights for bf16 panels (clrt_model_set_base_bf16, device.c,
    then picks the ops). */
 int model_base16_convert(clrt_model *m);
-/* quant=int8 (quant8.c): clrt_model_forward_cached runs model_cpu_int8_ops over int8 copies
-   remade by model_q8_refresh when the params change; everything else stays f32. */
-extern const model_ops model_cpu_int8_ops;
+/* quant=int8 (quant8.c): clrt_model_forward_cached's products read the int8 blocks remade by
+   model_q8_refresh when the params change; everything else stays f32. */
 int model_q8_active(const clrt_model *m);
 int model_q8_refresh(clrt_model *m);
 void model_q8_free(model_q8 *q);
@@ -499,10 +552,6 @@ void model_q8_free(model_q8 *q);
 int model_q8_current(const clrt_model *m);
 void model_q8_copy_rows(clrt_model *m, int64_t off, int K, int O, int r0, int r1);
 void model_q8_kept(clrt_model *m);
-void model_q8_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
-                     int64_t N, int K, int O);
-void model_q8_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, int K,
-                           const lin_part *parts, int count);
 
 /* ---- parameters (params.c) ------------------------------------------------------------------- */
 
@@ -524,6 +573,9 @@ clrt_tensor *model_param_view(clrt_storage *s, const clrt_param_info *p);
    A: the layer's kept activations; keep: a training forward. */
 void model_linear(clrt_model *m, acts *a, layer_acts *A, int l, int keep, const float *x, int64_t N,
                   int K, const lin_part *parts, int count);
+/* A decode step's logits [B, V] = xn [B, C] head^T through the format when it holds the head,
+   else the master's (no adapter: model_lora_head_decode adds it). */
+void model_linear_head(clrt_model *m, acts *a, float *logits, const float *xn, int64_t B);
 /* dx [N, K] (+)= dy [N, O] W, the weight's (and bias's) gradients, and the adapter's. */
 void model_linear_backward(clrt_model *m, acts *a, const layer_acts *A, int l, int target, float *dx,
                            int64_t w, float *db, const float *dy, const float *x, int64_t N, int K,
