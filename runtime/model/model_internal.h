@@ -311,9 +311,10 @@ struct linear_kernels {
 };
 
 /* A weight format: the layout of the linear weights' copy (at the params' offsets, in its own
-   storage), how it is made from the master weights, and its products per CPU level, chosen
-   once when the copy is made. The master weights are a format too (f32 rows: make is NULL).
-   Adding a CPU family is adding its kernel set to the formats' tables. */
+   storage), how it is made from the master weights, and its products per CPU level, looked up
+   once per computation when its copies are current (model_context_choose), not per product.
+   The master weights are a format too (f32 rows: make is NULL). Adding a CPU family is adding
+   its kernel set to the formats' tables. */
 struct weight_format {
   const char *name;              /* the layout, in words */
   int head;                      /* the copy holds the output layer's weight too (decode's logits) */
