@@ -243,6 +243,31 @@ int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int T
                               const int32_t *pos0, const int32_t *slot, const int32_t *last,
                               float *const *kcache, float *const *vcache, int cache_T,
                               float *logits);
+/* -- contexts (model/context.c) --
+   A context is one computation over a model: its activations, workspace, the kept forward
+   for backward and the shared-prefix layout. The model (config, weights and their copies,
+   adapters) is shared and only read while contexts run, so several contexts over one model
+   may run at the same time, one per thread. The clrt_model_* entry points above compute in
+   the model's own default context. Gradients are the model's: one context trains at a time.
+   The optimizer step (and loads, moves, mode switches) must not run while a context does: a
+   call that finds the weights changed under it (or a backward whose forward read other
+   weights) fails with an error saying so rather than mix two versions. Free every context
+   before its model. */
+typedef struct clrt_context clrt_context;
+clrt_context *clrt_context_new(clrt_model *m);
+void clrt_context_free(clrt_context *x);
+/* The model's default context (owned by the model). */
+clrt_context *clrt_model_context(clrt_model *m);
+/* clrt_model_logprobs_context, clrt_model_backward_hidden and clrt_model_forward_cached in x. */
+int clrt_context_logprobs(clrt_context *x, const int32_t *tokens, int B, int T, const int32_t *lengths,
+                          const int32_t *context, float *lp, float *hidden, int keep);
+int clrt_context_backward(clrt_context *x, const float *dlogp, const float *dhidden);
+int clrt_context_forward_cached(clrt_context *x, const int32_t *tokens, int B, int Tn,
+                                const int32_t *pos0, const int32_t *slot, const int32_t *last,
+                                float *const *kcache, float *const *vcache, int cache_T,
+                                float *logits);
+/* The weights' version the context's kept forward read (0 with none kept). */
+uint64_t clrt_context_weights_version(const clrt_context *x);
 /* -- LoRA adapters (model/lora.c) -- */
 /* Adds adapters of rank r beside the targets (bits: q, k, v, o, gate, up, down projections,
    then lm_head and embed_tokens): y += alpha/r * (dropout(x) A^T) B^T, A [r, in] uniform in
@@ -570,6 +595,8 @@ int64_t clrt_bpe_train(const char *const *texts, const size_t *lens, int64_t n, 
    are written to row `slot` of a [slots, V] buffer. */
 typedef struct clrt_decoder clrt_decoder;
 clrt_decoder *clrt_decoder_new(clrt_model *m, int slots, int max_len);
+/* A decoder whose steps run in context x (clrt_decoder_new: the model's default context). */
+clrt_decoder *clrt_decoder_new_in(clrt_context *x, int slots, int max_len);
 void clrt_decoder_free(clrt_decoder *d);
 size_t clrt_decoder_bytes(const clrt_decoder *d);
 int clrt_decoder_length(const clrt_decoder *d, int slot);

@@ -73,7 +73,7 @@ echo "cross_arm64: running tests with $("$qemu" --version | head -1)"
 # thousands of times), against 36 s natively on x86.
 kernel_tests="test_cpu_levels test_model_kernels test_linear_int8 test_gemm_bf16 test_tensor_ops
   test_model_cached test_shared_math test_tensor_core"
-other_tests="test_model_workspace test_sample test_safetensors test_json_grammar test_tokenizer_bpe test_tokenizer_sp"
+other_tests="test_model_workspace test_model_contexts test_sample test_safetensors test_json_grammar test_tokenizer_bpe test_tokenizer_sp"
 tests="${CLRT_ARM64_TESTS:-$kernel_tests $other_tests}"
 alt() { echo $* | tr ' ' '|'; }
 failed=0 summary=""

@@ -105,13 +105,43 @@ void model_layout(const clrt_model *m, acts *a, char *base, int B, int T, int Tk
   a->chunk = chunk;
   /* On the GPU a decode step's B rows of logits land here before the copy to the host. */
   a->logits = take(a, base, (size_t)(m->ops->logits_staged && chunk < B ? B : chunk) * V);
-  a->attn = take(a, base, m->ops->attention_scratch(m, B, T, Tk));
+  a->attn = take(a, base, m->ops->attention_scratch(m, a->cx->threads, B, T, Tk));
+}
+
+/* A table superseded while contexts may still read it: kept until the model is freed (the
+   tables grow geometrically, so these take at most as much as the current ones). */
+struct model_retired {
+  void *host[4];
+  clrt_storage *dev;
+  model_retired *next;
+};
+
+static int retire(clrt_model *m, void *cos_t, void *sin_t, void *cos_local, void *sin_local, clrt_storage *dev) {
+  if (!cos_t && !sin_t && !cos_local && !sin_local && !dev) return 0;
+  model_retired *r = malloc(sizeof *r);
+  if (!r) {
+    clrt_set_error("model: out of host memory growing the RoPE tables");
+    return -1;
+  }
+  *r = (model_retired){{cos_t, sin_t, cos_local, sin_local}, dev, m->retired};
+  m->retired = r;
+  return 0;
+}
+
+void model_retired_free(clrt_model *m) {
+  while (m->retired) {
+    model_retired *r = m->retired;
+    for (int i = 0; i < 4; i++) free(r->host[i]);
+    clrt_storage_release(r->dev);
+    m->retired = r->next;
+    free(r);
+  }
 }
 
 /* The tables where the kernels read them: the host's, or a copy on the GPU (cos then sin),
    refreshed when they grow or move. */
 int model_sync_rope(clrt_model *m) {
-  clrt_storage_release(m->rope_dev);
+  if (retire(m, NULL, NULL, NULL, NULL, m->rope_dev)) return -1;
   m->rope_dev = NULL;
   m->rope_kc = m->rope_cos;
   m->rope_ks = m->rope_sin;
@@ -119,104 +149,120 @@ int model_sync_rope(clrt_model *m) {
   size_t n = (size_t)m->rope_len * (size_t)(m->cfg.head_dim / 2);
   if (!(m->rope_dev = clrt_storage_new(2 * n * sizeof(float), m->device))) return -1;
   float *d = m->rope_dev->data;
+  if (m->ops->upload(d, m->rope_cos, n * sizeof(float)) || m->ops->upload(d + n, m->rope_sin, n * sizeof(float)))
+    return -1;
   m->rope_kc = d;
   m->rope_ks = d + n;
-  return m->ops->upload(d, m->rope_cos, n * sizeof(float)) || m->ops->upload(d + n, m->rope_sin, n * sizeof(float)) ? -1 : 0;
-}
-
-/* Gemma 3's local layers: their own tables (rope_local_theta), host memory. */
-static int ensure_local_rope(clrt_model *m, int P) {
-  if (!m->cfg.gemma3) return 0;
-  int half = m->cfg.head_dim / 2;
-  float *c = realloc(m->rope_cos_local, sizeof(float) * (size_t)P * half);
-  if (c) m->rope_cos_local = c;
-  float *s = realloc(m->rope_sin_local, sizeof(float) * (size_t)P * half);
-  if (s) m->rope_sin_local = s;
-  if (!c || !s) {
-    clrt_set_error("model: out of memory for the local RoPE table of %d positions", P);
-    return -1;
-  }
-  clrt_rope_table(m->rope_cos_local, m->rope_sin_local, m->inv_freq_local, P, m->cfg.head_dim);
   return 0;
 }
 
-int model_ensure_rope(clrt_model *m, int P) {
-  if (P <= m->rope_len) return 0;
-  int half = m->cfg.head_dim / 2;
-  float *c = realloc(m->rope_cos, sizeof(float) * (size_t)P * half);
-  if (c) m->rope_cos = c;
-  float *s = realloc(m->rope_sin, sizeof(float) * (size_t)P * half);
-  if (s) m->rope_sin = s;
-  if (!c || !s) {
-    clrt_set_error("model: out of memory for the RoPE table of %d positions", P);
+/* A cos and a sin table [P, D/2] at the given frequencies (NULL and the error set when out
+   of memory). */
+static int rope_tables(float **cos_t, float **sin_t, const float *inv_freq, int P, int D) {
+  size_t n = (size_t)P * (size_t)(D / 2);
+  *cos_t = malloc(sizeof(float) * n);
+  *sin_t = malloc(sizeof(float) * n);
+  if (!*cos_t || !*sin_t) {
+    free(*cos_t);
+    free(*sin_t);
+    clrt_set_error("model: out of memory for the RoPE tables of %d positions", P);
     return -1;
   }
-  clrt_rope_table(m->rope_cos, m->rope_sin, m->inv_freq, P, m->cfg.head_dim);
-  if (ensure_local_rope(m, P)) return -1;
+  clrt_rope_table(*cos_t, *sin_t, inv_freq, P, D);
+  return 0;
+}
+
+/* New tables replace the old ones whole, never in place: a context on another thread may be
+   reading the old ones, which hold the same values at the positions both cover. Gemma 3's
+   local layers have their own (rope_local_theta), host memory. */
+int model_ensure_rope(clrt_model *m, int P) {
+  if (P <= m->rope_len) return 0;
+  if (P < 2 * m->rope_len) P = 2 * m->rope_len;   /* decode asks one position more per step */
+  int D = m->cfg.head_dim;
+  float *c, *s, *cl = NULL, *sl = NULL;
+  if (rope_tables(&c, &s, m->inv_freq, P, D)) return -1;
+  if (m->cfg.gemma3 && rope_tables(&cl, &sl, m->inv_freq_local, P, D)) {
+    free(c);
+    free(s);
+    return -1;
+  }
+  if (retire(m, m->rope_cos, m->rope_sin, m->cfg.gemma3 ? m->rope_cos_local : NULL,
+             m->cfg.gemma3 ? m->rope_sin_local : NULL, NULL)) {
+    free(c), free(s), free(cl), free(sl);
+    return -1;
+  }
+  m->rope_cos = c;
+  m->rope_sin = s;
+  if (m->cfg.gemma3) {
+    m->rope_cos_local = cl;
+    m->rope_sin_local = sl;
+  }
   m->rope_len = P;
   return model_sync_rope(m);
 }
 
-int model_bind_acts(clrt_model *m, acts *a, int B, int T, int Tk, int keep) {
+int model_bind_acts(clrt_context *x, acts *a, int B, int T, int Tk, int keep) {
+  const clrt_model *m = x->m;
+  a->cx = x;
   model_layout(m, a, NULL, B, T, Tk, keep);
   size_t need = a->floats * sizeof(float);
-  if (!m->acts || m->acts->bytes < need) {
+  if (!x->acts || x->acts->bytes < need) {
     size_t want = need;
     /* Geometric growth: decode steps raise Tk by one each, and a fresh (zeroed) arena per
        step cost a third of a batch-32 step. */
-    if (m->acts && m->acts->bytes + m->acts->bytes / 2 > want) want = m->acts->bytes + m->acts->bytes / 2;
+    if (x->acts && x->acts->bytes + x->acts->bytes / 2 > want) want = x->acts->bytes + x->acts->bytes / 2;
     if (m->cfg.max_batch > 0 && m->cfg.max_seq > 0) {
       /* The configured maximum is the first size; beyond it, grow to what the call needs. */
       int Tm = m->cfg.max_seq > Tk ? m->cfg.max_seq : Tk;
       model_layout(m, a, NULL, m->cfg.max_batch > B ? m->cfg.max_batch : B, Tm, Tm, 1);
       if (a->floats * sizeof(float) > want) want = a->floats * sizeof(float);
     }
-    clrt_storage_release(m->acts);
-    m->acts = NULL;
-    m->saved = 0;
-    if (!(m->acts = clrt_storage_new(want, m->device))) return -1;
+    clrt_storage_release(x->acts);
+    x->acts = NULL;
+    x->saved = 0;
+    if (!(x->acts = clrt_storage_new(want, m->device))) return -1;
   }
-  model_layout(m, a, m->acts->data, B, T, Tk, keep);
+  model_layout(m, a, x->acts->data, B, T, Tk, keep);
   return 0;
 }
 
 /* The CPU kernels take their scratch from here (kernels allocate nothing): one host buffer
-   per model, kept at its largest like the arena. */
-int model_reserve_workspace(clrt_model *m, size_t bytes, const char *who) {
-  m->step_failed = 0;
-  if (bytes <= m->ws_bytes) return 0;
-  free(m->ws);   /* nothing in it outlives a product: no copy */
-  m->ws_bytes = 0;
-  if (!(m->ws = malloc(bytes))) {
+   per context, kept at its largest like the arena. */
+int model_reserve_workspace(clrt_context *x, size_t bytes, const char *who) {
+  x->step_failed = 0;
+  if (bytes <= x->ws_bytes) return 0;
+  free(x->ws);   /* nothing in it outlives a product: no copy */
+  x->ws_bytes = 0;
+  if (!(x->ws = malloc(bytes))) {
     clrt_set_error("%s: out of host memory for the kernels' workspace (%zu MiB)", who, bytes >> 20);
     return -1;
   }
-  m->ws_bytes = bytes;
+  x->ws_bytes = bytes;
   return 0;
 }
 
-int model_workspace(clrt_model *m, size_t need, const char *who) {
-  if (need <= m->ws_bytes) return 0;
+int model_workspace(clrt_context *x, size_t need, const char *who) {
+  if (need <= x->ws_bytes) return 0;
   /* Unreachable while model_workspace_bytes covers every product: a product no longer covered
      fails its step rather than overrun or allocate. */
-  if (!m->step_failed)
-    clrt_set_error("%s: the kernels' workspace holds %zu bytes, the product needs %zu", who, m->ws_bytes, need);
-  m->step_failed = 1;
+  if (!x->step_failed)
+    clrt_set_error("%s: the kernels' workspace holds %zu bytes, the product needs %zu", who, x->ws_bytes, need);
+  x->step_failed = 1;
   return -1;
 }
 
 /* Host staging for a step's integer inputs, built here and copied into the arena in one
    upload each (grown on demand; the forward's rowidx stays here for backward). */
-int32_t *model_host_ints(clrt_model *m, size_t n) {
-  if (n > m->hidx_cap) {
-    int32_t *p = realloc(m->hidx, sizeof(int32_t) * n);
+int32_t *model_host_ints(clrt_context *x, size_t n) {
+  if (n > x->hidx_cap) {
+    int32_t *p = realloc(x->hidx, sizeof(int32_t) * n);
     if (!p) {
       clrt_set_error("model: out of host memory staging %zu indices", n);
       return NULL;
     }
-    m->hidx = p;
-    m->hidx_cap = n;
+    x->hidx = p;
+    x->hidx_cap = n;
   }
-  return m->hidx;
+  return x->hidx;
 }
 

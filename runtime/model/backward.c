@@ -32,9 +32,9 @@ static void layer_backward(clrt_model *m, acts *a, int l, const float *x, int B,
   PROF(CLRT_K_RMSNORM, op->rmsnorm_backward(a->dres, GW(m, o->ln2), a->dxn, A->xmid, PW(m, o->ln2), A->rstd2, N, C));
   /* Attention: xmid = x + att Wo^T; the residual passes dres to x unchanged. */
   model_linear_backward(m, a, A, l, LORA_O, a->datt, o->wo, GW(m, o->bo), a->dres, A->att, N, H * D, C, 0);
-  if (m->packed) {
-    PROF(CLRT_K_ATTN_B, model_pack_attention_backward(m, a, &m->pack, A, model_layer_window(m, l)));
-    PROF(CLRT_K_ROPE, model_pack_rope(m, &m->pack, a->dq, a->dk, 1));
+  if (a->cx->packed) {
+    PROF(CLRT_K_ATTN_B, model_pack_attention_backward(m, a, &a->cx->pack, A, model_layer_window(m, l)));
+    PROF(CLRT_K_ROPE, model_pack_rope(m, &a->cx->pack, a->dq, a->dk, 1));
   } else {
     PROF(CLRT_K_ATTN_B, op->attention_backward(m, a, A, B, T, model_layer_window(m, l)));
     PROF(CLRT_K_ROPE, {
@@ -61,17 +61,18 @@ static void layer_backward(clrt_model *m, acts *a, int l, const float *x, int B,
   PROF(CLRT_K_RMSNORM, op->rmsnorm_backward(a->dres, GW(m, o->ln1), a->dxn, x, PW(m, o->ln1), A->rstd1, N, C));
 }
 
-/* dL/dlogp [B, T-1] gathered to the forward's rows with a target (m->hidx) and copied into the
-   arena. */
+/* dL/dlogp [B, T-1] gathered to the forward's rows with a target (the context's hidx) and
+   copied into the arena. */
 static int stage_dlogp(clrt_model *m, acts *a, const float *dlogp) {
-  int64_t nv = m->nv, T = m->T;
+  const clrt_context *x = a->cx;
+  int64_t nv = x->nv, T = x->T;
   float *dlpv = malloc(sizeof(float) * (size_t)(nv ? nv : 1));
   if (!dlpv) {
     clrt_set_error("backward: out of host memory");
     return -1;
   }
   for (int64_t i = 0; i < nv; i++) {
-    int64_t r = m->hidx[i], b = r / T, t = r % T;
+    int64_t r = x->hidx[i], b = r / T, t = r % T;
     dlpv[i] = dlogp[b * (T - 1) + t];
   }
   int rc = m->ops->upload(a->dlpv, dlpv, sizeof(float) * (size_t)nv);
@@ -82,7 +83,8 @@ static int stage_dlogp(clrt_model *m, acts *a, const float *dlogp) {
 /* dL/dhidden [B, T-1, C] gathered to the forward's rows with a target, added into dxn (dL/d the
    final norm's output); dxc, not yet in use, carries it to the device. */
 static int add_dhidden(clrt_model *m, acts *a, const float *dhidden) {
-  int64_t nv = m->nv, T = m->T;
+  const clrt_context *x = a->cx;
+  int64_t nv = x->nv, T = x->T;
   int C = m->cfg.hidden_size;
   float *dhv = malloc(sizeof(float) * (size_t)(nv ? nv * C : 1));
   if (!dhv) {
@@ -90,7 +92,7 @@ static int add_dhidden(clrt_model *m, acts *a, const float *dhidden) {
     return -1;
   }
   for (int64_t i = 0; i < nv; i++) {
-    int64_t r = m->hidx[i], b = r / T, t = r % T;
+    int64_t r = x->hidx[i], b = r / T, t = r % T;
     memcpy(dhv + i * C, dhidden + (b * (T - 1) + t) * C, sizeof(float) * (size_t)C);
   }
   int rc = m->ops->upload(a->dxc, dhv, sizeof(float) * (size_t)(nv * C));
@@ -101,26 +103,34 @@ static int add_dhidden(clrt_model *m, acts *a, const float *dhidden) {
 }
 
 int clrt_model_backward(clrt_model *m, const float *dlogp) {
-  return clrt_model_backward_hidden(m, dlogp, NULL);
+  return clrt_context_backward(m->ctx, dlogp, NULL);
 }
 
 int clrt_model_backward_hidden(clrt_model *m, const float *dlogp, const float *dhidden) {
-  if (!m->saved) {
+  return clrt_context_backward(m->ctx, dlogp, dhidden);
+}
+
+int clrt_context_backward(clrt_context *x, const float *dlogp, const float *dhidden) {
+  clrt_model *m = x->m;
+  model_context_begin(x);
+  if (!x->saved) {
     clrt_set_error("backward: no forward pass was kept for it (call logprobs with grad = true first)");
     return -1;
   }
-  if (model_ensure_grads(m)) return -1;
+  /* The forward's activations are of the weights it read: a gradient at other weights
+     would be neither's. */
+  if (model_context_check_version(x, x->version, "backward") || model_ensure_grads(m)) return -1;
   const model_ops *op = m->ops;
   const clrt_model_config *c = &m->cfg;
   /* the activations' layout (packed: one row of segments), not the caller's rows */
   int L = c->num_hidden_layers, C = c->hidden_size, V = c->vocab_size, B, T;
-  model_kept_layout(m, &B, &T);
-  int64_t N = (int64_t)B * T, nv = m->nv;
+  model_kept_layout(x, &B, &T);
+  int64_t N = (int64_t)B * T, nv = x->nv;
   float *res[L + 1];
   layer_acts la[L];
-  acts a = {.res = res, .la = la};
-  model_layout(m, &a, m->acts->data, B, T, T, 1);
-  if (model_reserve_workspace(m, model_step_workspace_bytes(m, N, m->packed ? &m->pack : NULL), "backward") ||
+  acts a = {.cx = x, .res = res, .la = la};
+  model_layout(m, &a, x->acts->data, B, T, T, 1);
+  if (model_reserve_workspace(x, model_step_workspace_bytes(m, N, x->packed ? &x->pack : NULL), "backward") ||
       stage_dlogp(m, &a, dlogp))
     return -1;
   /* Output layer and final norm over the rows with a target (compacted, as in forward). */
@@ -154,6 +164,6 @@ int clrt_model_backward_hidden(clrt_model *m, const float *dlogp, const float *d
   PROF(CLRT_K_EMBED, model_embed_scale(m, a.dres, N));   /* the scale covers the embedding's adapter too */
   if (!m->lora) PROF(CLRT_K_EMBED, op->embedding_backward(GW(m, m->wte), a.dres, a.tok, N, C));
   else PROF(CLRT_K_LORA, model_lora_embed_backward(m, &a, a.dres, N));
-  if (m->step_failed) return -1;
+  if (x->step_failed) return -1;
   return op->sync();   /* the end of the step: report any kernel failure */
 }

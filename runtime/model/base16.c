@@ -123,7 +123,7 @@ int model_base16_convert(clrt_model *m) {
   m->b16 = p16;
   m->base16 = 1;
   m->base16_blank = blank;
-  m->saved = 0;
+  model_forget_contexts(m, 0);
   return 0;
 }
 
@@ -131,33 +131,41 @@ int clrt_model_base_bf16(const clrt_model *m) { return m->base16; }
 
 static const uint16_t *W16(const clrt_model *m, int64_t w) { return (const uint16_t *)m->b16->data + w; }
 
+/* ---- the bf16 base format: its products ------------------------------------------------------- */
+
 /* The layer code has no error path through a product: a short workspace fails the step
-   (model_workspace), which its entry point reports. */
-void model_base16_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
-                         int64_t N, int K, int O) {
-  (void)a;
+   (model_workspace), which its entry point reports. w: a b16 offset (the head is no bf16 base
+   weight: it stays f32, and its product reads the master's). */
+static int base_forward(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b, int64_t N,
+                        int K, int O) {
   int fast = model_fast_kernels(m);
-  if (!model_workspace(m, clrt_linear_bf16_workspace_bytes(N, K, O, fast), "bf16 base forward"))
-    clrt_linear_bf16_forward(y, x, W16(m, w), b, N, K, O, fast, m->ws, m->ws_bytes);
+  if (!model_workspace(a->cx, clrt_linear_bf16_workspace_bytes(N, K, O, fast), "bf16 base forward"))
+    clrt_linear_bf16_forward(y, x, W16(m, w), b, N, K, O, fast, a->cx->ws, a->cx->ws_bytes);
+  return 1;
 }
 
 /* Products of the same x (q, k, v; gate, up): one parallel pass over all their panels. */
-void model_base16_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, int K,
-                               const lin_part *parts, int count) {
+static int base_forward_parts(clrt_model *m, acts *a, const float *x, int64_t N, int K, const lin_part *parts,
+                              int count) {
   clrt_packed_part packed[3] = {{0}};
-  if (model_fast_kernels(m) && count <= 3) {
-    for (int i = 0; i < count; i++) packed[i] = (clrt_packed_part){parts[i].y, W16(m, parts[i].w), parts[i].b, parts[i].O};
-    if (model_workspace(m, clrt_linear_packed_bf16_workspace_bytes(N, K), "bf16 base forward")) return;
-    if (clrt_linear_packed_bf16_forward_rows(x, N, K, packed, count, m->ws, m->ws_bytes)) return;
-  }
-  for (int i = 0; i < count; i++) model_base16_linear(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, K, parts[i].O);
+  if (!model_fast_kernels(m) || count > 3) return 0;
+  for (int i = 0; i < count; i++) packed[i] = (clrt_packed_part){parts[i].y, W16(m, parts[i].w), parts[i].b, parts[i].O};
+  if (model_workspace(a->cx, clrt_linear_packed_bf16_workspace_bytes(N, K), "bf16 base forward")) return 1;
+  return clrt_linear_packed_bf16_forward_rows(x, N, K, packed, count, a->cx->ws, a->cx->ws_bytes);
 }
 
 /* dx (+)= dy W only: the weight is frozen (GW is NULL under LoRA); a bias's gradient would be
    one too, so db is NULL here as well. */
-void model_base16_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
-                                  const float *x, int64_t N, int K, int O, int acc) {
-  (void)a, (void)db, (void)x;
-  if (dx && !model_workspace(m, clrt_linear_bf16_backward_dx_workspace_bytes(K, O), "bf16 base backward"))
-    clrt_linear_bf16_backward_dx(dx, dy, W16(m, w), N, K, O, acc, model_fast_kernels(m), m->ws, m->ws_bytes);
+static int base_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy, const float *x,
+                         int64_t N, int K, int O, int acc) {
+  (void)db, (void)x;
+  if (dx && !model_workspace(a->cx, clrt_linear_bf16_backward_dx_workspace_bytes(K, O), "bf16 base backward"))
+    clrt_linear_bf16_backward_dx(dx, dy, W16(m, w), N, K, O, acc, model_fast_kernels(m), a->cx->ws, a->cx->ws_bytes);
+  return 1;
 }
+
+/* Made by model_base16_convert (each row block of a fused tensor on its own), never refreshed:
+   the base is frozen. Its kernels take the bf16 tiles where the CPU has them, f32 loops else. */
+static const linear_kernels base = {"bf16 base", base_forward, base_forward_parts, base_backward};
+const weight_format model_bf16_base = {"bf16 base: panels of pairs along K per row block (b16)", 0, NULL, NULL,
+                                       FORMAT_LEVELS(&base, &base)};

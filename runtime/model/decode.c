@@ -15,6 +15,7 @@ enum { PREFILL_CHUNK = 256 };
 
 struct clrt_decoder {
   clrt_model *m;
+  clrt_context *x;              /* the context its steps run in (not owned) */
   int slots, max_len;
   clrt_storage *cache;          /* K and V of every layer */
   float **k, **v;               /* [L] views into cache */
@@ -25,6 +26,11 @@ struct clrt_decoder {
 };
 
 clrt_decoder *clrt_decoder_new(clrt_model *m, int slots, int max_len) {
+  return clrt_decoder_new_in(clrt_model_context(m), slots, max_len);
+}
+
+clrt_decoder *clrt_decoder_new_in(clrt_context *x, int slots, int max_len) {
+  clrt_model *m = x->m;
   const clrt_model_config *c = &m->cfg;
   if (slots < 1 || max_len < 1) {
     clrt_set_error("decoder: slots (%d) and max_len (%d) must be positive", slots, max_len);
@@ -33,6 +39,7 @@ clrt_decoder *clrt_decoder_new(clrt_model *m, int slots, int max_len) {
   clrt_decoder *d = calloc(1, sizeof *d);
   if (!d) goto oom;
   d->m = m;
+  d->x = x;
   d->slots = slots;
   d->max_len = max_len;
   int L = c->num_hidden_layers;
@@ -137,7 +144,7 @@ int clrt_decoder_append(clrt_decoder *d, int slot, const int32_t *tokens, int T,
   for (int t0 = 0; t0 < T; t0 += PREFILL_CHUNK) {
     int n = T - t0 < PREFILL_CHUNK ? T - t0 : PREFILL_CHUNK;
     int32_t pos0 = d->len[slot], s = slot;
-    if (clrt_model_forward_cached(d->m, tokens + t0, 1, n, &pos0, &s, NULL, d->k, d->v,
+    if (clrt_context_forward_cached(d->x, tokens + t0, 1, n, &pos0, &s, NULL, d->k, d->v,
                                   d->max_len, logits + (size_t)slot * V))
       return -1;
     if (d->exact[slot] == d->len[slot]) d->exact[slot] += n;
@@ -226,7 +233,7 @@ static int extend_many(clrt_decoder *d, int n, const int32_t *slots /* [n] */,
         pos0[b] = d->len[slots[i]];
         srow[b] = slots[i];
       }
-      rc = clrt_model_forward_cached(d->m, buf, B, width, pos0, srow, last, d->k, d->v, d->max_len, d->logits);
+      rc = clrt_context_forward_cached(d->x, buf, B, width, pos0, srow, last, d->k, d->v, d->max_len, d->logits);
       for (int b = 0; b < B && rc == 0; b++) {
         int i = rs[b], s = slots[i];
         if (d->exact[s] == d->len[s]) d->exact[s] += last[b] + 1;
@@ -278,7 +285,7 @@ int clrt_decoder_decode(clrt_decoder *d, int n, const int32_t *slots /* [n] */,
     d->pos[i] = d->len[s];
   }
   int V = d->m->cfg.vocab_size;
-  if (clrt_model_forward_cached(d->m, tokens, n, 1, d->pos, slots, NULL, d->k, d->v, d->max_len,
+  if (clrt_context_forward_cached(d->x, tokens, n, 1, d->pos, slots, NULL, d->k, d->v, d->max_len,
                                 d->logits))
     return -1;
   for (int i = 0; i < n; i++) {

@@ -1,12 +1,13 @@
 /* device.c — where the model runs and at what precision: the ops table for its device and
-   precision (a new model, set_matmul, set_base_dtype), and moves of its arenas between the
-   CPU and a CUDA device. */
+   precision (a new model, set_matmul, set_base_dtype), the weight format each computation's
+   linear products read (the one policy), and moves of its arenas between the CPU and a CUDA
+   device. */
 #include "model_internal.h"
 
 #include <stddef.h>
 
 void model_choose_ops(clrt_model *m) {
-  if (m->device == CLRT_CPU) m->ops = m->base16 ? &model_cpu_base16_ops : m->bf16 ? &model_cpu_bf16_ops : &model_cpu_ops;
+  if (m->device == CLRT_CPU) m->ops = &model_cpu_ops;
   else m->ops = model_cuda_ops(m->bf16);
 }
 
@@ -51,9 +52,7 @@ int clrt_model_set_matmul_bf16(clrt_model *m, int on) {
   clrt_storage_release(m->wpk);
   m->wpk = NULL;
   /* The activation layout gains the bf16 scratch: rebuild it on the next call. */
-  clrt_storage_release(m->acts);
-  m->acts = NULL;
-  m->saved = 0;
+  model_forget_contexts(m, 1);
   m->bf16 = 1;
   m->wbf_ver = COPY_STALE;
   model_choose_ops(m);
@@ -109,9 +108,7 @@ int clrt_model_to_device(clrt_model *m, int device) {
   m->params = np;
   m->grads = ng;
   /* Activations are rebuilt on the new device by the next call. */
-  clrt_storage_release(m->acts);
-  m->acts = NULL;
-  m->saved = 0;
+  model_forget_contexts(m, 1);
   m->device = device;
   /* The bf16 and packed copies live beside the weights: a move drops them (set_matmul again;
      the packed copy is remade by the next CPU decode). */
@@ -124,4 +121,43 @@ int clrt_model_to_device(clrt_model *m, int device) {
   m->q8 = NULL;
   model_choose_ops(m);
   return model_sync_rope(m);
+}
+
+/* ---- the products' policy: which weight format a computation reads ----------------------------- */
+
+/* CPU f32: f32 panels when the packed copy is current (weights.c), else f32 rows (the tiles
+   past a decode step's rows, sgemm with set_decode_pack(false), row-wise when batch
+   invariant). CPU bf16: bf16 pairs where a matrix unit took panels (and the transposed half:
+   bf16 backward too), else bf16 rows. A bf16 base: its panels; a quant=int8 decode step: int8
+   blocks; CUDA: cuBLAS. The master is f32 rows in the model's kernel set. */
+
+const weight_format *model_linear_format(const clrt_model *m, int decode, const weight_format **master) {
+  if (m->device != CLRT_CPU) {   /* cuBLAS takes every shape: nothing falls back */
+    *master = model_cuda_format(m->bf16);
+    return *master;
+  }
+  int fast = model_fast_kernels(m);
+  *master = &model_f32_rows[m->batch_invariant ? (fast ? F32_TILES_INVARIANT : F32_BLAS_INVARIANT)
+                                               : (fast ? F32_TILES : F32_BLAS)];
+  if (m->base16) return &model_bf16_base;
+  if (decode && model_q8_active(m)) return &model_int8_blocks;
+  if (m->bf16)
+    return m->wbf_packed         ? (m->wbf_t ? &model_bf16_pairs_t : &model_bf16_pairs)
+           : m->batch_invariant ? &model_bf16_rows_invariant
+                                 : &model_bf16_rows;
+  if (m->wpk && m->wpk_ver == m->params->version) return &model_f32_panels;
+  return *master;
+}
+
+const linear_kernels *model_format_kernels(const weight_format *f) {
+  int level = clrt_cpu_level();
+  return level >= 0 && level <= CLRT_CPU_TOP ? f->kernels[level] : NULL;
+}
+
+void model_context_choose(clrt_context *x, int decode) {
+  const weight_format *master;
+  x->format = model_linear_format(x->m, decode, &master);
+  x->master = model_format_kernels(master);
+  x->lin = model_format_kernels(x->format);
+  if (!x->lin) x->lin = x->master;   /* a copy made at a level above the one now in use */
 }

@@ -128,14 +128,14 @@ static int check_batch(const clrt_model *m, const int32_t *tokens, int B, int T,
   return 0;
 }
 
-/* The step's tokens (padding: any id; packed: m->pack's) and the rows with a target, built on
-   the host and copied into the arena; the count of rows with a target, or -1. m->hidx keeps
-   each target's place in the caller's rows (b * T + t) for backward and the copies out;
-   rowidx, uploaded, its row in the layout (the packed position when pk). */
+/* The step's tokens (padding: any id; packed: the context's pack) and the rows with a target,
+   built on the host and copied into the arena; the count of rows with a target, or -1. The
+   context's hidx keeps each target's place in the caller's rows (b * T + t) for backward and
+   the copies out; rowidx, uploaded, its row in the layout (the packed position when pk). */
 static int64_t stage_targets(clrt_model *m, acts *a, const int32_t *tokens, int B, int T,
                              const int32_t *lengths, const int32_t *context, const model_pack *pk) {
   int64_t N = (int64_t)B * T, nv = 0;
-  int32_t *place = model_host_ints(m, 4 * (size_t)N);
+  int32_t *place = model_host_ints(a->cx, 4 * (size_t)N);
   if (!place) return -1;
   int32_t *rowidx = place + N, *tok = place + 2 * N, *target = place + 3 * N;
   for (int b = 0; b < B; b++) {
@@ -170,7 +170,7 @@ static int unstage_logprobs(clrt_model *m, const acts *a, float *lp, int B, int 
     free(lpv);
     return -1;
   }
-  const int32_t *rowidx = m->hidx;
+  const int32_t *rowidx = a->cx->hidx;
   for (int64_t i = 0; i < nv; i++) {
     int64_t r = rowidx[i], b = r / T, t = r % T;
     lp[b * (T - 1) + t] = lpv[i];
@@ -193,7 +193,7 @@ static int unstage_hidden(clrt_model *m, const acts *a, float *hidden, int B, in
     return -1;
   }
   for (int64_t i = 0; i < nv; i++) {
-    int64_t r = m->hidx[i], b = r / T, t = r % T;
+    int64_t r = a->cx->hidx[i], b = r / T, t = r % T;
     memcpy(hidden + (b * (T - 1) + t) * C, hv + i * C, sizeof(float) * (size_t)C);
   }
   free(hv);
@@ -202,19 +202,42 @@ static int unstage_hidden(clrt_model *m, const acts *a, float *hidden, int B, in
 
 int clrt_model_logprobs(clrt_model *m, const int32_t *tokens, int B, int T,
                         const int32_t *lengths, float *lp, int keep) {
-  return clrt_model_logprobs_hidden(m, tokens, B, T, lengths, lp, NULL, keep);
+  return clrt_context_logprobs(m->ctx, tokens, B, T, lengths, NULL, lp, NULL, keep);
 }
 
 int clrt_model_logprobs_hidden(clrt_model *m, const int32_t *tokens, int B, int T,
                                const int32_t *lengths, float *lp, float *hidden, int keep) {
-  return clrt_model_logprobs_context(m, tokens, B, T, lengths, NULL, lp, hidden, keep);
+  return clrt_context_logprobs(m->ctx, tokens, B, T, lengths, NULL, lp, hidden, keep);
+}
+
+int clrt_model_logprobs_context(clrt_model *m, const int32_t *tokens, int B, int T, const int32_t *lengths,
+                                const int32_t *context, float *lp, float *hidden, int keep) {
+  return clrt_context_logprobs(m->ctx, tokens, B, T, lengths, context, lp, hidden, keep);
+}
+
+/* What a call reads besides the weights, made from them under the copies' lock (another
+   context may be starting at the same time): the RoPE tables for `positions`, and the copies
+   its products read (decode: the packed f32 or int8 ones; else logprobs' share of that
+   policy), then the formats its products read and the weights' version all of them follow. */
+static int prepare(clrt_context *x, int positions, int decode, uint64_t *version) {
+  clrt_model *m = x->m;
+  pthread_mutex_lock(&m->copies_lock);
+  int rc = model_ensure_rope(m, positions);
+  if (!rc && decode) rc = model_q8_active(m) ? model_q8_refresh(m) : model_refresh_packed(m);
+  else if (!rc) rc = model_refresh_packed_logprobs(m);
+  if (!rc) model_refresh_bf16(m);
+  model_context_choose(x, decode);
+  *version = model_weights_version(m);
+  pthread_mutex_unlock(&m->copies_lock);
+  return rc;
 }
 
 /* A row's context tokens (an RL or DPO row's prompt) need no log-probabilities: leaving them
    out of the targets spares the output layer (and its backward) every prompt position, most
    of a row whose prompt is longer than its response. */
-int clrt_model_logprobs_context(clrt_model *m, const int32_t *tokens, int B, int T, const int32_t *lengths,
-                                const int32_t *context, float *lp, float *hidden, int keep) {
+int clrt_context_logprobs(clrt_context *x, const int32_t *tokens, int B, int T, const int32_t *lengths,
+                          const int32_t *context, float *lp, float *hidden, int keep) {
+  clrt_model *m = x->m;
   const clrt_model_config *c = &m->cfg;
   int L = c->num_hidden_layers, C = c->hidden_size, V = c->vocab_size;
   for (int b = 0; context && b < B; b++)
@@ -222,29 +245,29 @@ int clrt_model_logprobs_context(clrt_model *m, const int32_t *tokens, int B, int
       clrt_set_error("logprobs: context %d of row %d is negative", context[b], b + 1);
       return -1;
     }
-  if (check_batch(m, tokens, B, T, lengths) || model_ensure_rope(m, T) || model_refresh_packed_logprobs(m))
-    return -1;
-  model_refresh_bf16(m);
+  uint64_t version;
+  model_context_begin(x);
+  if (check_batch(m, tokens, B, T, lengths) || prepare(x, T, 0, &version)) return -1;
   /* The attention scratch has one slice per thread; backward keeps this forward's count even
      if the thread setting changes in between. */
-  m->threads = omp_get_max_threads();
+  x->threads = omp_get_max_threads();
   float *res[L + 1];
   layer_acts la[L];
-  acts a = {.res = res, .la = la};
+  acts a = {.cx = x, .res = res, .la = la};
   double t0 = model_prof_on > 0 ? model_now() : 0;
-  m->saved = 0;
+  x->saved = 0;
   /* Rows that share their context run it once (shared_prefix.c): one row of segments. */
-  int packed = context && model_pack_wanted(m) ? model_pack_plan(m, tokens, B, T, lengths, context) : 0;
+  int packed = context && model_pack_wanted(m) ? model_pack_plan(x, tokens, B, T, lengths, context) : 0;
   if (packed < 0) return -1;
-  const model_pack *pk = packed ? &m->pack : NULL;
+  const model_pack *pk = packed ? &x->pack : NULL;
   int LB = pk ? 1 : B, LT = pk ? pk->N : T;
-  if (model_bind_acts(m, &a, LB, LT, LT, keep) ||
-      model_reserve_workspace(m, model_step_workspace_bytes(m, (int64_t)LB * LT, pk), "logprobs"))
+  if (model_bind_acts(x, &a, LB, LT, LT, keep) ||
+      model_reserve_workspace(x, model_step_workspace_bytes(m, (int64_t)LB * LT, pk), "logprobs"))
     return -1;
   int64_t nv = stage_targets(m, &a, tokens, B, T, lengths, context, pk);
   if (nv < 0) return -1;
   if (model_prof_on > 0) clrt_kernel_seconds[CLRT_K_OTHER] += model_now() - t0;
-  model_lora_begin(m, keep);
+  model_lora_begin(x, keep);
   fwd_step s = {.B = LB, .T = LT, .keep = keep, .pack = pk};
   const float *xl = run_layers(m, &a, &s, "logprobs");
   if (!xl) return -1;
@@ -263,12 +286,15 @@ int clrt_model_logprobs_context(clrt_model *m, const int32_t *tokens, int B, int
   else
     PROF(CLRT_K_OUT_F, op->output(a.lpv, a.lsef, a.xn, PW(m, m->head), model_packed_weight(m, m->head),
                                   model_output_kernels(m), a.target, nv, C, V, a.logits, a.chunk, hla));
-  if (m->step_failed || unstage_logprobs(m, &a, lp, B, T, nv)) return -1;
-  m->saved = keep;
-  m->B = B;
-  m->T = T;
-  m->packed = packed;
-  m->nv = nv;
+  if (x->step_failed || unstage_logprobs(m, &a, lp, B, T, nv) ||
+      model_context_check_version(x, version, "logprobs"))
+    return -1;
+  x->saved = keep;
+  x->version = version;
+  x->B = B;
+  x->T = T;
+  x->packed = packed;
+  x->nv = nv;
   return 0;
 }
 
@@ -289,9 +315,20 @@ static int check_cached(const clrt_model *m, const int32_t *tokens, int B, int T
   return 0;
 }
 
-static int forward_cached(clrt_model *m, const int32_t *tokens, int B, int Tn, const int32_t *pos0,
-                          const int32_t *slot, const int32_t *last, float *const *kcache,
-                          float *const *vcache, int cache_T, float *logits) {
+int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int Tn,
+                              const int32_t *pos0, const int32_t *slot, const int32_t *last,
+                              float *const *kcache, float *const *vcache, int cache_T,
+                              float *logits) {
+  return clrt_context_forward_cached(m->ctx, tokens, B, Tn, pos0, slot, last, kcache, vcache, cache_T, logits);
+}
+
+/* quant=int8: the generation's products read the int8 copies (the policy's format for a
+   decode step); logprobs and backward stay f32. */
+int clrt_context_forward_cached(clrt_context *x, const int32_t *tokens, int B, int Tn,
+                                const int32_t *pos0, const int32_t *slot, const int32_t *last,
+                                float *const *kcache, float *const *vcache, int cache_T,
+                                float *logits) {
+  clrt_model *m = x->m;
   const clrt_model_config *c = &m->cfg;
   int L = c->num_hidden_layers, C = c->hidden_size;
   if (B <= 0 || Tn <= 0 || !pos0 || !kcache || !vcache) {
@@ -301,29 +338,29 @@ static int forward_cached(clrt_model *m, const int32_t *tokens, int B, int Tn, c
   if (check_cached(m, tokens, B, Tn, pos0, last, cache_T)) return -1;
   int Tk = 0;
   for (int b = 0; b < B; b++) Tk = pos0[b] + Tn > Tk ? pos0[b] + Tn : Tk;
-  /* int8 generation reads its own copies: no packed f32 copy to make */
-  if (model_ensure_rope(m, Tk) || (!model_q8_active(m) && model_refresh_packed(m))) return -1;
-  model_refresh_bf16(m);
-  m->threads = omp_get_max_threads();
+  uint64_t version;
+  model_context_begin(x);
+  if (prepare(x, Tk, 1, &version)) return -1;
+  x->threads = omp_get_max_threads();
   float *res[L + 1];
   layer_acts la[L];
-  acts a = {.res = res, .la = la};
-  if (model_bind_acts(m, &a, B, Tn, Tk, 0) ||
-      model_reserve_workspace(m, model_workspace_bytes(m, (int64_t)B * Tn), "forward_cached"))
+  acts a = {.cx = x, .res = res, .la = la};
+  if (model_bind_acts(x, &a, B, Tn, Tk, 0) ||
+      model_reserve_workspace(x, model_workspace_bytes(m, (int64_t)B * Tn), "forward_cached"))
     return -1;
-  m->saved = 0;
+  x->saved = 0;
   const model_ops *op = m->ops;
   /* The kernels read tokens, positions and slots from the model's memory. */
   if (op->upload(a.tok, tokens, sizeof(int32_t) * (size_t)B * Tn) ||
       op->upload(a.pos0, pos0, sizeof(int32_t) * (size_t)B) ||
       (slot && op->upload(a.slot, slot, sizeof(int32_t) * (size_t)B)))
     return -1;
-  model_lora_begin(m, 0);
+  model_lora_begin(x, 0);
   fwd_step s = {.B = B, .T = Tn, .pos0 = a.pos0, .slot = slot ? a.slot : NULL,
                 .kcache = kcache, .vcache = vcache, .cache_T = cache_T};
   const float *xl = run_layers(m, &a, &s, "forward_cached");
   if (!xl) return -1;
-  int32_t *rowidx = model_host_ints(m, (size_t)B);
+  int32_t *rowidx = model_host_ints(x, (size_t)B);
   if (!rowidx) return -1;
   for (int b = 0; b < B; b++) rowidx[b] = b * Tn + (last ? last[b] : Tn - 1);
   if (op->upload(a.rowidx, rowidx, sizeof(int32_t) * (size_t)B)) return -1;
@@ -331,21 +368,7 @@ static int forward_cached(clrt_model *m, const int32_t *tokens, int B, int Tn, c
   PROF(CLRT_K_RMSNORM, model_final_norm(m, a.xn, a.rstdf, a.tmp, B));
   int rc;
   PROF(CLRT_K_OUT_F, rc = op->decode_logits(m, &a, logits, a.xn, B));
-  if (m->step_failed) return -1;
+  if (x->step_failed || model_context_check_version(x, version, "forward_cached")) return -1;
   if (rc == 0) model_softcap_logits(m, logits, B);
-  return rc;
-}
-
-/* quant=int8: the generation's ops for this call only; logprobs and backward stay f32. */
-int clrt_model_forward_cached(clrt_model *m, const int32_t *tokens, int B, int Tn,
-                              const int32_t *pos0, const int32_t *slot, const int32_t *last,
-                              float *const *kcache, float *const *vcache, int cache_T,
-                              float *logits) {
-  if (!model_q8_active(m)) return forward_cached(m, tokens, B, Tn, pos0, slot, last, kcache, vcache, cache_T, logits);
-  if (model_q8_refresh(m)) return -1;
-  const model_ops *ops = m->ops;
-  m->ops = &model_cpu_int8_ops;
-  int rc = forward_cached(m, tokens, B, Tn, pos0, slot, last, kcache, vcache, cache_T, logits);
-  m->ops = ops;
   return rc;
 }

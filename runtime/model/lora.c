@@ -159,7 +159,7 @@ int clrt_model_lora_add(clrt_model *m, int r, float alpha, float dropout, unsign
   /* The base is frozen from now on: its gradients go. */
   clrt_storage_release(m->grads);
   m->grads = NULL;
-  m->saved = 0;
+  model_forget_contexts(m, 0);
   m->lora = lo;
   return 0;
 }
@@ -289,7 +289,7 @@ int clrt_model_lora_merge(clrt_model *m) {
   if (lo->emb[0] >= 0) clrt_lora_merge_embed(PW(m, m->wte), P + lo->emb[0], P + lo->emb[1], V, C, lo->r, lo->scale);
   model_lora_free(lo);
   m->lora = NULL;
-  m->saved = 0;
+  model_forget_contexts(m, 0);
   clrt_model_params_changed(m);
   return 0;
 }
@@ -302,12 +302,13 @@ param_set model_param_set(clrt_model *m, int lora) {
 
 /* ---- the layer hooks ------------------------------------------------------------------------- */
 
-void model_lora_begin(clrt_model *m, int keep) {
-  model_lora *lo = m->lora;
+void model_lora_begin(clrt_context *x, int keep) {
+  model_lora *lo = x->m->lora;
   if (!lo) return;
-  lo->fwd_enabled = lo->enabled;
-  lo->fwd_dropout = keep && lo->dropout > 0;
-  if (keep) lo->fwd_step = lo->step++;
+  x->lora_enabled = lo->enabled;
+  x->lora_dropout = keep && lo->dropout > 0;
+  /* atomic: kept forwards of two contexts each take their own step */
+  if (keep) x->lora_step = __atomic_fetch_add(&lo->step, 1, __ATOMIC_RELAXED);
 }
 
 void model_lora_forward(clrt_model *m, acts *a, layer_acts *A, int l, int t, float *y, const float *x,
@@ -316,26 +317,27 @@ void model_lora_forward(clrt_model *m, acts *a, layer_acts *A, int l, int t, flo
   if (!lo || !lo->enabled || lo->ab[l][t][0] < 0) return;
   const float *P = lo->params->data, *xd = x;
   if (keep && lo->dropout > 0) {
-    m->ops->lora_dropout(a->lxd, x, N * K, clrt_lora_key(lo->seed, lo->fwd_step, l, fused_lead(m, t)), lo->dropout);
+    m->ops->lora_dropout(a->lxd, x, N * K, clrt_lora_key(lo->seed, a->cx->lora_step, l, fused_lead(m, t)),
+                         lo->dropout);
     xd = a->lxd;
   }
-  m->ops->lora_forward(m, y, A->lxa[t], xd, P + lo->ab[l][t][0], P + lo->ab[l][t][1], N, K, O, lo->r, lo->scale);
+  m->ops->lora_forward(m, a, y, A->lxa[t], xd, P + lo->ab[l][t][0], P + lo->ab[l][t][1], N, K, O, lo->r, lo->scale);
 }
 
 void model_lora_backward(clrt_model *m, acts *a, const layer_acts *A, int l, int t, float *dx,
                          const float *dy, const float *x, int64_t N, int K, int O) {
   model_lora *lo = m->lora;
-  if (!lo || !lo->fwd_enabled || lo->ab[l][t][0] < 0) return;
+  if (!lo || !a->cx->lora_enabled || lo->ab[l][t][0] < 0) return;
   const float *P = lo->params->data;
   float *G = lo->grads->data, *xd = (float *)x;
-  float p = lo->fwd_dropout ? lo->dropout : 0.0f;
-  uint64_t key = clrt_lora_key(lo->seed, lo->fwd_step, l, fused_lead(m, t));
+  float p = a->cx->lora_dropout ? lo->dropout : 0.0f;
+  uint64_t key = clrt_lora_key(lo->seed, a->cx->lora_step, l, fused_lead(m, t));
   if (p > 0) {   /* the forward's mask again, from its key */
     m->ops->lora_dropout(a->lxd, x, N * K, key, p);
     xd = a->lxd;
   }
   int64_t oa = lo->ab[l][t][0], ob = lo->ab[l][t][1];
-  m->ops->lora_backward(m, dx, G + oa, G + ob, a->ldxa, xd, dy, A->lxa[t], P + oa, P + ob, N, K, O,
+  m->ops->lora_backward(m, a, dx, G + oa, G + ob, a->ldxa, xd, dy, A->lxa[t], P + oa, P + ob, N, K, O,
                         lo->r, lo->scale, key, p);
 }
 
@@ -351,15 +353,15 @@ void model_lora_embed_forward(clrt_model *m, acts *a, float *y, int64_t N) {
 
 void model_lora_embed_backward(clrt_model *m, acts *a, const float *dy, int64_t N) {
   model_lora *lo = m->lora;
-  if (!lo || !lo->fwd_enabled || lo->emb[0] < 0) return;
+  if (!lo || !a->cx->lora_enabled || lo->emb[0] < 0) return;
   const float *P = lo->params->data;
   float *G = lo->grads->data;
   m->ops->lora_embed_backward(G + lo->emb[0], G + lo->emb[1], a->ldxa, dy, a->lexa, a->tok, P + lo->emb[1], N,
                               m->cfg.vocab_size, m->cfg.hidden_size, lo->r, lo->scale);
 }
 
-static uint64_t head_key(const clrt_model *m) {
-  return clrt_lora_key(m->lora->seed, m->lora->fwd_step, m->cfg.num_hidden_layers, LORA_HEAD);
+static uint64_t head_key(const clrt_model *m, const acts *a) {
+  return clrt_lora_key(m->lora->seed, a->cx->lora_step, m->cfg.num_hidden_layers, LORA_HEAD);
 }
 
 /* xa [nv, r] = drop(xn) A^T. */
@@ -368,7 +370,7 @@ static void head_xa(clrt_model *m, acts *a, const float *xn, int64_t nv, int dro
   const float *P = lo->params->data, *xd = xn;
   int C = m->cfg.hidden_size;
   if (dropout) {
-    m->ops->lora_dropout(a->lxd, xn, nv * C, head_key(m), lo->dropout);
+    m->ops->lora_dropout(a->lxd, xn, nv * C, head_key(m, a), lo->dropout);
     xd = a->lxd;
   }
   m->ops->lora_xa(a->lhxa, xd, P + lo->head[0], nv, C, lo->r);
@@ -385,7 +387,7 @@ const clrt_head_lora *model_lora_head_forward(clrt_model *m, acts *a, clrt_head_
 
 const clrt_head_lora *model_lora_head_backward(clrt_model *m, acts *a, clrt_head_lora *hl) {
   model_lora *lo = m->lora;
-  if (!lo || !lo->fwd_enabled || lo->head[0] < 0) return NULL;
+  if (!lo || !a->cx->lora_enabled || lo->head[0] < 0) return NULL;
   *hl = (clrt_head_lora){a->lhxa, (const float *)lo->params->data + lo->head[1], a->ldxa,
                          (float *)lo->grads->data + lo->head[1], lo->r, lo->scale};
   return hl;
@@ -393,10 +395,10 @@ const clrt_head_lora *model_lora_head_backward(clrt_model *m, acts *a, clrt_head
 
 void model_lora_head_backward_end(clrt_model *m, acts *a, float *dx, const float *xn, int64_t nv) {
   model_lora *lo = m->lora;
-  if (!lo || !lo->fwd_enabled || lo->head[0] < 0) return;
+  if (!lo || !a->cx->lora_enabled || lo->head[0] < 0) return;
   int C = m->cfg.hidden_size;
-  float p = lo->fwd_dropout ? lo->dropout : 0.0f, *xd = (float *)xn;
-  uint64_t key = head_key(m);
+  float p = a->cx->lora_dropout ? lo->dropout : 0.0f, *xd = (float *)xn;
+  uint64_t key = head_key(m, a);
   if (p > 0) {   /* the forward's mask again, from its key */
     m->ops->lora_dropout(a->lxd, xn, nv * C, key, p);
     xd = a->lxd;
@@ -409,6 +411,6 @@ void model_lora_head_decode(clrt_model *m, acts *a, float *logits, const float *
   model_lora *lo = m->lora;
   if (!lo || !lo->enabled || lo->head[0] < 0) return;
   const float *P = lo->params->data;
-  m->ops->lora_forward(m, logits, a->lhxa, xn, P + lo->head[0], P + lo->head[1], B, m->cfg.hidden_size,
+  m->ops->lora_forward(m, a, logits, a->lhxa, xn, P + lo->head[0], P + lo->head[1], B, m->cfg.hidden_size,
                        m->cfg.vocab_size, lo->r, lo->scale);
 }

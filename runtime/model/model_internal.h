@@ -1,14 +1,19 @@
-/* model_internal.h — the model's private header: its layout (shared with optim.c, decode.c
-   and flops.c), the activation arena and the ops table the layer code runs through (not for
-   Lua). The files of runtime/model/, one job each:
+/* model_internal.h — the model's private header: the model and its contexts (shared with
+   optim.c, decode.c and flops.c), the activation arena, the weight formats and the ops table
+   the layer code runs through (not for Lua). The files of runtime/model/, one job each:
+     context.c    contexts: one computation's state over the shared model, the weights' version
+                  it read, the epoch that voids them (the bottom layer: it calls no other model file)
      params.c     parameter layout with Hugging Face names, config checks, init, introspection,
-                  the model's memory (the bottom layer: it calls no other model file)
+                  the model's memory
      load_save.c  safetensors in and out
-     arena.c      the activation arena, the RoPE tables and the CPU kernels' workspace
-     weights.c    the packed and bf16 weight copies and the one policy for which product runs
-     ops_cpu.c    the CPU ops; ops_cuda.c the CUDA ones (the only model file that knows CUDA)
+     arena.c      a context's activation arena and kernels' workspace, the model's RoPE tables
+     weights.c    the packed and bf16 weight copies and the modes' rules
+     format_f32.c, format_bf16.c  the weight formats (f32 rows and panels, bf16 rows and pairs)
+                  and their products per CPU level
+     ops_cpu.c    the CPU ops; ops_cuda.c the CUDA ones and formats (the only model file that knows CUDA)
      device.c     placement: moves between devices, choosing the ops for device and precision
-                  (new models, set_matmul, set_base_dtype)
+                  (new models, set_matmul, set_base_dtype), and the one policy for which weight
+                  format a computation's products read
      forward.c    the layer forward and the entry points logprobs and forward_cached
      backward.c   the layer backward and clrt_model_backward
      profile.c    per-kernel timing (CLRT_PROFILE=1)
@@ -20,7 +25,10 @@
 #ifndef CLRT_MODEL_INTERNAL_H
 #define CLRT_MODEL_INTERNAL_H
 #include "clrt.h"
+#include "cpu/cpu_level.h"
 #include "cpu/model_kernels.h"
+
+#include <pthread.h>
 
 typedef struct clrt_param_info {
   char name[96];               /* Hugging Face name */
@@ -38,7 +46,10 @@ typedef struct clrt_layer_offsets {
 } clrt_layer_offsets;
 
 typedef struct model_ops model_ops;
+typedef struct linear_kernels linear_kernels;
+typedef struct weight_format weight_format;
 typedef struct model_q8 model_q8;
+typedef struct model_retired model_retired;
 
 /* Rows that share their leading context (an RL group's responses to one prompt, a DPO pair)
    packed into one row of segments (shared_prefix.c): each group's context once, then each
@@ -78,10 +89,9 @@ typedef struct model_lora {
   int64_t head[2];             /* lm_head: A [r, C], B [V, r]; -1 without */
   int64_t emb[2];              /* embed_tokens: A [r, V], B [C, r] (PEFT's Embedding); -1 without */
   /* Dropout masks of a training forward are hash(seed, step, layer, target); step counts
-     kept forwards (saved with a checkpoint), fwd_step is the one the kept forward used. */
-  uint64_t seed, step, fwd_step;
-  int fwd_dropout;             /* the kept forward applied dropout */
-  int fwd_enabled;             /* the last forward ran the adapters */
+     kept forwards (saved with a checkpoint); the step a kept forward used is its context's
+     (clrt_context.lora_step). */
+  uint64_t seed, step;
 } model_lora;
 
 struct clrt_model {
@@ -92,27 +102,19 @@ struct clrt_model {
   int64_t total;               /* floats in the params arena */
   clrt_layer_offsets *layer;
   int64_t wte, norm, head;     /* head == wte when tied */
-  clrt_storage *params, *grads, *acts;
+  clrt_storage *params, *grads;   /* the master weights and their gradients (the optimizer's) */
   float *inv_freq;             /* [D/2] */
   /* Gemma 3's local layers: their own RoPE (rope_local_theta), host memory (CPU only). */
   float *inv_freq_local, *rope_cos_local, *rope_sin_local;
   float *rope_cos, *rope_sin;  /* [rope_len, D/2] */
   const float *rope_kc, *rope_ks;   /* the tables as the kernels read them (host or device) */
   int rope_len;
-  /* The last forward kept for backward: its caller's rows [B, T] (its activations' layout:
-     model_kept_layout). */
-  int saved, B, T;
+  model_retired *retired;      /* superseded RoPE tables: a running context may still read one */
   int share_prefix;            /* clrt_model_set_share_prefix (on by default) */
-  int packed;                  /* the last logprobs ran packed (pack holds its layout) */
-  model_pack pack;
-  int64_t nv;                  /* rows with a target */
-  int threads;                 /* OpenMP threads the activation layout was made for */
   /* Where the arenas live (clrt_device). On CUDA the RoPE tables are mirrored on the device
-     (rope_dev: cos then sin) and the host stages the step's integer inputs in hidx. */
+     (rope_dev: cos then sin). */
   int device;
   clrt_storage *rope_dev;
-  int32_t *hidx;               /* [hidx_cap]: rowidx of the last forward, then scratch */
-  size_t hidx_cap;
   /* bf16 matmuls: the linear layers take bf16 copies of their inputs and of the weights (wbf,
      refreshed from the fp32 master params when they change) and accumulate in fp32. On CUDA
      the output layer stays fp32; on the CPU, with pack_decode and a matrix unit, the linear
@@ -131,7 +133,7 @@ struct clrt_model {
   int pack_decode;
   /* Batch invariance (clrt_model_set_batch_invariant): every product and attention on the
      CPU forms a row's results in an order that depends on the weights' shapes only, never on
-     how many rows share the step (weights.c's policy, ops_cpu.c's attention). */
+     how many rows share the step (the weight formats' kernels, ops_cpu.c's attention). */
   int batch_invariant;
   clrt_storage *wpk;           /* [total] f32, CPU */
   /* The params->version each copy was made from (COPY_STALE: not made yet). */
@@ -145,13 +147,82 @@ struct clrt_model {
   int base16_blank;   /* converted before any weight was in: clrt_model_load_safetensors fills it */
   clrt_storage *b16;
   model_q8 *q8;                 /* quant=int8 (quant8.c): generation's int8 weights, or NULL */
+  /* The default context (context.c): what the model-level entry points (clrt_model_logprobs,
+     clrt_model_backward, clrt_model_forward_cached, clrt_decoder_new) compute in. */
+  clrt_context *ctx;
+  /* Bumped by every change that invalidates every context's activations (a move, the bf16
+     switch, adapters added or merged, the bf16 base): a context whose epoch differs drops
+     its arena and its kept forward before its next call. */
+  uint64_t epoch;
+  /* Held while a context makes or refreshes the copies the weights' version and the call
+     need (RoPE tables, packed / bf16 / int8 copies): several contexts may start at once. */
+  pthread_mutex_t copies_lock;
+};
+
+/* One computation over a model (context.c): everything a forward, its backward or a decode
+   step writes besides the gradients. The model is only read while a context runs (apart from
+   the copies made under copies_lock before the first product), so contexts over one model
+   run at the same time from different threads. Gradients stay the model's (the optimizer's):
+   one context trains at a time. */
+struct clrt_context {
+  clrt_model *m;
+  /* The linear products of this call (model_linear_format's choice when it began): its
+     format's kernels, and the f32 ones over the master weights that a declined product and
+     the gradients fall back to. A kept forward's backward runs the forward's. */
+  const weight_format *format;
+  const linear_kernels *lin, *master;
+  clrt_storage *acts;          /* the activation arena, on the model's device */
+  uint64_t epoch;              /* the model's epoch the arena was made in */
+  /* The last forward kept for backward: its caller's rows [B, T] (its activations' layout:
+     model_kept_layout), the weights' version it read (model_weights_version). */
+  int saved, B, T;
+  uint64_t version;
+  int packed;                  /* the last logprobs ran packed (pack holds its layout) */
+  model_pack pack;
+  int64_t nv;                  /* rows with a target */
+  int threads;                 /* OpenMP threads the activation layout was made for */
+  int32_t *hidx;               /* [hidx_cap]: rowidx of the last forward, then scratch */
+  size_t hidx_cap;
+  /* The kept forward's adapters: whether they ran, applied dropout, and its dropout step. */
+  int lora_enabled, lora_dropout;
+  uint64_t lora_step;
   /* The CPU kernels' workspace (host memory, arena.c), reserved by each entry point for its
      rows before any product (weights.c's model_workspace_bytes); step_failed: a product
      found it short, and the entry point returns the error set then. */
   void *ws;
   size_t ws_bytes;
   int step_failed;
+  /* quant=int8: a product's input rows quantized ([rows, K4] q + 128, linear_int8.h; xs [rows]) */
+  uint8_t *xq;
+  float *xs;
+  size_t xq_cap, xs_cap;
 };
+
+/* ---- contexts (context.c) -------------------------------------------------------------------- */
+
+/* The sum of the weight arenas' write counts (params, the bf16 base, the adapters): every
+   optimizer step, load or write through a view bumps it. */
+uint64_t model_weights_version(const clrt_model *m);
+/* At an entry point: binds x to the model's current epoch (dropping a stale arena and kept
+   forward). */
+void model_context_begin(clrt_context *x);
+/* The formats x's products read in this call (decode: a forward_cached step), from the
+   policy (device.c; under the copies' lock, once they are made). */
+void model_context_choose(clrt_context *x, int decode);
+/* At its end: 0 when the weights' version is still `started` (the one the call began with),
+   else -1 with an error naming who: the call read two versions and its results are void. */
+int model_context_check_version(const clrt_context *x, uint64_t started, const char *who);
+/* Every context's kept forward is void (bumps m->epoch; the others notice at their next
+   call, dropping an arena on another device); drop_arena: the default context's arena goes
+   now (the others' when they next find it too small or elsewhere). */
+void model_forget_contexts(clrt_model *m, int drop_arena);
+/* The default context and the copies' lock (model_params_new), and their end (clrt_model_free). */
+int model_context_init(clrt_model *m);
+void model_context_fini(clrt_model *m);
+/* What a context holds, released; the context stays usable. */
+void model_context_release(clrt_context *x);
+/* The superseded RoPE tables (arena.c), freed with the model. */
+void model_retired_free(clrt_model *m);
 
 #define COPY_STALE UINT64_MAX
 
@@ -164,6 +235,7 @@ typedef struct layer_acts {
 } layer_acts;
 
 typedef struct acts {
+  clrt_context *cx;              /* the computation these activations belong to */
   uint16_t *x16, *dy16;          /* bf16 copies of a linear layer's input / output gradient */
   float **res;                   /* [L+1] residual stream entering each layer (2 when not kept) */
   layer_acts *la;                /* [L] (1 when not kept) */
@@ -182,19 +254,19 @@ typedef struct acts {
 
 /* Lays out the activations for (B, T, keep) over base (NULL only counts), keys reaching Tk. */
 void model_layout(const clrt_model *m, acts *a, char *base, int B, int T, int Tk, int keep);
-/* Binds a to the arena for (B, T, keep), growing the arena when it is too small. */
-int model_bind_acts(clrt_model *m, acts *a, int B, int T, int Tk, int keep);
+/* Binds a to x's arena for (B, T, keep), growing the arena when it is too small. */
+int model_bind_acts(clrt_context *x, acts *a, int B, int T, int Tk, int keep);
 /* The RoPE tables for positions [0, P), on the model's device. */
 int model_ensure_rope(clrt_model *m, int P);
 int model_sync_rope(clrt_model *m);
-/* Host staging for a step's integer inputs (m->hidx, grown on demand). */
-int32_t *model_host_ints(clrt_model *m, size_t n);
+/* Host staging for a step's integer inputs (x->hidx, grown on demand). */
+int32_t *model_host_ints(clrt_context *x, size_t n);
 /* Grows the kernels' workspace to `bytes` (an error naming `who` when it cannot) and clears
    step_failed: every entry point calls it before its first product. */
-int model_reserve_workspace(clrt_model *m, size_t bytes, const char *who);
-/* 0 when the workspace (m->ws, m->ws_bytes) holds `need` bytes; else -1, the error set and
+int model_reserve_workspace(clrt_context *x, size_t bytes, const char *who);
+/* 0 when the workspace (x->ws, x->ws_bytes) holds `need` bytes; else -1, the error set and
    the step marked failed (the product is skipped). */
-int model_workspace(clrt_model *m, size_t need, const char *who);
+int model_workspace(clrt_context *x, size_t need, const char *who);
 
 /* ---- the ops one device and precision run (ops_cpu.c, ops_cuda.c) -------------------------- */
 
@@ -216,17 +288,77 @@ typedef struct attn_args {
   int64_t kv_bstride;
 } attn_args;
 
-/* Everything the layer code runs. Element ops take the kernels' own arguments (model memory);
-   the linear ops take the weight's offset so that the weights policy can pick the copy. */
+/* ---- weight formats (format_f32.c, format_bf16.c, base16.c, quant8.c, ops_cuda.c) ---------- */
+
+/* One format's linear products at one CPU level (or on one device). A product names its
+   weight by its offset w in the params (the format finds its copy at the same place). Each
+   returns 1 when it ran the product (or failed the step through model_workspace), 0 when it
+   declines (a shape or a size its kernel does not take, no memory for its scratch): the
+   computation's f32 kernels over the master weights (its context's `master`) run it then. */
+struct linear_kernels {
+  const char *name;
+  /* y [N, O] = x [N, K] W^T (+ b [O]) */
+  int (*forward)(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
+                 int64_t N, int K, int O);
+  /* parts[i].y [N, O_i] = x [N, K] W_i^T (+ b_i), count <= 3 (q, k, v; gate, up) in one pass;
+     NULL: one forward each */
+  int (*forward_parts)(clrt_model *m, acts *a, const float *x, int64_t N, int K, const lin_part *parts,
+                       int count);
+  /* dx [N, K] (+)= dy [N, O] W, dW [O, K] += dy^T x [N, K], db [O] += sum dy; NULL: the
+     master's (a format that does not train, or whose gradients are f32 anyway) */
+  int (*backward)(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy, const float *x,
+                  int64_t N, int K, int O, int acc);
+};
+
+/* A weight format: the layout of the linear weights' copy (at the params' offsets, in its own
+   storage), how it is made from the master weights, and its products per CPU level, looked up
+   once per computation when its copies are current (model_context_choose), not per product.
+   The master weights are a format too (f32 rows: make is NULL). Adding a CPU family is adding
+   its kernel set to the formats' tables. */
+struct weight_format {
+  const char *name;              /* the layout, in words */
+  int head;                      /* the copy holds the output layer's weight too (decode's logits) */
+  /* a weight w [O, K] of the master into its copy at dst (the weight's own place), whole and
+     rows [r0, r1) (the optimizer's in-place refresh); NULL: not made so */
+  void (*make)(void *dst, const float *w, int K, int O);
+  void (*make_rows)(void *dst, const float *w, int K, int O, int r0, int r1);
+  const linear_kernels *kernels[CLRT_CPU_TOP + 1];   /* per level (cpu_level.h); NULL: not at that level */
+};
+
+/* A format's kernels[] at each level: its portable set and its vector set (the kernels of
+   kernels/cpu pick their tiles for AVX2, AVX-VNNI, AVX-512 or NEON inside). */
+#if defined(__aarch64__)
+#define FORMAT_LEVELS(portable, simd) {[CLRT_CPU_PORTABLE] = (portable), [CLRT_CPU_NEON] = (simd)}
+#else
+#define FORMAT_LEVELS(portable, simd)                                              \
+  {[CLRT_CPU_PORTABLE] = (portable), [CLRT_CPU_AVX2] = (simd), [CLRT_CPU_AVXVNNI] = (simd), \
+   [CLRT_CPU_AVX512] = (simd)}
+#endif
+
+/* The CPU's formats. f32 rows has a kernel set per use: sgemm, the tiles that pack w on the fly
+   (fast kernels), and batch-invariant row-wise products (each with the f32 backward of
+   sgemm or the tiles). */
+enum { F32_BLAS, F32_TILES, F32_BLAS_INVARIANT, F32_TILES_INVARIANT, F32_ROWS_SETS };
+extern const weight_format model_f32_rows[F32_ROWS_SETS];
+extern const weight_format model_f32_panels;           /* clrt_linear_pack's 48-wide panels (wpk) */
+extern const weight_format model_bf16_rows, model_bf16_rows_invariant;   /* plain bf16 (wbf) */
+extern const weight_format model_bf16_pairs;           /* clrt_linear_pack_bf16's panels of pairs (wbf) */
+extern const weight_format model_bf16_pairs_t;         /* the same, and the transposed pairs for dx */
+extern const weight_format model_bf16_base;            /* base_dtype=bf16's panels (b16), no f32 master */
+extern const weight_format model_int8_blocks;          /* quant=int8's blocks with scales (q8) */
+/* The CUDA formats (cuBLAS over f32 params, or the bf16 copy); NULL when built without CUDA. */
+const weight_format *model_cuda_format(int bf16);
+/* The policy, in one function (device.c): which format this model's linear products read in
+   one computation (decode: a forward_cached step), and the f32 kernels over its master weights
+   that a declined product and the gradients fall back to. */
+const weight_format *model_linear_format(const clrt_model *m, int decode, const weight_format **master);
+/* The format's kernel set at this process's CPU level. */
+const linear_kernels *model_format_kernels(const weight_format *f);
+
+/* Everything the layer code runs besides the linear products (those are the weight formats').
+   Element ops take the kernels' own arguments (model memory). */
 struct model_ops {
   const char *name;
-  /* linear layers (weights.c's policy: sgemm, packed f32, bf16, packed bf16, cuBLAS) */
-  void (*linear)(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
-                 int64_t N, int K, int O);
-  void (*linear_parts)(clrt_model *m, acts *a, const float *x, int64_t N, int K,
-                       const lin_part *parts, int count);
-  void (*linear_backward)(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
-                          const float *x, int64_t N, int K, int O, int acc);
   /* The decode step's logits [B, V] into host memory. */
   int (*decode_logits)(clrt_model *m, acts *a, float *logits, const float *xn, int B);
   void (*rmsnorm)(float *out, float *rstd, const float *x, const float *w, int64_t N, int C, float eps);
@@ -244,7 +376,7 @@ struct model_ops {
   void (*attention_backward_offset)(const clrt_model *m, acts *a, float *dq, float *dk, float *dv,
                                     const float *dout, const float *q, const float *k, const float *v,
                                     const float *out, const float *lse, int Tq, int p0, int window);
-  size_t (*attention_scratch)(const clrt_model *m, int B, int T, int Tk);
+  size_t (*attention_scratch)(const clrt_model *m, int threads, int B, int T, int Tk);
   void (*kv_write)(float *kc, float *vc, const float *k, const float *v, const int32_t *pos0,
                    const int32_t *slot, int B, int T, int row, int64_t bstride);
   void (*swiglu)(float *h, const float *g, const float *u, int64_t n);
@@ -262,9 +394,9 @@ struct model_ops {
                           float *scratch, int chunk, int logits_ready, const struct clrt_head_lora *hl);
   /* LoRA adapters (kernels/cpu/lora.c's contracts) */
   void (*lora_dropout)(float *out, const float *x, int64_t n, uint64_t key, float p);
-  void (*lora_forward)(clrt_model *m, float *y, float *xa, const float *xd, const float *A, const float *B,
+  void (*lora_forward)(clrt_model *m, acts *a, float *y, float *xa, const float *xd, const float *A, const float *B,
                        int64_t N, int K, int O, int r, float scale);
-  void (*lora_backward)(clrt_model *m, float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
+  void (*lora_backward)(clrt_model *m, acts *a, float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
                         const float *xa, const float *A, const float *B, int64_t N, int K, int O,
                         int r, float scale, uint64_t key, float p);
   void (*lora_xa)(float *xa, const float *xd, const float *A, int64_t N, int K, int r);
@@ -318,10 +450,10 @@ struct model_ops {
   int logits_staged;             /* decode logits land in the arena before the copy to the host */
 };
 
-extern const model_ops model_cpu_ops, model_cpu_bf16_ops, model_cpu_base16_ops;
-/* The CUDA ops (f32 or bf16 products); NULL when built without CUDA. */
+extern const model_ops model_cpu_ops;
+/* The CUDA ops (with or without the bf16 scratch); NULL when built without CUDA. */
 const model_ops *model_cuda_ops(int bf16);
-/* device.c: picks m->ops for m->device and m->bf16. */
+/* device.c: picks m->ops for m->device and m->bf16 (the linear products: the weight formats). */
 void model_choose_ops(clrt_model *m);
 
 /* ---- the layer code (forward.c, backward.c; Gemma 3's in gemma3.c) ------------------------------ */
@@ -342,9 +474,9 @@ typedef struct fwd_step {
    Gemma 3's layers). */
 int model_pack_wanted(const clrt_model *m);
 /* Groups rows [B, T] (lengths, context: each row's leading context tokens) by identical
-   context and packs them into m->pack; 1 when some context is shared by two rows or more (the
-   forward then runs packed), 0 when none is (m->pack unused), -1 on error. */
-int model_pack_plan(clrt_model *m, const int32_t *tokens, int B, int T, const int32_t *lengths,
+   context and packs them into x->pack; 1 when some context is shared by two rows or more (the
+   forward then runs packed), 0 when none is (x->pack unused), -1 on error. */
+int model_pack_plan(clrt_context *x, const int32_t *tokens, int B, int T, const int32_t *lengths,
                     const int32_t *context);
 /* Row b's position t in the packed row. */
 int64_t model_pack_index(const model_pack *pk, int b, int t);
@@ -352,7 +484,7 @@ int64_t model_pack_index(const model_pack *pk, int b, int t);
    attention's gathered keys and values, whichever is more. */
 size_t model_step_workspace_bytes(const clrt_model *m, int64_t N, const model_pack *pk);
 /* The last logprobs' activation layout: [1, pack.N] when it ran packed, else its [B, T]. */
-void model_kept_layout(const clrt_model *m, int *B, int *T);
+void model_kept_layout(const clrt_context *x, int *B, int *T);
 /* RoPE over q [N, H, D] and k [N, KV, D] at each segment's positions (backward: the inverse). */
 void model_pack_rope(const clrt_model *m, const model_pack *pk, float *q, float *k, int backward);
 /* The packed attention: out [N, H, D], lse [N, H] by segment ([H, len] each; NULL: not kept). */
@@ -389,17 +521,6 @@ int model_copies_to_keep(const clrt_model *m);
 int model_linear_dims(const clrt_model *m, int64_t off, int *K, int *O);
 void model_copy_rows(clrt_model *m, int keep, int64_t off, int K, int O, int r0, int r1);
 void model_copies_kept(clrt_model *m, int keep);
-void model_cpu_linear_backward_bf16(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
-                                    const float *x, int64_t N, int K, int O, int acc);
-/* The CPU's linear products, f32 and bf16 (the policy behind model_cpu_ops / _bf16_ops). */
-void model_cpu_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
-                      int64_t N, int K, int O);
-void model_cpu_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, int K,
-                            const lin_part *parts, int count);
-void model_cpu_linear_bf16(clrt_model *m, acts *a, float *y, const float *x, int64_t w,
-                           const float *b, int64_t N, int K, int O);
-void model_cpu_linear_parts_bf16(clrt_model *m, acts *a, const float *x, int64_t N, int K,
-                                 const lin_part *parts, int count);
 /* The packed copy of the weight at offset w when it is current, else NULL. */
 const float *model_packed_weight(const clrt_model *m, int64_t w);
 /* 1 when the CPU's AVX-512 training kernels are wanted (set_decode_pack, on by default). */
@@ -415,26 +536,16 @@ int model_output_kernels(const clrt_model *m);
 /* The most workspace any CPU product (base or adapter) of up to N rows takes in the model's
    mode, whatever batch invariance or packing it runs (those switch without a new step). */
 size_t model_workspace_bytes(const clrt_model *m, int64_t N);
-/* Its backward (both tables): dx (+)= dy w, dw += dy^T x, db += sum dy. */
-void model_cpu_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
-                               const float *x, int64_t N, int K, int O, int acc);
+/* ---- the bf16 base (base16.c) and int8 copies (quant8.c) --------------------------------------- */
 
-/* The products over the bf16 base (base16.c; model_cpu_base16_ops). */
-void model_base16_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
-                         int64_t N, int K, int O);
-void model_base16_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, int K,
-                               const lin_part *parts, int count);
-void model_base16_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
-                                  const float *x, int64_t N, int K, int O, int acc);
 /* A block linear weight p [rows, K] (f32 src) into bf16 panels at dst, a fused tensor's row
    blocks each on their own (model_param_row_blocks). */
 void model_base16_pack(const clrt_model *m, const clrt_param_info *p, uint16_t *dst, const float *src);
 /* Drops the blocks' f32 linear weights for bf16 panels (clrt_model_set_base_bf16, device.c,
    then picks the ops). */
 int model_base16_convert(clrt_model *m);
-/* quant=int8 (quant8.c): clrt_model_forward_cached runs model_cpu_int8_ops over int8 copies
-   remade by model_q8_refresh when the params change; everything else stays f32. */
-extern const model_ops model_cpu_int8_ops;
+/* quant=int8 (quant8.c): clrt_model_forward_cached's products read the int8 blocks remade by
+   model_q8_refresh when the params change; everything else stays f32. */
 int model_q8_active(const clrt_model *m);
 int model_q8_refresh(clrt_model *m);
 void model_q8_free(model_q8 *q);
@@ -442,10 +553,6 @@ void model_q8_free(model_q8 *q);
 int model_q8_current(const clrt_model *m);
 void model_q8_copy_rows(clrt_model *m, int64_t off, int K, int O, int r0, int r1);
 void model_q8_kept(clrt_model *m);
-void model_q8_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
-                     int64_t N, int K, int O);
-void model_q8_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, int K,
-                           const lin_part *parts, int count);
 
 /* ---- parameters (params.c) ------------------------------------------------------------------- */
 
@@ -467,6 +574,9 @@ clrt_tensor *model_param_view(clrt_storage *s, const clrt_param_info *p);
    A: the layer's kept activations; keep: a training forward. */
 void model_linear(clrt_model *m, acts *a, layer_acts *A, int l, int keep, const float *x, int64_t N,
                   int K, const lin_part *parts, int count);
+/* A decode step's logits [B, V] = xn [B, C] head^T through the format when it holds the head,
+   else the master's (no adapter: model_lora_head_decode adds it). */
+void model_linear_head(clrt_model *m, acts *a, float *logits, const float *xn, int64_t B);
 /* dx [N, K] (+)= dy [N, O] W, the weight's (and bias's) gradients, and the adapter's. */
 void model_linear_backward(clrt_model *m, acts *a, const layer_acts *A, int l, int target, float *dx,
                            int64_t w, float *db, const float *dy, const float *x, int64_t N, int K,
@@ -474,7 +584,7 @@ void model_linear_backward(clrt_model *m, acts *a, const layer_acts *A, int l, i
 
 /* ---- LoRA (lora.c) ---------------------------------------------------------------------------- */
 /* Before a forward: notes whether the adapters run, and for a kept one its dropout step. */
-void model_lora_begin(clrt_model *m, int keep);
+void model_lora_begin(clrt_context *x, int keep);
 /* y [N, O] += the adapter of (layer l, target t) over x [N, K]; no-op without one. keep: a
    training forward (dropout on, xa kept in A->lxa). */
 void model_lora_forward(clrt_model *m, acts *a, layer_acts *A, int l, int t, float *y, const float *x,

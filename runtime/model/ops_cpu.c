@@ -1,14 +1,15 @@
-/* ops_cpu.c — the model's ops on the CPU: the kernels of kernels/cpu over host memory. The
-   tables differ only in their linear products (weights.c's policy for f32 and bf16: in bf16,
-   forward and backward on the matrix unit). */
+/* ops_cpu.c — the model's ops on the CPU: the kernels of kernels/cpu over host memory, one
+   table for every precision (the linear products are the weight formats': format_f32.c,
+   format_bf16.c, base16.c, quant8.c). */
 #include "model_internal.h"
 
 #include <string.h>
 
-/* The output layer goes through the same linear policy as the blocks' layers (a bf16 model's
-   decode reads its bf16 copy, an f32 one its packed copy), straight into the caller's memory. */
+/* The output layer reads the format the blocks' layers read (a bf16 model's decode its bf16
+   copy, an f32 one its packed copy, quant=int8 its int8 head; a bf16 base's head stays f32),
+   straight into the caller's memory. */
 static int cpu_decode_logits(clrt_model *m, acts *a, float *logits, const float *xn, int B) {
-  m->ops->linear(m, a, logits, xn, m->head, NULL, B, m->cfg.hidden_size, m->cfg.vocab_size);
+  model_linear_head(m, a, logits, xn, B);
   model_lora_head_decode(m, a, logits, xn, B);
   return 0;
 }
@@ -31,7 +32,7 @@ static int cpu_attention_per_query(const clrt_model *m, acts *a, float *out, flo
   }
   clrt_attention_rows_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
                               s->slot, s->window, a->attn, (int64_t)clrt_attention_scratch_floats(s->T, Tk, 1),
-                              m->threads, scale, cap);
+                              a->cx->threads, scale, cap);
   return 1;
 }
 
@@ -39,14 +40,14 @@ static void cpu_attention(const clrt_model *m, acts *a, float *out, float *lse, 
                           const float *k, const float *v, const attn_args *s) {
   if (cpu_attention_per_query(m, a, out, lse, q, k, v, s, 0.0f, 0.0f)) return;
   clrt_attention_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
-                         s->slot, s->window, a->attn, m->threads);
+                         s->slot, s->window, a->attn, a->cx->threads);
 }
 
 static void cpu_attention_backward(const clrt_model *m, acts *a, const layer_acts *A, int B, int T, int window) {
   const clrt_model_config *c = &m->cfg;
   clrt_attention_backward(a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, B, T,
                           c->num_attention_heads, c->num_key_value_heads, c->head_dim, window, a->attn,
-                          m->threads);
+                          a->cx->threads);
 }
 
 /* Gemma 3: its score scale and soft-capped scores (its local layers' window comes as the others'),
@@ -55,7 +56,7 @@ static void cpu_attention_scaled(const clrt_model *m, acts *a, float *out, float
                                  const float *k, const float *v, const attn_args *s, float scale, float cap) {
   if (cpu_attention_per_query(m, a, out, lse, q, k, v, s, scale, cap)) return;
   clrt_attention_scaled_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KV, s->D, s->pos0, s->kv_bstride,
-                                s->slot, s->window, a->attn, m->threads, scale, cap);
+                                s->slot, s->window, a->attn, a->cx->threads, scale, cap);
 }
 
 static void cpu_attention_scaled_backward(const clrt_model *m, acts *a, const layer_acts *A, int B, int T,
@@ -63,7 +64,7 @@ static void cpu_attention_scaled_backward(const clrt_model *m, acts *a, const la
   const clrt_model_config *c = &m->cfg;
   clrt_attention_scaled_backward(a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, B, T,
                                  c->num_attention_heads, c->num_key_value_heads, c->head_dim, window, a->attn,
-                                 m->threads, scale, cap);
+                                 a->cx->threads, scale, cap);
 }
 
 static void cpu_attention_backward_offset(const clrt_model *m, acts *a, float *dq, float *dk, float *dv,
@@ -71,12 +72,13 @@ static void cpu_attention_backward_offset(const clrt_model *m, acts *a, float *d
                                           const float *out, const float *lse, int Tq, int p0, int window) {
   const clrt_model_config *c = &m->cfg;
   clrt_attention_backward_offset(dq, dk, dv, dout, q, k, v, out, lse, 1, Tq, p0, c->num_attention_heads,
-                                 c->num_key_value_heads, c->head_dim, window, a->attn, m->threads);
+                                 c->num_key_value_heads, c->head_dim, window, a->attn, a->cx->threads);
 }
 
-/* One slice per thread; backward keeps the forward's thread count (m->threads). */
-static size_t cpu_attention_scratch(const clrt_model *m, int B, int T, int Tk) {
-  return clrt_attention_scratch_floats(T, Tk, m->threads);
+/* One slice per thread; backward keeps the forward's thread count (its context's threads). */
+static size_t cpu_attention_scratch(const clrt_model *m, int threads, int B, int T, int Tk) {
+  (void)m, (void)B;
+  return clrt_attention_scratch_floats(T, Tk, threads);
 }
 
 /* cache[slot[b]][pos0[b] + t] = k[b][t] (and v), rows of `row` floats. */
@@ -112,60 +114,41 @@ static int cpu_copy(void *dst, const void *src, size_t bytes) {
 
 static int cpu_sync(void) { return 0; }
 
-/* The bf16 base: the head is not one of its bf16 weights (it stays f32), so decode's logits
-   take the f32 policy directly. */
-static int base16_decode_logits(clrt_model *m, acts *a, float *logits, const float *xn, int B) {
-  model_cpu_linear(m, a, logits, xn, m->head, NULL, B, m->cfg.hidden_size, m->cfg.vocab_size);
-  model_lora_head_decode(m, a, logits, xn, B);
-  return 0;
-}
-
-/* The adapters' kernels take their scratch from the model's workspace. */
-static void cpu_lora_forward(clrt_model *m, float *y, float *xa, const float *xd, const float *A, const float *B,
+/* The adapters' kernels take their scratch from the context's workspace. */
+static void cpu_lora_forward(clrt_model *m, acts *a, float *y, float *xa, const float *xd, const float *A, const float *B,
                              int64_t N, int K, int O, int r, float scale) {
-  if (!model_workspace(m, clrt_lora_forward_workspace_bytes(K, O, r), "lora forward"))
-    clrt_lora_forward(y, xa, xd, A, B, N, K, O, r, scale, m->ws, m->ws_bytes);
+  (void)m;
+  if (!model_workspace(a->cx, clrt_lora_forward_workspace_bytes(K, O, r), "lora forward"))
+    clrt_lora_forward(y, xa, xd, A, B, N, K, O, r, scale, a->cx->ws, a->cx->ws_bytes);
 }
 
-static void cpu_lora_backward(clrt_model *m, float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
+static void cpu_lora_backward(clrt_model *m, acts *a, float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
                               const float *xa, const float *A, const float *B, int64_t N, int K, int O, int r,
                               float scale, uint64_t key, float p) {
-  if (!model_workspace(m, clrt_lora_backward_workspace_bytes(N, r), "lora backward"))
-    clrt_lora_backward(dx, dA, dB, dxa, xd, dy, xa, A, B, N, K, O, r, scale, key, p, m->ws, m->ws_bytes);
+  (void)m;
+  if (!model_workspace(a->cx, clrt_lora_backward_workspace_bytes(N, r), "lora backward"))
+    clrt_lora_backward(dx, dA, dB, dxa, xd, dy, xa, A, B, N, K, O, r, scale, key, p, a->cx->ws, a->cx->ws_bytes);
 }
 
-#define CPU_OPS(lin, lin_parts, lin_back, logits_fn, label)                                   \
-  {                                                                                           \
-    .name = label, .linear = lin, .linear_parts = lin_parts,                                  \
-    .linear_backward = lin_back, .decode_logits = logits_fn,                                  \
-    .rmsnorm = clrt_rmsnorm_forward, .rmsnorm_backward = clrt_rmsnorm_backward,               \
-    .rope = clrt_rope_forward, .rope_backward = clrt_rope_backward,                           \
-    .attention = cpu_attention, .attention_backward = cpu_attention_backward,                 \
-    .attention_backward_offset = cpu_attention_backward_offset,                                 \
-    .attention_scratch = cpu_attention_scratch, .kv_write = cpu_kv_write,                     \
-    .swiglu = clrt_swiglu_forward, .swiglu_backward = clrt_swiglu_backward,                   \
-    .add = clrt_residual_forward, .embedding = clrt_embedding_forward,                        \
-    .embedding_backward = clrt_embedding_backward, .output = clrt_logsoftmax_gather_forward_lora, \
-    .output_backward = clrt_logsoftmax_gather_backward_lora, .gather_rows = cpu_gather_rows,       \
-    .scatter_rows = cpu_scatter_rows, .lora_dropout = clrt_lora_dropout,                       \
-    .lora_forward = cpu_lora_forward, .lora_backward = cpu_lora_backward,                  \
-    .lora_xa = clrt_lora_xa, .lora_input_backward = clrt_lora_input_backward, .lora_embed_forward = clrt_lora_embed_forward,   \
-    .lora_embed_backward = clrt_lora_embed_backward, .zero = cpu_zero, .upload = cpu_copy,                   \
-    .download = cpu_copy, .copy = cpu_copy, .sync = cpu_sync,                                     \
-    .rmsnorm_unit = clrt_rmsnorm_unit_forward, .rmsnorm_unit_backward = clrt_rmsnorm_unit_backward, \
-    .geglu = clrt_geglu_forward, .geglu_backward = clrt_geglu_backward, .scale = clrt_scale_inplace, \
-    .attention_scaled = cpu_attention_scaled, .attention_scaled_backward = cpu_attention_scaled_backward, \
-    .output_softcap = clrt_logsoftmax_gather_softcap_forward,                                    \
-    .output_softcap_backward = clrt_logsoftmax_gather_softcap_backward,                          \
-  }
-
-const model_ops model_cpu_ops = CPU_OPS(model_cpu_linear, model_cpu_linear_parts, model_cpu_linear_backward,
-                                        cpu_decode_logits, "cpu f32");
-const model_ops model_cpu_bf16_ops = CPU_OPS(model_cpu_linear_bf16, model_cpu_linear_parts_bf16,
-                                             model_cpu_linear_backward_bf16, cpu_decode_logits, "cpu bf16");
-const model_ops model_cpu_base16_ops = CPU_OPS(model_base16_linear, model_base16_linear_parts,
-                                               model_base16_linear_backward, base16_decode_logits,
-                                               "cpu bf16 base");
-/* quant=int8: generation's products over int8 copies (quant8.c); gradients never run here. */
-const model_ops model_cpu_int8_ops = CPU_OPS(model_q8_linear, model_q8_linear_parts, model_cpu_linear_backward,
-                                             cpu_decode_logits, "cpu int8");
+const model_ops model_cpu_ops = {
+    .name = "cpu", .decode_logits = cpu_decode_logits,
+    .rmsnorm = clrt_rmsnorm_forward, .rmsnorm_backward = clrt_rmsnorm_backward,
+    .rope = clrt_rope_forward, .rope_backward = clrt_rope_backward,
+    .attention = cpu_attention, .attention_backward = cpu_attention_backward,
+    .attention_backward_offset = cpu_attention_backward_offset,
+    .attention_scratch = cpu_attention_scratch, .kv_write = cpu_kv_write,
+    .swiglu = clrt_swiglu_forward, .swiglu_backward = clrt_swiglu_backward,
+    .add = clrt_residual_forward, .embedding = clrt_embedding_forward,
+    .embedding_backward = clrt_embedding_backward, .output = clrt_logsoftmax_gather_forward_lora,
+    .output_backward = clrt_logsoftmax_gather_backward_lora, .gather_rows = cpu_gather_rows,
+    .scatter_rows = cpu_scatter_rows, .lora_dropout = clrt_lora_dropout,
+    .lora_forward = cpu_lora_forward, .lora_backward = cpu_lora_backward,
+    .lora_xa = clrt_lora_xa, .lora_input_backward = clrt_lora_input_backward, .lora_embed_forward = clrt_lora_embed_forward,
+    .lora_embed_backward = clrt_lora_embed_backward, .zero = cpu_zero, .upload = cpu_copy,
+    .download = cpu_copy, .copy = cpu_copy, .sync = cpu_sync,
+    .rmsnorm_unit = clrt_rmsnorm_unit_forward, .rmsnorm_unit_backward = clrt_rmsnorm_unit_backward,
+    .geglu = clrt_geglu_forward, .geglu_backward = clrt_geglu_backward, .scale = clrt_scale_inplace,
+    .attention_scaled = cpu_attention_scaled, .attention_scaled_backward = cpu_attention_scaled_backward,
+    .output_softcap = clrt_logsoftmax_gather_softcap_forward,
+    .output_softcap_backward = clrt_logsoftmax_gather_softcap_backward,
+};

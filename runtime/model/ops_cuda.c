@@ -10,35 +10,48 @@
 
 #include <stdlib.h>
 
-static void cuda_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
-                        int64_t N, int K, int O) {
+/* ---- the device's formats: cuBLAS over the f32 params, or over the bf16 copy ---------------- */
+
+static int cuda_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
+                       int64_t N, int K, int O) {
+  (void)a;
   clrt_cuda_linear_forward(y, x, PW(m, w), b, N, K, O);
+  return 1;
 }
 
-static void cuda_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, int K,
-                              const lin_part *parts, int count) {
-  for (int i = 0; i < count; i++) m->ops->linear(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, K, parts[i].O);
-}
-
-static void cuda_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db,
-                                 const float *dy, const float *x, int64_t N, int K, int O, int acc) {
+static int cuda_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db,
+                                const float *dy, const float *x, int64_t N, int K, int O, int acc) {
+  (void)a;
   clrt_cuda_linear_backward(dx, GW(m, w), db, dy, x, PW(m, w), N, K, O, acc);
+  return 1;
 }
 
 /* bf16 inputs and weights with fp32 accumulation (cublasGemmEx); dw stays the f32 master. */
-static void cuda_linear_bf16(clrt_model *m, acts *a, float *y, const float *x, int64_t w,
-                             const float *b, int64_t N, int K, int O) {
+static int cuda_linear_bf16(clrt_model *m, acts *a, float *y, const float *x, int64_t w,
+                            const float *b, int64_t N, int K, int O) {
   clrt_cuda_f32_to_bf16(a->x16, x, N * K);
   clrt_cuda_linear_forward_bf16(y, a->x16, (const uint16_t *)m->wbf->data + w, b, N, K, O);
+  return 1;
 }
 
-static void cuda_linear_backward_bf16(clrt_model *m, acts *a, float *dx, int64_t w, float *db,
-                                      const float *dy, const float *x, int64_t N, int K, int O, int acc) {
+static int cuda_linear_backward_bf16(clrt_model *m, acts *a, float *dx, int64_t w, float *db,
+                                     const float *dy, const float *x, int64_t N, int K, int O, int acc) {
   clrt_cuda_f32_to_bf16(a->x16, x, N * K);
   clrt_cuda_f32_to_bf16(a->dy16, dy, N * O);
   clrt_cuda_linear_backward_bf16(dx, GW(m, w), db, dy, a->dy16, a->x16,
                                  (const uint16_t *)m->wbf->data + w, N, K, O, acc);
+  return 1;
 }
+
+/* Device formats are not the CPU's levels': every level lists the one set. */
+static const linear_kernels cuda_f32 = {"cuda f32", cuda_linear, NULL, cuda_linear_backward},
+                            cuda_bf16 = {"cuda bf16", cuda_linear_bf16, NULL, cuda_linear_backward_bf16};
+static const weight_format cuda_f32_rows = {"cuda f32 rows [O, K] (the master weights)", 1, NULL, NULL,
+                                            FORMAT_LEVELS(&cuda_f32, &cuda_f32)},
+                           cuda_bf16_rows = {"cuda bf16 rows [O, K] (the whole params arena)", 1, NULL, NULL,
+                                             FORMAT_LEVELS(&cuda_bf16, &cuda_bf16)};
+
+const weight_format *model_cuda_format(int bf16) { return bf16 ? &cuda_bf16_rows : &cuda_f32_rows; }
 
 /* The output layer stays f32 (also in bf16 mode); its B rows land in the arena, then one copy
    to the host for the sampler. */
@@ -61,7 +74,8 @@ static void cuda_attention_backward(const clrt_model *m, acts *a, const layer_ac
                                c->num_attention_heads, c->num_key_value_heads, c->head_dim, window, a->attn);
 }
 
-static size_t cuda_attention_scratch(const clrt_model *m, int B, int T, int Tk) {
+static size_t cuda_attention_scratch(const clrt_model *m, int threads, int B, int T, int Tk) {
+  (void)threads;
   return clrt_cuda_attention_scratch_floats(B, T, m->cfg.num_attention_heads);
 }
 
@@ -89,16 +103,16 @@ static void cuda_output_backward(float *dx, float *dw, const float *dlp, const f
 }
 
 /* The adapters' kernels need no host workspace here. */
-static void cuda_lora_forward(clrt_model *m, float *y, float *xa, const float *xd, const float *A, const float *B,
-                              int64_t N, int K, int O, int r, float scale) {
-  (void)m;
+static void cuda_lora_forward(clrt_model *m, acts *a, float *y, float *xa, const float *xd, const float *A,
+                              const float *B, int64_t N, int K, int O, int r, float scale) {
+  (void)m, (void)a;
   clrt_cuda_lora_forward(y, xa, xd, A, B, N, K, O, r, scale);
 }
 
-static void cuda_lora_backward(clrt_model *m, float *dx, float *dA, float *dB, float *dxa, float *xd, const float *dy,
-                               const float *xa, const float *A, const float *B, int64_t N, int K, int O, int r,
+static void cuda_lora_backward(clrt_model *m, acts *a, float *dx, float *dA, float *dB, float *dxa, float *xd,
+                               const float *dy, const float *xa, const float *A, const float *B, int64_t N, int K, int O, int r,
                                float scale, uint64_t key, float p) {
-  (void)m;
+  (void)m, (void)a;
   clrt_cuda_lora_backward(dx, dA, dB, dxa, xd, dy, xa, A, B, N, K, O, r, scale, key, p);
 }
 
@@ -134,10 +148,9 @@ static int cuda_adamw_step(clrt_storage *table, int np, float *P, float *M1, flo
   return clrt_cuda_sync() || clrt_cuda_memcpy(norm, norm_dev, sizeof *norm, 1) ? -1 : 0;
 }
 
-#define CUDA_OPS(lin, lin_back, to16, bf16, label)                                                      \
+#define CUDA_OPS(to16, bf16, label)                                                                \
   {                                                                                               \
-    .name = label, .linear = lin, .linear_parts = cuda_linear_parts, .linear_backward = lin_back, \
-    .decode_logits = cuda_decode_logits, .rmsnorm = clrt_cuda_rmsnorm_forward,                    \
+    .name = label, .decode_logits = cuda_decode_logits, .rmsnorm = clrt_cuda_rmsnorm_forward,                    \
     .rmsnorm_backward = clrt_cuda_rmsnorm_backward, .rope = clrt_cuda_rope_forward,               \
     .rope_backward = clrt_cuda_rope_backward, .attention = cuda_attention,                        \
     .attention_backward = cuda_attention_backward, .attention_scratch = cuda_attention_scratch,   \
@@ -156,9 +169,8 @@ static int cuda_adamw_step(clrt_storage *table, int np, float *P, float *M1, flo
     .to_bf16 = to16, .bf16_scratch = bf16, .logits_staged = 1,                            \
   }
 
-static const model_ops cuda_ops = CUDA_OPS(cuda_linear, cuda_linear_backward, NULL, 0, "cuda f32");
-static const model_ops cuda_bf16_ops =
-    CUDA_OPS(cuda_linear_bf16, cuda_linear_backward_bf16, clrt_cuda_f32_to_bf16, 1, "cuda bf16");
+static const model_ops cuda_ops = CUDA_OPS(NULL, 0, "cuda f32");
+static const model_ops cuda_bf16_ops = CUDA_OPS(clrt_cuda_f32_to_bf16, 1, "cuda bf16");
 
 const model_ops *model_cuda_ops(int bf16) {
   model_prof_sync = clrt_cuda_sync;
@@ -168,5 +180,6 @@ const model_ops *model_cuda_ops(int bf16) {
 #else
 
 const model_ops *model_cuda_ops(int bf16) { return NULL; }
+const weight_format *model_cuda_format(int bf16) { return NULL; }
 
 #endif

@@ -108,6 +108,10 @@ clrt_model *model_params_new(const clrt_model_config *cfg) {
   clrt_model *m = calloc(1, sizeof *m);
   if (!m) goto oom;
   m->cfg = *cfg;
+  if (model_context_init(m)) {
+    clrt_model_free(m);
+    return NULL;
+  }
   m->pack_decode = 1;
   m->share_prefix = 1;
   m->wbf_ver = m->wpk_ver = COPY_STALE;
@@ -205,7 +209,7 @@ void clrt_model_free(clrt_model *m) {
   if (!m) return;
   clrt_storage_release(m->params);
   clrt_storage_release(m->grads);
-  clrt_storage_release(m->acts);
+  model_context_fini(m);
   free(m->p);
   free(m->layer);
   free(m->inv_freq);
@@ -215,16 +219,12 @@ void clrt_model_free(clrt_model *m) {
   free(m->rope_cos);
   free(m->rope_sin);
   clrt_storage_release(m->rope_dev);
+  model_retired_free(m);
   clrt_storage_release(m->wbf);
   clrt_storage_release(m->wpk);
   clrt_storage_release(m->b16);
   model_q8_free(m->q8);
   model_lora_free(m->lora);
-  free(m->hidx);
-  free(m->pack.seg);   /* shared_prefix.c's layout; pre's block holds plen and br too */
-  free(m->pack.pre);
-  free(m->pack.tok);
-  free(m->ws);
   free(m);
 }
 
@@ -289,7 +289,7 @@ size_t clrt_model_memory(const clrt_model *m, int arena) {
              (m->lora ? m->lora->params->bytes : 0);
     case CLRT_ARENA_GRADS: return (m->grads ? m->grads->bytes : 0) + (m->lora ? m->lora->grads->bytes : 0);
     case CLRT_ARENA_ACTIVATIONS:
-      return (m->acts ? m->acts->bytes : 0) +
+      return (m->ctx && m->ctx->acts ? m->ctx->acts->bytes : 0) +
              (m->cfg.gemma3 ? 4 : 2) * sizeof(float) * (size_t)m->rope_len * (size_t)(m->cfg.head_dim / 2);
     default: return 0;
   }

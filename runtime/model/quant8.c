@@ -25,9 +25,6 @@ struct model_q8 {
   q8_weight *wt;
   uint64_t ver;     /* params->version the copies were made from (COPY_STALE: none yet) */
   int path;         /* clrt_int8_path() when turned on */
-  uint8_t *xq;      /* the input rows quantized: [rows, K4], q + 128 (linear_int8.h) */
-  float *xs;        /* [rows] */
-  size_t xq_cap, xs_cap;
 };
 
 void model_q8_free(model_q8 *q) {
@@ -38,8 +35,6 @@ void model_q8_free(model_q8 *q) {
     free(q->wt[i].wsum);
   }
   free(q->wt);
-  free(q->xq);
-  free(q->xs);
   free(q);
 }
 
@@ -120,8 +115,9 @@ static const q8_weight *find_weight(const model_q8 *q, int64_t w) {
   return NULL;
 }
 
-/* The input rows quantized once for every product that reads them. */
-static int quantize_input(model_q8 *q, const float *x, int64_t N, int K) {
+/* The input rows x [N, K] quantized once for every product that reads them, into the
+   context's scratch (one decode step's, so that contexts decode side by side). */
+static int quantize_input(clrt_context *q, const float *x, int64_t N, int K) {
   size_t need = (size_t)N * (size_t)clrt_int8_k4(K);
   if (need > q->xq_cap) {
     free(q->xq);
@@ -137,26 +133,40 @@ static int quantize_input(model_q8 *q, const float *x, int64_t N, int K) {
   return 0;
 }
 
-/* The products over the int8 copies; a weight without one (none in this model's layout) or a
-   failed scratch allocation falls back to the f32 policy. */
-void model_q8_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, int K, const lin_part *parts,
-                           int count) {
+/* ---- the int8 blocks format: its products ------------------------------------------------------ */
+
+/* The products over the int8 copies, the input rows quantized once for all of them; a weight
+   without one (none in this model's layout) or a failed scratch allocation: declined (the
+   master weights' f32 product runs it). */
+static int blocks_forward_parts(clrt_model *m, acts *a, const float *x, int64_t N, int K, const lin_part *parts,
+                                int count) {
   model_q8 *q = m->q8;
-  int quantized = 0;
+  clrt_context *cx = a->cx;
   for (int i = 0; i < count; i++) {
     const q8_weight *t = find_weight(q, parts[i].w);
-    if (t && t->K == K && t->O == parts[i].O && (quantized || (quantized = quantize_input(q, x, N, K) == 0)) &&
-        clrt_int8_linear(parts[i].y, q->xq, q->xs, t->q, t->ws, t->wsum, parts[i].b, N, K, t->O, q->path) == 0)
-      continue;
-    model_cpu_linear(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, K, parts[i].O);
+    if (!t || t->K != K || t->O != parts[i].O) return 0;
   }
+  if (quantize_input(cx, x, N, K)) return 0;
+  for (int i = 0; i < count; i++) {
+    const q8_weight *t = find_weight(q, parts[i].w);
+    if (clrt_int8_linear(parts[i].y, cx->xq, cx->xs, t->q, t->ws, t->wsum, parts[i].b, N, K, t->O, q->path))
+      return 0;
+  }
+  return 1;
 }
 
-void model_q8_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b, int64_t N,
-                     int K, int O) {
+static int blocks_forward(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b, int64_t N,
+                          int K, int O) {
   lin_part part = {y, w, b, O, 0};
-  model_q8_linear_parts(m, a, x, N, K, &part, 1);
+  return blocks_forward_parts(m, a, x, N, K, &part, 1);
 }
+
+/* Made by model_q8_refresh (clrt_int8_pack: panels with each row's scale and sum beside), kept
+   current row by row by the optimizer; decode only: no backward. The int8 path (VNNI, AVX2,
+   NEON dot products or portable) is clrt_int8_path's, inside the kernel. */
+static const linear_kernels blocks = {"int8 blocks", blocks_forward, blocks_forward_parts, NULL};
+const weight_format model_int8_blocks = {"int8 blocks with per-row scales (clrt_int8_pack)", 1, NULL, NULL,
+                                         FORMAT_LEVELS(&blocks, &blocks)};
 
 int clrt_model_set_quant_int8(clrt_model *m, int on) {
   if (!on) {

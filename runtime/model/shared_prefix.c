@@ -28,14 +28,14 @@ int clrt_model_set_share_prefix(clrt_model *m, int on) {
 
 int clrt_model_share_prefix(const clrt_model *m) { return m->share_prefix; }
 
-void model_kept_layout(const clrt_model *m, int *B, int *T) {
-  *B = m->packed ? 1 : m->B;
-  *T = m->packed ? m->pack.N : m->T;
+void model_kept_layout(const clrt_context *x, int *B, int *T) {
+  *B = x->packed ? 1 : x->B;
+  *T = x->packed ? x->pack.N : x->T;
 }
 
 int64_t clrt_model_logprobs_positions(const clrt_model *m) {
   int B, T;
-  model_kept_layout(m, &B, &T);
+  model_kept_layout(m->ctx, &B, &T);
   return (int64_t)B * T;
 }
 
@@ -69,9 +69,9 @@ static int row_context(const int32_t *lengths, const int32_t *context, int T, in
   return c;
 }
 
-int model_pack_plan(clrt_model *m, const int32_t *tokens, int B, int T, const int32_t *lengths,
+int model_pack_plan(clrt_context *x, const int32_t *tokens, int B, int T, const int32_t *lengths,
                     const int32_t *context) {
-  model_pack *pk = &m->pack;
+  model_pack *pk = &x->pack;
   if (grow((void **)&pk->pre, &pk->row_cap, B, 4 * sizeof(int))) return -1;   /* pre, plen, br, lead */
   pk->plen = pk->pre + B;
   pk->br = pk->pre + 2 * B;
@@ -175,8 +175,8 @@ void model_pack_attention(clrt_model *m, acts *a, const model_pack *pk, float *o
     const float *ks = k + s->start * kvd, *vs = v + s->start * kvd;
     if (s->prefix >= 0) {
       int64_t tk = (int64_t)s->plen + s->len;
-      if (model_workspace(m, sizeof(float) * 2 * (size_t)(tk * kvd), "logprobs (shared prefix)")) return;
-      float *kb = m->ws, *vb = kb + tk * kvd;
+      if (model_workspace(a->cx, sizeof(float) * 2 * (size_t)(tk * kvd), "logprobs (shared prefix)")) return;
+      float *kb = a->cx->ws, *vb = kb + tk * kvd;
       gather(kb, k, s, kvd);
       gather(vb, v, s, kvd);
       ks = kb;
@@ -205,8 +205,8 @@ void model_pack_attention_backward(clrt_model *m, acts *a, const model_pack *pk,
       continue;
     }
     int64_t tk = (int64_t)s->plen + s->len, pk0 = (int64_t)s->prefix * kvd, np = (int64_t)s->plen * kvd;
-    if (model_workspace(m, sizeof(float) * 4 * (size_t)(tk * kvd), "backward (shared prefix)")) return;
-    float *kb = m->ws, *vb = kb + tk * kvd, *dkb = vb + tk * kvd, *dvb = dkb + tk * kvd;
+    if (model_workspace(a->cx, sizeof(float) * 4 * (size_t)(tk * kvd), "backward (shared prefix)")) return;
+    float *kb = a->cx->ws, *vb = kb + tk * kvd, *dkb = vb + tk * kvd, *dvb = dkb + tk * kvd;
     gather(kb, A->k, s, kvd);
     gather(vb, A->v, s, kvd);
     op->attention_backward_offset(m, a, a->dq + q0, dkb, dvb, a->datt + q0, A->q + q0, kb, vb, A->att + q0, lse,

@@ -1,27 +1,18 @@
-/* weights.c — the weight copies beside the fp32 master params and the one policy for which
-   product a linear layer runs:
-     CPU f32   the packed f32 copy (48-wide panels, clrt_linear_pack) when it is current and the
-               CPU has the kernel — decode makes it, logprobs remakes an existing one after the
-               weights change and makes one for a small model (model_refresh_packed_logprobs)
-               — else, beyond decode-sized products, the same tiles packing w on the fly
-               (gemm_strided.c: no second copy of a large model's weights for SFT or a
-               reference model, ~1.3-1.7x sgemm here), else sgemm on the params; backward's dx = dy w and dw += dy^T x through the AVX-512 tiles that read
-               w and x in place (gemm_strided.c, ~1.3-2.5x sgemm here) where the CPU has them,
-               else sgemm; set_decode_pack(false) turns all of these off (sgemm throughout);
-     CPU bf16  with a matrix unit (AMX, AVX512-BF16: kernels/cpu/matrix_unit.c) every block
-               product over bf16 panels with bf16-rounded inputs, f32 sums: the forward at any
-               row count over panels of pairs along K, dx over the weights transposed into
-               panels of pairs along O (the second half of wbf), dw with dy^T and x packed per
-               call (gemm_bf16.c) — row-count independent, so batch-invariant
-               (set_batch_invariant) models take it too; without one, few-row products over a
-               plain bf16 copy widened to f32, the rest and the backward f32, and when
-               batch-invariant every forward product over the plain bf16 copy
-               (clrt_linear_rowwise_forward_bf16);
-     CUDA      cuBLAS in f32, or bf16 inputs with f32 accumulation (ops_cuda.c).
-   Both copies remember the params->version they were made from and are remade when the
-   weights change (a move, an initialisation, a write through a view); an optimizer step
-   refreshes a current copy in place instead, row panels right after it updates them
-   (model_copy_rows), so no step repacks the whole model. */
+/* weights.c — the weight copies beside the f32 master params and the modes' rules. Which
+   weight format a computation's linear products read is device.c's policy
+   (model_linear_format; the formats and their kernels: format_f32.c, format_bf16.c, base16.c,
+   quant8.c, ops_cuda.c):
+     CPU f32   f32 panels when the packed copy is current (decode makes it, logprobs remakes an
+               existing one after the weights change and makes one for a small model:
+               model_refresh_packed_logprobs), else f32 rows (the tiles past a decode step's
+               rows, sgemm with set_decode_pack(false), row-wise when batch-invariant);
+     CPU bf16  bf16 pairs where a matrix unit takes panels (with the transposed half: bf16
+               backward too), else bf16 rows; bf16 base: its own panels; quant=int8 decode:
+               int8 blocks; CUDA: cuBLAS in f32, or over the bf16 copy.
+   Every copy remembers the params->version it was made from and is remade when the weights
+   change (a move, an initialisation, a write through a view); an optimizer step refreshes a
+   current copy in place instead, row panels right after it updates them (model_copy_rows),
+   so no step repacks the whole model. */
 #include "model_internal.h"
 #include "bf16.h"
 
@@ -29,21 +20,19 @@
 #include <omp.h>
 #include <string.h>
 
-enum { PACK_F32, PACK_BF16, PACK_BF16_T };
+/* The bf16 pairs' second half: a block weight w [O, K] transposed into pairs of output rows
+   (backward's dx; not the head, whose backward is the output layer's, in f32). */
+static void make_transposed_pairs(void *dst, const float *w, int K, int O) { clrt_pack_pairs(dst, w, K, 1, O, K, O); }
 
-/* Packs every linear weight of the params into dst at the same offsets: f32 panels
-   (clrt_linear_pack), bf16 ones (clrt_linear_pack_bf16, dst uint16), or the blocks' weights
-   transposed into pairs of output rows (PACK_BF16_T: backward's dx; not the head, whose
-   backward is the output layer's, in f32). */
-static void pack_linear_weights(const clrt_model *m, void *dst, int bf16) {
+/* Makes every linear weight of the params into its format's copy at dst, at the same offsets
+   (elem: the copy's bytes per weight); head: the output layer's too. */
+static void pack_linear_weights(const clrt_model *m, char *dst, size_t elem,
+                                void (*make)(void *dst, const float *w, int K, int O), int head) {
   const clrt_model_config *c = &m->cfg;
   int C = c->hidden_size, I = c->intermediate_size, HD = c->num_attention_heads * c->head_dim,
       KVD = c->num_key_value_heads * c->head_dim;
   const float *src = m->params->data;
-#define PACK(off, K, O)                                                                     \
-  (bf16 == PACK_BF16_T ? clrt_pack_pairs((uint16_t *)dst + (off), src + (off), K, 1, O, K, O) \
-   : bf16              ? clrt_linear_pack_bf16((uint16_t *)dst + (off), src + (off), K, O)    \
-                       : clrt_linear_pack((float *)dst + (off), src + (off), K, O))
+#define PACK(off, K, O) make(dst + (size_t)(off) * elem, src + (off), K, O)
   for (int l = 0; l < c->num_hidden_layers; l++) {
     const clrt_layer_offsets *o = &m->layer[l];
     PACK(o->wq, C, HD);
@@ -54,7 +43,7 @@ static void pack_linear_weights(const clrt_model *m, void *dst, int bf16) {
     PACK(o->wu, C, I);
     PACK(o->wd, I, C);
   }
-  if (bf16 != PACK_BF16_T) PACK(m->head, C, c->vocab_size);
+  if (head) PACK(m->head, C, c->vocab_size);
 #undef PACK
 }
 
@@ -109,7 +98,7 @@ int model_refresh_packed(clrt_model *m) {
     m->wpk_ver = COPY_STALE;
   }
   if (m->wpk_ver == m->params->version) return 0;
-  pack_linear_weights(m, m->wpk->data, PACK_F32);
+  pack_linear_weights(m, m->wpk->data, sizeof(float), model_f32_panels.make, 1);
   m->repacks++;
   m->wpk_ver = m->params->version;
   return 0;
@@ -167,120 +156,6 @@ size_t model_workspace_bytes(const clrt_model *m, int64_t N) {
   return need;
 }
 
-/* A linear layer on the CPU in f32: over the packed copy when current, else the same tiles
-   packing w on the fly (more than a decode step's rows: fewer reread the weights once per
-   row tile), else sgemm (or the skinny kernel, linear.c). */
-void model_cpu_linear(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
-                      int64_t N, int Kd, int O) {
-  const float *wp = model_packed_weight(m, w);
-  if (wp && clrt_linear_packed_forward(y, x, wp, b, N, Kd, O)) return;
-  if (m->batch_invariant) {   /* no kernel switch at a number of rows */
-    clrt_linear_rowwise_forward(y, x, PW(m, w), b, N, Kd, O);
-    return;
-  }
-  if (model_fast_kernels(m) && N > CLRT_SKINNY_MAX_ROWS && clrt_linear_forward_strided(y, x, PW(m, w), b, N, Kd, O))
-    return;
-  clrt_linear_forward(y, x, PW(m, w), b, N, Kd, O);
-}
-
-/* The backward of a linear layer on the CPU (f32 and bf16 tables alike: gradients are f32). */
-void model_cpu_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
-                               const float *x, int64_t N, int K, int O, int acc) {
-  (void)a;
-  if (model_fast_kernels(m) && clrt_linear_backward_strided(dx, GW(m, w), db, dy, x, PW(m, w), N, K, O, acc)) return;
-  clrt_linear_backward(dx, GW(m, w), db, dy, x, PW(m, w), N, K, O, acc);
-}
-
-/* Products of the same x (q, k, v; gate, up) over the packed copy: one parallel pass for all
-   of them (see linear_packed.c); otherwise one product each. */
-void model_cpu_linear_parts(clrt_model *m, acts *a, const float *x, int64_t N, int Kd,
-                            const lin_part *parts, int count) {
-  clrt_packed_part packed[3] = {{0}};
-  int ok = count <= 3;
-  for (int i = 0; ok && i < count; i++) {
-    const float *wp = model_packed_weight(m, parts[i].w);
-    packed[i] = (clrt_packed_part){parts[i].y, wp, parts[i].b, parts[i].O};
-    ok = wp != NULL;
-  }
-  if (ok && clrt_linear_packed_forward_parts(x, N, Kd, packed, count)) return;
-  for (int i = 0; i < count; i++) model_cpu_linear(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, Kd, parts[i].O);
-}
-
-/* In bf16 mode: over the bf16 panels for any number of rows (bf16-rounded inputs, f32
-   accumulation, on the matrix unit: AMX or AVX512-BF16, one choice per weight shape, so a row
-   gives the same bits in a decode step and in a prefill); without packed panels (no
-   AVX512-BF16) the few-row products of decode over the plain bf16 copy, and larger ones in
-   f32 on the master weights. */
-void model_cpu_linear_bf16(clrt_model *m, acts *a, float *y, const float *x, int64_t w,
-                           const float *b, int64_t N, int Kd, int O) {
-  const uint16_t *w16 = (const uint16_t *)m->wbf->data + w;
-  clrt_packed_part part = {y, w16, b, O};
-  size_t need = m->wbf_packed        ? clrt_linear_packed_bf16_workspace_bytes(N, Kd)
-                : m->batch_invariant ? clrt_linear_rowwise_bf16_workspace_bytes(N, Kd)
-                                     : clrt_linear_skinny_bf16_workspace_bytes(N, Kd);
-  if (model_workspace(m, need, "bf16 forward")) return;
-  if (m->wbf_packed ? clrt_linear_packed_bf16_forward_rows(x, N, Kd, &part, 1, m->ws, m->ws_bytes)
-                    : m->batch_invariant ? clrt_linear_rowwise_forward_bf16(y, x, w16, b, N, Kd, O, m->ws, m->ws_bytes)
-                    : clrt_linear_skinny_forward_bf16(y, x, w16, b, N, Kd, O, m->ws, m->ws_bytes) ||
-                          /* no skinny kernel (no AVX-512): the plain loop keeps bf16 numerics */
-                          (N <= CLRT_SKINNY_MAX_ROWS &&
-                           clrt_linear_rowwise_forward_bf16(y, x, w16, b, N, Kd, O, m->ws, m->ws_bytes)))
-    return;
-  model_cpu_linear(m, a, y, x, w, b, N, Kd, O);
-}
-
-/* The backward in bf16 mode, as autocast(bfloat16) runs it: dy and x rounded to bf16, dx =
-   dy w over the transposed panels, dw += dy^T x with dy^T and x packed per call (N * (O + K)
-   roundings against N * O * K multiply-adds), f32 sums into the f32 gradients; db in f32.
-   Without the transposed panels (no matrix unit) the f32 backward. */
-void model_cpu_linear_backward_bf16(clrt_model *m, acts *a, float *dx, int64_t w, float *db, const float *dy,
-                                    const float *x, int64_t N, int K, int O, int acc) {
-  float *dw = GW(m, w);
-  if (!m->wbf_t || N < 1) {
-    model_cpu_linear_backward(m, a, dx, w, db, dy, x, N, K, O, acc);
-    return;
-  }
-  int64_t Np = (N + 31) / 32 * 32;   /* dw's k is N: padded to AMX's 32 with zeros */
-  size_t n16 = (size_t)N * O, nt = dw ? (size_t)O * Np + (size_t)K * Np : 0;
-  uint16_t *s = malloc(sizeof(uint16_t) * (n16 > nt ? n16 : nt));
-  int done = s != NULL;
-  if (done && dx) {
-    clrt_to_bf16_rows(s, O, dy, O, 1, N, O);
-    done = clrt_gemm_bf16(dx, K, s, O, N, (const uint16_t *)m->wbf->data + m->total + w, K, O, NULL, acc);
-  }
-  if (done && dw) {
-    uint16_t *dyt = s, *xp = s + (size_t)O * Np;
-    clrt_to_bf16_rows(dyt, Np, dy, 1, O, O, N);   /* dy^T [O, N] */
-    clrt_pack_pairs(xp, x, K, 1, N, K, Np);        /* x as b(n, k) */
-    done = clrt_gemm_bf16(dw, K, dyt, Np, O, xp, K, Np, NULL, 1);
-  }
-  free(s);
-  if (!done) {   /* no memory for the bf16 copies of dy and x: the f32 backward */
-    model_cpu_linear_backward(m, a, dx, w, db, dy, x, N, K, O, acc);
-    return;
-  }
-  if (db)
-    for (int o = 0; o < O; o++) {
-      float t = 0;
-      for (int64_t n = 0; n < N; n++) t += dy[n * O + o];
-      db[o] += t;
-    }
-}
-
-void model_cpu_linear_parts_bf16(clrt_model *m, acts *a, const float *x, int64_t N, int Kd,
-                                 const lin_part *parts, int count) {
-  clrt_packed_part packed[3] = {{0}};
-  if (m->wbf_packed && count <= 3) {
-    for (int i = 0; i < count; i++)
-      packed[i] = (clrt_packed_part){parts[i].y, (const uint16_t *)m->wbf->data + parts[i].w,
-                                     parts[i].b, parts[i].O};
-    if (model_workspace(m, clrt_linear_packed_bf16_workspace_bytes(N, Kd), "bf16 forward")) return;
-    if (clrt_linear_packed_bf16_forward_rows(x, N, Kd, packed, count, m->ws, m->ws_bytes)) return;
-  }
-  for (int i = 0; i < count; i++)
-    model_cpu_linear_bf16(m, a, parts[i].y, x, parts[i].w, parts[i].b, N, Kd, parts[i].O);
-}
-
 /* The bf16 weight copies follow the fp32 master weights (after an optimizer step, a move,
    an initialisation, a write through a params view). */
 void model_refresh_bf16(clrt_model *m) {
@@ -299,10 +174,10 @@ void model_refresh_bf16(clrt_model *m) {
                   HD % 2 == 0;
   /* CPU decode reads only the linear weights of wbf: packed, they are all it needs. */
   if (m->wbf_packed) {
-    pack_linear_weights(m, dst, PACK_BF16);
+    pack_linear_weights(m, (char *)dst, sizeof(uint16_t), model_bf16_pairs.make, 1);
     m->repacks++;
     m->wbf_t = m->wbf->bytes == sizeof(uint16_t) * 2 * (size_t)m->total && clrt_matrix_unit() != CLRT_UNIT_F32;
-    if (m->wbf_t) pack_linear_weights(m, dst + m->total, PACK_BF16_T);
+    if (m->wbf_t) pack_linear_weights(m, (char *)(dst + m->total), sizeof(uint16_t), make_transposed_pairs, 0);
     return;
   }
   m->wbf_t = 0;   /* no panels: the backward runs in f32 */
@@ -428,10 +303,10 @@ int model_linear_dims(const clrt_model *m, int64_t off, int *K, int *O) {
 
 void model_copy_rows(clrt_model *m, int keep, int64_t off, int K, int O, int r0, int r1) {
   const float *w = (const float *)m->params->data + off;
-  if (keep & KEEP_F32) clrt_pack_rows_f32((float *)m->wpk->data + off, w, K, O, r0, r1);
+  if (keep & KEEP_F32) model_f32_panels.make_rows((float *)m->wpk->data + off, w, K, O, r0, r1);
   if (keep & KEEP_BF16) {
     uint16_t *d = m->wbf->data;
-    clrt_pack_rows_bf16(d + off, w, K, O, r0, r1);
+    model_bf16_pairs.make_rows(d + off, w, K, O, r0, r1);
     if (m->wbf_t && off != m->head) clrt_pack_rows_bf16_t(d + m->total + off, w, K, O, r0, r1);
   }
 }

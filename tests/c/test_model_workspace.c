@@ -51,10 +51,10 @@ static void run(const clrt_model_config *cfg, int mode) {
     int ok = clrt_model_logprobs(m, tok, B, T, NULL, lp, 1) == 0 && clrt_model_backward(m, dlp) == 0;
     if (!ok) fprintf(stderr, "%s, [%d, %d]: %s\n", modes[mode], B, T, clrt_last_error());
     CHECK(ok);
-    CHECK(!m->step_failed && m->ws_bytes >= model_workspace_bytes(m, (int64_t)B * T));
+    CHECK(!m->ctx->step_failed && m->ctx->ws_bytes >= model_workspace_bytes(m, (int64_t)B * T));
   }
   int bf16_products = (mode >= 1 && mode <= 4) || mode >= 5;
-  CHECK(!bf16_products || m->ws_bytes > 0);
+  CHECK(!bf16_products || m->ctx->ws_bytes > 0);
   /* a cached prefill, then decode steps of one token */
   size_t per = (size_t)2 * CACHE_T * cfg->num_key_value_heads * cfg->head_dim;
   float *kc[4], *vc[4], *logits = malloc(sizeof(float) * 2 * (size_t)V);
@@ -68,9 +68,9 @@ static void run(const clrt_model_config *cfg, int mode) {
   if (!ok) fprintf(stderr, "%s, cached: %s\n", modes[mode], clrt_last_error());
   CHECK(ok);
   /* short: refused with an error naming the caller; the step is marked, the next one clears it */
-  CHECK(model_workspace(m, m->ws_bytes + 1, "probe") == -1 && m->step_failed);
+  CHECK(model_workspace(m->ctx, m->ctx->ws_bytes + 1, "probe") == -1 && m->ctx->step_failed);
   CHECK(strstr(clrt_last_error(), "probe") != NULL);
-  CHECK(clrt_model_logprobs(m, tok, 2, 9, NULL, lp, 0) == 0 && !m->step_failed);
+  CHECK(clrt_model_logprobs(m, tok, 2, 9, NULL, lp, 0) == 0 && !m->ctx->step_failed);
   for (int l = 0; l < L; l++) free(kc[l]), free(vc[l]);
   free(logits);
   clrt_model_free(m);
