@@ -139,6 +139,12 @@ function M.run(opts)
     self.tb = tensorboard.create(dir .. "/tb", { clock = M.wall_time })
     if opts.resume_step ~= nil then self.tb:session_start(opts.resume_step + 1) end
   end
+  -- one line per finished phase (rollouts, scoring, the update, validation) in phases.log
+  local phases = dir .. "/phases.log"
+  require("clrt.progress").set_log(function(line)
+    pcall(files.append, phases, os.date("%H:%M:%S ") .. line .. "\n")
+  end)
+  self.phases_path = phases
   -- said at the start, so TensorBoard (or clrt view) can be pointed at a run still going
   if not self.quiet and opts.announce ~= false then
     self.out:write(("run folder: %s%s\n"):format(dir, self.tb and (" (tensorboard --logdir " .. dir .. "/tb)") or ""))
@@ -418,6 +424,7 @@ function L:plot(keys, path)
 end
 
 function L:close()
+  if self.phases_path then require("clrt.progress").set_log(nil) end
   if #self.rows > 0 then self:plot() end
   if self.tb then self.tb:close(); self.tb = nil end
   if self.open_line then self.out:write("\n"); self.out:flush(); self.open_line = false end

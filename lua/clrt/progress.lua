@@ -5,6 +5,7 @@
 -- given opts.progress = label.
 --   local p = progress.new("step 3 rollouts", 64)   -- opts.tty, opts.out, opts.clock for tests
 --   p:set(12) ... p:finish()                        -- returns the phase's seconds
+--   progress.set_log(function(line) ... end)          -- one line per finished phase (a run's phases.log)
 local M = {}
 
 local isatty = function() return false end
@@ -49,7 +50,13 @@ end
 function P:finish()
   if self.drawn then self.out:write("\r\27[K"); self.out:flush() end
   self.drawn = false
-  return self.clock() - self.t0
+  local seconds = self.clock() - self.t0
+  if M.log_line and self.total > 0 then M.log_line(("%s: %d in %.2f s"):format(self.label, self.total, seconds)) end
+  return seconds
 end
+
+-- set_log(fn): every phase that ends says one line through fn (a run's phases.log, which
+-- clrt.log.run sets while the run is open); nil: none.
+function M.set_log(fn) M.log_line = fn end
 
 return M

@@ -44,4 +44,18 @@ T.case("clrt.sched.run draws the count of finished functions for opts.progress",
   T.ok(out:text():find("rollouts 3/3", 1, true), out:text())
 end)
 
+T.case("a run's phases.log: one line per finished phase while the run's logger is open", function()
+  local log = require("clrt.log")
+  local lg = log.run{ dir = T.tmpdir() .. "/ph", quiet = true }
+  local p = progress.new("step 1: futures and scores", 6, { tty = false })
+  p:set(6); p:finish()
+  sched.run({ function() return 1 end }, { progress = "validation: conversations", progress_opts = { tty = false } })
+  lg:close()
+  progress.new("after the run", 1, { tty = false }):finish()
+  local text = T.read(lg.dir .. "/phases.log")
+  T.ok(text:find("%d%d:%d%d:%d%d step 1: futures and scores: 6 in %d+%.%d%d s\n"), text)
+  T.ok(text:find("validation: conversations: 1 in ", 1, true), text)
+  T.ok(not text:find("after the run", 1, true), "nothing once the run's logger is closed")
+end)
+
 T.run()

@@ -101,9 +101,6 @@ function M.chunks(list, size)
   return out
 end
 
--- Forward and backward of every part; the gradients add up in the model. part.batch is
--- what the criterion's forward takes beside logp (a function of logp when it depends on
--- the padded length).
 -- One part's forward (and backward into the model's gradients when grad is true).
 local function run_part(m, criterion, part, grad)
   local lp = M.logprobs(m, part.rows, grad)
@@ -116,9 +113,17 @@ local function run_part(m, criterion, part, grad)
   return { loss = loss, stats = stats }
 end
 
+-- Forward and backward of every part; the gradients add up in the model. part.batch is
+-- what the criterion's forward takes beside logp (a function of logp when it depends on
+-- the padded length). On a terminal the micro-batches count down (clrt.progress).
 function M.accumulate(m, criterion, parts)
   local results = {}
-  for i, part in ipairs(parts) do results[i] = run_part(m, criterion, part, true) end
+  local bar = require("clrt.progress").new("update: micro-batches", #parts)
+  for i, part in ipairs(parts) do
+    results[i] = run_part(m, criterion, part, true)
+    bar:set(i)
+  end
+  bar:finish()
   return results
 end
 
