@@ -115,6 +115,8 @@ end
 
 function M.main(cfg)
   config.check(cfg, M.rules, "collabllm_sft")
+  -- the settings first, then the folders they name
+  require("clrt.train.lora").check_base_dtype(cfg.train.base_dtype, cfg.train.lora, nil, "collabllm_sft")
   if not cfg.resume then require("clrt.model_path").apply(cfg, "collabllm_sft") end
   if cfg.adapter then
     error(("collabllm_sft: model= names a LoRA checkpoint (%s over %s); fold it into its base first (clrt merge %s OUT) and pass model=OUT")

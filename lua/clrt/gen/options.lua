@@ -59,7 +59,9 @@ function M.check(opts, vocab)
   local function bad(k, why)
     local v = o[k]
     local shown = type(v) == "string" and ("%q"):format(v) or tostring(v)
-    if type(v) ~= "number" and k ~= "seed" then why = "must be a number (" .. why:gsub("^must be ", "") .. ")" end
+    if type(v) ~= "number" and k ~= "seed" and not why:match("^must be a number") then
+      why = "must be a number (" .. why:gsub("^must be ", "") .. ")"
+    end
     error(("generate: option %s %s, got %s"):format(k, why, shown), 0)
   end
   if type(o.n) ~= "number" or o.n < 1 or o.n ~= math.floor(o.n) then bad("n", "must be a positive integer") end
