@@ -159,8 +159,9 @@ end
 -- Append a sampled step's records to lg's run folder (clrt.log's logger: on ranks other than
 -- the first its append does nothing). row: the step's metrics.jsonl row (its api/* fields).
 function M.write(lg, step, entries, row)
-  if not lg.dir then return end
-  lg.rollout_prompts_seen = lg.rollout_prompts_seen or written_hashes(lg.dir .. "/" .. M.FILE)
+  -- rank 0 writes the run's files; another rank's logger answers every method with a no-op
+  if not lg.dir or not require("clrt.dist").is_main() then return end
+  lg.rollout_prompts_seen = rawget(lg, "rollout_prompts_seen") or written_hashes(lg.dir .. "/" .. M.FILE)
   local lines = {}
   for i, r in ipairs(M.records(step, entries, row, lg.rollout_prompts_seen)) do lines[i] = json.encode(r) .. "\n" end
   lg:append(M.FILE, table.concat(lines))
