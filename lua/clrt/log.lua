@@ -54,22 +54,13 @@ end
 M.now = now
 M.wall_time = M.wall_time or os.time
 
-local isatty = function() return false end
-do
-  local ok, ffi = pcall(require, "ffi")
-  if ok and pcall(ffi.cdef, "int isatty(int fd);") then
-    isatty = function(fd) return ffi.C.isatty(fd) == 1 end
-  end
-end
+-- the terminal test and the duration format are clrt.progress's (one declaration of
+-- isatty: a second ffi.cdef of it fails, and its pcall would leave the test always false)
+local progress = require("clrt.progress")
+local isatty = progress.isatty
 
 ---------------------------------------------------------------- helpers
-function M.format_duration(s)
-  if s == nil or s ~= s or s == math.huge then return "?" end
-  s = math.floor(s + 0.5)
-  if s < 60 then return ("%ds"):format(s) end
-  if s < 3600 then return ("%dm%02ds"):format(math.floor(s / 60), s % 60) end
-  return ("%dh%02dm"):format(math.floor(s / 3600), math.floor(s / 60) % 60)
-end
+M.format_duration = progress.format_duration
 
 local function fmt(v)
   if type(v) ~= "number" then return tostring(v) end
@@ -141,7 +132,7 @@ function M.run(opts)
   end
   -- one line per finished phase (rollouts, scoring, the update, validation) in phases.log
   local phases = dir .. "/phases.log"
-  require("clrt.progress").set_log(function(line)
+  progress.set_log(function(line)
     pcall(files.append, phases, os.date("%H:%M:%S ") .. line .. "\n")
   end)
   self.phases_path = phases
@@ -424,7 +415,7 @@ function L:plot(keys, path)
 end
 
 function L:close()
-  if self.phases_path then require("clrt.progress").set_log(nil) end
+  if self.phases_path then progress.set_log(nil) end
   if #self.rows > 0 then self:plot() end
   if self.tb then self.tb:close(); self.tb = nil end
   if self.open_line then self.out:write("\n"); self.out:flush(); self.open_line = false end

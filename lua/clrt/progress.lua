@@ -8,19 +8,25 @@
 --   progress.set_log(function(line) ... end)          -- one line per finished phase (a run's phases.log)
 local M = {}
 
+-- Whether descriptor fd is a terminal (clrt.log's progress line asks too).
 local isatty = function() return false end
 do
   local ffi = require("ffi")
   pcall(ffi.cdef, "int isatty(int fd);")
   if pcall(function() return ffi.C.isatty end) then isatty = function(fd) return ffi.C.isatty(fd) == 1 end end
 end
+M.isatty = isatty
 
+-- 59s, 1m01s, 1h01m; "?" for an unknown one.
 local function duration(s)
+  if s == nil or s ~= s or s == math.huge then return "?" end
   s = math.floor(s + 0.5)
   if s < 60 then return ("%ds"):format(s) end
   if s < 3600 then return ("%dm%02ds"):format(math.floor(s / 60), s % 60) end
   return ("%dh%02dm"):format(math.floor(s / 3600), math.floor(s / 60) % 60)
 end
+
+M.format_duration = duration
 
 local P = {}
 P.__index = P
