@@ -313,6 +313,11 @@ int clrt_model_set_matmul_bf16(clrt_model *m, int on);
 /* How many times the model packed a whole weight copy (packed f32 or bf16 panels): once
    when a copy is first made; an optimizer step refreshes current copies in place instead. */
 int64_t clrt_model_copy_repacks(const clrt_model *m);
+/* What the model's last computation (in its default context) ran its linear products on, by
+   name (static strings): which 0 its weight format, 1 that format's kernel set at the CPU
+   level in use, 2 the f32 set over the master weights a declined product and the gradients
+   fall back to; NULL before any computation or for another `which`. */
+const char *clrt_model_products(const clrt_model *m, int which);
 const char *clrt_matrix_unit_active(void);
 const char *clrt_matrix_unit_available(void);
 /* The CPU kernels in use, one line: "kernels avx2 (this CPU: avx2; ...), bf16 products

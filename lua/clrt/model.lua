@@ -443,6 +443,20 @@ end
 -- Whole weight-copy packs made so far (a current copy is refreshed in place by opt:step()).
 function Model:copy_repacks() return tonumber(C.clrt_model_copy_repacks(live(self))) end
 
+-- What the last forward, backward or decode step ran its linear products on: {format =
+-- the weight copy's layout, kernels = its kernel set at this CPU level, master = the f32 set a
+-- declined product falls back to}; nil before any.
+function Model:products()
+  local m = live(self)
+  local function name(i)
+    local s = C.clrt_model_products(m, i)
+    return s ~= nil and ffi.string(s) or nil
+  end
+  local format = name(0)
+  if not format then return nil end
+  return {format = format, kernels = name(1), master = name(2)}
+end
+
 -- set_matmul("bf16" | "f32"): bf16 mixed precision (train.precision=bf16). On cuda, the
 -- blocks' matmuls take bf16 inputs (copies of the fp32 master weights) and accumulate in
 -- fp32; the output layer stays fp32. On the CPU with a matrix unit (M.matrix_unit(): AMX,

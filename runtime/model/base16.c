@@ -114,9 +114,8 @@ int model_base16_convert(clrt_model *m) {
   free(old_off);
   /* The f32 weights and every copy made from them go. */
   clrt_storage_release(m->params);
-  clrt_storage_release(m->wpk);
-  clrt_storage_release(m->wbf);
-  m->wpk = m->wbf = NULL;
+  model_copy_drop(&m->wpk);
+  model_copy_drop(&m->wbf);
   m->bf16 = 0;
   m->params = p32;
   m->total = n32;

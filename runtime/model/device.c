@@ -30,8 +30,7 @@ int clrt_model_set_base_bf16(clrt_model *m) {
 int clrt_model_set_matmul_bf16(clrt_model *m, int on) {
   if (on && model_mode_allows(m, MODE_F32_WEIGHTS, "set_matmul(\"bf16\")")) return -1;
   if (!on) {
-    clrt_storage_release(m->wbf);
-    m->wbf = NULL;
+    model_copy_drop(&m->wbf);
     m->bf16 = 0;
     model_choose_ops(m);
     return 0;
@@ -42,19 +41,14 @@ int clrt_model_set_matmul_bf16(clrt_model *m, int on) {
           c->num_key_value_heads * c->head_dim % 2 == 0 && c->intermediate_size % 2 == 0 &&
           c->hidden_size % 2 == 0 && c->num_attention_heads * c->head_dim % 2 == 0;
   size_t need = sizeof(uint16_t) * (size_t)m->total * (t ? 2 : 1);
-  if (m->wbf && m->wbf->bytes != need) {
-    clrt_storage_release(m->wbf);
-    m->wbf = NULL;
-  }
-  if (!m->wbf && !(m->wbf = clrt_storage_new(need, m->device))) return -1;
-  m->wbf_t = t;
+  if (m->wbf.s && m->wbf.s->bytes != need) model_copy_drop(&m->wbf);
+  if (!m->wbf.s && !(m->wbf.s = clrt_storage_new(need, m->device))) return -1;
   /* bf16 decode reads the bf16 copies: the packed f32 ones would only take memory. */
-  clrt_storage_release(m->wpk);
-  m->wpk = NULL;
+  model_copy_drop(&m->wpk);
   /* The activation layout gains the bf16 scratch: rebuild it on the next call. */
   model_forget_contexts(m, 1);
   m->bf16 = 1;
-  m->wbf_ver = COPY_STALE;
+  m->wbf.version = COPY_STALE;
   model_choose_ops(m);
   return 0;
 }
@@ -112,11 +106,9 @@ int clrt_model_to_device(clrt_model *m, int device) {
   m->device = device;
   /* The bf16 and packed copies live beside the weights: a move drops them (set_matmul again;
      the packed copy is remade by the next CPU decode). */
-  clrt_storage_release(m->wbf);
-  m->wbf = NULL;
+  model_copy_drop(&m->wbf);
   m->bf16 = 0;
-  clrt_storage_release(m->wpk);
-  m->wpk = NULL;
+  model_copy_drop(&m->wpk);
   model_q8_free(m->q8);   /* int8 copies too (set_quant again) */
   m->q8 = NULL;
   model_choose_ops(m);
@@ -127,37 +119,40 @@ int clrt_model_to_device(clrt_model *m, int device) {
 
 /* CPU f32: f32 panels when the packed copy is current (weights.c), else f32 rows (the tiles
    past a decode step's rows, sgemm with set_decode_pack(false), row-wise when batch
-   invariant). CPU bf16: bf16 pairs where a matrix unit took panels (and the transposed half:
-   bf16 backward too), else bf16 rows. A bf16 base: its panels; a quant=int8 decode step: int8
-   blocks; CUDA: cuBLAS. The master is f32 rows in the model's kernel set. */
+   invariant). CPU bf16: the bf16 copy in the format it was made in (bf16 pairs where the CPU
+   takes panels, with the transposed half where a matrix unit runs bf16 backward too, else
+   bf16 rows). A bf16 base: its panels; a quant=int8 decode step: int8 blocks; CUDA: cuBLAS.
+   The master is f32 rows in the model's kernel set. The copies' kernels were chosen when they
+   were made; the others' are looked up here, once per computation. */
 
-const weight_format *model_linear_format(const clrt_model *m, int decode, const weight_format **master) {
+void model_context_choose(clrt_context *x, int decode) {
+  clrt_model *m = x->m;
   if (m->device != CLRT_CPU) {   /* cuBLAS takes every shape: nothing falls back */
-    *master = model_cuda_format(m->bf16);
-    return *master;
+    x->format = model_cuda_format(m->bf16);
+    x->lin = x->master = model_format_kernels(x->format);
+    return;
   }
   int fast = model_fast_kernels(m);
-  *master = &model_f32_rows[m->batch_invariant ? (fast ? F32_TILES_INVARIANT : F32_BLAS_INVARIANT)
-                                               : (fast ? F32_TILES : F32_BLAS)];
-  if (m->base16) return &model_bf16_base;
-  if (decode && model_q8_active(m)) return &model_int8_blocks;
-  if (m->bf16)
-    return m->wbf_packed         ? (m->wbf_t ? &model_bf16_pairs_t : &model_bf16_pairs)
-           : m->batch_invariant ? &model_bf16_rows_invariant
-                                 : &model_bf16_rows;
-  if (m->wpk && m->wpk_ver == m->params->version) return &model_f32_panels;
-  return *master;
+  const weight_format *master = &model_f32_rows[m->batch_invariant ? (fast ? F32_TILES_INVARIANT : F32_BLAS_INVARIANT)
+                                                                   : (fast ? F32_TILES : F32_BLAS)];
+  x->master = model_format_kernels(master);
+  weight_copy *copy = m->bf16                            ? &m->wbf
+                      : model_copy_current(m, &m->wpk) ? &m->wpk
+                                                         : NULL;
+  if (m->base16) x->format = &model_bf16_base, x->lin = model_format_kernels(x->format);
+  else if (decode && model_q8_active(m)) x->format = &model_int8_blocks, x->lin = model_format_kernels(x->format);
+  else if (copy) x->format = copy->format, x->lin = model_copy_kernels(copy);
+  else x->format = master, x->lin = x->master;
+  if (!x->lin) x->lin = x->master;   /* the format has no kernels at the level now in use */
+}
+
+const char *clrt_model_products(const clrt_model *m, int which) {
+  const clrt_context *x = m->ctx;
+  if (!x->format) return NULL;
+  return which == 0 ? x->format->name : which == 1 ? x->lin->name : which == 2 ? x->master->name : NULL;
 }
 
 const linear_kernels *model_format_kernels(const weight_format *f) {
   int level = clrt_cpu_level();
   return level >= 0 && level <= CLRT_CPU_TOP ? f->kernels[level] : NULL;
-}
-
-void model_context_choose(clrt_context *x, int decode) {
-  const weight_format *master;
-  x->format = model_linear_format(x->m, decode, &master);
-  x->master = model_format_kernels(master);
-  x->lin = model_format_kernels(x->format);
-  if (!x->lin) x->lin = x->master;   /* a copy made at a level above the one now in use */
 }

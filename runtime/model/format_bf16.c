@@ -17,7 +17,7 @@
 
 #include <stdlib.h>
 
-static const uint16_t *W16(const clrt_model *m, int64_t w) { return (const uint16_t *)m->wbf->data + w; }
+static const uint16_t *W16(const clrt_model *m, int64_t w) { return (const uint16_t *)m->wbf.s->data + w; }
 
 /* ---- bf16 rows -------------------------------------------------------------------------------- */
 

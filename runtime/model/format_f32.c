@@ -70,7 +70,7 @@ const weight_format model_f32_rows[F32_ROWS_SETS] = {
 static int panels_forward(clrt_model *m, acts *a, float *y, const float *x, int64_t w, const float *b,
                           int64_t N, int K, int O) {
   (void)a;
-  return clrt_linear_packed_forward(y, x, (const float *)m->wpk->data + w, b, N, K, O);
+  return clrt_linear_packed_forward(y, x, (const float *)m->wpk.s->data + w, b, N, K, O);
 }
 
 /* One parallel pass over all the parts' panels (see linear_packed.c). */
@@ -80,7 +80,7 @@ static int panels_forward_parts(clrt_model *m, acts *a, const float *x, int64_t 
   clrt_packed_part packed[3] = {{0}};
   if (count > 3) return 0;
   for (int i = 0; i < count; i++)
-    packed[i] = (clrt_packed_part){parts[i].y, (const float *)m->wpk->data + parts[i].w, parts[i].b, parts[i].O};
+    packed[i] = (clrt_packed_part){parts[i].y, (const float *)m->wpk.s->data + parts[i].w, parts[i].b, parts[i].O};
   return clrt_linear_packed_forward_parts(x, N, K, packed, count);
 }
 

@@ -225,7 +225,7 @@ static int prepare(clrt_context *x, int positions, int decode, uint64_t *version
   int rc = model_ensure_rope(m, positions);
   if (!rc && decode) rc = model_q8_active(m) ? model_q8_refresh(m) : model_refresh_packed(m);
   else if (!rc) rc = model_refresh_packed_logprobs(m);
-  if (!rc) model_refresh_bf16(m);
+  if (!rc) rc = model_refresh_bf16(m);
   model_context_choose(x, decode);
   *version = model_weights_version(m);
   pthread_mutex_unlock(&m->copies_lock);

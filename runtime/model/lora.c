@@ -258,10 +258,8 @@ static int untie_head(clrt_model *m) {
   m->head = off;
   m->cfg.tie_word_embeddings = 0;
   /* the copies made from the old arena have its size and offsets */
-  clrt_storage_release(m->wpk);
-  clrt_storage_release(m->wbf);
-  m->wpk = m->wbf = NULL;
-  m->wpk_ver = m->wbf_ver = COPY_STALE;
+  model_copy_drop(&m->wpk);
+  model_copy_drop(&m->wbf);
   return 0;
 }
 

@@ -49,6 +49,17 @@ typedef struct model_ops model_ops;
 typedef struct linear_kernels linear_kernels;
 typedef struct weight_format weight_format;
 typedef struct model_q8 model_q8;
+
+/* One copy of the linear weights at the params' offsets, in its own storage (weights.c). Its
+   format and that format's kernels at the CPU level in use are chosen when it is made; a
+   later change of level (clrt_set_cpu_level) chooses the kernels again, not the layout. */
+typedef struct weight_copy {
+  clrt_storage *s;               /* NULL: not made */
+  const weight_format *format;   /* its layout, how it is made, its kernels per level */
+  const linear_kernels *kernels; /* format->kernels at `level`; NULL: none there (the master's) */
+  int level;                     /* the CPU level the kernels were chosen at */
+  uint64_t version;              /* the params->version it was made from (COPY_STALE: not current) */
+} weight_copy;
 typedef struct model_retired model_retired;
 
 /* Rows that share their leading context (an RL group's responses to one prompt, a DPO pair)
@@ -115,29 +126,24 @@ struct clrt_model {
      (rope_dev: cos then sin). */
   int device;
   clrt_storage *rope_dev;
-  /* bf16 matmuls: the linear layers take bf16 copies of their inputs and of the weights (wbf,
-     refreshed from the fp32 master params when they change) and accumulate in fp32. On CUDA
-     the output layer stays fp32; on the CPU, with pack_decode and a matrix unit, the linear
-     weights are packed in panels of bf16 pairs (clrt_linear_pack_bf16, same offsets;
-     wbf_packed) and every product of any row count reads them; without, only decode steps
-     (few rows) read a plain wbf. */
-  int bf16, wbf_packed;
-  clrt_storage *wbf;           /* [total] uint16 on the device ([2 total] with wbf_t) */
-  /* CPU bf16 mixed precision on a matrix unit (AMX, AVX512-BF16): wbf also holds, after its
-     first total uint16s, the blocks' weights transposed into panels of bf16 pairs of output
-     rows (clrt_pack_rows_bf16_t), the layout backward's dx = dy w reads. Forward, dx and dw
-     all run through kernels/cpu/gemm_bf16.c then. */
-  int wbf_t;
-  /* Decode on the CPU (f32): the linear weights packed in 48-wide panels (clrt_linear_pack,
-     same offsets as params), made on the first decode when pack_decode is on. */
+  /* bf16 matmuls (set_matmul("bf16")): the linear layers take bf16 copies of their inputs and
+     read the bf16 copy wbf, accumulating in fp32. On CUDA the output layer stays fp32. */
+  int bf16;
+  /* The CPU's fast kernels (clrt_model_set_decode_pack, on by default): the packed copies
+     (f32 panels, bf16 pairs) and the tiles; off, products run on sgemm over the master. */
   int pack_decode;
   /* Batch invariance (clrt_model_set_batch_invariant): every product and attention on the
      CPU forms a row's results in an order that depends on the weights' shapes only, never on
      how many rows share the step (the weight formats' kernels, ops_cpu.c's attention). */
   int batch_invariant;
-  clrt_storage *wpk;           /* [total] f32, CPU */
-  /* The params->version each copy was made from (COPY_STALE: not made yet). */
-  uint64_t wbf_ver, wpk_ver;
+  /* The copies of the linear weights beside the master params (weights.c), each in the
+     format and with the kernels chosen when it was made:
+       wpk  f32 panels (clrt_linear_pack), CPU, made by the first decode (or logprobs of a
+            small model) while pack_decode is on;
+       wbf  with bf16: bf16 pairs in panels where the CPU takes them (with a matrix unit also
+            the transposed pairs that backward's dx reads: [2 total] uint16), else bf16 rows;
+            on CUDA bf16 rows on the device. */
+  weight_copy wpk, wbf;
   int64_t repacks;             /* whole-copy packs made (clrt_model_copy_repacks) */
   model_lora *lora;            /* NULL: no adapters, full training */
   /* base_dtype=bf16 (base16.c): the frozen linear weights of the blocks live only in b16, in
@@ -166,7 +172,7 @@ struct clrt_model {
    one context trains at a time. */
 struct clrt_context {
   clrt_model *m;
-  /* The linear products of this call (model_linear_format's choice when it began): its
+  /* The linear products of this call (model_context_choose, the policy, when it began): its
      format's kernels, and the f32 ones over the master weights that a declined product and
      the gradients fall back to. A kept forward's backward runs the forward's. */
   const weight_format *format;
@@ -348,10 +354,7 @@ extern const weight_format model_bf16_base;            /* base_dtype=bf16's pane
 extern const weight_format model_int8_blocks;          /* quant=int8's blocks with scales (q8) */
 /* The CUDA formats (cuBLAS over f32 params, or the bf16 copy); NULL when built without CUDA. */
 const weight_format *model_cuda_format(int bf16);
-/* The policy, in one function (device.c): which format this model's linear products read in
-   one computation (decode: a forward_cached step), and the f32 kernels over its master weights
-   that a declined product and the gradients fall back to. */
-const weight_format *model_linear_format(const clrt_model *m, int decode, const weight_format **master);
+/* The policy is model_context_choose (context.c's section above, device.c). */
 /* The format's kernel set at this process's CPU level. */
 const linear_kernels *model_format_kernels(const weight_format *f);
 
@@ -508,11 +511,18 @@ void model_softcap_logits(const clrt_model *m, float *logits, int B);
 
 /* ---- weights (weights.c) --------------------------------------------------------------------- */
 
+/* A copy is current when made from the params' version now; dropping frees it; a made copy
+   takes its format and that format's kernels at the CPU level in use. */
+int model_copy_current(const clrt_model *m, const weight_copy *c);
+void model_copy_drop(weight_copy *c);
+void model_copy_made(const clrt_model *m, weight_copy *c, const weight_format *f);
+/* The copy's kernels at the CPU level in use (chosen again only after a level change). */
+const linear_kernels *model_copy_kernels(weight_copy *c);
 /* The packed f32 copy (CPU decode) and the bf16 copy follow the params' version. */
 int model_refresh_packed(clrt_model *m);
 /* logprobs' share of that policy: which models read a packed copy in training and scoring. */
 int model_refresh_packed_logprobs(clrt_model *m);
-void model_refresh_bf16(clrt_model *m);
+int model_refresh_bf16(clrt_model *m);
 /* The optimizer step keeps the copies current itself (no repack per step): before the update,
    which copies are current (0: none to keep); per linear weight param (its offset), K and O
    (0 when it is no linear weight); after updating rows [r0, r1) of one, those rows into each

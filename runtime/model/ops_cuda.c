@@ -30,7 +30,7 @@ static int cuda_linear_backward(clrt_model *m, acts *a, float *dx, int64_t w, fl
 static int cuda_linear_bf16(clrt_model *m, acts *a, float *y, const float *x, int64_t w,
                             const float *b, int64_t N, int K, int O) {
   clrt_cuda_f32_to_bf16(a->x16, x, N * K);
-  clrt_cuda_linear_forward_bf16(y, a->x16, (const uint16_t *)m->wbf->data + w, b, N, K, O);
+  clrt_cuda_linear_forward_bf16(y, a->x16, (const uint16_t *)m->wbf.s->data + w, b, N, K, O);
   return 1;
 }
 
@@ -39,7 +39,7 @@ static int cuda_linear_backward_bf16(clrt_model *m, acts *a, float *dx, int64_t 
   clrt_cuda_f32_to_bf16(a->x16, x, N * K);
   clrt_cuda_f32_to_bf16(a->dy16, dy, N * O);
   clrt_cuda_linear_backward_bf16(dx, GW(m, w), db, dy, a->dy16, a->x16,
-                                 (const uint16_t *)m->wbf->data + w, N, K, O, acc);
+                                 (const uint16_t *)m->wbf.s->data + w, N, K, O, acc);
   return 1;
 }
 

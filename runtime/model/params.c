@@ -114,7 +114,7 @@ clrt_model *model_params_new(const clrt_model_config *cfg) {
   }
   m->pack_decode = 1;
   m->share_prefix = 1;
-  m->wbf_ver = m->wpk_ver = COPY_STALE;
+  m->wbf.version = m->wpk.version = COPY_STALE;
   const clrt_model_config *c = &m->cfg;
   int L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size;
   int64_t HD = (int64_t)c->num_attention_heads * c->head_dim, KVD = (int64_t)c->num_key_value_heads * c->head_dim;
@@ -220,8 +220,8 @@ void clrt_model_free(clrt_model *m) {
   free(m->rope_sin);
   clrt_storage_release(m->rope_dev);
   model_retired_free(m);
-  clrt_storage_release(m->wbf);
-  clrt_storage_release(m->wpk);
+  model_copy_drop(&m->wbf);
+  model_copy_drop(&m->wpk);
   clrt_storage_release(m->b16);
   model_q8_free(m->q8);
   model_lora_free(m->lora);
@@ -284,7 +284,7 @@ int64_t clrt_model_num_params(const clrt_model *m) {
 size_t clrt_model_memory(const clrt_model *m, int arena) {
   switch (arena) {
     case CLRT_ARENA_PARAMS:   /* with the bf16 and packed copies made from them */
-      return (m->params ? m->params->bytes : 0) + (m->wbf ? m->wbf->bytes : 0) + (m->wpk ? m->wpk->bytes : 0) +
+      return (m->params ? m->params->bytes : 0) + (m->wbf.s ? m->wbf.s->bytes : 0) + (m->wpk.s ? m->wpk.s->bytes : 0) +
              (m->b16 ? m->b16->bytes : 0) +
              (m->lora ? m->lora->params->bytes : 0);
     case CLRT_ARENA_GRADS: return (m->grads ? m->grads->bytes : 0) + (m->lora ? m->lora->grads->bytes : 0);

@@ -1,6 +1,6 @@
 /* weights.c — the weight copies beside the f32 master params and the modes' rules. Which
    weight format a computation's linear products read is device.c's policy
-   (model_linear_format; the formats and their kernels: format_f32.c, format_bf16.c, base16.c,
+   (model_context_choose; the formats and their kernels: format_f32.c, format_bf16.c, base16.c,
    quant8.c, ops_cuda.c):
      CPU f32   f32 panels when the packed copy is current (decode makes it, logprobs remakes an
                existing one after the weights change and makes one for a small model:
@@ -84,23 +84,51 @@ int model_mode_allows(const clrt_model *m, int change, const char *who) {
   return -1;
 }
 
+/* ---- the copies ------------------------------------------------------------------------------- */
+
+int model_copy_current(const clrt_model *m, const weight_copy *c) {
+  return c->s && c->format && c->version == m->params->version;
+}
+
+void model_copy_drop(weight_copy *c) {
+  clrt_storage_release(c->s);
+  *c = (weight_copy){.version = COPY_STALE};
+}
+
+static void choose_kernels(weight_copy *c) {
+  c->level = clrt_cpu_level();
+  c->kernels = model_format_kernels(c->format);
+}
+
+void model_copy_made(const clrt_model *m, weight_copy *c, const weight_format *f) {
+  c->format = f;
+  c->version = m->params->version;
+  choose_kernels(c);
+}
+
+const linear_kernels *model_copy_kernels(weight_copy *c) {
+  if (c->level != clrt_cpu_level()) choose_kernels(c);
+  return c->kernels;
+}
+
 /* The packed copies of the linear weights, made on the first CPU forward (decode, logprobs) and remade when the
    weights change. Products of any number of rows run faster over them than over sgemm (see
    linear_packed.c), for a second copy of the weights in memory. */
 int model_refresh_packed(clrt_model *m) {
   if (m->device != CLRT_CPU || m->bf16 || m->base16 || !m->pack_decode || !clrt_linear_packed_available()) return 0;
-  if (!m->wpk) {
-    if (!(m->wpk = clrt_storage_new(sizeof(float) * (size_t)m->total, CLRT_CPU))) {
+  weight_copy *c = &m->wpk;
+  if (!c->s) {
+    if (!(c->s = clrt_storage_new(sizeof(float) * (size_t)m->total, CLRT_CPU))) {
       clrt_set_error("decode: no memory for the packed weights (%lld MiB; set_decode_pack(false) "
                      "decodes without them)", (long long)(sizeof(float) * (size_t)m->total >> 20));
       return -1;
     }
-    m->wpk_ver = COPY_STALE;
+    c->version = COPY_STALE;
   }
-  if (m->wpk_ver == m->params->version) return 0;
-  pack_linear_weights(m, m->wpk->data, sizeof(float), model_f32_panels.make, 1);
+  if (model_copy_current(m, c)) return 0;
+  pack_linear_weights(m, c->s->data, sizeof(float), model_f32_panels.make, 1);
   m->repacks++;
-  m->wpk_ver = m->params->version;
+  model_copy_made(m, c, &model_f32_panels);
   return 0;
 }
 
@@ -112,13 +140,13 @@ int model_refresh_packed(clrt_model *m) {
 int model_refresh_packed_logprobs(clrt_model *m) {
   const char *env = getenv("CLRT_TRAIN_PACK_MAX_MB");
   double max_mb = env && *env ? atof(env) : 256;
-  if (!m->wpk && sizeof(float) * (double)m->total > max_mb * 1048576.0) return 0;
+  if (!m->wpk.s && sizeof(float) * (double)m->total > max_mb * 1048576.0) return 0;
   return model_refresh_packed(m);
 }
 
 /* The packed copy of the weight at offset w, when it is current. */
 const float *model_packed_weight(const clrt_model *m, int64_t w) {
-  return m->wpk && m->wpk_ver == m->params->version ? (const float *)m->wpk->data + w : NULL;
+  return model_copy_current(m, &m->wpk) ? (const float *)m->wpk.s->data + w : NULL;
 }
 
 int model_fast_kernels(const clrt_model *m) { return m->device == CLRT_CPU && m->pack_decode; }
@@ -158,40 +186,41 @@ size_t model_workspace_bytes(const clrt_model *m, int64_t N) {
 
 /* The bf16 weight copies follow the fp32 master weights (after an optimizer step, a move,
    an initialisation, a write through a params view). */
-void model_refresh_bf16(clrt_model *m) {
-  if (!m->bf16 || m->wbf_ver == m->params->version) return;
-  m->wbf_ver = m->params->version;
+int model_refresh_bf16(clrt_model *m) {
+  weight_copy *c = &m->wbf;
+  if (!m->bf16 || model_copy_current(m, c)) return 0;
+  /* dropped with the arena it was made from (LoRA untying the head): one plain copy's room */
+  if (!c->s && !(c->s = clrt_storage_new(sizeof(uint16_t) * (size_t)m->total, m->device))) return -1;
   if (m->ops->to_bf16) {   /* the device converts the whole arena */
-    m->wbf_packed = 0;
-    m->ops->to_bf16(m->wbf->data, m->params->data, m->total);
-    return;
+    m->ops->to_bf16(c->s->data, m->params->data, m->total);
+    model_copy_made(m, c, model_cuda_format(1));
+    return 0;
   }
   const float *src = m->params->data;
-  uint16_t *dst = m->wbf->data;
-  const clrt_model_config *c = &m->cfg;
-  int C = c->hidden_size, I = c->intermediate_size, HD = c->num_attention_heads * c->head_dim;
-  m->wbf_packed = m->pack_decode && clrt_linear_packed_bf16_available() && C % 2 == 0 && I % 2 == 0 &&
-                  HD % 2 == 0;
-  /* CPU decode reads only the linear weights of wbf: packed, they are all it needs. */
-  if (m->wbf_packed) {
+  uint16_t *dst = c->s->data;
+  const clrt_model_config *cfg = &m->cfg;
+  int C = cfg->hidden_size, I = cfg->intermediate_size, HD = cfg->num_attention_heads * cfg->head_dim;
+  /* CPU decode reads only the linear weights of wbf: in panels, they are all it needs. */
+  if (m->pack_decode && clrt_linear_packed_bf16_available() && C % 2 == 0 && I % 2 == 0 && HD % 2 == 0) {
     pack_linear_weights(m, (char *)dst, sizeof(uint16_t), model_bf16_pairs.make, 1);
     m->repacks++;
-    m->wbf_t = m->wbf->bytes == sizeof(uint16_t) * 2 * (size_t)m->total && clrt_matrix_unit() != CLRT_UNIT_F32;
-    if (m->wbf_t) pack_linear_weights(m, (char *)(dst + m->total), sizeof(uint16_t), make_transposed_pairs, 0);
-    return;
+    /* room for the transposed half was made by set_matmul where a matrix unit runs backward */
+    int t = c->s->bytes == sizeof(uint16_t) * 2 * (size_t)m->total && clrt_matrix_unit() != CLRT_UNIT_F32;
+    if (t) pack_linear_weights(m, (char *)(dst + m->total), sizeof(uint16_t), make_transposed_pairs, 0);
+    model_copy_made(m, c, t ? &model_bf16_pairs_t : &model_bf16_pairs);
+    return 0;
   }
-  m->wbf_t = 0;   /* no panels: the backward runs in f32 */
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < m->total; i++) dst[i] = clrt_f32_to_bf16(src[i]);
+  /* no panels: the backward runs in f32 */
+  model_copy_made(m, c, m->batch_invariant ? &model_bf16_rows_invariant : &model_bf16_rows);
+  return 0;
 }
 
 int clrt_model_set_decode_pack(clrt_model *m, int on) {
-  if (m->pack_decode != (on != 0)) m->wbf_ver = COPY_STALE;   /* bf16 copies change layout */
+  if (m->pack_decode != (on != 0)) m->wbf.version = COPY_STALE;   /* bf16 copies change layout */
   m->pack_decode = on != 0;
-  if (!on) {
-    clrt_storage_release(m->wpk);
-    m->wpk = NULL;
-  }
+  if (!on) model_copy_drop(&m->wpk);
   return 0;
 }
 
@@ -225,6 +254,9 @@ void clrt_model_weights_stamp(const clrt_model *m, uint64_t out[8]) {
 
 int clrt_model_set_batch_invariant(clrt_model *m, int on) {
   m->batch_invariant = on != 0;
+  /* bf16 rows keep their layout; their kernels differ (row-wise when invariant) */
+  if (m->wbf.format == &model_bf16_rows || m->wbf.format == &model_bf16_rows_invariant)
+    model_copy_made(m, &m->wbf, m->batch_invariant ? &model_bf16_rows_invariant : &model_bf16_rows);
   return 0;
 }
 
@@ -275,8 +307,8 @@ enum { KEEP_F32 = 1, KEEP_BF16 = 2 };
 int model_copies_to_keep(const clrt_model *m) {
   if (m->device != CLRT_CPU || m->base16) return 0;
   int keep = 0;
-  if (m->wpk && m->wpk_ver == m->params->version) keep |= KEEP_F32;
-  if (m->bf16 && m->wbf && m->wbf_packed && m->wbf_ver == m->params->version) keep |= KEEP_BF16;
+  if (model_copy_current(m, &m->wpk)) keep |= KEEP_F32;
+  if (m->bf16 && model_copy_current(m, &m->wbf) && m->wbf.format->make_rows) keep |= KEEP_BF16;
   return keep;
 }
 
@@ -303,15 +335,15 @@ int model_linear_dims(const clrt_model *m, int64_t off, int *K, int *O) {
 
 void model_copy_rows(clrt_model *m, int keep, int64_t off, int K, int O, int r0, int r1) {
   const float *w = (const float *)m->params->data + off;
-  if (keep & KEEP_F32) model_f32_panels.make_rows((float *)m->wpk->data + off, w, K, O, r0, r1);
+  if (keep & KEEP_F32) m->wpk.format->make_rows((float *)m->wpk.s->data + off, w, K, O, r0, r1);
   if (keep & KEEP_BF16) {
-    uint16_t *d = m->wbf->data;
-    model_bf16_pairs.make_rows(d + off, w, K, O, r0, r1);
-    if (m->wbf_t && off != m->head) clrt_pack_rows_bf16_t(d + m->total + off, w, K, O, r0, r1);
+    uint16_t *d = m->wbf.s->data;
+    m->wbf.format->make_rows(d + off, w, K, O, r0, r1);
+    if (m->wbf.format == &model_bf16_pairs_t && off != m->head) clrt_pack_rows_bf16_t(d + m->total + off, w, K, O, r0, r1);
   }
 }
 
 void model_copies_kept(clrt_model *m, int keep) {
-  if (keep & KEEP_F32) m->wpk_ver = m->params->version;
-  if (keep & KEEP_BF16) m->wbf_ver = m->params->version;
+  if (keep & KEEP_F32) m->wpk.version = m->params->version;
+  if (keep & KEEP_BF16) m->wbf.version = m->params->version;
 }
