@@ -152,7 +152,3 @@ const char *clrt_model_products(const clrt_model *m, int which) {
   return which == 0 ? x->format->name : which == 1 ? x->lin->name : which == 2 ? x->master->name : NULL;
 }
 
-const linear_kernels *model_format_kernels(const weight_format *f) {
-  int level = clrt_cpu_level();
-  return level >= 0 && level <= CLRT_CPU_TOP ? f->kernels[level] : NULL;
-}

@@ -95,6 +95,11 @@ void model_copy_drop(weight_copy *c) {
   *c = (weight_copy){.version = COPY_STALE};
 }
 
+const linear_kernels *model_format_kernels(const weight_format *f) {
+  int level = clrt_cpu_level();
+  return level >= 0 && level <= CLRT_CPU_TOP ? f->kernels[level] : NULL;
+}
+
 static void choose_kernels(weight_copy *c) {
   c->level = clrt_cpu_level();
   c->kernels = model_format_kernels(c->format);
@@ -193,7 +198,11 @@ int model_refresh_bf16(clrt_model *m) {
   if (!c->s && !(c->s = clrt_storage_new(sizeof(uint16_t) * (size_t)m->total, m->device))) return -1;
   if (m->ops->to_bf16) {   /* the device converts the whole arena */
     m->ops->to_bf16(c->s->data, m->params->data, m->total);
-    model_copy_made(m, c, model_cuda_format(1));
+    /* plain bf16 rows on the device, which its own format's products read (cuBLAS; the
+       policy's, model_cuda_format): no CPU kernels */
+    c->format = &model_bf16_rows;
+    c->version = m->params->version;
+    c->kernels = NULL;
     return 0;
   }
   const float *src = m->params->data;
