@@ -13,7 +13,11 @@
 --   clrt bench/rl_step.lua [steps=2] [size=0.5b|15m] [model=DIR] [prompt=400] [reply=256]
 --        [futures=3] [turns=2] [delay=0.5] [prompts=2] [n=4] [threads=2] [quant=none|int8]
 --        [prefix_cache_mb=MB] [reply_mean=100] [compare=OLD_CLRT] [compare_args='k=v k=v']
---        [args='k=v ...'] [keep=1]
+--        [args='k=v ...'] [async=K] [keep=1]
+-- async=K (K > 0) runs the recipe twice in this invocation, with train.async.max_off_policy_steps
+-- 0 and K (clrt.train.async: step s's rollouts from the weights after update s - 1 - K, made
+-- while the steps before train), and prints the ratio of their steady-state step times and the
+-- rollout/train mismatch (tis/mismatch_kl) of the async run.
 -- compare=BIN runs the same with another clrt binary (an older build, with its own recipes)
 -- in this invocation and prints the ratio of step times (before / after). Keys an older
 -- recipe may not know (rollout.quant, rollout.prefix_cache_mb) go to it only through
@@ -27,7 +31,7 @@
 local here = debug.getinfo(1, "S").source:sub(2):match("^(.*)/") or "."
 local opts = dofile(here .. "/args.lua").parse({ steps = 2, size = "0.5b", model = "", prompt = 400, reply = 256,
   futures = 3, turns = 2, delay = 0.5, prompts = 2, n = 4, threads = 2, quant = "none", prefix_cache_mb = "",
-  reply_mean = 100, compare = "", compare_args = "", args = "", keep = 0 }, arg)
+  reply_mean = 100, compare = "", compare_args = "", args = "", async = 0, keep = 0 }, arg)
 local ffi = require("ffi")
 local json = require("clrt.json")
 local data = require("clrt.data")
@@ -271,6 +275,25 @@ local ok, err = pcall(function()
   local n, users, judges = requests_of("after")
   print_rows(("this build (%s):"):format(BIN), rows)
   print(("  requests to the endpoint: %d (%d to the user, %d to the judges)"):format(n, users, judges))
+  if tonumber(opts.async) and tonumber(opts.async) > 0 then
+    local K = math.floor(tonumber(opts.async))
+    local with = { "train.async.max_off_policy_steps=" .. K }
+    for _, x in ipairs(mine) do with[#with + 1] = x end
+    local arows = run_recipe(BIN, "async", model_dir, data_path, url, with)
+    n, users, judges = requests_of("async")
+    print_rows(("this build, train.async.max_off_policy_steps=%d (the split columns are the worker's rollouts):"):format(K), arows)
+    print(("  requests to the endpoint: %d (%d to the user, %d to the judges)"):format(n, users, judges))
+    local kls, ages = {}, {}
+    for _, r in ipairs(arows) do
+      kls[#kls + 1] = f(r["tis/mismatch_kl"], "%.2e")
+      ages[#ages + 1] = tostring(r["async/age_max"] or "-")
+    end
+    print(("  mismatch KL(rollout || trained) per step: %s; policy age per step: %s"):format(table.concat(kls, " "),
+      table.concat(ages, " ")))
+    local a, b = typical(arows), typical(rows)
+    print(("step time, %s: K=0 %.2f s, K=%d %.2f s: %.2fx the synchronous step"):format(
+      #rows > 1 and "median of the steps after the first" or "step 1", b, K, a, a / b))
+  end
   if opts.compare ~= "" then
     local theirs = {}
     for x in tostring(opts.compare_args):gmatch("%S+") do theirs[#theirs + 1] = x end

@@ -52,7 +52,14 @@ M.defaults.train = { lr = 1e-6, decay = "constant", min_lr_ratio = 0.0, warmup_s
   kl_penalty_coef = 0.2, kl_target = 6, kl_horizon = 10000, -- TRL init_kl_coef, target, horizon (adap_kl_ctrl; kl_target=0: fixed)
   base_dtype = "f32",                     -- bf16 (LoRA only): the frozen base in bf16, shared with the reference
   precision = "f32",                      -- bf16: mixed precision as autocast(bfloat16), on the CPU's matrix unit (docs/runtime.md)
-  lora = require("clrt.train.lora").config() }    -- r > 0: train LoRA adapters; the reference is the base
+  lora = require("clrt.train.lora").config(),     -- r > 0: train LoRA adapters; the reference is the base
+  -- asynchronous RL (clrt.train.async, docs/training.md): step s's rollouts sample from the
+  -- weights after update s - 1 - K, made by a rollout worker while the steps before train
+  async = { max_off_policy_steps = 0,     -- K; 0: every step's rollouts from the current weights (verl, TRL sync)
+    correction = "tis",                   -- "tis": token weights min(pi_old / pi_rollout, tis_cap) (verl's TIS);
+                                          -- "sequence_mask": TRL's default mode; "none"
+    seq_cap = 3,                          -- sequence_mask: rows above it left out (TRL vllm_importance_sampling_cap 3.0)
+    rollout_threads = 0 } }               -- the worker's threads (0: all cores, idle threads passive: suits 2 cores)
 
 -- preset=verl (default): the defaults above, verl's recipe. preset=authors: the authors' PPO
 -- (Wuyxin/collabllm scripts/train/ppo.py, TRL <= 0.10.1) laid over them, each value with its
@@ -97,6 +104,8 @@ for _, r in ipairs({
   { "train.vf_coef", "nonneg" }, { "train.cliprange_value", "rate" }, { "train.kl_penalty_coef", "nonneg" },
   { "train.kl_target", "nonneg" }, { "train.kl_horizon", "count" }, { "train.ppo_epochs", "count" },
   { "train.whiten_size", "count0" }, { "preset", "one_of", { "verl", "authors" } },
+  { "train.async.max_off_policy_steps", "count0" }, { "train.async.correction", "one_of", { "tis", "sequence_mask", "none" } },
+  { "train.async.seq_cap", "rate" }, { "train.async.rollout_threads", "count0" },
 }) do M.rules[#M.rules + 1] = r end
 
 -- Every value against its declared kind, before anything loads: one line per bad key.
@@ -104,7 +113,8 @@ function M.check_config(cfg) defaults.check(cfg, M.rules, WHO) end
 
 -- Settings a resumed run may not change: they define what the run's steps mean.
 M.FIXED_ON_RESUME = { "model", "adapter", "seed", "data", "prompts_per_step", "rollout.n", "single_turn", "sft", "sft_cache",
-  "train.lora.r", "train.lora.alpha", "train.lora.targets", "train.base_dtype", "train.algorithm", "preset" }
+  "train.lora.r", "train.lora.alpha", "train.lora.targets", "train.base_dtype", "train.algorithm", "preset",
+  "train.async.max_off_policy_steps" }
 
 function M.main(cfg)
   M.check_config(cfg)
@@ -182,61 +192,78 @@ function M.run(cfg, run_dir)
   local ran, failed_here, last_failure = 0, 0, nil   -- this invocation's steps
   local budget = require("clrt.train.budget")
   budget.check_start(cfg, ctx, SCRIPT, run_dir, "collabllm_rl")
-  for step = first_step, last_step do
-    clrt.check_interrupt()
-    local t0 = clrt.log.now()
-    local samples = prompts.step_prompts(cfg, world, dataset, step)
-    -- rollout.quant=int8: int8 copies of the current weights for the rollouts only
-    -- (evaluations and the update read the f32 ones)
-    if cfg.rollout.quant == "int8" then m:set_quant("int8") end
-    local entries, timing = rollout.step(m, tok, cfg, samples, ctx, user, metrics, step)
-    if cfg.rollout.quant == "int8" then m:set_quant("none") end
-    local R = reward.batch_rewards(entries, weights, cfg.reward.mode)
-    local groups = {}
-    for i, e in ipairs(entries) do groups[i] = e.group end
-    -- GRPO's group advantages (PPO's come from its value: astats stays empty)
-    local A, astats = {}, {}
-    if not ppo then A, astats = reward.group_advantages(R.rewards, groups, { scale_by_std = cfg.train.norm_adv_by_std }, #entries) end
-    for i, e in ipairs(entries) do
-      e.reward = R.rewards[i]
-      if e.reward ~= nil and not ppo then e.advantage = A[i] end
+  -- train.async.max_off_policy_steps > 0: a rollout worker makes the steps' entries ahead
+  local async = train.async.start{ cfg = cfg, run_dir = run_dir, model = m, start_dir = start_dir, first = first_step,
+    last = last_step, script = M.script_path(), who = WHO }
+  local ok, err = pcall(function()
+    for step = first_step, last_step do
+      clrt.check_interrupt()
+      local t0 = clrt.log.now()
+      local samples = prompts.step_prompts(cfg, world, dataset, step)
+      -- rollout.quant=int8: int8 copies of the current weights for the rollouts only
+      -- (evaluations and the update read the f32 ones)
+      local entries, timing
+      if async then entries, timing = async:entries(step, samples, ctx)
+      else
+        if cfg.rollout.quant == "int8" then m:set_quant("int8") end
+        entries, timing = rollout.step(m, tok, cfg, samples, ctx, user, metrics, step)
+        if cfg.rollout.quant == "int8" then m:set_quant("none") end
+      end
+      local R = reward.batch_rewards(entries, weights, cfg.reward.mode)
+      local groups = {}
+      for i, e in ipairs(entries) do groups[i] = e.group end
+      -- GRPO's group advantages (PPO's come from its value: astats stays empty)
+      local A, astats = {}, {}
+      if not ppo then A, astats = reward.group_advantages(R.rewards, groups, { scale_by_std = cfg.train.norm_adv_by_std }, #entries) end
+      for i, e in ipairs(entries) do
+        e.reward = R.rewards[i]
+        if e.reward ~= nil and not ppo then e.advantage = A[i] end
+      end
+      local t1, p1 = clrt.log.now(), clrt.model.product_seconds()
+      local lr = train.schedule.lr(step - 1, { lr = cfg.train.lr, decay = cfg.train.decay,
+        min_lr_ratio = cfg.train.min_lr_ratio, warmup_steps = cfg.train.warmup_steps, total_steps = cfg.steps })
+      local st
+      if ppo then st = M.ppo_update(ppo, m, ref, opt, entries, cfg.train, lr)
+      else
+        local rows = train.ppo.training_rows(entries, cfg.train.async.correction)
+        st = #rows > 0 and train.ppo.update(m, ref, opt, rows, cfg.train, lr) or {}
+      end
+      local t2 = clrt.log.now()
+      if async then async:trained(step, m) end   -- the version a later step samples from
+      timing.update_products_s = clrt.model.product_seconds() - p1
+      local row = train.report.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
+      if ppo then M.ppo_row(row, st) end
+      if async then train.async.row(row, entries, step, timing) end
+      -- a failed step (more than max_drop_fraction of its samples dropped, or a metric failed
+      -- on every conversation) is marked, printed and counted; max_failed_steps stop the run
+      local f = train.failure.assess(cfg, entries, R)
+      lg:log(step, train.failure.mark(row, f))
+      ran = ran + 1
+      if f.failed then
+        failed_here, last_failure = failed_here + 1, f
+        failed_steps = failed_steps + 1
+        lg:print(train.failure.line(step, f, failed_steps, cfg.max_failed_steps))
+        if failed_steps >= cfg.max_failed_steps then error(train.failure.stop_message(WHO, step, f, failed_steps), 0) end
+      end
+      if lg:sample_due(step, last_step) then
+        lg:samples(step, train.report.sample_items(entries, cfg.rollout.n))
+        train.rollouts_log.write(lg, step, entries, row)   -- the whole step's tree (clrt view)
+      end
+      ev:at_step(step)
+      local over = budget.check_step(cfg, ctx)   -- past budget.max_usd with one more step: stop here, resumable
+      if over or (cfg.save_every > 0 and (step % cfg.save_every == 0 or step == last_step)) then
+        train.checkpoint.save(run_dir, { step = step, model = m, tokenizer_dir = start_dir, optimizer = opt, base = start_dir,
+          value_head = ppo and ppo.head, state = { failed_steps = failed_steps, kl_penalty_coef = ppo and ppo.kl_coef } })
+        if async then async:checkpointed(step) end
+      end
+      if over then
+        if async then async:stop(false, lg) end   -- what it made ahead stays for the resume
+        budget.stop(over, cfg, ctx, SCRIPT, run_dir, "collabllm_rl", lg, ev)
+      end
     end
-    local t1, p1 = clrt.log.now(), clrt.model.product_seconds()
-    local lr = train.schedule.lr(step - 1, { lr = cfg.train.lr, decay = cfg.train.decay,
-      min_lr_ratio = cfg.train.min_lr_ratio, warmup_steps = cfg.train.warmup_steps, total_steps = cfg.steps })
-    local st
-    if ppo then st = M.ppo_update(ppo, m, ref, opt, entries, cfg.train, lr)
-    else
-      local rows = train.ppo.training_rows(entries)
-      st = #rows > 0 and train.ppo.update(m, ref, opt, rows, cfg.train, lr) or {}
-    end
-    local t2 = clrt.log.now()
-    timing.update_products_s = clrt.model.product_seconds() - p1
-    local row = train.report.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
-    if ppo then M.ppo_row(row, st) end
-    -- a failed step (more than max_drop_fraction of its samples dropped, or a metric failed
-    -- on every conversation) is marked, printed and counted; max_failed_steps stop the run
-    local f = train.failure.assess(cfg, entries, R)
-    lg:log(step, train.failure.mark(row, f))
-    ran = ran + 1
-    if f.failed then
-      failed_here, last_failure = failed_here + 1, f
-      failed_steps = failed_steps + 1
-      lg:print(train.failure.line(step, f, failed_steps, cfg.max_failed_steps))
-      if failed_steps >= cfg.max_failed_steps then error(train.failure.stop_message(WHO, step, f, failed_steps), 0) end
-    end
-    if lg:sample_due(step, last_step) then
-      lg:samples(step, train.report.sample_items(entries, cfg.rollout.n))
-      train.rollouts_log.write(lg, step, entries, row)   -- the whole step's tree (clrt view)
-    end
-    ev:at_step(step)
-    local over = budget.check_step(cfg, ctx)   -- past budget.max_usd with one more step: stop here, resumable
-    if over or (cfg.save_every > 0 and (step % cfg.save_every == 0 or step == last_step)) then
-      train.checkpoint.save(run_dir, { step = step, model = m, tokenizer_dir = start_dir, optimizer = opt, base = start_dir,
-        value_head = ppo and ppo.head, state = { failed_steps = failed_steps, kl_penalty_coef = ppo and ppo.kl_coef } })
-    end
-    if over then budget.stop(over, cfg, ctx, SCRIPT, run_dir, "collabllm_rl", lg, ev) end
-  end
+  end)
+  if async then async:stop(ok and last_step == cfg.steps, ok and nil or lg) end
+  if not ok then error(err, 0) end
 
   local none = train.failure.none_succeeded(WHO, ran, failed_here, last_failure)
   if none then lg:print(none); lg:close(); error(none, 0) end
@@ -269,7 +296,7 @@ function M.ppo_state(m, cfg, ckpt_dir, resume_state)
 end
 
 function M.ppo_update(ppo, m, ref, opt, entries, t, lr)
-  local rows = train.ppo_value.training_rows(entries)
+  local rows = train.ppo_value.training_rows(entries, t.async.correction)
   if #rows == 0 then return {} end
   local st
   st, ppo.kl_coef = train.ppo_value.update(m, ref, ppo.head, opt, rows, t, lr, ppo.kl_coef)
@@ -298,6 +325,37 @@ function M.parse_args(argv)
   return cfg
 end
 
+-- This file's path, for train.async's worker (the same recipe in a process of its own).
+function M.script_path()
+  return debug.getinfo(1, "S").source:sub(2)
+end
+
+-- train.async's rollout worker (async_worker=RUN, started by the run itself): the policy of
+-- each version, and what the rollouts read besides it, as the run reads them.
+function M.async_worker(run_dir)
+  local function load_policy(cfg, start_dir, version_dir)
+    local m = train.lora.policy(start_dir, version_dir, cfg.train.lora, cfg.seed, cfg.adapter, cfg.train.base_dtype)
+    if cfg.device ~= "cpu" then m:to(cfg.device) end
+    m:set_batch_invariant(cfg.rollout.batch_invariant)
+    require("clrt.gen.prefix_cache").configure(m, { mb = cfg.rollout.prefix_cache_mb })
+    train.lora.set_precision(m, cfg.train.precision, WHO)
+    if cfg.rollout.quant == "int8" then m:set_quant("int8") end
+    return m
+  end
+  local function setup(cfg, m, start_dir)
+    local world = the_world()
+    local tok = clrt.tokenizer.load(start_dir)
+    local dataset, _, _ = prompts.load_sets(m, tok, cfg, WHO)
+    local metrics = reward.load_metrics(cfg.reward.metric_weights, cfg.reward.metric_options)
+    if dataset then dataset = reward.check_samples(metrics, dataset, cfg.reward.metric_options, function() end) end
+    local ctx, user = train.context{ config = cfg, tokenizer = tok, who = WHO }
+    return { world = world, tok = tok, dataset = dataset, metrics = metrics, ctx = ctx, user = user }
+  end
+  train.async.worker(run_dir, load_policy, setup, prompts.step_prompts)
+end
+
 local argv = { ... }
 if argv[1] == "recipes.collabllm_rl" then return M end
+local worker_dir = config.arg_value(argv, "async_worker")
+if worker_dir then return M.async_worker(worker_dir) end
 run.main("collabllm_rl", "recipes/collabllm_rl.lua", argv, M.parse_args, M.main)

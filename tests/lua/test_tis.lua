@@ -30,6 +30,26 @@ T.case("loss, gradient and statistics match PyTorch autograd of verl's TIS", fun
   end
 end)
 
+T.case("sequence_mask (train.async.correction): loss, gradient and statistics match PyTorch autograd", function()
+  local fx = cjson.decode(T.read(T.source_dir() .. "/tests/fixtures/ppo/seq_mask_ref.json"))
+  T.eq(#fx.cases, 3, "fixture cases")
+  local masked = 0
+  for _, c in ipairs(fx.cases) do
+    local L = losses.ppo{ clip = c.clip, kl_coef = c.kl_coef, correction = "sequence_mask", seq_cap = c.seq_cap }
+    local loss, st = L:forward(view_of(c.logp), { old = view_of(c.old), rollout = view_of(c.rollout), ref = view_of(c.ref),
+      adv = c.adv, mask = view_of(c.mask) })
+    T.near(loss, c.loss, 1e-10, c.name .. ": loss")
+    for _, k in ipairs({ "pg_loss", "tis_weight", "logp_mismatch", "mismatch_kl", "seq_masked" }) do
+      T.near(st[k], c.stats[k], 1e-10, c.name .. ": " .. k)
+    end
+    for b = 1, #c.logp do T.near(L:grad_row(b, #c.logp[1]), c.grad[b], 1e-10, c.name .. ": gradient row " .. b) end
+    masked = masked + c.stats.seq_masked
+  end
+  T.ok(masked > 0, "a case masks rows")
+  T.raises(function() losses.ppo{ correction = "token_mask" } end, "correction must be")
+  T.raises(function() losses.ppo{ seq_cap = -1 } end, "seq_cap must be a finite number > 0")
+end)
+
 -- One token, A = 1, on-policy (ratio 1, unclipped): pg = -A * ratio * w, d pg / d logp = -w,
 -- w = min(exp(old - rollout), C). old = -1, rollout = -1.5: w = e^0.5 = 1.6487...; C = 1.5 caps it.
 T.case("a hand-computed token: the weight, its cap, and no rollout means no weight", function()

@@ -64,7 +64,7 @@ end
 -- The entry as another data-parallel rank receives it (JSON-safe: no sample, which every
 -- rank has; its group shifted by offset to the step's numbering).
 function M.portable(e, offset)
-  return { group = e.group + offset, prompt_ids = e.prompt_ids, tokens = e.tokens, text = e.text,
+  return { group = e.group + offset, response = e.response, prompt_ids = e.prompt_ids, tokens = e.tokens, text = e.text,
     message = e.message, truncated = e.truncated, invalid = e.invalid, scores = e.scores, convs = e.convs, about = e.about,
     dropped = e.dropped, drop_error = e.drop_error, cutoff_reward = e.cutoff_reward,
     logprobs_rollout = e.logprobs_rollout and json.array(e.logprobs_rollout) }
@@ -72,7 +72,7 @@ end
 
 -- A portable entry back as an entry, with its sample.
 function M.from_portable(p, sample)
-  local e = M.new{ group = p.group, sample = sample, prompt_ids = p.prompt_ids, tokens = p.tokens, text = p.text,
+  local e = M.new{ group = p.group, response = p.response, sample = sample, prompt_ids = p.prompt_ids, tokens = p.tokens, text = p.text,
     message = p.message, truncated = p.truncated, cutoff_reward = p.cutoff_reward, invalid = p.invalid,
     logprobs_rollout = p.logprobs_rollout }
   e.convs, e.scores, e.about = p.convs or {}, p.scores or {}, p.about or {}

@@ -119,7 +119,10 @@ end
 --          sampling (verl's TIS) then weights each token's policy loss
 -- options: clip (0.2), clip_high (= clip), clip_c (3: verl's dual clip for A < 0; false =
 --   off), kl_coef (0.001), kl_type ("low_var_kl" | "kl" | "mse" | "abs"), tis_cap (2:
---   TIS's C).
+--   TIS's C), correction ("tis": the token weight below; "sequence_mask": each row weighted
+--   by its sequence ratio exp(sum_t mask * (old - rollout)), and left out (weight 0) where
+--   that exceeds seq_cap, 3 by default: TRL's vllm_importance_sampling_mode sequence_mask
+--   with vllm_importance_sampling_cap).
 -- Loss (verl's compute_policy_loss "vanilla" + kl_penalty, token-mean):
 --   ratio = exp(clamp(logp - old, -20, 20))
 --   pg    = max(-A*ratio, -A*clamp(ratio, 1-clip, 1+clip_high)); if A < 0: min(pg, -A*clip_c)
@@ -128,7 +131,9 @@ end
 --   loss  = scale * sum_t mask * (pg + kl_coef * kl) / denom
 -- stats: {loss, pg_loss, kl (mean KL term), clipfrac, approx_kl (mean of old - logp, verl's
 --   ppo_kl), ratio_mean, ratio_max, tokens}; with rollout also tis_weight (the weight's mean),
---   tis_capped (share of tokens at the cap) and logp_mismatch (mean |old - rollout|).
+--   tis_capped (share of tokens at the cap), logp_mismatch (mean |old - rollout|),
+--   mismatch_kl (mean of rollout - old: the k1 estimate of KL(pi_rollout || pi_old) on the
+--   sampled tokens) and, with sequence_mask, seq_masked (the share of rows left out).
 function M.ppo(o, extra)
   -- Every option lives in the one table: a second table would be silently ignored.
   if extra ~= nil then error("losses.ppo: pass the options (clip, kl_coef, ...) in the first table", 2) end
@@ -138,6 +143,14 @@ function M.ppo(o, extra)
   c.tis_cap = o.tis_cap or 2
   if type(c.tis_cap) ~= "number" or not (c.tis_cap > 0) or c.tis_cap == math.huge then
     error("losses.ppo: tis_cap must be a finite number > 0, got " .. tostring(c.tis_cap), 2)
+  end
+  c.correction = o.correction or "tis"
+  if c.correction ~= "tis" and c.correction ~= "sequence_mask" then
+    error("losses.ppo: correction must be \"tis\" or \"sequence_mask\", got " .. tostring(c.correction), 2)
+  end
+  c.seq_cap = o.seq_cap or 3
+  if type(c.seq_cap) ~= "number" or not (c.seq_cap > 0) or c.seq_cap == math.huge then
+    error("losses.ppo: seq_cap must be a finite number > 0, got " .. tostring(c.seq_cap), 2)
   end
   c.clip_c = o.clip_c
   if c.clip_c == nil then c.clip_c = 3 end
@@ -171,7 +184,27 @@ function Criterion:_ppo(logp, a)
   end
   local denom = a.denom or ntok
   local st = { tokens = ntok, pg_loss = 0, kl = 0, clipfrac = 0, approx_kl = 0, ratio_mean = 0, ratio_max = -math.huge }
-  if rollout then st.tis_weight, st.tis_capped, st.logp_mismatch = 0, 0, 0 end
+  if rollout then st.tis_weight, st.tis_capped, st.logp_mismatch, st.mismatch_kl = 0, 0, 0, 0 end
+  -- sequence_mask: each row's weight from its whole response, before its tokens
+  local seq_w
+  if rollout_ and self.correction == "sequence_mask" then
+    seq_w, st.seq_masked = {}, 0
+    local rows = 0
+    for b = 0, B - 1 do
+      local n, sum, any = lens and lens[b + 1] or T, 0, false
+      for t = 0, n - 1 do
+        local mt = mask_ and mask_[b * T + t] or 1
+        if mt ~= 0 then sum, any = sum + mt * (old_[b * T + t] - rollout_[b * T + t]), true end
+      end
+      local r = math.exp(clamp(sum, -20, 20))
+      if any then
+        rows = rows + 1
+        if r > self.seq_cap then r = 0; st.seq_masked = st.seq_masked + 1 end
+      end
+      seq_w[b] = r
+    end
+    st.seq_masked = st.seq_masked / math.max(rows, 1)
+  end
   self.B, self.T, self.grad = B, T, nil
   if denom <= 0 then
     st.loss, st.ratio_max = 0, 0
@@ -208,11 +241,16 @@ function Criterion:_ppo(logp, a)
         end
         if rollout_ then   -- TIS: the sampled token's weight pi_old / pi_rollout, capped
           local dr = old_[i] - rollout_[i]
-          local tis = math.exp(clamp(dr, -20, 20))
-          if tis >= tis_cap then tis = tis_cap; st.tis_capped = st.tis_capped + mt end
+          local tis
+          if seq_w then tis = seq_w[b]
+          else
+            tis = math.exp(clamp(dr, -20, 20))
+            if tis >= tis_cap then tis = tis_cap; st.tis_capped = st.tis_capped + mt end
+          end
           pg, dpg = pg * tis, dpg * tis
           st.tis_weight = st.tis_weight + mt * tis
           st.logp_mismatch = st.logp_mismatch + mt * math.abs(dr)
+          st.mismatch_kl = st.mismatch_kl - mt * dr
         end
         local kl, dkl = 0, 0
         if kl_coef ~= 0 then
@@ -243,7 +281,8 @@ function Criterion:_ppo(logp, a)
     end
   end
   st.loss = loss * w
-  for _, k in ipairs({ "pg_loss", "kl", "clipfrac", "approx_kl", "ratio_mean", "tis_weight", "tis_capped", "logp_mismatch" }) do
+  for _, k in ipairs({ "pg_loss", "kl", "clipfrac", "approx_kl", "ratio_mean", "tis_weight", "tis_capped", "logp_mismatch",
+                          "mismatch_kl" }) do
     if st[k] then st[k] = st[k] / math.max(ntok, 1e-30) end
   end
   if st.ratio_max == -math.huge then st.ratio_max = 0 end

@@ -20,16 +20,28 @@ end
 
 -- Rows prompt..A1 (ids), first = #prompt: logp index t scores token t+1, trained for
 -- first <= t < #ids. rollout_lp: A1's log-probabilities under the weights that sampled it,
--- when they were not the trained ones (rollout.quant=int8; the loss then applies TIS).
-function M.training_rows(entries)
+-- when they were not the trained ones (rollout.quant=int8, train.async: an older version;
+-- the loss then applies train.async.correction, TIS by default).
+-- correction "none" (train.async.correction) trains as if on-policy: no rollout log-probs.
+function M.training_rows(entries, correction)
   local rows = {}
   for _, e in ipairs(entries) do
     if e.advantage ~= nil then
-      rows[#rows + 1] = { ids = M.row_ids(e), first = #e.prompt_ids, adv = e.advantage, rollout_lp = e.logprobs_rollout }
+      rows[#rows + 1] = { ids = M.row_ids(e), first = #e.prompt_ids, adv = e.advantage,
+        rollout_lp = correction ~= "none" and e.logprobs_rollout or nil }
     end
   end
   return rows
 end
+
+-- The loss's correction for rows with rollout log-probs: train.async.correction's
+-- sequence_mask, else TIS ("none" leaves the rows without them: training_rows).
+function M.correction(t)
+  return t.async and t.async.correction == "sequence_mask" and "sequence_mask" or "tis"
+end
+
+-- The loss's statistics of the rollout/trained mismatch, which a step's row reports.
+M.MISMATCH_KEYS = { "tis_weight", "tis_capped", "logp_mismatch", "mismatch_kl", "seq_masked" }
 
 local function has_rollout(rows)
   for _, r in ipairs(rows) do if r.rollout_lp ~= nil then return true end end
@@ -57,10 +69,11 @@ end
 -- mini-batch's tokens), the gradients are summed in update.step and the stats here.
 function M.update(m, ref, opt, rows, t, lr)
   local ranks = require("clrt.dist").world_size()
-  local L = losses.ppo{ clip = t.clip, kl_coef = t.kl_coef, tis_cap = t.tis_cap }
+  local L = losses.ppo{ clip = t.clip, kl_coef = t.kl_coef, tis_cap = t.tis_cap, correction = M.correction(t),
+    seq_cap = t.async and t.async.seq_cap }
   local nmb = math.max(1, math.min(t.mini_batches, #rows))
   local stats = { loss = 0, pg_loss = 0, kl = 0, clipfrac = 0, grad_norm = 0, tokens = 0 }
-  local tis_keys = { "tis_weight", "tis_capped", "logp_mismatch" }
+  local tis_keys = M.MISMATCH_KEYS
   local mbs = {}
   local ntoks = {}
   for _, mb in ipairs(update.chunks(rows, math.ceil(#rows / nmb))) do

@@ -23,11 +23,12 @@ local M = {}
 
 -- Rows prompt..A1 (ids), first = #prompt (logp column t scores token t+1: the response's
 -- columns are first .. #ids-1), score = the entry's reward.
-function M.training_rows(entries)
+function M.training_rows(entries, correction)
   local rows = {}
   for _, e in ipairs(entries) do
     if e.reward ~= nil and #e.tokens > 0 then
-      rows[#rows + 1] = { ids = ppo.row_ids(e), first = #e.prompt_ids, score = e.reward, rollout_lp = e.logprobs_rollout }
+      rows[#rows + 1] = { ids = ppo.row_ids(e), first = #e.prompt_ids, score = e.reward,
+        rollout_lp = correction ~= "none" and e.logprobs_rollout or nil }
     end
   end
   return rows
@@ -118,7 +119,8 @@ function M.update(m, ref, head, opt, rows, t, lr, kl_coef)
   if require("clrt.dist").world_size() > 1 then
     error("clrt.train.ppo_value: train.algorithm=ppo runs on one rank (its value head is not shared across ranks); run without mpirun", 0)
   end
-  local L = losses.ppo{ clip = t.clip, kl_coef = 0, clip_c = false, tis_cap = t.tis_cap }
+  local L = losses.ppo{ clip = t.clip, kl_coef = 0, clip_c = false, tis_cap = t.tis_cap, correction = ppo.correction(t),
+    seq_cap = t.async and t.async.seq_cap }
   local nmb = math.max(1, math.min(t.mini_batches, #rows))
   local mbs, all_parts = {}, {}
   for _, mb in ipairs(update.chunks(rows, math.ceil(#rows / nmb))) do
@@ -147,7 +149,7 @@ function M.update(m, ref, head, opt, rows, t, lr, kl_coef)
       sums.value_loss = sums.value_loss + w * r.value_loss
       sums.clipfrac = sums.clipfrac + w * (r.stats.clipfrac or 0) * (r.stats.tokens or 0) / math.max(mb.ntok, 1)
       sums.tokens = sums.tokens + (r.stats.tokens or 0)
-      for _, k in ipairs({ "tis_weight", "tis_capped", "logp_mismatch" }) do   -- rollout.quant=int8
+      for _, k in ipairs(ppo.MISMATCH_KEYS) do   -- rollout.quant=int8, train.async
         if r.stats[k] then sums[k] = (sums[k] or 0) + w * r.stats[k] * (r.stats.tokens or 0) / math.max(mb.ntok, 1) end
       end
       vclip, vsum = vclip + r.vf_clipped, vsum + r.vpred_sum

@@ -20,6 +20,8 @@ function M.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
     clipfrac = st.clipfrac, grad_norm = st.grad_norm, trained_tokens = st.tokens,
     -- rollout.quant=int8: the rollout/train mismatch and truncated importance sampling's weight
     ["tis/weight_mean"] = st.tis_weight, ["tis/capped"] = st.tis_capped, ["tis/logp_mismatch"] = st.logp_mismatch,
+    -- and (train.async too) KL(pi_rollout || pi_old) on the trained tokens, sequences masked
+    ["tis/mismatch_kl"] = st.mismatch_kl, ["tis/seq_masked"] = st.seq_masked,
     first_reply_ask_rate = firsts > 0 and asks / firsts or 0,
     time_generate_first_s = timing.generate_first_s, time_rollout_s = timing.rollout_s,
     time_update_s = t2 - t1, time_step_s = t2 - t0, prefix_cache_hit_rate = timing.prefix_cache_hit_rate,

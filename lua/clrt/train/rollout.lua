@@ -137,13 +137,14 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step, first)
     fns[i] = function()
       local ids = chat.render(tok, s.prompt, ropts)
       local room = math.max(1, math.min(R.max_new_tokens, ctx_len - #ids))
-      -- rollout.quant=int8: each token's temperature-1 log-probability under the int8 weights
-      -- that sampled it, for the update's truncated importance sampling
+      -- rollout.quant=int8 (or train.async's worker: keep_logprobs): each token's
+      -- temperature-1 log-probability under the weights that sampled it, for the update's
+      -- importance weights
       local outs = sched.generate(m, ids, { n = R.n, temperature = R.temperature, top_p = R.top_p,
         top_k = (R.top_k or 0) > 0 and R.top_k or nil,   -- rollout.top_k (0: all tokens)
         max_new_tokens = room, stop = stop, tokenizer = tok, seed = seed,
         seed_key = ("rl/step %d/prompt %d"):format(step, first + i - 1),
-        top_logprobs = R.quant == "int8" and 0 or nil })
+        top_logprobs = (R.quant == "int8" or R.keep_logprobs) and 0 or nil })
       return { ids = ids, outs = outs }
     end
   end
