@@ -293,7 +293,9 @@ local function complete_config(cfg, parsed)
     if is_null(out.sliding_window_pattern) and is_null(out.layer_types) then out.sliding_window_pattern = parsed.sliding_window_pattern end
     if is_null(out.rope_local_base_freq) and is_null(out.rope_parameters) then out.rope_local_base_freq = parsed.rope_local_theta end
   elseif is_null(out.hidden_act) then out.hidden_act = "silu" end
-  out.torch_dtype = "float32"
+  -- the weights m:save writes are f32: transformers 5 reads `dtype` before `torch_dtype`, so
+  -- a source's `dtype` copied unchanged (bfloat16) would reload them as bf16; both say float32
+  out.torch_dtype, out.dtype = "float32", "float32"
   return out
 end
 
@@ -333,6 +335,8 @@ function M.load(dir, opts)
   local okj, cfg = pcall(json.decode, text)
   if not okj then error(("%s: not valid JSON: %s"):format(cpath, tostring(cfg)), 2) end
   local parsed = parse_config(cfg, cpath)
+  local okg, gen = pcall(require("clrt.generation_config").read, dir)
+  if not okg then error(gen, 2) end
   local ptr = ffi.gc(check(C.clrt_model_new(to_struct(parsed, opts)), 2), C.clrt_model_free)
   local base16 = opts and opts.base_dtype == "bf16"
   if opts and opts.base_dtype and opts.base_dtype ~= "f32" and not base16 then
@@ -349,7 +353,7 @@ function M.load(dir, opts)
     m = wrap_model(ptr, cfg, parsed)
     if opts.adapter then m:load_adapter(opts.adapter, { seed = opts.lora_seed }) else m:add_lora(opts.lora) end
     m:set_base_dtype("bf16")
-    m.dir = dir
+    m.dir, m.generation_config = dir, gen
   end
   local index = dir .. "/model.safetensors.index.json"
   local itext = read_file(index)
@@ -381,6 +385,7 @@ function M.load(dir, opts)
   ffi.gc(ptr, nil)
   m = wrap_model(ptr, cfg, parsed)
   m.dir = dir   -- where m:tokenizer() looks
+  m.generation_config = gen   -- generation_config.json: m:generate's stop ids and defaults
   -- weights are read on the host, then the arenas move as a whole
   if opts and opts.adapter then m:load_adapter(opts.adapter, { seed = opts.lora_seed }) end
   if opts and opts.device and opts.device ~= "cpu" then m:to(opts.device) end

@@ -153,16 +153,15 @@ void model_rope_inv_freq(const clrt_model_config *c, int seq_len, float *inv) {
     float p = rope_pow(base, i, D), f = 1.0f / p;
     switch (c->rope_scaling) {
       case CLRT_ROPE_LINEAR: f = f / (float)c->rope_factor; break;
-      case CLRT_ROPE_LLAMA3: {
-        double factor = c->rope_factor, lof = c->rope_low_freq_factor, hif = c->rope_high_freq_factor;
-        double old = c->rope_original_max_position;
-        double wavelen = 2 * M_PI / f, g = f;
-        if (wavelen > old / lof) g = f / factor;
-        else if (wavelen >= old / hif) {   /* between: interpolate smoothly */
-          double smooth = (old / wavelen - lof) / (hif - lof);
-          g = (1 - smooth) * f / factor + smooth * f;
+      case CLRT_ROPE_LLAMA3: {   /* f32 tensors in transformers, the scalars cast to f32 */
+        float factor = (float)c->rope_factor, lof = (float)c->rope_low_freq_factor, hif = (float)c->rope_high_freq_factor;
+        float old = (float)c->rope_original_max_position;
+        float wavelen = (float)(2 * M_PI) / f;
+        if (wavelen > (float)(c->rope_original_max_position / c->rope_low_freq_factor)) f = f / factor;
+        else if (!(wavelen < (float)(c->rope_original_max_position / c->rope_high_freq_factor))) {   /* between */
+          float smooth = (old / wavelen - lof) / (hif - lof);
+          f = (1 - smooth) * f / factor + smooth * f;
         }
-        f = (float)g;
         break;
       }
       case CLRT_ROPE_YARN: {   /* f32 tensors in transformers: extrapolation, interpolation, a ramp between */

@@ -60,7 +60,7 @@ VARIANTS = {
     "dynamic_128": dict(BASE, head_dim=128, hidden_size=512, max_position_embeddings=4096, rope_theta=500000.0,
                         rope_scaling={"rope_type": "dynamic", "factor": 4.0}),
 }
-VARIANT_LENGTHS = [0, 16, 40, 300, 32768]
+VARIANT_LENGTHS = [0, 16, 40, 300, 4097, 32768, 131072]
 
 
 def batch(cfg, P, B, T, g):
@@ -88,9 +88,29 @@ def make(name, cfg):
     print(f"{name}: lp short[0,:3] {exp['short_lp'][0, :3].tolist()}, long[0,-3:] {exp['long_lp'][0, -3:].tolist()}")
 
 
+HF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "hf_configs")
+
+
+def published():
+    """The published configs of tests/fixtures/hf_configs, and Qwen3's documented long-context
+    edit (its model card's rope_scaling for 131072 tokens)."""
+    out = {}
+    for name in sorted(os.listdir(HF)):
+        path = os.path.join(HF, name, "config.json")
+        if os.path.exists(path):
+            with open(path) as fh:
+                cfg = json.load(fh)
+            if cfg.get("partial_rotary_factor", 1.0) == 1.0:   # clrt refuses partial rotary by name
+                out["hf:" + name] = cfg
+    q3 = dict(out["hf:Qwen3-0.6B"], rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                    "original_max_position_embeddings": 32768})
+    out["hf:Qwen3-0.6B+yarn"] = q3
+    return out
+
+
 def variants():
     out = {}
-    for name, cfg in list(VARIANTS.items()) + list(MODELS.items()):
+    for name, cfg in list(VARIANTS.items()) + list(MODELS.items()) + list(published().items()):
         rows = []
         for n in VARIANT_LENGTHS:
             f, att = rope_ref.inv_freq_for_call(cfg, n or None)

@@ -112,7 +112,8 @@ def inv_freq_for_call(cfg, seq_len):
         return longrope(cfg, seq_len)
     if kind == "dynamic":
         return dynamic(cfg, seq_len)
-    raise ValueError(f"rope_ref: {kind} is model_ref's")
+    import model_ref   # default, linear, llama3: no length dependence, no attention factor
+    return model_ref.inv_freq(cfg), 1.0
 
 
 def precision_figures(theta=500000.0, D=128, pos=32767):
