@@ -87,13 +87,11 @@ function M.parse(cfg, arch, c, bad, is_null)
     c.rope_high_freq_factor = num("high_freq_factor", true)
     c.rope_original_max_position = num("original_max_position_embeddings", true)
   elseif kind == "yarn" then
-    -- transformers: with original_max_position_embeddings in the scaling, the factor is
-    -- max_position_embeddings / it (DeepSeek-V3's layout); else the context is max_position_embeddings
+    -- transformers (4.5x, whose check warns "Using the explicit factor"): the scaling's factor,
+    -- over its original_max_position_embeddings or else max_position_embeddings
     c.rope_scaling = 3
     c.rope_factor = num("factor", true)
-    local orig = num("original_max_position_embeddings")
-    if orig then c.rope_factor = maxpos / orig else orig = maxpos end
-    c.rope_original_max_position = orig
+    c.rope_original_max_position = num("original_max_position_embeddings") or maxpos
     local af, ms, msa = num("attention_factor"), num("mscale"), num("mscale_all_dim")
     local function get_mscale(scale, m) return scale <= 1 and 1.0 or 0.1 * m * math.log(scale) + 1.0 end
     if not af and ms and ms ~= 0 and msa and msa ~= 0 then af = get_mscale(c.rope_factor, ms) / get_mscale(c.rope_factor, msa) end

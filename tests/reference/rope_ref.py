@@ -6,8 +6,9 @@ yarn, longrope (su) and dynamic NTK, for one forward whose positions reach seq_l
   * yarn: pos_freqs = theta^(2i/D) (f32); extrapolation 1/pos_freqs, interpolation
     1/(factor pos_freqs), blended by a ramp over pairs between the correction dims of
     beta_fast (32) and beta_slow (1) rotations within original_max_position_embeddings
-    (floored/ceiled unless truncate is false); with original_max_position_embeddings in the
-    scaling, factor = max_position_embeddings / it. Attention factor: attention_factor, else
+    (floored/ceiled unless truncate is false; original_max_position_embeddings, else
+    max_position_embeddings); the explicit factor (transformers 4.5x; one transformers 5
+    snapshot used max_position_embeddings / original instead). Attention factor: attention_factor, else
     mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both are set, else
     0.1 ln(factor) + 1 (1 when factor <= 1).
   * longrope: 1 / (ext_i theta^(2i/D)) with ext the long factors when seq_len >
@@ -42,12 +43,8 @@ def _theta(cfg):
 def yarn(cfg):
     rs, _ = _scaling(cfg)
     base, D = _theta(cfg), _dim(cfg)
-    factor = rs["factor"]
-    if "original_max_position_embeddings" in rs:
-        orig = rs["original_max_position_embeddings"]
-        factor = cfg["max_position_embeddings"] / orig
-    else:
-        orig = cfg["max_position_embeddings"]
+    factor = rs["factor"]   # explicit, as transformers' yarn check says it uses
+    orig = rs.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
 
     def mscale(scale, m=1.0):
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
