@@ -127,6 +127,32 @@ T.case("longrope: the pad token's embedding row gets no gradient (nn.Embedding p
   T.ok(used1 and nz1 > 0, "another looked-up row (id 1) has a gradient")
 end)
 
+T.case("LoRA on embed_tokens: the pad column of lora_embedding_A gets no gradient (PEFT's padding_idx)", function()
+  local dir = fixtures .. "rope_longrope"
+  local m = clrt.model.load(dir)
+  m:add_lora({ r = 4, alpha = 8, targets = { "embed_tokens" }, seed = 3 })
+  -- B starts at zero (PEFT), so A's gradient would be zero anyway: give B values first
+  for name, t in pairs(m:lora_params()) do
+    if name:find("lora_embedding_B", 1, true) then
+      for i = 1, t:size(1) do for j = 1, t:size(2) do t:set(i, j, 0.01 * ((i * 7 + j * 3) % 11 - 5)) end end
+    end
+  end
+  m:params_changed()
+  local e = clrt.safetensors.load(dir .. "/expected.safetensors")
+  m:zero_grad()
+  m:logprobs(e.short_tokens)
+  m:backward(e.short_dlogp)
+  local gA
+  for name, t in pairs(m:lora_grads()) do if name:find("lora_embedding_A", 1, true) then gA = t end end
+  local col0, col1 = 0, 0
+  for i = 1, gA:size(1) do
+    col0 = col0 + math.abs(gA:get(i, 1))
+    col1 = col1 + math.abs(gA:get(i, 2))
+  end
+  T.eq(col0, 0, "column 0 (pad_token_id 0, looked up)")
+  T.ok(col1 > 0, "column 1 (looked up) has a gradient")
+end)
+
 T.case("a decode past the switch length: a prefill of the whole row equals logprobs over it", function()
   -- transformers picks a call's frequencies by its own length; a one-call prefill is one call
   -- (dynamic's switch lies past max_position_embeddings, beyond which generate refuses to go)
