@@ -14,7 +14,9 @@
 --                                                  -- (clrt.gen.model_methods puts them in)
 --   m:add_lora{...}, m:set_adapters(bool), m:save_adapter(dir), load(dir, {adapter = DIR})
 --                                                  -- LoRA (lua/clrt/core/model_lora.lua)
--- config.json is parsed and checked here; C gets a plain clrt_model_config.
+-- config.json is parsed and checked here (its RoPE keys by clrt.model_rope); C gets a plain
+-- clrt_model_config. load keeps the folder's generation_config.json as m.generation_config
+-- (clrt.generation_config: the stop ids and sampling defaults m:generate applies).
 local ffi = require("ffi")
 local core = require("clrt.core.ffi")
 local tensor = require("clrt.tensor")
