@@ -165,8 +165,20 @@ typedef struct clrt_model_config {
   double rope_theta;
   int rope_scaling;                 /* CLRT_ROPE_* */
   double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
-  int rope_original_max_position;   /* llama3: original_max_position_embeddings */
+  int rope_original_max_position;   /* llama3, yarn, longrope: original_max_position_embeddings */
+  /* yarn and longrope scale cos and sin by rope_attention_factor (0: transformers' default
+     from rope_factor). yarn: rope_beta_fast/slow (0: 32 and 1), rope_yarn_truncate.
+     longrope (su): pair i's frequency is divided by rope_short_factor[i] in a call whose
+     positions stay within rope_original_max_position, by rope_long_factor[i] past it (head_dim
+     <= 512). dynamic: a call reaching past max_position_embeddings rotates with the NTK base
+     grown for its length (transformers' dynamic_frequency_update). */
+  double rope_attention_factor, rope_beta_fast, rope_beta_slow;
+  int rope_yarn_truncate;
+  float rope_short_factor[256], rope_long_factor[256];
   int tie_word_embeddings;
+  /* has_padding_idx: the embedding lookup gives row padding_idx (pad_token_id) no gradient, as
+     transformers' nn.Embedding(padding_idx=pad_token_id) does (a tied output layer's does). */
+  int has_padding_idx, padding_idx;
   int qkv_bias;                     /* q/k/v projections carry biases (Qwen2; attention_bias) */
   int o_bias;                       /* o_proj carries a bias (Llama/Qwen3 attention_bias) */
   int qk_norm;                      /* per-head RMSNorm of q and k before RoPE (Qwen3) */
@@ -190,7 +202,8 @@ typedef struct clrt_model_config {
   double rope_local_theta;
   double final_logit_softcapping, attn_logit_softcapping;
 } clrt_model_config;
-enum { CLRT_ROPE_DEFAULT = 0, CLRT_ROPE_LINEAR = 1, CLRT_ROPE_LLAMA3 = 2 };
+enum { CLRT_ROPE_DEFAULT = 0, CLRT_ROPE_LINEAR = 1, CLRT_ROPE_LLAMA3 = 2, CLRT_ROPE_YARN = 3,
+       CLRT_ROPE_LONGROPE = 4, CLRT_ROPE_DYNAMIC = 5 };
 enum { CLRT_ARENA_PARAMS = 0, CLRT_ARENA_GRADS = 1, CLRT_ARENA_ACTIVATIONS = 2, CLRT_ARENA_COUNT = 3 };
 
 typedef struct clrt_model clrt_model;
@@ -213,6 +226,10 @@ int clrt_model_tensor_is_matrix(const clrt_model *m, int i);
 clrt_tensor *clrt_model_param(clrt_model *m, int i);   /* a view into the params arena */
 clrt_tensor *clrt_model_grad(clrt_model *m, int i);    /* allocates the grads arena on first use */
 int64_t clrt_model_num_params(const clrt_model *m);
+/* inv [head_dim/2]: the inverse frequencies a call whose positions reach seq_len rotates with
+   (longrope and dynamic depend on it; 0: the model's own tables), and *attention_factor the
+   scale its cos and sin carry (yarn, longrope; else 1). */
+int clrt_model_rope_inv_freq(const clrt_model *m, int seq_len, float *inv, double *attention_factor);
 size_t clrt_model_memory(const clrt_model *m, int arena);
 /* lp[b][t] = log p(tokens[b][t+1] | tokens[b][..t]) for t + 1 < lengths[b], else 0.
    tokens: [B, T] row-major; lengths: [B] or NULL (all T); lp: [B, T-1].

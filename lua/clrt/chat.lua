@@ -305,10 +305,15 @@ function M.render(tok, messages, opts)
   return ids, mask, text
 end
 
--- The ids that end an assistant turn: the template's end-of-turn token and EOS.
+-- The ids that end an assistant turn: the template's end-of-turn token, EOS, and every
+-- eos_token_id of the folder's generation_config.json (transformers' generate stops on each:
+-- Llama 3.1's <|eom_id|> and <|end_of_text|>, Qwen2.5's <|endoftext|>).
 function M.stop_ids(tok)
   local ids, seen = {}, {}
-  for _, id in ipairs({ tok.eot, tok.eos }) do
+  local all = { tok.eot, tok.eos }
+  for _, id in ipairs(require("clrt.generation_config").stop_ids(tok.generation_config)) do all[#all + 1] = id end
+  for i = 1, #all do
+    local id = all[i]
     if id and not seen[id] then seen[id] = true; ids[#ids + 1] = id end
   end
   return ids

@@ -14,12 +14,15 @@
 --                                                  -- (clrt.gen.model_methods puts them in)
 --   m:add_lora{...}, m:set_adapters(bool), m:save_adapter(dir), load(dir, {adapter = DIR})
 --                                                  -- LoRA (lua/clrt/core/model_lora.lua)
--- config.json is parsed and checked here; C gets a plain clrt_model_config.
+-- config.json is parsed and checked here (its RoPE keys by clrt.model_rope); C gets a plain
+-- clrt_model_config. load keeps the folder's generation_config.json as m.generation_config
+-- (clrt.generation_config: the stop ids and sampling defaults m:generate applies).
 local ffi = require("ffi")
 local core = require("clrt.core.ffi")
 local tensor = require("clrt.tensor")
 local json = require("clrt.json")
 local files = require("clrt.files")
+local model_rope = require("clrt.model_rope")
 local C, check, ok = core.C, core.check, core.ok
 
 
@@ -64,6 +67,9 @@ supported.Phi3ForCausalLM, by_model_type.phi3, arch_names.phi3 = "phi3", "phi3",
 local function mistral_phi3_keys(cfg, arch, c, bad)
   if arch ~= "mistral" and arch ~= "phi3" then return end
   local w = cfg.sliding_window
+  -- MistralConfig's sliding_window is 4096 where config.json has no such key (an explicit
+  -- null is no window); Phi3Config's is None
+  if w == nil and arch == "mistral" then w = 4096 end
   if not is_null(w) then
     if type(w) ~= "number" or w ~= math.floor(w) or w <= 0 then
       bad("sliding_window", ("must be a positive integer or null, got %s"):format(tostring(w)))
@@ -72,11 +78,7 @@ local function mistral_phi3_keys(cfg, arch, c, bad)
     if w < c.max_position_embeddings then c.sliding_window = w end
   end
   if arch == "phi3" then
-    c.fused_qkv_gate_up = true
-    local f = cfg.partial_rotary_factor
-    if not is_null(f) and f ~= 1 then
-      bad("partial_rotary_factor", ("is %s; clrt rotates the whole head (1.0) only"):format(tostring(f)))
-    end
+    c.fused_qkv_gate_up = true   -- (partial_rotary_factor is clrt.model_rope's)
   end
 end
 
@@ -96,6 +98,10 @@ local function parse_gemma3(cfg, c, bad, int, num)
       c[k] = num(k)
       if c[k] <= 0 then bad(k, "must be positive or null") end
     end
+  end
+  -- transformers' bidirectional Gemma 3 (an encoder's mask); no released CausalLM sets it
+  if cfg.use_bidirectional_attention == true then
+    bad("use_bidirectional_attention", "is true; clrt runs Gemma 3 as a causal language model only")
   end
   c.gemma3 = true
   c.qk_norm = true
@@ -206,60 +212,25 @@ local function parse_config(cfg, src)
   c.max_position_embeddings = int("max_position_embeddings")
   c.rms_norm_eps = num("rms_norm_eps")
   if c.rms_norm_eps <= 0 then bad("rms_norm_eps", "must be positive") end
-  -- transformers 5 writes RoPE's settings as rope_parameters {rope_theta, rope_type, ...} in
-  -- place of rope_theta and rope_scaling: either form is read, the top-level keys first.
-  local rp = cfg.rope_parameters
-  if is_null(rp) then rp = nil elseif type(rp) ~= "table" then bad("rope_parameters", "must be an object or null") end
-  if arch == "gemma3" and rp and type(rp.full_attention) == "table" then
-    -- transformers 5 writes Gemma 3's two RoPEs per layer kind; the local one is never scaled
-    local sl = rp.sliding_attention
-    if type(sl) ~= "table" or type(sl.rope_theta) ~= "number" then bad("rope_parameters.sliding_attention.rope_theta", "must be a number") end
-    if sl.rope_type ~= nil and sl.rope_type ~= "default" then
-      bad("rope_parameters.sliding_attention.rope_type", ("is '%s'; clrt runs Gemma 3's local layers with default RoPE"):format(tostring(sl.rope_type)))
-    end
-    if is_null(cfg.rope_local_base_freq) then cfg = setmetatable({ rope_local_base_freq = sl.rope_theta }, { __index = cfg }) end
-    rp = rp.full_attention
-  end
-  if rp and is_null(cfg.rope_theta) then
-    if type(rp.rope_theta) ~= "number" then bad("rope_parameters.rope_theta", "must be a number") end
-    c.rope_theta = rp.rope_theta
-  else
-    c.rope_theta = num("rope_theta", 10000)
-  end
-  if c.rope_theta <= 0 then bad("rope_theta", "must be positive") end
+  cfg = model_rope.parse(cfg, arch, c, bad, is_null)
   c.tie_word_embeddings = bool("tie_word_embeddings", arch == "gemma3")
   local attention_bias = bool("attention_bias", false)
   c.qkv_bias = arch == "qwen2" or attention_bias
   c.o_bias = arch ~= "qwen2" and attention_bias
   c.qk_norm = arch == "qwen3"
-  c.rope_scaling = C.CLRT_ROPE_DEFAULT
-  local rs = cfg.rope_scaling
-  if is_null(rs) then rs = rp end
-  if not is_null(rs) then
-    if type(rs) ~= "table" then bad("rope_scaling", "must be an object or null") end
-    local kind = rs.rope_type or rs.type
-    local function rnum(key)
-      local v = rs[key]
-      if type(v) ~= "number" then bad("rope_scaling." .. key, is_null(v) and "is missing" or "must be a number") end
-      return v
-    end
-    if kind == "default" or kind == nil then
-      c.rope_scaling = C.CLRT_ROPE_DEFAULT
-    elseif kind == "linear" then
-      c.rope_scaling = C.CLRT_ROPE_LINEAR
-      c.rope_factor = rnum("factor")
-    elseif kind == "llama3" then
-      c.rope_scaling = C.CLRT_ROPE_LLAMA3
-      c.rope_factor = rnum("factor")
-      c.rope_low_freq_factor = rnum("low_freq_factor")
-      c.rope_high_freq_factor = rnum("high_freq_factor")
-      c.rope_original_max_position = rnum("original_max_position_embeddings")
-    else
-      bad("rope_scaling", ("has type '%s', which clrt does not support (supported: default, linear, llama3)"):format(tostring(kind)))
-    end
-  end
   mistral_phi3_keys(cfg, arch, c, bad)
   if arch == "gemma3" then parse_gemma3(cfg, c, bad, int, num) end
+  -- nn.Embedding(padding_idx = pad_token_id): the lookup gives that row no gradient. The
+  -- classes' defaults where the key is absent: Gemma 3's 0, Phi-3's 32000, the others none.
+  local pad = cfg.pad_token_id
+  if pad == nil then
+    pad = ({ gemma3 = 0, phi3 = 32000 })[arch]
+  end
+  if not is_null(pad) then
+    if type(pad) ~= "number" or pad ~= math.floor(pad) then bad("pad_token_id", "must be an integer or null") end
+    -- (outside the vocabulary, e.g. a scaled-down test model's, there is no such row)
+    if pad >= 0 and pad < c.vocab_size then c.padding_idx = pad end
+  end
   c.arch = arch
   return c
 end
@@ -270,9 +241,14 @@ local function to_struct(c, opts)
   for _, k in ipairs({ "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
     "rms_norm_eps", "rope_theta", "rope_scaling", "rope_factor", "rope_low_freq_factor",
-    "rope_high_freq_factor", "rope_original_max_position", "sliding_window" }) do
+    "rope_high_freq_factor", "rope_original_max_position", "sliding_window", "rope_attention_factor",
+    "rope_beta_fast", "rope_beta_slow" }) do
     if c[k] ~= nil then s[k] = c[k] end
   end
+  s.rope_yarn_truncate = c.rope_yarn_truncate and 1 or 0
+  for i, v in ipairs(c.rope_short_factor or {}) do s.rope_short_factor[i - 1] = v end
+  for i, v in ipairs(c.rope_long_factor or {}) do s.rope_long_factor[i - 1] = v end
+  if c.padding_idx then s.has_padding_idx, s.padding_idx = 1, c.padding_idx end
   s.tie_word_embeddings = c.tie_word_embeddings and 1 or 0
   s.qkv_bias = c.qkv_bias and 1 or 0
   s.o_bias = c.o_bias and 1 or 0
@@ -319,7 +295,9 @@ local function complete_config(cfg, parsed)
     if is_null(out.sliding_window_pattern) and is_null(out.layer_types) then out.sliding_window_pattern = parsed.sliding_window_pattern end
     if is_null(out.rope_local_base_freq) and is_null(out.rope_parameters) then out.rope_local_base_freq = parsed.rope_local_theta end
   elseif is_null(out.hidden_act) then out.hidden_act = "silu" end
-  out.torch_dtype = "float32"
+  -- the weights m:save writes are f32: transformers 5 reads `dtype` before `torch_dtype`, so
+  -- a source's `dtype` copied unchanged (bfloat16) would reload them as bf16; both say float32
+  out.torch_dtype, out.dtype = "float32", "float32"
   return out
 end
 
@@ -359,6 +337,8 @@ function M.load(dir, opts)
   local okj, cfg = pcall(json.decode, text)
   if not okj then error(("%s: not valid JSON: %s"):format(cpath, tostring(cfg)), 2) end
   local parsed = parse_config(cfg, cpath)
+  local okg, gen = pcall(require("clrt.generation_config").read, dir)
+  if not okg then error(gen, 2) end
   local ptr = ffi.gc(check(C.clrt_model_new(to_struct(parsed, opts)), 2), C.clrt_model_free)
   local base16 = opts and opts.base_dtype == "bf16"
   if opts and opts.base_dtype and opts.base_dtype ~= "f32" and not base16 then
@@ -375,7 +355,7 @@ function M.load(dir, opts)
     m = wrap_model(ptr, cfg, parsed)
     if opts.adapter then m:load_adapter(opts.adapter, { seed = opts.lora_seed }) else m:add_lora(opts.lora) end
     m:set_base_dtype("bf16")
-    m.dir = dir
+    m.dir, m.generation_config = dir, gen
   end
   local index = dir .. "/model.safetensors.index.json"
   local itext = read_file(index)
@@ -407,6 +387,7 @@ function M.load(dir, opts)
   ffi.gc(ptr, nil)
   m = wrap_model(ptr, cfg, parsed)
   m.dir = dir   -- where m:tokenizer() looks
+  m.generation_config = gen   -- generation_config.json: m:generate's stop ids and defaults
   -- weights are read on the host, then the arenas move as a whole
   if opts and opts.adapter then m:load_adapter(opts.adapter, { seed = opts.lora_seed }) end
   if opts and opts.device and opts.device ~= "cpu" then m:to(opts.device) end

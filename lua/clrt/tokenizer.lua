@@ -371,6 +371,8 @@ function M.load(path)
   if ctext then config = decode_json(cfile, ctext) end
   local tok = M.from_json(tj, config, file)
   tok.path, tok.dir = file, dir
+  -- its stop ids and sampling defaults (clrt.chat.stop_ids, clrt serve)
+  tok.generation_config = require("clrt.generation_config").read(dir)
   return tok
 end
 

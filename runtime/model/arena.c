@@ -138,27 +138,38 @@ void model_retired_free(clrt_model *m) {
   }
 }
 
-/* The tables where the kernels read them: the host's, or a copy on the GPU (cos then sin),
-   refreshed when they grow or move. */
+/* The tables where the kernels read them: the host's, or a copy on the GPU (cos then sin,
+   then longrope's long cos and sin), refreshed when they grow or move. */
 int model_sync_rope(clrt_model *m) {
   if (retire(m, NULL, NULL, NULL, NULL, m->rope_dev)) return -1;
   m->rope_dev = NULL;
   m->rope_kc = m->rope_cos;
   m->rope_ks = m->rope_sin;
+  m->rope_kc_long = m->rope_cos_long;
+  m->rope_ks_long = m->rope_sin_long;
   if (m->device == CLRT_CPU || m->rope_len == 0) return 0;
   size_t n = (size_t)m->rope_len * (size_t)(m->cfg.head_dim / 2);
-  if (!(m->rope_dev = clrt_storage_new(2 * n * sizeof(float), m->device))) return -1;
+  int sets = m->rope_cos_long ? 2 : 1;
+  if (!(m->rope_dev = clrt_storage_new(2 * (size_t)sets * n * sizeof(float), m->device))) return -1;
   float *d = m->rope_dev->data;
   if (m->ops->upload(d, m->rope_cos, n * sizeof(float)) || m->ops->upload(d + n, m->rope_sin, n * sizeof(float)))
     return -1;
+  if (sets == 2 && (m->ops->upload(d + 2 * n, m->rope_cos_long, n * sizeof(float)) ||
+                    m->ops->upload(d + 3 * n, m->rope_sin_long, n * sizeof(float))))
+    return -1;
   m->rope_kc = d;
   m->rope_ks = d + n;
+  if (sets == 2) {
+    m->rope_kc_long = d + 2 * n;
+    m->rope_ks_long = d + 3 * n;
+  }
   return 0;
 }
 
-/* A cos and a sin table [P, D/2] at the given frequencies (NULL and the error set when out
-   of memory). */
-static int rope_tables(float **cos_t, float **sin_t, const float *inv_freq, int P, int D) {
+/* A cos and a sin table [P, D/2] at the given frequencies, each times scale (yarn and
+   longrope's attention factor, in f32 as transformers' cos() * attention_scaling); NULL and
+   the error set when out of memory. */
+static int rope_tables(float **cos_t, float **sin_t, const float *inv_freq, int P, int D, float scale) {
   size_t n = (size_t)P * (size_t)(D / 2);
   *cos_t = malloc(sizeof(float) * n);
   *sin_t = malloc(sizeof(float) * n);
@@ -169,36 +180,97 @@ static int rope_tables(float **cos_t, float **sin_t, const float *inv_freq, int 
     return -1;
   }
   clrt_rope_table(*cos_t, *sin_t, inv_freq, P, D);
+  if (scale != 1.0f)
+    for (size_t i = 0; i < n; i++) {
+      (*cos_t)[i] *= scale;
+      (*sin_t)[i] *= scale;
+    }
   return 0;
 }
 
 /* New tables replace the old ones whole, never in place: a context on another thread may be
    reading the old ones, which hold the same values at the positions both cover. Gemma 3's
-   local layers have their own (rope_local_theta), host memory. */
+   local layers have their own (rope_local_theta), host memory; longrope has a second set
+   (its long factors). */
 int model_ensure_rope(clrt_model *m, int P) {
   if (P <= m->rope_len) return 0;
   if (P < 2 * m->rope_len) P = 2 * m->rope_len;   /* decode asks one position more per step */
   int D = m->cfg.head_dim;
-  float *c, *s, *cl = NULL, *sl = NULL;
-  if (rope_tables(&c, &s, m->inv_freq, P, D)) return -1;
-  if (m->cfg.gemma3 && rope_tables(&cl, &sl, m->inv_freq_local, P, D)) {
+  float *c, *s, *c2 = NULL, *s2 = NULL;
+  const float *inv2 = m->cfg.gemma3 ? m->inv_freq_local : m->inv_freq_long;
+  if (rope_tables(&c, &s, m->inv_freq, P, D, m->rope_scale)) return -1;
+  if (inv2 && rope_tables(&c2, &s2, inv2, P, D, m->cfg.gemma3 ? 1.0f : m->rope_scale)) {
     free(c);
     free(s);
     return -1;
   }
-  if (retire(m, m->rope_cos, m->rope_sin, m->cfg.gemma3 ? m->rope_cos_local : NULL,
-             m->cfg.gemma3 ? m->rope_sin_local : NULL, NULL)) {
-    free(c), free(s), free(cl), free(sl);
+  if (retire(m, m->rope_cos, m->rope_sin, m->cfg.gemma3 ? m->rope_cos_local : m->rope_cos_long,
+             m->cfg.gemma3 ? m->rope_sin_local : m->rope_sin_long, NULL)) {
+    free(c), free(s), free(c2), free(s2);
     return -1;
   }
   m->rope_cos = c;
   m->rope_sin = s;
   if (m->cfg.gemma3) {
-    m->rope_cos_local = cl;
-    m->rope_sin_local = sl;
+    m->rope_cos_local = c2;
+    m->rope_sin_local = s2;
+  } else {
+    m->rope_cos_long = c2;
+    m->rope_sin_long = s2;
   }
   m->rope_len = P;
   return model_sync_rope(m);
+}
+
+/* transformers picks a call's frequencies by its length (max position + 1): longrope's long
+   factors past original_max_position_embeddings, dynamic NTK's base grown for that length
+   past max_position_embeddings (remade for each such call: a decode step past it pays
+   [seq_len, D/2] sines and cosines). Cached keys keep the rotation they were written with,
+   as in transformers' generate. */
+int model_rope_choose(clrt_context *x, int seq_len) {
+  clrt_model *m = x->m;
+  const clrt_model_config *c = &m->cfg;
+  x->rope_c = m->rope_kc;
+  x->rope_s = m->rope_ks;
+  if (c->rope_scaling == CLRT_ROPE_LONGROPE && seq_len > c->rope_original_max_position) {
+    x->rope_c = m->rope_kc_long;
+    x->rope_s = m->rope_ks_long;
+    return 0;
+  }
+  if (c->rope_scaling != CLRT_ROPE_DYNAMIC || seq_len <= c->max_position_embeddings) return 0;
+  int D = c->head_dim;
+  size_t n = (size_t)seq_len * (size_t)(D / 2);
+  if (x->rope_dyn_len != seq_len || (m->device != CLRT_CPU && (!x->rope_dyn_dev || x->rope_dyn_dev->device != m->device))) {
+    float inv[256], *ct, *st;
+    if (D / 2 > 256) {
+      clrt_set_error("model: dynamic RoPE takes head_dim up to 512 (got %d)", D);
+      return -1;
+    }
+    model_rope_inv_freq(c, seq_len, inv);
+    if (rope_tables(&ct, &st, inv, seq_len, D, 1.0f)) return -1;
+    float *both = realloc(x->rope_dyn, 2 * n * sizeof(float));
+    if (!both) {
+      free(ct), free(st);
+      clrt_set_error("model: out of memory for the dynamic RoPE tables of %d positions", seq_len);
+      return -1;
+    }
+    memcpy(both, ct, n * sizeof(float));
+    memcpy(both + n, st, n * sizeof(float));
+    free(ct), free(st);
+    x->rope_dyn = both;
+    x->rope_dyn_len = 0;
+    clrt_storage_release(x->rope_dyn_dev);
+    x->rope_dyn_dev = NULL;
+    if (m->device != CLRT_CPU) {
+      if (!(x->rope_dyn_dev = clrt_storage_new(2 * n * sizeof(float), m->device))) return -1;
+      if (m->ops->upload(x->rope_dyn_dev->data, both, 2 * n * sizeof(float))) return -1;
+    }
+    x->rope_dyn_len = seq_len;
+  }
+  const float *t = m->device != CLRT_CPU ? (const float *)x->rope_dyn_dev->data : x->rope_dyn;
+  x->rope_c = t;
+  x->rope_s = t + n;
+  return 0;
 }
 
 int model_bind_acts(clrt_context *x, acts *a, int B, int T, int Tk, int keep) {

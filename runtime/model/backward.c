@@ -34,12 +34,12 @@ static void layer_backward(clrt_model *m, acts *a, int l, const float *x, int B,
   model_linear_backward(m, a, A, l, LORA_O, a->datt, o->wo, GW(m, o->bo), a->dres, A->att, N, H * D, C, 0);
   if (a->cx->packed) {
     PROF(CLRT_K_ATTN_B, model_pack_attention_backward(m, a, &a->cx->pack, A, model_layer_window(m, l)));
-    PROF(CLRT_K_ROPE, model_pack_rope(m, &a->cx->pack, a->dq, a->dk, 1));
+    PROF(CLRT_K_ROPE, model_pack_rope(a->cx, &a->cx->pack, a->dq, a->dk, 1));
   } else {
     PROF(CLRT_K_ATTN_B, op->attention_backward(m, a, A, B, T, model_layer_window(m, l)));
     PROF(CLRT_K_ROPE, {
-      op->rope_backward(a->dq, m->rope_kc, m->rope_ks, NULL, B, T, H, D);
-      op->rope_backward(a->dk, m->rope_kc, m->rope_ks, NULL, B, T, KV, D);
+      op->rope_backward(a->dq, a->cx->rope_c, a->cx->rope_s, NULL, B, T, H, D);
+      op->rope_backward(a->dk, a->cx->rope_c, a->cx->rope_s, NULL, B, T, KV, D);
     });
   }
   float *dq = a->dq, *dk = a->dk;
@@ -162,7 +162,14 @@ int clrt_context_backward(clrt_context *x, const float *dlogp, const float *dhid
     layer_backward(m, &a, l, a.res[l], B, T);
   }
   PROF(CLRT_K_EMBED, model_embed_scale(m, a.dres, N));   /* the scale covers the embedding's adapter too */
-  if (!m->lora) PROF(CLRT_K_EMBED, op->embedding_backward(GW(m, m->wte), a.dres, a.tok, N, C));
+  if (!m->lora) {
+    /* padding_idx: the lookup leaves the pad row's gradient as it was (a tied head's share
+       is already in it), held in the spent dxc [nv, C] meanwhile. */
+    float *pad_row = c->has_padding_idx && nv > 0 ? GW(m, m->wte) + (int64_t)c->padding_idx * C : NULL;
+    if (pad_row && op->copy(a.dxc, pad_row, sizeof(float) * (size_t)C)) return -1;
+    PROF(CLRT_K_EMBED, op->embedding_backward(GW(m, m->wte), a.dres, a.tok, N, C));
+    if (pad_row && op->copy(pad_row, a.dxc, sizeof(float) * (size_t)C)) return -1;
+  }
   else PROF(CLRT_K_LORA, model_lora_embed_backward(m, &a, a.dres, N));
   if (x->step_failed) return -1;
   return op->sync();   /* the end of the step: report any kernel failure */

@@ -39,6 +39,11 @@ void model_context_release(clrt_context *x) {
   x->xq = NULL;
   x->xs = NULL;
   x->xq_cap = x->xs_cap = 0;
+  free(x->rope_dyn);
+  clrt_storage_release(x->rope_dyn_dev);
+  x->rope_dyn = NULL;
+  x->rope_dyn_dev = NULL;
+  x->rope_dyn_len = 0;
 }
 
 void clrt_context_free(clrt_context *x) {

@@ -45,10 +45,10 @@ static void layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, cons
     });
   PROF(CLRT_K_ROPE, {
     if (s->pack) {
-      model_pack_rope(m, s->pack, A->q, A->k, 0);
+      model_pack_rope(a->cx, s->pack, A->q, A->k, 0);
     } else {
-      op->rope(A->q, m->rope_kc, m->rope_ks, s->pos0, B, T, H, D);
-      op->rope(A->k, m->rope_kc, m->rope_ks, s->pos0, B, T, KV, D);
+      op->rope(A->q, a->cx->rope_c, a->cx->rope_s, s->pos0, B, T, H, D);
+      op->rope(A->k, a->cx->rope_c, a->cx->rope_s, s->pos0, B, T, KV, D);
     }
   });
   attn_args at = {B, T, H, KV, D, model_layer_window(m, l), s->pos0, NULL, (int64_t)T * KV * D};
@@ -223,6 +223,7 @@ static int prepare(clrt_context *x, int positions, int decode, uint64_t *version
   clrt_model *m = x->m;
   pthread_mutex_lock(&m->copies_lock);
   int rc = model_ensure_rope(m, positions);
+  if (!rc) rc = model_rope_choose(x, positions);
   if (!rc && decode) rc = model_q8_active(m) ? model_q8_refresh(m) : model_refresh_packed(m);
   else if (!rc) rc = model_refresh_packed_logprobs(m);
   if (!rc) rc = model_refresh_bf16(m);

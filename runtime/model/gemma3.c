@@ -27,7 +27,7 @@ void gemma3_layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, cons
       KV = c->num_key_value_heads, D = c->head_dim, B = s->B, T = s->T, window = model_layer_window(m, l), local = window > 0;
   int64_t N = (int64_t)B * T;
   float eps = c->rms_norm_eps;
-  const float *rc = local ? m->rope_cos_local : m->rope_kc, *rs = local ? m->rope_sin_local : m->rope_ks;
+  const float *rc = local ? m->rope_cos_local : a->cx->rope_c, *rs = local ? m->rope_sin_local : a->cx->rope_s;
   PROF(CLRT_K_RMSNORM, op->rmsnorm_unit(a->xn, A->rstd1, x, PW(m, o->ln1), N, C, eps));
   lin_part qkv[3] = {{A->qpre, o->wq, PW(m, o->bq), H * D, LORA_Q},
                      {A->kpre, o->wk, PW(m, o->bk), KV * D, LORA_K},
@@ -78,7 +78,7 @@ void gemma3_layer_backward(clrt_model *m, acts *a, int l, const float *x, int B,
       KV = c->num_key_value_heads, D = c->head_dim, window = model_layer_window(m, l), local = window > 0;
   int64_t N = (int64_t)B * T;
   float eps = c->rms_norm_eps;
-  const float *rc = local ? m->rope_cos_local : m->rope_kc, *rs = local ? m->rope_sin_local : m->rope_ks;
+  const float *rc = local ? m->rope_cos_local : a->cx->rope_c, *rs = local ? m->rope_sin_local : a->cx->rope_s;
   /* MLP: x' = xmid + norm_pf(mo); dxc = dL/dmo, then dres becomes dL/dxmid. */
   op->zero(a->dxc, (size_t)(N * C));
   PROF(CLRT_K_RMSNORM, op->rmsnorm_unit_backward(a->dxc, GW(m, o->lpf), a->dres, A->mo, PW(m, o->lpf), A->morstd, N, C));

@@ -354,8 +354,19 @@ void model_lora_embed_backward(clrt_model *m, acts *a, const float *dy, int64_t 
   if (!lo || !a->cx->lora_enabled || lo->emb[0] < 0) return;
   const float *P = lo->params->data;
   float *G = lo->grads->data;
+  /* PEFT looks A up with the base's padding_idx: the pad column of dA [r, V] keeps its value */
+  int64_t V = m->cfg.vocab_size, pad = m->cfg.has_padding_idx ? m->cfg.padding_idx : -1;
+  float *held = pad >= 0 ? malloc(sizeof(float) * (size_t)lo->r) : NULL;
+  if (pad >= 0 && !held) {
+    clrt_set_error("lora: out of memory holding the pad column of the embedding adapter");
+    a->cx->step_failed = 1;
+    return;
+  }
+  for (int i = 0; held && i < lo->r; i++) m->ops->download(&held[i], G + lo->emb[0] + i * V + pad, sizeof(float));
   m->ops->lora_embed_backward(G + lo->emb[0], G + lo->emb[1], a->ldxa, dy, a->lexa, a->tok, P + lo->emb[1], N,
                               m->cfg.vocab_size, m->cfg.hidden_size, lo->r, lo->scale);
+  for (int i = 0; held && i < lo->r; i++) m->ops->upload(G + lo->emb[0] + i * V + pad, &held[i], sizeof(float));
+  free(held);
 }
 
 static uint64_t head_key(const clrt_model *m, const acts *a) {

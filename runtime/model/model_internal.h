@@ -117,8 +117,13 @@ struct clrt_model {
   float *inv_freq;             /* [D/2] */
   /* Gemma 3's local layers: their own RoPE (rope_local_theta), host memory (CPU only). */
   float *inv_freq_local, *rope_cos_local, *rope_sin_local;
-  float *rope_cos, *rope_sin;  /* [rope_len, D/2] */
+  float *rope_cos, *rope_sin;  /* [rope_len, D/2], times rope_scale */
   const float *rope_kc, *rope_ks;   /* the tables as the kernels read them (host or device) */
+  /* longrope: the long factors' frequencies and tables (a call past original_max_position
+     reads them: model_rope_choose), mirrored after the others in rope_dev. */
+  float *inv_freq_long, *rope_cos_long, *rope_sin_long;
+  const float *rope_kc_long, *rope_ks_long;
+  float rope_scale;            /* yarn, longrope: the attention factor cos and sin carry (else 1) */
   int rope_len;
   model_retired *retired;      /* superseded RoPE tables: a running context may still read one */
   int share_prefix;            /* clrt_model_set_share_prefix (on by default) */
@@ -172,6 +177,13 @@ struct clrt_model {
    one context trains at a time. */
 struct clrt_context {
   clrt_model *m;
+  /* The RoPE tables this call and its backward read (model_rope_choose: the model's, its long
+     ones, or dynamic NTK's own for this call's length, rope_dyn: host [rope_dyn_len, D/2] cos
+     then sin, on the device in rope_dyn_dev). */
+  const float *rope_c, *rope_s;
+  float *rope_dyn;
+  clrt_storage *rope_dyn_dev;
+  int rope_dyn_len;
   /* The linear products of this call (model_context_choose, the policy, when it began): its
      format's kernels, and the f32 ones over the master weights that a declined product and
      the gradients fall back to. A kept forward's backward runs the forward's. */
@@ -265,6 +277,13 @@ int model_bind_acts(clrt_context *x, acts *a, int B, int T, int Tk, int keep);
 /* The RoPE tables for positions [0, P), on the model's device. */
 int model_ensure_rope(clrt_model *m, int P);
 int model_sync_rope(clrt_model *m);
+/* Sets x->rope_c/rope_s to the tables of a call whose positions reach seq_len (after
+   model_ensure_rope(m, seq_len)): what transformers' dynamic_rope_update picks for that call. */
+int model_rope_choose(clrt_context *x, int seq_len);
+/* The config's inverse frequencies [D/2] for a call reaching seq_len (0: the model's own), and
+   the factor its cos and sin carry (params.c). */
+void model_rope_inv_freq(const clrt_model_config *c, int seq_len, float *inv);
+double model_rope_attention_factor(const clrt_model_config *c);
 /* Host staging for a step's integer inputs (x->hidx, grown on demand). */
 int32_t *model_host_ints(clrt_context *x, size_t n);
 /* Grows the kernels' workspace to `bytes` (an error naming `who` when it cannot) and clears
@@ -489,7 +508,7 @@ size_t model_step_workspace_bytes(const clrt_model *m, int64_t N, const model_pa
 /* The last logprobs' activation layout: [1, pack.N] when it ran packed, else its [B, T]. */
 void model_kept_layout(const clrt_context *x, int *B, int *T);
 /* RoPE over q [N, H, D] and k [N, KV, D] at each segment's positions (backward: the inverse). */
-void model_pack_rope(const clrt_model *m, const model_pack *pk, float *q, float *k, int backward);
+void model_pack_rope(const clrt_context *x, const model_pack *pk, float *q, float *k, int backward);
 /* The packed attention: out [N, H, D], lse [N, H] by segment ([H, len] each; NULL: not kept). */
 void model_pack_attention(clrt_model *m, acts *a, const model_pack *pk, float *out, float *lse,
                           const float *q, const float *k, const float *v, int window);

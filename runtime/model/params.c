@@ -49,11 +49,11 @@ static int validate_config(const clrt_model_config *c) {
     clrt_set_error("model: config.json: sliding_window must be positive or absent (got %d)", c->sliding_window);
     return -1;
   }
-  if (c->rope_scaling < CLRT_ROPE_DEFAULT || c->rope_scaling > CLRT_ROPE_LLAMA3) {
+  if (c->rope_scaling < CLRT_ROPE_DEFAULT || c->rope_scaling > CLRT_ROPE_DYNAMIC) {
     clrt_set_error("model: config.json: unknown rope_scaling kind %d", c->rope_scaling);
     return -1;
   }
-  if (c->rope_scaling != CLRT_ROPE_DEFAULT && !(c->rope_factor > 0)) {
+  if (c->rope_scaling != CLRT_ROPE_DEFAULT && c->rope_scaling != CLRT_ROPE_LONGROPE && !(c->rope_factor > 0)) {
     clrt_set_error("model: config.json: rope_scaling.factor must be positive");
     return -1;
   }
@@ -62,6 +62,31 @@ static int validate_config(const clrt_model_config *c) {
        c->rope_original_max_position <= 0)) {
     clrt_set_error("model: config.json: llama3 rope_scaling needs high_freq_factor > "
                    "low_freq_factor > 0 and original_max_position_embeddings > 0");
+    return -1;
+  }
+  if ((c->rope_scaling == CLRT_ROPE_YARN || c->rope_scaling == CLRT_ROPE_LONGROPE) &&
+      (c->rope_original_max_position <= 0 || c->rope_attention_factor < 0)) {
+    clrt_set_error("model: config.json: yarn and longrope rope_scaling need original_max_position_embeddings > 0 "
+                   "and attention_factor >= 0");
+    return -1;
+  }
+  if (c->rope_scaling == CLRT_ROPE_LONGROPE) {
+    if (c->head_dim / 2 > 256) {
+      clrt_set_error("model: config.json: longrope takes head_dim up to 512 (got %d)", c->head_dim);
+      return -1;
+    }
+    for (int i = 0; i < c->head_dim / 2; i++)
+      if (!(c->rope_short_factor[i] > 0) || !(c->rope_long_factor[i] > 0)) {
+        clrt_set_error("model: config.json: longrope's short_factor and long_factor must be positive (pair %d)", i);
+        return -1;
+      }
+  }
+  if (c->gemma3 && (c->rope_scaling == CLRT_ROPE_LONGROPE || c->rope_scaling == CLRT_ROPE_DYNAMIC)) {
+    clrt_set_error("model: config.json: Gemma 3 runs default, linear, llama3 or yarn RoPE");
+    return -1;
+  }
+  if (c->has_padding_idx && (c->padding_idx < 0 || c->padding_idx >= c->vocab_size)) {
+    clrt_set_error("model: config.json: pad_token_id %d is outside the vocabulary of %d", c->padding_idx, c->vocab_size);
     return -1;
   }
   if (!c->gemma3 && (c->final_logit_softcapping != 0 || c->attn_logit_softcapping != 0)) {
@@ -76,31 +101,6 @@ static int validate_config(const clrt_model_config *c) {
     return -1;
   }
   return 0;
-}
-
-/* inv_freq[i] = theta^(-2i/D), then the config's scaling (transformers' rope_init functions). */
-static void compute_inv_freq(const clrt_model_config *c, float *inv) {
-  int D = c->head_dim, half = D / 2;
-  for (int i = 0; i < half; i++) {
-    /* computed in f32 like transformers: base ** (arange(0, D, 2).float() / D) */
-    float e = (float)(2 * i) / (float)D;
-    float f = (float)(1.0 / pow(c->rope_theta, (double)e));
-    if (c->rope_scaling == CLRT_ROPE_LINEAR) f = f / (float)c->rope_factor;
-    if (c->rope_scaling == CLRT_ROPE_LLAMA3) {
-      double factor = c->rope_factor, lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
-      double old = c->rope_original_max_position;
-      double lo_wavelen = old / lo, hi_wavelen = old / hi;
-      double wavelen = 2 * M_PI / f;
-      double g = f;
-      if (wavelen > lo_wavelen) g = f / factor;
-      else if (wavelen >= hi_wavelen) {   /* between: interpolate smoothly */
-        double smooth = (old / wavelen - lo) / (hi - lo);
-        g = (1 - smooth) * f / factor + smooth * f;
-      }
-      f = (float)g;
-    }
-    inv[i] = f;
-  }
 }
 
 clrt_model *model_params_new(const clrt_model_config *cfg) {
@@ -123,7 +123,10 @@ clrt_model *model_params_new(const clrt_model_config *cfg) {
   m->layer = calloc((size_t)L, sizeof *m->layer);
   m->inv_freq = calloc((size_t)c->head_dim / 2, sizeof(float));
   if (c->gemma3) m->inv_freq_local = calloc((size_t)c->head_dim / 2, sizeof(float));
-  if (!m->p || !m->layer || !m->inv_freq || (c->gemma3 && !m->inv_freq_local)) goto oom;
+  if (c->rope_scaling == CLRT_ROPE_LONGROPE) m->inv_freq_long = calloc((size_t)c->head_dim / 2, sizeof(float));
+  if (!m->p || !m->layer || !m->inv_freq || (c->gemma3 && !m->inv_freq_local) ||
+      (c->rope_scaling == CLRT_ROPE_LONGROPE && !m->inv_freq_long))
+    goto oom;
   char name[96];
   m->wte = add_param(m, cap, "model.embed_tokens.weight", 2, c->vocab_size, C);
   for (int l = 0; l < L; l++) {
@@ -178,12 +181,14 @@ clrt_model *model_params_new(const clrt_model_config *cfg) {
     clrt_model_free(m);
     return NULL;
   }
-  compute_inv_freq(c, m->inv_freq);
+  model_rope_inv_freq(c, 0, m->inv_freq);
+  m->rope_scale = (float)model_rope_attention_factor(c);
+  if (c->rope_scaling == CLRT_ROPE_LONGROPE) model_rope_inv_freq(c, c->rope_original_max_position + 1, m->inv_freq_long);
   if (c->gemma3) {   /* local layers: their own base, never scaled */
     clrt_model_config local = *c;
     local.rope_theta = c->rope_local_theta;
     local.rope_scaling = CLRT_ROPE_DEFAULT;
-    compute_inv_freq(&local, m->inv_freq_local);
+    model_rope_inv_freq(&local, 0, m->inv_freq_local);
   }
   if (model_prof_on < 0) {
     const char *e = getenv("CLRT_PROFILE");
@@ -214,6 +219,9 @@ void clrt_model_free(clrt_model *m) {
   free(m->layer);
   free(m->inv_freq);
   free(m->inv_freq_local);
+  free(m->inv_freq_long);
+  free(m->rope_cos_long);
+  free(m->rope_sin_long);
   free(m->rope_cos_local);
   free(m->rope_sin_local);
   free(m->rope_cos);

@@ -139,7 +139,8 @@ size_t model_step_workspace_bytes(const clrt_model *m, int64_t N, const model_pa
   return products > gathered ? products : gathered;
 }
 
-void model_pack_rope(const clrt_model *m, const model_pack *pk, float *q, float *k, int backward) {
+void model_pack_rope(const clrt_context *x, const model_pack *pk, float *q, float *k, int backward) {
+  const clrt_model *m = x->m;
   const model_ops *op = m->ops;
   int H = m->cfg.num_attention_heads, KV = m->cfg.num_key_value_heads, D = m->cfg.head_dim;
   for (int i = 0; i < pk->nseg; i++) {
@@ -148,11 +149,11 @@ void model_pack_rope(const clrt_model *m, const model_pack *pk, float *q, float 
     const int32_t *pos = s->prefix >= 0 ? &p0 : NULL;
     float *qs = q + (int64_t)s->start * H * D, *ks = k + (int64_t)s->start * KV * D;
     if (backward) {
-      op->rope_backward(qs, m->rope_kc, m->rope_ks, pos, 1, s->len, H, D);
-      op->rope_backward(ks, m->rope_kc, m->rope_ks, pos, 1, s->len, KV, D);
+      op->rope_backward(qs, x->rope_c, x->rope_s, pos, 1, s->len, H, D);
+      op->rope_backward(ks, x->rope_c, x->rope_s, pos, 1, s->len, KV, D);
     } else {
-      op->rope(qs, m->rope_kc, m->rope_ks, pos, 1, s->len, H, D);
-      op->rope(ks, m->rope_kc, m->rope_ks, pos, 1, s->len, KV, D);
+      op->rope(qs, x->rope_c, x->rope_s, pos, 1, s->len, H, D);
+      op->rope(ks, x->rope_c, x->rope_s, pos, 1, s->len, KV, D);
     }
   }
 }

@@ -75,17 +75,21 @@ class Clrt:
             return json.load(f)
 
 
-def compare_logits(name, got, ref_logits, tokens, rtol):
-    """got: clrt's {"logits", "logprobs"}; ref_logits: torch [T, V]. Max difference over the
-    largest reference logit; the log-probabilities of the next tokens likewise."""
+def compare_logits(name, got, ref_logits, tokens, rtol, ref_prefix_logits=None):
+    """got: clrt's {"logits", "logprobs"}; ref_logits: torch [T, V] of one forward over the
+    tokens (what clrt's logprobs is compared with). clrt's logits come from a prefill of each
+    prefix: ref_prefix_logits [T, V] (row t from a forward over tokens[:t + 1]) where the
+    frequencies depend on the call's length (longrope, dynamic), else ref_logits. Max
+    difference over the largest reference logit; the next tokens' log-probabilities likewise."""
     import torch
     g = torch.tensor(got["logits"], dtype=torch.float64)
-    r = ref_logits.to(torch.float64)
+    r = (ref_prefix_logits if ref_prefix_logits is not None else ref_logits).to(torch.float64)
     if g.shape != r.shape:
         return False, f"logits shape {tuple(g.shape)} against {tuple(r.shape)}"
     scale = max(r.abs().max().item(), 1e-6)
     err = (g - r).abs().max().item() / scale
-    ref_lp = torch.log_softmax(r, -1)[:-1].gather(1, torch.tensor(tokens[1:]).unsqueeze(1)).squeeze(1)
+    full = ref_logits.to(torch.float64)
+    ref_lp = torch.log_softmax(full, -1)[:-1].gather(1, torch.tensor(tokens[1:]).unsqueeze(1)).squeeze(1)
     glp = torch.tensor(got["logprobs"], dtype=torch.float64)
     lp_err = (glp - ref_lp).abs().max().item() / max(ref_lp.abs().max().item(), 1e-6)
     ok = math.isfinite(err) and math.isfinite(lp_err) and err <= rtol and lp_err <= rtol
@@ -116,9 +120,32 @@ ARCHS = {
                                 original_max_position_embeddings=128, sliding_window=5, rms_norm_eps=1e-5,
                                 rope_theta=10000.0, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
                                 eos_token_id=2)),
+    # long-context RoPE (issue 45): compared at a length within the original context and one
+    # past it (dynamic: past max_position_embeddings), where the long factors, YaRN's blend and
+    # attention factor, or the grown NTK base rotate every key
+    "llama_yarn": ("LlamaConfig", dict(vocab_size=112, hidden_size=64, intermediate_size=144, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                       rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+                                       rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                     "original_max_position_embeddings": 32})),
+    "qwen2_dynamic": ("Qwen2Config", dict(vocab_size=120, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                          rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True,
+                                          rope_scaling={"rope_type": "dynamic", "factor": 2.0})),
+    "phi3_longrope": ("Phi3Config", dict(vocab_size=108, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                         original_max_position_embeddings=32, rms_norm_eps=1e-5, rope_theta=10000.0,
+                                         tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                         rope_scaling={"type": "longrope",
+                                                       "short_factor": [1.0, 1.02, 1.1, 1.3, 1.6, 2.0, 2.4, 2.8],
+                                                       "long_factor": [1.0, 1.3, 2.2, 4.1, 7.7, 12.0, 19.0, 31.0]})),
 }
 CLRT_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-              "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM"}
+              "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM", "llama_yarn": "LlamaForCausalLM",
+              "qwen2_dynamic": "Qwen2ForCausalLM", "phi3_longrope": "Phi3ForCausalLM"}
+MODEL_TYPES = {"llama_yarn": "llama", "qwen2_dynamic": "qwen2", "phi3_longrope": "phi3"}
+# the token counts compared: 14, and for the RoPE variants 48 too (past 32)
+LENGTHS = {a: (14, 48) if a in MODEL_TYPES else (14,) for a in ARCHS}
 
 
 def tokens_for(vocab, n=14, seed=5):
@@ -131,6 +158,27 @@ def hf_logits(model, tokens):
     import torch
     with torch.no_grad():
         return model(torch.tensor([tokens])).logits[0].float()
+
+
+def hf_prefix_logits(model, tokens):
+    """Row t: the last logits of a fresh forward over tokens[:t + 1] (transformers picks
+    longrope's factors and dynamic NTK's base by each call's length)."""
+    import torch
+    rows = []
+    for t in range(len(tokens)):
+        m = load_fresh(model)
+        rows.append(hf_logits(m, tokens[: t + 1])[-1])
+    return torch.stack(rows)
+
+
+def load_fresh(model):
+    """A model whose rotary state is as loaded (dynamic NTK keeps the largest length it saw)."""
+    for mod in model.modules():
+        if hasattr(mod, "original_inv_freq") and hasattr(mod, "inv_freq"):
+            mod.inv_freq = mod.original_inv_freq.clone()
+            if hasattr(mod, "original_max_seq_len"):
+                mod.max_seq_len_cached = mod.original_max_seq_len
+    return model
 
 
 def load_hf(folder):
@@ -172,11 +220,13 @@ def check_transformers_to_clrt(clrt, work, devices, folders):
             folder = os.path.join(work, f"hf_{arch}")
             model = make_hf_model(arch, folder)
             folders[arch] = folder
-            toks = tokens_for(ARCHS[arch][1]["vocab_size"])
-            ref = hf_logits(model, toks)
-            for dev in devices:
-                ok, detail = compare_logits(name, clrt.logits(folder, toks, dev), ref, toks, 1e-4 if dev == "cpu" else 1e-3)
-                report(f"{name}[{dev}]", "PASS" if ok else "FAIL", detail)
+            for n in LENGTHS[arch]:
+                toks = tokens_for(ARCHS[arch][1]["vocab_size"], n=n)
+                pre = hf_prefix_logits(model, toks) if arch in MODEL_TYPES else None
+                ref = hf_logits(load_fresh(model), toks)
+                for dev in devices:
+                    ok, detail = compare_logits(name, clrt.logits(folder, toks, dev), ref, toks, 1e-4 if dev == "cpu" else 1e-3, pre)
+                    report(f"{name}[{dev}][T={n}]", "PASS" if ok else "FAIL", detail)
         except Exception:
             report(name, "FAIL", traceback.format_exc()[-1500:])
 
@@ -189,19 +239,51 @@ def check_clrt_to_transformers(clrt, work, devices):
         name = f"clrt_to_transformers[{arch}]"
         try:
             folder = os.path.join(work, f"clrt_{arch}")
-            cfg = dict(kw, architectures=[CLRT_ARCHS[arch]], model_type=arch, hidden_act="silu")
+            cfg = dict(kw, architectures=[CLRT_ARCHS[arch]], model_type=MODEL_TYPES.get(arch, arch), hidden_act="silu")
             cfg_file = os.path.join(work, f"clrt_{arch}.json")
             with open(cfg_file, "w") as f:
                 json.dump(cfg, f)
             clrt("new", cfg_file, 7, folder)
             model = load_hf(folder)
-            toks = tokens_for(kw["vocab_size"], seed=9)
-            ref = hf_logits(model, toks)
-            for dev in devices:
-                ok, detail = compare_logits(name, clrt.logits(folder, toks, dev), ref, toks, 1e-4 if dev == "cpu" else 1e-3)
-                report(f"{name}[{dev}]", "PASS" if ok else "FAIL", detail)
+            for n in LENGTHS[arch]:
+                toks = tokens_for(kw["vocab_size"], n=n, seed=9)
+                pre = hf_prefix_logits(model, toks) if arch in MODEL_TYPES else None
+                ref = hf_logits(load_fresh(model), toks)
+                for dev in devices:
+                    ok, detail = compare_logits(name, clrt.logits(folder, toks, dev), ref, toks, 1e-4 if dev == "cpu" else 1e-3, pre)
+                    report(f"{name}[{dev}][T={n}]", "PASS" if ok else "FAIL", detail)
         except Exception:
             report(name, "FAIL", traceback.format_exc()[-1500:])
+
+
+def check_dtype_round_trip(clrt, work):
+    """A config carrying transformers 5's `dtype: bfloat16` (what a v5 checkpoint has), saved by
+    clrt (f32 weights): transformers with dtype "auto" must reload it as float32, not bf16."""
+    why = missing("torch", "transformers", "safetensors")
+    if why:
+        return report("dtype_round_trip", "SKIP", why)
+    import torch
+    import transformers
+    try:
+        kw = ARCHS["qwen3"][1]
+        cfg = dict(kw, architectures=[CLRT_ARCHS["qwen3"]], model_type="qwen3", hidden_act="silu",
+                   dtype="bfloat16", torch_dtype="bfloat16")
+        cfg_file = os.path.join(work, "dtype.json")
+        with open(cfg_file, "w") as f:
+            json.dump(cfg, f)
+        folder = os.path.join(work, "clrt_dtype")
+        clrt("new", cfg_file, 7, folder)
+        major = int(transformers.__version__.split(".")[0])
+        auto = {"dtype": "auto"} if major >= 5 else {"torch_dtype": "auto"}
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, **auto)
+        dtypes = sorted({str(p.dtype) for p in model.parameters()})
+        with open(os.path.join(folder, "config.json")) as f:
+            saved = json.load(f)
+        ok = dtypes == [str(torch.float32)] and saved.get("dtype") == "float32" and saved.get("torch_dtype") == "float32"
+        report("dtype_round_trip", "PASS" if ok else "FAIL",
+               f"config dtype {saved.get('dtype')!r}, torch_dtype {saved.get('torch_dtype')!r}; reloaded as {dtypes}")
+    except Exception:
+        report("dtype_round_trip", "FAIL", traceback.format_exc()[-1500:])
 
 
 def check_lora_peft(clrt, work, devices, folders):
@@ -339,6 +421,7 @@ def main():
     try:
         for name, run in [("transformers_to_clrt", lambda: check_transformers_to_clrt(clrt, work, devices, folders)),
                           ("clrt_to_transformers", lambda: check_clrt_to_transformers(clrt, work, devices)),
+                          ("dtype_round_trip", lambda: check_dtype_round_trip(clrt, work)),
                           ("lora_peft", lambda: check_lora_peft(clrt, work, devices, folders)),
                           ("tokenizer", lambda: check_tokenizer(clrt, work)),
                           ("tensorboard", lambda: check_tensorboard(clrt, work))]:

@@ -415,7 +415,7 @@ T.case("bad config.json: missing or wrong-typed keys, unknown rope_scaling", fun
   try(function(c) c.num_hidden_layers = "2" end, "key 'num_hidden_layers' must be an integer, got string")
   try(function(c) c.rms_norm_eps = true end, "key 'rms_norm_eps' must be a number, got boolean")
   try(function(c) c.tie_word_embeddings = 1 end, "key 'tie_word_embeddings' must be true or false")
-  try(function(c) c.rope_scaling = { rope_type = "yarn", factor = 4 } end, "rope_scaling' has type 'yarn', which clrt does not support")
+  try(function(c) c.rope_scaling = { rope_type = "mrope", factor = 4 } end, "rope_scaling' has type 'mrope', which clrt does not support")
   try(function(c) c.rope_scaling = { rope_type = "llama3", factor = 4 } end, "key 'rope_scaling.low_freq_factor' is missing")
   try(function(c) c.architectures = { "GPT2LMHeadModel" } end, "GPT2LMHeadModel")
   try(function(c) c.num_key_value_heads = 2 end, "must divide num_attention_heads")

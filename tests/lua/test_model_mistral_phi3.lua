@@ -255,7 +255,8 @@ T.case("config.json: Phi-3-mini-4k's own keys load; rope_scaling it does not run
   local m = clrt.model.new(small, { seed = 1 })
   T.eq(m:logprobs({ { 1, 2, 3, 4, 5, 6 } }, { grad = false }):size(2), 5)
   T.ok(tostring(m):find("Phi3ForCausalLM"), tostring(m))
-  -- Phi-3's long-context variants (longrope, and "su" in older files) are not implemented
+  -- Phi-3's long-context variants (longrope, and "su" in older files) load with per-pair
+  -- factor lists of head_dim / 2 (test_model_rope.lua checks their rotation); malformed ones are refused
   local function refused(edit, want)
     local cfg = {}
     for k, v in pairs(small) do cfg[k] = v end
@@ -265,8 +266,13 @@ T.case("config.json: Phi-3-mini-4k's own keys load; rope_scaling it does not run
   end
   refused(function(cfg)
     cfg.rope_scaling = { type = "longrope", long_factor = { 1, 2 }, short_factor = { 1, 1 } }
-  end, "rope_scaling' has type 'longrope'")
-  refused(function(cfg) cfg.rope_scaling = { type = "su", long_factor = { 1 }, short_factor = { 1 } } end, "'su'")
+  end, "rope_scaling.short_factor' must list 4 numbers")
+  refused(function(cfg) cfg.rope_scaling = { type = "su", long_factor = { 1, 2, 0, 1 }, short_factor = { 1, 1, 1, 1 } } end,
+    "rope_scaling.long_factor' entry 3 must be a positive number")
+  local lr = {}
+  for k, v in pairs(small) do lr[k] = v end
+  lr.rope_scaling = { type = "longrope", long_factor = { 1, 2, 3, 4 }, short_factor = { 1, 1, 1, 1 } }
+  T.eq(clrt.model.parse_config(lr, "phi3/config.json").rope_scaling, 4, "longrope loads")
   refused(function(cfg) cfg.partial_rotary_factor = 0.75 end, "partial_rotary_factor")
   refused(function(cfg) cfg.sliding_window = 0 end, "sliding_window")
   refused(function(cfg) cfg.sliding_window = "all" end, "sliding_window")

@@ -97,7 +97,7 @@ def hidden_states(cfg, P, tokens):
     eps = cfg["rms_norm_eps"]
     dtype = P["model.embed_tokens.weight"].dtype
     scale = torch.tensor(cfg["hidden_size"] ** 0.5, dtype=torch.float32).to(dtype)
-    x = P["model.embed_tokens.weight"][tokens] * scale
+    x = R.embed(cfg, P["model.embed_tokens.weight"], tokens, default_pad=0) * scale
     pos = torch.arange(T)
     causal = pos[None, :] <= pos[:, None]
     window = causal & (pos[None, :] > pos[:, None] - cfg["sliding_window"])

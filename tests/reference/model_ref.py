@@ -129,10 +129,29 @@ def inv_freq(cfg):
 
 
 def rope_cos_sin(cfg, T, dtype):
-    f = inv_freq(cfg)
+    """cos, sin [T, D] of a forward over positions [0, T). The scaling kinds whose frequencies
+    depend on the call's length (longrope, dynamic) or that scale cos and sin (yarn, longrope)
+    come from rope_ref.py, transformers' modeling_rope_utils restated."""
+    rs = cfg.get("rope_scaling") or {}
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind in ("yarn", "longrope", "su", "dynamic"):
+        import rope_ref
+        f, scale = rope_ref.inv_freq_for_call(cfg, T)
+    else:
+        f, scale = inv_freq(cfg), 1.0
     ang = torch.arange(T, dtype=torch.float32)[:, None] * f[None, :]   # f32 product, as HF
     emb = torch.cat([ang, ang], dim=-1).to(dtype)
-    return emb.cos(), emb.sin()
+    return emb.cos() * scale, emb.sin() * scale
+
+
+def embed(cfg, E, tokens, default_pad=None):
+    """E[tokens], with nn.Embedding(padding_idx=pad_token_id)'s gradient: none for the pad row
+    (the class's default pad where config.json has no pad_token_id)."""
+    pad = cfg.get("pad_token_id", default_pad) if "pad_token_id" in cfg else default_pad
+    x = E[tokens]
+    if pad is not None and 0 <= pad < E.shape[0]:
+        x = torch.where((tokens == pad)[..., None], E.detach()[tokens], x)
+    return x
 
 
 def rotate_half(x):
@@ -180,7 +199,7 @@ def log_softmax_all(cfg, P, tokens, linear=None):
     eps = cfg["rms_norm_eps"]
     dtype = P["model.embed_tokens.weight"].dtype
     cos, sin = rope_cos_sin(cfg, T, dtype)
-    x = P["model.embed_tokens.weight"][tokens]
+    x = embed(cfg, P["model.embed_tokens.weight"], tokens, default_pad=32000 if cfg.get("architectures", [""])[0] == "Phi3ForCausalLM" else None)
     mask = torch.ones(T, T, dtype=torch.bool).tril()
     W = window_of(cfg)
     if W is not None:   # keys more than W - 1 positions back are out of the window

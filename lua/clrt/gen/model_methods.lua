@@ -6,6 +6,7 @@
 local models = require("clrt.model")
 local decoder = require("clrt.gen.decoder")
 local G = require("clrt.gen.scheduler")
+local GC = require("clrt.generation_config")
 
 local Model = models.Model
 
@@ -62,6 +63,18 @@ end
 -- the engine runs until they finish; its decoder grows to the largest request seen.
 function Model:generate(prompts, opts)
   check_prompts(prompts, opts)
+  -- generation_config.json (clrt.model.load keeps it): its eos ids end every row beside the
+  -- caller's stops, its sampling settings are the defaults of the options not given
+  local gc = self.generation_config
+  if gc then
+    opts = GC.apply_defaults(gc, opts)
+    local stop = {}
+    for _, id in ipairs(GC.stop_ids(gc)) do stop[#stop + 1] = id end
+    local given = opts.stop
+    if given ~= nil and type(given) ~= "table" then given = { given } end
+    for _, s in ipairs(given or {}) do stop[#stop + 1] = s end
+    opts.stop = stop
+  end
   local ok, res = pcall(G.generate, self, prompts, opts)
   if not ok then error(res, 2) end
   return res
@@ -70,7 +83,8 @@ end
 -- chat([tok,] text or messages[, opts]) -> the assistant's reply as text (and the generate
 -- entry): a text is one user message; messages a list of {role =, content =}. Rendered
 -- with the model's chat template (clrt.chat.generate). Without tok, m:tokenizer(). opts as
--- m:generate's; by default temperature 0.7 and up to 512 new tokens (what `clrt chat` uses).
+-- m:generate's; by default generation_config.json's sampling (else temperature 0.7) and up to
+-- 512 new tokens (what `clrt chat` uses).
 function Model:chat(tok, input, opts)
   local usage = "m:chat([tok,] text or messages[, opts])"
   if not (type(tok) == "table" and type(tok.encode) == "function") then
@@ -98,7 +112,8 @@ function Model:chat(tok, input, opts)
     if not okt then error(("%s: %s"):format(usage, tostring(t)), 2) end
     tok = t
   end
-  local o = { temperature = 0.7 }
+  -- without a generation_config.json (whose defaults m:generate applies), temperature 0.7
+  local o = { temperature = not self.generation_config and 0.7 or nil }
   for k, v in pairs(opts or {}) do o[k] = v end
   local chat = require("clrt.chat")
   if o.max_new_tokens == nil then

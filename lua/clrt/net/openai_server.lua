@@ -533,14 +533,24 @@ end
 
 -- ==== a request as a job for the engine =========================================================
 
+-- What a request leaves out: generation_config.json's sampling (transformers' generate
+-- defaults: greedy unless do_sample) from the tokenizer's folder or the model's, else {}
+-- (OpenAI's temperature 1 and top_p 1).
+function M.sampling_defaults(tok, model)
+  local gc = tok and tok.generation_config or model and model.generation_config
+  return gc and gc.defaults or {}
+end
+
 -- The options both endpoints share; default_max: max_new_tokens when the request sets none.
 function Server:sampling(req, default_max)
   local stop = {}
   for _, id in ipairs(self.end_of_turn) do stop[#stop + 1] = id end
   for _, s in ipairs(req.stop or {}) do stop[#stop + 1] = s end
+  local d = M.sampling_defaults(self.tok, self.model)
   return {
     n = req.n, max_new_tokens = req.max_tokens or default_max,
-    temperature = req.temperature or 1.0, top_p = req.top_p or 1.0, seed = req.seed or math.random(0, 2 ^ 31),
+    temperature = req.temperature or d.temperature or 1.0, top_p = req.top_p or d.top_p or 1.0, top_k = d.top_k,
+    seed = req.seed or math.random(0, 2 ^ 31),
     stop = stop, tokenizer = self.tok, logit_bias = req.logit_bias,
     frequency_penalty = req.frequency_penalty, presence_penalty = req.presence_penalty,
   }

@@ -9,7 +9,7 @@ local G = require("clrt.gen.scheduler")
 
 local args = { ... }
 local usage = "usage: clrt chat MODEL_DIR [--temp X] [--max-tokens N] [--system TEXT] [--seed N] [--adapter DIR] [--quant int8]"
-local dir, temp, max_tokens, system, seed, adapter, quant = nil, 0.7, 512, nil, os.time(), nil, nil
+local dir, temp, max_tokens, system, seed, adapter, quant = nil, nil, 512, nil, os.time(), nil, nil
 local i = 1
 while i <= #args do
   local a = args[i]
@@ -34,6 +34,9 @@ local m = require("clrt.model").load(where.model, { adapter = where.adapter, qua
 local tok = require("clrt.tokenizer").load(where.tokenizer)
 local max_len = math.min(m.config.max_position_embeddings or 2048, 4096)
 local stop_ids = chat.stop_ids(tok)
+-- without --temp: generation_config.json's sampling (transformers' generate defaults), else 0.7
+local sampling = (tok.generation_config or m.generation_config or {}).defaults or { temperature = 0.7 }
+temp = temp or sampling.temperature
 local history_file = (os.getenv("HOME") or ".") .. "/.clrt_chat_history"
 core.C.clrt_history_load(history_file)
 
@@ -88,7 +91,8 @@ while true do
       table.remove(messages)
     else
       turn = turn + 1
-      local o = options.check({ temperature = temp, max_new_tokens = math.min(max_tokens, room), stop = stop_ids,
+      local o = options.check({ temperature = temp, top_p = sampling.top_p, top_k = sampling.top_k,
+        max_new_tokens = math.min(max_tokens, room), stop = stop_ids,
         tokenizer = tok, seed = seed + turn }, m.config.vocab_size)
       io.write("assistant> ")
       -- the model's one engine (clrt.gen.scheduler) sizes and keeps the cache across turns
