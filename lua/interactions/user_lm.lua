@@ -96,13 +96,13 @@ function M.respond(conversation, sample, ctx, turn)
   local end_marker = o.end_marker or M.END_MARKER
   local opening = #conv.without_system(conversation) == 0
   local messages = M.messages(conversation, sample, o)
-  local req = { temperature = o.temperature or 1.0, max_tokens = o.max_tokens or 512, top_p = o.top_p }
   local key = type(turn) == "table" and turn.seed_key or nil
   local retries = o.parse_retries == nil and 1 or o.parse_retries
   count(ctx, "user_calls")
   local last
   for attempt = 1, retries + 1 do
     count(ctx, "user_attempts")
+    local req = { temperature = o.temperature or 1.0, max_tokens = o.max_tokens or 512, top_p = o.top_p }
     -- the retry of an unusable reply draws another sample: its own seed
     if key then req.seed = M.seed_of(ctx.seed, key .. (attempt > 1 and ("/retry " .. attempt) or "")) end
     if attempt > 1 then req.cache = "refresh" end
@@ -115,7 +115,7 @@ function M.respond(conversation, sample, ctx, turn)
     if type(text) == "string" and (#text > (o.max_chars or math.huge) or reply.finish_reason == "length") then
       count(ctx, "user_lm/too_long")
       last = ("a reply longer than the cap (%d characters, finish_reason %s; sim_cfg.max_chars=%s, max_tokens=%d)")
-        :format(#text, tostring(reply.finish_reason), tostring(o.max_chars), req.max_tokens)
+        :format(#text, tostring(reply.finish_reason), tostring(o.max_chars), o.max_tokens or 512)
     else
       local msg, why, ended = M.message_of(text, conv.marker(ctx, sample), end_marker, opening)
       if msg then
