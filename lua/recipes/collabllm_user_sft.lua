@@ -36,8 +36,8 @@ do
   for k, v in pairs(sft.defaults) do d[k] = v end
   d.name = WHO
   d.intent_field = "single_turn_prompt"   -- the row's field holding the intent (a messages row: its own field)
-  d.end_marker = M.END_MARKER
-  d.drop_revealed = true
+  d.end_marker = M.END_MARKER             -- closes each conversation (the marker sim=user_lm ends a chat on)
+  d.drop_revealed = true                  -- leave out conversations whose first user turn holds the intent word for word
   M.defaults = d
 end
 M.rules = sft.rules
