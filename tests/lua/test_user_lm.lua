@@ -120,7 +120,8 @@ T.case("a local simulator is priced at 0 unless a price is set", function()
     T.ok(not prices.is_local(u), u)
   end
   local lp = require("clrt.train.context").local_priced
-  T.eq(lp({ base_url = "http://127.0.0.1:1/v1", model = "gpt-4o-mini" }).price, { input = 0, cached_input = 0, output = 0 })
+  T.eq(lp({ base_url = "http://127.0.0.1:1/v1", model = "world-user" }).price, { input = 0, cached_input = 0, output = 0 })
+  T.eq(lp({ base_url = "http://127.0.0.1:1/v1", model = "gpt-4o-mini" }).price, nil, "a stand-in for a listed model keeps its list price")
   T.eq(lp({ base_url = "http://127.0.0.1:1/v1", price = { input = 1, output = 2 } }).price, { input = 1, output = 2 })
   T.eq(lp({ base_url = "https://api.openai.com/v1", model = "gpt-4o-mini" }).price, nil)
 end)

@@ -56,11 +56,12 @@ local function client(c, role, cache)
 end
 
 -- A simulator on this machine (a loopback base_url: clrt serve, a local vLLM) costs no API
--- money: priced at 0 unless sim_cfg.price says otherwise (whatever the served model is
--- named); its tokens are still counted (clrt.api.usage).
+-- money: priced at 0 unless sim_cfg.price says otherwise; its tokens are still counted
+-- (clrt.api.usage). A local endpoint that answers as a model with a list price (a stand-in
+-- for gpt-4o-mini, as the API bill's own measurements use) keeps that price.
 function M.local_priced(s)
   local prices = require("clrt.api.prices")
-  if s.price ~= nil or not prices.is_local(s.base_url) then return s end
+  if s.price ~= nil or prices.lookup(s.model) or not prices.is_local(s.base_url) then return s end
   local c = {}
   for k, v in pairs(s) do c[k] = v end
   c.price = { input = 0, cached_input = 0, output = 0 }
