@@ -4,8 +4,8 @@
 -- respond(conversation, sample, ctx, turn) -> the user's next message (never empty).
 --
 -- What the endpoint is sent (UserLM-8b's model card): the task intent as the system message
--- (sample[sim_cfg.intent_field], single_turn_prompt by default), then the chat with the
--- roles as the simulator sees them: the policy's turns as "user" (the other party), the
+-- (sample[sim_cfg.intent_field], single_turn_prompt by default; "a.b" names a nested
+-- field), then the chat with the roles as the simulator sees them: the policy's turns as "user" (the other party), the
 -- simulated user's own earlier turns as "assistant" (an OpenAI-compatible reply is always the
 -- "assistant" message; the served template may render them under other headers). The
 -- policy's system prompt is never sent: the user does not see it. sim_cfg.flip_roles=false
@@ -57,7 +57,8 @@ end
 function M.messages(conversation, sample, o)
   o = o or {}
   local field = o.intent_field or M.INTENT_FIELD
-  local intent = sample[field]
+  local intent = sample
+  for k in field:gmatch("[^.]+") do intent = type(intent) == "table" and intent[k] or nil end   -- "a.b": a nested field
   if type(intent) ~= "string" or intent == "" then
     error(("user_lm: the sample has no intent text in \"%s\" (sim_cfg.intent_field)"):format(field), 0)
   end

@@ -52,6 +52,9 @@ T.case("the intent is the system message, the roles are flipped, the policy's sy
   user_lm.respond(chat, { goal = "the intent", single_turn_prompt = "x" }, ctx_of(c2, { intent_field = "goal", flip_roles = false }))
   T.eq(c2.sent[1].messages[1].content, "the intent")
   T.eq(c2.sent[1].messages[2].role, "user")
+  local c3 = recorder({ "Alice." })
+  user_lm.respond(chat, { meta = { goal = "nested" } }, ctx_of(c3, { intent_field = "meta.goal" }))
+  T.eq(c3.sent[1].messages[1].content, "nested")
   T.raises(function() user_lm.respond(chat, { task_desc = "x" }, ctx_of(recorder({ "a" }))) end, "no intent text")
 end)
 
