@@ -4,8 +4,8 @@
 -- (sim=user_lm) of collabllm_rl.lua; the scripted user is the other. For every seed a
 -- policy is trained with each simulator from the same warm start, and every final policy is
 -- evaluated with both (greedy conversations on the held-out prompts, the RL recipe's
--- evaluation): the matrix trained-with x evaluated-with, mean ± sd over seeds, and the RL
--- step time with each simulator.
+-- evaluation), and the warm start before RL too: the matrix trained-with x evaluated-with,
+-- mean ± sd over seeds, and the RL step time with each simulator.
 --   clrt examples/collab_world/sim_matrix.lua                 # 3 seeds, the world's settings
 --   clrt examples/collab_world/sim_matrix.lua quick=true      # 1 seed, toy sizes (the ctest)
 --   options: out=DIR (runs/sim_matrix, quick: runs/sim_matrix_quick), seeds=1,2,3,
@@ -121,6 +121,7 @@ local function evaluate(model_dir, seed, sim)
   local ctx, user = train.context{ config = ecfg, tokenizer = tok, who = "sim_matrix" }
   local figures = train.validation.evaluate(m, tok, ecfg, world, user, ctx)
   m:free()
+  clrt.llm.drain_records()   -- the evaluation's calls are its own, not the next run's first step's
   return figures
 end
 
@@ -139,6 +140,14 @@ end
 local ok, err = pcall(function()
   for _, seed in ipairs(seeds) do
     local start = start_of(seed)
+    -- the start itself (before RL), evaluated the same way: what RL changed
+    local sdir = ("%s/seed%d/start"):format(out, seed)
+    if not files.exists(sdir .. "/result.json") then
+      local r = { seed = seed, trained_with = "start", model = start, evaluated_with = {} }
+      for _, e in ipairs(SIMS) do r.evaluated_with[e.key] = evaluate(start, seed, e) end
+      files.mkdir_p(sdir)
+      files.write_atomic(sdir .. "/result.json", require("clrt.json").encode(r) .. "\n")
+    end
     for _, sim in ipairs(SIMS) do
       local dir = ("%s/seed%d/%s"):format(out, seed, sim.key)
       if not files.exists(dir .. "/result.json") then
@@ -162,6 +171,7 @@ stop()
 if not ok then error(err, 0) end
 
 -- The tables: one per figure of the issue, rows trained-with, columns evaluated-with.
+local ROWS = { { key = "start", label = "none (the warm start, before RL)" }, SIMS[1], SIMS[2] }
 local KEYS = { "accuracy_underspecified", "accuracy_specified", "ask_rate_underspecified", "ask_rate_specified",
   "tokens_per_conversation" }
 local report = { quick = quick, seeds = seeds, shared_warm_start = shared_start and not quick, cells = {}, step_s = {}, runs = {} }
@@ -172,7 +182,7 @@ for _, k in ipairs(KEYS) do
   md[#md + 1] = ("**%s**\n"):format(k)
   md[#md + 1] = "| trained with \\ evaluated with | " .. SIMS[1].label .. " | " .. SIMS[2].label .. " |"
   md[#md + 1] = "|---|---|---|"
-  for _, t in ipairs(SIMS) do
+  for _, t in ipairs(ROWS) do
     local cells = { "| " .. t.label .. " |" }
     for _, e in ipairs(SIMS) do
       local xs = {}
