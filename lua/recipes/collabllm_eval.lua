@@ -66,6 +66,11 @@ function M.defaults_for(protocol)
     sim = R.sim,
     check_endpoints = R.check_endpoints,
     sim_cfg = R.sim_cfg,
+    -- cross-simulator evaluation: a second simulated user (a sim= name, e.g. user_lm or
+    -- scripted) with its own endpoint (eval_sim_cfg, the same keys as sim_cfg); the model is
+    -- evaluated against both and eval.json holds both reports side by side (by_simulator)
+    eval_sim = config.optional("string"),
+    eval_sim_cfg = train.defaults.shared().sim_cfg,
     judge = R.judge,
     chat = R.chat,
     rollout = R.rollout,
@@ -159,7 +164,7 @@ function M.main_paper(cfg)
       task_performance = (not reward_failed(r.task_performance)) and r.task_performance or nil,
       itr = (not reward_failed(r.itr)) and r.itr or nil, tokens_read_k = r.tokens_read_k }
   end
-  data.write_jsonl(dir .. "/eval_details.jsonl", details)
+  data.write_jsonl(dir .. "/" .. (M.details_file or "eval_details.jsonl"), details)
   data.write_atomic(dir .. "/eval.json", json.encode(rep) .. "\n")
   print("wrote " .. dir .. "/eval.json")
   return rep
@@ -170,17 +175,73 @@ end
 -- proactive baseline) must not replace each other's results. out= names it; else
 -- runs/collabllm_eval-DATE. Its config.json records what was evaluated.
 function M.open_folder(cfg)
+  if M.opened and M.opened == cfg.out then return end   -- eval_sim=: one folder for both simulators
   cfg.out = cfg.out or require("clrt.run").new_dir({ out = "runs", name = "collabllm_eval" }, WHO)
   if not require("clrt.files").exists(cfg.out) then M.made_folder = cfg.out end   -- removed if it fails
   require("clrt.files").mkdir_p(cfg.out)
   require("clrt.data").write_atomic(cfg.out .. "/config.json", require("clrt.json").encode(cfg) .. "\n")
   print("evaluation folder: " .. cfg.out)
+  M.opened = cfg.out
   -- the judges' reply cache: beside eval.json unless judge.cache_dir names one (a training
   -- run's RUN_DIR/llm_cache: the same conversations are then not judged again)
   cfg.judge.cache_dir = cfg.judge.cache_dir or (cfg.out .. "/llm_cache")
 end
 
+-- A name for a simulator in eval.json: its sim= value, and the served model for one that
+-- talks to an endpoint.
+function M.simulator_name(sim, sim_cfg)
+  local ok, uses = pcall(train.users.uses_llm, sim)
+  if ok and uses then return ("%s (%s)"):format(sim, tostring(sim_cfg.model)) end
+  return sim
+end
+
+-- eval_sim=: the model evaluated with sim= and with eval_sim=, each report whole in
+-- eval.json's by_simulator (in that order, named by M.simulator_name) and the first one's
+-- figures at the top level as without eval_sim=; eval_details.jsonl and the console table
+-- are each simulator's in turn (the second's details: eval_details_eval_sim.jsonl).
+function M.main_cross(cfg)
+  train.users.check(cfg.eval_sim, WHO .. ": eval_sim")
+  M.open_folder(cfg)
+  local out = cfg.out
+  local second = {}
+  for k, v in pairs(cfg) do second[k] = v end
+  second.sim, second.sim_cfg, second.eval_sim = cfg.eval_sim, cfg.eval_sim_cfg, nil
+  local runs = { { cfg = cfg, details = nil }, { cfg = second, details = "eval_details_eval_sim.jsonl" } }
+  local by, order = {}, {}
+  for i, r in ipairs(runs) do
+    local c = r.cfg
+    c.eval_sim = nil
+    local name = M.simulator_name(c.sim, c.sim_cfg)
+    if by[name] then name = name .. " #" .. i end
+    print(("== simulated user %d of 2: %s"):format(i, name))
+    M.details_file = r.details
+    local ok, rep = pcall(M.main_one, c)
+    M.details_file = nil
+    if not ok then error(rep, 0) end
+    rep.simulator = name
+    by[name] = rep
+    order[#order + 1] = name
+  end
+  local report = {}
+  for k, v in pairs(by[order[1]]) do report[k] = v end
+  report.by_simulator, report.simulators = by, order
+  cfg.eval_sim = second.sim
+  local path = out .. "/eval.json"
+  require("clrt.data").write_atomic(path, require("clrt.json").encode(report) .. "\n")
+  print("wrote " .. path .. " (both simulators: by_simulator)")
+  return report
+end
+
 function M.main(cfg)
+  if cfg.eval_sim and not cfg.estimate then
+    if not cfg.model then error("collabllm_eval: model= is required (a model folder, a run folder or a checkpoint)", 0) end
+    require("clrt.model_path").apply(cfg, WHO)
+    return M.main_cross(cfg)
+  end
+  return M.main_one(cfg)
+end
+
+function M.main_one(cfg)
   if cfg.estimate then return train.estimate.run(cfg, "eval", { world = the_world() }) end
   if not cfg.model then error("collabllm_eval: model= is required (a model folder, a run folder or a checkpoint)", 0) end
   require("clrt.model_path").apply(cfg, WHO)

@@ -113,7 +113,10 @@ function M.build_world_tokenizer(dir, cfg, world)
     :format(info.merges, info.vocab_size, info.seconds, dir))
 end
 
-function M.main(cfg)
+-- opts (recipes/collabllm_user_sft.lua's): conversations(cfg) -> the training
+-- conversations instead of scored= / data= / the world's; script: the recipe's path in
+-- the resume command.
+function M.main(cfg, opts)
   config.check(cfg, M.rules, "collabllm_sft")
   -- the settings first, then the folders they name
   require("clrt.train.lora").check_base_dtype(cfg.train.base_dtype, cfg.train.lora, nil, "collabllm_sft")
@@ -125,7 +128,8 @@ function M.main(cfg)
   local run = require("clrt.run")
   local run_dir = cfg.resume or run.new_dir(cfg, "collabllm_sft")
   cfg.run_dir = run_dir
-  return run.guard("collabllm_sft", "recipes/collabllm_sft.lua", run_dir, function() return M.run(cfg, run_dir) end)
+  local script = opts and opts.script or "recipes/collabllm_sft.lua"
+  return run.guard(opts and opts.who or "collabllm_sft", script, run_dir, function() return M.run(cfg, run_dir, opts) end)
 end
 
 -- One line on what SFT trains on: conversations, tokens, the share of them trained on (the
@@ -140,7 +144,7 @@ function M.data_summary(train_items, val_items)
     :format(#train_items, tokens, trained, tokens > 0 and 100 * trained / tokens or 0, longest, #val_items)
 end
 
-function M.run(cfg, run_dir)
+function M.run(cfg, run_dir, opts)
   local data = require("clrt.data")
   local sft = require("clrt.sft")
   local checkpoint = require("clrt.train.checkpoint")
@@ -162,7 +166,9 @@ function M.run(cfg, run_dir)
   end
   lora.set_precision(m, cfg.train.precision, "collabllm_sft")
   local convs
-  if cfg.scored then
+  if opts and opts.conversations then
+    convs = opts.conversations(cfg)
+  elseif cfg.scored then
     local info
     convs, info = require("clrt.train.scored").select(cfg.scored, { top = cfg.scored_top, min_score = cfg.scored_min })
     io.stderr:write(("collabllm_sft: %s: %d of %d conversations selected (best %d of each of %d groups)\n")
@@ -237,7 +243,7 @@ function M.run(cfg, run_dir)
     io.stderr:write(("collabllm_sft: loss %.4f, val_loss %.4f -> %s\n"):format(last.loss or 0 / 0, last.val_loss or 0 / 0, model_dir))
   else
     io.stderr:write(("collabllm_sft: stopped after step %d of %d (stop_after); continue with:\n  %s\n")
-      :format(cfg.stop_after, t.steps, require("clrt.run").resume_command("recipes/collabllm_sft.lua", run_dir)))
+      :format(cfg.stop_after, t.steps, require("clrt.run").resume_command(opts and opts.script or "recipes/collabllm_sft.lua", run_dir)))
   end
   return model_dir, last
 end

@@ -113,6 +113,8 @@ local TINY = {
     .. "eval.every=1 save_every=1 " .. WORLD_SFT,
   collabllm_sft = "train.steps=2 train.batch_size=2 train.val_every=1 world.conversations=40 arch.hidden_size=32 "
     .. "arch.intermediate_size=64 arch.num_hidden_layers=2",
+  collabllm_user_sft = "train.steps=2 train.batch_size=2 train.val_every=1 world.conversations=40 arch.hidden_size=32 "
+    .. "arch.intermediate_size=64 arch.num_hidden_layers=2",
   collabllm_dpo = "steps=1 train.batch_size=2 eval.every=1 eval.prompts=2 eval.before=false eval.after=false " .. WORLD_SFT,
   collabllm_eval = "prompts=2 rollout.max_new_tokens=8 max_messages=4",
 }

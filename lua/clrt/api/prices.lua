@@ -42,6 +42,14 @@ function M.lookup(model, override)
   return M.DEFAULTS[model] or M.DEFAULTS[model:gsub("%-%d%d%d%d%-%d%d%-%d%d$", "")]
 end
 
+-- Whether a base URL names this machine (localhost, 127.x.x.x, [::1]): a model served here.
+function M.is_local(base_url)
+  if type(base_url) ~= "string" then return false end
+  local host = base_url:lower():match("^%a[%w+.-]*://%[([^%]]+)%]") or base_url:lower():match("^%a[%w+.-]*://([^/:?#]+)")
+  if not host then return false end
+  return host == "localhost" or host == "::1" or host:match("^127%.%d+%.%d+%.%d+$") ~= nil
+end
+
 function M.cost(p, usage)
   if not p then return nil end
   local prompt, cached = usage.prompt_tokens or 0, usage.cached_tokens or 0

@@ -14,12 +14,14 @@
 --   user_options       (sim=llm) sim_cfg's request options: temperature (1.0), max_tokens
 --                      (512), top_p (nil: not sent), parse_retries (1), response_format,
 --                      max_chars (bounds every field of the user's JSON reply),
---                      prompt_file (sim_cfg.prompt_file: another text than lua/prompts/)
+--                      prompt_file (sim_cfg.prompt_file: another text than lua/prompts/);
+--                      (sim=user_lm) end_marker, intent_field, flip_roles (its header)
 --   judge              (judge.base_url set) client for the LLM judges, as `user`
 --   judge_options      judge.*: temperature (0), max_tokens (2048), top_p (nil: not sent),
 --                      extract_max_tokens (4096: an extraction carries a whole document),
 --                      parse_retries (1), response_format, max_chars (the "thought" only)
 --   metric_options     reward.metric_options: {metric_name = {...}} (see each metric)
+--   seed               the run's seed (user_lm seeds its requests from it and the turn's key)
 --   terminate_marker   sim_cfg.terminate_marker, the text with which the user ends the chat
 --                      (clrt.conversation.marker; sample.terminate_marker wins)
 --   counters           requests counted by clrt.llm_reply: judge_calls (one per LLM-judged
@@ -53,6 +55,19 @@ local function client(c, role, cache)
     cache = c.cache ~= false and cache or nil, cache_all = c.cache == true })
 end
 
+-- A simulator on this machine (a loopback base_url: clrt serve, a local vLLM) costs no API
+-- money: priced at 0 unless sim_cfg.price says otherwise; its tokens are still counted
+-- (clrt.api.usage). A local endpoint that answers as a model with a list price (a stand-in
+-- for gpt-4o-mini, as the API bill's own measurements use) keeps that price.
+function M.local_priced(s)
+  local prices = require("clrt.api.prices")
+  if s.price ~= nil or prices.lookup(s.model) or not prices.is_local(s.base_url) then return s end
+  local c = {}
+  for k, v in pairs(s) do c[k] = v end
+  c.price = { input = 0, cached_input = 0, output = 0 }
+  return c
+end
+
 -- The reply cache of a config: judge.cache_dir, else RUN_DIR/llm_cache, else none.
 local function reply_cache(cfg)
   local dir = (cfg.judge or {}).cache_dir or (cfg.run_dir and cfg.run_dir .. "/llm_cache")
@@ -67,15 +82,17 @@ function M.build(a)
     metric_options = (cfg.reward and cfg.reward.metric_options) or {}, counters = {} }
   local s, j = cfg.sim_cfg or {}, cfg.judge or {}
   ctx.terminate_marker = s.terminate_marker
+  ctx.seed = cfg.seed
   local cache = reply_cache(cfg)
   ctx.spend = require("clrt.api.usage").ledger{ path = cfg.run_dir and cfg.run_dir .. "/api_usage.json",
     resume = cfg.resume ~= nil, warn = function(msg) io.stderr:write(msg, "\n") end }
   user = users.load(cfg.sim, who)
   if user.uses_llm then
-    ctx.user = a.clients and a.clients.user or client(s, "user", cache)
+    ctx.user = a.clients and a.clients.user or client(M.local_priced(s), "user", cache)
     ctx.user_options = { temperature = s.temperature, max_tokens = s.max_tokens, top_p = s.top_p,
       parse_retries = s.parse_retries, response_format = s.response_format, max_chars = s.max_chars,
-      prompt_file = s.prompt_file }
+      prompt_file = s.prompt_file, end_marker = s.end_marker, intent_field = s.intent_field,
+      flip_roles = s.flip_roles }
     if s.prompt_file then require("clrt.prompt_file").read(s.prompt_file) end   -- a bad path fails now, not mid-run
   end
   if a.clients then ctx.judge = a.clients.judge elseif j.base_url then ctx.judge = client(j, "judge", cache) end

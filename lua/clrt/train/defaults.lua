@@ -55,6 +55,9 @@ function M.shared()
       parse_retries = 1, response_format = true, max_chars = 1500,
       prompt_file = config.optional("string"),     -- nil: lua/prompts/collabllm_user.txt (its header: placeholders)
       terminate_marker = "[[TERMINATE CHAT]]",   -- the text with which the user ends the chat
+      -- sim=user_lm (a trained user model, lua/interactions/user_lm.lua): the marker the model
+      -- ends a chat with, the sample's field holding the intent, whether the roles are flipped
+      end_marker = "<|endconversation|>", intent_field = "single_turn_prompt", flip_roles = true,
       -- spend (docs/api_cost.md): requests / tokens per minute (one limit per base URL + key),
       -- {input, cached_input, output} $ per million tokens (nil: clrt.api.prices' table),
       -- cache=true caches the user's replies too (they are sampled: futures would repeat)

@@ -42,6 +42,9 @@ function M.step_row(entries, R, astats, st, lr, timing, t0, t1, t2, ctx)
   if (cnt.judge_calls or 0) > 0 then row.judge_attempts_per_score = cnt.judge_attempts / cnt.judge_calls end
   if (cnt.user_calls or 0) > 0 then row.user_attempts_per_turn = cnt.user_attempts / cnt.user_calls end
   row.judge_failures, row.user_failures = cnt.judge_failures, cnt.user_failures
+  for k, n in pairs(cnt) do   -- a user model's outcomes (user_lm: too_long, empty, ended_at_open, ended)
+    if k:find("^user_lm/") then row[k] = n end
+  end
   -- programs the metrics ran (pass_rate's tests) and the seconds they took, summed: they
   -- run beside decoding, so this can exceed the step's time
   row.tests_run, row.time_tests_s = cnt.pass_rate_programs, cnt.pass_rate_seconds

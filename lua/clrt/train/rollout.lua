@@ -24,7 +24,8 @@ local M = {}
 --   policy(conv, sample, key) -> reply text (or a message table {content=, reasoning_content=}),
 --                 tokens generated, finish_reason; nil when the context has no room left;
 --                 key names the turn's random stream (clrt.sched's seed_key)
---   user          a lua/interactions plug-in: user.respond(conv, sample, ctx) -> text
+--   user          a lua/interactions plug-in: user.respond(conv, sample, ctx, turn) -> text
+--                 (turn.seed_key: opts.seed_key .. "/user t", nil without one)
 -- opts: max_user_turns (2), max_assistant_turns (= max_user_turns: future assistant
 --   turns), keep_last_assistant (true: the authors' A1 U1 A2 U2 A3; false: verl's
 --   A1 U1 A2 U2 — the last assistant turn is then never generated at all),
@@ -54,7 +55,9 @@ function M.conversation(conversation, policy, user, sample, ctx, opts)
   local function over(n) return budget and info.tokens + n > budget end
   while true do
     if info.user_turns >= max_user then info.ended = "max_user_turns" break end
-    local ok, text, said = pcall(user.respond, c, sample, ctx)
+    -- the turn's own key (user_lm seeds its request with it: reruns repeat the user's words)
+    local turn = { seed_key = opts.seed_key and ("%s/user %d"):format(opts.seed_key, info.user_turns + 1) or nil }
+    local ok, text, said = pcall(user.respond, c, sample, ctx, turn)
     if not ok then return nil, { dropped = "simulator failed", error = tostring(text) } end
     if type(text) ~= "string" or conv.trim(text) == "" then
       return nil, { dropped = "simulator failed", error = "empty user message" }
