@@ -66,6 +66,12 @@ opts.api_key = opts.api_key or os.getenv("CLRT_API_KEY")
 local where = require("clrt.model_path").resolve(dir, { who = "clrt serve", adapter = opts.adapter })
 local m = require("clrt.model").load(where.model, { adapter = where.adapter, quant = opts.quant })
 local tok = require("clrt.tokenizer").load(where.tokenizer)
+-- a chat template that cannot render within its budget fails here, not on every request
+local template_ok, template_err = pcall(require("clrt.chat").check_template, tok)
+if not template_ok then
+  io.stderr:write("clrt serve: ", (tostring(template_err):gsub("^chat: ", "")), "\n")
+  os.exit(1)
+end
 if opts.deterministic then m:set_batch_invariant(true) end
 opts.model, opts.tokenizer, opts.adapter, opts.deterministic, opts.quant = m, tok, nil, nil, nil
 opts.name = opts.name or dir:gsub("/+$", ""):match("([^/]+)$")
