@@ -37,7 +37,7 @@ local function check()
   next_check = math.min(steps + M.TICK_EVERY, max_steps + 1)
   if tick then
     local saved = { steps, max_steps, max_output, max_scope_depth, tick, next_check }
-    tick()
+    pcall(tick)   -- a yield that cannot happen here (inside a C call) is skipped, not an error
     steps, max_steps, max_output, max_scope_depth, tick, next_check = unpack(saved)
   end
 end
