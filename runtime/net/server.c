@@ -392,7 +392,8 @@ clrt_server *clrt_server_start(const char *host, int port, const clrt_server_lim
       s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)lim.idle_timeout_s,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned)(lim.max_connections + 64),
       MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)lim.max_per_client,
-      MHD_OPTION_THREAD_STACK_SIZE, (size_t)512 * 1024, MHD_OPTION_END);
+      MHD_OPTION_THREAD_STACK_SIZE, (size_t)512 * 1024, MHD_OPTION_STRICT_FOR_CLIENT, (int)1,
+      MHD_OPTION_END);
   if (!s->daemon) {
     clrt_set_error("serve: cannot listen on %s:%d (address in use or not permitted)",
                    host ? host : "127.0.0.1", port);

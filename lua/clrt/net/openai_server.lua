@@ -30,10 +30,13 @@ local is_utf8 = reply.is_utf8
 -- The first string (key or value) in a decoded request that is not UTF-8, as a field path
 -- like "messages[0].content"; nil when all are. Stop strings are left out: they are matched
 -- byte for byte against the reply and go neither to the tokenizer nor into a response.
-local function bad_utf8_field(v, path)
+local function bad_utf8_field(v, path, tick, seen)
   if type(v) == "string" then return not is_utf8(v) and path or nil end
   if type(v) ~= "table" then return nil end
+  seen = seen or { 0 }
   for k, x in pairs(v) do
+    seen[1] = seen[1] + 1
+    if tick and seen[1] % 1024 == 0 then tick() end
     local sub
     if type(k) == "number" then
       sub = ("%s[%d]"):format(path, k - 1)
@@ -41,7 +44,7 @@ local function bad_utf8_field(v, path)
       if type(k) == "string" and not is_utf8(k) then return path ~= "" and path or "(a key)" end
       sub = path == "" and tostring(k) or path .. "." .. tostring(k)
     end
-    local bad = sub ~= "stop" and bad_utf8_field(x, sub)
+    local bad = sub ~= "stop" and bad_utf8_field(x, sub, tick, seen)
     if bad then return bad end
   end
   return nil
@@ -97,14 +100,19 @@ local function bad(field, why) return nil, json_error(400, ("'%s' %s"):format(fi
 
 -- A request body as a JSON object whose strings are UTF-8 and whose keys are all `known`
 -- parameters. Returns it or (nil, status, body).
-local function decode_body(body, known, tick)
+local function decode_body(body, known, tick, limits)
   -- each object's key order is kept: the template's tojson renders tools as the client sent them
   local ok, req = pcall(json.decode, body, "request", { key_order = true, tick = tick })
   local err = not ok and req or nil
   if not ok or type(req) ~= "table" or (next(req) ~= nil and type(next(req)) ~= "string") then
     return nil, json_error(400, "request body is not valid JSON: " .. tostring(err or "not an object"))
   end
-  local not_utf8 = bad_utf8_field(req, "")
+  -- too many messages is refused before anything walks them
+  if limits and limits.max_messages and type(req.messages) == "table" and #req.messages > limits.max_messages then
+    return bad("messages", ("has %d messages: more than %d on this server (clrt serve --max-messages)")
+      :format(#req.messages, limits.max_messages))
+  end
+  local not_utf8 = bad_utf8_field(req, "", tick)
   if not_utf8 then return bad(not_utf8, "is not valid UTF-8") end
   for k in pairs(req) do
     if not known[k] then return bad(tostring(k), "is not a parameter this server supports") end
@@ -321,7 +329,7 @@ end
 -- limits: max_tokens, max_n, vocab_size, max_messages, max_schema_bytes; tick: called now and
 -- then while a large body is worked through (the server yields there).
 function M.parse_chat_request(body, limits, tick)
-  local req, status, err = decode_body(body, CHAT_PARAMETERS, tick)
+  local req, status, err = decode_body(body, CHAT_PARAMETERS, tick, limits)
   if not req then return nil, status, err end
   if type(req.messages) ~= "table" or #req.messages == 0 then return bad("messages", "must be a non-empty array") end
   if limits.max_messages and #req.messages > limits.max_messages then
