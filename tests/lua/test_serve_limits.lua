@@ -4,7 +4,8 @@
 -- answered in their usual time; 2,000 idle connections from one address leave other clients
 -- answered (the per-client limit); past --max-connections a request gets a 503 naming it; a
 -- header trickled a byte at a time is cut at --header-timeout; two different Content-Length
--- headers and malformed request lines get a 400 (RFC 9112).
+-- headers and malformed request lines get a 400 (RFC 9112; libmicrohttpd 0.9.75 closes a
+-- request line of a single token without an answer, which this cannot change).
 local T = require("clrt.test")
 package.path = T.source_dir() .. "/tests/?.lua;" .. package.path
 local cjson = require("cjson")
@@ -80,7 +81,8 @@ end)
 T.case("RFC 9112: two different Content-Length headers and malformed request lines get a 400", function()
   local srv = require("support.serve")(dir, "")
   local r = run("http", srv.port)
-  T.ok(r.two_lengths:find("^HTTP/1%.1 400"), "two lengths: " .. r.two_lengths)
+  T.ok(r.two_lengths:find("^HTTP/1%.1 400") and r.two_lengths:find("two different Content-Length", 1, true),
+    "two lengths refused as such (not read with one of them): " .. r.two_lengths)
   T.ok(r.same_lengths:find("^HTTP/1%.1 200"), "the same length twice is allowed: " .. r.same_lengths)
   T.ok(r.garbage_line:find("^HTTP/1%.1 400"), "garbage: " .. r.garbage_line)
   T.ok(r.extra_token:find("^HTTP/1%.1 400"), "extra token: " .. r.extra_token)

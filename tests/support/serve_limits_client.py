@@ -159,7 +159,8 @@ def main():
             except OSError:
                 out = b""
             s.close()
-            return out.split(b"\r\n", 1)[0].decode("latin-1")
+            status = out.split(b"\r\n", 1)[0].decode("latin-1")
+            return status + " " + out.split(b"\r\n\r\n", 1)[-1].decode("latin-1") if b"\r\n\r\n" in out else status
         print(json.dumps({
             "two_lengths": raw(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}"),
             "same_lengths": raw(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n"),
