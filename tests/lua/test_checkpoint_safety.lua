@@ -122,6 +122,23 @@ T.case("an unreadable trainer_state.json in the only checkpoint is an error nami
   T.ok(files.is_dir(dir .. "/checkpoint-1"), "the checkpoint is not deleted")
 end)
 
+T.case("RL: an empty trainer_state.json in the only checkpoint is an error, not a redone step 1", function()
+  local dir = root .. "/rl_empty"
+  local model = root .. "/twice/model"
+  if not files.exists(model .. "/model.safetensors") then run_sft(sft_args(root .. "/twice", {})) end
+  rl.main(config.parse(rl.defaults, { "config=" .. rl.world_config_path(), "model=" .. model, "run_dir=" .. dir,
+    "steps=2", "stop_after=1", "prompts_per_step=2", "rollout.n=2", "rollout.num_repeat_rollouts=1",
+    "rollout.max_new_tokens=6", "eval.before=false", "eval.after=false", "save_every=1", "sample_every=0" }))
+  T.eq(checkpoint_names(dir), { "checkpoint-1" })
+  files.write_atomic(dir .. "/checkpoint-1/trainer_state.json", "")
+  local parts = { q(bin), "recipes/collabllm_rl.lua", q("resume=" .. dir) }
+  local out, rc = sh(table.concat(parts, " "))
+  T.ok(rc ~= 0, "the resume fails: " .. out)
+  T.ok(out:find("checkpoint-1: trainer_state.json is not JSON (empty)", 1, true), "says which file and why: " .. out)
+  T.ok(not out:find("is the latest checkpoint; it is not overwritten", 1, true), out)
+  T.eq(#data.read_jsonl(dir .. "/metrics.jsonl"), 1, "step 1 not redone")
+end)
+
 T.case("temporary files a kill left are removed on resume; a resume with nothing left to run prints no nan", function()
   local dir = root .. "/finished"
   run_sft(sft_args(dir, { "train.steps=2" }))
