@@ -50,6 +50,45 @@ T.case("the 100,000-message request is refused naming --max-messages; normal req
   T.ok(during < math.max(4 * usual, usual + 0.25), ("usual time kept: %.3f s against %.3f s"):format(during, usual))
 end)
 
+-- POST a body with curl: status, response body.
+local function post(port, path, body)
+  local f = T.tmpdir() .. "/body.json"
+  local h = assert(io.open(f, "w"))
+  h:write(body)
+  h:close()
+  local p = io.popen(("curl -s -m 30 -w '\n%%{http_code}' --data-binary @%s -H 'Content-Type: application/json' http://127.0.0.1:%d%s")
+    :format(f, port, path))
+  local out = p:read("*a")
+  p:close()
+  local resp, code = out:match("^(.*)\n(%d+)$")
+  return tonumber(code), resp
+end
+
+T.case("each request limit is a flag with a default and a 400 naming it", function()
+  local srv = require("support.serve")(dir, "--max-messages 3 --max-schema-bytes 2000")
+  local msgs = {}
+  for i = 1, 4 do msgs[i] = { role = i % 2 == 1 and "user" or "assistant", content = "hi" } end
+  local st, body = post(srv.port, "/v1/chat/completions", cjson.encode({ messages = msgs, max_tokens = 2 }))
+  T.eq(st, 400, body)
+  T.ok(body:find("--max-messages", 1, true) and body:find("4 messages", 1, true), body)
+  local props = {}
+  for i = 1, 100 do props["field_" .. i] = { type = "string", description = "a field of the object" } end
+  st, body = post(srv.port, "/v1/chat/completions", cjson.encode({ messages = { msgs[1] }, max_tokens = 2,
+    response_format = { type = "json_schema", json_schema = { name = "x", schema = { type = "object", properties = props } } } }))
+  T.eq(st, 400, body)
+  T.ok(body:find("--max-schema-bytes", 1, true) and body:find("response_format", 1, true), body)
+  -- 2 MB of text: more than 512 tokens of the longest token can hold, refused before tokenizing
+  local big = ("hello there "):rep(180000)
+  st, body = post(srv.port, "/v1/chat/completions", cjson.encode({ messages = { { role = "user", content = big } }, max_tokens = 2 }))
+  T.eq(st, 400, body)
+  T.ok(body:find("--max-len", 1, true) and body:find("bytes: more than a context", 1, true), body)
+  st, body = post(srv.port, "/v1/completions", cjson.encode({ prompt = big, max_tokens = 2 }))
+  T.eq(st, 400, body)
+  T.ok(body:find("bytes: more than a context", 1, true) and body:find("context_length_exceeded", 1, true), body)
+  st, body = post(srv.port, "/v1/chat/completions", cjson.encode({ messages = { msgs[1] }, max_tokens = 2 }))
+  T.eq(st, 200, body)
+end)
+
 T.case("2,000 idle connections from one address leave other clients answered", function()
   local srv = require("support.serve")(dir, "")
   local r = run("idle", srv.port, 2000)

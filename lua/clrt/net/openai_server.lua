@@ -694,6 +694,10 @@ end
 -- max_tokens (16 by default, as OpenAI's), a stop string, or the end-of-text/turn token.
 function Server:completion_job(req)
   if not self.tok then return nil, json_error(404, "/v1/completions needs the model's tokenizer", "prompt") end
+  if req.prompt_text and #req.prompt_text > self.max_len * self:longest_token() then   -- refused before it is tokenized
+    return nil, json_error(400, ("the prompt is %d bytes: more than a context of %d tokens can hold (clrt serve --max-len)")
+      :format(#req.prompt_text, self.max_len), "prompt", nil, "context_length_exceeded")
+  end
   local ids = req.prompt_ids or self.tok:encode(req.prompt_text)
   return self:job(req, ids, self:sampling(req, 16), reply.COMPLETION, "prompt")
 end
