@@ -8,7 +8,7 @@
 -- the budget's state is saved around it, so renders interleaved through ticks stay apart.
 local M = {}
 
-M.DEFAULTS = { max_steps = 10000000, max_output = 16 * 1024 * 1024, max_scope_depth = 64 }
+M.DEFAULTS = { max_steps = 2000000, max_output = 16 * 1024 * 1024, max_scope_depth = 64 }
 M.TICK_EVERY = 4096
 
 local steps, max_steps, max_output, max_scope_depth, tick, next_check = 0, 0, 0, 0, nil, 0
