@@ -800,7 +800,15 @@ typedef struct clrt_server_request_info {
   const char *body;                   /* NUL-terminated */
   size_t body_len;
 } clrt_server_request_info;
-clrt_server *clrt_server_start(const char *host, int port, size_t max_body);
+/* What one client may hold: a zero field takes the default given. */
+typedef struct clrt_server_limits {
+  size_t max_body;          /* bytes of one request body (default 1 MiB) */
+  int header_timeout_s;     /* a connection that has not sent its first request head by then is closed (10) */
+  int idle_timeout_s;       /* a connection silent that long is closed (60) */
+  int max_connections;      /* open connections; a request beyond them gets a 503 (256) */
+  int max_per_client;       /* open connections from one IP address; more are refused (32) */
+} clrt_server_limits;
+clrt_server *clrt_server_start(const char *host, int port, const clrt_server_limits *limits);
 int clrt_server_port(const clrt_server *s);
 /* 1 with a new request in *out, 0 when none arrived within timeout_ms. */
 int clrt_server_next(clrt_server *s, int timeout_ms, clrt_server_request_info *out);

@@ -91,30 +91,41 @@ local function named(list, name)
   end
 end
 
--- The Jinja source of this tokenizer's template (error if it has none).
+-- Where a tokenizer's files are, for messages: "DIR/NAME", or NAME when it has no folder.
+local function file_of(tok, name)
+  return (type(tok) == "table" and type(tok.dir) == "string") and (tok.dir .. "/" .. name) or name
+end
+
+-- The Jinja source of this tokenizer's template (error if it has none), and where it came
+-- from (a file, for error messages).
 function M.template_source(tok, opts)
   opts = opts or {}
   local ct = type(tok) == "table" and type(tok.config) == "table" and tok.config.chat_template or nil
+  local config_file = file_of(tok, "tokenizer_config.json")
+  if ct ~= nil and ct ~= json.null and type(ct) ~= "string" and type(ct) ~= "table" then
+    error(("chat: %s: chat_template must be a string or a list of {name, template} (got a %s)"):format(config_file, type(ct)), 3)
+  end
   local want = opts.template
   if want ~= nil then
     if type(want) ~= "string" then error("chat: opts.template must be a string (Jinja source or a template name)", 3) end
-    if want:find("{[{%%]") then return want end
-    if type(ct) == "table" and named(ct, want) then return named(ct, want) end
-    if want == "chatml" then return M.CHATML_JINJA end
+    if want:find("{[{%%]") then return want, "the template given" end
+    if type(ct) == "table" and named(ct, want) then return named(ct, want), ("%s (chat_template %q)"):format(config_file, want) end
+    if want == "chatml" then return M.CHATML_JINJA, "clrt's ChatML template" end
     error(("chat: no template named %q (the tokenizer's: %s; or pass Jinja source)"):format(want,
       type(ct) == "table" and table.concat((function() local n = {}; for _, t in ipairs(ct) do n[#n + 1] = tostring(t.name) end; return n end)(), ", ") or "none"), 3)
   end
   local file = tok and read_template_file(tok)
-  if file then return file end
+  if file then return file, file_of(tok, "chat_template.jinja") end
   if type(ct) == "table" then
     local tools = opts.tools ~= nil and opts.tools ~= json.null
-    local src = (tools and named(ct, "tool_use")) or named(ct, "default")
+    local which = (tools and named(ct, "tool_use")) and "tool_use" or "default"
+    local src = named(ct, which)
     if not src then
-      error("chat: tokenizer_config.json's chat_template is a list without a \"default\" template; pass opts.template = <name>", 3)
+      error(("chat: %s: chat_template is a list without a \"default\" template; pass opts.template = <name>"):format(config_file), 3)
     end
-    return src
+    return src, ("%s (chat_template %q)"):format(config_file, which)
   end
-  if type(ct) == "string" then return ct end
+  if type(ct) == "string" then return ct, config_file end
   error("chat: the tokenizer has no chat template (no chat_template.jinja beside it, no chat_template in " ..
     "tokenizer_config.json); pass opts.template (Jinja source, or \"chatml\")", 3)
 end
@@ -155,7 +166,14 @@ local function check_messages(messages)
 end
 
 local SPECIAL = { "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token" }
-local OURS = { template = true }
+local OURS = { template = true, limits = true }
+
+-- A template error with the file it came from: "FILE: chat template line N: what".
+local function at_file(origin, err)
+  err = tostring(err)
+  if origin and err:find("^chat template") then return origin .. ": " .. err end
+  return err
+end
 
 local function special_content(v)
   if type(v) == "string" then return v end
@@ -166,9 +184,9 @@ end
 local function prepare(tok, messages, opts)
   opts = opts or {}
   check_messages(messages)
-  local src = M.template_source(tok, opts)
+  local src, origin = M.template_source(tok, opts)
   local ok, t = pcall(jinja.compile, src)
-  if not ok then error("chat: " .. t, 3) end
+  if not ok then error("chat: " .. at_file(origin, t), 3) end
   local ctx = {}
   local config = type(tok) == "table" and type(tok.config) == "table" and tok.config or {}
   for _, name in ipairs(SPECIAL) do
@@ -180,6 +198,8 @@ local function prepare(tok, messages, opts)
   end
   ctx.tools = opts.tools ~= nil and values.from_lua(opts.tools) or values.NULL
   ctx.documents = opts.documents ~= nil and values.from_lua(opts.documents) or values.NULL
+  -- limits: clrt.jinja.budget's (max_steps, max_output, tick); the origin names the file in errors
+  t = { t = t, origin = origin, limits = opts.limits }
   return t, ctx, values.from_lua(messages), opts.add_generation_prompt == true
 end
 
@@ -191,8 +211,8 @@ local function render_with(t, ctx, msgs, n, agp)
   end
   ctx.messages = list
   ctx.add_generation_prompt = agp
-  local ok, text = pcall(t.render, t, ctx)
-  if not ok then return nil, text end
+  local ok, text = pcall(t.t.render, t.t, ctx, t.limits)
+  if not ok then return nil, at_file(t.origin, text) end
   return text
 end
 
@@ -276,6 +296,31 @@ function M.spans(tok, messages, opts)
   local text, err = render_with(t, ctx, msgs, #msgs, agp)
   if not text then error("chat: " .. err, 2) end
   return text, trained_ranges(tok, t, ctx, msgs, text)
+end
+
+-- What a template that cannot be used says at load rather than on every request: it does
+-- not parse, or rendering a short conversation exceeds the render budget (clrt.jinja.budget:
+-- a loop without end, a string doubled without end, a macro calling itself). One error naming
+-- the file and line. A template's own raise_exception (it refuses these roles) is not an
+-- error here, and neither is having no template (plain completions need none).
+function M.check_template(tok)
+  local ok, src, origin = pcall(M.template_source, tok)
+  if not ok then
+    if tostring(src):find("chat_template must be", 1, true) then error(src, 0) end
+    return
+  end
+  local compiled, err = pcall(jinja.compile, src)
+  if not compiled then error("chat: " .. at_file(origin, err), 0) end
+  local probe = { { role = "user", content = "Hello, how are you?" }, { role = "assistant", content = "Fine, thanks." },
+    { role = "user", content = "What is the plan for today?" } }
+  local rendered, why = pcall(M.format, tok, probe, { add_generation_prompt = true })
+  if not rendered then
+    why = tostring(why)
+    if why:find("ran more than", 1, true) or why:find("a string of more than", 1, true) or why:find("nested deeper than", 1, true)
+      or why:find("stack overflow", 1, true) then
+      error(why, 0)
+    end
+  end
 end
 
 -- ids of the rendered text (exactly tok:encode(text) without extra special tokens), a mask

@@ -37,11 +37,12 @@ end
 local globals = builtins.globals()      -- read-only: renders set names in their own scopes
 local globals_mt = { __index = globals }
 
--- ctx: name -> Lua value or template value.
-function Template:render(ctx)
+-- ctx: name -> Lua value or template value. limits: clrt.jinja.budget's (steps, output
+-- bytes, scope depth, a tick to yield in); its generous defaults when nil.
+function Template:render(ctx, limits)
   local vars = setmetatable({}, globals_mt)
   for k, v in pairs(ctx or {}) do vars[k] = values.from_lua(v) end
-  return evaluator.run(self.program, vars)
+  return evaluator.run(self.program, vars, limits)
 end
 
 function M.render(source, ctx) return M.compile(source):render(ctx) end

@@ -69,6 +69,9 @@ M.key_order = setmetatable({}, { __mode = "k" })
 function M.decode(s, where, opts)
   if type(s) ~= "string" then error("json.decode: expected a string, got " .. type(s), 2) end
   local keep_order = opts and opts.key_order
+  -- opts.tick: called every 1024 values (a server yields there to answer other clients while
+  -- a large body decodes)
+  local tick, values_seen = opts and opts.tick, 0
   local i = 1
   local depth = 0
   local function fail(msg, at)
@@ -112,6 +115,10 @@ function M.decode(s, where, opts)
     end
   end
   function value()
+    if tick then
+      values_seen = values_seen + 1
+      if values_seen % 1024 == 0 then tick() end
+    end
     ws()
     local c = byte(s, i)
     if c == 123 then -- {

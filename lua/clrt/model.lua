@@ -146,7 +146,9 @@ local function parse_config(cfg, src)
       bad(key, "is missing")
     end
     if type(v) ~= "number" or v ~= math.floor(v) then bad(key, ("must be an integer, got %s"):format(type(v) == "number" and tostring(v) or type(v))) end
-    if v <= 0 then bad(key, ("must be positive, got %d"):format(v)) end
+    if v <= 0 then bad(key, ("must be positive, got %.0f"):format(v)) end
+    -- checked before the C struct narrows it to 32 bits (2^40 would read as -2147483648)
+    if v > 2147483647 then bad(key, ("is %.0f: more than 2147483647, the largest clrt holds"):format(v)) end
     return v
   end
   local function num(key, default)

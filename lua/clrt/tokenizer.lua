@@ -226,7 +226,7 @@ local function token_content(v)
 end
 
 -- Build a tokenizer from parsed tokenizer.json (+ optional tokenizer_config.json) tables.
-function M.from_json(tj, config, where)
+function M.from_json(tj, config, where, config_where)
   where = where or "tokenizer.json"
   config = config or {}
   local model = tj.model
@@ -277,8 +277,18 @@ function M.from_json(tj, config, where)
   end
   ok(C.clrt_tokenizer_set_model(h, byte_level and 1 or 0, model.byte_fallback == true and 1 or 0,
     model.fuse_unk == true and 1 or 0, unk_id), "model")
+  local owner = {}   -- id -> the token that has it: two tokens with one id would decode ambiguously
   for tokstr, id in pairs(model.vocab) do
     if type(id) ~= "number" then fail(where, "model.vocab", "entry %q has a non-number id", tokstr) end
+    if id ~= math.floor(id) or id < 0 or id > 2147483646 then
+      fail(where, "model.vocab", "entry %q has id %s, not an integer in [0, 2147483646]", tokstr, tostring(id))
+    end
+    if owner[id] then
+      local a, b = owner[id], tokstr
+      if b < a then a, b = b, a end   -- the same message whatever order pairs() takes
+      fail(where, "model.vocab", "id %d is given to both %q and %q", id, a, b)
+    end
+    owner[id] = tokstr
     ok(C.clrt_tokenizer_add_vocab(h, tokstr, #tokstr, id), "model.vocab")
   end
   for i, m in ipairs(model.merges) do
@@ -295,6 +305,9 @@ function M.from_json(tj, config, where)
     local path = ("added_tokens[%d]"):format(i)
     if type(a) ~= "table" or type(a.content) ~= "string" or type(a.id) ~= "number" then
       fail(where, path, "needs content (a string) and id (a number)")
+    end
+    if a.id ~= math.floor(a.id) or a.id < 0 or a.id > 2147483646 then
+      fail(where, path .. ".id", "is %s, not an integer in [0, 2147483646]", tostring(a.id))
     end
     ok(C.clrt_tokenizer_add_added_word(h, a.content, #a.content, a.id, a.special and 1 or 0, a.lstrip and 1 or 0,
       a.rstrip and 1 or 0, a.normalized and 1 or 0, a.single_word and 1 or 0), path)
@@ -336,6 +349,10 @@ function M.from_json(tj, config, where)
   end
   self.bos, self.eos, self.pad, self.unk = special("bos_token"), special("eos_token"), special("pad_token"), special("unk_token")
   self.bos_token, self.eos_token = token_content(config.bos_token), token_content(config.eos_token)
+  if self.eos_token and not self.eos then   -- generation would never see its end-of-text token
+    io.stderr:write(("tokenizer: warning: %s: eos_token %q is not in the vocabulary of %s; it will not stop generation\n")
+      :format(config_where or "tokenizer_config.json", self.eos_token, where))
+  end
   -- End of a chat turn: the template's own marker when the vocabulary has one.
   for _, name in ipairs({ "<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>" }) do
     if by_content[name] then self.eot = by_content[name]; break end
@@ -369,7 +386,7 @@ function M.load(path)
   local cfile = dir .. "/tokenizer_config.json"
   local ctext = read_file(cfile)
   if ctext then config = decode_json(cfile, ctext) end
-  local tok = M.from_json(tj, config, file)
+  local tok = M.from_json(tj, config, file, cfile)
   tok.path, tok.dir = file, dir
   -- its stop ids and sampling defaults (clrt.chat.stop_ids, clrt serve)
   tok.generation_config = require("clrt.generation_config").read(dir)

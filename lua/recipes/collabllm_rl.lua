@@ -252,7 +252,8 @@ function M.run(cfg, run_dir)
       ev:at_step(step)
       local over = budget.check_step(cfg, ctx)   -- past budget.max_usd with one more step: stop here, resumable
       if over or (cfg.save_every > 0 and (step % cfg.save_every == 0 or step == last_step)) then
-        train.checkpoint.save(run_dir, { step = step, model = m, tokenizer_dir = start_dir, optimizer = opt, base = start_dir,
+        train.checkpoint.save(run_dir, { step = step, keep = cfg.save_keep, model = m, tokenizer_dir = start_dir,
+          optimizer = opt, base = start_dir,
           value_head = ppo and ppo.head, state = { failed_steps = failed_steps, kl_penalty_coef = ppo and ppo.kl_coef } })
         if async then async:checkpointed(step) end
       end

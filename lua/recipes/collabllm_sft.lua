@@ -33,6 +33,7 @@ M.defaults = {
   run_dir = config.optional("string"),
   resume = config.optional("string"),       -- a run folder: continue from its latest checkpoint
   save_every = 100,                         -- steps between checkpoints (0: none; the last step always)
+  save_keep = 2,                            -- checkpoints kept (the newest that verify); an older one goes only once a newer one verifies
   stop_after = config.optional("number"),   -- end this run after that step (resume later)
   seed = 1,
   max_len = 8196,                           -- verl data.max_length; longer conversations are left out and counted
@@ -58,7 +59,7 @@ function M.world_config()
 end
 
 M.rules = {
-  { "seed", "count0" }, { "scored_top", "count" }, { "scored_min", "finite" }, { "max_len", "count" }, { "val_fraction", "prob" }, { "save_every", "count0" },
+  { "seed", "count0" }, { "scored_top", "count" }, { "scored_min", "finite" }, { "max_len", "count" }, { "val_fraction", "prob" }, { "save_every", "count0" }, { "save_keep", "count" },
   { "stop_after", "count" }, { "train.epochs", "count" }, { "train.steps", "count" }, { "train.batch_size", "count" },
   { "train.micro_batch_size", "count" }, { "train.lr", "rate" }, { "train.decay", "one_of", { "constant", "cosine", "linear" } },
   { "train.min_lr_ratio", "prob" }, { "train.warmup_ratio", "prob" }, { "train.warmup_steps", "count0" },
@@ -130,6 +131,24 @@ function M.main(cfg, opts)
   cfg.run_dir = run_dir
   local script = opts and opts.script or "recipes/collabllm_sft.lua"
   return run.guard(opts and opts.who or "collabllm_sft", script, run_dir, function() return M.run(cfg, run_dir, opts) end)
+end
+
+-- "loss L, val_loss V" of the run's end: this process's last step, or, when a resume had no
+-- step left to run, the last ones metrics.jsonl recorded (never "nan").
+function M.final_losses(last, run_dir)
+  last = last or {}
+  local loss, val = last.loss, last.val_loss
+  if loss == nil or val == nil then
+    local ok, rows = pcall(require("clrt.data").read_jsonl, run_dir .. "/metrics.jsonl")
+    for _, r in ipairs(ok and rows or {}) do   -- the last row that has each
+      if type(r.loss) == "number" and last.loss == nil then loss = r.loss end
+      if type(r.val_loss) == "number" and last.val_loss == nil then val = r.val_loss end
+    end
+  end
+  local parts = {}
+  if loss then parts[#parts + 1] = ("loss %.4f"):format(loss) end
+  if val then parts[#parts + 1] = ("val_loss %.4f"):format(val) end
+  return #parts > 0 and table.concat(parts, ", ") or "no step recorded"
 end
 
 -- One line on what SFT trains on: conversations, tokens, the share of them trained on (the
@@ -216,10 +235,15 @@ function M.run(cfg, run_dir, opts)
   t.start_step = state and state.step or 0
   t.optimizer_state = ckpt_dir and (ckpt_dir .. "/optimizer.safetensors") or nil
   t.stop_after = cfg.stop_after
-  local tok_dir = ckpt_dir or cfg.model or model_dir
+  -- where the tokenizer files come from: the checkpoint resumed from (when it has them; an
+  -- older clrt's may not), else the start model; after each save, the checkpoint just written,
+  -- since a later save may delete the one resumed from
+  local tok_dir = cfg.model or model_dir
+  if ckpt_dir and files.exists(ckpt_dir .. "/tokenizer.json") then tok_dir = ckpt_dir end
   t.on_step = function(step, opt, last_step)
     if cfg.save_every > 0 and (step % cfg.save_every == 0 or step == last_step) then
-      checkpoint.save(run_dir, { step = step, model = m, tokenizer_dir = tok_dir, optimizer = opt, base = cfg.model })
+      tok_dir = checkpoint.save(run_dir, { step = step, model = m, tokenizer_dir = tok_dir, optimizer = opt, base = cfg.model,
+        keep = cfg.save_keep }) or tok_dir
     end
   end
   local last = sft.train(m, train_items, val_items, t, lg)
@@ -240,7 +264,7 @@ function M.run(cfg, run_dir, opts)
       local src = tok_dir .. "/" .. f
       if tok_dir ~= model_dir and files.exists(src) then files.copy(src, model_dir .. "/" .. f) end
     end
-    io.stderr:write(("collabllm_sft: loss %.4f, val_loss %.4f -> %s\n"):format(last.loss or 0 / 0, last.val_loss or 0 / 0, model_dir))
+    io.stderr:write(("collabllm_sft: %s -> %s\n"):format(M.final_losses(last, run_dir), model_dir))
   else
     io.stderr:write(("collabllm_sft: stopped after step %d of %d (stop_after); continue with:\n  %s\n")
       :format(cfg.stop_after, t.steps, require("clrt.run").resume_command(opts and opts.script or "recipes/collabllm_sft.lua", run_dir)))

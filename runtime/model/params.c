@@ -2,6 +2,7 @@
    the config's checks, the layout of one f32 arena under Hugging Face names (16-float aligned;
    Phi-3's fused tensors whole), RoPE's inverse frequencies, random initialisation and
    introspection. */
+#include <stdint.h>
 #include "model_internal.h"
 
 #include <math.h>
@@ -35,6 +36,15 @@ static int validate_config(const clrt_model_config *c) {
   if (c->num_attention_heads % c->num_key_value_heads) {
     clrt_set_error("model: config.json: num_attention_heads (%d) is not a multiple of "
                    "num_key_value_heads (%d)", c->num_attention_heads, c->num_key_value_heads);
+    return -1;
+  }
+  /* widths the kernels index with int: the products are checked before anything narrows them */
+  if ((int64_t)c->num_attention_heads * c->head_dim > INT32_MAX ||
+      (int64_t)c->intermediate_size * 2 > INT32_MAX) {
+    clrt_set_error("model: config.json: num_attention_heads x head_dim (%lld) or 2 x intermediate_size "
+                   "(%lld) exceeds %d",
+                   (long long)c->num_attention_heads * c->head_dim,
+                   (long long)c->intermediate_size * 2, INT32_MAX);
     return -1;
   }
   if (c->head_dim % 2) {

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 enum { REQ_QUEUED, REQ_TAKEN, REQ_ANSWERED };
@@ -45,8 +46,22 @@ typedef struct server_request {
   pthread_cond_t cv;
 } server_request;
 
+/* An open connection, watched until its first request head is complete: a slow-loris client
+   that trickles a header byte at a time defeats an idle timeout, not this deadline. */
+typedef struct server_conn {
+  int fd;
+  int head_done;
+  struct timespec opened;
+  struct server_conn *next;
+} server_conn;
+
 struct clrt_server {
   struct MHD_Daemon *daemon;
+  server_conn *conns;           /* every open connection */
+  int connections;              /* how many */
+  int max_connections, header_timeout_s;
+  pthread_t watchdog;
+  int watchdog_started;
   pthread_mutex_t mu;
   pthread_cond_t engine_cv;     /* a request was queued */
   pthread_cond_t conn_cv;       /* a connection completed (what stop waits for) */
@@ -155,6 +170,76 @@ static enum MHD_Result send_json_error(struct MHD_Connection *c, unsigned status
   return ret;
 }
 
+/* Connections come and go: counted for the overall limit, watched for the header deadline.
+   MHD calls CLOSED before it closes the socket, so a watched fd is always still open. */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+  clrt_server *s = cls;
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    server_conn *c = calloc(1, sizeof *c);
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    pthread_mutex_lock(&s->mu);
+    s->connections++;
+    if (c) {
+      c->fd = ci ? ci->connect_fd : -1;
+      clock_gettime(CLOCK_MONOTONIC, &c->opened);
+      c->next = s->conns;
+      s->conns = c;
+    }
+    pthread_mutex_unlock(&s->mu);
+    *socket_context = c;
+  } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+    server_conn *c = *socket_context;
+    pthread_mutex_lock(&s->mu);
+    s->connections--;
+    for (server_conn **p = &s->conns; c && *p; p = &(*p)->next)
+      if (*p == c) {
+        *p = c->next;
+        break;
+      }
+    pthread_mutex_unlock(&s->mu);
+    free(c);
+    *socket_context = NULL;
+  }
+}
+
+/* Once a second: shut down connections whose first request head is overdue (their thread then
+   sees the socket end and MHD closes it). */
+static void *watchdog_main(void *arg) {
+  clrt_server *s = arg;
+  pthread_mutex_lock(&s->mu);
+  while (!s->stopping) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    for (server_conn *c = s->conns; c; c = c->next)
+      if (!c->head_done && c->fd >= 0 && now.tv_sec - c->opened.tv_sec >= s->header_timeout_s) {
+        shutdown(c->fd, SHUT_RDWR);
+        c->fd = -1;   /* once */
+      }
+    struct timespec ts;
+    deadline_in(&ts, 500);
+    pthread_cond_timedwait(&s->conn_cv, &s->mu, &ts);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return NULL;
+}
+
+/* RFC 9112 section 6.3: a message with Content-Length values that differ is invalid. */
+typedef struct { const char *first; int differ; } length_check;
+static enum MHD_Result each_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   const char *value) {
+  (void)kind;
+  length_check *lc = cls;
+  if (key && value && strcasecmp(key, "Content-Length") == 0) {
+    if (!lc->first)
+      lc->first = value;
+    else if (strcmp(lc->first, value) != 0)
+      lc->differ = 1;
+  }
+  return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_data_size,
@@ -163,6 +248,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   clrt_server *s = cls;
   server_request *r = *con_cls;
   if (!r) {
+    /* the request head is complete: the header deadline no longer applies */
+    const union MHD_ConnectionInfo *sc =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    pthread_mutex_lock(&s->mu);
+    if (sc && sc->socket_context) ((server_conn *)sc->socket_context)->head_done = 1;
+    int busy = s->connections > s->max_connections;
+    pthread_mutex_unlock(&s->mu);
+    length_check lc = {NULL, 0};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, each_header, &lc);
+    if (lc.differ)
+      return send_json_error(conn, 400, "invalid_request_error",
+                             "two different Content-Length headers (RFC 9112 section 6.3)");
+    if (busy) {
+      char why[160];
+      snprintf(why, sizeof why,
+               "server busy: more than %d open connections (clrt serve --max-connections)",
+               s->max_connections);
+      return send_json_error(conn, 503, "server_busy", why);
+    }
     r = calloc(1, sizeof *r);
     if (!r) return MHD_NO;
     r->server = s;
@@ -251,7 +355,14 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   *con_cls = NULL;
 }
 
-clrt_server *clrt_server_start(const char *host, int port, size_t max_body) {
+clrt_server *clrt_server_start(const char *host, int port, const clrt_server_limits *limits) {
+  clrt_server_limits lim = {0};
+  if (limits) lim = *limits;
+  if (!lim.max_body) lim.max_body = (size_t)1 << 20;
+  if (lim.header_timeout_s <= 0) lim.header_timeout_s = 10;
+  if (lim.idle_timeout_s <= 0) lim.idle_timeout_s = 60;
+  if (lim.max_connections <= 0) lim.max_connections = 256;
+  if (lim.max_per_client <= 0) lim.max_per_client = 32;
   struct sockaddr_in addr;
   memset(&addr, 0, sizeof addr);
   addr.sin_family = AF_INET;
@@ -268,12 +379,21 @@ clrt_server *clrt_server_start(const char *host, int port, size_t max_body) {
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->engine_cv, NULL);
   pthread_cond_init(&s->conn_cv, NULL);
-  s->max_body = max_body ? max_body : (size_t)1 << 20;
+  s->max_body = lim.max_body;
+  s->max_connections = lim.max_connections;
+  s->header_timeout_s = lim.header_timeout_s;
+  /* poll, not select: select stops at FD_SETSIZE (1024) descriptors. MHD itself refuses
+     connections past the per-client limit and past the overall one plus a margin; within the
+     margin a request gets a 503 that says why. */
   s->daemon = MHD_start_daemon(
-      MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)port, NULL,
-      NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-      MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
-      (unsigned)600, MHD_OPTION_END);
+      MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL,
+      (uint16_t)port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+      MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+      s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)lim.idle_timeout_s,
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)(lim.max_connections + 64),
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)lim.max_per_client,
+      MHD_OPTION_THREAD_STACK_SIZE, (size_t)512 * 1024, MHD_OPTION_STRICT_FOR_CLIENT, (int)1,
+      MHD_OPTION_END);
   if (!s->daemon) {
     clrt_set_error("serve: cannot listen on %s:%d (address in use or not permitted)",
                    host ? host : "127.0.0.1", port);
@@ -283,6 +403,7 @@ clrt_server *clrt_server_start(const char *host, int port, size_t max_body) {
   }
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
   s->port = info ? info->port : port;
+  s->watchdog_started = pthread_create(&s->watchdog, NULL, watchdog_main, s) == 0;
   return s;
 }
 
@@ -431,6 +552,7 @@ void clrt_server_stop(clrt_server *s) {
   for (server_request *r = s->live; r; r = r->next_live) pthread_cond_broadcast(&r->cv);
   pthread_cond_broadcast(&s->engine_cv);
   pthread_mutex_unlock(&s->mu);
+  if (s->watchdog_started) pthread_join(s->watchdog, NULL);
   MHD_stop_daemon(s->daemon);   /* joins every connection thread */
   /* What the engine still held is no longer reachable by anyone. */
   while (s->live) {

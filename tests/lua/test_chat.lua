@@ -262,7 +262,7 @@ T.case("any template renders; bad messages, a missing template and a bad name ar
   -- a template's raise_exception and a construct it lacks come back with the template's line
   local strict = setmetatable({ config = { chat_template = "{% for m in messages %}\n{% if m.role == 'system' %}" ..
     "{{ raise_exception('no system') }}{% endif %}{% endfor %}" } }, { __index = tok })
-  T.raises(function() clrt.chat.format(strict, { S, U1 }) end, "chat: chat template line 2: raise_exception: no system")
+  T.raises(function() clrt.chat.format(strict, { S, U1 }) end, "tokenizer_config.json: chat template line 2: raise_exception: no system")
 end)
 
 T.case("a named template list picks tool_use with tools, default without; chat_template.jinja beside the tokenizer wins", function()

@@ -259,6 +259,7 @@ M.tests.eq = M.tests.equalto
 -- evaluated positional arguments and a map of keyword arguments (and the argument nodes).
 local function indent(s, width, first, blank)
   local lines = split(s, "\n", -1)
+  if type(width) == "number" then require("clrt.jinja.budget").size(width) end
   local pad = type(width) == "string" and width or (" "):rep(width)
   for i, l in ipairs(lines) do
     if not ((not first and i == 1) or (not blank and l == "")) then lines[i] = pad .. l end
@@ -457,6 +458,7 @@ local function range(args)
   if b == nil then a, b = 0, a else b = V.num(b) end
   step = V.num(step)
   if step == 0 then fail("range() step must not be zero") end
+  require("clrt.jinja.budget").charge(math.max(0, math.ceil((b - a) / step)))   -- before the list exists
   local out, i = {}, a
   if step > 0 then while i < b do out[#out + 1] = i; i = i + step end
   else while i > b do out[#out + 1] = i; i = i + step end end

@@ -5,6 +5,7 @@
 local V = require("clrt.jinja.values")
 local B = require("clrt.jinja.builtins")
 local text = require("clrt.jinja.text")
+local budget = require("clrt.jinja.budget")
 
 local M = {}
 local NULL, UNDEF = V.NULL, V.UNDEF
@@ -14,7 +15,15 @@ local concat = table.concat
 local line = 1          -- the line of the node being evaluated, for errors
 local eval, block
 
-local function child(env) return setmetatable({}, { __index = env }) end
+-- Each scope's depth: LuaJIT follows at most 100 __index links, so the budget stops far short.
+local depth_of = setmetatable({}, { __mode = "k" })
+local function child(env)
+  local d = (depth_of[env] or 0) + 1
+  budget.scope_depth(d)
+  local t = setmetatable({}, { __index = env })
+  depth_of[t] = d
+  return t
+end
 
 local function lookup(env, name)
   local v = env[name]
@@ -67,7 +76,11 @@ local function binary(node, env)
     fail("Cannot perform operation " .. op .. " on undefined values")
   end
   if l == NULL or r == NULL then fail("Cannot perform operation on null values") end
-  if op == "~" then return V.js_string(l) .. V.js_string(r) end
+  if op == "~" then
+    local a, b = V.js_string(l), V.js_string(r)
+    budget.size(#a + #b)
+    return a .. b
+  end
   local function numlike(x) return V.is_number(x) or type(x) == "boolean" end
   if op == "**" and numlike(l) and numlike(r) then
     local a = type(l) == "boolean" and (l and 1 or 0) or V.num(l)
@@ -92,6 +105,7 @@ local function binary(node, env)
     if op == ">=" then return a >= b end
   elseif V.is_list(l) and V.is_list(r) then
     if op == "+" then
+      budget.charge(#l + #r)   -- a list doubled in a loop grows as fast as a string
       local out = {}
       for i = 1, #l do out[i] = l[i] end
       for i = 1, #r do out[#out + 1] = r[i] end
@@ -104,7 +118,11 @@ local function binary(node, env)
       return (op == "in") == found
     end
   end
-  if (type(l) == "string" or type(r) == "string") and op == "+" then return V.js_string(l) .. V.js_string(r) end
+  if (type(l) == "string" or type(r) == "string") and op == "+" then
+    local a, b = V.js_string(l), V.js_string(r)
+    budget.size(#a + #b)
+    return a .. b
+  end
   if type(l) == "string" and type(r) == "string" then
     if op == "in" then return r:find(l, 1, true) ~= nil end
     if op == "not in" then return r:find(l, 1, true) == nil end
@@ -303,8 +321,9 @@ local function for_loop(node, env)
     end
   end
   local out, n = {}, #items
-  local none = true
+  local none, total = true, 0
   for i = 1, n do
+    budget.step()
     local keys = { "index", "index0", "revindex", "revindex0", "first", "last", "length", "previtem", "nextitem" }
     rawset(scope, "loop", V.dict(keys, {
       index = i, index0 = i - 1, revindex = n - i + 1, revindex0 = n - i, first = i == 1, last = i == n, length = n,
@@ -314,6 +333,8 @@ local function for_loop(node, env)
     local s, sig = block(node.body, scope)
     if sig == "break" then break end
     if sig ~= "continue" then
+      total = total + #s
+      budget.size(total)
       out[#out + 1] = s
       none = false
     end
@@ -448,6 +469,7 @@ local handlers = {
 
 function eval(node, env)
   line = node.line
+  budget.step()
   local h = handlers[node.k]
   if not h then fail("cannot evaluate a " .. tostring(node.k)) end
   return h(node, env)
@@ -455,10 +477,11 @@ end
 
 -- A list of statements: the text, or nil and "break" / "continue".
 function block(nodes, env)
-  local out = {}
+  local out, total = {}, 0
   for i = 1, #nodes do
     local n = nodes[i]
     local k = n.k
+    budget.step()
     if k == "Str" then
       out[#out + 1] = n.v
     elseif k == "Break" then return nil, "break"
@@ -467,23 +490,30 @@ function block(nodes, env)
       line = n.line
       local s, sig = block(truthy(eval(n.test, env)) and n.body or n.alt, env)
       if sig then return nil, sig end
+      total = total + #s
       out[#out + 1] = s
     else
       local v = eval(n, env)
       if v ~= NULL and v ~= UNDEF then
         line = n.line
-        out[#out + 1] = V.str(v)
+        local str = V.str(v)
+        total = total + #str
+        out[#out + 1] = str
       end
     end
+    budget.size(total)
   end
   return concat(out)
 end
 
--- Render a parsed program; ctx maps names to template values (clrt.jinja.values).
-function M.run(program, ctx)
+-- Render a parsed program; ctx maps names to template values (clrt.jinja.values); limits:
+-- clrt.jinja.budget's (max_steps, max_output, max_scope_depth, tick), its defaults when nil.
+function M.run(program, ctx, limits)
+  budget.start(limits)
   local env = child(ctx)
   line = 1
   local ok, res, sig = pcall(block, program.body, env)
+  budget.finish()
   if not ok then
     local msg = type(res) == "table" and res.jinja_error or tostring(res)
     error(("chat template line %d: %s"):format(line, msg), 0)

@@ -8,9 +8,22 @@ local fail = require("clrt.jinja.lexer").fail
 
 local M = {}
 
+-- How deep expressions and blocks may nest (parentheses, lists, `not`, unary signs, if/for
+-- inside if/for, elif chains, a chain of binary operators): real templates nest a few levels;
+-- a hostile one nested 100,000 deep would overflow the stack with an error naming nothing.
+M.MAX_NESTING = 200
+
 function M.parse(toks)
   local cur = 1
   local any
+  local depth = 0
+  local function enter(at)
+    depth = depth + 1
+    if depth > M.MAX_NESTING then
+      fail(at, ("expressions or blocks nested deeper than %d"):format(M.MAX_NESTING))
+    end
+  end
+  local function leave(...) depth = depth - 1; return ... end
   local function tok(k) return toks[cur + (k or 0)] end
   local function line() local t = toks[cur] or toks[#toks]; return t and t.line or 1 end
   local function is(t, k) local x = toks[cur + (k or 0)]; return x ~= nil and x.t == t end
@@ -32,12 +45,13 @@ function M.parse(toks)
     return a ~= nil and a.t == "{%" and b ~= nil and b.t == "name" and names[b.v] == true
   end
   local function until_statement(names, opener, at)
+    enter(at)
     local body = {}
     while not is_statement(names) do
       if not toks[cur] then fail(at, ("'%s' is not closed (missing {%% end%s %%})"):format(opener, opener)) end
       body[#body + 1] = any()
     end
-    return body
+    return leave(body)
   end
 
   local expression, primary, args_list
@@ -195,7 +209,8 @@ function M.parse(toks)
     local t = toks[cur]
     if t and (t.t == "unary" or t.t == "add") and (t.v == "-" or t.v == "+") then
       cur = cur + 1
-      return { k = "Unary", op = t.v, arg = unary_sign(), line = t.line }
+      enter(t.line)
+      return leave({ k = "Unary", op = t.v, arg = unary_sign(), line = t.line })
     end
     return call_member()
   end
@@ -230,10 +245,13 @@ function M.parse(toks)
   local function binary_chain(next_fn, match)
     return function()
       local left = next_fn()
+      local chain = 0   -- each operator nests the tree one level deeper
       while true do
         local op = match()
-        if not op then return left end
+        if not op then depth = depth - chain; return left end
         local at = toks[cur - 1].line
+        enter(at)
+        chain = chain + 1
         left = { k = "Bin", op = op, l = left, r = next_fn(), line = at }
       end
     end
@@ -252,14 +270,15 @@ function M.parse(toks)
     if is_name("not") then
       local at = toks[cur].line
       cur = cur + 1
-      return { k = "Not", arg = negation(), line = at }
+      enter(at)
+      return leave({ k = "Not", arg = negation(), line = at })
     end
     return comparison()
   end
   local logical_and = binary_chain(negation, function() if is_name("and") then cur = cur + 1; return "and" end end)
   local logical_or = binary_chain(logical_and, function() if is_name("or") then cur = cur + 1; return "or" end end)
 
-  function expression()
+  local function expression_body()
     local a = logical_or()
     if is_name("if") then
       local at = toks[cur].line
@@ -273,6 +292,10 @@ function M.parse(toks)
     end
     return a
   end
+  function expression()
+    enter(line())
+    return leave(expression_body())
+  end
 
   local END = {}
   local function names(...) local s = {}; for _, n in ipairs({ ... }) do s[n] = true end; return s end
@@ -281,7 +304,12 @@ function M.parse(toks)
   END.for_ = names("endfor", "else")
   END.endfor = names("endfor")
 
+  local if_rest_body
   local function if_rest(at)
+    enter(at)   -- an elif chain nests one level per elif
+    return leave(if_rest_body(at))
+  end
+  function if_rest_body(at)
     local test = expression()
     expect("%}", "'%}'")
     local body = until_statement(END.if_, "if", at)

@@ -102,6 +102,7 @@ function M.tojson(v, o, depth, undef_as_null)
     return o.ensure_ascii and text.ascii_safe(s) or s
   end
   local mt = getmetatable(v)
+  if indent then require("clrt.jinja.budget").size(indent * (depth + 1)) end
   local pad = indent and (" "):rep(indent) or ""
   local base = "\n" .. pad:rep(depth)
   local child = base .. pad

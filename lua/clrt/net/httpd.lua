@@ -8,10 +8,13 @@ local M = {}
 local Server = {}
 Server.__index = Server
 
--- start{host = "127.0.0.1", port = 0 (ephemeral), max_body = bytes}
+-- start{host = "127.0.0.1", port = 0 (ephemeral), max_body = bytes, header_timeout = s,
+--       idle_timeout = s, max_connections = n, max_per_client = n} (nil: the C defaults)
 function M.start(opts)
   opts = opts or {}
-  local s = C.clrt_server_start(opts.host or "127.0.0.1", opts.port or 0, opts.max_body or 0)
+  local lim = ffi.new("clrt_server_limits", { max_body = opts.max_body or 0, header_timeout_s = opts.header_timeout or 0,
+    idle_timeout_s = opts.idle_timeout or 0, max_connections = opts.max_connections or 0, max_per_client = opts.max_per_client or 0 })
+  local s = C.clrt_server_start(opts.host or "127.0.0.1", opts.port or 0, lim)
   if s == nil then core.fail(2) end
   local self = setmetatable({ handle = s, info = ffi.new("clrt_server_request_info") }, Server)
   return self

@@ -30,10 +30,13 @@ local is_utf8 = reply.is_utf8
 -- The first string (key or value) in a decoded request that is not UTF-8, as a field path
 -- like "messages[0].content"; nil when all are. Stop strings are left out: they are matched
 -- byte for byte against the reply and go neither to the tokenizer nor into a response.
-local function bad_utf8_field(v, path)
+local function bad_utf8_field(v, path, tick, seen)
   if type(v) == "string" then return not is_utf8(v) and path or nil end
   if type(v) ~= "table" then return nil end
+  seen = seen or { 0 }
   for k, x in pairs(v) do
+    seen[1] = seen[1] + 1
+    if tick and seen[1] % 1024 == 0 then tick() end
     local sub
     if type(k) == "number" then
       sub = ("%s[%d]"):format(path, k - 1)
@@ -41,7 +44,7 @@ local function bad_utf8_field(v, path)
       if type(k) == "string" and not is_utf8(k) then return path ~= "" and path or "(a key)" end
       sub = path == "" and tostring(k) or path .. "." .. tostring(k)
     end
-    local bad = sub ~= "stop" and bad_utf8_field(x, sub)
+    local bad = sub ~= "stop" and bad_utf8_field(x, sub, tick, seen)
     if bad then return bad end
   end
   return nil
@@ -97,14 +100,19 @@ local function bad(field, why) return nil, json_error(400, ("'%s' %s"):format(fi
 
 -- A request body as a JSON object whose strings are UTF-8 and whose keys are all `known`
 -- parameters. Returns it or (nil, status, body).
-local function decode_body(body, known)
+local function decode_body(body, known, tick, limits)
   -- each object's key order is kept: the template's tojson renders tools as the client sent them
-  local ok, req = pcall(json.decode, body, "request", { key_order = true })
+  local ok, req = pcall(json.decode, body, "request", { key_order = true, tick = tick })
   local err = not ok and req or nil
   if not ok or type(req) ~= "table" or (next(req) ~= nil and type(next(req)) ~= "string") then
     return nil, json_error(400, "request body is not valid JSON: " .. tostring(err or "not an object"))
   end
-  local not_utf8 = bad_utf8_field(req, "")
+  -- too many messages is refused before anything walks them
+  if limits and limits.max_messages and type(req.messages) == "table" and #req.messages > limits.max_messages then
+    return bad("messages", ("has %d messages: more than %d on this server (clrt serve --max-messages)")
+      :format(#req.messages, limits.max_messages))
+  end
+  local not_utf8 = bad_utf8_field(req, "", tick)
   if not_utf8 then return bad(not_utf8, "is not valid UTF-8") end
   for k in pairs(req) do
     if not known[k] then return bad(tostring(k), "is not a parameter this server supports") end
@@ -299,13 +307,40 @@ local function parse_tool_choice(req, out)
   return true
 end
 
+-- The JSON size of a request's schemas (tools and response_format): what constrained decoding
+-- compiles and the template renders; nil when under limits.max_schema_bytes, else a 400.
+local function schema_too_large(req, limits)
+  local max = limits.max_schema_bytes
+  if not max then return nil end
+  for _, k in ipairs({ "tools", "response_format" }) do
+    local v = req[k]
+    if type(v) == "table" then
+      local ok, text = pcall(json.encode, v)
+      local n = ok and #text or math.huge
+      if n > max then
+        return bad(k, ("is %s bytes of JSON: more than %d on this server (clrt serve --max-schema-bytes)")
+          :format(n == math.huge and "too many" or tostring(n), max))
+      end
+    end
+  end
+end
+
 -- Validate a chat-completions body. Returns the request table or (nil, status, body).
-function M.parse_chat_request(body, limits)
-  local req, status, err = decode_body(body, CHAT_PARAMETERS)
+-- limits: max_tokens, max_n, vocab_size, max_messages, max_schema_bytes; tick: called now and
+-- then while a large body is worked through (the server yields there).
+function M.parse_chat_request(body, limits, tick)
+  local req, status, err = decode_body(body, CHAT_PARAMETERS, tick, limits)
   if not req then return nil, status, err end
   if type(req.messages) ~= "table" or #req.messages == 0 then return bad("messages", "must be a non-empty array") end
+  if limits.max_messages and #req.messages > limits.max_messages then
+    return bad("messages", ("has %d messages: more than %d on this server (clrt serve --max-messages)")
+      :format(#req.messages, limits.max_messages))
+  end
+  local _, s1, b1 = schema_too_large(req, limits)
+  if s1 then return nil, s1, b1 end
   local msgs, uses_tools = {}, false
   for i, m in ipairs(req.messages) do
+    if tick and i % 256 == 0 then tick() end
     local msg, s2, e2 = parse_message(m, ("messages[%d]"):format(i - 1))
     if not msg then return nil, s2, e2 end
     msgs[i] = msg
@@ -322,8 +357,8 @@ end
 
 -- Validate a (legacy) completions body: one prompt, a string or an array of token ids (or an
 -- array holding one of those). Returns the request table or (nil, status, body).
-function M.parse_completion_request(body, limits)
-  local req, status, err = decode_body(body, COMPLETION_PARAMETERS)
+function M.parse_completion_request(body, limits, tick)
+  local req, status, err = decode_body(body, COMPLETION_PARAMETERS, tick)
   if not req then return nil, status, err end
   local prompt = req.prompt
   if type(prompt) == "table" and #prompt > 1 and type(prompt[1]) ~= "number" then
@@ -390,7 +425,9 @@ function M.new(opts)
   self.model, self.tok = opts.model, opts.tokenizer
   self.name = opts.name or "clrt"
   self.api_key = opts.api_key
-  self.limits = { max_tokens = opts.max_tokens or 4096, max_n = math.min(opts.slots or 32, 16) }
+  -- what one request may cost before it is admitted (each a clrt serve flag, a 400 naming it)
+  self.limits = { max_tokens = opts.max_tokens or 4096, max_n = math.min(opts.slots or 32, 16),
+    max_messages = opts.max_messages or M.DEFAULT_MAX_MESSAGES, max_schema_bytes = opts.max_schema_bytes or M.DEFAULT_MAX_SCHEMA_BYTES }
   -- prompt caching across requests (clrt.gen.prefix_cache, docs/prefix_cache.md): MiB, 0 off
   if opts.prefix_cache_mb ~= nil then require("clrt.gen.prefix_cache").configure(self.model, { mb = opts.prefix_cache_mb }) end
   -- the model's one engine (clrt.gen.scheduler), its cache sized here; a test's decoder as given
@@ -401,7 +438,10 @@ function M.new(opts)
   end
   self.max_len = self.gen.dec.max_len
   self.limits.vocab_size = self.gen.dec.vocab_size
-  self.http = require("clrt.net.httpd").start({ host = opts.host or "127.0.0.1", port = opts.port or 8000, max_body = opts.max_body or 4 * 1024 * 1024 })
+  self.http = require("clrt.net.httpd").start({ host = opts.host or "127.0.0.1", port = opts.port or 8000,
+    max_body = opts.max_body or 4 * 1024 * 1024, header_timeout = opts.header_timeout, idle_timeout = opts.idle_timeout,
+    max_connections = opts.max_connections, max_per_client = opts.max_connections_per_client })
+  self.preparing = {}   -- requests being parsed, rendered, tokenized: coroutines the loop advances in turn
   self.log = opts.log or function() end
   self.created = os.time()
   self.counter = 0
@@ -414,16 +454,38 @@ function M.new(opts)
   end
   if self.supports_tools == nil then self.supports_tools = self.tool_format ~= nil end
   self.tool_format = self.tool_format or require("clrt.chat").TOOL_FORMATS.qwen3
+  -- the prompt is the template's text, encoded: no training masks (chat.render re-renders
+  -- every assistant prefix for those, O(n^2) in the messages); a text longer than the context
+  -- could hold even at the vocabulary's longest token is refused before it is tokenized
   self.render = opts.render or function(messages, extra)
     extra = extra or {}
     local chat = require("clrt.chat")
     if self.tool_format.args_object then messages = M.decoded_arguments(messages) end
-    local o = { add_generation_prompt = true, tools = extra.tools }
-    if not extra.prefix then return (chat.render(self.tok, messages, o)) end
-    return self.tok:encode(chat.format(self.tok, messages, o) .. extra.prefix, { add_special_tokens = false })
+    local o = { add_generation_prompt = true, tools = extra.tools, limits = { tick = extra.tick } }
+    local text = chat.format(self.tok, messages, o) .. (extra.prefix or "")
+    local most = self.max_len * self:longest_token()
+    if #text > most then
+      error(("the prompt is %d bytes: more than a context of %d tokens can hold (clrt serve --max-len)"):format(#text, self.max_len), 0)
+    end
+    return self.tok:encode(text, { add_special_tokens = false })
   end
   self.on_response_format = opts.on_response_format or (self.tok and M.json_response_format)
   return self
+end
+
+M.DEFAULT_MAX_MESSAGES = 2048
+M.DEFAULT_MAX_SCHEMA_BYTES = 64 * 1024
+
+-- The most bytes one token of the vocabulary decodes to (added tokens included).
+function Server:longest_token()
+  if self.longest then return self.longest end
+  local most = 16
+  for id = 0, (self.tok:vocab_size() or 0) - 1 do
+    local ok, b = pcall(self.tok.token_bytes, self.tok, id)
+    if ok and type(b) == "string" and #b > most then most = #b end
+  end
+  self.longest = most
+  return most
 end
 
 function Server:port() return self.http:port() end
@@ -560,7 +622,7 @@ end
 -- the prompt and max_tokens exceed the context (`param` names the prompt's field).
 function Server:job(req, ids, opts, shape, param)
   if #ids + opts.max_new_tokens > self.max_len then
-    return nil, json_error(400, ("the prompt has %d tokens and max_tokens is %d: more than the context of %d")
+    return nil, json_error(400, ("the prompt has %d tokens and max_tokens is %d: more than the context of %d (clrt serve --max-len)")
       :format(#ids, opts.max_new_tokens, self.max_len), param, nil, "context_length_exceeded")
   end
   self.counter = self.counter + 1
@@ -582,7 +644,7 @@ function Server:chat_prompt(req)
   -- JSON is decoded under the call's schema
   local forced = tools_on and (req.tool_choice == "required" or type(req.tool_choice) == "table")
   local fmt = self.tool_format
-  local rendered, ids = pcall(self.render, req.messages, { tools = req.tools, prefix = forced and fmt.prefix or nil })
+  local rendered, ids = pcall(self.render, req.messages, { tools = req.tools, prefix = forced and fmt.prefix or nil, tick = req.tick })
   if not rendered then   -- the chat template refused these messages
     return nil, json_error(400, "messages could not be rendered: " .. without_source(ids), "messages")
   end
@@ -642,6 +704,10 @@ end
 -- max_tokens (16 by default, as OpenAI's), a stop string, or the end-of-text/turn token.
 function Server:completion_job(req)
   if not self.tok then return nil, json_error(404, "/v1/completions needs the model's tokenizer", "prompt") end
+  if req.prompt_text and #req.prompt_text > self.max_len * self:longest_token() then   -- refused before it is tokenized
+    return nil, json_error(400, ("the prompt is %d bytes: more than a context of %d tokens can hold (clrt serve --max-len)")
+      :format(#req.prompt_text, self.max_len), "prompt", nil, "context_length_exceeded")
+  end
   local ids = req.prompt_ids or self.tok:encode(req.prompt_text)
   return self:job(req, ids, self:sampling(req, 16), reply.COMPLETION, "prompt")
 end
@@ -694,31 +760,63 @@ function Server:handle(r)
     return self:respond(r.id, 200, json.encode(self:model_object()))
   elseif path == "/v1/chat/completions" or path == "/v1/completions" then
     if r.method ~= "POST" then return self:respond(r.id, json_error(405, "use POST for " .. path)) end
-    local parse = path == "/v1/completions" and M.parse_completion_request or M.parse_chat_request
-    local parsed, req, status, body = pcall(parse, r.body, self.limits)
-    if not parsed then   -- a case the checks above missed: the request's fault, not the server's
-      self.log("request not understood: " .. tostring(req))
-      return self:respond(r.id, json_error(400, "request not understood: " .. without_source(req)))
-    end
-    if not req then return self:respond(r.id, status, body) end
-    if req.model and req.model ~= self.name then return self:respond(r.id, model_not_found(req.model)) end
-    self:submit_or_fail(r, req)
+    -- parsed, rendered and tokenized in a coroutine that yields every few milliseconds of
+    -- work, so a large request never stops the loop from answering others (Server:tick)
+    local co = coroutine.create(function() self:prepare(r, path) end)
+    self.preparing[#self.preparing + 1] = { co = co, r = r }
   else
     return self:respond(r.id, json_error(404, ("no route for %s %s"):format(r.method, r.path)))
   end
 end
 
+-- A chat or completion request: parsed, checked, its prompt rendered and tokenized, submitted.
+-- Runs in a coroutine (Server:handle); `yield` hands the loop back between slices of work.
+function Server:prepare(r, path)
+  local yield = coroutine.yield
+  local parse = path == "/v1/completions" and M.parse_completion_request or M.parse_chat_request
+  local parsed, req, status, body = pcall(parse, r.body, self.limits, yield)
+  if not parsed then   -- a case the checks above missed: the request's fault, not the server's
+    self.log("request not understood: " .. tostring(req))
+    return self:respond(r.id, json_error(400, "request not understood: " .. without_source(req)))
+  end
+  if not req then return self:respond(r.id, status, body) end
+  if req.model and req.model ~= self.name then return self:respond(r.id, model_not_found(req.model)) end
+  req.tick = yield
+  self:submit_or_fail(r, req)
+end
+
+-- Advance the requests being prepared, each a slice in turn, for up to budget_ms.
+function Server:advance_preparing(budget_ms)
+  local t0 = http.now()
+  while #self.preparing > 0 do
+    local keep = {}
+    for _, p in ipairs(self.preparing) do
+      local ok, err = coroutine.resume(p.co)
+      if not ok then   -- prepare's own failure: the server's, a 500
+        self.log("request failed: " .. tostring(err))
+        pcall(self.respond, self, p.r.id, json_error(500, "internal error: " .. without_source(err), nil, "server_error"))
+      elseif coroutine.status(p.co) ~= "dead" then
+        keep[#keep + 1] = p
+      end
+    end
+    self.preparing = keep
+    if (http.now() - t0) * 1000 >= budget_ms then break end
+  end
+end
+
 -- One turn of the loop: take what arrived (waiting up to idle_ms when there is nothing to
--- decode), start what fits, decode one step for everyone.
+-- decode or prepare), prepare requests for a slice of time, start what fits, decode one step
+-- for everyone.
 function Server:tick(idle_ms)
   G.admit(self.gen)
-  local wait = G.busy(self.gen) and 0 or (idle_ms or 50)
+  local wait = (G.busy(self.gen) or #self.preparing > 0) and 0 or (idle_ms or 50)
   while true do
     local r = self.http:next(wait)
     if not r then break end
     wait = 0
     self:handle(r)
   end
+  self:advance_preparing(20)
   G.admit(self.gen)
   local _, err = G.step(self.gen)
   if G.is_interrupt(err) then error(err, 0) end   -- Ctrl-C stops the server

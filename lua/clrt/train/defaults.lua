@@ -29,6 +29,7 @@ function M.shared()
     stop_after = config.optional("number"),   -- end this run after that step (resume later)
     prompts_per_step = 16,                    -- verl data.train_batch_size
     save_every = 100,                         -- verl trainer.save_freq
+    save_keep = 2,                            -- checkpoints kept; an older one goes only once a newer one verifies
     sample_every = 10,                        -- samples + rollouts.jsonl at step 1, every 10th and the last (0: none)
     single_turn = false,                      -- ablation: reward the response alone, no futures
     -- A step fails when more than max_drop_fraction of its first responses are dropped (the
@@ -167,7 +168,7 @@ end
 function M.rules()
   local rules = {
     { "seed", "count0" }, { "epochs", "count" }, { "steps", "count" }, { "stop_after", "count" },
-    { "prompts_per_step", "count" }, { "save_every", "count0" }, { "sample_every", "count0" },
+    { "prompts_per_step", "count" }, { "save_every", "count0" }, { "save_keep", "count" }, { "sample_every", "count0" },
     { "max_drop_fraction", "prob" }, { "max_failed_steps", "count" },
     { "reward.mode", "one_of", { "verl", "mean" } },
     { "rollout.n", "count" }, { "rollout.temperature", "nonneg" }, { "rollout.top_p", "fraction" },

@@ -32,6 +32,12 @@ local chat = require("clrt.chat")
 local where = require("clrt.model_path").resolve(dir, { who = "clrt chat", adapter = adapter })
 local m = require("clrt.model").load(where.model, { adapter = where.adapter, quant = quant })
 local tok = require("clrt.tokenizer").load(where.tokenizer)
+-- a chat template that cannot render within its budget fails here, not on every request
+local template_ok, template_err = pcall(require("clrt.chat").check_template, tok)
+if not template_ok then
+  io.stderr:write("clrt chat: ", (tostring(template_err):gsub("^chat: ", "")), "\n")
+  os.exit(1)
+end
 local max_len = math.min(m.config.max_position_embeddings or 2048, 4096)
 local stop_ids = chat.stop_ids(tok)
 -- without --temp: generation_config.json's sampling (transformers' generate defaults), else 0.7
