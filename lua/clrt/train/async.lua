@@ -152,9 +152,16 @@ function Async:entries(step, samples, ctx)
   return out, timing, got.version
 end
 
--- A checkpoint of `step` is complete: the entries of steps up to it are trained and saved.
+-- A checkpoint of `step` is complete: the entries of steps up to the oldest checkpoint kept
+-- (save_keep) are trained and saved; a resume that finds the newest one damaged starts from
+-- an older one and needs the entries after it.
 function Async:checkpointed(step)
-  for s = self.first, step do
+  local oldest = step
+  for _, n in ipairs(files.list(self.run_dir)) do
+    local c = tonumber(n:match("^checkpoint%-(%d+)$"))
+    if c and c < oldest then oldest = c end
+  end
+  for s = 1, oldest do
     local p = entries_path(self.run_dir, s)
     if files.exists(p) then os.remove(p) end
   end
