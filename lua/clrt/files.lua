@@ -42,6 +42,15 @@ function M.read(path)
   return s
 end
 
+-- A file's size in bytes, or nil when it cannot be opened.
+function M.size(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local n = f:seek("end")
+  f:close()
+  return n
+end
+
 function M.append(path, text)
   text = tostring(text)
   check(C.clrt_file_append(path, text, #text), 2)

@@ -32,14 +32,6 @@ local function latest_name(run_dir)
   return s and s:match("^%s*(checkpoint%-%d+)%s*$") or nil
 end
 
-local function size_of(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local n = f:seek("end")
-  f:close()
-  return n
-end
-
 -- trainer_state.json decoded, or nil and why not.
 local function state_of(dir)
   local s = read(dir .. "/trainer_state.json")
@@ -78,7 +70,7 @@ function M.verify(dir)
     local ok, man = pcall(json.decode, text)
     if not ok or type(man) ~= "table" or type(man.files) ~= "table" then return nil, M.MANIFEST .. " is not a manifest" end
     for name, size in pairs(man.files) do
-      local have = size_of(dir .. "/" .. name)
+      local have = files.size(dir .. "/" .. name)
       if not have then return nil, name .. " is missing" end
       if have ~= size then return nil, ("%s is %d bytes, the manifest says %d"):format(name, have, size) end
       names[#names + 1] = name
@@ -151,7 +143,7 @@ function M._save(run_dir, c)
   -- the manifest last: its presence says every file before it was written whole
   local sizes = {}
   for _, n in ipairs(files.list(dir)) do
-    if n ~= M.MANIFEST and not n:match("%.tmp%.%d+$") then sizes[n] = size_of(dir .. "/" .. n) end
+    if n ~= M.MANIFEST and not n:match("%.tmp%.%d+$") then sizes[n] = files.size(dir .. "/" .. n) end
   end
   files.write_atomic(dir .. "/" .. M.MANIFEST, json.encode({ files = sizes }) .. "\n")
   files.fsync(dir)

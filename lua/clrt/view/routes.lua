@@ -38,14 +38,7 @@ local function page_text()
   return page
 end
 
--- Size of a file, or nil when it cannot be opened.
-local function size_of(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local n = f:seek("end")
-  f:close()
-  return n
-end
+local size_of = require("clrt.files").size
 
 local function err(status, msg) return status, json.encode({ error = msg }), "application/json" end
 
