@@ -163,13 +163,17 @@ typedef struct clrt_model_config {
   int num_attention_heads, num_key_value_heads, head_dim, max_position_embeddings;
   float rms_norm_eps;
   double rope_theta;
+  /* The leading dimensions of each head that RoPE rotates: head_dim x partial_rotary_factor
+     (Phi-4-mini: 96 of 128), even; the rest pass unrotated, as transformers' partial rotary
+     does. 0: the whole head. Every RoPE table and per-pair list below is rope_dim / 2 wide. */
+  int rope_dim;
   int rope_scaling;                 /* CLRT_ROPE_* */
   double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
   int rope_original_max_position;   /* llama3, yarn, longrope: original_max_position_embeddings */
   /* yarn and longrope scale cos and sin by rope_attention_factor (0: transformers' default
      from rope_factor). yarn: rope_beta_fast/slow (0: 32 and 1), rope_yarn_truncate.
      longrope (su): pair i's frequency is divided by rope_short_factor[i] in a call whose
-     positions stay within rope_original_max_position, by rope_long_factor[i] past it (head_dim
+     positions stay within rope_original_max_position, by rope_long_factor[i] past it (rope_dim
      <= 512). dynamic: a call reaching past max_position_embeddings rotates with the NTK base
      grown for its length (transformers' dynamic_frequency_update). */
   double rope_attention_factor, rope_beta_fast, rope_beta_slow;
@@ -226,7 +230,7 @@ int clrt_model_tensor_is_matrix(const clrt_model *m, int i);
 clrt_tensor *clrt_model_param(clrt_model *m, int i);   /* a view into the params arena */
 clrt_tensor *clrt_model_grad(clrt_model *m, int i);    /* allocates the grads arena on first use */
 int64_t clrt_model_num_params(const clrt_model *m);
-/* inv [head_dim/2]: the inverse frequencies a call whose positions reach seq_len rotates with
+/* inv [rope_dim/2]: the inverse frequencies a call whose positions reach seq_len rotates with
    (longrope and dynamic depend on it; 0: the model's own tables), and *attention_factor the
    scale its cos and sin carry (yarn, longrope; else 1). */
 int clrt_model_rope_inv_freq(const clrt_model *m, int seq_len, float *inv, double *attention_factor);

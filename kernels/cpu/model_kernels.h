@@ -276,15 +276,17 @@ void clrt_rmsnorm_backward(float *dx /* [N, C] */, float *dw /* [C] */, const fl
                            const float *rstd /* [N] */, int64_t N, int C);
 
 /* ---- rope.c ----------------------------------------------------------------------------- */
-/* The cos/sin table for positions [0, P): inv_freq per pair from the config (see model.c). */
-void clrt_rope_table(float *cos_t /* [P, D/2] */, float *sin_t /* [P, D/2] */,
-                     const float *inv_freq /* [D/2] */, int P, int D);
-/* In place on x, rows at positions pos0[b] + t (pos0 NULL = 0). Backward applies the inverse
-   rotation to the gradient, also in place. */
-void clrt_rope_forward(float *x /* [B, T, nh, D] */, const float *cos_t, const float *sin_t,
-                       const int32_t *pos0 /* [B] or NULL */, int B, int T, int nh, int D);
-void clrt_rope_backward(float *dx /* [B, T, nh, D] */, const float *cos_t, const float *sin_t,
-                        const int32_t *pos0 /* [B] or NULL */, int B, int T, int nh, int D);
+/* The cos/sin table for positions [0, P) of R rotated dimensions: inv_freq per pair from the
+   config (runtime/model/rope.c). */
+void clrt_rope_table(float *cos_t /* [P, R/2] */, float *sin_t /* [P, R/2] */,
+                     const float *inv_freq /* [R/2] */, int P, int R);
+/* In place on x, rows at positions pos0[b] + t (pos0 NULL = 0): each head's first R of its D
+   dimensions rotate (R = D unless the config rotates part of the head), the rest pass.
+   Backward applies the inverse rotation to the gradient, also in place. */
+void clrt_rope_forward(float *x /* [B, T, nh, D] */, const float *cos_t /* [P, R/2] */, const float *sin_t /* [P, R/2] */,
+                       const int32_t *pos0 /* [B] or NULL */, int B, int T, int nh, int D, int R);
+void clrt_rope_backward(float *dx /* [B, T, nh, D] */, const float *cos_t /* [P, R/2] */, const float *sin_t /* [P, R/2] */,
+                        const int32_t *pos0 /* [B] or NULL */, int B, int T, int nh, int D, int R);
 
 /* ---- attention.c: causal grouped-query attention -------------------------------------- */
 /* Query t of row b sits at position pos0[b] + t and sees keys at positions 0 .. pos0[b] + t,

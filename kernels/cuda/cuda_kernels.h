@@ -100,10 +100,10 @@ void clrt_cuda_rmsnorm_backward(float *dx /* [N, C] += */, float *dw /* [C] += *
                                 int C);
 
 /* ---- rope.cu (cos/sin tables on the device, built on the host by clrt_rope_table) ------ */
-void clrt_cuda_rope_forward(float *x /* [B, T, nh, D] */, const float *cos_t, const float *sin_t,
-                            const int32_t *pos0 /* [B] device or NULL */, int B, int T, int nh, int D);
-void clrt_cuda_rope_backward(float *dx /* [B, T, nh, D] */, const float *cos_t, const float *sin_t,
-                             const int32_t *pos0 /* [B] device or NULL */, int B, int T, int nh, int D);
+void clrt_cuda_rope_forward(float *x /* [B, T, nh, D] */, const float *cos_t /* [P, R/2] */, const float *sin_t /* [P, R/2] */,
+                            const int32_t *pos0 /* [B] or NULL */, int B, int T, int nh, int D, int R);
+void clrt_cuda_rope_backward(float *dx /* [B, T, nh, D] */, const float *cos_t /* [P, R/2] */, const float *sin_t /* [P, R/2] */,
+                             const int32_t *pos0 /* [B] or NULL */, int B, int T, int nh, int D, int R);
 
 /* ---- attention.cu: causal GQA, online softmax, no [T, T] matrix -------------------------- */
 /* As clrt_attention_forward (pos0, kv_bstride, kv_row: device arrays or NULL; window as

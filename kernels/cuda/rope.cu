@@ -1,10 +1,11 @@
-// rope.cu — rotary embedding in place, one thread per rotated pair (x[i], x[i + D/2]).
+// rope.cu — rotary embedding in place, one thread per rotated pair (x[i], x[i + R/2]) of a
+// head's first R of D dimensions (the rest pass: partial rotary).
 #include "common.cuh"
 #include "model_math.h"
 
 static __global__ void rope_kernel(float *x, const float *cos_t, const float *sin_t, const int32_t *pos0,
-                                   int B, int T, int nh, int D, int backward) {
-  int half = D / 2;
+                                   int B, int T, int nh, int D, int R, int backward) {
+  int half = R / 2;
   int64_t total = (int64_t)B * T * nh * half;
   for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
     int i = (int)(e % half);
@@ -21,19 +22,19 @@ static __global__ void rope_kernel(float *x, const float *cos_t, const float *si
 }
 
 static void rope(const char *name, float *x, const float *cos_t, const float *sin_t, const int32_t *pos0,
-                 int B, int T, int nh, int D, int backward) {
-  int64_t n = (int64_t)B * T * nh * (D / 2);
+                 int B, int T, int nh, int D, int R, int backward) {
+  int64_t n = (int64_t)B * T * nh * (R / 2);
   if (n <= 0) return;
-  rope_kernel<<<clrt_blocks(n, 256), 256, 0, clrt_cuda_cstream()>>>(x, cos_t, sin_t, pos0, B, T, nh, D, backward);
+  rope_kernel<<<clrt_blocks(n, 256), 256, 0, clrt_cuda_cstream()>>>(x, cos_t, sin_t, pos0, B, T, nh, D, R, backward);
   CLRT_LAUNCHED(name);
 }
 
 extern "C" void clrt_cuda_rope_forward(float *x, const float *cos_t, const float *sin_t, const int32_t *pos0,
-                                       int B, int T, int nh, int D) {
-  rope("rope_forward", x, cos_t, sin_t, pos0, B, T, nh, D, 0);
+                                       int B, int T, int nh, int D, int R) {
+  rope("rope_forward", x, cos_t, sin_t, pos0, B, T, nh, D, R, 0);
 }
 
 extern "C" void clrt_cuda_rope_backward(float *dx, const float *cos_t, const float *sin_t, const int32_t *pos0,
-                                        int B, int T, int nh, int D) {
-  rope("rope_backward", dx, cos_t, sin_t, pos0, B, T, nh, D, 1);
+                                        int B, int T, int nh, int D, int R) {
+  rope("rope_backward", dx, cos_t, sin_t, pos0, B, T, nh, D, R, 1);
 }

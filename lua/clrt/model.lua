@@ -242,7 +242,7 @@ local function to_struct(c, opts)
   local s = ffi.new("clrt_model_config")
   for _, k in ipairs({ "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
-    "rms_norm_eps", "rope_theta", "rope_scaling", "rope_factor", "rope_low_freq_factor",
+    "rms_norm_eps", "rope_theta", "rope_dim", "rope_scaling", "rope_factor", "rope_low_freq_factor",
     "rope_high_freq_factor", "rope_original_max_position", "sliding_window", "rope_attention_factor",
     "rope_beta_fast", "rope_beta_slow" }) do
     if c[k] ~= nil then s[k] = c[k] end

@@ -24,11 +24,11 @@ local function reader(t, where, bad, is_null)
   end
 end
 
--- A per-pair factor list of longrope: head_dim / 2 positive numbers.
+-- A per-pair factor list of longrope: rope_dim / 2 positive numbers (one per rotated pair).
 local function factor_list(rs, key, half, bad)
   local v = rs[key]
   if type(v) ~= "table" or #v ~= half then
-    bad("rope_scaling." .. key, ("must list %d numbers (head_dim / 2), got %s"):format(half, type(v) == "table" and #v or type(v)))
+    bad("rope_scaling." .. key, ("must list %d numbers (one per rotated pair), got %s"):format(half, type(v) == "table" and #v or type(v)))
   end
   for i = 1, half do
     if type(v[i]) ~= "number" or not (v[i] > 0) then bad("rope_scaling." .. key, ("entry %d must be a positive number"):format(i)) end
@@ -63,11 +63,17 @@ function M.parse(cfg, arch, c, bad, is_null)
     c.rope_theta = default_theta[arch] or 10000
   end
   if c.rope_theta <= 0 then bad("rope_theta", "must be positive") end
-  -- partial rotary: clrt rotates whole heads
+  -- partial rotary (Phi-4-mini: 0.75): transformers rotates int(head_dim * factor) leading
+  -- dimensions of each head (its rope_init's dim) and passes the rest
   local prf = rp and rp.partial_rotary_factor
   if is_null(prf) then prf = cfg.partial_rotary_factor end
-  if not is_null(prf) and prf ~= 1 then
-    bad("partial_rotary_factor", ("is %s; clrt rotates the whole head (1.0) only"):format(tostring(prf)))
+  c.rope_dim = c.head_dim
+  if not is_null(prf) then
+    if type(prf) ~= "number" or not (prf > 0 and prf <= 1) then bad("partial_rotary_factor", "must be a number in (0, 1]") end
+    c.rope_dim = math.floor(c.head_dim * prf)
+    if c.rope_dim < 2 or c.rope_dim % 2 ~= 0 then
+      bad("partial_rotary_factor", ("rotates %d of head_dim %d dimensions; RoPE needs an even number, at least 2"):format(c.rope_dim, c.head_dim))
+    end
   end
   local rs = rp or cfg.rope_scaling
   c.rope_scaling = 0   -- CLRT_ROPE_DEFAULT
@@ -106,7 +112,7 @@ function M.parse(cfg, arch, c, bad, is_null)
     -- max_position_embeddings / it; without one the context is max_position_embeddings and
     -- the scaling's own factor counts
     c.rope_scaling = 4
-    local half = c.head_dim / 2
+    local half = c.rope_dim / 2
     c.rope_short_factor = factor_list(rs, "short_factor", half, bad)
     c.rope_long_factor = factor_list(rs, "long_factor", half, bad)
     local orig = cfg.original_max_position_embeddings

@@ -148,7 +148,7 @@ int model_sync_rope(clrt_model *m) {
   m->rope_kc_long = m->rope_cos_long;
   m->rope_ks_long = m->rope_sin_long;
   if (m->device == CLRT_CPU || m->rope_len == 0) return 0;
-  size_t n = (size_t)m->rope_len * (size_t)(m->cfg.head_dim / 2);
+  size_t n = (size_t)m->rope_len * (size_t)(m->cfg.rope_dim / 2);
   int sets = m->rope_cos_long ? 2 : 1;
   if (!(m->rope_dev = clrt_storage_new(2 * (size_t)sets * n * sizeof(float), m->device))) return -1;
   float *d = m->rope_dev->data;
@@ -166,11 +166,11 @@ int model_sync_rope(clrt_model *m) {
   return 0;
 }
 
-/* A cos and a sin table [P, D/2] at the given frequencies, each times scale (yarn and
+/* A cos and a sin table [P, R/2] at the given frequencies, each times scale (yarn and
    longrope's attention factor, in f32 as transformers' cos() * attention_scaling); NULL and
    the error set when out of memory. */
-static int rope_tables(float **cos_t, float **sin_t, const float *inv_freq, int P, int D, float scale) {
-  size_t n = (size_t)P * (size_t)(D / 2);
+static int rope_tables(float **cos_t, float **sin_t, const float *inv_freq, int P, int R, float scale) {
+  size_t n = (size_t)P * (size_t)(R / 2);
   *cos_t = malloc(sizeof(float) * n);
   *sin_t = malloc(sizeof(float) * n);
   if (!*cos_t || !*sin_t) {
@@ -179,7 +179,7 @@ static int rope_tables(float **cos_t, float **sin_t, const float *inv_freq, int 
     clrt_set_error("model: out of memory for the RoPE tables of %d positions", P);
     return -1;
   }
-  clrt_rope_table(*cos_t, *sin_t, inv_freq, P, D);
+  clrt_rope_table(*cos_t, *sin_t, inv_freq, P, R);
   if (scale != 1.0f)
     for (size_t i = 0; i < n; i++) {
       (*cos_t)[i] *= scale;
@@ -195,7 +195,7 @@ static int rope_tables(float **cos_t, float **sin_t, const float *inv_freq, int 
 int model_ensure_rope(clrt_model *m, int P) {
   if (P <= m->rope_len) return 0;
   if (P < 2 * m->rope_len) P = 2 * m->rope_len;   /* decode asks one position more per step */
-  int D = m->cfg.head_dim;
+  int D = m->cfg.rope_dim;
   float *c, *s, *c2 = NULL, *s2 = NULL;
   const float *inv2 = m->cfg.gemma3 ? m->inv_freq_local : m->inv_freq_long;
   if (rope_tables(&c, &s, m->inv_freq, P, D, m->rope_scale)) return -1;
@@ -225,7 +225,7 @@ int model_ensure_rope(clrt_model *m, int P) {
 /* transformers picks a call's frequencies by its length (max position + 1): longrope's long
    factors past original_max_position_embeddings, dynamic NTK's base grown for that length
    past max_position_embeddings (remade for each such call: a decode step past it pays
-   [seq_len, D/2] sines and cosines). Cached keys keep the rotation they were written with,
+   [seq_len, rope_dim/2] sines and cosines). Cached keys keep the rotation they were written with,
    as in transformers' generate. */
 int model_rope_choose(clrt_context *x, int seq_len) {
   clrt_model *m = x->m;
@@ -238,12 +238,12 @@ int model_rope_choose(clrt_context *x, int seq_len) {
     return 0;
   }
   if (c->rope_scaling != CLRT_ROPE_DYNAMIC || seq_len <= c->max_position_embeddings) return 0;
-  int D = c->head_dim;
+  int D = c->rope_dim;
   size_t n = (size_t)seq_len * (size_t)(D / 2);
   if (x->rope_dyn_len != seq_len || (m->device != CLRT_CPU && (!x->rope_dyn_dev || x->rope_dyn_dev->device != m->device))) {
     float inv[256], *ct, *st;
     if (D / 2 > 256) {
-      clrt_set_error("model: dynamic RoPE takes head_dim up to 512 (got %d)", D);
+      clrt_set_error("model: dynamic RoPE rotates up to 512 dimensions of a head (got %d)", D);
       return -1;
     }
     model_rope_inv_freq(c, seq_len, inv);

@@ -38,8 +38,8 @@ static void layer_backward(clrt_model *m, acts *a, int l, const float *x, int B,
   } else {
     PROF(CLRT_K_ATTN_B, op->attention_backward(m, a, A, B, T, model_layer_window(m, l)));
     PROF(CLRT_K_ROPE, {
-      op->rope_backward(a->dq, a->cx->rope_c, a->cx->rope_s, NULL, B, T, H, D);
-      op->rope_backward(a->dk, a->cx->rope_c, a->cx->rope_s, NULL, B, T, KV, D);
+      op->rope_backward(a->dq, a->cx->rope_c, a->cx->rope_s, NULL, B, T, H, D, m->cfg.rope_dim);
+      op->rope_backward(a->dk, a->cx->rope_c, a->cx->rope_s, NULL, B, T, KV, D, m->cfg.rope_dim);
     });
   }
   float *dq = a->dq, *dk = a->dk;

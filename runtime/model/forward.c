@@ -47,8 +47,8 @@ static void layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, cons
     if (s->pack) {
       model_pack_rope(a->cx, s->pack, A->q, A->k, 0);
     } else {
-      op->rope(A->q, a->cx->rope_c, a->cx->rope_s, s->pos0, B, T, H, D);
-      op->rope(A->k, a->cx->rope_c, a->cx->rope_s, s->pos0, B, T, KV, D);
+      op->rope(A->q, a->cx->rope_c, a->cx->rope_s, s->pos0, B, T, H, D, m->cfg.rope_dim);
+      op->rope(A->k, a->cx->rope_c, a->cx->rope_s, s->pos0, B, T, KV, D, m->cfg.rope_dim);
     }
   });
   attn_args at = {B, T, H, KV, D, model_layer_window(m, l), s->pos0, NULL, (int64_t)T * KV * D};

@@ -38,8 +38,8 @@ void gemma3_layer_forward(clrt_model *m, acts *a, const fwd_step *s, int l, cons
     op->rmsnorm_unit(A->k, A->krstd, A->kpre, PW(m, o->kn), N * KV, D, eps);
   });
   PROF(CLRT_K_ROPE, {
-    op->rope(A->q, rc, rs, s->pos0, B, T, H, D);
-    op->rope(A->k, rc, rs, s->pos0, B, T, KV, D);
+    op->rope(A->q, rc, rs, s->pos0, B, T, H, D, m->cfg.rope_dim);
+    op->rope(A->k, rc, rs, s->pos0, B, T, KV, D, m->cfg.rope_dim);
   });
   attn_args at = {B, T, H, KV, D, window, s->pos0, NULL, (int64_t)T * KV * D};
   const float *keys = A->k, *vals = A->v;
@@ -97,8 +97,8 @@ void gemma3_layer_backward(clrt_model *m, acts *a, int l, const float *x, int B,
   PROF(CLRT_K_ATTN_B, op->attention_scaled_backward(m, a, A, B, T, window, score_scale(c),
                                                     (float)c->attn_logit_softcapping));
   PROF(CLRT_K_ROPE, {
-    op->rope_backward(a->dq, rc, rs, NULL, B, T, H, D);
-    op->rope_backward(a->dk, rc, rs, NULL, B, T, KV, D);
+    op->rope_backward(a->dq, rc, rs, NULL, B, T, H, D, m->cfg.rope_dim);
+    op->rope_backward(a->dk, rc, rs, NULL, B, T, KV, D, m->cfg.rope_dim);
   });
   /* datt is spent: it takes dL/dq before the q norm; dk2 takes dL/dk before the k norm. */
   op->zero(a->datt, (size_t)(N * H * D));

@@ -387,9 +387,9 @@ struct model_ops {
   void (*rmsnorm_backward)(float *dx, float *dw, const float *dout, const float *x, const float *w,
                            const float *rstd, int64_t N, int C);
   void (*rope)(float *x, const float *cos_t, const float *sin_t, const int32_t *pos0, int B, int T,
-               int nh, int D);
+               int nh, int D, int R);
   void (*rope_backward)(float *dx, const float *cos_t, const float *sin_t, const int32_t *pos0,
-                        int B, int T, int nh, int D);
+                        int B, int T, int nh, int D, int R);
   void (*attention)(const clrt_model *m, acts *a, float *out, float *lse, const float *q,
                     const float *k, const float *v, const attn_args *s);
   void (*attention_backward)(const clrt_model *m, acts *a, const layer_acts *A, int B, int T, int window);

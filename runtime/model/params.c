@@ -51,6 +51,11 @@ static int validate_config(const clrt_model_config *c) {
     clrt_set_error("model: config.json: head_dim (%d) must be even for RoPE", c->head_dim);
     return -1;
   }
+  if (c->rope_dim < 0 || c->rope_dim % 2 || c->rope_dim > c->head_dim) {
+    clrt_set_error("model: config.json: the rotated dimensions (head_dim x partial_rotary_factor = %d) must be "
+                   "even and at most head_dim (%d)", c->rope_dim, c->head_dim);
+    return -1;
+  }
   if (!(c->rms_norm_eps > 0) || !(c->rope_theta > 0)) {
     clrt_set_error("model: config.json: rms_norm_eps and rope_theta must be positive");
     return -1;
@@ -80,12 +85,13 @@ static int validate_config(const clrt_model_config *c) {
                    "and attention_factor >= 0");
     return -1;
   }
+  int R = c->rope_dim ? c->rope_dim : c->head_dim;
   if (c->rope_scaling == CLRT_ROPE_LONGROPE) {
-    if (c->head_dim / 2 > 256) {
-      clrt_set_error("model: config.json: longrope takes head_dim up to 512 (got %d)", c->head_dim);
+    if (R / 2 > 256) {
+      clrt_set_error("model: config.json: longrope rotates up to 512 dimensions of a head (got %d)", R);
       return -1;
     }
-    for (int i = 0; i < c->head_dim / 2; i++)
+    for (int i = 0; i < R / 2; i++)
       if (!(c->rope_short_factor[i] > 0) || !(c->rope_long_factor[i] > 0)) {
         clrt_set_error("model: config.json: longrope's short_factor and long_factor must be positive (pair %d)", i);
         return -1;
@@ -118,6 +124,7 @@ clrt_model *model_params_new(const clrt_model_config *cfg) {
   clrt_model *m = calloc(1, sizeof *m);
   if (!m) goto oom;
   m->cfg = *cfg;
+  if (!m->cfg.rope_dim) m->cfg.rope_dim = m->cfg.head_dim;   /* from here on every table is rope_dim / 2 wide */
   if (model_context_init(m)) {
     clrt_model_free(m);
     return NULL;
@@ -131,9 +138,9 @@ clrt_model *model_params_new(const clrt_model_config *cfg) {
   int cap = 18 * L + 4;
   m->p = calloc((size_t)cap, sizeof *m->p);
   m->layer = calloc((size_t)L, sizeof *m->layer);
-  m->inv_freq = calloc((size_t)c->head_dim / 2, sizeof(float));
-  if (c->gemma3) m->inv_freq_local = calloc((size_t)c->head_dim / 2, sizeof(float));
-  if (c->rope_scaling == CLRT_ROPE_LONGROPE) m->inv_freq_long = calloc((size_t)c->head_dim / 2, sizeof(float));
+  m->inv_freq = calloc((size_t)c->rope_dim / 2, sizeof(float));
+  if (c->gemma3) m->inv_freq_local = calloc((size_t)c->rope_dim / 2, sizeof(float));
+  if (c->rope_scaling == CLRT_ROPE_LONGROPE) m->inv_freq_long = calloc((size_t)c->rope_dim / 2, sizeof(float));
   if (!m->p || !m->layer || !m->inv_freq || (c->gemma3 && !m->inv_freq_local) ||
       (c->rope_scaling == CLRT_ROPE_LONGROPE && !m->inv_freq_long))
     goto oom;
@@ -308,7 +315,7 @@ size_t clrt_model_memory(const clrt_model *m, int arena) {
     case CLRT_ARENA_GRADS: return (m->grads ? m->grads->bytes : 0) + (m->lora ? m->lora->grads->bytes : 0);
     case CLRT_ARENA_ACTIVATIONS:
       return (m->ctx && m->ctx->acts ? m->ctx->acts->bytes : 0) +
-             (m->cfg.gemma3 ? 4 : 2) * sizeof(float) * (size_t)m->rope_len * (size_t)(m->cfg.head_dim / 2);
+             (m->cfg.gemma3 ? 4 : 2) * sizeof(float) * (size_t)m->rope_len * (size_t)(m->cfg.rope_dim / 2);
     default: return 0;
   }
 }

@@ -29,12 +29,12 @@ double model_rope_attention_factor(const clrt_model_config *c) {
   return 1.0;
 }
 
-/* inv_freq [D/2] for a call whose positions reach seq_len (0: the model's own tables), by the
-   config's scaling (transformers' rope_init functions, modeling_rope_utils). Only longrope
-   (short or long factors) and dynamic (the base grown past max_position_embeddings) depend on
-   seq_len. */
+/* inv_freq [R/2] (R = rope_dim, the rotated dimensions: transformers' dim) for a call whose
+   positions reach seq_len (0: the model's own tables), by the config's scaling (transformers'
+   rope_init functions, modeling_rope_utils). Only longrope (short or long factors) and dynamic
+   (the base grown past max_position_embeddings) depend on seq_len. */
 void model_rope_inv_freq(const clrt_model_config *c, int seq_len, float *inv) {
-  int D = c->head_dim, half = D / 2;
+  int D = c->rope_dim ? c->rope_dim : c->head_dim, half = D / 2;
   double base = c->rope_theta;
   int dyn = c->rope_scaling == CLRT_ROPE_DYNAMIC && seq_len > c->max_position_embeddings;
   if (dyn) {   /* f32 like transformers, whose forward passes the length as a tensor */

@@ -149,11 +149,11 @@ void model_pack_rope(const clrt_context *x, const model_pack *pk, float *q, floa
     const int32_t *pos = s->prefix >= 0 ? &p0 : NULL;
     float *qs = q + (int64_t)s->start * H * D, *ks = k + (int64_t)s->start * KV * D;
     if (backward) {
-      op->rope_backward(qs, x->rope_c, x->rope_s, pos, 1, s->len, H, D);
-      op->rope_backward(ks, x->rope_c, x->rope_s, pos, 1, s->len, KV, D);
+      op->rope_backward(qs, x->rope_c, x->rope_s, pos, 1, s->len, H, D, m->cfg.rope_dim);
+      op->rope_backward(ks, x->rope_c, x->rope_s, pos, 1, s->len, KV, D, m->cfg.rope_dim);
     } else {
-      op->rope(qs, x->rope_c, x->rope_s, pos, 1, s->len, H, D);
-      op->rope(ks, x->rope_c, x->rope_s, pos, 1, s->len, KV, D);
+      op->rope(qs, x->rope_c, x->rope_s, pos, 1, s->len, H, D, m->cfg.rope_dim);
+      op->rope(ks, x->rope_c, x->rope_s, pos, 1, s->len, KV, D, m->cfg.rope_dim);
     }
   }
 }

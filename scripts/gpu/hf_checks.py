@@ -139,11 +139,21 @@ ARCHS = {
                                          rope_scaling={"type": "longrope",
                                                        "short_factor": [1.0, 1.02, 1.1, 1.3, 1.6, 2.0, 2.4, 2.8],
                                                        "long_factor": [1.0, 1.3, 2.2, 4.1, 7.7, 12.0, 19.0, 31.0]})),
+    # Phi-4-mini's partial rotary: 12 of head_dim 16 rotate (its 96 of 128), 6 pairs of factors
+    "phi3_partial": ("Phi3Config", dict(vocab_size=108, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                        original_max_position_embeddings=32, rms_norm_eps=1e-5, rope_theta=10000.0,
+                                        partial_rotary_factor=0.75, tie_word_embeddings=True, pad_token_id=0,
+                                        bos_token_id=1, eos_token_id=2,
+                                        rope_scaling={"type": "longrope",
+                                                      "short_factor": [1.0, 1.05, 1.2, 1.5, 1.9, 2.4],
+                                                      "long_factor": [1.0, 1.6, 3.4, 7.5, 15.0, 30.0]})),
 }
 CLRT_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
               "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM", "llama_yarn": "LlamaForCausalLM",
-              "qwen2_dynamic": "Qwen2ForCausalLM", "phi3_longrope": "Phi3ForCausalLM"}
-MODEL_TYPES = {"llama_yarn": "llama", "qwen2_dynamic": "qwen2", "phi3_longrope": "phi3"}
+              "qwen2_dynamic": "Qwen2ForCausalLM", "phi3_longrope": "Phi3ForCausalLM",
+              "phi3_partial": "Phi3ForCausalLM"}
+MODEL_TYPES = {"llama_yarn": "llama", "qwen2_dynamic": "qwen2", "phi3_longrope": "phi3", "phi3_partial": "phi3"}
 # the token counts compared: 14, and for the RoPE variants 48 too (past 32)
 LENGTHS = {a: (14, 48) if a in MODEL_TYPES else (14,) for a in ARCHS}
 

@@ -169,22 +169,27 @@ static void test_rmsnorm(void) {
   cmp_dev("rmsnorm backward dw", d_dw, dw, C, 1e-5);
 }
 
-static void test_rope(void) {
+/* R: the rotated dimensions of each D-dimensional head (D: all; fewer: partial rotary). */
+static void test_rope_dims(int R) {
   int B = 3, T = 5, nh = 3, D = 18, P = 32;
   float inv[9], cs[32 * 9], sn[32 * 9];
-  for (int i = 0; i < D / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / D);
-  clrt_rope_table(cs, sn, inv, P, D);
+  for (int i = 0; i < R / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / R);
+  clrt_rope_table(cs, sn, inv, P, R);
   int32_t pos0[3] = {4, 0, 27};
   size_t n = (size_t)B * T * nh * D;
   float *x = randv(n, 1);
-  float *d_x = upf(x, n), *d_cs = upf(cs, P * D / 2), *d_sn = upf(sn, P * D / 2);
+  float *d_x = upf(x, n), *d_cs = upf(cs, P * R / 2), *d_sn = upf(sn, P * R / 2);
   int32_t *d_pos = up(pos0, sizeof pos0);
-  clrt_rope_forward(x, cs, sn, pos0, B, T, nh, D);
-  clrt_cuda_rope_forward(d_x, d_cs, d_sn, d_pos, B, T, nh, D);
-  cmp_dev("rope forward", d_x, x, n, 1e-6);
-  clrt_rope_backward(x, cs, sn, NULL, B, T, nh, D);
-  clrt_cuda_rope_backward(d_x, d_cs, d_sn, NULL, B, T, nh, D);
-  cmp_dev("rope backward", d_x, x, n, 1e-6);
+  clrt_rope_forward(x, cs, sn, pos0, B, T, nh, D, R);
+  clrt_cuda_rope_forward(d_x, d_cs, d_sn, d_pos, B, T, nh, D, R);
+  cmp_dev(R == D ? "rope forward" : "partial rope forward", d_x, x, n, 1e-6);
+  clrt_rope_backward(x, cs, sn, NULL, B, T, nh, D, R);
+  clrt_cuda_rope_backward(d_x, d_cs, d_sn, NULL, B, T, nh, D, R);
+  cmp_dev(R == D ? "rope backward" : "partial rope backward", d_x, x, n, 1e-6);
+}
+static void test_rope(void) {
+  test_rope_dims(18);
+  test_rope_dims(12);
 }
 
 static void test_attention(int B, int T, int H, int KV, int D) {

@@ -308,30 +308,40 @@ static void test_rmsnorm(void) {
 
 /* ---- rope ---------------------------------------------------------------------------------- */
 enum { RB = 2, RT = 5, RH = 3, RD = 8 };
-typedef struct { float *x, *y, *cs, *sn, *R; int32_t *pos0; } rope_ctx;
+typedef struct { float *x, *y, *cs, *sn, *R; int32_t *pos0; int rd; } rope_ctx;
 static double rope_loss(void *p) {
   rope_ctx *c = p;
   memcpy(c->y, c->x, sizeof(float) * RB * RT * RH * RD);
-  clrt_rope_forward(c->y, c->cs, c->sn, c->pos0, RB, RT, RH, RD);
+  clrt_rope_forward(c->y, c->cs, c->sn, c->pos0, RB, RT, RH, RD, c->rd);
   return dotv(c->y, c->R, RB * RT * RH * RD);
 }
-static void test_rope(void) {
-  int n = RB * RT * RH * RD, P = 16;
+/* rd: the rotated dimensions (RD: the whole head; fewer: partial rotary, the rest unchanged). */
+static void test_rope_dims(int rd) {
+  int n = RB * RT * RH * RD, P = 16, half = rd / 2;
   float inv[RD / 2] = {1.0f, 0.3f, 0.05f, 0.001f};
   int32_t pos0[RB] = {0, 7};
-  rope_ctx c = {randv((size_t)n, 1), zerov((size_t)n), zerov((size_t)P * RD / 2), zerov((size_t)P * RD / 2), randv((size_t)n, 1), pos0};
-  clrt_rope_table(c.cs, c.sn, inv, P, RD);
+  rope_ctx c = {randv((size_t)n, 1), zerov((size_t)n), zerov((size_t)P * half), zerov((size_t)P * half), randv((size_t)n, 1), pos0, rd};
+  clrt_rope_table(c.cs, c.sn, inv, P, rd);
   float *dx = malloc(sizeof(float) * (size_t)n);
   memcpy(dx, c.R, sizeof(float) * (size_t)n);
-  clrt_rope_backward(dx, c.cs, c.sn, pos0, RB, RT, RH, RD);
-  fd_check("rope dx", rope_loss, &c, c.x, dx, (size_t)n, 1, 1e-2f, 1e-3);
-  /* rotate-half: element i pairs with i + D/2 at angle pos * inv[i] */
+  clrt_rope_backward(dx, c.cs, c.sn, pos0, RB, RT, RH, RD, rd);
+  fd_check(rd == RD ? "rope dx" : "partial rope dx", rope_loss, &c, c.x, dx, (size_t)n, 1, 1e-2f, 1e-3);
+  /* rotate-half over the first rd: element i pairs with i + rd/2 at angle pos * inv[i] */
   rope_loss(&c);
-  int b = 1, t = 2, h = 1, i = 1;
+  int b = 1, t = 2, h = 1;
   const float *xv = c.x + ((b * RT + t) * RH + h) * RD;
-  double a = (7 + t) * (double)inv[i];
-  CHECK_NEAR(c.y[((b * RT + t) * RH + h) * RD + i], xv[i] * cos(a) - xv[i + RD / 2] * sin(a), 1e-5);
+  const float *yv = c.y + ((b * RT + t) * RH + h) * RD;
+  for (int i = 0; i < half; i++) {
+    double a = (7 + t) * (double)inv[i];
+    CHECK_NEAR(yv[i], xv[i] * cos(a) - xv[i + half] * sin(a), 1e-5);
+    CHECK_NEAR(yv[i + half], xv[i + half] * cos(a) + xv[i] * sin(a), 1e-5);
+  }
+  for (int i = rd; i < RD; i++) CHECK(yv[i] == xv[i]);   /* past the rotated dimensions: as they were */
   free(c.x); free(c.y); free(c.cs); free(c.sn); free(c.R); free(dx);
+}
+static void test_rope(void) {
+  test_rope_dims(RD);
+  test_rope_dims(RD - 2);   /* Phi-4-mini's kind: 96 of 128 rotate */
 }
 
 /* ---- attention ------------------------------------------------------------------------------ */

@@ -44,6 +44,7 @@ local want = {
   ["Qwen3-0.6B"] = { eos = { 151645, 151643 }, rope = 0, window = nil, defaults = { temperature = 0.6, top_p = 0.95, top_k = 20 } },
   ["Mistral-7B-Instruct-v0.3"] = { eos = { 2 }, rope = 0, window = nil, defaults = { temperature = 0 } },
   ["Phi-3.5-mini-instruct"] = { eos = { 32007, 32001, 32000 }, rope = 4, window = nil, pad = 32000, defaults = { temperature = 0 } },
+  ["Phi-4-mini-instruct"] = { eos = { 200020, 199999 }, rope = 4, window = nil, pad = 199999, defaults = { temperature = 0 }, rope_dim = 96 },
   ["gemma-3-1b-it"] = { eos = { 1, 106 }, rope = 0, window = 512, pattern = 6, pad = 0,
     defaults = { temperature = 1.0, top_p = 0.95, top_k = 64 } },
 }
@@ -60,6 +61,7 @@ for _, name in ipairs(names) do
     T.eq(c.sliding_window, w.window, "sliding window")
     if w.pattern then T.eq(c.sliding_window_pattern, w.pattern, "Gemma 3 layer pattern") end
     T.eq(c.padding_idx, w.pad, "padding_idx")
+    T.eq(c.rope_dim, w.rope_dim or c.head_dim, "rotated dimensions of a head")
     local gc = GC.read(hf .. name)
     T.eq(gc.eos_ids, w.eos, "generation_config's eos ids")
     T.eq(gc.defaults, w.defaults, "sampling defaults")
@@ -78,11 +80,25 @@ for _, name in ipairs(names) do
   end)
 end
 
-T.case("Phi-4-mini-instruct: refused by name (partial_rotary_factor 0.75 is not implemented)", function()
+T.case("partial_rotary_factor: Phi-4-mini's 0.75 rotates 96 of 128; a factor outside (0, 1] or odd dimensions are one line", function()
   local cfg = read("Phi-4-mini-instruct", "config.json")
-  local okp, err = pcall(clrt.model.parse_config, cfg, "Phi-4-mini-instruct/config.json")
-  T.ok(not okp and tostring(err):find("partial_rotary_factor", 1, true), tostring(err))
-  T.eq(GC.read(hf .. "Phi-4-mini-instruct").eos_ids, { 200020, 199999 })
+  T.eq(clrt.model.parse_config(cfg, "config.json").rope_dim, 96)
+  local function with(prf)
+    local c = {}
+    for k, v in pairs(cfg) do c[k] = v end
+    c.partial_rotary_factor = prf
+    local okp, err = pcall(clrt.model.parse_config, c, "Phi-4-mini-instruct/config.json")
+    return okp, tostring(err)
+  end
+  for _, prf in ipairs({ 0, 1.5, -0.5, "half" }) do
+    local okp, err = with(prf)
+    T.ok(not okp and err:find("partial_rotary_factor", 1, true) and err:find("config.json", 1, true), tostring(prf) .. ": " .. err)
+  end
+  local okp, err = with(0.7)   -- int(128 * 0.7) = 89: odd
+  T.ok(not okp and err:find("89", 1, true), err)
+  -- 1.0 rotates the whole head: longrope's lists then need 64 factors, not Phi-4-mini's 48
+  okp, err = with(1.0)
+  T.ok(not okp and err:find("short_factor", 1, true) and err:find("64", 1, true), err)
 end)
 
 T.case("without generation_config.json nothing changes; a stop id beyond it is still the caller's", function()
@@ -130,8 +146,9 @@ T.case("absent keys take transformers' per-class defaults; rope_parameters wins 
   q.rope_parameters = { rope_type = "yarn", rope_theta = 5000000.0, factor = 4.0, original_max_position_embeddings = 32768 }
   local qc = clrt.model.parse_config(q, "q")
   T.eq({ qc.rope_theta, qc.rope_scaling, qc.rope_original_max_position }, { 5000000.0, 3, 32768 })
+  q.partial_rotary_factor = 1.0   -- a stale top-level key: rope_parameters' own wins
   q.rope_parameters.partial_rotary_factor = 0.5
-  T.raises(function() clrt.model.parse_config(q, "q") end, "partial_rotary_factor")
+  T.eq(clrt.model.parse_config(q, "q").rope_dim, 64, "Qwen3's head_dim 128 at rope_parameters' 0.5")
   gemma.rope_parameters = { full_attention = { rope_type = "default", rope_theta = 2000000.0 },
     sliding_attention = { rope_type = "default", rope_theta = 20000.0 } }
   gemma.rope_theta, gemma.rope_local_base_freq = 1000000, 10000

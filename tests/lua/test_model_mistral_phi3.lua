@@ -273,7 +273,13 @@ T.case("config.json: Phi-3-mini-4k's own keys load; rope_scaling it does not run
   for k, v in pairs(small) do lr[k] = v end
   lr.rope_scaling = { type = "longrope", long_factor = { 1, 2, 3, 4 }, short_factor = { 1, 1, 1, 1 } }
   T.eq(clrt.model.parse_config(lr, "phi3/config.json").rope_scaling, 4, "longrope loads")
-  refused(function(cfg) cfg.partial_rotary_factor = 0.75 end, "partial_rotary_factor")
+  -- partial rotary (Phi-4-mini's kind; test_model_rope.lua checks its rotation): head_dim 8 at
+  -- 0.75 rotates 6; 0.1 would rotate none (int(0.8)), which is refused
+  local pr = {}
+  for k, v in pairs(small) do pr[k] = v end
+  pr.partial_rotary_factor = 0.75
+  T.eq(clrt.model.parse_config(pr, "phi3/config.json").rope_dim, 6)
+  refused(function(cfg) cfg.partial_rotary_factor = 0.1 end, "partial_rotary_factor")
   refused(function(cfg) cfg.sliding_window = 0 end, "sliding_window")
   refused(function(cfg) cfg.sliding_window = "all" end, "sliding_window")
   refused(function(cfg) cfg.architectures = { "Phi3SmallForCausalLM" } end, "Phi3ForCausalLM")

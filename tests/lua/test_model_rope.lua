@@ -46,7 +46,7 @@ T.case("inverse frequencies and attention factors equal transformers' formulas a
   for _, name in ipairs(names) do
     local v = variants[name]
     local m = clrt.model.new(shrunk(v.config), { seed = 1 })
-    local half = m._c.head_dim / 2
+    local half = m._c.rope_dim / 2
     local inv, af = ffi.new("float[?]", half), ffi.new("double[1]")
     for _, call in ipairs(v.calls) do
       T.eq(C.clrt_model_rope_inv_freq(m.ptr, call.seq_len, inv, af), 0)
@@ -80,7 +80,7 @@ T.case("the variants differ from plain RoPE where transformers' do (the check ab
   T.ok(d.calls[#d.calls].inv_freq[2] ~= d.calls[1].inv_freq[2], "dynamic: the base grows past it")
 end)
 
-for _, name in ipairs({ "rope_yarn", "rope_longrope", "rope_dynamic" }) do
+for _, name in ipairs({ "rope_yarn", "rope_longrope", "rope_dynamic", "rope_partial" }) do
   local dir = fixtures .. name
   T.case(name .. ": log-probs and every gradient against PyTorch, within the original context and past it", function()
     local m = clrt.model.load(dir)
@@ -156,7 +156,7 @@ end)
 T.case("a decode past the switch length: a prefill of the whole row equals logprobs over it", function()
   -- transformers picks a call's frequencies by its own length; a one-call prefill is one call
   -- (dynamic's switch lies past max_position_embeddings, beyond which generate refuses to go)
-  for _, name in ipairs({ "rope_longrope" }) do
+  for _, name in ipairs({ "rope_longrope", "rope_partial" }) do
     local m = clrt.model.load(fixtures .. name)
     local e = clrt.safetensors.load(fixtures .. name .. "/expected.safetensors")
     local n = e.long_tokens:size(2)

@@ -1,6 +1,6 @@
-"""make_rope_fixtures.py — writes tests/fixtures/model/rope_{yarn,longrope,dynamic}/ (tiny
-models whose RoPE is yarn, longrope and dynamic NTK, from model_ref.py with rope_ref.py's
-frequencies) and tests/fixtures/model/rope_variants.json (the inverse frequencies and
+"""make_rope_fixtures.py — writes tests/fixtures/model/rope_{yarn,longrope,dynamic,partial}/
+(tiny models whose RoPE is yarn, longrope, dynamic NTK and longrope over part of the head, from
+model_ref.py with rope_ref.py's frequencies) and tests/fixtures/model/rope_variants.json (the inverse frequencies and
 attention factors of more configs, real published RoPE settings among them, at a short and a
 long call length).
 
@@ -39,6 +39,11 @@ MODELS = {
     "rope_longrope": dict(BASE, architectures=["Phi3ForCausalLM"], max_position_embeddings=128,
                           original_max_position_embeddings=32, rope_theta=10000.0, pad_token_id=0,
                           rope_scaling={"type": "longrope", "short_factor": SHORT, "long_factor": LONG_F}),
+    # Phi-4-mini's form with its partial rotary: 6 of head_dim 8 rotate (its 96 of 128), 3 pairs
+    "rope_partial": dict(BASE, architectures=["Phi3ForCausalLM"], max_position_embeddings=128,
+                         original_max_position_embeddings=32, rope_theta=10000.0, pad_token_id=0,
+                         partial_rotary_factor=0.75,
+                         rope_scaling={"type": "longrope", "short_factor": SHORT[:3], "long_factor": LONG_F[:3]}),
     "rope_dynamic": dict(BASE, architectures=["LlamaForCausalLM"], max_position_embeddings=48, rope_theta=10000.0,
                          rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
 }
@@ -100,8 +105,7 @@ def published():
         if os.path.exists(path):
             with open(path) as fh:
                 cfg = json.load(fh)
-            if cfg.get("partial_rotary_factor", 1.0) == 1.0:   # clrt refuses partial rotary by name
-                out["hf:" + name] = cfg
+            out["hf:" + name] = cfg
     q3 = dict(out["hf:Qwen3-0.6B"], rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                                     "original_max_position_embeddings": 32768})
     out["hf:Qwen3-0.6B+yarn"] = q3

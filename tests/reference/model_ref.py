@@ -105,7 +105,8 @@ def init_params(cfg, seed, dtype=torch.float64):
 # ---- RoPE ------------------------------------------------------------------------------------
 
 def inv_freq(cfg):
-    _, _, D = dims(cfg)
+    import rope_ref
+    D = rope_ref._dim(cfg)   # the rotated dimensions (partial_rotary_factor)
     theta = cfg.get("rope_theta", 10000.0)
     f = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
     rs = cfg.get("rope_scaling")
@@ -228,8 +229,9 @@ def log_softmax_all(cfg, P, tokens, linear=None):
             q = rmsnorm(q, P[p + "self_attn.q_norm.weight"], eps)
             k = rmsnorm(k, P[p + "self_attn.k_norm.weight"], eps)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        R = cos.shape[-1]   # partial rotary: the first R dimensions rotate, the rest pass
+        q = torch.cat([q[..., :R] * cos + rotate_half(q[..., :R]) * sin, q[..., R:]], dim=-1)
+        k = torch.cat([k[..., :R] * cos + rotate_half(k[..., :R]) * sin, k[..., R:]], dim=-1)
         k = k.repeat_interleave(H // KV, dim=1)   # repeat_kv
         v = v.repeat_interleave(H // KV, dim=1)
         s = (q @ k.transpose(-1, -2)) / math.sqrt(D)

@@ -26,8 +26,10 @@ import torch
 
 
 def _dim(cfg):
+    """The rotated dimensions: transformers' int(head_dim * partial_rotary_factor)."""
     H = cfg["num_attention_heads"]
-    return cfg.get("head_dim") or cfg["hidden_size"] // H
+    prf = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    return int((cfg.get("head_dim") or cfg["hidden_size"] // H) * prf)
 
 
 def _scaling(cfg):
@@ -101,7 +103,8 @@ def dynamic(cfg, seq_len):
 
 
 def inv_freq_for_call(cfg, seq_len):
-    """(inv_freq f32 [D/2], attention factor) of a forward over positions [0, seq_len)."""
+    """(inv_freq f32 [R/2], attention factor) of a forward over positions [0, seq_len); R the
+    rotated dimensions (_dim)."""
     _, kind = _scaling(cfg)
     if kind == "yarn":
         return yarn(cfg)
