@@ -6,6 +6,7 @@
  * engine writes chunk by chunk (server-sent events). The engine never blocks on a socket, and
  * a client that goes away is seen by the engine as a closed request on its next write. */
 #include "clrt.h"
+#include "front_door.h"
 
 #include <microhttpd.h>
 #include <arpa/inet.h>
@@ -57,6 +58,7 @@ typedef struct server_conn {
 
 struct clrt_server {
   struct MHD_Daemon *daemon;
+  front_door *door;             /* the listening socket: MHD sees a connection once its first line is a request line */
   server_conn *conns;           /* every open connection */
   int connections;              /* how many */
   int max_connections, header_timeout_s;
@@ -384,25 +386,28 @@ clrt_server *clrt_server_start(const char *host, int port, const clrt_server_lim
   s->header_timeout_s = lim.header_timeout_s;
   /* poll, not select: select stops at FD_SETSIZE (1024) descriptors. MHD itself refuses
      connections past the per-client limit and past the overall one plus a margin; within the
-     margin a request gets a 503 that says why. */
+     margin a request gets a 503 that says why. The front door (front_door.c) listens and hands
+     connections over, with the same limits for those still waiting for their first line. */
   s->daemon = MHD_start_daemon(
-      MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL,
-      (uint16_t)port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-      MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+      MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+          MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC,
+      0, NULL, NULL, on_request, s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
       s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)lim.idle_timeout_s,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned)(lim.max_connections + 64),
       MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)lim.max_per_client,
       MHD_OPTION_THREAD_STACK_SIZE, (size_t)512 * 1024, MHD_OPTION_STRICT_FOR_CLIENT, (int)1,
       MHD_OPTION_END);
-  if (!s->daemon) {
+  if (s->daemon)
+    s->door = front_door_start(&addr, s->daemon, lim.max_connections + 64, lim.max_per_client,
+                               lim.header_timeout_s, &s->port);
+  if (!s->door) {
     clrt_set_error("serve: cannot listen on %s:%d (address in use or not permitted)",
                    host ? host : "127.0.0.1", port);
+    if (s->daemon) MHD_stop_daemon(s->daemon);
     pthread_mutex_destroy(&s->mu);
     free(s);
     return NULL;
   }
-  const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
-  s->port = info ? info->port : port;
   s->watchdog_started = pthread_create(&s->watchdog, NULL, watchdog_main, s) == 0;
   return s;
 }
@@ -553,6 +558,7 @@ void clrt_server_stop(clrt_server *s) {
   pthread_cond_broadcast(&s->engine_cv);
   pthread_mutex_unlock(&s->mu);
   if (s->watchdog_started) pthread_join(s->watchdog, NULL);
+  front_door_stop(s->door);     /* no new connection reaches MHD from here */
   MHD_stop_daemon(s->daemon);   /* joins every connection thread */
   /* What the engine still held is no longer reachable by anyone. */
   while (s->live) {

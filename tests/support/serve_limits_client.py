@@ -150,23 +150,36 @@ def main():
                 break
         print(json.dumps({"closed_after": closed_at}))
     elif mode == "http":
-        def raw(data):
+        def raw(data, rest=None):
             s = socket.create_connection(("127.0.0.1", PORT))
             s.settimeout(5)
             s.sendall(data)
-            try:
-                out = s.recv(4096)
+            if rest is not None:   # the request line in two pieces, the second a moment later
+                time.sleep(0.3)
+                s.sendall(rest)
+            out = b""
+            try:   # to the end: the server closes after these answers
+                while True:
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        break
+                    out += chunk
             except OSError:
-                out = b""
+                pass
             s.close()
             status = out.split(b"\r\n", 1)[0].decode("latin-1")
             return status + " " + out.split(b"\r\n\r\n", 1)[-1].decode("latin-1") if b"\r\n\r\n" in out else status
         print(json.dumps({
-            "two_lengths": raw(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}"),
-            "same_lengths": raw(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n"),
+            "two_lengths": raw(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}"),
+            "same_lengths": raw(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n"),
             "garbage_line": raw(b"this is not http at all\r\n\r\n"),
             "extra_token": raw(b"GET /health HTTP/1.1 extra\r\nHost: x\r\n\r\n"),
             "no_version": raw(b"GET /health\r\n\r\n"),
+            "bare_token": raw(b"GARBAGE\r\n\r\n"),
+            "tls_hello": raw(bytes.fromhex("16030100a5010000a10303") + bytes(range(32))),
+            "binary": raw(b"\x00\xff\xfe\x7f\r\n\r\n"),
+            "leading_crlf": raw(b"\r\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+            "trickled": raw(b"GE", b"T /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
         }))
 
 
