@@ -52,12 +52,15 @@ D.tokenizer = config.optional("string")  -- a tokenizer folder (tokens_read coun
 -- their "token_amount" is tokens / 1000, clrt's tokens_read). reward.metric_weights, when
 -- set, replaces every type's weights.
 D.task_types = {
-  qa = { task_desc = "question answering",  -- math-hard (and abg-coqa) in examples/single_turn_ds
-    weights = config.map({ accuracy = 1, interactivity = 0.5, tokens_read = -0.5 }) },   -- math-hard: --metric_weights 1 0.5 -0.5
-  document = { task_desc = "document editing",   -- medium
-    weights = config.map({ bleu_score = 1, tokens_read = -0.1 }) },                      -- medium: --metric_weights 1 -0.1
-  code = { task_desc = "code generation",   -- bigcodebench
-    weights = config.map({ pass_rate = 1, tokens_read = -0.5 }) },                       -- bigcodebench: --metric_weights 1 -0.5
+  qa = { task_desc = "question answering",   -- math-hard's; weights: its example's --metric_weights 1 0.5 -0.5
+    weights = config.map({ accuracy = 1, interactivity = 0.5, tokens_read = -0.5 }),
+  },
+  document = { task_desc = "document editing",   -- medium's; weights: its example's --metric_weights 1 -0.1
+    weights = config.map({ bleu_score = 1, tokens_read = -0.1 }),
+  },
+  code = { task_desc = "code generation",   -- bigcodebench's; weights: its example's --metric_weights 1 -0.5
+    weights = config.map({ pass_rate = 1, tokens_read = -0.5 }),
+  },
 }
 D.reward.metric_weights = config.map({})   -- empty: each task type's weights (task_types.NAME.weights)
 D.reward.mode = "mean"                     -- multiturn_aware_reward: MR = sum_m w_m s_m per session; the score its mean over sessions
@@ -70,13 +73,13 @@ D.system_prompt_ratio = 0.0                -- --add_system_prompt_ratio 0: this 
 D.proactive_prompt_file = "proactive_system"   -- the proactive prompt (lua/prompts/; the authors' proact_instruction.txt)
 D.system_prompt_file = "collabllm_system"      -- the system prompt (the authors' system_prompt.txt)
 -- estimate=true: assistant turns a conversation is assumed to run (nil: max_messages / 2, an upper bound)
-D.estimate_turns = config.optional("number")
+D.estimate_turns = config.optional("number")   -- estimate=true: assistant turns per conversation (nil: the upper bound)
 D.tasks_in_flight = 8                      -- --max_gen_workers 8: conversations built at once (their turns batched)
 -- The futures of each candidate: --num_samples 3 conversations of --max_new_turns 4 messages
 -- after it (U A U A: two user and two assistant turns, the last assistant turn kept).
 D.rollout.num_repeat_rollouts = 3          -- --num_samples 3
 D.rollout.max_user_turns = 2               -- --max_new_turns 4 = U A U A
-D.rollout.max_assistant_turns = 2          -- (the same four messages)
+D.rollout.max_assistant_turns = 2          -- --max_new_turns 4 = U A U A
 D.rollout.temperature = 0.8                -- LLMCollaborator's default temperature 0.8 (the math and code examples; medium 0.9)
 D.rollout.max_new_tokens = 2048            -- LLMCollaborator's default max_tokens 2048
 D.rollout.token_budget = config.optional("number")   -- none: the authors bound a future by its turns only
@@ -84,10 +87,13 @@ D.rollout.token_budget = config.optional("number")   -- none: the authors bound 
 -- the futures' assistant turns, sampled with rollout.temperature, top_p, max_new_tokens and a
 -- seed per request). Priced, rate-limited and cached as sim_cfg is.
 D.assistant = { base_url = config.optional("string"),   -- nil: model= (or the world's start) through clrt's engine
-  model = "gpt-4o-mini",                   -- the example commands name gpt-4o
-  api_key_env = config.optional("string"), timeout = 120, max_retries = 5, backoff = 0.5, max_backoff = 30,
-  max_concurrency = 64, rpm = config.optional("number"), tpm = config.optional("number"),
-  price = config.optional("table"), cache = config.optional("boolean") }
+  api_key_env = config.optional("string"), -- the variable holding the key (OPENAI_API_KEY for OpenAI)
+  timeout = 120, max_retries = 5, backoff = 0.5, max_backoff = 30, max_concurrency = 64,   -- as sim_cfg's
+  rpm = config.optional("number"), tpm = config.optional("number"),   -- requests / tokens per minute
+  price = config.optional("table"),        -- {input, cached_input, output} $ per million tokens (nil: clrt.api.prices')
+  cache = config.optional("boolean"),      -- true: every reply cached (sampled replies would repeat)
+}
+D.assistant.model = "gpt-4o-mini"          -- the model the endpoint serves (the authors' example commands name gpt-4o)
 
 M.defaults = D
 
