@@ -279,7 +279,19 @@ function M.main(cfg)
     policy = m and train.policy.new(m, tok, cfg, cfg.seed) or engine.endpoint_policy(ctx.assistant, cfg) }
 
   local todo = {}
-  for _, s in ipairs(samples) do if not files.exists(conv_path(cfg.out, s.id)) then todo[#todo + 1] = s end end
+  for _, s in ipairs(samples) do
+    local p = conv_path(cfg.out, s.id)
+    if not files.exists(p) then todo[#todo + 1] = s
+    else
+      -- a file is for the task of its line: an input edited since would pair rows with other tasks
+      local ok, rec = pcall(json.decode, files.read(p), p)
+      if not ok or type(rec) ~= "table" then error(("%s: %s is unreadable (%s): remove it to build that task again"):format(WHO, p, tostring(rec)), 0) end
+      if rec.single_turn_prompt ~= s.single_turn_prompt then
+        error(("%s: %s was built from another task than line %d of input=%s now holds: the input changed; use another out="):format(
+          WHO, p, s.id, tostring(cfg.input or "(the world)")), 0)
+      end
+    end
+  end
   print(("%s: %d tasks (%d bad rows skipped), %d already built, %d to build -> %s"):format(WHO, #samples, bad,
     #samples - #todo, #todo, cfg.out))
   local budget = train.budget
@@ -312,7 +324,8 @@ function M.main(cfg)
           io.stderr:write(("%s: task %d: %s%s\n"):format(WHO, s.id, r.status:gsub("_", " "),
             r.error and (": " .. r.error) or ""))
         end
-        files.write_atomic(conv_path(cfg.out, s.id), json.encode({ conv_id = s.id, status = r.status, ended = r.ended,
+        files.write_atomic(conv_path(cfg.out, s.id), json.encode({ conv_id = s.id, single_turn_prompt = s.single_turn_prompt,
+          status = r.status, ended = r.ended,
           turns = r.turns, messages = r.messages, candidates = r.candidates, rows = json.array(r.rows) }) .. "\n")
       end
       line[#line + 1] = r.status

@@ -309,6 +309,25 @@ T.case("tasks in the four formats against a fake endpoint: no task reaches the a
   -- a deterministic endpoint and the same seed: the same rows
   run_build(fixture_args(root .. "/fixtures_again"))
   T.eq(T.read(root .. "/fixtures_again/multiturn.jsonl"), T.read(out .. "/multiturn.jsonl"))
+  -- budget.max_usd stops the build after a batch, resumable; a higher budget finishes it with the same rows
+  local budget_out = root .. "/fixtures_budget"
+  T.raises(function() run_build(fixture_args(budget_out, { "tasks_in_flight=2", "budget.max_usd=0.001" })) end,
+    "budget.max_usd=0.001 reached")
+  T.ok(#files.list(budget_out .. "/conversations") == 2, "the first batch's tasks are kept")
+  run_build(fixture_args(budget_out, { "tasks_in_flight=2", "budget.max_usd=10" }))
+  T.eq(T.read(budget_out .. "/multiturn.jsonl"), T.read(out .. "/multiturn.jsonl"), "resumed under a higher budget: the same rows")
+  local spent = json.decode(T.read(budget_out .. "/api_usage.json")).all
+  T.ok(spent.usd > 0.001, "the bill goes on from what was spent before")
+  -- an input edited under a build is refused, never paired with another task's conversations
+  local edited = root .. "/tasks_edited.jsonl"
+  files.copy(root .. "/tasks.jsonl", edited)
+  local a = fixture_args(root .. "/fixtures_edited", { "limit=2" })
+  a[1] = "input=" .. edited
+  run_build(a)
+  local lines = {}
+  for i = #FIXTURE, 1, -1 do lines[#lines + 1] = json.encode(FIXTURE[i]) end
+  files.write_atomic(edited, table.concat(lines, "\n") .. "\n")
+  T.raises(function() run_build(a) end, "was built from another task than line 1")
   -- estimate=true before anything is sent
   local n0 = #requests()
   local e = build.main(build.parse_args(fixture_args(root .. "/never", { "estimate=true" })))
