@@ -341,6 +341,7 @@ function M.main(cfg)
     end
   end
   local c = M.assemble(cfg.out, samples, counts)
+  if ctx.spend.total.all.calls > 0 then print(require("clrt.api.usage").line(ctx.spend.total)) end
   print(("%s: %d conversations, %d rows -> %s/multiturn.jsonl; %d tasks ended by the user at once, %d with every candidate failed (counts.json)")
     :format(WHO, c.conversations, c.rows, cfg.out, c.ended_at_once, c.candidates_failed))
   if c.conversations == 0 then
