@@ -9,8 +9,9 @@ local json = require("clrt.json")
 local M = {}
 
 -- Declarations' comments in Lua source: `key = value, -- comment` at any depth, under the
--- dotted path of the enclosing `name = {` lines (`M.rollout = {` counts as rollout): kept
--- for every tail of two names or more, and for the name alone at a table's first level.
+-- dotted path of the enclosing `name = {` lines (`M.rollout = {` counts as rollout; a line
+-- `D.rollout.n = 8` as rollout.n): kept for every tail of two names or more, and for the name
+-- alone at a table's first level.
 function M.comments(text, into)
   into = into or { path = {}, leaf = {} }
   local stack = {}
@@ -28,16 +29,23 @@ function M.comments(text, into)
         for k in body:gsub("%-%-.*$", ""):gmatch("([%a_][%w_]*)%s*=") do inner = k end
       end
       if comment and comment ~= "" and not in_preset then
-        local where, name = stack, key
+        local where, name, dotted_line = stack, key, false
         if inner then
           where = { unpack(stack) }
           where[#where + 1], name = key, inner
+        elseif #stack == 0 and select(2, dotted:gsub("%.", "")) >= 2 then
+          -- `D.rollout.temperature = 0.8  -- why`: the path after the table's own name
+          where = {}
+          for part in dotted:gmatch("[%w_]+") do where[#where + 1] = part end
+          table.remove(where, 1)
+          where[#where] = nil
+          dotted_line = true   -- a path only: its last name alone is another table's key
         end
         for i = 1, #where do
           local p = table.concat(where, ".", i) .. "." .. name
           into.path[p] = into.path[p] or comment
         end
-        if #where <= 1 then into.leaf[name] = into.leaf[name] or comment end
+        if #where <= 1 and not dotted_line then into.leaf[name] = into.leaf[name] or comment end
       end
       local opens = select(2, rest:gsub("{", "")) - select(2, rest:gsub("}", ""))
       if opens > 0 then stack[#stack + 1] = key end

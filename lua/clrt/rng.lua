@@ -8,12 +8,22 @@
 --   r:int(a, b)       -- integer in [a, b]
 --   r:normal()        -- standard normal (Box-Muller)
 --   r:state() / clrt.rng.from_state(s) / r:set_state(s)
+--   clrt.rng.seed_of(seed, key) -- a request's 31-bit seed from a run seed and who asks
 local bit = require("bit")
 local band, bor, bxor, lshift, rshift, tobit = bit.band, bit.bor, bit.bxor, bit.lshift, bit.rshift, bit.tobit
 
 local M = {}
 local R = {}
 R.__index = R
+
+-- A 31-bit seed from a run seed and a text key (FNV-1a over both): the `seed` an API request
+-- carries, so the same run seed and key (clrt.sched's seed_key) ask the same sample.
+function M.seed_of(seed, key)
+  local h = 2166136261
+  local s = tostring(seed or 0) .. "\0" .. tostring(key or "")
+  for i = 1, #s do h = tobit(bxor(h, s:byte(i)) * 16777619 % 4294967296) end
+  return band(h, 0x7fffffff)
+end
 
 local function u32(x) -- signed 32-bit (bit ops) -> [0, 2^32)
   x = tobit(x)

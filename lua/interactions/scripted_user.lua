@@ -9,10 +9,26 @@
 --                                          the answer is right or not (the metrics judge it)
 -- A question is about the fact when it contains the sample's clarifying question
 -- (`sample.ask`) or one of `sample.slot_keywords` as a whole word.
+-- The sample's own fields win; a row read from a data set (process_dataset's RL rows, made by
+-- recipes/build_dataset.lua from the world's tasks) carries them in single_turn_metadata.
 -- Plug-in shape (same as metrics): respond(conversation, sample, ctx) -> text.
 local conv = require("clrt.conversation")
 
 local M = { name = "scripted_user" }
+
+M.HIDDEN = { "value", "ask", "slot_keywords", "underspecified", "opening" }
+
+-- The sample with what the user knows: its own fields, else those of single_turn_metadata.
+function M.knows(sample)
+  local meta = type(sample.single_turn_metadata) == "table" and sample.single_turn_metadata or nil
+  if not meta then return sample end
+  local missing = false
+  for _, k in ipairs(M.HIDDEN) do if sample[k] == nil and meta[k] ~= nil then missing = true end end
+  if not missing then return sample end
+  local out = setmetatable({}, { __index = sample })
+  for _, k in ipairs(M.HIDDEN) do if sample[k] == nil then out[k] = meta[k] end end
+  return out
+end
 
 M.TERMINATE = conv.TERMINATE
 M.IRRELEVANT = "That is not relevant."
@@ -51,6 +67,7 @@ end
 -- The second value says which rule answered, as an LLM user's "thought" would (the run's
 -- rollouts.jsonl shows it beside the user's turn; it is never part of the conversation).
 function M.respond(conversation, sample, ctx)
+  sample = M.knows(sample)
   if #conv.without_system(conversation) == 0 then return M.opening(sample), { thought = "opens with its request" } end
   local last = conversation[#conversation]
   if not last or last.role ~= "assistant" then

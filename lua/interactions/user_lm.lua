@@ -45,13 +45,8 @@ local function count(ctx, what)
   if type(c) == "table" then c[what] = (c[what] or 0) + 1 end
 end
 
--- A 31-bit seed from a run seed and a text key (FNV-1a over both).
-function M.seed_of(seed, key)
-  local h = 2166136261
-  local s = tostring(seed or 0) .. "\0" .. tostring(key or "")
-  for i = 1, #s do h = bit.tobit(bit.bxor(h, s:byte(i)) * 16777619 % 4294967296) end
-  return bit.band(h, 0x7fffffff)
-end
+-- A 31-bit seed from a run seed and a text key (clrt.rng.seed_of).
+M.seed_of = require("clrt.rng").seed_of
 
 -- The messages sent for the next user turn.
 function M.messages(conversation, sample, o)

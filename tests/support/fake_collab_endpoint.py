@@ -13,9 +13,12 @@ from response_format.json_schema.schema.properties (the request's own contract):
   "interactivity"     judge: three part scores from {1, 0.7, 0.3, 0} and their mean
   "final_completion"  extractor: for a code task (the prompt names an entry point) a correct or
                       a wrong implementation of task_func; otherwise a short document
-Choices depend on a hash of the request, so replies differ between conversations and rewards
-vary, yet a rerun sees the same answers. A request without response_format gets 400: every
-caller in a CollabLLM run is expected to ask for its schema. --delay-ms holds each reply for
+  model "fake-assistant" (no response_format: the policy of recipes/build_dataset.lua's
+                      assistant.base_url): a plain-text reply, a clarifying question or an answer
+Choices depend on a hash of the request (its seed included), so replies differ between
+conversations and rewards vary, yet a rerun sees the same answers. Any other request without
+response_format gets 400: every simulator and judge call in a CollabLLM run is expected to ask
+for its schema. --delay-ms holds each reply for
 a random time up to MAX ms (an unseeded draw), so replies come back in a different order in
 every run while their content stays a function of the request. --fixed-delay-ms holds each
 reply exactly MS ms (an API's latency, for bench/rl_step.lua; requests are served in parallel).
@@ -47,7 +50,16 @@ def pick(text, n):
     return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:8], 16) % n
 
 
+ASSISTANT_REPLIES = [
+    "Could you tell me which part matters most to you?",
+    "Here is my answer: the result is 7.",
+    "Here is a short draft you can edit: plans move to Saturday.",
+]
+
+
 def reply_for(body):
+    if body.get("model") == "fake-assistant" and not body.get("response_format"):
+        return ASSISTANT_REPLIES[pick(json.dumps(body, sort_keys=True), len(ASSISTANT_REPLIES))]
     rf = body.get("response_format") or {}
     schema = ((rf.get("json_schema") or {}).get("schema") or {})
     props = schema.get("properties") or {}
@@ -110,7 +122,7 @@ class Handler(BaseHTTPRequestHandler):
             got = json.dumps(body.get("response_format"))[:300]
             return self.send(400, {"error": {"message": "response_format json_schema expected, got " + got,
                                              "type": "invalid_request_error"}})
-        content = json.dumps(out)
+        content = out if isinstance(out, str) else json.dumps(out)
         self.send(200, {
             "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", "fake"),

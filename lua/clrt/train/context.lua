@@ -17,6 +17,8 @@
 --                      prompt_file (sim_cfg.prompt_file: another text than lua/prompts/);
 --                      (sim=user_lm) end_marker, intent_field, flip_roles (its header)
 --   judge              (judge.base_url set) client for the LLM judges, as `user`
+--   assistant          (not for plug-ins; assistant.base_url set: recipes/build_dataset.lua)
+--                      the client that proposes the assistant's turns, as `user`
 --   judge_options      judge.*: temperature (0), max_tokens (2048), top_p (nil: not sent),
 --                      extract_max_tokens (4096: an extraction carries a whole document),
 --                      parse_retries (1), response_format, max_chars (the "thought" only)
@@ -48,7 +50,8 @@ local function client(c, role, cache)
   local ranks = require("clrt.dist").world_size()
   -- one endpoint serves every data-parallel rank: each takes its part of the limits
   local function share(v) return v and math.max(1, math.floor(v / ranks)) end
-  if c.price ~= nil then require("clrt.api.prices").check(c.price, role == "user" and "sim_cfg.price" or "judge.price") end
+  local setting = ({ user = "sim_cfg", judge = "judge", assistant = "assistant" })[role] or role
+  if c.price ~= nil then require("clrt.api.prices").check(c.price, setting .. ".price") end
   return llm.client({ base_url = c.base_url, model = c.model, api_key_env = c.api_key_env,
     timeout = c.timeout, max_retries = c.max_retries, backoff = c.backoff, max_backoff = c.max_backoff,
     max_concurrency = share(c.max_concurrency), rpm = share(c.rpm), tpm = share(c.tpm), role = role, price = c.price,
@@ -96,6 +99,9 @@ function M.build(a)
     if s.prompt_file then require("clrt.prompt_file").read(s.prompt_file) end   -- a bad path fails now, not mid-run
   end
   if a.clients then ctx.judge = a.clients.judge elseif j.base_url then ctx.judge = client(j, "judge", cache) end
+  local asst = cfg.assistant
+  if a.clients then ctx.assistant = a.clients.assistant
+  elseif type(asst) == "table" and asst.base_url then ctx.assistant = client(M.local_priced(asst), "assistant", cache) end
   ctx.judge_options = { temperature = j.temperature, max_tokens = j.max_tokens, top_p = j.top_p,
     extract_max_tokens = j.extract_max_tokens, parse_retries = j.parse_retries,
     response_format = j.response_format, max_chars = j.max_chars }

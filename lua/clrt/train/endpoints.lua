@@ -1,5 +1,6 @@
 -- clrt.train.endpoints — before a run's first step, each API endpoint the run will call (the
--- simulated user's when it is an LLM, the judge's when a metric uses one) answers
+-- simulated user's when it is an LLM, the judge's when a metric uses one, the assistant's when
+-- an endpoint proposes the responses: recipes/build_dataset.lua) answers
 -- GET <base_url>/models and serves the model named: an endpoint that is down, a refused key
 -- or a misspelt model name is one line naming the setting, before minutes of rollouts. An
 -- endpoint without /models (404/405/501) is said once and not held against the run.
@@ -42,6 +43,7 @@ function M.check(ctx, metrics, cfg, who)
   local todo = {}
   if ctx.user and ctx.user.list_models then todo[#todo + 1] = { ctx.user, "sim_cfg" } end
   if ctx.judge and ctx.judge.list_models and uses_judge(metrics) then todo[#todo + 1] = { ctx.judge, "judge" } end
+  if ctx.assistant and ctx.assistant.list_models then todo[#todo + 1] = { ctx.assistant, "assistant" } end
   for _, t in ipairs(todo) do
     local key = t[1].base_url .. "\0" .. t[1].model
     if not seen[key] then

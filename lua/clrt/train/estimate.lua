@@ -1,6 +1,7 @@
 -- clrt.train.estimate — estimate=true: the calls, tokens and dollars a run will spend on its
 -- simulated user, judges and extractor, printed before anything loads or trains.
 --   local e = estimate.run(cfg, "rl" | "dpo" | "eval")   -- prints; returns the numbers
+--   local e = estimate.build(cfg, samples, types)         -- recipes/build_dataset.lua's engine
 --   estimate.run(cfg, kind, {assume = {assistant_turn = 120}})   -- other reply lengths (bench/)
 --   opts.world: the world whose prompts stand in when there is no data= (the recipe passes it)
 -- How: the number of calls follows from the config (prompts per step x rollout.n x
@@ -48,7 +49,9 @@ end
 -- {role =, prompt_tokens =, completion_tokens =}.
 -- paper: collabllm_eval's protocol=paper, where the user opens an empty chat (no first
 -- response) and each row is scored by its task_metric and the ITR metric only.
-local function future_requests(sample, cfg, user, ctx, metrics, turns, log, A, paper)
+-- asst: the assistant's turns are API calls too (build_dataset's assistant.base_url): each
+-- is recorded with the conversation before it as its prompt.
+local function future_requests(sample, cfg, user, ctx, metrics, turns, log, A, paper, asst)
   local R = cfg.rollout
   local a_tokens = math.min(R.max_new_tokens, A.assistant_turn)
   local conv = copy_messages(sample.prompt)
@@ -65,6 +68,9 @@ local function future_requests(sample, cfg, user, ctx, metrics, turns, log, A, p
     pcall(user.respond, conv, sample, ctx)
     take(function() return A.user_reply end)
     conv[#conv + 1] = { role = "user", content = filler(A.user_message) }
+    if asst then
+      out[#out + 1] = { role = "assistant", prompt_tokens = tokens_of(json.encode(conv)) + 3, completion_tokens = a_tokens }
+    end
     conv[#conv + 1] = { role = "assistant", content = filler(a_tokens) }
   end
   for _, m in ipairs(metrics) do
@@ -78,6 +84,21 @@ local function future_requests(sample, cfg, user, ctx, metrics, turns, log, A, p
     end
   end
   return out
+end
+
+-- The rows whose prompts size the estimate: k = min(SAMPLE_ROWS, #samples) of them by a seeded
+-- random choice (rows evenly spaced would see one kind only in a file that cycles through its
+-- sets); returns k and the order (its first k are the rows).
+local function sample_order(samples, seed)
+  local k = math.min(M.SAMPLE_ROWS, #samples)
+  local order = {}
+  for i = 1, #samples do order[i] = i end
+  local rng = require("clrt.data").rng.new(seed or 1)
+  for i = 1, k do
+    local j = i + rng:next32() % (#samples - i + 1)
+    order[i], order[j] = order[j], order[i]
+  end
+  return k, order
 end
 
 -- Per future, averaged over the sampled rows: {role = {calls, prompt_tokens, completion_tokens}}.
@@ -94,16 +115,7 @@ local function per_future(cfg, samples, turns, A, paper)
     for _, name in ipairs(cfg.metrics) do weights[name] = 1 end
   end
   local metrics = require("clrt.train.reward").load_metrics(weights)
-  local k = math.min(M.SAMPLE_ROWS, #samples)
-  -- a seeded random choice (rows evenly spaced would see one kind only in a file that cycles
-  -- through its sets)
-  local order = {}
-  for i = 1, #samples do order[i] = i end
-  local rng = require("clrt.data").rng.new(cfg.seed or 1)
-  for i = 1, k do
-    local j = i + rng:next32() % (#samples - i + 1)
-    order[i], order[j] = order[j], order[i]
-  end
+  local k, order = sample_order(samples, cfg.seed)
   local roles = {}
   for i = 1, k do
     local s = samples[order[i]]
@@ -119,7 +131,7 @@ local function per_future(cfg, samples, turns, A, paper)
 end
 
 local function price_of(cfg, role)
-  local c = role == "user" and cfg.sim_cfg or cfg.judge
+  local c = role == "user" and cfg.sim_cfg or role == "assistant" and cfg.assistant or cfg.judge
   return prices.lookup(c.model, c.price), c.model
 end
 
@@ -241,6 +253,81 @@ function M.run(cfg, kind, opts)
   for model in pairs(unpriced) do print(("no price for model %s: give judge.price / sim_cfg.price for its dollars"):format(model)) end
   e.steps, e.step_usd, e.run_usd, e.step_roles, e.run_roles = steps, step_usd, run_usd, step_roles, run_roles
   return e
+end
+
+-- recipes/build_dataset.lua's data engine (clrt.train.data_engine) over `samples` (its tasks;
+-- types: name -> {weights}): per conversation the user's opening call, then up to
+-- floor(max_messages / 2) assistant turns (cfg.estimate_turns: fewer, e.g. where users end
+-- earlier), turn t with a history of 2t - 1 messages of the assumed lengths: `candidates`
+-- assistant calls (with assistant.base_url; a local model costs nothing) and candidates x
+-- num_repeat_rollouts futures of max_user_turns user turns (their assistant turns too with
+-- an endpoint) scored by the task type's metrics. The user's next message is taken from a
+-- future (no call). Prints the tables; returns {conversation = roles, run = roles, usd}.
+function M.build(cfg, samples, types, opts)
+  local A = {}
+  for k, v in pairs(M.ASSUME) do A[k] = v end
+  for k, v in pairs(opts and opts.assume or {}) do A[k] = v end
+  local R = cfg.rollout
+  local asst = cfg.assistant and cfg.assistant.base_url ~= nil
+  print("build_dataset: estimate=true: the API calls, tokens and dollars to expect (nothing is sent)")
+  local log = {}
+  local clients = { user = recorder("user", log), judge = cfg.judge and cfg.judge.base_url and recorder("judge", log) or nil }
+  local ctx, user = require("clrt.train.context"){ config = cfg, clients = clients }
+  local metrics = {}
+  for name, t in pairs(types) do metrics[name] = require("clrt.train.reward").load_metrics(t.weights) end
+  local a_tokens = math.min(R.max_new_tokens, A.assistant_turn)
+  local max_turns = math.floor(cfg.max_messages / 2)
+  local turns = math.min(max_turns, cfg.estimate_turns or max_turns)
+  local n, K = cfg.candidates, R.num_repeat_rollouts
+  local extra = {}   -- candidate c's system message: the proactive or the system prompt's tokens
+  local pf = require("clrt.prompt_file")
+  for c = 1, n do
+    local v = require("clrt.train.data_engine").variant_of(c, n, cfg)
+    extra[c] = v == "proactive" and tokens_of(pf.read(cfg.proactive_prompt_file))
+      or v == "system" and tokens_of(pf.read(cfg.system_prompt_file)) or 0
+  end
+  local k, order = sample_order(samples, cfg.seed)
+  local roles = {}
+  local function add(r, times)
+    local t = roles[r.role] or { calls = 0, prompt_tokens = 0, completion_tokens = 0 }
+    roles[r.role] = t
+    t.calls = t.calls + times / k
+    t.prompt_tokens = t.prompt_tokens + r.prompt_tokens * times / k
+    t.completion_tokens = t.completion_tokens + r.completion_tokens * times / k
+  end
+  for i = 1, k do
+    local s = samples[order[i]]
+    pcall(user.respond, {}, s, ctx)   -- the opening
+    for _, r in ipairs(log) do r.completion_tokens = A.user_reply; add(r, 1) end
+    for j = #log, 1, -1 do log[j] = nil end
+    local history = { { role = "user", content = filler(A.user_message) } }
+    for _ = 1, turns do
+      local st = {}
+      for key, v in pairs(s) do st[key] = v end
+      st.prompt = history
+      for c = 1, asst and n or 0 do
+        add({ role = "assistant", prompt_tokens = tokens_of(json.encode(history)) + 3 + extra[c], completion_tokens = a_tokens }, 1)
+      end
+      for _, r in ipairs(future_requests(st, cfg, user, ctx, metrics[s.task_type], R.max_user_turns, log, A, false, asst)) do
+        add(r, n * K)
+      end
+      history = copy_messages(history)
+      history[#history + 1] = { role = "assistant", content = filler(a_tokens) }
+      history[#history + 1] = { role = "user", content = filler(A.user_message) }
+    end
+  end
+  local conv_usd = dollars(cfg, roles)
+  local run_roles = scaled(roles, #samples)
+  local run_usd, unpriced = dollars(cfg, run_roles)
+  print(("assumes: about 4 characters a token; every conversation running %d assistant turns (of at most %d%s); every "
+    .. "future running all its user turns; no retries; no reply-cache hits; replies of %s tokens; tasks sampled for the "
+    .. "prompts' sizes: %d of %d"):format(turns, max_turns, turns == max_turns and ": an upper bound, a user who ends earlier costs less"
+      or ", estimate_turns", json.encode(A), k, #samples))
+  print_table(("per conversation: %d candidates x %d futures a turn, %d user turns each%s"):format(n, K, R.max_user_turns,
+    asst and "" or "; the local model's turns cost nothing"), roles)
+  local total = print_table(("the build: %d conversations"):format(#samples), run_roles)
+  for model in pairs(unpriced) do print(("no price for model %s: give its price (sim_cfg.price, judge.price, assistant.price)"):format(model)) end
+  return { conversation = roles, run = run_roles, usd = run_usd, conversation_usd = conv_usd, total = total }
 end
 
 return M

@@ -12,11 +12,11 @@ local reward = require("clrt.train.reward")
 local M = {}
 
 -- Ctrl-C (which a scheduler task may have caught as its own error), or a 401/403 answer to
--- one of the run's own clients (ctx.user, ctx.judge: clrt.llm remembers it on the client),
+-- one of the run's own clients (ctx.user, ctx.judge, ctx.assistant: clrt.llm remembers it on the client),
 -- stops the run here with one line naming ctx.who, the recipe.
 function M.check_stop(ctx)
   interrupt.check()
-  for _, role in ipairs({ "user", "judge" }) do
+  for _, role in ipairs({ "user", "judge", "assistant" }) do
     local c = ctx and ctx[role]
     local auth = c and c.take_auth_error and c:take_auth_error()
     if auth then

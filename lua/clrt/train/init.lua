@@ -21,6 +21,8 @@
 --   clrt.train.ppo        the PPO update over clrt.train.update (SFT's is clrt.sft)
 --   clrt.train.budget     budget.max_usd: stop a run before its API spend passes the limit
 --   clrt.train.estimate   estimate=true: the calls, tokens and dollars a run will spend
+--   clrt.train.tasks      single-turn tasks (task, MATH, BigCodeBench, document rows) for the data engine
+--   clrt.train.data_engine the authors' multiturn data engine (recipes/build_dataset.lua)
 return setmetatable({}, {
   __index = function(t, k)
     if type(k) ~= "string" or not k:match("^[%a_][%w_]*$") then return nil end

@@ -6,6 +6,8 @@
 -- clrt.train.validation; whether the step failed is clrt.train.failure's to say.
 --   local conv, info = rollout.conversation(conv, policy, user, sample, ctx, opts)
 --   local entries, timing = rollout.step(m, tok, cfg, samples, ctx, user, metrics, step)
+--   local entries = rollout.first_responses(m, tok, cfg, samples, ctx, {key_of =, n_of =})  -- phase 1 alone
+--   rollout.score_candidates(entries, policy, tok, cfg, ctx, user, metrics, {key_of =})  -- phase 2: futures, scores
 -- cfg is the recipe's config (rollout, chat, seed, single_turn, dist); ctx and user come from
 -- clrt.train.context (ctx.who names the recipe in errors).
 local chat = require("clrt.chat")
@@ -99,13 +101,14 @@ function M.copy_conv(prompt, reply)
   return c
 end
 
--- Options of rollout.conversation from the config (the token budget counts user turns with `tok`).
+-- Options of rollout.conversation from the config (the token budget counts user turns with
+-- `tok`; with none, an endpoint's policy and no tokenizer, user turns count 0 against it).
 function M.rollout_opts(cfg, tok, first_tokens, seed_key)
   local R = cfg.rollout
   return { max_user_turns = R.max_user_turns, max_assistant_turns = R.max_assistant_turns,
     keep_last_assistant = R.keep_last_assistant, token_budget = R.token_budget, first_tokens = first_tokens,
     seed_key = seed_key,
-    count_tokens = function(text) return #tok:encode(text, { add_special_tokens = false }) end }
+    count_tokens = tok and function(text) return #tok:encode(text, { add_special_tokens = false }) end or nil }
 end
 
 -- Sample n first responses per prompt, roll K futures from each, score every conversation.
@@ -125,16 +128,46 @@ end
 -- the step's prompts on all ranks: `first` is this rank's first), response, future and turn,
 -- so a rerun with the same seed samples the same tokens whatever the HTTP timing.
 function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step, first)
-  local stop = chat.stop_ids(tok)
-  local R = cfg.rollout
-  local seed = cfg.seed
   first = first or 1
-  local ctx_len = policy_mod.context_len(m, R)
-  local ropts = policy_mod.render_opts(cfg)
   local t0 = clock()
   local cache0 = M.prefix_cache_totals(m)
   local engine0 = require("clrt.gen.scheduler").times(m)
-  -- Phase 1: first responses, all prompts in one batched generate.
+  local entries, info1 = M.first_responses(m, tok, cfg, samples, ctx, {
+    key_of = function(i) return ("rl/step %d/prompt %d"):format(step, first + i - 1) end,
+    progress = ("step %d: first responses, prompts"):format(step) })
+  local t_gen1 = clock() - t0
+  local info = M.score_candidates(entries, policy_mod.new(m, tok, cfg, cfg.seed), tok, cfg, ctx, user, metrics, {
+    key_of = function(e, k)
+      return ("rl/step %d/prompt %d/response %d/future %d"):format(step, first + e.group - 1, e.response, k)
+    end,
+    progress = ("step %d: futures and scores"):format(step) })
+  -- decode steps taken while a metric's program (pass_rate's tests) ran: the engine's work
+  -- that a blocking test run would have held back
+  local cache1 = M.prefix_cache_totals(m)
+  local prompt_tokens = cache1.prompt_tokens - cache0.prompt_tokens
+  local engine1 = require("clrt.gen.scheduler").times(m)
+  return entries, { generate_first_s = t_gen1, rollout_s = clock() - t0 - t_gen1,
+    engine_steps_during_tests = info and info.engine_steps_during_procs or 0,
+    -- the policy engine's seconds in prefills and in decode steps (sampling included), and the
+    -- seconds the rollouts waited on the simulator and judges with no engine work to do
+    prefill_s = math.max(0, engine1.prefill_s - engine0.prefill_s),
+    decode_s = math.max(0, engine1.decode_s - engine0.decode_s),
+    wait_http_s = ((info1 and info1.wait_http_s) or 0) + ((info and info.wait_http_s) or 0),
+    -- the share of the step's prompt tokens served from the prefix cache (nil: cache off)
+    prefix_cache_hit_rate = cache1.on and prompt_tokens > 0
+      and (cache1.cached_tokens - cache0.cached_tokens) / prompt_tokens or nil }
+end
+
+-- Phase 1: the first responses of every sample from the local model m, all prompts in one
+-- batched generate; entries in sample order (group = the sample's index, response = the
+-- sample's k-th). o.key_of(i): the random stream of sample i's responses (its n samples are
+-- that stream's); o.n_of(i): how many (rollout.n); o.progress: the progress line's label.
+-- Returns the entries and clrt.sched.run's info.
+function M.first_responses(m, tok, cfg, samples, ctx, o)
+  local stop = chat.stop_ids(tok)
+  local R = cfg.rollout
+  local ctx_len = policy_mod.context_len(m, R)
+  local ropts = policy_mod.render_opts(cfg)
   local fns = {}
   for i, s in ipairs(samples) do
     fns[i] = function()
@@ -143,47 +176,66 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step, first)
       -- rollout.quant=int8 (or train.async's worker: keep_logprobs): each token's
       -- temperature-1 log-probability under the weights that sampled it, for the update's
       -- importance weights
-      local outs = sched.generate(m, ids, { n = R.n, temperature = R.temperature, top_p = R.top_p,
+      local outs = sched.generate(m, ids, { n = o.n_of and o.n_of(i) or R.n, temperature = R.temperature, top_p = R.top_p,
         top_k = (R.top_k or 0) > 0 and R.top_k or nil,   -- rollout.top_k (0: all tokens)
-        max_new_tokens = room, stop = stop, tokenizer = tok, seed = seed,
-        seed_key = ("rl/step %d/prompt %d"):format(step, first + i - 1),
+        max_new_tokens = room, stop = stop, tokenizer = tok, seed = cfg.seed,
+        seed_key = o.key_of(i),
         top_logprobs = (R.quant == "int8" or R.keep_logprobs) and 0 or nil })
       return { ids = ids, outs = outs }
     end
   end
-  local firsts, errs, info1 = sched.run(fns, { progress = ("step %d: first responses, prompts"):format(step) })
+  local firsts, errs, info1 = sched.run(fns, { progress = o.progress })
   failure.check_stop(ctx)
   for i in pairs(errs) do
     error(("%s: sampling the first responses of prompt %d failed: %s"):format(ctx.who or "clrt.train.rollout", i, errs[i]), 0)
   end
-  local t_gen1 = clock() - t0
   local entries = {}
   for i, s in ipairs(samples) do
-    for r, o in ipairs(firsts[i].outs) do
-      local text = o.text or ""
-      local msg, valid, why = policy_mod.reply_message(cfg, text)
-      -- cut by the length limit, empty or malformed: rollout.cutoff_reward and no futures
-      local truncated = o.finish_reason ~= "stop" or not valid
+    for r, out in ipairs(firsts[i].outs) do
+      local text = out.text or ""
       local rollout_lp
-      if o.model_logprobs then
+      if out.model_logprobs then
         rollout_lp = {}
-        for j, t in ipairs(o.model_logprobs) do rollout_lp[j] = t.lp end
+        for j, t in ipairs(out.model_logprobs) do rollout_lp[j] = t.lp end
       end
-      entries[#entries + 1] = entry.new{ group = i, response = r, sample = s, prompt_ids = firsts[i].ids, tokens = o.tokens,
-        text = text, message = msg, logprobs_sampled = o.logprobs, logprobs_rollout = rollout_lp,
-        truncated = truncated,
-        cutoff_reward = truncated and R.cutoff_reward or nil,
-        invalid = o.finish_reason == "stop" and not valid and why or nil }
+      entries[#entries + 1] = M.first_entry(cfg, { group = i, response = r, sample = s, prompt_ids = firsts[i].ids,
+        tokens = out.tokens, text = text, finish_reason = out.finish_reason, logprobs_sampled = out.logprobs,
+        logprobs_rollout = rollout_lp })
     end
   end
-  -- Phase 2: futures (or the single turn) and their scores, every conversation its own task.
-  local policy = policy_mod.new(m, tok, cfg, seed)
+  return entries, info1
+end
+
+-- An entry (clrt.train.entry) from a sampled first response f = {group, response, sample,
+-- prompt_ids, tokens, text, finish_reason, logprobs_sampled, logprobs_rollout}: cut by the
+-- length limit, empty or malformed, it is truncated (rollout.cutoff_reward, no futures).
+function M.first_entry(cfg, f)
+  local msg, valid, why = policy_mod.reply_message(cfg, f.text)
+  local truncated = f.finish_reason ~= "stop" or not valid
+  return entry.new{ group = f.group, response = f.response, sample = f.sample, prompt_ids = f.prompt_ids, tokens = f.tokens,
+    text = f.text, message = msg, logprobs_sampled = f.logprobs_sampled, logprobs_rollout = f.logprobs_rollout,
+    truncated = truncated,
+    cutoff_reward = truncated and cfg.rollout.cutoff_reward or nil,
+    invalid = f.finish_reason == "stop" and not valid and why or nil }
+end
+
+-- Phase 2, the multiturn-aware reward's evidence: every entry that is not truncated gets
+-- rollout.num_repeat_rollouts futures (one, with no user turn, under single_turn) with the
+-- simulated user and `policy` (clrt.train.policy's shape: the local model, or any function
+-- of (conv, sample, key) -> message, tokens, finish_reason), each scored by every metric;
+-- every conversation its own clrt.sched task. The futures' conversations, scores and what is
+-- known of them go onto the entries (entry.add_future; a lost one: entry.drop). The RL and
+-- DPO steps (through M.step) and recipes/build_dataset.lua all score candidates here.
+-- o.key_of(e, k): who asks for future k of entry e (its turns' streams and its API bill's tag);
+-- o.progress: the progress line's label. Returns clrt.sched.run's info.
+function M.score_candidates(entries, policy, tok, cfg, ctx, user, metrics, o)
+  local R = cfg.rollout
   local jobs, owner = {}, {}
   for ei, e in ipairs(entries) do
     if not e.truncated then
       local K = cfg.single_turn and 1 or R.num_repeat_rollouts
       for k = 1, K do
-        local key = ("rl/step %d/prompt %d/response %d/future %d"):format(step, first + e.group - 1, e.response, k)
+        local key = o.key_of(e, k)
         jobs[#jobs + 1] = function()
           -- the future's API calls carry its key, so its tokens and dollars can be told apart
           local fctx = M.tagged_ctx(ctx, key)
@@ -202,7 +254,7 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step, first)
       end
     end
   end
-  local results, jerrs, info = sched.run(jobs, { progress = ("step %d: futures and scores"):format(step) })
+  local results, jerrs, info = sched.run(jobs, { progress = o.progress })
   failure.check_stop(ctx)
   local bills = M.bills_by_tag(require("clrt.llm").records())
   for j = 1, #jobs do
@@ -215,21 +267,7 @@ function M.step_local(m, tok, cfg, samples, ctx, user, metrics, step, first)
       entry.add_future(e, r.conv, r.scores, r.about)
     end
   end
-  -- decode steps taken while a metric's program (pass_rate's tests) ran: the engine's work
-  -- that a blocking test run would have held back
-  local cache1 = M.prefix_cache_totals(m)
-  local prompt_tokens = cache1.prompt_tokens - cache0.prompt_tokens
-  local engine1 = require("clrt.gen.scheduler").times(m)
-  return entries, { generate_first_s = t_gen1, rollout_s = clock() - t0 - t_gen1,
-    engine_steps_during_tests = info and info.engine_steps_during_procs or 0,
-    -- the policy engine's seconds in prefills and in decode steps (sampling included), and the
-    -- seconds the rollouts waited on the simulator and judges with no engine work to do
-    prefill_s = math.max(0, engine1.prefill_s - engine0.prefill_s),
-    decode_s = math.max(0, engine1.decode_s - engine0.decode_s),
-    wait_http_s = ((info1 and info1.wait_http_s) or 0) + ((info and info.wait_http_s) or 0),
-    -- the share of the step's prompt tokens served from the prefix cache (nil: cache off)
-    prefix_cache_hit_rate = cache1.on and prompt_tokens > 0
-      and (cache1.cached_tokens - cache0.cached_tokens) / prompt_tokens or nil }
+  return info
 end
 
 -- ctx for one future: its user and judge clients tag every request with `tag` (clrt.llm
