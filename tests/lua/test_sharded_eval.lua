@@ -181,6 +181,12 @@ T.case("the code task's tests made from the call-based cases pass a right soluti
   end
   T.eq(run("def below_zero(ops):\n    b = 0\n    for o in ops:\n        b += o\n        if b < 0:\n            return True\n    return False\n"), 0)
   T.ok(run("def below_zero(ops):\n    return False\n") ~= 0, "a wrong solution fails")
+  -- one JSON argument a line (LiveCodeBench's call-based input)
+  local row2 = { task_id = "lcb-1", task = "code", source = "lcb_easy", question_content = "Add two numbers.", starter_code = "",
+    metadata = { func_name = "add" }, public_test_cases = cjson.encode({ { input = "1\n[2, 3]", output = "[3, 4]", testtype = "functional" } }),
+    shards = { { shard_id = 1, shard = "add numbers" } } }
+  t = sharded_tasks.task(row2, "r")
+  T.eq(run("def add(a, xs):\n    return [a + x for x in xs]\n"), 0, "two arguments, a list back")
   -- stdin cases and rows without a function name are not run
   local row = {}
   for k, v in pairs(ROWS[2]) do row[k] = v end
