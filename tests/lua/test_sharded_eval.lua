@@ -196,6 +196,25 @@ T.case("the code task's tests made from the call-based cases pass a right soluti
   T.ok(select(2, sharded_tasks.task(row, "r")):find("func_name"))
 end)
 
+T.case("a code task through pass_rate's sandbox: the reply's last fenced block against the generated tests", function()
+  local ok, why = pcall(require("metrics.pass_rate").prepare, {})
+  if not ok then T.skip("pass_rate's sandbox: " .. tostring(why)) end
+  local task = sharded_tasks.task(ROWS[2], "r")
+  task.user_voice = "scripted"
+  local right = "Here it is:\n```python\ndef below_zero(ops):\n    b = 0\n    for o in ops:\n        b += o\n"
+    .. "        if b < 0:\n            return True\n    return False\n```"
+  local reply
+  local policy = function() return reply end
+  local ctx = { metric_options = require("clrt.train.sharded_recipe").metric_options({ pass_rate = { timeout = 60 } }) }
+  local cfg = { simulations = 1, seed = 1, max_turns_per_shard = 1 }
+  for _, case in ipairs({ { right, 1 }, { "```python\ndef below_zero(ops):\n    return False\n```", 0 } }) do
+    reply = case[1]
+    for _, r in ipairs(sharded_eval.run(policy, cfg, { task }, user, function() return "answer_attempt" end, ctx)) do
+      T.eq(r.failed, nil, tostring(r.failed)); T.eq(r.score, case[2], r.setting)
+    end
+  end
+end)
+
 ---------------------------------------------------------------- the user and the judge
 T.case("the protocol's prompts: a header naming the authors' prompt and the paper's elements, every placeholder listed", function()
   local pf = require("clrt.prompt_file")

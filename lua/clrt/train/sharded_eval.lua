@@ -135,8 +135,10 @@ function M.run(policy, cfg, tasks, user, classify, ctx)
   local sched = require("clrt.sched")
   local names = {}
   for _, t in ipairs(tasks) do names[t.task_metric] = 1 end
-  local by_name = {}
-  for _, mt in ipairs(reward.load_metrics(names, ctx.metric_options)) do by_name[mt.name] = mt end
+  local by_name, loaded = {}, reward.load_metrics(names, ctx.metric_options)
+  for _, mt in ipairs(loaded) do by_name[mt.name] = mt end
+  -- the code tasks' modules must be in pass_rate's sandbox before any conversation
+  tasks = reward.check_samples(loaded, tasks, ctx.metric_options, print)
   local fns, what = {}, {}
   for _, t in ipairs(tasks) do
     local sample = M.sample_of(t, cfg.system)
