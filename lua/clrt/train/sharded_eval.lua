@@ -31,7 +31,6 @@ local M = {}
 
 M.SETTINGS = { "full", "concat", "sharded" }
 M.SIMULATIONS = 10   -- the paper's simulations per instruction and setting
-M.RESPONSE_TYPES = { "answer_attempt", "clarification", "interrogation", "discussion", "hedge", "refuse", "missing" }
 
 local function opening(system)
   return system and { { role = "system", content = system } } or {}
@@ -208,9 +207,8 @@ function M.print_table(rep)
   local st = rep.settings.sharded and rep.settings.sharded.strategy
   if st and st.conversations > 0 then
     local parts = {}
-    for _, ty in ipairs(M.RESPONSE_TYPES) do
-      if st.types[ty] then parts[#parts + 1] = ("%s %d"):format(ty, st.types[ty]) end
-    end
+    for ty, n in pairs(st.types) do parts[#parts + 1] = ("%s %d"):format(ty, n) end
+    table.sort(parts)
     print(("SHARDED replies: %s; answer attempts per conversation %.2f; conversations without one %d of %d"):format(
       table.concat(parts, ", "), st.attempts / st.conversations, st.no_attempt, st.conversations))
   end
