@@ -158,7 +158,13 @@ T.case("a malformed row is one line naming the file and the row", function()
   bad({ task_id = "m", task = "math", question = "q", answer = "1", shards = {} }, "\"shards\" must be a non-empty list")
   bad({ task_id = "m", task = "math", question = "q", answer = "1", shards = { { shard_id = 1, shard = "a" }, { shard_id = 1, shard = "b" } } },
     "shard_id 1 appears twice")
-  bad({ task_id = "m", task = "math", question = "q", answer = "1", shards = { { shard_id = 1, shard = "  " } } }, "no \"shard\" text")
+  bad({ task_id = "m", task = "math", question = "q", answer = "1", shards = { { shard_id = 1, shard = 7 } } }, "no \"shard\" text")
+  -- an empty shard text (two in the released translation file) leaves its row out, counted
+  local path0 = root .. "/empty.json"
+  write(path0, cjson.encode({ ROWS[1], { task_id = "m", task = "math", question = "q", answer = "1",
+    shards = { { shard_id = 1, shard = "a" }, { shard_id = 2, shard = "  " } } } }))
+  local kept, skipped = sharded_tasks.read(path0, "t")
+  T.eq({ #kept, skipped.math.rows, skipped.math.why }, { 1, 1, "shard_id 2 has an empty text" })
   bad({ task_id = "m", task = "math", question = "q", answer = "1", shards = { "a bare string" } }, "must be an object")
   bad({ task_id = "m", task = "x", single_turn_prompt = "q", task_metric = "exact_match", user_voice = "llm", shards = shards },
     "user_voice may only be")
@@ -492,6 +498,9 @@ T.case("protocol=sharded on the world end to end: eval.json, the table, another 
   local plain = data.read_jsonl(out .. "/eval_details_variant2.jsonl")
   T.eq(plain[1].conversation[1].role, "user", "system_prompt=none: no system message")
   T.raises(function() ev.main(ev.parse_args({ "protocol=sharded", "model=" .. start, "simulations=0" })) end, "simulations must be")
+  -- a context too small for any reply: nothing scored is a failed evaluation, not an empty table
+  T.raises(function() ev.main(ev.parse_args({ "protocol=sharded", "model=" .. start, "prompts=1", "simulations=1",
+    "rollout.max_len=4", "out=" .. root .. "/none" })) end, "was scored (3 dropped, 0 failed; first: context full")
   T.raises(function() ev.main(ev.parse_args({ "protocol=sharded", "model=" .. start, "max_turns_per_shard=0" })) end,
     "max_turns_per_shard must be")
   T.raises(function() ev.main(ev.parse_args({ "protocol=sharded", "model=" .. start, "sim=collabllm_user" })) end,

@@ -142,6 +142,10 @@ function M.main(cfg, env)
     rep.variant = v.name
     if rep.first_drop then io.stderr:write(who, ": first dropped conversation: ", rep.first_drop, "\n") end
     if rep.first_failure then io.stderr:write(who, ": first failed conversation: ", rep.first_failure, "\n") end
+    if rep.conversations == 0 then
+      error(("%s: no conversation of %s was scored (%d dropped, %d failed; first: %s)"):format(who, v.name, rep.dropped,
+        rep.failed, tostring(rep.first_drop or rep.first_failure)), 0)
+    end
     sharded_eval.print_table(rep)
     print(("conversations %d, dropped %d, failed %d"):format(rep.conversations, rep.dropped, rep.failed))
     local first = env.details_file or "eval_details.jsonl"   -- eval_sim=: the second simulator's own

@@ -52,6 +52,7 @@ local function need_string(row, key, where)
 end
 
 -- The row's shards in file order as {id, text}; the first is the intent the user opens with.
+-- nil and why when a shard's text is empty (the row is left out and counted).
 function M.shards_of(row, where)
   local list = row.shards
   if type(list) ~= "table" or #list == 0 then error(where .. ": \"shards\" must be a non-empty list", 0) end
@@ -66,7 +67,9 @@ function M.shards_of(row, where)
     seen[id] = true
     -- the released files say "shard"; the authors' README names the key "shard_text"
     local text = s.shard ~= nil and s.shard or s.shard_text
-    if type(text) ~= "string" or text:match("^%s*$") then error(at .. ": no \"shard\" text", 0) end
+    if type(text) ~= "string" then error(at .. ": no \"shard\" text", 0) end
+    -- an empty one is left out with its row, not an error: the released translation file has two
+    if text:match("^%s*$") then return nil, ("shard_id %d has an empty text"):format(id) end
     out[i] = { id = id, text = text }
   end
   return out
@@ -204,7 +207,8 @@ function M.task(row, where)
   if not generic and not AUTHORS[name] then
     return nil, M.UNSUPPORTED[name] and ("needs " .. M.UNSUPPORTED[name]) or "a task clrt has no metric for"
   end
-  local shards = M.shards_of(row, where)
+  local shards, empty = M.shards_of(row, where)
+  if not shards then return nil, empty end
   local t, why
   if row.user_voice ~= nil and row.user_voice ~= "scripted" then
     error(where .. ": user_voice may only be \"scripted\" (the task's user reveals each shard as it is)", 0)
