@@ -31,7 +31,7 @@
 --   side by side. sim=llm (any endpoint), user_lm (a trained user model) or scripted plays
 --   the user; with no data= the world's under-specified requests are two-shard tasks.
 --     clrt recipes/collabllm_eval.lua protocol=sharded model=HF_DIR data=sharded_instructions_600.json sim_cfg.base_url=... judge.base_url=...
---     clrt recipes/collabllm_eval.lua protocol=sharded model=runs/collab_world_sft compare_model=runs/collabllm_rl-DATE
+--     clrt recipes/collabllm_eval.lua protocol=sharded model=runs/collab_world_sft/world2-HASH-seed1 compare_model=runs/collabllm_rl-DATE
 -- The defaults are the shared ones the training recipes have too (clrt.train.defaults:
 -- simulator, judges, rollout limits, chat); with no data= the
 -- built-in world's settings and prompts are used (protocol=paper: its scripted user opens with
@@ -266,6 +266,9 @@ function M.main(cfg)
 end
 
 function M.main_one(cfg)
+  if cfg.estimate and cfg.protocol == "sharded" then
+    error("collabllm_eval: estimate=true prices protocol=paper and prefix; protocol=sharded is not priced yet", 0)
+  end
   if cfg.estimate then return train.estimate.run(cfg, "eval", { world = the_world() }) end
   if not cfg.model then error("collabllm_eval: model= is required (a model folder, a run folder or a checkpoint)", 0) end
   require("clrt.model_path").apply(cfg, WHO)

@@ -146,6 +146,18 @@ T.case("the published schema: FULL and CONCAT prompts, metric and reference per 
   T.eq(alt.shards[1].text, "q")
 end)
 
+T.case("only the endpoints some task calls are checked: data2text and translation need no user and no judge", function()
+  local sr = require("clrt.train.sharded_recipe")
+  local path = root .. "/sharded.json"
+  write(path, cjson.encode(ROWS))
+  local by = {}
+  for _, t in ipairs(sharded_tasks.read(path, "t")) do by[t.task] = t end
+  T.eq({ sr.needs_user({ by.translation, by.data2text }, "llm"), sr.needs_judge({ by.translation, by.data2text }) }, { false, false })
+  T.eq({ sr.needs_user({ by.math }, "llm"), sr.needs_user({ by.math }, "scripted"), sr.needs_judge({ by.math }) }, { true, false, true })
+  T.eq(sr.needs_judge({ by.code }), true, "the strategy judge classifies code replies")
+  T.eq(sr.needs_judge({ by.math }, {}), false, "the world classifies by its own rule")
+end)
+
 T.case("a malformed row is one line naming the file and the row", function()
   local function bad(row, pattern)
     local path = root .. "/bad.json"

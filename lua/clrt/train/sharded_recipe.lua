@@ -100,6 +100,25 @@ function M.metric_options(given)
   return out
 end
 
+-- Whether any task calls the judge: the strategy judge on tasks whose replies are not all
+-- answers, or a metric other than those scored here without an LLM (exact_match; bleu_score
+-- and pass_rate with the extraction off, M.metric_options). The world has its own rule.
+M.NO_JUDGE = { exact_match = true, bleu_score = true, pass_rate = true }
+function M.needs_judge(tasks, world)
+  if world then return false end
+  for _, t in ipairs(tasks) do
+    if not t.every_turn_answer or not M.NO_JUDGE[t.task_metric] then return true end
+  end
+  return false
+end
+
+-- Whether any task's user talks to sim_cfg's endpoint (a scripted task's never does).
+function M.needs_user(tasks, voice)
+  if voice == "scripted" then return false end
+  for _, t in ipairs(tasks) do if t.user_voice ~= "scripted" then return true end end
+  return false
+end
+
 local function details_of(results)
   local out = {}
   for i, r in ipairs(results) do
@@ -128,7 +147,9 @@ function M.main(cfg, env)
       ctx = train.context{ config = cfg, tokenizer = tok, who = who }
       ctx.sharded_voice = M.VOICE[cfg.sim]
       ctx.metric_options = M.metric_options(ctx.metric_options)
-      train.endpoints.check(ctx, world and {} or { { metric = { uses_judge = true } } }, cfg, who)
+      -- only the endpoints some task calls (data2text and translation need neither)
+      local check_ctx = M.needs_user(tasks, ctx.sharded_voice) and ctx or setmetatable({ user = false }, { __index = ctx })
+      train.endpoints.check(check_ctx, M.needs_judge(tasks, world) and { { metric = { uses_judge = true } } } or {}, cfg, who)
     end
     local classify = world and world.strategy or sharded_eval.judge_classifier(ctx.metric_options)
     if #variants > 1 then print(("== variant %d of %d: %s"):format(i, #variants, v.name)) end
