@@ -446,6 +446,18 @@ T.case("through an endpoint: the user never sees a reference or the instruction,
   local rep = sharded_eval.report(res, { simulations = 3, max_turns_per_shard = 2 })
   T.eq(rep.settings.sharded.groups.math.instructions, 2)
   T.eq(rep.settings.full.groups.overall.simulations_min, 3)
+  -- the recipe on the same file and endpoint, a real (tiny) model as the assistant
+  local dir = require("support.tiny_model")(root .. "/policy", { seed = 5, max_position = 4096 })
+  local out = root .. "/math_eval"
+  ev.main(ev.parse_args({ "protocol=sharded", "model=" .. dir, "data=" .. path, "sim_cfg.base_url=" .. url,
+    "judge.base_url=" .. url, "simulations=2", "rollout.max_new_tokens=6", "out=" .. out }))
+  local saved = cjson.decode(T.read(out .. "/eval.json"))
+  T.eq({ saved.conversations + saved.dropped + saved.failed, saved.failed, saved.data, saved.sim }, { 12, 0, path, "llm" })
+  for _, set in ipairs({ "full", "concat", "sharded" }) do T.eq(saved.settings[set].groups.math.instructions, 2, set) end
+  local details = data.read_jsonl(out .. "/eval_details.jsonl")
+  T.eq(#details, 12)
+  T.eq(details[1].conversation[1], { role = "system", content = require("clrt.prompt_file").read("collabllm_system") },
+    "system_prompt=default on data=: the system prompt clrt's models train with")
 end)
 
 ---------------------------------------------------------------- the built-in world
