@@ -54,7 +54,7 @@ M.PAPER = { max_new_tokens = 1024, user_max_tokens = 1024 }
 -- and simulator_full.py: max_tokens 1000).
 M.SHARDED = { max_new_tokens = 1000 }
 
--- The defaults of a protocol ("paper" | "prefix"), fresh on each call.
+-- The defaults of a protocol ("paper" | "prefix" | "sharded"), fresh on each call.
 function M.defaults_for(protocol)
   local R = train.defaults.shared()
   if protocol == "paper" then

@@ -156,6 +156,8 @@ T.case("only the endpoints some task calls are checked: data2text and translatio
   T.eq({ sr.needs_user({ by.math }, "llm"), sr.needs_user({ by.math }, "scripted"), sr.needs_judge({ by.math }) }, { true, false, true })
   T.eq(sr.needs_judge({ by.code }), true, "the strategy judge classifies code replies")
   T.eq(sr.needs_judge({ by.math }, {}), false, "the world classifies by its own rule")
+  T.eq(sr.needs_judge({ by.translation }, nil, sr.metric_options({ bleu_score = { extract = true } })), true,
+    "BLEU with the extractor on asks the judge")
 end)
 
 T.case("a malformed row is one line naming the file and the row", function()
@@ -453,6 +455,7 @@ T.case("through an endpoint: the user never sees a reference or the instruction,
     "judge.base_url=" .. url, "simulations=2", "rollout.max_new_tokens=6", "out=" .. out }))
   local saved = cjson.decode(T.read(out .. "/eval.json"))
   T.eq({ saved.conversations + saved.dropped + saved.failed, saved.failed, saved.data, saved.sim }, { 12, 0, path, "llm" })
+  T.ok(saved.api.all.calls > 0, "the simulator's and judges' calls are counted")
   for _, set in ipairs({ "full", "concat", "sharded" }) do T.eq(saved.settings[set].groups.math.instructions, 2, set) end
   local details = data.read_jsonl(out .. "/eval_details.jsonl")
   T.eq(#details, 12)

@@ -50,7 +50,8 @@ function M.tasks(cfg, world, who)
     local only
     if cfg.tasks then
       only = {}
-      for name in tostring(cfg.tasks):gmatch("[^,%s]+") do only[name] = true end
+      -- a comma list; a name may hold spaces (shard_dataset names tasks by task_desc)
+      for name in tostring(cfg.tasks):gmatch("[^,]+") do only[(name:gsub("^%s+", ""):gsub("%s+$", ""))] = true end
     end
     tasks, skipped = sharded_tasks.read(cfg.data, who, only)
   else
@@ -104,10 +105,13 @@ end
 -- answers, or a metric other than those scored here without an LLM (exact_match; bleu_score
 -- and pass_rate with the extraction off, M.metric_options). The world has its own rule.
 M.NO_JUDGE = { exact_match = true, bleu_score = true, pass_rate = true }
-function M.needs_judge(tasks, world)
+function M.needs_judge(tasks, world, metric_options)
   if world then return false end
+  local opts = metric_options or M.metric_options({})
   for _, t in ipairs(tasks) do
-    if not t.every_turn_answer or not M.NO_JUDGE[t.task_metric] then return true end
+    local m = t.task_metric
+    local off = M.NO_JUDGE[m] and (m == "exact_match" or (opts[m] or {}).extract == false)
+    if not t.every_turn_answer or not off then return true end
   end
   return false
 end
@@ -149,7 +153,7 @@ function M.main(cfg, env)
       ctx.metric_options = M.metric_options(ctx.metric_options)
       -- only the endpoints some task calls (data2text and translation need neither)
       local check_ctx = M.needs_user(tasks, ctx.sharded_voice) and ctx or setmetatable({ user = false }, { __index = ctx })
-      train.endpoints.check(check_ctx, M.needs_judge(tasks, world) and { { metric = { uses_judge = true } } } or {}, cfg, who)
+      train.endpoints.check(check_ctx, M.needs_judge(tasks, world, ctx.metric_options) and { { metric = { uses_judge = true } } } or {}, cfg, who)
     end
     local classify = world and world.strategy or sharded_eval.judge_classifier(ctx.metric_options)
     if #variants > 1 then print(("== variant %d of %d: %s"):format(i, #variants, v.name)) end
@@ -181,6 +185,12 @@ function M.main(cfg, env)
     for i, r in ipairs(reports) do top.variants[i] = r.name; top.by_variant[r.name] = r.report end
     print("== side by side (performance per setting; SHARDED's change from FULL; SHARDED's aptitude and unreliability)")
     sharded_eval.print_comparison(reports)
+  end
+  -- the simulator's and judges' tokens and dollars, all variants together (docs/api_cost.md)
+  local spend = ctx.spend:add(require("clrt.llm").drain_records())
+  if spend.all.calls > 0 then
+    top.api = spend
+    print(require("clrt.api.usage").line(spend))
   end
   data.write_atomic(cfg.out .. "/eval.json", json.encode(top) .. "\n")
   print("wrote " .. cfg.out .. "/eval.json")
