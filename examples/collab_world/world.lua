@@ -12,6 +12,8 @@
 --   world.corpus()                      -- text for training the tokenizer
 --   world.classify(reply)               -- "ask" | "answer"
 --   world.summarize(results)            -- the before/after numbers of the issue
+--   world.sharded_tasks(n, seed)        -- held-out under-specified requests as Lost in Conversation's two-shard tasks
+--   world.strategy(conversation, sample) -- "clarification" | "answer_attempt" of the last reply (no judge)
 --   world.config_path(["config_dpo"])   -- this world's settings file (config.lua beside it)
 --
 -- A sample is a plain table the recipe, metrics and the scripted user share:
@@ -213,6 +215,37 @@ function M.corpus(opts)
     for _, m in ipairs(c.messages) do lines[#lines + 1] = m.content end
   end
   return table.concat(lines, "\n") .. "\n"
+end
+
+-- Held-out under-specified requests as sharded tasks in Lost in Conversation's schema
+-- (clrt.train.sharded_tasks; collabllm_eval.lua protocol=sharded): the request without its
+-- fact is the first shard (the intent), the fact as this world's user gives it ("Paul.")
+-- the second, the fully specified request is the FULL instruction; exact match scores an
+-- answer, and the user is scripted (it reveals the next shard as it is). n distinct tasks.
+function M.sharded_tasks(n, seed)
+  local out, seen = {}, {}
+  local r = rng_of(seed)
+  local tries = 0
+  while #out < n do
+    tries = tries + 1
+    if tries > 100 * n then error(("collab_world: only %d distinct held-out requests, %d asked"):format(#out, n), 0) end
+    local s = M.sample(r, { underspecified = true, split = "eval", system = false })
+    if not seen[s.id] then
+      seen[s.id] = true
+      out[#out + 1] = { task_id = "sharded-" .. s.id, task = "world/" .. s.task,
+        shards = { { shard_id = 1, shard = s.prompt[1].content }, { shard_id = 2, shard = M.user_reply_to_question(s, s.ask) } },
+        single_turn_prompt = s.single_turn_prompt, ground_truth = s.ground_truth, task_metric = "exact_match",
+        task_desc = M.task_desc, user_voice = "scripted" }
+    end
+  end
+  return out
+end
+
+-- The world's strategy judge: a reply with a question asks (clarification), any other is
+-- an answer attempt (M.classify, the rule the world's scripted user follows).
+function M.strategy(conversation)
+  local last = conversation[#conversation]
+  return M.classify(last and last.content) == "ask" and "clarification" or "answer_attempt"
 end
 
 -- The numbers the issue asks for, from finished evaluation conversations.

@@ -20,6 +20,18 @@
 --   first replies that ask a question. Not the paper's numbers.
 --     clrt recipes/collabllm_eval.lua protocol=prefix model=HF_DIR data=rl_test.jsonl ...
 --   clrt recipes/collabllm_eval.lua model=HF_DIR               # no data=: the built-in world
+-- protocol=sharded: Lost in Conversation (arXiv 2505.06120; clrt.train.sharded_eval): every
+--   sharded task of data= (the authors' sharded_instructions_600.json or shard_dataset.lua's
+--   file; their schema, docs/method.md) is simulated `simulations` times (10, the paper's) in
+--   FULL (the whole instruction at once), CONCAT (every shard in one message) and SHARDED (the
+--   simulated user reveals one shard a turn; a strategy judge classifies each reply and the
+--   task's metric scores each answer attempt). Reported per task and overall: performance,
+--   aptitude (90th percentile over a task's simulations) and unreliability (90th - 10th), mean
+--   ± standard error over tasks; compare_system_prompt= and compare_model= run the same tasks
+--   side by side. sim=llm (any endpoint), user_lm (a trained user model) or scripted plays
+--   the user; with no data= the world's under-specified requests are two-shard tasks.
+--     clrt recipes/collabllm_eval.lua protocol=sharded model=HF_DIR data=sharded_instructions_600.json sim_cfg.base_url=... judge.base_url=...
+--     clrt recipes/collabllm_eval.lua protocol=sharded model=runs/collab_world_sft/world2-HASH-seed1 compare_model=runs/collabllm_rl-DATE
 -- The defaults are the shared ones the training recipes have too (clrt.train.defaults:
 -- simulator, judges, rollout limits, chat); with no data= the
 -- built-in world's settings and prompts are used (protocol=paper: its scripted user opens with
@@ -38,13 +50,18 @@ local M = {}
 -- max_tokens 1024. protocol=prefix keeps the training recipes' (verl's 2048 and 512): it
 -- checks the training objective.
 M.PAPER = { max_new_tokens = 1024, user_max_tokens = 1024 }
+-- protocol=sharded's: the authors' assistant cap for a non-reasoning model (simulator_sharded.py
+-- and simulator_full.py: max_tokens 1000).
+M.SHARDED = { max_new_tokens = 1000 }
 
--- The defaults of a protocol ("paper" | "prefix"), fresh on each call.
+-- The defaults of a protocol ("paper" | "prefix" | "sharded"), fresh on each call.
 function M.defaults_for(protocol)
   local R = train.defaults.shared()
   if protocol == "paper" then
     R.rollout.max_new_tokens = M.PAPER.max_new_tokens     -- the assistant's turn (collabllm/simulation.py)
     R.sim_cfg.max_tokens = M.PAPER.user_max_tokens        -- the user's turn (collabllm/modules/user_simulator.py)
+  elseif protocol == "sharded" then
+    R.rollout.max_new_tokens = M.SHARDED.max_new_tokens
   end
   return {
     model = config.optional("string"),
@@ -52,8 +69,13 @@ function M.defaults_for(protocol)
     out = config.optional("string"),            -- eval.json goes here (default: a new runs/collabllm_eval-DATE folder)
     prompts = config.optional("number"),        -- at most this many prompts (nil: all of data=)
     seed = 12345,
-    protocol = protocol,                        -- "paper" or "prefix" (see the header)
-    temperature = config.optional("number"),    -- nil: 0.6 under paper (the authors' inference.py), 0.0 (greedy) under prefix
+    protocol = protocol,                        -- "paper", "prefix" or "sharded" (see the header)
+    temperature = config.optional("number"),    -- nil: 0.6 under paper (the authors' inference.py), 1.0 under sharded (theirs), 0.0 (greedy) under prefix
+    simulations = config.optional("number"),    -- sharded: conversations per task and setting (nil: 10, the paper's)
+    max_turns_per_shard = 2,                    -- sharded: at most this many user turns per shard (clrt's bound; the authors' loop has none)
+    tasks = config.optional("string"),          -- sharded: a comma list of the task names of data= to run (nil: all clrt can score)
+    compare_model = config.optional("string"),  -- sharded: a second model evaluated on the same tasks, side by side
+    compare_system_prompt = config.optional("string"), -- sharded: the model again with this system_prompt (e.g. proactive), side by side
     max_messages = 14,                          -- paper: user + assistant messages (inference.py --max_turns 14)
     system_prompt = "default",                  -- paper: "default" | "none" | "proactive" | a prompt file
     itr_metric = "interactivity",               -- paper: the metric reported as ITR
@@ -82,9 +104,11 @@ M.defaults = M.defaults_for("paper")
 -- The built-in world's settings for this recipe.
 local function the_world() return require("collab_world.world") end
 
-function M.world_config()
+function M.world_config(protocol)
   local w = config.read_file(the_world().config_path())
-  return { sim = w.sim, prompts = w.eval.prompts, metrics = { "exact_match", "token_amount" }, rollout = w.rollout,
+  -- protocol=sharded: prompts= counts tasks, each simulated 3 x simulations times
+  local prompts = protocol == "sharded" and require("clrt.train.sharded_recipe").WORLD_TASKS or w.eval.prompts
+  return { sim = w.sim, prompts = prompts, metrics = { "exact_match", "token_amount" }, rollout = w.rollout,
     itr_metric = "asks_question" }
 end
 
@@ -242,13 +266,20 @@ function M.main(cfg)
 end
 
 function M.main_one(cfg)
+  if cfg.estimate and cfg.protocol == "sharded" then
+    error("collabllm_eval: estimate=true prices protocol=paper and prefix; protocol=sharded is not priced yet", 0)
+  end
   if cfg.estimate then return train.estimate.run(cfg, "eval", { world = the_world() }) end
   if not cfg.model then error("collabllm_eval: model= is required (a model folder, a run folder or a checkpoint)", 0) end
   require("clrt.model_path").apply(cfg, WHO)
-  if cfg.protocol ~= "paper" and cfg.protocol ~= "prefix" then
-    error(("collabllm_eval: protocol must be paper or prefix, got %s"):format(tostring(cfg.protocol)), 0)
+  if cfg.protocol ~= "paper" and cfg.protocol ~= "prefix" and cfg.protocol ~= "sharded" then
+    error(("collabllm_eval: protocol must be paper, prefix or sharded, got %s"):format(tostring(cfg.protocol)), 0)
   end
   if cfg.protocol == "paper" then return M.main_paper(cfg) end
+  if cfg.protocol == "sharded" then
+    return require("clrt.train.sharded_recipe").main(cfg, { who = WHO, world = not cfg.data and the_world() or nil,
+      open_folder = M.open_folder, system_text = M.system_text, details_file = M.details_file })
+  end
   cfg.temperature = cfg.temperature or 0.0
   local world = the_world()
   M.open_folder(cfg)
@@ -313,9 +344,9 @@ end
 -- line or a config= file) parses again over its own.
 function M.parse_args(argv)
   local world = not config.arg_value(argv, "data") and not config.arg_value(argv, "config")
-  local over = world and M.world_config() or nil
+  local over = world and M.world_config(config.arg_value(argv, "protocol")) or nil
   local cfg = config.parse(M.defaults, argv, over)
-  if cfg.protocol == "prefix" then cfg = config.parse(M.defaults_for("prefix"), argv, over) end
+  if cfg.protocol == "prefix" or cfg.protocol == "sharded" then cfg = config.parse(M.defaults_for(cfg.protocol), argv, over) end
   return cfg
 end
 

@@ -8,7 +8,8 @@ local help = require("clrt.recipe_help")
 
 local bin = os.getenv("CLRT_BIN") or arg[-1]
 if bin:sub(1, 1) ~= "/" then bin = os.getenv("PWD") .. "/" .. bin end
-local RECIPES = { "collabllm_rl", "collabllm_sft", "collabllm_dpo", "collabllm_eval", "process_dataset", "build_dataset" }
+local RECIPES = { "collabllm_rl", "collabllm_sft", "collabllm_dpo", "collabllm_eval", "process_dataset", "build_dataset",
+  "shard_dataset" }
 
 local function run(dir, args)
   local f = assert(io.popen(("cd %q && %q %q %s 2>&1; echo \"exit=$?\""):format(dir, bin,

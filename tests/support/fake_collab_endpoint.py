@@ -13,6 +13,12 @@ from response_format.json_schema.schema.properties (the request's own contract):
   "interactivity"     judge: three part scores from {1, 0.7, 0.3, 0} and their mean
   "final_completion"  extractor: for a code task (the prompt names an entry point) a correct or
                       a wrong implementation of task_func; otherwise a short document
+  "shard_id"          Lost in Conversation's user (lua/prompts/sharded_user.txt): reveals the
+                      first shard of the prompt's not-yet-given list, its text as it is (so a
+                      test can see which shard text reached the assistant), or none (-1) on
+                      every third request
+  "response_type"     the strategy judge: answer_attempt when the reply quoted in the prompt
+                      has "ANSWER", else clarification
   model "fake-assistant" (no response_format: the policy of recipes/build_dataset.lua's
                       assistant.base_url): a plain-text reply, a clarifying question or an answer
 Choices depend on a hash of the request (its seed included), so replies differ between
@@ -65,6 +71,15 @@ def reply_for(body):
     props = schema.get("properties") or {}
     prompt = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
     h = pick(prompt, 6)
+    if "shard_id" in props:
+        hidden = prompt.split("Shards the person has not given yet:\n", 1)[1].split("\n\nRules:", 1)[0]
+        shards = json.loads(hidden)
+        if not shards or h % 3 == 0:
+            return {"thought": "nothing fits", "response": "not sure, does it matter", "shard_id": -1}
+        return {"thought": "the first one fits", "response": shards[0]["shard"], "shard_id": shards[0]["shard_id"]}
+    if "response_type" in props:
+        reply = prompt.split("<reply>", 1)[1].split("</reply>", 1)[0]
+        return {"thought": "read the reply", "response_type": "answer_attempt" if "ANSWER" in reply else "clarification"}
     if "response" in props:
         if h < 2:
             said = "Thanks, that is what I needed. [[TERMINATE CHAT]]"

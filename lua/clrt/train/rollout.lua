@@ -36,7 +36,10 @@ local M = {}
 --   would cross the budget is discarded and the conversation ends there; seed_key: who
 --   asks (e.g. "rl/step 3/prompt 2/response 1/future 2"), the policy's turn t then samples
 --   from the stream seed_key .. "/turn t", whatever order the conversations' turns reach the
---   engine in (nil: the engine's fallback, the rendered prompt).
+--   engine in (nil: the engine's fallback, the rendered prompt); on_turn(role, conv, said):
+--   called after each message is added (said: the user plug-in's second value, nil for the
+--   assistant), it may return a reason to end the conversation there (Lost in
+--   Conversation's protocol ends at a correct answer attempt or once every shard is out).
 -- A full context (policy returns nil) ends the conversation; no empty turn is added.
 -- The simulated user's message with the termination marker stays in the conversation.
 -- The user plug-in may return a second value, a table (collabllm_user: its parsed reply);
@@ -75,6 +78,8 @@ function M.conversation(conversation, policy, user, sample, ctx, opts)
     info.user_turns = info.user_turns + 1
     info.tokens = info.tokens + nuser
     if conv.has_marker(text, conv.marker(ctx, sample)) then info.ended = "marker" break end
+    local stop = opts.on_turn and opts.on_turn("user", c, said)
+    if stop then info.ended = stop break end
     if info.assistant_turns >= max_asst then info.ended = "max_assistant_turns" break end
     if not keep_last and info.user_turns >= max_user then info.ended = "max_user_turns" break end
     local key = opts.seed_key and ("%s/turn %d"):format(opts.seed_key, info.assistant_turns + 1) or nil
@@ -85,6 +90,8 @@ function M.conversation(conversation, policy, user, sample, ctx, opts)
     c[#c + 1] = { role = "assistant", content = msg.content or "", reasoning_content = msg.reasoning_content }
     info.assistant_turns = info.assistant_turns + 1
     info.tokens = info.tokens + (ntok or 0)
+    stop = opts.on_turn and opts.on_turn("assistant", c)
+    if stop then info.ended = stop break end
   end
   return c, info
 end

@@ -33,6 +33,9 @@ end
 M.KEY_TYPES = {
   accuracy = { type = "integer", minimum = 0, maximum = 1 },
   final_completion = { type = "string" },
+  -- Lost in Conversation's strategy judge (metrics/answer_attempt.lua)
+  response_type = { type = "string", enum = { "answer_attempt", "clarification", "interrogation", "discussion", "hedge",
+    "refuse", "missing" } },
 }
 function M.schema(keys, max_chars)
   local props, order, req = { thought = { type = "string", maxLength = max_chars } }, { "thought" }, { "thought" }
