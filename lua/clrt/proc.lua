@@ -91,6 +91,12 @@ function Proc:poll()
   return r == 1
 end
 
+-- Sends signal sig (a number: 15 for SIGTERM) and returns at once; a process that already
+-- ended is left alone.
+function Proc:signal(sig)
+  if not self:poll() and C.clrt_proc_kill(self.c, sig) ~= 0 then core.fail(2) end
+end
+
 function Proc:kill()
   if C.clrt_proc_kill(self.c, SIGKILL) ~= 0 then core.fail(2) end
   if C.clrt_proc_poll(self.c, 1) < 0 then core.fail(2) end

@@ -76,7 +76,11 @@ D.train = { lr = 1e-6, decay = "constant", min_lr_ratio = 0.0, warmup_steps = 0,
   micro_batch_size = 2,       -- pairs per forward/backward (the gradients accumulate)
   base_dtype = "f32",                            -- bf16 (LoRA only): the frozen base in bf16, shared with the reference
   precision = "f32",                             -- bf16: mixed precision as autocast(bfloat16), on the CPU's matrix unit (docs/runtime.md)
-  lora = require("clrt.train.lora").config() }   -- r > 0: train LoRA adapters; the reference is the start, adapters off
+  lora = require("clrt.train.lora").config(),    -- r > 0: train LoRA adapters; the reference is the start, adapters off
+  -- online: step s's responses sampled from the weights after update s - 1 - K by a rollout
+  -- worker while the steps before train (clrt.train.async; DPO trains no ratio, so the
+  -- correction is unused; each step logs the version its pairs came from)
+  async = require("clrt.train.async").config() }
 D.eval.every = 10
 
 -- preset=authors: Wuyxin/collabllm's scripts, each value with its source there. Both their
@@ -138,6 +142,7 @@ M.rules = { { "preset", "one_of", { "authors", "verl" } }, { "min_gap", "nonneg"
   { "train.micro_batch_size", "count" }, { "train.max_length", "count0" },
   { "train.truncation", "one_of", { "keep_end", "keep_start" } } }
 for _, r in ipairs(require("clrt.train.lora").rules) do M.rules[#M.rules + 1] = r end
+for _, r in ipairs(require("clrt.train.async").rules) do M.rules[#M.rules + 1] = r end
 for _, r in ipairs(defaults.rules()) do M.rules[#M.rules + 1] = r end
 for _, r in ipairs(defaults.optim_rules()) do M.rules[#M.rules + 1] = r end
 
@@ -147,10 +152,14 @@ function M.check_config(cfg)
   if cfg.train.label_smoothing >= 0.5 then
     error("collabllm_dpo: train.label_smoothing must be below 0.5, got " .. cfg.train.label_smoothing, 0)
   end
+  if not cfg.online and cfg.train.async.max_off_policy_steps > 0 then
+    error("collabllm_dpo: train.async.max_off_policy_steps samples ahead, which only online=true does (offline pairs are fixed)", 0)
+  end
 end
 
 M.FIXED_ON_RESUME = { "model", "seed", "data", "online", "preset", "prompts_per_step", "rollout.n", "single_turn", "sft",
-  "sft_cache", "min_gap", "pairs_prompts", "train.batch_size", "train.lora.r", "train.lora.alpha", "train.lora.targets", "train.base_dtype" }
+  "sft_cache", "min_gap", "pairs_prompts", "train.batch_size", "train.lora.r", "train.lora.alpha", "train.lora.targets", "train.base_dtype",
+  "train.async.max_off_policy_steps" }
 
 -- The built-in world's settings: the RL world file (less its RL-only train table) under
 -- examples/collab_world/config_dpo.lua.
@@ -349,6 +358,10 @@ function M.run(cfg, run_dir)
   local ran, failed_here, last_failure = 0, 0, nil   -- this invocation's steps (online)
   local budget, SCRIPT = require("clrt.train.budget"), "recipes/collabllm_dpo.lua"
   budget.check_start(cfg, ctx, SCRIPT, run_dir, "collabllm_dpo")
+  -- online with train.async.max_off_policy_steps > 0: a rollout worker samples the steps ahead
+  local async = cfg.online and train.async.start{ cfg = cfg, run_dir = run_dir, model = m, start_dir = start_dir,
+    first = first_step, last = last_step, script = M.script_path(), who = WHO, ctx = ctx } or nil
+  local ok, err = pcall(function()
   for step = first_step, last_step do
     clrt.check_interrupt()
     local t0 = clrt.log.now()
@@ -364,7 +377,9 @@ function M.run(cfg, run_dir)
         lr = lr, time_step_s = clrt.log.now() - t0 }
     else
       local samples = prompts.step_prompts(cfg, world, dataset, step)
-      local entries, timing = rollout.step(m, tok, cfg, samples, ctx, user, metrics, step)
+      local entries, timing
+      if async then entries, timing = async:entries(step, samples, ctx)
+      else entries, timing = rollout.step(m, tok, cfg, samples, ctx, user, metrics, step) end
       local R = reward.batch_rewards(entries, weights, cfg.reward.mode)
       for i, e in ipairs(entries) do e.reward = R.rewards[i] end
       local t1 = clrt.log.now()
@@ -379,7 +394,9 @@ function M.run(cfg, run_dir)
         st = dpo.update(m, opt, list, t, lr)
       end
       local t2 = clrt.log.now()
+      if async then async:trained(step, m) end   -- the version a later step samples from
       row = require("clrt.train.report").step_row(entries, R, {}, st, lr, timing, t0, t1, t2, ctx)
+      if async then train.async.row(row, entries, step, timing) end
       for _, k in ipairs({ "reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy", "pairs" }) do row[k] = st[k] end
       row.pair_score_gap = #list > 0 and gap / #list or nil   -- mean MR of chosen minus rejected
       -- a failed step (simulator or judge down) counts as in collabllm_rl.lua
@@ -411,13 +428,18 @@ function M.run(cfg, run_dir)
     if over or (cfg.save_every > 0 and (step % cfg.save_every == 0 or step == last_step)) then
       train.checkpoint.save(run_dir, { step = step, keep = cfg.save_keep, model = m, tokenizer_dir = start_dir, optimizer = opt, base = start_dir,
         state = { failed_steps = failed_steps } })
+      if async then async:checkpointed(step) end
     end
     if over then
+      if async then async:stop(false, lg) end   -- what it made ahead stays for the resume; its step in progress billed
       summary.api = ctx.spend.total
       save_summary()
       budget.stop(over, cfg, ctx, SCRIPT, run_dir, "collabllm_dpo", lg)
     end
   end
+  end)
+  if async then async:stop(ok and last_step == cfg.steps, ok and nil or lg) end
+  if not ok then error(err, 0) end
 
   local none = train.failure.none_succeeded(WHO, ran, failed_here, last_failure)
   if none then lg:print(none); lg:close(); error(none, 0) end
@@ -458,6 +480,16 @@ function M.parse_args(argv)
   return cfg
 end
 
+-- This file's path, for train.async's worker (the same recipe in a process of its own).
+function M.script_path()
+  return debug.getinfo(1, "S").source:sub(2)
+end
+
+-- train.async's rollout worker (async_worker=RUN, started by the run itself).
+function M.async_worker(run_dir) train.async.recipe_worker(run_dir, WHO, the_world) end
+
 local argv = { ... }
 if argv[1] == "recipes.collabllm_dpo" then return M end
+local worker_dir = config.arg_value(argv, "async_worker")
+if worker_dir then return M.async_worker(worker_dir) end
 require("clrt.run").main("collabllm_dpo", "recipes/collabllm_dpo.lua", argv, M.parse_args, M.main)

@@ -55,11 +55,7 @@ M.defaults.train = { lr = 1e-6, decay = "constant", min_lr_ratio = 0.0, warmup_s
   lora = require("clrt.train.lora").config(),     -- r > 0: train LoRA adapters; the reference is the base
   -- asynchronous RL (clrt.train.async, docs/training.md): step s's rollouts sample from the
   -- weights after update s - 1 - K, made by a rollout worker while the steps before train
-  async = { max_off_policy_steps = 0,     -- K; 0: every step's rollouts from the current weights (verl, TRL sync)
-    correction = "tis",                   -- "tis": token weights min(pi_old / pi_rollout, tis_cap) (verl's TIS);
-                                          -- "sequence_mask": TRL's default mode; "none"
-    seq_cap = 3,                          -- sequence_mask: rows above it left out (TRL vllm_importance_sampling_cap 3.0)
-    rollout_threads = 0 } }               -- the worker's threads (0: all cores, idle threads passive: suits 2 cores)
+  async = require("clrt.train.async").config() }
 
 -- preset=verl (default): the defaults above, verl's recipe. preset=authors: the authors' PPO
 -- (Wuyxin/collabllm scripts/train/ppo.py, TRL <= 0.10.1) laid over them, each value with its
@@ -104,9 +100,8 @@ for _, r in ipairs({
   { "train.vf_coef", "nonneg" }, { "train.cliprange_value", "rate" }, { "train.kl_penalty_coef", "nonneg" },
   { "train.kl_target", "nonneg" }, { "train.kl_horizon", "count" }, { "train.ppo_epochs", "count" },
   { "train.whiten_size", "count0" }, { "preset", "one_of", { "verl", "authors" } },
-  { "train.async.max_off_policy_steps", "count0" }, { "train.async.correction", "one_of", { "tis", "sequence_mask", "none" } },
-  { "train.async.seq_cap", "rate" }, { "train.async.rollout_threads", "count0" },
 }) do M.rules[#M.rules + 1] = r end
+for _, r in ipairs(require("clrt.train.async").rules) do M.rules[#M.rules + 1] = r end
 
 -- Every value against its declared kind, before anything loads: one line per bad key.
 function M.check_config(cfg) defaults.check(cfg, M.rules, WHO) end
@@ -194,7 +189,7 @@ function M.run(cfg, run_dir)
   budget.check_start(cfg, ctx, SCRIPT, run_dir, "collabllm_rl")
   -- train.async.max_off_policy_steps > 0: a rollout worker makes the steps' entries ahead
   local async = train.async.start{ cfg = cfg, run_dir = run_dir, model = m, start_dir = start_dir, first = first_step,
-    last = last_step, script = M.script_path(), who = WHO }
+    last = last_step, script = M.script_path(), who = WHO, ctx = ctx }
   local ok, err = pcall(function()
     for step = first_step, last_step do
       clrt.check_interrupt()
@@ -331,29 +326,8 @@ function M.script_path()
   return debug.getinfo(1, "S").source:sub(2)
 end
 
--- train.async's rollout worker (async_worker=RUN, started by the run itself): the policy of
--- each version, and what the rollouts read besides it, as the run reads them.
-function M.async_worker(run_dir)
-  local function load_policy(cfg, start_dir, version_dir)
-    local m = train.lora.policy(start_dir, version_dir, cfg.train.lora, cfg.seed, cfg.adapter, cfg.train.base_dtype)
-    if cfg.device ~= "cpu" then m:to(cfg.device) end
-    m:set_batch_invariant(cfg.rollout.batch_invariant)
-    require("clrt.gen.prefix_cache").configure(m, { mb = cfg.rollout.prefix_cache_mb })
-    train.lora.set_precision(m, cfg.train.precision, WHO)
-    if cfg.rollout.quant == "int8" then m:set_quant("int8") end
-    return m
-  end
-  local function setup(cfg, m, start_dir)
-    local world = the_world()
-    local tok = clrt.tokenizer.load(start_dir)
-    local dataset, _, _ = prompts.load_sets(m, tok, cfg, WHO)
-    local metrics = reward.load_metrics(cfg.reward.metric_weights, cfg.reward.metric_options)
-    if dataset then dataset = reward.check_samples(metrics, dataset, cfg.reward.metric_options, function() end) end
-    local ctx, user = train.context{ config = cfg, tokenizer = tok, who = WHO }
-    return { world = world, tok = tok, dataset = dataset, metrics = metrics, ctx = ctx, user = user }
-  end
-  train.async.worker(run_dir, load_policy, setup, prompts.step_prompts)
-end
+-- train.async's rollout worker (async_worker=RUN, started by the run itself).
+function M.async_worker(run_dir) train.async.recipe_worker(run_dir, WHO, the_world) end
 
 local argv = { ... }
 if argv[1] == "recipes.collabllm_rl" then return M end

@@ -5,6 +5,7 @@
 -- the clock decides, and the comparison of a run with another bit for bit, killed and
 -- resumed included.
 --   local R = require("support.rl_repeat").new(T, root, { steps = 2, extra = {...} })
+--   (spread_key: the row's figure that shows rewards differing, advantage_std by default)
 --   local first = R.run_twice(function(args) ... end, check); R.kill_and_resume(first)
 local data = require("clrt.data")
 local files = require("clrt.files")
@@ -107,7 +108,7 @@ function M.new(T, root, o)
       local r = first.metrics[step]
       T.ok(r.http_calls and r.http_calls > 0, "step " .. step .. " called the user and judges over HTTP")
       T.eq(r.dropped, 0, "step " .. step .. ": no sample dropped")
-      spread = math.max(spread, r.advantage_std or 0)
+      spread = math.max(spread, r[o.spread_key or "advantage_std"] or 0)
     end
     T.ok(spread > 0, "rewards differ within groups")
     if check then check(dir1, first) end

@@ -19,6 +19,9 @@
 --   worker.json         what the worker runs (the start folder, its steps), beside
 --   worker_config.json  the run's resolved config
 --   worker.log          the worker's output
+--   discarded.json      the step the worker was rolling out when it was stopped, and the API
+--                       calls it had made for it: the trainer bills them (money spent) and
+--                       removes the file
 -- A resumed run (after Ctrl-C, kill -9 or a budget stop) finds the entries and versions the
 -- steps after its checkpoint need, and the worker picks up where the files end: nothing is
 -- generated twice and nothing is lost.
@@ -27,7 +30,7 @@
 --   entries, timing = A:entries(step, samples)     -- waits for step's entries
 --   A:trained(step, model)                         -- publishes version `step` if a step needs it
 --   A:checkpointed(step)                           -- the entries up to step may go
---   A:stop(finished)                               -- ends the worker (finished: removes async/)
+--   A:stop(finished, lg)                           -- ends the worker (finished: removes async/)
 local ffi = require("ffi")
 local files = require("clrt.files")
 local json = require("clrt.json")
@@ -37,6 +40,19 @@ local M = {}
 
 pcall(ffi.cdef, "int getppid(void);")
 pcall(ffi.cdef, "extern char **environ;")
+
+-- train.async's settings and their rules, one copy for every recipe that rolls out
+-- (collabllm_rl, collabllm_dpo online=true).
+function M.config()
+  return { max_off_policy_steps = 0,   -- K; 0: every step's rollouts from the current weights (verl, TRL sync)
+    correction = "tis",                -- "tis": token weights min(pi_old / pi_rollout, tis_cap) (verl's TIS);
+                                       -- "sequence_mask": TRL's default mode; "none" (DPO trains no ratio: unused)
+    seq_cap = 3,                       -- sequence_mask: rows above it left out (TRL vllm_importance_sampling_cap 3.0)
+    rollout_threads = 0 }              -- the worker's threads (0: all cores, idle threads passive: suits 2 cores)
+end
+M.rules = { { "train.async.max_off_policy_steps", "count0" },
+  { "train.async.correction", "one_of", { "tis", "sequence_mask", "none" } },
+  { "train.async.seq_cap", "rate" }, { "train.async.rollout_threads", "count0" } }
 
 -- The version step s samples from.
 function M.version_for(s, K) return math.max(0, s - 1 - K) end
@@ -77,7 +93,8 @@ local Async = {}
 Async.__index = Async
 
 -- o: cfg, run_dir, model, start_dir, first (the first step this invocation trains), last,
--- script (the recipe's path: the worker runs it with async_worker=RUN).
+-- script (the recipe's path: the worker runs it with async_worker=RUN), ctx (the run's: its
+-- spend ledger bills what the worker spent on a step it did not finish).
 function M.start(o)
   local A = o.cfg.train.async
   local K = A and A.max_off_policy_steps or 0
@@ -91,7 +108,7 @@ function M.start(o)
     if n:match("%.tmp$") or n:match("%.tmp%.%d+$") then files.remove_tree(dir .. "/" .. n) end
   end
   local self = setmetatable({ K = K, run_dir = o.run_dir, start_dir = o.start_dir, first = o.first, last = o.last,
-    who = o.who, cfg = o.cfg }, Async)
+    who = o.who, cfg = o.cfg, ctx = o.ctx }, Async)
   -- the current weights are version first - 1; the first steps' older versions are on disk
   -- from before (a resume), or it is version 0
   self:trained(o.first - 1, o.model)
@@ -168,18 +185,50 @@ function Async:checkpointed(step)
 end
 
 -- The worker ends; a finished run (every step trained) needs nothing in async/ any more.
--- A run that stops early keeps what was made ahead for its resume, and says so on lg.
+-- A run that stops early (a budget stop, Ctrl-C, a failure) keeps what was made ahead for its
+-- resume: the worker is asked to stop (SIGTERM; killed after 10 s), the API calls of the step
+-- it had in progress are billed to the run (they were paid; the resume makes that step again),
+-- and lg says both. Once only: a second call does nothing.
 function Async:stop(finished, lg)
-  if self.proc and not self.proc:poll() then self.proc:kill() end
+  if self.stopped then return end
+  self.stopped = true
+  if self.proc and not self.proc:poll() then
+    if finished then self.proc:kill()
+    else
+      self.proc:signal(15)
+      local t0 = require("clrt.log").now()
+      while not self.proc:poll() and require("clrt.log").now() - t0 < 10 do sleep(0.02) end
+      if not self.proc:poll() then self.proc:kill() end
+    end
+  end
   if finished then files.remove_tree(dir_of(self.run_dir)) return end
+  local dpath = dir_of(self.run_dir) .. "/discarded.json"
+  local discarded = files.exists(dpath) and json.decode(files.read(dpath), dpath)
+  local calls, usd = 0, 0
+  if discarded then
+    local records = M.strip_nulls(discarded.calls or {})
+    calls = #records
+    local spend = self.ctx and self.ctx.spend
+    if spend then
+      local sum = spend:add(records, true)
+      usd = sum and sum.all and sum.all.usd or 0
+    else
+      llm.add_records(records)
+    end
+    os.remove(dpath)
+  end
   if lg then
     local ahead = 0
     for _, n in ipairs(files.list(dir_of(self.run_dir))) do
       local s = tonumber(n:match("^entries%-(%d+)%.json$"))
       if s and s > self.done then ahead = ahead + 1 end
     end
-    lg:print(("train.async: the rollouts of %d step%s made ahead are kept for the resume; the worker's step in progress "
-      .. "is discarded (its requests are not billed here)"):format(ahead, ahead == 1 and "" or "s"))
+    local line = ("train.async: the rollouts of %d step%s made ahead are kept for the resume"):format(ahead, ahead == 1 and "" or "s")
+    if discarded then
+      line = line .. ("; step %d's, in progress, are discarded (the resume makes them again): its %d API call%s ($%.4f) "
+        .. "are billed to this run"):format(discarded.step, calls, calls == 1 and "" or "s", usd)
+    end
+    lg:print(line)
   end
 end
 
@@ -210,6 +259,32 @@ end
 
 -- ---- the worker ---------------------------------------------------------------------------------
 
+-- A recipe's worker (its async_worker=RUN entry): each version's policy and what the rollouts
+-- read besides it, made as the recipe's run makes them. who: the recipe's name; world(): the
+-- built-in world module.
+function M.recipe_worker(run_dir, who, world)
+  local train = require("clrt.train")
+  local reward, prompts = train.reward, train.prompts
+  local function load_policy(cfg, start_dir, version_dir)
+    local m = train.lora.policy(start_dir, version_dir, cfg.train.lora, cfg.seed, cfg.adapter, cfg.train.base_dtype)
+    if cfg.device ~= "cpu" then m:to(cfg.device) end
+    m:set_batch_invariant(cfg.rollout.batch_invariant)
+    require("clrt.gen.prefix_cache").configure(m, { mb = cfg.rollout.prefix_cache_mb })
+    train.lora.set_precision(m, cfg.train.precision, who)
+    if cfg.rollout.quant == "int8" then m:set_quant("int8") end
+    return m
+  end
+  local function setup(cfg, m, start_dir)
+    local tok = require("clrt.tokenizer").load(start_dir)
+    local dataset = prompts.load_sets(m, tok, cfg, who)
+    local metrics = reward.load_metrics(cfg.reward.metric_weights, cfg.reward.metric_options)
+    if dataset then dataset = reward.check_samples(metrics, dataset, cfg.reward.metric_options, function() end) end
+    local ctx, user = train.context{ config = cfg, tokenizer = tok, who = who }
+    return { world = world(), tok = tok, dataset = dataset, metrics = metrics, ctx = ctx, user = user }
+  end
+  M.worker(run_dir, load_policy, setup, prompts.step_prompts)
+end
+
 -- The worker's loop (the recipe calls it for async_worker=RUN): for each step, wait for the
 -- version it samples from, load it when it differs from the one held, roll out, write the
 -- entries. setup(cfg, m, start_dir) gives what the rollouts read besides the policy: {tok, world,
@@ -228,7 +303,7 @@ function M.worker(run_dir, load_policy, setup, step_prompts)
       local v = M.version_for(s, K)
       local vdir = version_dir(run_dir, v)
       while not files.exists(vdir) do
-        if ffi.C.getppid() ~= parent then return end   -- the trainer is gone
+        if ffi.C.getppid() ~= parent or require("clrt.core.interrupt").pressed() then return end   -- the trainer is gone or stops
         sleep(0.01)
       end
       if held ~= v then
@@ -238,7 +313,12 @@ function M.worker(run_dir, load_policy, setup, step_prompts)
         env = env or setup(cfg, m, job.start_dir)
       end
       local samples = step_prompts(cfg, env.world, env.dataset, s)
-      local entries, timing = rollout.step(m, env.tok, cfg, samples, env.ctx, env.user, env.metrics, s)
+      local ok, entries, timing = pcall(rollout.step, m, env.tok, cfg, samples, env.ctx, env.user, env.metrics, s)
+      if not ok then
+        -- stopped (SIGTERM, Ctrl-C) or failed mid-step: what this step's calls cost, for the bill
+        files.write_atomic(dir .. "/discarded.json", json.encode({ step = s, calls = json.array(llm.drain_records()) }))
+        error(entries, 0)
+      end
       local portable = {}
       for i, e in ipairs(entries) do portable[i] = entry.portable(e, 0) end
       local counters = {}
