@@ -13,11 +13,12 @@
 --   clrt bench/rl_step.lua [steps=2] [size=0.5b|15m] [model=DIR] [prompt=400] [reply=256]
 --        [futures=3] [turns=2] [delay=0.5] [prompts=2] [n=4] [threads=2] [quant=none|int8]
 --        [prefix_cache_mb=MB] [reply_mean=100] [compare=OLD_CLRT] [compare_args='k=v k=v']
---        [args='k=v ...'] [async=K] [keep=1]
--- async=K (K > 0) runs the recipe twice in this invocation, with train.async.max_off_policy_steps
--- 0 and K (clrt.train.async: step s's rollouts from the weights after update s - 1 - K, made
--- while the steps before train), and prints the ratio of their steady-state step times and the
--- rollout/train mismatch (tis/mismatch_kl) of the async run.
+--        [args='k=v ...'] [async=K[,K2...]] [keep=1]
+-- async=K (K > 0; a list such as 1,2 for several) runs the recipe again in this invocation for
+-- each K, with train.async.max_off_policy_steps=K (clrt.train.async: step s's rollouts from the
+-- weights after update s - 1 - K, made while the steps before train), and prints the ratio of
+-- each one's steady-state step time to the K = 0 run's and its rollout/train mismatch
+-- (tis/mismatch_kl). Rate limits go in args= (sim_cfg.rpm=N judge.rpm=N), for every run.
 -- compare=BIN runs the same with another clrt binary (an older build, with its own recipes)
 -- in this invocation and prints the ratio of step times (before / after). Keys an older
 -- recipe may not know (rollout.quant, rollout.prefix_cache_mb) go to it only through
@@ -275,12 +276,17 @@ local ok, err = pcall(function()
   local n, users, judges = requests_of("after")
   print_rows(("this build (%s):"):format(BIN), rows)
   print(("  requests to the endpoint: %d (%d to the user, %d to the judges)"):format(n, users, judges))
-  if tonumber(opts.async) and tonumber(opts.async) > 0 then
-    local K = math.floor(tonumber(opts.async))
+  local Ks = {}
+  for k in tostring(opts.async):gmatch("[^,%s]+") do
+    local K = tonumber(k)
+    if not K or K < 0 or K ~= math.floor(K) then error("async=" .. tostring(opts.async) .. ": counts of steps, such as 1,2", 0) end
+    if K > 0 then Ks[#Ks + 1] = K end
+  end
+  for _, K in ipairs(Ks) do
     local with = { "train.async.max_off_policy_steps=" .. K }
     for _, x in ipairs(mine) do with[#with + 1] = x end
-    local arows = run_recipe(BIN, "async", model_dir, data_path, url, with)
-    n, users, judges = requests_of("async")
+    local arows = run_recipe(BIN, "async" .. K, model_dir, data_path, url, with)
+    n, users, judges = requests_of("async" .. K)
     print_rows(("this build, train.async.max_off_policy_steps=%d (the split columns are the worker's rollouts):"):format(K), arows)
     print(("  requests to the endpoint: %d (%d to the user, %d to the judges)"):format(n, users, judges))
     local kls, ages = {}, {}

@@ -333,12 +333,15 @@ function Client:chat(messages, opts)
         record_usage(self, rec, res.usage)
         self.limiter:settle(ticket, res.usage.total_tokens)
         if #outcomes > 0 then rec.outcomes = outcomes end
+        -- billed before the reply is cached: a stop (Ctrl-C, SIGTERM to an async worker) that
+        -- lands between the two then leaves a billed reply that is asked again, never a cached
+        -- one that no record paid for
+        add_record(self, rec)
         if ck then
           local put_ok, err = pcall(self.cache.put, self.cache, ck, r.body)
           if not put_ok then rec.cache_error = tostring(err) end
           finish_inflight()
         end
-        add_record(self, rec)
         return res
       end
       why, retry = ("HTTP %d with an unexpected body (%s)"):format(r.status, bad), true

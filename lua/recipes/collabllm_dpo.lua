@@ -431,14 +431,14 @@ function M.run(cfg, run_dir)
       if async then async:checkpointed(step) end
     end
     if over then
-      if async then async:stop(false, lg) end   -- what it made ahead stays for the resume; its step in progress billed
+      if async then async:stop(false, lg, true) end   -- what it made ahead stays for the resume; its step in progress billed
       summary.api = ctx.spend.total
       save_summary()
       budget.stop(over, cfg, ctx, SCRIPT, run_dir, "collabllm_dpo", lg)
     end
   end
   end)
-  if async then async:stop(ok and last_step == cfg.steps, ok and nil or lg) end
+  if async then async:stop(ok and last_step == cfg.steps, ok and nil or lg, ok) end
   if not ok then error(err, 0) end
 
   local none = train.failure.none_succeeded(WHO, ran, failed_here, last_failure)
@@ -485,8 +485,8 @@ function M.script_path()
   return debug.getinfo(1, "S").source:sub(2)
 end
 
--- train.async's rollout worker (async_worker=RUN, started by the run itself).
-function M.async_worker(run_dir) train.async.recipe_worker(run_dir, WHO, the_world) end
+-- train.async's rollout worker (async_worker=DIR: its rank's folder under RUN/async; started by the run itself).
+function M.async_worker(dir) train.async.recipe_worker(dir, WHO, the_world) end
 
 local argv = { ... }
 if argv[1] == "recipes.collabllm_dpo" then return M end

@@ -18,6 +18,7 @@
 
 static lua_State *globalL;
 static volatile sig_atomic_t evaluating;   /* a chunk is running: Ctrl-C interrupts it */
+static volatile sig_atomic_t in_repl;      /* the REPL's readline owns the terminal */
 
 static void interrupt_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
@@ -41,6 +42,11 @@ static void on_sigint(int sig) {
   if (evaluating) {
     clrt_set_interrupt(1);
     lua_sethook(globalL, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+  } else if (!in_repl) {
+    /* Between chunks outside the REPL (a script's error being reported, MPI_Abort ending the
+       job): readline was never set up, so the signal does what it would without a handler. */
+    signal(sig, SIG_DFL);
+    raise(sig);
   } else {
     /* At the prompt: drop the line being typed and start a fresh one. */
     rl_replace_line("", 0);
@@ -252,6 +258,7 @@ static int repl(lua_State *L) {
   rl_readline_name = "clrt";
   rl_basic_word_break_characters = " \t\n\"'`@$><=;|&{(,+-*/%^#[]";
   rl_attempted_completion_function = complete;
+  in_repl = 1;
   printf("clrt %s (LuaJIT) — Ctrl-D exits, Ctrl-C interrupts\n", clrt_version());
   lua_getglobal(L, "require");
   lua_pushstring(L, "clrt.cli.repl");
@@ -342,8 +349,12 @@ int main(int argc, char **argv) {
   }
   globalL = L;
   signal(SIGINT, on_sigint);
-  /* mpirun turns Ctrl-C into SIGTERM to every rank: stop as Ctrl-C does, saying how to resume */
-  if (clrt_dist_size() > 1) {
+  /* mpirun turns Ctrl-C into SIGTERM to every rank: stop as Ctrl-C does, saying how to resume.
+     CLRT_SIGTERM=interrupt asks the same of a process started by a run (the asynchronous RL
+     worker, clrt.train.async), so that a stop bills the API calls of the step it cuts short;
+     elsewhere SIGTERM ends the process at once, as a supervisor expects. */
+  const char *term = getenv("CLRT_SIGTERM");
+  if (clrt_dist_size() > 1 || (term && !strcmp(term, "interrupt"))) {
     signal(SIGTERM, on_sigint);
     signal(SIGALRM, on_sigint);   /* a follower rank's grace ran out */
   }

@@ -16,6 +16,7 @@ local T = require("clrt.test")
 local ffi = require("ffi")
 local data = require("clrt.data")
 local dist = require("clrt.dist")
+local files = require("clrt.files")
 
 local bin = os.getenv("CLRT_BIN") or "clrt"
 local root = T.tmpdir()
@@ -453,6 +454,50 @@ T.case("RL: 2 ranks equal 1 process over 2 steps", function()
   T.ok(d <= 1e-5, ("parameters after step 2 differ by %g (tolerance 1e-5)"):format(d))
 end)
 
+-- train.async.max_off_policy_steps=1 under 2 ranks: each rank's worker rolls out its share
+-- from the version the schedule names, the ranks exchange the entries, and the run is the
+-- 1-process asynchronous run's (its samples the same conversations, its losses within the
+-- all-reduce's rounding).
+T.case("RL with train.async.max_off_policy_steps=1: 2 ranks equal 1 process over 3 steps", function()
+  if not start then T.skip("needs the SFT case") end
+  local one, two = root .. "/rl_async1", root .. "/rl_async2"
+  local extra = { "steps=3", "train.async.max_off_policy_steps=1" }
+  local out, rc = sh(single("recipes/collabllm_rl.lua " .. rl_args(one, extra)))
+  T.eq(rc, 0, "1 process: " .. out)
+  out, rc = sh(mpirun(2, "recipes/collabllm_rl.lua " .. rl_args(two, extra)))
+  T.eq(rc, 0, "2 ranks: " .. out)
+  local a, b = metrics(one), metrics(two)
+  T.eq(#b, 3)
+  for i = 1, 3 do
+    T.eq(b[i]["async/policy_version"], math.max(0, i - 2), "step " .. i .. "'s policy version")
+    for _, k in ipairs({ "reward", "advantage_std", "first_reply_ask_rate", "trained_tokens", "dropped", "truncated",
+        "async/policy_version", "async/age_max" }) do
+      T.eq(b[i][k], a[i][k], "step " .. i .. " " .. k)
+    end
+    for _, k in ipairs({ "loss", "pg_loss", "grad_norm" }) do close(a[i][k], b[i][k], 1e-5, "step " .. i .. " " .. k) end
+    -- the mismatch is a mean of log-probability differences near 0: absolute rounding
+    local ka, kb = a[i]["tis/mismatch_kl"], b[i]["tis/mismatch_kl"]
+    T.ok(type(ka) == "number" and type(kb) == "number" and math.abs(ka - kb) <= 1e-7,
+      ("step %d tis/mismatch_kl: %s vs %s (absolute tolerance 1e-7)"):format(i, tostring(ka), tostring(kb)))
+  end
+  T.ok(math.abs(b[3]["tis/logp_mismatch"]) > 0, "step 3 trains weights one update past its rollouts'")
+  T.ok(not files.exists(two .. "/async"), "a finished 2-rank run leaves no async/ folder")
+  local d = max_param_diff(one .. "/checkpoint-3", two .. "/checkpoint-3")
+  T.ok(d <= 1e-5, ("parameters after step 3 differ by %g (tolerance 1e-5)"):format(d))
+  -- a resume under another rank count is one line
+  local dir = root .. "/rl_async_stop"
+  out, rc = sh(mpirun(2, "recipes/collabllm_rl.lua " .. rl_args(dir, { "steps=3", "stop_after=1", "train.async.max_off_policy_steps=1" })))
+  T.eq(rc, 0, out)
+  T.ok(files.exists(dir .. "/async/rank-1-of-2"), "each rank's folder is kept for the resume")
+  out, rc = sh(single("recipes/collabllm_rl.lua resume=" .. q(dir)))
+  T.ok(rc ~= 0 and out:find("holds the rollouts made ahead for 2 ranks; resume with as many ranks (mpirun -np 2)", 1, true), out)
+  out, rc = sh(mpirun(2, "recipes/collabllm_rl.lua resume=" .. q(dir)))
+  T.eq(rc, 0, out)
+  local c = metrics(dir)
+  T.eq(#c, 3, "the resumed run adds steps 2 and 3")
+  for i = 1, 3 do T.eq(c[i].reward, b[i].reward, "step " .. i .. "'s reward equals the uninterrupted 2-rank run's") end
+end)
+
 -- rollout.quant=int8: every rank's entries carry their rollout log-probabilities through the
 -- exchange, so each rank's share of the update applies TIS (a row without them is an error).
 T.case("RL with rollout.quant=int8 over 2 ranks logs the TIS figures", function()
@@ -515,6 +560,23 @@ T.case("an error raised on one rank ends the job, naming the rank and the error"
   T.ok(rc ~= 0 and rc ~= 124, "the job fails by itself (rc " .. tostring(rc) .. "): " .. out)
   T.ok(took <= BOUND, ("ended in %ds (bound %ds)"):format(took, BOUND))
   T.ok(out:find("clrt: rank 1 of 2: rank 1 broke on purpose", 1, true), out)
+end)
+
+-- Both ranks fail at once: each calls MPI_Abort, and the launcher's SIGTERM reaches a rank
+-- while it is no longer running Lua. That signal once went to the REPL's readline handler
+-- (never set up in a script) and crashed the rank (3 of 5 jobs printed a segmentation fault).
+T.case("an error raised on every rank at once ends the job without a crash", function()
+  local script = root .. "/both_fail.lua"
+  local f = assert(io.open(script, "w"))
+  f:write('require("clrt.dist").barrier()\nerror("every rank broke on purpose", 0)\n')
+  f:close()
+  for attempt = 1, 4 do
+    local out, rc = sh(ENV .. "timeout " .. (BOUND * 2) .. " mpirun --oversubscribe -np 2 " .. q(bin) .. " " .. q(script))
+    T.ok(rc ~= 0 and rc ~= 124, "attempt " .. attempt .. ": the job fails by itself (rc " .. tostring(rc) .. "): " .. out)
+    T.ok(out:find("every rank broke on purpose", 1, true), out)
+    T.ok(not out:find("Segmentation fault", 1, true) and not out:find("signal 11", 1, true),
+      "attempt " .. attempt .. ": no rank crashed: " .. out)
+  end
 end)
 
 T.case("a rank killed with SIGKILL ends the job, naming the rank", function()

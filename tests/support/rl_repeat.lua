@@ -6,6 +6,7 @@
 -- resumed included.
 --   local R = require("support.rl_repeat").new(T, root, { steps = 2, extra = {...} })
 --   (spread_key: the row's figure that shows rewards differing, advantage_std by default)
+--   (extra_rows: embedding rows past the tokenizer, 40 by default; the sampler never draws them)
 --   local first = R.run_twice(function(args) ... end, check); R.kill_and_resume(first)
 local data = require("clrt.data")
 local files = require("clrt.files")
@@ -26,7 +27,7 @@ function M.new(T, root, o)
   -- The policy: a tiny random model (with embedding rows its tokenizer lacks, as Qwen2.5
   -- has), taught in a few steps to answer briefly and end its turn, so first responses go on
   -- to futures.
-  local policy_dir = require("support.tiny_model")(root .. "/policy", { seed = 5, extra_rows = 40 })
+  local policy_dir = require("support.tiny_model")(root .. "/policy", { seed = 5, extra_rows = o.extra_rows or 40 })
   do
     local sft = require("clrt.sft")
     local m, tok = clrt.model.load(policy_dir), clrt.tokenizer.load(policy_dir)
@@ -72,7 +73,8 @@ function M.new(T, root, o)
   function R.final_params(dir)
     local latest = (T.read(dir .. "/latest") or ""):gsub("%s+$", "")
     T.eq(latest, "checkpoint-" .. R.steps, dir .. ": the last step's checkpoint")
-    local bytes = T.read(dir .. "/" .. latest .. "/model.safetensors")
+    -- (a LoRA run's checkpoint holds its adapter)
+    local bytes = T.read(dir .. "/" .. latest .. "/model.safetensors") or T.read(dir .. "/" .. latest .. "/adapter_model.safetensors")
     T.ok(bytes and #bytes > 1000, "a model file")
     return bytes
   end
