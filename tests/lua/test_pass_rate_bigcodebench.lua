@@ -10,6 +10,9 @@ local pass_rate = require("metrics.pass_rate")
 
 local PYTHON = "/usr/bin/python3"
 local TIMEOUT = 3   -- the limit both get: a program sleeping past it fails in both
+-- matplotlib's first import in a fresh home builds its font cache: seconds on a loaded
+-- machine, so that program gets a limit no load reaches (its 6th field)
+local SLOW_IMPORT_TIMEOUT = 60
 
 local ADD = "def task_func(a, b):\n    return a + b\n"
 local function tests(body, head)
@@ -44,7 +47,7 @@ local PROGRAMS = {
   { "matplotlib's Agg backend", "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
     .. "def task_func(xs):\n    fig, ax = plt.subplots()\n    ax.plot(xs)\n    ax.set_title('t')\n    return ax\n",
     tests("    def test_ax(self):\n        ax = task_func([1, 2, 3])\n        self.assertIsInstance(ax, Axes)\n        self.assertEqual(ax.get_title(), 't')\n",
-      "from matplotlib.axes import Axes\n"), true, "matplotlib" },
+      "from matplotlib.axes import Axes\n"), true, "matplotlib", SLOW_IMPORT_TIMEOUT },
   { "no tests at all", ADD, "import unittest\n\nclass TestCases(unittest.TestCase):\n    pass\n", true },
   { "no class TestCases", ADD, "import unittest\n\nclass Other(unittest.TestCase):\n" .. ADD_TEST, false },
   { "unittest.main behind __main__", ADD, tests(ADD_TEST) .. "\nif __name__ == '__main__':\n    unittest.main()\n", true },
@@ -79,13 +82,13 @@ local function available(mod)
   return r == 0 or r == true
 end
 
-local function reference(code, test_src)
+local function reference(code, test_src, timeout)
   local dir = T.tmpdir()
   local c, t = dir .. "/code.py", dir .. "/tests.py"
   local f = assert(io.open(c, "w")); f:write(code); f:close()
   f = assert(io.open(t, "w")); f:write(test_src); f:close()
   local p = assert(io.popen(("cd %q && %s %q %q %q %d 2>/dev/null"):format(dir, PYTHON,
-    T.source_dir() .. "/tests/reference/bigcodebench_untrusted_check.py", c, t, TIMEOUT)))
+    T.source_dir() .. "/tests/reference/bigcodebench_untrusted_check.py", c, t, timeout or TIMEOUT)))
   local out = p:read("*a")
   p:close()
   return out:match("^%s*(%a+)") == "pass"
@@ -94,7 +97,7 @@ end
 local function clrt_verdicts(programs, extra)
   local fns = {}
   for i, pr in ipairs(programs) do
-    local o = { python = PYTHON, timeout = TIMEOUT, parallel = 2 }
+    local o = { python = PYTHON, timeout = pr[6] or TIMEOUT, parallel = 2 }
     for k, v in pairs(extra or {}) do o[k] = v end
     fns[i] = function() return (pass_rate.run_tests(pr[2], pr[3], o)) end
   end
@@ -119,7 +122,7 @@ T.case("semantics=bigcodebench: clrt's verdict is untrusted_check's on every pro
   local programs = runnable()
   local got = clrt_verdicts(programs)
   for i, pr in ipairs(programs) do
-    local ref = reference(pr[2], pr[3])
+    local ref = reference(pr[2], pr[3], pr[6])
     T.eq(ref, pr[4], pr[1] .. ": the reference gives BigCodeBench's verdict")
     T.eq(got[i], ref, pr[1] .. ": clrt agrees with the reference")
   end
