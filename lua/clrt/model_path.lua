@@ -99,8 +99,8 @@ function M.models_inside(dir)
   local out = {}
   for _, n in ipairs(files.list(dir)) do
     local sub = dir .. "/" .. n
-    if files.is_dir(sub) and (has(sub, "config.json") and not has(sub, "metrics.jsonl") or has(sub, "model/config.json")
-        or has(sub, "latest")) then
+    local model_folder = has(sub, "config.json") and not has(sub, "metrics.jsonl")   -- a run's config.json is its training config
+    if files.is_dir(sub) and (model_folder or has(sub, "model/config.json") or has(sub, "latest")) then
       out[#out + 1] = sub
     end
   end

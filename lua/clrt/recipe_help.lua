@@ -20,7 +20,6 @@ end
 -- alone at a table's first level.
 function M.comments(text, into)
   into = into or { path = {}, leaf = {}, links = {} }
-  into.links = into.links or {}
   local stack = {}
   for line in (text .. "\n"):gmatch("([^\n]*)\n") do
     local dotted, rest = line:match("^%s*([%a_][%w_.]*)%s*=%s*(.*)$")
@@ -108,7 +107,14 @@ local function rows_of(defaults, cfg)
   return rows
 end
 
-local source_of
+local function source_of(module)
+  local path = package.searchpath(module, package.path)
+  local f = path and io.open(path)
+  if not f then return "" end
+  local text = f:read("*a")
+  f:close()
+  return text
+end
 
 -- A module's config() declarations (`return { key = value, -- why`), as comments under "config".
 local linked_cache = {}
@@ -138,14 +144,6 @@ local function comment_for(c, path)
   return #parts == 1 and c.leaf[parts[1]] or nil
 end
 
-function source_of(module)
-  local path = package.searchpath(module, package.path)
-  local f = path and io.open(path)
-  if not f then return "" end
-  local text = f:read("*a")
-  f:close()
-  return text
-end
 
 local function show(v)
   if type(v) == "table" and v.unset then return "(unset: " .. v.unset .. ")" end

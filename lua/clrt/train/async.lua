@@ -6,7 +6,8 @@
 -- and trains on the entries as they come. Under N data-parallel ranks (mpirun) each rank has
 -- its own worker, which rolls out the rank's share of every step's prompts (the share the
 -- rank would roll out itself: clrt.train.data_parallel), and its own folder,
--- RUN/async/rank-<r>-of-<N>/; the ranks exchange their entries as a synchronous step does. The schedule, not timing, decides everything:
+-- RUN/async/rank-<r>-of-<N>/; the ranks exchange their entries as a synchronous step does.
+-- The schedule, not timing, decides everything:
 --   version v       the weights after v optimizer steps (0: the start)
 --   step s          samples from version max(0, s - 1 - K), never more than K updates old
 -- so step s's entries can exist only once update s - 1 - K is done: the worker is at most K
@@ -165,13 +166,14 @@ function M.start(o)
 end
 
 -- After update `step` (or at the start, step = first - 1): version `step` for the steps that
--- sample from it, this invocation's or a later one's (stop_after=: the resume needs it). Under N ranks every rank calls it at the same point: the ranks' parameters
--- are compared there when a synchronous step would compare them (dist.check_every).
+-- sample from it, this invocation's or a later one's (stop_after=: the resume needs it).
+-- Under N ranks every rank calls it at the same point: the ranks' parameters are compared
+-- there when a synchronous step would compare them (dist.check_every).
 function Async:trained(step, m)
   self.done = step
   require("clrt.train.data_parallel").check_params(m, step, self.cfg.dist and self.cfg.dist.check_every)
   local needed = false
-  for s = math.max(self.first, step + 1), math.max(self.last, self.cfg.steps or self.last) do
+  for s = math.max(self.first, step + 1), self.cfg.steps or self.last do   -- the run's last step, not this invocation's
     if M.version_for(s, self.K) == step and not files.exists(entries_path(self.dir, s)) then needed = true end
   end
   if needed then publish(self.dir, step, m, self.start_dir) end
@@ -305,14 +307,8 @@ function Async:stop(finished, lg, together)
   end
 end
 
--- JSON null where a value was absent: back to nil, recursively.
-function M.strip_nulls(v)
-  if type(v) ~= "table" then return v end
-  for k, x in pairs(v) do
-    if x == json.null then v[k] = nil else M.strip_nulls(x) end
-  end
-  return v
-end
+-- JSON null where a value was absent: back to nil, recursively (clrt.train.data_parallel's).
+M.strip_nulls = require("clrt.train.data_parallel").strip_nulls
 
 -- The step's figures of the schedule: how old the trained entries' policy was (in updates
 -- behind the weights being trained), which version sampled them, the wait.
@@ -387,9 +383,7 @@ function M.worker(dir, load_policy, setup, step_prompts)
         env = env or setup(cfg, m, job.start_dir)
       end
       local samples = step_prompts(cfg, env.world, env.dataset, s)
-      local first, last = require("clrt.dist").share(#samples, job.rank or 0, job.size or 1)
-      local mine = {}
-      for i = first, last do mine[#mine + 1] = samples[i] end
+      local mine, first = require("clrt.train.data_parallel").my_prompts(samples, job.rank or 0, job.size or 1)
       -- the rollouts and their file in one protected call: a stop (SIGTERM, Ctrl-C) or a failure
       -- anywhere before the file is whole writes the step off in discarded.json with every API
       -- call it made, for the bill (a stop lands wherever Lua runs, a scheduler task may catch

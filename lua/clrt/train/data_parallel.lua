@@ -6,7 +6,7 @@
 -- then gives each rank its share of every mini-batch's rows (clrt.train.ppo), and the
 -- gradients are summed before each optimizer step (clrt.train.update). With one rank every
 -- function here returns its input.
---   local mine, first = dp.my_prompts(samples)
+--   local mine, first = dp.my_prompts(samples)   -- (rank, size: another rank's, for its async worker)
 --   entries = dp.gather_entries(entries, samples, first, ctx)
 --   dp.check_params(m, steps_done, every)    -- the ranks' parameters agree (every 50 steps)
 local dist = require("clrt.dist")
@@ -15,10 +15,11 @@ local llm = require("clrt.llm")
 local entry = require("clrt.train.entry")
 local M = {}
 
--- This rank's contiguous share of the step's prompts and the index of its first one.
-function M.my_prompts(samples)
-  if dist.world_size() == 1 then return samples, 1 end
-  local first, last = dist.share(#samples)
+-- This rank's contiguous share of the step's prompts and the index of its first one; rank
+-- and size given: that rank's share of that many (an async rollout worker is no rank itself).
+function M.my_prompts(samples, rank, size)
+  if (size or dist.world_size()) == 1 then return samples, 1 end
+  local first, last = dist.share(#samples, rank, size)
   local mine = {}
   for i = first, last do mine[#mine + 1] = samples[i] end
   return mine, first
@@ -32,6 +33,7 @@ local function strip_nulls(v)
   end
   return v
 end
+M.strip_nulls = strip_nulls
 
 -- Every rank's entries (their groups renumbered to the step's prompt order), in prompt order,
 -- on every rank; the ranks' request counters (ctx.counters) and clrt.llm records are summed
